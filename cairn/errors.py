@@ -1,0 +1,112 @@
+"""The one exception root. Every error a person may see carries a one-line message and,
+where there is one, a hint saying what to do next."""
+
+from __future__ import annotations
+
+
+class CairnError(Exception):
+    """Base of every error Cairn raises on purpose.
+
+    ``message`` is one line a person can act on; ``hint`` says what to do next.
+    ``code`` is a stable machine-readable name used on sockets and in ``--json`` output.
+    """
+
+    code = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class UsageError(CairnError):
+    """The caller asked for something malformed or impossible."""
+
+    code = "usage"
+
+
+class NotFound(CairnError):
+    """A run, definition, project or pool does not exist (or is not visible to the caller)."""
+
+    code = "not-found"
+
+
+class PermissionDenied(CairnError):
+    """The caller may not see or act on this object."""
+
+    code = "permission-denied"
+
+
+class ReviewError(CairnError):
+    """A workflow definition failed static review."""
+
+    code = "review"
+
+
+class ValidationFailed(CairnError):
+    """Data failed a schema (arguments, agent output, a socket message)."""
+
+    code = "invalid"
+
+
+class StorageError(CairnError):
+    """A Btrfs or pool operation failed or was refused."""
+
+    code = "storage"
+
+
+class SystemdError(CairnError):
+    """A systemd/D-Bus call failed."""
+
+    code = "systemd"
+
+
+class JournalError(CairnError):
+    """The journal is missing, corrupt, or refused a write."""
+
+    code = "journal"
+
+
+class LeaseLost(JournalError):
+    """This coordinator no longer holds the run lease (fenced)."""
+
+    code = "lease-lost"
+
+
+class Busy(CairnError):
+    """Another process holds what was asked for."""
+
+    code = "busy"
+
+
+class Nondeterminism(CairnError):
+    """A replayed operation differs from the one in the journal."""
+
+    code = "nondeterminism"
+
+
+class Conflict(CairnError):
+    """Live content changed under an apply; nothing was overwritten."""
+
+    code = "conflict"
+
+
+class BrokerRefused(CairnError):
+    """The broker refused a request or an intent."""
+
+    code = "broker-refused"
+
+
+class ProcessFailed(CairnError):
+    """A subprocess exited non-zero."""
+
+    code = "process-failed"
+
+    def __init__(self, message: str, *, returncode: int, stderr: str = "",
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.returncode = returncode
+        self.stderr = stderr
