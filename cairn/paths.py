@@ -1,0 +1,74 @@
+"""Where things live on a host. Every process derives its paths from here.
+
+``CAIRN_ROOT`` (tests only) prefixes every absolute path, so a test can lay a whole host
+layout under a temporary directory; production never sets it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+RUN_ID_RE = re.compile(r"^flow_[0-9a-f]{32}$")
+
+
+def _root() -> Path:
+    return Path(os.environ.get("CAIRN_ROOT", "/"))
+
+
+def _p(rel: str) -> Path:
+    return _root() / rel
+
+
+def state_dir() -> Path:
+    """/var/lib/cairn: journal, broker receipts, pool, per-run coordinator state."""
+    return _p("var/lib/cairn")
+
+
+def journal_path() -> Path:
+    """The SQLite journal (owned by the ``cairn`` user; the broker reads it as root)."""
+    return state_dir() / "journal" / "journal.db"
+
+
+def broker_db_path() -> Path:
+    """The broker's own receipts (root-owned, readable by group ``cairn``)."""
+    return state_dir() / "broker" / "receipts.db"
+
+
+def pool_dir() -> Path:
+    """The default storage pool (a Btrfs filesystem or a directory on one)."""
+    return state_dir() / "pool"
+
+
+def run_state_dir(run_id: str) -> Path:
+    """Coordinator-owned per-run files: boundaries, agent results, settlement outputs."""
+    return state_dir() / "runs" / run_id
+
+
+def runtime_dir() -> Path:
+    """/run/cairn: sockets."""
+    return _p("run/cairn")
+
+
+def daemon_socket() -> Path:
+    return runtime_dir() / "cairnd.sock"
+
+
+def broker_socket() -> Path:
+    return runtime_dir() / "broker.sock"
+
+
+def agent_socket_dir(run_id: str) -> Path:
+    """Host side of agent sockets for one run; each is bound to /run/cairn/agent.sock."""
+    return runtime_dir() / "agents" / run_id
+
+
+def config_dir() -> Path:
+    """/etc/cairn: host policy, pools, providers."""
+    return _p("etc/cairn")
+
+
+def release_dir() -> Path:
+    """Installed sealed releases (read-only capsules)."""
+    return _p("usr/lib/cairn/releases")
