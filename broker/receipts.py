@@ -1,0 +1,68 @@
+"""The broker's own receipts: root-owned, readable by group cairn, never written by it."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import Any
+
+from cairn import paths
+from cairn.models import Intent, Receipt, canonical_json
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS receipts (
+    intent_id TEXT PRIMARY KEY,
+    run_id    TEXT NOT NULL,
+    kind      TEXT NOT NULL,
+    body      TEXT NOT NULL,
+    at        REAL NOT NULL
+)
+"""
+
+
+class ReceiptStore:
+    def __init__(self) -> None:
+        path = paths.broker_db_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        os.chmod(path, 0o640)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def get(self, intent_id: str) -> Receipt | None:
+        row = self.db.execute(
+            "SELECT body FROM receipts WHERE intent_id=?", (intent_id,)
+        ).fetchone()
+        return None if row is None else Receipt.model_validate_json(row[0])
+
+    def for_run(self, run_id: str) -> list[Receipt]:
+        rows = self.db.execute(
+            "SELECT body FROM receipts WHERE run_id=? ORDER BY at", (run_id,)
+        ).fetchall()
+        return [Receipt.model_validate_json(r[0]) for r in rows]
+
+    def put(self, intent: Intent, data: dict[str, Any]) -> Receipt:
+        receipt = Receipt(
+            intent_id=intent.intent_id,
+            run_id=intent.run_id,
+            kind=intent.kind,
+            data=data,
+            at=time.time(),
+        )
+        self.db.execute(
+            "INSERT INTO receipts (intent_id, run_id, kind, body, at) VALUES (?,?,?,?,?)",
+            (intent.intent_id, intent.run_id, intent.kind, receipt.model_dump_json(), receipt.at),
+        )
+        return receipt
+
+    def body(self, intent_id: str) -> dict[str, Any] | None:
+        receipt = self.get(intent_id)
+        return None if receipt is None else receipt.data
+
+
+__all__ = ["ReceiptStore", "canonical_json"]

@@ -1,0 +1,244 @@
+"""Units the broker starts: the coordinator instance, agent attempts, import and apply.
+
+Every argv here is fixed (the installed cairn modules under /usr/bin/python3 -I); every
+path is derived from the pool and the launch description, never taken from a caller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cairn import paths
+from cairn.errors import BrokerRefused, SystemdError
+from cairn.models import LaunchDescription
+from cairn.proc import run
+from cairn.systemd import Systemd, cgroup_is_empty
+from cairn.unitprops import (
+    AgentUnitSpec,
+    HelperUnitSpec,
+    agent_unit_name,
+    agent_unit_properties,
+    helper_unit_properties,
+)
+
+log = logging.getLogger(__name__)
+
+PYTHON = "/usr/bin/python3"
+IMPORT_TIMEOUT = 6 * 3600.0
+APPLY_TIMEOUT = 3600.0
+DIFF_LIMIT = 256 << 10
+
+
+def _module_argv(module: str, *args: str) -> list[str]:
+    return [PYTHON, "-I", "-m", module, *args]
+
+
+def start_unit(name: str) -> None:
+    with Systemd() as sd:
+        job = sd.start_unit(name)
+        sd.wait_started(job)
+
+
+def _owned_subdir(parent: Path, name: str, desc: LaunchDescription) -> Path:
+    path = parent / name
+    path.mkdir(exist_ok=True)
+    os.chown(path, desc.owner_uid, desc.owner_gid)
+    return path
+
+
+def start_agent(
+    desc: LaunchDescription,
+    op_id: str,
+    attempt: int,
+    workspace: Path,
+    checkpoints: dict[str, Path],
+    scratch: Path,
+) -> dict[str, Any]:
+    """Start one agent attempt as the run owner inside its mount namespace."""
+    evidence = paths.run_state_dir(desc.run_id) / "ops" / op_id / "evidence"
+    socket_path = paths.agent_socket_dir(desc.run_id) / f"{op_id}.sock"
+    for path in (evidence, socket_path):
+        if path.is_symlink() or not path.exists():
+            raise BrokerRefused(f"{path} is missing or a symlink; the coordinator prepares it")
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chmod(scratch, 0o755)
+    outputs = _owned_subdir(scratch, "outputs", desc)
+    state = _owned_subdir(scratch, "state", desc)
+    index = json.loads((evidence / "index.json").read_text())
+    incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
+    spec = AgentUnitSpec(
+        run_id=desc.run_id,
+        op_id=op_id,
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=_module_argv("cairn.worker"),
+        workspace=str(workspace),
+        evidence_dir=str(evidence),
+        incoming=incoming,
+        outputs=str(outputs),
+        state=str(state),
+        agent_socket=str(socket_path),
+        memory_max=desc.limits.memory_max,
+        tasks_max=desc.limits.tasks_max,
+        cpu_quota_percent=desc.limits.cpu_quota_percent,
+        runtime_max_sec=desc.limits.runtime_max_sec,
+        io_weight=desc.limits.io_weight,
+        network="none",
+        log_fields={"CAIRN_RUN": desc.run_id, "CAIRN_OP": op_id},
+    )
+    name = agent_unit_name(desc.run_id, op_id, attempt)
+    with Systemd() as sd:
+        existing = sd.unit_state(name)
+        if existing is not None:
+            raise BrokerRefused(f"{name} already exists; a new attempt needs a new intent")
+        job = sd.start_transient_service(name, agent_unit_properties(spec))
+        sd.wait_started(job)
+        state_now = sd.unit_state(name)
+    return {
+        "unit": name,
+        "invocation_id": state_now.invocation_id if state_now else "",
+        "control_group": state_now.control_group if state_now else "",
+        "attempt": attempt,
+    }
+
+
+def require_quiesced(unit: str, control_group: str) -> None:
+    """Refuse unless the unit is inactive (or collected) and its cgroup is empty."""
+    with Systemd() as sd:
+        state = sd.unit_state(unit)
+        if state is not None and state.active_state not in ("inactive", "failed"):
+            raise BrokerRefused(f"{unit} is still {state.active_state}; no checkpoint yet")
+        if state is not None and state.control_group:
+            control_group = state.control_group
+    if not cgroup_is_empty(control_group):
+        raise BrokerRefused(f"{unit} left processes in {control_group}; no checkpoint yet")
+
+
+def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+    """Start a helper unit and wait until it is gone; return its final state."""
+    with Systemd() as sd:
+        job = sd.start_transient_service(name, helper_unit_properties(spec))
+        sd.wait_started(job)
+        state = sd.wait_inactive(name, timeout)
+        sd.unref(name)
+    if state.result != "success":
+        raise SystemdError(
+            f"{name} failed ({state.result}, status {state.exec_main_status})",
+            hint=f"see 'journalctl -u {name}'",
+        )
+    return {"unit": name, "invocation_id": state.invocation_id}
+
+
+def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[str, Any]:
+    """Copy the project into ``staging`` as its owner (never capturing what they can't read)."""
+    result_dir = staging.parent / "import-result"
+    result_dir.mkdir(exist_ok=True)
+    os.chown(result_dir, desc.owner_uid, desc.owner_gid)
+    spec = HelperUnitSpec(
+        description=f"Cairn import of {project} for run {desc.run_id}",
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=_module_argv(
+            "cairn.importer", "/source", "/target", "--stats", "/result/stats.json"
+        ),
+        binds=[(str(staging), "/target"), (str(result_dir), "/result")],
+        read_only_binds=[(str(project), "/source")],
+        memory_max=desc.limits.memory_max,
+        tasks_max=64,
+        cpu_quota_percent=100,
+        runtime_max_sec=int(IMPORT_TIMEOUT),
+        log_fields={"CAIRN_RUN": desc.run_id},
+    )
+    unit = run_helper(spec, f"cairn-import-{desc.run_id}.service", IMPORT_TIMEOUT)
+    stats = json.loads((result_dir / "stats.json").read_text())
+    return {**unit, "stats": stats}
+
+
+def run_apply(
+    desc: LaunchDescription,
+    attempt: int,
+    q: Path,
+    f: Path,
+    subpath: str,
+    accepted: list[str],
+    work: Path,
+) -> dict[str, Any]:
+    """Apply F to the live project as its owner with the three-way check."""
+    from cairn.settle import ApplyResult
+
+    work.mkdir(parents=True, exist_ok=True)
+    os.chown(work, desc.owner_uid, desc.owner_gid)
+    (work / "plan.json").write_text(json.dumps(accepted))
+    result_file = work / "result.json"
+    if result_file.exists():
+        result_file.unlink()
+    spec = HelperUnitSpec(
+        description=f"Cairn apply of run {desc.run_id}",
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=_module_argv(
+            "cairn.worker.apply",
+            "--q",
+            "/q",
+            "--f",
+            "/f",
+            "--live",
+            "/live",
+            "--plan",
+            "/apply/plan.json",
+            "--receipts",
+            "/apply/receipts.jsonl",
+            "--result",
+            "/apply/result.json",
+        ),
+        binds=[(desc.project.root, "/live"), (str(work), "/apply")],
+        read_only_binds=[
+            (str(q / subpath) if subpath else str(q), "/q"),
+            (str(f / subpath) if subpath else str(f), "/f"),
+        ],
+        memory_max=desc.limits.memory_max,
+        tasks_max=64,
+        cpu_quota_percent=100,
+        runtime_max_sec=int(APPLY_TIMEOUT),
+        log_fields={"CAIRN_RUN": desc.run_id},
+    )
+    run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
+    result = ApplyResult.model_validate_json(result_file.read_text())
+    return json.loads(result.model_dump_json())
+
+
+def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:
+    """A bounded unified diff of the accepted paths, for ``cairn diff``."""
+    base_q = q / subpath if subpath else q
+    base_f = f / subpath if subpath else f
+    chunks: list[str] = []
+    size = 0
+    for rel in sorted(accepted):
+        a, b = base_q / rel, base_f / rel
+        proc = run(
+            [
+                "diff",
+                "-uN",
+                "--no-dereference",
+                "--label",
+                f"a/{rel}",
+                "--label",
+                f"b/{rel}",
+                str(a),
+                str(b),
+            ],
+            check=False,
+        )
+        text = proc.stdout.decode(errors="replace")
+        if proc.returncode > 1:
+            text = f"--- a/{rel}\n+++ b/{rel}\n(changed; not a text difference)\n"
+        chunks.append(text)
+        size += len(text)
+        if size > DIFF_LIMIT:
+            chunks.append(f"(diff truncated at {DIFF_LIMIT} bytes)\n")
+            break
+    return "".join(chunks)

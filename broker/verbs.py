@@ -1,0 +1,290 @@
+"""The three verbs. Each reads the run's pending intents of its class from the journal and
+carries out the valid ones, deriving every path, UID and argv itself from the frozen
+launch description and its own receipts. Intents are idempotent by ID: a repeated verb
+returns the stored receipt and does nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from cairn import paths, storage
+from cairn.broker import units
+from cairn.broker.receipts import ReceiptStore
+from cairn.errors import BrokerRefused
+from cairn.journal import Journal
+from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
+
+log = logging.getLogger(__name__)
+
+
+def carry_out(verb: str, run_id: str) -> list[Receipt]:
+    """Carry out every pending intent of ``verb`` for ``run_id``; return all its receipts."""
+    journal_file = paths.journal_path()
+    if not journal_file.exists():
+        raise BrokerRefused("no journal", hint="start cairn.socket first")
+    journal = Journal(journal_file)
+    store = ReceiptStore()
+    try:
+        desc = journal.launch_description(run_id)
+        receipts: list[Receipt] = []
+        for intent in journal.intents(run_id, verb):
+            if intent.run_id != run_id or VERB_OF_KIND[intent.kind] != verb:
+                raise BrokerRefused(f"intent {intent.intent_id} does not belong to {verb}")
+            done = store.get(intent.intent_id)
+            if done is None:
+                data = execute(intent, desc, journal, store)
+                done = store.put(intent, data)
+                log.info("%s %s done", intent.kind, intent.intent_id)
+            receipts.append(done)
+        return receipts
+    finally:
+        store.close()
+        journal.close()
+
+
+def execute(
+    intent: Intent, desc: LaunchDescription, journal: Journal, store: ReceiptStore
+) -> dict[str, Any]:
+    handler = HANDLERS[intent.kind]
+    return handler(Context(intent, desc, journal, store))
+
+
+class Context:
+    """What a handler may use: the intent, the frozen launch description, the journal
+    (read) and the broker's own receipts."""
+
+    def __init__(
+        self, intent: Intent, desc: LaunchDescription, journal: Journal, store: ReceiptStore
+    ) -> None:
+        self.intent = intent
+        self.desc = desc
+        self.journal = journal
+        self.store = store
+        self.run_id = desc.run_id
+
+    def pool(self) -> storage.Pool:
+        return storage.Pool.open(paths.pool_dir())
+
+    def receipt(self, intent_id: str) -> dict[str, Any]:
+        body = self.store.body(intent_id)
+        if body is None:
+            raise BrokerRefused(f"{self.intent.intent_id} needs {intent_id}, which was not done")
+        return body
+
+    def require_op(self) -> str:
+        """The intent's operation must exist in the journal for this run."""
+        if self.intent.op_id is None:
+            raise BrokerRefused(f"{self.intent.intent_id} names no operation")
+        op = self.journal.get_op_by_id(self.run_id, self.intent.op_id)
+        if op.kind != "agent":
+            raise BrokerRefused(f"operation {op.op_id} is not an agent operation")
+        return op.op_id
+
+    def subpath(self) -> str:
+        return str(self.receipt("prepare-q").get("subpath", ""))
+
+
+def check_generation(intent: Intent) -> None:
+    if not 1 <= intent.generation <= 10_000 or not 1 <= intent.attempt <= 100:
+        raise BrokerRefused(f"{intent.intent_id}: generation/attempt out of range")
+
+
+# --- storage-v1 ----------------------------------------------------------------------
+
+
+def prepare_q(ctx: Context) -> dict[str, Any]:
+    """Q: a snapshot of the project's subvolume when it lives on the pool's filesystem,
+    otherwise an import made by a unit that runs as the project's owner."""
+    pool = ctx.pool()
+    project = Path(ctx.desc.project.root)
+    st = check_project(project, ctx.desc)
+    run_dir = pool.run_dir(ctx.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    q = pool.q_path(ctx.run_id)
+    if storage.is_same_filesystem(project, pool.root):
+        subvolume, subpath = storage.containing_subvolume(project)
+        receipt = pool.snapshot(subvolume, q, read_only=True)
+        return {
+            "q": receipt.model_dump(),
+            "subpath": str(subpath),
+            "imported": False,
+            "project_ino": st.st_ino,
+        }
+    staging = pool.q_import_path(ctx.run_id)
+    pool.create_subvolume(staging)
+    os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
+    stats = units.run_import(ctx.desc, project, staging)
+    receipt = pool.snapshot(staging, q, read_only=True)
+    pool.delete(staging, pool.receipt(staging))
+    return {
+        "q": receipt.model_dump(),
+        "subpath": "",
+        "imported": True,
+        "import": stats,
+        "project_ino": st.st_ino,
+    }
+
+
+def check_project(project: Path, desc: LaunchDescription) -> os.stat_result:
+    """The live project must still be the directory the owner launched on."""
+    try:
+        st = os.lstat(project)
+    except OSError as exc:
+        raise BrokerRefused(f"project {project} is gone: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise BrokerRefused(f"project {project} is not a directory")
+    if st.st_uid != desc.project.owner_uid or st.st_uid != desc.owner_uid:
+        raise BrokerRefused(f"project {project} is not owned by the run's owner")
+    if project.resolve() != project:
+        raise BrokerRefused(f"project path {project} passes through a symlink")
+    return st
+
+
+def create_w(ctx: Context) -> dict[str, Any]:
+    check_generation(ctx.intent)
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    if ctx.intent.from_checkpoint:
+        source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
+    else:
+        source = pool.q_path(ctx.run_id)
+        pool.verify(source, _receipt_model(ctx.receipt("prepare-q")["q"]))
+    w.parent.mkdir(parents=True, exist_ok=True)
+    receipt = pool.snapshot(source, w, read_only=False)
+    os.chown(w, ctx.desc.owner_uid, ctx.desc.owner_gid)
+    return {"w": receipt.model_dump()}
+
+
+def checkpoint(ctx: Context) -> dict[str, Any]:
+    """S of W after the agent's unit is gone and its cgroup is empty (QUIESCE proven here,
+    not taken on the coordinator's word)."""
+    check_generation(ctx.intent)
+    op_id = ctx.require_op()
+    started = [
+        r
+        for r in ctx.store.for_run(ctx.run_id)
+        if r.kind == "start-agent" and r.data.get("op_id") == op_id
+    ]
+    if not started:
+        raise BrokerRefused(f"no agent unit was started for {op_id}")
+    units.require_quiesced(started[-1].data["unit"], started[-1].data.get("control_group", ""))
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    s = pool.checkpoint_path(ctx.run_id, op_id)
+    s.parent.mkdir(parents=True, exist_ok=True)
+    receipt = pool.snapshot(w, s, read_only=True)
+    return {"s": receipt.model_dump(), "op_id": op_id}
+
+
+def freeze_proposal(ctx: Context) -> dict[str, Any]:
+    check_generation(ctx.intent)
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, "root", ctx.intent.generation)
+    receipt = pool.snapshot(w, pool.settlement_path(ctx.run_id, "P"), read_only=True)
+    return {"p": receipt.model_dump()}
+
+
+def settle_candidate(ctx: Context) -> dict[str, Any]:
+    """Changes Q→P from the filesystems, C = Q + allowed changes, F = frozen C."""
+    from cairn.sendstream import changes
+    from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
+
+    pool = ctx.pool()
+    q = pool.q_path(ctx.run_id)
+    p = pool.settlement_path(ctx.run_id, "P")
+    pool.verify(p, _receipt_model(ctx.receipt("freeze-proposal")["p"]))
+    subpath = ctx.subpath()
+    change_set = changes(q, p, subpath=subpath)
+    c = pool.settlement_path(ctx.run_id, "C")
+    pool.snapshot(q, c, read_only=False)
+    policy = SettlementPolicy(**ctx.desc.policy.model_dump())
+    report = build_candidate(q, p, c, change_set, policy, subpath=subpath)
+    f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
+    data = json.loads(report.model_dump_json())
+    data["f"] = f_receipt.model_dump()
+    data["inventories_equal"] = inventories_equal(q, p, subpath) if not report.accepted else False
+    data["diff"] = units.unified_diff(
+        q, pool.settlement_path(ctx.run_id, "F"), subpath, report.accepted
+    )
+    return data
+
+
+def _receipt_model(data: dict[str, Any]) -> storage.SubvolumeReceipt:
+    return storage.SubvolumeReceipt.model_validate(data)
+
+
+# --- launch-v1 -----------------------------------------------------------------------
+
+
+def start_coordinator(ctx: Context) -> dict[str, Any]:
+    name = f"cairn-coordinator@{ctx.run_id}.service"
+    units.start_unit(name)
+    return {"unit": name}
+
+
+def start_agent(ctx: Context) -> dict[str, Any]:
+    check_generation(ctx.intent)
+    op_id = ctx.require_op()
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    workspace = w / ctx.subpath() if ctx.subpath() else w
+    checkpoints = {
+        r.data["op_id"]: pool.checkpoint_path(ctx.run_id, r.data["op_id"])
+        for r in ctx.store.for_run(ctx.run_id)
+        if r.kind == "checkpoint"
+    }
+    data = units.start_agent(
+        ctx.desc,
+        op_id,
+        ctx.intent.attempt,
+        workspace,
+        checkpoints,
+        pool.run_dir(ctx.run_id) / "scratch" / op_id,
+    )
+    return {**data, "op_id": op_id}
+
+
+def start_apply(ctx: Context) -> dict[str, Any]:
+    candidate = ctx.receipt("settle-candidate")
+    pool = ctx.pool()
+    check_project(Path(ctx.desc.project.root), ctx.desc)
+    result = units.run_apply(
+        ctx.desc,
+        ctx.intent.attempt,
+        pool.q_path(ctx.run_id),
+        pool.settlement_path(ctx.run_id, "F"),
+        ctx.subpath(),
+        list(candidate["accepted"]),
+        pool.run_dir(ctx.run_id) / "scratch" / "apply",
+    )
+    return {"result": result}
+
+
+# --- delete-v1 -----------------------------------------------------------------------
+
+
+def delete_run(ctx: Context) -> dict[str, Any]:
+    run = ctx.journal.get_run(ctx.run_id)
+    if run.state not in ("succeeded", "failed", "cancelled"):
+        raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
+    deleted = ctx.pool().delete_run(ctx.run_id)
+    return {"deleted": [str(p) for p in deleted]}
+
+
+HANDLERS = {
+    "prepare-q": prepare_q,
+    "create-w": create_w,
+    "checkpoint": checkpoint,
+    "freeze-proposal": freeze_proposal,
+    "settle-candidate": settle_candidate,
+    "start-coordinator": start_coordinator,
+    "start-agent": start_agent,
+    "start-apply": start_apply,
+    "delete-run": delete_run,
+}

@@ -1,0 +1,308 @@
+"""The ``cairn`` command. It talks only to cairnd; it never touches the journal or storage
+(except ``storage init`` and ``workflow review``, which are local by nature)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from cairn import paths
+from cairn.errors import CairnError, UsageError
+from cairn.models import DaemonReply, DaemonRequest, ProfileSpec
+
+app = typer.Typer(
+    name="cairn",
+    help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
+workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
+app.add_typer(storage_app, name="storage")
+app.add_typer(workflow_app, name="workflow")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+    typer.echo(f"cairn: {message}", err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    raise typer.Exit(code)
+
+
+def request(op: str, *, fd: int | None = None, **fields: Any) -> Any:
+    """Send one request to cairnd and return its result (errors become CairnError)."""
+    message = DaemonRequest(op=op, **fields).model_dump_json().encode() + b"\n"  # type: ignore[arg-type]
+    path = str(paths.daemon_socket())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise CairnError(
+                f"cannot reach cairnd at {path}: {exc.strerror}",
+                hint="is the cairn package installed and cairn.socket active?",
+            ) from exc
+        if fd is not None:
+            sock.sendmsg(
+                [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))]
+            )
+        else:
+            sock.sendall(message)
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw:
+        raise CairnError(
+            "cairnd closed the connection without an answer",
+            hint="see 'journalctl -u cairn.service'",
+        )
+    reply = DaemonReply.model_validate_json(raw)
+    if not reply.ok:
+        assert reply.error is not None
+        error = CairnError(reply.error.message, hint=reply.error.hint)
+        error.code = reply.error.code
+        raise error
+    return reply.result
+
+
+def emit(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _age(ts: float) -> str:
+    seconds = int(time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
+    scripted: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise UsageError(f"--scripted takes PROFILE=FILE.json, got {spec!r}")
+        try:
+            data = json.loads(Path(file).read_text())
+        except OSError as exc:
+            raise UsageError(f"cannot read {file}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}") from exc
+        scripted[name] = ProfileSpec.model_validate(
+            {"kind": "scripted", **data, "name": name}
+        ).model_dump()
+    return scripted
+
+
+@app.command()
+def launch(
+    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    project: Annotated[Path, typer.Option(help="The project directory (yours).")],
+    args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
+    scripted: Annotated[
+        list[str],
+        typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
+    ] = [],  # noqa: B006 - typer reads the default
+    json_out: JsonFlag = False,
+) -> None:
+    """Launch a workflow run on a project."""
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError as exc:
+        fail(
+            f"--args is not JSON: {exc.msg} (column {exc.colno})",
+            hint='quote it for the shell: --args \'{"objective": "…"}\'',
+            code=2,
+        )
+    if not isinstance(parsed, dict):
+        fail("--args must be a JSON object", code=2)
+    root = project.expanduser().absolute()
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fail(f"project {root} not found", code=2)
+    except NotADirectoryError:
+        fail(f"project {root} is not a directory", code=2)
+    except PermissionError:
+        fail(f"project {root} is not readable by you", code=2)
+    try:
+        result = request(
+            "launch",
+            fd=fd,
+            definition=definition,
+            args=parsed,
+            project=os.path.normpath(str(root)),
+            scripted=_load_scripted(scripted),
+        )
+    finally:
+        os.close(fd)
+    if json_out:
+        emit(result)
+    else:
+        typer.echo(result["run_id"])
+
+
+@app.command()
+def ps(
+    all_users: Annotated[
+        bool, typer.Option("--all", help="All users' runs (cairn-admin).")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """List runs: state, definition, current operation."""
+    runs = request("ps", all_users=all_users)
+    if json_out:
+        emit(runs)
+        return
+    if not runs:
+        typer.echo("no runs")
+        return
+    typer.echo(f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} STARTED")
+    for r in runs:
+        op = r["current_op"]
+        current = f"{op['op_id']} {op['state']}" if op else "-"
+        typer.echo(
+            f"{r['run_id']:<38} {r['state']:<10} {r['definition']:<22} "
+            f"{current:<22} {_age(r['created_at'])}"
+        )
+
+
+@app.command()
+def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
+    """Operations, boundaries, checkpoints, proposal and apply result of a run."""
+    data = request("show", run_id=run_id)
+    if json_out:
+        emit(data)
+        return
+    run = data["run"]
+    typer.echo(f"run {run['run_id']}  {run['state']}  {run['definition']}")
+    typer.echo(f"project {run['project']}")
+    if run.get("error"):
+        typer.echo(f"error: {run['error']}")
+    typer.echo("operations:")
+    for op in data["operations"]:
+        cp = (op.get("checkpoint") or {}).get("s", {})
+        typer.echo(
+            f"  {op['op_id']:<10} {op['kind']:<7} {op['state']:<10} "
+            f"attempt {op['attempt']}  {op['location']}"
+        )
+        if cp:
+            typer.echo(
+                f"             checkpoint {cp.get('path')} (read-only, uuid {cp.get('uuid')})"
+            )
+        if op.get("output") is not None:
+            typer.echo(f"             output {json.dumps(op['output'])}")
+    settlement = data.get("settlement")
+    if settlement:
+        typer.echo(f"settlement: {settlement['status']}")
+        apply = settlement.get("apply") or {}
+        for label in ("applied", "already_applied", "conflicts"):
+            if apply.get(label):
+                typer.echo(f"  {label}: {', '.join(apply[label])}")
+        for refused in settlement.get("candidate", {}).get("refused", []):
+            typer.echo(f"  refused: {refused}")
+    if run.get("output"):
+        typer.echo(f"output: {json.dumps(run['output'])}")
+    if data["units"]:
+        typer.echo("units: " + " ".join(data["units"]))
+
+
+@app.command()
+def logs(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+    """The systemd journal of every unit of a run (journalctl CAIRN_RUN=…)."""
+    typer.echo(request("logs", run_id=run_id), nl=False)
+
+
+@app.command()
+def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
+    """What the run applied (or refused) in the live project."""
+    data = request("diff", run_id=run_id)
+    if json_out:
+        emit(data)
+        return
+    typer.echo(f"# {data['run_id']}: {data['status']}")
+    apply = data.get("apply") or {}
+    for conflict in apply.get("conflicts", []):
+        typer.echo(f"# conflict (left untouched): {conflict}")
+    for refused in data.get("refused", []):
+        typer.echo(f"# refused by policy: {refused}")
+    typer.echo(data.get("diff", ""), nl=False)
+
+
+@storage_app.command("init")
+def storage_init(
+    loop: Annotated[str, typer.Option(help="Size of a loop-image pool, e.g. 8G.")],
+    image: Annotated[Path, typer.Option(help="Where the image lives.")] = Path(
+        "/var/lib/cairn/pool.img"
+    ),
+) -> None:
+    """Create a loop-image Btrfs pool at /var/lib/cairn/pool (root; hosts without Btrfs)."""
+    from cairn.storage import init_loop_pool
+
+    if os.geteuid() != 0:
+        fail("storage init needs root", hint="run it with sudo", code=2)
+    mountpoint = paths.pool_dir()
+    pool = init_loop_pool(image, loop, mountpoint)
+    unit = write_mount_unit(image, mountpoint)
+    typer.echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
+    del pool
+
+
+def write_mount_unit(image: Path, mountpoint: Path) -> str:
+    """Persist the loop mount as a systemd mount unit, enabled for boot."""
+    from cairn.proc import run
+
+    name = (
+        run(["systemd-escape", "--path", "--suffix=mount", str(mountpoint)]).stdout.decode().strip()
+    )
+    unit = Path("/etc/systemd/system") / name
+    unit.write_text(
+        "[Unit]\nDescription=Cairn storage pool\nBefore=cairn-broker.service\n\n"
+        f"[Mount]\nWhat={image}\nWhere={mountpoint}\nType=btrfs\nOptions=loop\n\n"
+        "[Install]\nWantedBy=local-fs.target\n"
+    )
+    if Path("/run/systemd/system").exists():
+        run(["systemctl", "daemon-reload"])
+        run(["systemctl", "enable", name])
+    return name
+
+
+@workflow_app.command("review")
+def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
+    """Review a workflow statically: effect manifest and review hash (never runs it)."""
+    from cairn.workflow.review import render_review, review_source
+
+    try:
+        source = file.read_text()
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror}", code=2)
+    review = review_source(source, filename=file.name)
+    if json_out:
+        emit(review.model_dump(mode="json"))
+    else:
+        typer.echo(render_review(review))
+
+
+def main() -> None:
+    try:
+        app()
+    except CairnError as exc:
+        typer.echo(f"cairn: {exc.message}", err=True)
+        if exc.hint:
+            typer.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)
+
+
+if __name__ == "__main__":
+    main()

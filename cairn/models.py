@@ -1,0 +1,295 @@
+"""Pydantic models for everything that crosses a process or persistence boundary.
+
+Launch descriptions, intents, broker receipts, socket messages and boundary records are
+validated on both sides; nothing is passed as an untyped dict between processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cairn.paths import RUN_ID_RE
+
+SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+INTENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}$")
+
+
+def canonical_json(value: Any) -> str:
+    """The one canonical JSON form used for hashes and request identity."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return hashlib.sha256(raw).hexdigest()
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+RunId = Annotated[str, Field(pattern=RUN_ID_RE.pattern)]
+ScopeId = Annotated[str, Field(pattern=SCOPE_RE.pattern)]
+OpId = Annotated[str, Field(pattern=OP_ID_RE.pattern)]
+
+
+# --- launch description --------------------------------------------------------------
+
+
+class ScriptStep(Frozen):
+    """One deterministic step of a ``scripted`` agent, executed inside /workspace."""
+
+    action: Literal["write", "append", "delete", "mkdir", "symlink", "chmod", "sleep", "run"]
+    path: str = ""
+    content: str = ""
+    target: str = ""
+    mode: int | None = None
+    seconds: float = 0.0
+    argv: list[str] = []
+
+    @field_validator("path", "target")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("script paths are relative to /workspace and may not contain '..'")
+        return value
+
+
+class ProfileSpec(Frozen):
+    """How an agent profile runs, resolved and frozen at launch."""
+
+    name: str
+    kind: Literal["scripted", "command"]
+    steps: list[ScriptStep] = []
+    output: dict[str, Any] = {}
+    handoff: str = ""
+    argv: list[str] = []
+
+
+class Limits(Frozen):
+    memory_max: int = 2 << 30
+    tasks_max: int = 512
+    cpu_quota_percent: int = 100
+    runtime_max_sec: int = 3600
+    io_weight: int = 100
+
+
+class ProjectSpec(Frozen):
+    """The live project and how Q is made from it."""
+
+    root: str
+    owner_uid: int
+    on_pool_fs: bool
+    subvolume: str | None = None
+    subpath: str = ""
+
+
+class SettlementPolicySpec(Frozen):
+    write_paths: list[str] = ["**"]
+    allow_git_internals: bool = False
+    max_file_bytes: int = 64 << 20
+    max_total_bytes: int = 1 << 30
+
+
+class LaunchDescription(Frozen):
+    """Everything a run is recovered from. Never re-read from live configuration."""
+
+    run_id: RunId
+    owner_uid: int
+    owner_gid: int
+    owner_name: str
+    definition: str
+    source: str
+    source_filename: str
+    review_hash: str
+    review: dict[str, Any]
+    args: dict[str, Any]
+    project: ProjectSpec
+    profiles: dict[str, ProfileSpec]
+    limits: Limits = Limits()
+    policy: SettlementPolicySpec = SettlementPolicySpec()
+    cairn_version: str
+    created_at: float
+
+    def launch_hash(self) -> str:
+        return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))
+
+
+# --- intents and receipts -----------------------------------------------------------
+
+Verb = Literal["launch-v1", "storage-v1", "delete-v1"]
+
+IntentKind = Literal[
+    "start-coordinator",
+    "prepare-q",
+    "create-w",
+    "start-agent",
+    "checkpoint",
+    "freeze-proposal",
+    "settle-candidate",
+    "start-apply",
+    "delete-run",
+]
+
+VERB_OF_KIND: dict[str, Verb] = {
+    "start-coordinator": "launch-v1",
+    "start-agent": "launch-v1",
+    "start-apply": "launch-v1",
+    "prepare-q": "storage-v1",
+    "create-w": "storage-v1",
+    "checkpoint": "storage-v1",
+    "freeze-proposal": "storage-v1",
+    "settle-candidate": "storage-v1",
+    "delete-run": "delete-v1",
+}
+
+
+class Intent(Frozen):
+    """What a coordinator or the daemon wants the broker to do. Paths are never given:
+    the broker derives them from the run, scope and op IDs."""
+
+    intent_id: str = Field(pattern=INTENT_ID_RE.pattern)
+    run_id: RunId
+    kind: IntentKind
+    scope: ScopeId = "root"
+    op_id: OpId | None = None
+    generation: int = 1
+    attempt: int = 1
+    from_checkpoint: OpId | None = None
+
+
+class Receipt(Frozen):
+    """The broker's record that an intent was carried out."""
+
+    intent_id: str
+    run_id: RunId
+    kind: IntentKind
+    data: dict[str, Any]
+    at: float
+
+
+class BrokerReply(Frozen):
+    ok: bool
+    receipts: list[Receipt] = []
+    error: str | None = None
+    code: str | None = None
+
+
+# --- daemon socket ------------------------------------------------------------------
+
+
+class DaemonRequest(Frozen):
+    op: Literal["launch", "ps", "show", "logs", "diff", "ping"]
+    definition: str | None = None
+    args: dict[str, Any] = {}
+    project: str | None = None
+    run_id: str | None = None
+    scripted: dict[str, ProfileSpec] = {}
+    all_users: bool = False
+
+
+class ErrorBody(Frozen):
+    code: str
+    message: str
+    hint: str | None = None
+
+
+class DaemonReply(Frozen):
+    ok: bool
+    result: Any = None
+    error: ErrorBody | None = None
+
+
+# --- control worker pipe ------------------------------------------------------------
+
+
+class CallRequest(Frozen):
+    """A ``flow.*`` call the control worker asks the coordinator to answer."""
+
+    type: Literal["call"] = "call"
+    scope: ScopeId
+    seq: int
+    kind: str
+    request: dict[str, Any]
+    location: str
+
+    def request_hash(self) -> str:
+        return "sha256:" + sha256_hex(canonical_json({"kind": self.kind, **self.request}))
+
+
+class WorkflowReturn(Frozen):
+    type: Literal["return"] = "return"
+    output: dict[str, Any]
+
+
+class WorkflowFailure(Frozen):
+    type: Literal["failure"] = "failure"
+    error: str
+    kind: str
+
+
+class CallResult(Frozen):
+    type: Literal["result"] = "result"
+    seq: int
+    value: dict[str, Any]
+
+
+class StartWorkflow(Frozen):
+    type: Literal["start"] = "start"
+    source: str
+    filename: str
+    args: dict[str, Any]
+
+
+# --- agent socket -------------------------------------------------------------------
+
+
+class AgentInstruction(Frozen):
+    run_id: RunId
+    op_id: OpId
+    attempt: int
+    prompt: str
+    title: str
+    descriptor: str
+    output_schema: dict[str, Any]
+    profile: ProfileSpec
+
+
+class AgentMessage(Frozen):
+    type: Literal["hello", "note", "progress", "finish_work"]
+    text: str = ""
+    output: dict[str, Any] = {}
+    handoff: str = ""
+
+
+class AgentReply(Frozen):
+    ok: bool
+    instruction: AgentInstruction | None = None
+    error: str | None = None
+
+
+class Boundary(Frozen):
+    """boundary.json: what one completed agent operation left behind."""
+
+    run_id: RunId
+    op_id: OpId
+    scope: ScopeId
+    attempt: int
+    descriptor: str
+    instruction: str
+    invocation: dict[str, Any]
+    output: dict[str, Any]
+    output_sha256: str
+    finish_sha256: str
+    handoff: str
+    notes: list[str]
+    unit: str
+    invocation_id: str
+    checkpoint: dict[str, Any]
+    predecessor: str | None

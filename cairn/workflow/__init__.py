@@ -1,0 +1,117 @@
+"""What a workflow module imports: ``from cairn.workflow import agent, workflow, Field, Model``.
+
+Nothing here has an effect. A workflow reaches the outside only through the ``flow``
+object the runtime passes as the first argument of its ``@workflow`` function; static
+review (:mod:`cairn.workflow.review`) checks that the source keeps to that rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cairn.errors import UsageError
+
+__all__ = [
+    "RUNTIME_API_VERSION",
+    "AgentDescriptor",
+    "Field",
+    "Model",
+    "OperationFailed",
+    "WorkflowSpec",
+    "agent",
+    "workflow",
+]
+
+RUNTIME_API_VERSION = "cairn.workflow/1"
+
+Access = Literal["read", "write"]
+Network = Literal["none", "allowlist", "host"]
+ACCESS_MODES: tuple[Access, ...] = ("read", "write")
+NETWORK_MODES: tuple[Network, ...] = ("none", "allowlist", "host")
+
+
+class Model(BaseModel):
+    """Base of every typed value in a workflow: closed (extra fields refused) and frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OperationFailed(Exception):  # noqa: N818 - named for what workflow code catches
+    """Raised into workflow code when a ``flow.*`` operation settles as a failure.
+
+    It derives from ``Exception``, so ``except OperationFailed`` (or ``except Exception``)
+    may handle it; the runtime's suspend and cancel signals derive from ``BaseException``
+    and pass through.
+    """
+
+    def __init__(self, message: str, *, kind: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AgentDescriptor:
+    """A reviewed agent: which profile runs, with what access and network, producing what."""
+
+    profile: str
+    access: Access
+    network: Network
+    output: type[Model]
+    allowlist: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """What ``@workflow`` records on the function (attribute ``__cairn_workflow__``)."""
+
+    function: str
+    description: str
+    input: type[Model]
+    output: type[Model]
+
+
+WorkflowFunction = Callable[..., Coroutine[Any, Any, Any]]
+F = TypeVar("F", bound=WorkflowFunction)
+
+
+def agent(
+    *,
+    profile: str,
+    access: Access = "read",
+    network: Network = "none",
+    output: type[Model],
+    allowlist: tuple[str, ...] = (),
+) -> AgentDescriptor:
+    """Declare an agent; the declaration itself starts nothing."""
+    if access not in ACCESS_MODES:
+        raise UsageError(f"agent access must be one of {', '.join(ACCESS_MODES)}, not {access!r}")
+    if network not in NETWORK_MODES:
+        raise UsageError(
+            f"agent network must be one of {', '.join(NETWORK_MODES)}, not {network!r}"
+        )
+    if not (isinstance(output, type) and issubclass(output, Model)):
+        raise UsageError("agent output= must be a Model class of the workflow module")
+    return AgentDescriptor(
+        profile=profile, access=access, network=network, output=output,
+        allowlist=tuple(allowlist),
+    )
+
+
+def workflow(
+    *, description: str, input: type[Model], output: type[Model]
+) -> Callable[[F], F]:
+    """Mark the module's one workflow function; records a :class:`WorkflowSpec` on it."""
+
+    def mark(function: F) -> F:
+        spec = WorkflowSpec(
+            function=function.__name__, description=description, input=input, output=output
+        )
+        setattr(function, "__cairn_workflow__", spec)  # noqa: B010 - attribute on a callable
+        return function
+
+    return mark

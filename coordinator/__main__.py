@@ -1,0 +1,30 @@
+"""cairn-coordinator RUN_ID: run by cairn-coordinator@RUN_ID.service as user cairn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from cairn import journald, paths
+from cairn.errors import Busy, CairnError
+
+
+def main() -> None:
+    journald.setup_logging()
+    if len(sys.argv) != 2 or not paths.RUN_ID_RE.match(sys.argv[1]):
+        print("usage: cairn-coordinator flow_<32 hex>", file=sys.stderr)
+        sys.exit(2)
+    from cairn.coordinator.core import Coordinator
+
+    try:
+        sys.exit(Coordinator(sys.argv[1]).run())
+    except Busy as exc:
+        logging.getLogger("cairn.coordinator").warning("%s", exc)
+        sys.exit(0)
+    except CairnError as exc:
+        logging.getLogger("cairn.coordinator").error("%s", exc)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

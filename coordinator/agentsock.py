@@ -1,0 +1,111 @@
+"""The coordinator's side of one agent's socket (bound to /run/cairn/agent.sock in the unit).
+
+Only the run owner's UID may connect. The agent says ``hello`` and gets its instruction;
+``note``/``progress`` are recorded; ``finish_work`` is validated against the descriptor's
+output schema and, once valid, handed to the coordinator exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from cairn.models import AgentInstruction, AgentMessage, AgentReply
+
+log = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 8 << 20
+
+
+class AgentSocket:
+    """Serve one agent operation until it finishes (or the coordinator closes it)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        owner_uid: int,
+        instruction: AgentInstruction,
+        output_model: type[BaseModel],
+        on_note: Callable[[str], None],
+    ) -> None:
+        self.path = path
+        self.owner_uid = owner_uid
+        self.instruction = instruction
+        self.output_model = output_model
+        self.on_note = on_note
+        self.finished = threading.Event()
+        self.finish: AgentMessage | None = None
+        self.notes: list[str] = []
+        path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o666)  # the owner's UID connects; SO_PEERCRED decides
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, name=f"agent-{path.name}", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            if self.path.exists():
+                self.path.unlink()
+
+    def _serve(self) -> None:
+        while not self.finished.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", creds)
+            if uid != self.owner_uid:
+                log.warning("refused agent socket connection from uid %d", uid)
+                return
+            stream = conn.makefile("rwb")
+            while True:
+                line = stream.readline(MESSAGE_LIMIT)
+                if not line:
+                    return
+                reply = self._answer(line)
+                stream.write(reply.model_dump_json().encode() + b"\n")
+                stream.flush()
+
+    def _answer(self, line: bytes) -> AgentReply:
+        try:
+            message = AgentMessage.model_validate_json(line)
+        except ValidationError as exc:
+            return AgentReply(ok=False, error=f"malformed message: {exc.errors()[0]['msg']}")
+        if message.type == "hello":
+            return AgentReply(ok=True, instruction=self.instruction)
+        if message.type in ("note", "progress"):
+            self.notes.append(message.text)
+            self.on_note(message.text)
+            return AgentReply(ok=True)
+        if self.finished.is_set():
+            return AgentReply(ok=False, error="finish_work was already accepted")
+        try:
+            self.output_model.model_validate(message.output)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "output"
+            return AgentReply(
+                ok=False, error=f"output does not match the schema: {where}: {first['msg']}"
+            )
+        self.finish = message
+        self.finished.set()
+        return AgentReply(ok=True)

@@ -1,0 +1,166 @@
+"""Launch: resolve and review a definition, validate arguments, freeze the launch
+description, record the run and ask the broker to start its coordinator."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import stat
+import time
+import tomllib
+from importlib import resources
+from typing import Any
+
+from pydantic import ValidationError
+
+import cairn
+from cairn import paths
+from cairn.brokerclient import call_broker
+from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
+from cairn.journal import Journal
+from cairn.models import (
+    DaemonRequest,
+    Intent,
+    LaunchDescription,
+    Limits,
+    ProfileSpec,
+    ProjectSpec,
+)
+from cairn.workflow.review import Review, review_source
+from cairn.workflow.schema import build_models
+
+BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
+PROFILE_FILE_RE = re.compile(r"^[a-z0-9:_-]{1,80}$")
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("cairn.builtin") / "workflows"
+    return sorted(p.name[:-3] for p in folder.iterdir() if p.name.endswith(".py"))
+
+
+def resolve_definition(definition: str) -> tuple[str, str]:
+    """Return (source, filename) of a definition; only ``builtin:`` in this version."""
+    match = BUILTIN_RE.match(definition)
+    if match is None:
+        if definition.startswith(("user:", "project:")):
+            raise UsageError(
+                f"{definition}: user: and project: definitions are not supported yet",
+                hint=f"builtin definitions: {', '.join(builtin_names())}",
+            )
+        raise NotFound(
+            f"unknown definition {definition!r}",
+            hint=f"builtin definitions: {', '.join('builtin:' + n for n in builtin_names())}",
+        )
+    name = match.group(1)
+    file = resources.files("cairn.builtin") / "workflows" / f"{name.replace('-', '_')}.py"
+    if not file.is_file():
+        raise NotFound(
+            f"unknown definition {definition!r}",
+            hint=f"builtin definitions: {', '.join('builtin:' + n for n in builtin_names())}",
+        )
+    return file.read_text(), f"{name}.py"
+
+
+def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
+    model = build_models(review.models)[review.workflow.input]
+    try:
+        return model.model_validate(args).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "args"
+        raise ValidationFailed(
+            f"arguments do not match {review.workflow.input}: {where}: {first['msg']}",
+            hint=f"fields: {', '.join(model.model_fields)}",
+        ) from exc
+
+
+def check_project(path: str | None, fd: int | None, uid: int) -> ProjectSpec:
+    """The caller proves access by sending an open directory fd; it must own it."""
+    if not path or fd is None:
+        raise UsageError("no project given", hint="pass --project DIR")
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        raise UsageError(f"project path {path!r} must be absolute and normalised")
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"project {path} is not a directory")
+    if st.st_uid != uid:
+        raise PermissionDenied(
+            f"project {path} is owned by uid {st.st_uid}, not by you",
+            hint="you can only launch on a project you own",
+        )
+    return ProjectSpec(root=path, owner_uid=uid, on_pool_fs=False)
+
+
+def resolve_profiles(review: Review, scripted: dict[str, ProfileSpec]) -> dict[str, ProfileSpec]:
+    """Freeze every profile the workflow's agents name: a scripted profile the caller
+    supplied, or the host's ``/etc/cairn/profiles.d/<name>.toml``."""
+    resolved: dict[str, ProfileSpec] = {}
+    for name in sorted({a.profile for a in review.agents.values()}):
+        if name in scripted:
+            profile = scripted[name]
+            if profile.kind != "scripted":
+                raise PermissionDenied(
+                    f"profile {name}: only scripted profiles may come from the caller",
+                    hint="command profiles are configured by the administrator in "
+                    "/etc/cairn/profiles.d/",
+                )
+            resolved[name] = profile.model_copy(update={"name": name})
+            continue
+        if not PROFILE_FILE_RE.match(name):
+            raise UsageError(f"invalid profile name {name!r}")
+        file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
+        if not file.exists():
+            raise NotFound(
+                f"profile {name} is not configured on this host",
+                hint=f"pass --scripted {name}=FILE.json, or configure {file}",
+            )
+        with open(file, "rb") as fh:
+            data = tomllib.load(fh)
+        try:
+            resolved[name] = ProfileSpec.model_validate({**data, "name": name})
+        except ValidationError as exc:
+            raise ValidationFailed(f"{file}: {exc.errors()[0]['msg']}") from exc
+    unknown = sorted(set(scripted) - set(resolved))
+    if unknown:
+        raise UsageError(f"the workflow has no agent with profile {', '.join(unknown)}")
+    return resolved
+
+
+def launch(journal: Journal, request: DaemonRequest, uid: int, fd: int | None) -> dict[str, Any]:
+    if not request.definition:
+        raise UsageError("no definition given", hint="e.g. cairn launch builtin:implement")
+    source, filename = resolve_definition(request.definition)
+    review = review_source(source, filename=filename)
+    args = validate_args(review, request.args)
+    project = check_project(request.project, fd, uid)
+    profiles = resolve_profiles(review, request.scripted)
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError as exc:
+        raise PermissionDenied(f"uid {uid} has no account on this host") from exc
+    if uid == 0:
+        raise PermissionDenied("runs are not launched as root", hint="launch as a normal user")
+    run_id = "flow_" + secrets.token_hex(16)
+    desc = LaunchDescription(
+        run_id=run_id,
+        owner_uid=uid,
+        owner_gid=user.pw_gid,
+        owner_name=user.pw_name,
+        definition=request.definition,
+        source=source,
+        source_filename=filename,
+        review_hash=review.review_hash,
+        review=review.model_dump(mode="json"),
+        args=args,
+        project=project,
+        profiles=profiles,
+        limits=Limits(),
+        cairn_version=cairn.__version__,
+        created_at=time.time(),
+    )
+    start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
+    journal.create_run(desc, intents=[start])
+    call_broker("launch-v1", run_id, timeout=120)
+    return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}

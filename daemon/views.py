@@ -1,0 +1,127 @@
+"""Read views for the CLI, rebuilt from one journal snapshot and authorized per caller."""
+
+from __future__ import annotations
+
+import grp
+from typing import Any
+
+from cairn.errors import NotFound
+from cairn.journal import Journal, RunRow
+from cairn.proc import run
+
+ADMIN_GROUP = "cairn-admin"
+LOG_LINES = 2000
+
+
+def is_admin(uid: int) -> bool:
+    if uid == 0:
+        return True
+    import pwd
+
+    try:
+        group = grp.getgrnam(ADMIN_GROUP)
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return user.pw_name in group.gr_mem or user.pw_gid == group.gr_gid
+
+
+def visible_run(journal: Journal, run_id: str | None, uid: int) -> RunRow:
+    """The run, if the caller owns it or administers cairn; otherwise NotFound (never
+    say whether another user's run exists)."""
+    if not run_id:
+        raise NotFound("no run given", hint="list runs with 'cairn ps'")
+    try:
+        row = journal.get_run(run_id)
+    except NotFound:
+        row = None
+    if row is None or (row.owner_uid != uid and not is_admin(uid)):
+        raise NotFound(f"no run {run_id}", hint="list your runs with 'cairn ps'")
+    return row
+
+
+def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
+    ops = journal.list_ops(run_id)
+    if not ops:
+        return None
+    last = ops[-1]
+    return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
+
+
+def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
+    owner = None if (all_users and is_admin(uid)) else uid
+    runs = journal.list_runs(owner)
+    return [
+        {
+            "run_id": r.run_id,
+            "state": r.state,
+            "definition": r.definition,
+            "project": r.project,
+            "owner_uid": r.owner_uid,
+            "created_at": r.created_at,
+            "current_op": _current_op(journal, r.run_id),
+        }
+        for r in runs
+    ]
+
+
+def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+    row = visible_run(journal, run_id, uid)
+    ops = journal.list_ops(row.run_id)
+    receipts = journal.receipts(row.run_id)
+    events = journal.events(row.run_id)
+    return {
+        "run": row.model_dump(exclude={"lease_holder", "lease_expires"}),
+        "operations": [
+            {
+                "op_id": o.op_id,
+                "scope": o.scope,
+                "seq": o.seq,
+                "kind": o.kind,
+                "state": o.state,
+                "attempt": o.attempt,
+                "location": o.source_location,
+                "request": o.request,
+                "output": (o.result or {}).get("output"),
+                "handoff": (o.result or {}).get("handoff"),
+                "checkpoint": o.checkpoint,
+                "error": o.error,
+            }
+            for o in ops
+        ],
+        "units": [r["data"]["unit"] for r in receipts if "unit" in r.get("data", {})],
+        "settlement": row.settlement,
+        "events": [e.model_dump() for e in events[-50:]],
+        "events_omitted": max(0, len(events) - 50),
+    }
+
+
+def logs(journal: Journal, run_id: str | None, uid: int) -> str:
+    row = visible_run(journal, run_id, uid)
+    proc = run(
+        [
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "short-iso",
+            "-n",
+            str(LOG_LINES),
+            f"CAIRN_RUN={row.run_id}",
+        ],
+        check=False,
+    )
+    return proc.stdout.decode(errors="replace")
+
+
+def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+    row = visible_run(journal, run_id, uid)
+    settlement = row.settlement or {}
+    candidate = settlement.get("candidate", {})
+    return {
+        "run_id": row.run_id,
+        "status": settlement.get("status", "not settled"),
+        "accepted": candidate.get("accepted", []),
+        "refused": candidate.get("refused", []),
+        "apply": settlement.get("apply"),
+        "diff": candidate.get("diff", ""),
+    }

@@ -1,0 +1,99 @@
+"""Agent profiles that run inside the unit: ``scripted`` (deterministic) and ``command``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from cairn.errors import CairnError
+from cairn.models import AgentInstruction, ScriptStep
+from cairn.worker.channel import AgentChannel
+
+WORKSPACE = Path("/workspace")
+
+
+def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[dict[str, Any], str]:
+    """Run the instruction's profile; return (output, handoff) for finish_work."""
+    profile = instruction.profile
+    if profile.kind == "scripted":
+        for step in profile.steps:
+            run_step(step, instruction)
+            channel.note(f"{step.action} {step.path or ' '.join(step.argv)}".strip())
+        return _fill(profile.output, instruction), _fill_text(profile.handoff, instruction)
+    return run_command(profile.argv, instruction)
+
+
+def _fill_text(text: str, instruction: AgentInstruction) -> str:
+    return text.replace("{prompt}", instruction.prompt).replace("{title}", instruction.title)
+
+
+def _fill(value: Any, instruction: AgentInstruction) -> Any:
+    if isinstance(value, str):
+        return _fill_text(value, instruction)
+    if isinstance(value, list):
+        return [_fill(v, instruction) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, instruction) for k, v in value.items()}
+    return value
+
+
+def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
+    path = WORKSPACE / step.path
+    content = _fill_text(step.content, instruction)
+    if step.action == "write":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    elif step.action == "append":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(content)
+    elif step.action == "delete":
+        path.unlink()
+    elif step.action == "mkdir":
+        path.mkdir(parents=True, exist_ok=True)
+    elif step.action == "symlink":
+        path.symlink_to(step.target)
+    elif step.action == "chmod":
+        assert step.mode is not None
+        os.chmod(path, step.mode)
+    elif step.action == "sleep":
+        time.sleep(step.seconds)
+    elif step.action == "run":
+        proc = subprocess.run(step.argv, cwd=WORKSPACE, check=False, timeout=600)
+        if proc.returncode != 0:
+            raise CairnError(f"scripted step {step.argv[0]} exited {proc.returncode}")
+
+
+def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[str, Any], str]:
+    """Run a host-configured agent CLI; its result is /outputs/result.json or its last
+    stdout line (JSON with ``output`` and optional ``handoff``)."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/state"),
+        "LANG": "C.UTF-8",
+        "CAIRN_PROMPT": instruction.prompt,
+    }
+    proc = subprocess.run(
+        [a.replace("{prompt}", instruction.prompt) for a in argv],
+        cwd=WORKSPACE,
+        env=env,
+        stdout=subprocess.PIPE,
+        check=False,
+        timeout=None,
+    )
+    if proc.returncode != 0:
+        raise CairnError(f"agent command {argv[0]} exited {proc.returncode}")
+    result_file = Path("/outputs/result.json")
+    if result_file.exists():
+        raw = result_file.read_text()
+    else:
+        lines = proc.stdout.decode(errors="replace").strip().splitlines()
+        if not lines:
+            raise CairnError(f"agent command {argv[0]} printed no result")
+        raw = lines[-1]
+    result = json.loads(raw)
+    return dict(result.get("output", result)), str(result.get("handoff", ""))
