@@ -8,15 +8,16 @@ import time
 from typing import Any
 
 from cairn import paths
-from cairn.models import Intent, Receipt, canonical_json
+from cairn.models import Intent, Receipt
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS receipts (
-    intent_id TEXT PRIMARY KEY,
     run_id    TEXT NOT NULL,
+    intent_id TEXT NOT NULL,
     kind      TEXT NOT NULL,
     body      TEXT NOT NULL,
-    at        REAL NOT NULL
+    at        REAL NOT NULL,
+    PRIMARY KEY (run_id, intent_id)
 )
 """
 
@@ -34,9 +35,9 @@ class ReceiptStore:
     def close(self) -> None:
         self.db.close()
 
-    def get(self, intent_id: str) -> Receipt | None:
+    def get(self, run_id: str, intent_id: str) -> Receipt | None:
         row = self.db.execute(
-            "SELECT body FROM receipts WHERE intent_id=?", (intent_id,)
+            "SELECT body FROM receipts WHERE run_id=? AND intent_id=?", (run_id, intent_id)
         ).fetchone()
         return None if row is None else Receipt.model_validate_json(row[0])
 
@@ -60,9 +61,7 @@ class ReceiptStore:
         )
         return receipt
 
-    def body(self, intent_id: str) -> dict[str, Any] | None:
-        receipt = self.get(intent_id)
+    def body(self, run_id: str, intent_id: str) -> dict[str, Any] | None:
+        receipt = self.get(run_id, intent_id)
         return None if receipt is None else receipt.data
 
-
-__all__ = ["ReceiptStore", "canonical_json"]

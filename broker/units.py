@@ -172,7 +172,10 @@ def run_apply(
 
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
-    (work / "plan.json").write_text(json.dumps(accepted))
+    plan = work / "plan.json"
+    plan.write_text(json.dumps(accepted))
+    os.chown(plan, desc.owner_uid, desc.owner_gid)
+    os.chmod(plan, 0o644)
     result_file = work / "result.json"
     if result_file.exists():
         result_file.unlink()

@@ -36,7 +36,7 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
         for intent in journal.intents(run_id, verb):
             if intent.run_id != run_id or VERB_OF_KIND[intent.kind] != verb:
                 raise BrokerRefused(f"intent {intent.intent_id} does not belong to {verb}")
-            done = store.get(intent.intent_id)
+            done = store.get(run_id, intent.intent_id)
             if done is None:
                 data = execute(intent, desc, journal, store)
                 done = store.put(intent, data)
@@ -72,7 +72,7 @@ class Context:
         return storage.Pool.open(paths.pool_dir())
 
     def receipt(self, intent_id: str) -> dict[str, Any]:
-        body = self.store.body(intent_id)
+        body = self.store.body(self.run_id, intent_id)
         if body is None:
             raise BrokerRefused(f"{self.intent.intent_id} needs {intent_id}, which was not done")
         return body
@@ -204,7 +204,10 @@ def settle_candidate(ctx: Context) -> dict[str, Any]:
     c = pool.settlement_path(ctx.run_id, "C")
     pool.snapshot(q, c, read_only=False)
     policy = SettlementPolicy(**ctx.desc.policy.model_dump())
-    report = build_candidate(q, p, c, change_set, policy, subpath=subpath)
+    def project_view(root: Path) -> Path:
+        return root / subpath if subpath else root
+
+    report = build_candidate(project_view(q), project_view(p), project_view(c), change_set, policy)
     f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
     data = json.loads(report.model_dump_json())
     data["f"] = f_receipt.model_dump()

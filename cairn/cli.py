@@ -207,11 +207,13 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
     if settlement:
         typer.echo(f"settlement: {settlement['status']}")
         apply = settlement.get("apply") or {}
-        for label in ("applied", "already_applied", "conflicts"):
+        for label in ("applied", "already_applied"):
             if apply.get(label):
                 typer.echo(f"  {label}: {', '.join(apply[label])}")
+        for conflict in apply.get("conflicts", []):
+            typer.echo(f"  conflict: {conflict['path']} ({conflict['reason']})")
         for refused in settlement.get("candidate", {}).get("refused", []):
-            typer.echo(f"  refused: {refused}")
+            typer.echo(f"  refused: {refused['path']} ({refused['reason']})")
     if run.get("output"):
         typer.echo(f"output: {json.dumps(run['output'])}")
     if data["units"]:
@@ -234,9 +236,9 @@ def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
     typer.echo(f"# {data['run_id']}: {data['status']}")
     apply = data.get("apply") or {}
     for conflict in apply.get("conflicts", []):
-        typer.echo(f"# conflict (left untouched): {conflict}")
+        typer.echo(f"# conflict, left untouched: {conflict['path']} ({conflict['reason']})")
     for refused in data.get("refused", []):
-        typer.echo(f"# refused by policy: {refused}")
+        typer.echo(f"# refused by policy: {refused['path']} ({refused['reason']})")
     typer.echo(data.get("diff", ""), nl=False)
 
 

@@ -68,18 +68,21 @@ _MIGRATIONS: dict[int, str] = {
         UNIQUE (run_id, op_id)
     );
     CREATE TABLE intents (
-        intent_id  TEXT PRIMARY KEY,
         run_id     TEXT NOT NULL REFERENCES runs(run_id),
+        intent_id  TEXT NOT NULL,
         verb       TEXT NOT NULL,
         body       TEXT NOT NULL,
-        created_at REAL NOT NULL
+        created_at REAL NOT NULL,
+        PRIMARY KEY (run_id, intent_id)
     );
     CREATE INDEX intents_run ON intents(run_id, verb);
     CREATE TABLE receipts (
-        intent_id TEXT PRIMARY KEY REFERENCES intents(intent_id),
         run_id    TEXT NOT NULL,
+        intent_id TEXT NOT NULL,
         body      TEXT NOT NULL,
-        at        REAL NOT NULL
+        at        REAL NOT NULL,
+        PRIMARY KEY (run_id, intent_id),
+        FOREIGN KEY (run_id, intent_id) REFERENCES intents(run_id, intent_id)
     );
     CREATE TABLE events (
         cursor  INTEGER PRIMARY KEY AUTOINCREMENT,

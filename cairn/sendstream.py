@@ -203,7 +203,8 @@ class TreeReader(Protocol):
 
 
 class _Node:
-    __slots__ = ("name", "parent", "origin", "children", "content", "meta", "detached")
+    __slots__ = ("name", "parent", "origin", "children", "content", "meta", "detached",
+                 "link_source")
 
     def __init__(self, name: str, parent: _Node | None, origin: str | None) -> None:
         self.name = name
@@ -213,6 +214,7 @@ class _Node:
         self.content = False
         self.meta = False
         self.detached = False
+        self.link_source: _Node | None = None  # for LINK: the dentry it was linked from
 
 
 def _join(base: str, name: str) -> str:
@@ -294,6 +296,9 @@ class ChangeTracker:
                 raise StreamError(f"send stream creates {cmd.path()}, which exists")
             node = _Node(name, parent, None)
             node.content = True
+            if n == "LINK":
+                # The kernel sends a file moved to another directory as LINK + UNLINK.
+                node.link_source = self._resolve(cmd.path("path_link"))
             parent.children[name] = node
             self.nodes.append(node)
         elif n == "RENAME":
@@ -351,6 +356,10 @@ class ChangeTracker:
                     renames.append((node.origin, final))
             if final is not None and node.origin != final:
                 occupied.add(final)
+            source = node.link_source
+            if (final is not None and source is not None and source.origin is not None
+                    and self._final_path(source) is None):
+                renames.append((source.origin, final))
             if final is not None and final == node.origin:
                 if node.content:
                     modified.add(final)
@@ -469,12 +478,12 @@ class FilesystemReader:
 def changes(q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
     """Changes from read-only subvolume ``q`` to read-only subvolume ``p`` (root only),
     limited to the project at ``subpath`` inside them and relative to it."""
-    for sub in (q, p):
+    for snap in (q, p):
         try:
-            if not btrfsutil.get_subvolume_read_only(os.fspath(sub)):
-                raise StorageError(f"{sub} must be a read-only snapshot to compute changes")
+            if not btrfsutil.get_subvolume_read_only(os.fspath(snap)):
+                raise StorageError(f"{snap} must be a read-only snapshot to compute changes")
         except btrfsutil.BtrfsUtilError as exc:
-            raise StorageError(f"{sub} is not a Btrfs subvolume: {exc}") from exc
+            raise StorageError(f"{snap} is not a Btrfs subvolume: {exc}") from exc
     sub = "/".join(_split(subpath))
     # -q keeps progress text off stderr; the stream is metadata only, so it stays small.
     out = proc.run(["btrfs", "-q", "send", "--no-data", "-p", q, p])

@@ -88,7 +88,7 @@ class PathPlan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str
-    action: Literal["write", "already", "conflict"]
+    action: Literal["write", "already", "unchanged", "conflict"]
     q: EntryState
     f: EntryState
     live: EntryState
@@ -272,7 +272,9 @@ def build_candidate(
                 reason = _entry_reason(path, st, target, policy)
                 if not reason and stat.S_ISREG(st.st_mode):
                     if total + st.st_size > policy.max_total_bytes:
-                        reason = f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
+                        reason = (
+                            f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
+                        )
                     else:
                         total += st.st_size
                 if not reason:
@@ -280,7 +282,8 @@ def build_candidate(
         if reason:
             refused[path] = reason
 
-    refused_created = [r for r in refused if r in set(changes.created) | set(changes.modified)]
+    replaced = {*changes.created, *changes.modified}
+    refused_created = [r for r in refused if r in replaced]
     blocked_sources = [
         rn.old for rn in changes.renamed
         if any(_under(r, rn.new) for r in refused_created)
@@ -581,13 +584,16 @@ def _conflict_reason(p: PathPlan) -> str:
 
 
 def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
-    """Classify every path: live == F → ``already``; live == Q → ``write``; otherwise
-    ``conflict``. Reads only."""
+    """Classify every path: Q == F → ``unchanged``; live == F → ``already``; live == Q →
+    ``write``; otherwise ``conflict``. Reads only."""
     planned: list[PathPlan] = []
     for path in sorted(set(paths)):
         qs, fs, ls = entry_state(q, path), entry_state(f, path), entry_state(live, path)
-        if ls == fs:
-            action: Literal["write", "already", "conflict"] = "already"
+        action: Literal["write", "already", "unchanged", "conflict"]
+        if qs == fs:
+            action = "unchanged"  # nothing to settle here, whatever the live state
+        elif ls == fs:
+            action = "already"
         elif ls == qs and ls.kind != "blocked" and fs.kind != "blocked":
             action = "write"
         else:
@@ -602,12 +608,26 @@ def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
 
 
 def _extra_entries(live: Path, path: str, removed: set[str]) -> bool:
-    names = os.listdir(live / path)
+    parts = path.split("/")
+    try:
+        with _Dir.parent_of(live, parts) as fd:
+            if fd is None:
+                return False
+            dfd = os.open(parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+    except _Blocked:
+        return True
+    try:
+        names = os.listdir(dfd)
+    finally:
+        os.close(dfd)
     return any(f"{path}/{n}" not in removed for n in names)
 
 
 def _needs_removal(p: PathPlan) -> bool:
-    return p.q.kind != "absent" and (p.f.kind == "absent" or (p.q.kind == "dir") != (p.f.kind == "dir"))
+    if p.q.kind == "absent":
+        return False
+    return p.f.kind == "absent" or (p.q.kind == "dir") != (p.f.kind == "dir")
 
 
 def _read_receipts(receipts: Path) -> dict[str, ApplyReceipt]:
@@ -752,6 +772,23 @@ def _write_temp_from_f(f: Path, parts: list[str], live_fd: int, tmp: str,
         os.close(sfd)
 
 
+def _remove_stale_temps(live: Path, paths: list[str]) -> None:
+    """Remove temp files an interrupted apply left next to the paths it was writing
+    (only names with this module's prefix; never through a symlink)."""
+    for parent in sorted({_parent(p) for p in paths}):
+        parts = [*parent.split("/"), "."] if parent else ["."]
+        try:
+            with _Dir.parent_of(live, parts) as fd:
+                if fd is None:
+                    continue
+                for name in os.listdir(fd):
+                    if name.startswith(_TMP_PREFIX):
+                        os.unlink(name, dir_fd=fd)
+                        log.info("removed leftover %s/%s", parent or ".", name)
+        except _Blocked:
+            continue
+
+
 def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> ApplyResult:
     """Settle F into ``live`` for ``paths`` with the three-way check (see module doc).
 
@@ -761,10 +798,11 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
     """
     for path in paths:
         check_relative(path)
+    _remove_stale_temps(live, paths)
     done = _read_receipts(receipts)
     plan = plan_apply(q, f, live, paths)
-    changed = [p for p in plan.paths if p.q != p.f]
-    already = [p.path for p in plan.paths if p.action == "already" and p.q != p.f]
+    changed = [p for p in plan.paths if p.action != "unchanged"]
+    already = [p.path for p in plan.paths if p.action == "already"]
     if plan.conflicts:
         log.warning("apply into %s: %d conflicts, nothing written", live, len(plan.conflicts))
         return ApplyResult(status="conflict", already_applied=already, conflicts=plan.conflicts)
@@ -775,7 +813,7 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
     log_ = _ReceiptLog(receipts)
     try:
         for p in plan.paths:
-            if p.action == "already" and p.q != p.f and p.path not in done:
+            if p.action == "already" and p.path not in done:
                 log_.add(p.path, "already", p.f)
         writes = plan.writes
         removals = sorted((p for p in writes if _needs_removal(p)),

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -531,19 +530,3 @@ def remove_loop_pool(pool: LoopPool, *, delete_image: bool = True) -> None:
     if delete_image:
         Path(pool.image).unlink(missing_ok=True)
 
-
-def entry_kind(mode: int) -> str:
-    """A short name for the file type in ``mode``."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "unknown"

@@ -104,9 +104,24 @@ class UnitState(BaseModel):
         return self.active_state in ("inactive", "failed") and self.job_id == 0
 
 
+class DBusCallFailed(SystemdError):
+    """A D-Bus method call got an error reply; ``dbus_name`` is the error's name."""
+
+    def __init__(
+        self, message: str, *, dbus_name: str, detail: str, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.dbus_name = dbus_name
+        self.detail = detail
+
+
+NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+
+
 def _error_text(err: DBusErrorResponse) -> str:
     detail = err.data[0] if err.data and isinstance(err.data[0], str) else ""
-    return f"{err.name}: {detail}".rstrip(": ")
+    detail = " ".join(detail.split())  # keep the message on one line
+    return f"{err.name}: {detail}" if detail else str(err.name)
 
 
 def _str(value: object) -> str:
@@ -237,7 +252,7 @@ class Systemd:
         *,
         timeout: float = CALL_TIMEOUT,
     ) -> tuple[object, ...]:
-        """Call ``method``; D-Bus errors propagate as DBusErrorResponse for the caller to map."""
+        """Call ``method`` and return the reply body; an error reply raises DBusCallFailed."""
         msg = new_method_call(address, method, signature, body)
         try:
             reply = self._conn.send_and_get_reply(msg, timeout=timeout)
@@ -246,8 +261,16 @@ class Systemd:
                 f"{method} got no reply within {timeout:g}s",
                 hint="check that systemd and dbus are responsive",
             ) from e
+        except OSError as e:
+            raise SystemdError(f"lost the system bus connection during {method}: {e}") from e
         self._record_signals()
-        return tuple(unwrap_msg(reply))
+        try:
+            return tuple(unwrap_msg(reply))
+        except DBusErrorResponse as e:
+            detail = _error_text(e)
+            raise DBusCallFailed(
+                f"{method} failed: {detail}", dbus_name=str(e.name), detail=detail
+            ) from e
 
     def _manager_call(
         self, method: str, signature: str | None = None, body: tuple[object, ...] = ()
@@ -278,6 +301,8 @@ class Systemd:
                 self._conn.recv_messages(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             pass
+        except OSError as e:
+            raise SystemdError(f"lost the system bus connection: {e}") from e
 
     def _add_match(self, rule: MatchRule) -> str:
         text: str = rule.serialise()
@@ -309,8 +334,8 @@ class Systemd:
         for text in self._watches.pop(name, []):
             try:
                 self._call(message_bus, "RemoveMatch", "s", (text,))
-            except DBusErrorResponse as e:
-                log.debug("RemoveMatch failed for %s: %s", name, _error_text(e))
+            except DBusCallFailed as e:
+                log.debug("RemoveMatch failed for %s: %s", name, e.detail)
         for job in [j for j, (unit, _r) in self._job_results.items() if unit == name]:
             del self._job_results[job]
 
@@ -325,10 +350,10 @@ class Systemd:
         """``GetUnit``: the loaded unit's path, or None. Never loads a stub for an unknown name."""
         try:
             (path,) = self._manager_call("GetUnit", "s", (name,))
-        except DBusErrorResponse as e:
-            if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+        except DBusCallFailed as e:
+            if e.dbus_name == NO_SUCH_UNIT:
                 return None
-            raise SystemdError(f"GetUnit({name}) failed: {_error_text(e)}") from e
+            raise SystemdError(f"GetUnit({name}) failed: {e.detail}") from e
         return _str(path)
 
     # -- starting ----------------------------------------------------------------------
@@ -358,19 +383,20 @@ class Systemd:
             (job,) = self._manager_call(
                 "StartTransientUnit", "ssa(sv)a(sa(sv))", (name, "fail", wire, wire_aux)
             )
-        except DBusErrorResponse as e:
+        except DBusCallFailed as e:
             if added:
                 self._unwatch(name)
             hint = None
-            if e.name == "org.freedesktop.systemd1.UnitExists":
+            if e.dbus_name == "org.freedesktop.systemd1.UnitExists":
                 hint = "use a new unit name for every attempt"
-            elif e.name in (
+            elif e.dbus_name in (
                 "org.freedesktop.DBus.Error.PropertyReadOnly",
                 "org.freedesktop.DBus.Error.UnknownProperty",
             ):
                 hint = "this systemd version does not support a requested property"
-            raise SystemdError(
-                f"systemd refused to start {name}: {_error_text(e)}", hint=hint
+            raise DBusCallFailed(
+                f"systemd refused to start {name}: {e.detail}",
+                dbus_name=e.dbus_name, detail=e.detail, hint=hint,
             ) from e
         log.info("started transient unit %s (job %s)", name, job)
         return _str(job)
@@ -383,10 +409,13 @@ class Systemd:
         added = self._watch(name)
         try:
             (job,) = self._manager_call("StartUnit", "ss", (name, mode))
-        except DBusErrorResponse as e:
+        except DBusCallFailed as e:
             if added:
                 self._unwatch(name)
-            raise SystemdError(f"systemd refused to start {name}: {_error_text(e)}") from e
+            raise DBusCallFailed(
+                f"systemd refused to start {name}: {e.detail}",
+                dbus_name=e.dbus_name, detail=e.detail,
+            ) from e
         return _str(job)
 
     def wait_started(self, job: str, timeout: float = 90.0) -> None:
@@ -431,8 +460,8 @@ class Systemd:
         try:
             unit = self._get_all(path, UNIT_IF)
             typed = self._get_all(path, _TYPE_INTERFACES[name.rsplit(".", 1)[1]])
-        except DBusErrorResponse as e:
-            raise SystemdError(f"reading {name} failed: {_error_text(e)}") from e
+        except DBusCallFailed as e:
+            raise SystemdError(f"reading {name} failed: {e.detail}") from e
         if unit.get("LoadState") == "not-found":
             return None  # collected between GetUnit and GetAll
         job = unit.get("Job", (0, "/"))
@@ -496,8 +525,8 @@ class Systemd:
         validate_unit_name(name)
         try:
             (procs,) = self._manager_call("GetUnitProcesses", "s", (name,))
-        except DBusErrorResponse as e:
-            raise SystemdError(f"GetUnitProcesses({name}) failed: {_error_text(e)}") from e
+        except DBusCallFailed as e:
+            raise SystemdError(f"GetUnitProcesses({name}) failed: {e.detail}") from e
         if not isinstance(procs, list):
             raise SystemdError(f"GetUnitProcesses returned {type(procs).__name__}")
         return [(str(cg), int(pid), str(cmd)) for cg, pid, cmd in procs]
@@ -509,10 +538,10 @@ class Systemd:
         validate_unit_name(name)
         try:
             self._manager_call("StopUnit", "ss", (name, "replace"))
-        except DBusErrorResponse as e:
-            if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+        except DBusCallFailed as e:
+            if e.dbus_name == NO_SUCH_UNIT:
                 return
-            raise SystemdError(f"stopping {name} failed: {_error_text(e)}") from e
+            raise SystemdError(f"stopping {name} failed: {e.detail}") from e
 
     def ref(self, name: str) -> bool:
         """Pin a loaded unit to this connection (after a restart); False if it is gone."""
@@ -522,10 +551,10 @@ class Systemd:
             return False
         try:
             self._call(DBusAddress(path, bus_name=SD_BUS_NAME, interface=UNIT_IF), "Ref")
-        except DBusErrorResponse as e:
-            if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+        except DBusCallFailed as e:
+            if e.dbus_name == NO_SUCH_UNIT:
                 return False
-            raise SystemdError(f"Ref({name}) failed: {_error_text(e)}") from e
+            raise SystemdError(f"Ref({name}) failed: {e.detail}") from e
         return True
 
     def unref(self, name: str) -> None:
@@ -538,17 +567,17 @@ class Systemd:
             return
         try:
             self._call(DBusAddress(path, bus_name=SD_BUS_NAME, interface=UNIT_IF), "Unref")
-        except DBusErrorResponse as e:
-            if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+        except DBusCallFailed as e:
+            if e.dbus_name == NO_SUCH_UNIT:
                 return
-            raise SystemdError(f"Unref({name}) failed: {_error_text(e)}") from e
+            raise SystemdError(f"Unref({name}) failed: {e.detail}") from e
 
     def reset_failed(self, name: str) -> None:
         """``ResetFailedUnit``; a unit that is not loaded has nothing to reset."""
         validate_unit_name(name)
         try:
             self._manager_call("ResetFailedUnit", "s", (name,))
-        except DBusErrorResponse as e:
-            if e.name == "org.freedesktop.systemd1.NoSuchUnit":
+        except DBusCallFailed as e:
+            if e.dbus_name == NO_SUCH_UNIT:
                 return
-            raise SystemdError(f"ResetFailedUnit({name}) failed: {_error_text(e)}") from e
+            raise SystemdError(f"ResetFailedUnit({name}) failed: {e.detail}") from e

@@ -40,6 +40,7 @@ from cairn.models import (
 )
 from cairn.proc import make_env
 from cairn.systemd import Systemd
+from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Coordinator:
         self.journal = Journal(paths.journal_path())
         self.desc: LaunchDescription = self.journal.launch_description(run_id)
         self.review: dict[str, Any] = self.desc.review
-        self.models = build_models(self.review["models"])
+        self.models = build_models(Review.model_validate(self.review).models)
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.token = 0
         self.state_dir = paths.run_state_dir(run_id)
@@ -93,7 +94,7 @@ class Coordinator:
             output = self.replay()
             settlement = self.settle() if self.needs_settlement() else None
             if settlement is not None and settlement["status"] == "conflict":
-                conflicts = settlement["apply"]["conflicts"]
+                conflicts = [c["path"] for c in settlement["apply"]["conflicts"]]
                 self.journal.set_run_state(
                     self.run_id,
                     "failed",

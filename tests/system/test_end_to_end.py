@@ -122,7 +122,7 @@ def test_person_edit_during_run_is_never_overwritten(machine: Machine) -> None:
     data = wait_for(machine, run_id, finished)
     assert data["run"]["state"] == "failed"
     assert data["settlement"]["status"] == "conflict"
-    assert data["settlement"]["apply"]["conflicts"] == ["CHANGELOG.md"]
+    assert [c["path"] for c in data["settlement"]["apply"]["conflicts"]] == ["CHANGELOG.md"]
     assert "CHANGELOG.md" in data["run"]["error"]
     assert machine.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Mine\n"
 

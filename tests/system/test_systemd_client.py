@@ -231,6 +231,35 @@ def test_forged_signals_are_ignored(machine: Machine) -> None:
     assert out["final"]["result"] == "success"
 
 
+WATCHER = """
+import json, sys
+from cairn.systemd import Systemd
+with Systemd() as sd:
+    print(json.dumps(sd.wait_inactive(sys.argv[1], 30).model_dump()))
+"""
+
+
+def test_unprivileged_watcher_reads_the_result(machine: Machine) -> None:
+    """The coordinator's use: a non-root process waits for a unit the root side pinned."""
+    out = inside(machine, f'''
+        import subprocess
+        name = "cairn-test-watched.service"
+        with Systemd() as sd:
+            sd.wait_started(sd.start_transient_service(name, shell_props("sleep 1; exit 4")))
+            watcher = subprocess.run(
+                ["setpriv", "--reuid={TEST_USERS["alice"]}", "--regid={TEST_USERS["alice"]}",
+                 "--clear-groups", "python3", "-I", "-c", sys.argv[1], name],
+                capture_output=True, text=True, timeout=60)
+            out["returncode"] = watcher.returncode
+            out["stderr"] = watcher.stderr
+            out["seen"] = json.loads(watcher.stdout) if watcher.returncode == 0 else None
+            sd.unref(name)
+    ''', WATCHER)
+    assert out["returncode"] == 0, out["stderr"]
+    assert out["seen"]["active_state"] == "failed"
+    assert out["seen"]["exec_main_status"] == 4
+
+
 def test_stop_timeout_and_reset_failed(machine: Machine) -> None:
     out = inside(
         machine,

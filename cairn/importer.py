@@ -1,0 +1,233 @@
+"""Import a project into an empty staging subvolume (``runs/<run>/Q.import``).
+
+Runs as the project's owner, so it captures exactly what the owner can read: entries it
+cannot read are reported and left out (never copied as empty). Preserves modes,
+symlinks (never followed), xattrs, mtimes, empty directories and hard links; reflinks
+file data when source and destination share a Btrfs filesystem. Sockets, devices and
+fifos are skipped and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import logging
+import os
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from cairn.errors import CairnError, UsageError
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 1000
+MAX_LISTED = 1000
+_FICLONE = 0x40049409
+_CHUNK = 1 << 20
+
+
+class SkippedEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    reason: str
+
+
+class ImportStats(BaseModel):
+    """Counts of what was copied and what was not. ``skipped`` lists at most
+    ``MAX_LISTED`` entries; ``skipped_count`` counts them all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: int = 0
+    directories: int = 0
+    symlinks: int = 0
+    hardlinks: int = 0
+    bytes: int = 0
+    skipped_special: int = 0
+    unreadable: int = 0
+    xattrs_not_copied: int = 0
+    skipped_count: int = 0
+    skipped: list[SkippedEntry] = []
+
+    def skip(self, path: str, reason: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < MAX_LISTED:
+            self.skipped.append(SkippedEntry(path=path, reason=reason))
+
+
+def _copy_data(src_fd: int, dst_fd: int) -> int:
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+        return os.fstat(dst_fd).st_size
+    except OSError:
+        pass  # different filesystem or no reflinks: copy the bytes
+    total = 0
+    while True:
+        chunk = os.read(src_fd, _CHUNK)
+        if not chunk:
+            return total
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view):]
+        total += len(chunk)
+
+
+def _copy_xattrs(src: Path, dst: Path, rel: str, stats: ImportStats) -> None:
+    try:
+        names = os.listxattr(src, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EPERM, errno.EACCES):
+            return
+        raise
+    for name in names:
+        try:
+            value = os.getxattr(src, name, follow_symlinks=False)
+            os.setxattr(dst, name, value, follow_symlinks=False)
+        except OSError as exc:
+            stats.xattrs_not_copied += 1
+            stats.skip(rel, f"xattr {name} not copied: {exc.strerror}")
+
+
+def _finish_entry(src_st: os.stat_result, dst: Path) -> None:
+    """Owner (only when root), mode and times, in the order that keeps all of them."""
+    is_link = stat.S_ISLNK(src_st.st_mode)
+    if os.geteuid() == 0:
+        os.lchown(dst, src_st.st_uid, src_st.st_gid)
+    if not is_link:
+        os.chmod(dst, stat.S_IMODE(src_st.st_mode))
+    os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
+
+
+def copy_tree(
+    src: Path, dst: Path, *, progress: Callable[[int, int], None] | None = None
+) -> ImportStats:
+    """Copy the tree at ``src`` into the existing empty directory ``dst``.
+
+    ``progress(entries_done, bytes_done)`` is called about every ``PROGRESS_EVERY``
+    entries and once at the end.
+    """
+    src = src.resolve(strict=True)
+    dst = dst.resolve(strict=True)
+    if not src.is_dir():
+        raise UsageError(f"{src} is not a directory")
+    if any(dst.iterdir()):
+        raise UsageError(f"import destination {dst} is not empty")
+    if dst == src or dst.is_relative_to(src) or src.is_relative_to(dst):
+        raise UsageError("import source and destination overlap")
+
+    stats = ImportStats()
+    links: dict[tuple[int, int], Path] = {}
+    done = 0
+    # Directories get their modes and times after their contents (a read-only directory
+    # could not be filled, and filling one moves its mtime), deepest first.
+    finish: list[tuple[os.stat_result, Path]] = []
+    stack: list[tuple[Path, Path, str]] = [(src, dst, "")]
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and done % PROGRESS_EVERY == 0:
+            progress(done, stats.bytes)
+
+    root_st = os.lstat(src)
+    finish.append((root_st, dst))
+    _copy_xattrs(src, dst, ".", stats)
+    while stack:
+        sdir, ddir, rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(sdir), key=lambda e: e.name)
+        except PermissionError:
+            stats.unreadable += 1
+            stats.skip(rel or ".", "directory not readable")
+            continue
+        for entry in entries:
+            erel = f"{rel}/{entry.name}" if rel else entry.name
+            spath, dpath = Path(entry.path), ddir / entry.name
+            st = entry.stat(follow_symlinks=False)
+            mode = st.st_mode
+            if stat.S_ISDIR(mode):
+                if not os.access(spath, os.R_OK | os.X_OK, follow_symlinks=False):
+                    stats.unreadable += 1
+                    stats.skip(erel, "directory not readable")
+                    continue
+                os.mkdir(dpath, 0o700)
+                _copy_xattrs(spath, dpath, erel, stats)
+                finish.append((st, dpath))
+                stack.append((spath, dpath, erel))
+                stats.directories += 1
+            elif stat.S_ISLNK(mode):
+                os.symlink(os.readlink(spath), dpath)
+                _finish_entry(st, dpath)
+                stats.symlinks += 1
+            elif stat.S_ISREG(mode):
+                key = (st.st_dev, st.st_ino)
+                if st.st_nlink > 1 and key in links:
+                    os.link(links[key], dpath)
+                    stats.hardlinks += 1
+                    tick()
+                    continue
+                try:
+                    sfd = os.open(spath, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except PermissionError:
+                    stats.unreadable += 1
+                    stats.skip(erel, "file not readable")
+                    continue
+                try:
+                    dfd = os.open(dpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                  0o600)
+                    try:
+                        stats.bytes += _copy_data(sfd, dfd)
+                    finally:
+                        os.close(dfd)
+                finally:
+                    os.close(sfd)
+                _copy_xattrs(spath, dpath, erel, stats)
+                _finish_entry(st, dpath)
+                if st.st_nlink > 1:
+                    links[key] = dpath
+                stats.files += 1
+            else:
+                stats.skipped_special += 1
+                stats.skip(erel, "socket, device or fifo not imported")
+                continue
+            tick()
+    for st, path in reversed(finish):
+        _finish_entry(st, path)
+    if progress is not None:
+        progress(done, stats.bytes)
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -I -m cairn.importer SRC DST``: progress on stderr, stats JSON on stdout."""
+    parser = argparse.ArgumentParser(prog="cairn.importer", description=__doc__)
+    parser.add_argument("src", type=Path)
+    parser.add_argument("dst", type=Path)
+    parser.add_argument("--stats", type=Path, help="also write the stats JSON to this file")
+    args = parser.parse_args(argv)
+
+    def report(entries: int, nbytes: int) -> None:
+        print(f"imported {entries} entries, {nbytes} bytes", file=sys.stderr, flush=True)
+
+    try:
+        stats = copy_tree(args.src, args.dst, progress=report)
+    except CairnError as exc:
+        print(f"cairn.importer: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cairn.importer: {exc}", file=sys.stderr)
+        return 1
+    print(stats.model_dump_json())
+    if args.stats is not None:
+        args.stats.write_text(stats.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

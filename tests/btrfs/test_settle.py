@@ -1,0 +1,270 @@
+"""Candidate building and the three-way live apply on real Btrfs snapshots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cairn.sendstream import changes
+from cairn.settle import (
+    SettlementPolicy,
+    apply,
+    build_candidate,
+    glob_regex,
+    inventories_equal,
+    plan_apply,
+)
+from cairn.storage import Pool
+
+pytestmark = pytest.mark.btrfs
+REPO = Path(__file__).resolve().parents[2]
+
+
+def live_project(pool: Pool) -> Path:
+    live = pool.root / "live"
+    pool.create_subvolume(live)
+    (live / "src").mkdir()
+    (live / "src" / "app.py").write_text("v1\n")
+    (live / "src" / "util.py").write_text("util\n")
+    (live / "docs").mkdir()
+    (live / "docs" / "guide.md").write_text("guide\n")
+    (live / ".git").mkdir()
+    (live / ".git" / "config").write_text("[core]\n")
+    (live / "old.txt").write_text("old\n")
+    return live
+
+
+def settle_run(pool: Pool, run_id: str, live: Path, agent: object,
+               policy: SettlementPolicy) -> tuple[Path, Path, list[str], object]:
+    """Q from live, agent edits W, P, changes, C, candidate, F. Returns Q, F, accepted,
+    report."""
+    q = pool.q_path(run_id)
+    pool.snapshot(live, q, read_only=True)
+    w = pool.w_path(run_id, "root", 0)
+    pool.snapshot(q, w, read_only=False)
+    agent(w)  # type: ignore[operator]
+    p = pool.settlement_path(run_id, "P")
+    pool.snapshot(w, p, read_only=True)
+    cs = changes(q, p)
+    c = pool.settlement_path(run_id, "C")
+    pool.snapshot(q, c, read_only=False)
+    report = build_candidate(q, p, c, cs, policy)
+    f = pool.settlement_path(run_id, "F")
+    pool.snapshot(c, f, read_only=True)
+    return q, f, report.accepted, report
+
+
+def good_agent(w: Path) -> None:
+    (w / "src" / "app.py").write_text("v2\n")
+    (w / "src" / "new.py").write_text("new\n")
+    (w / "src" / "pkg").mkdir()
+    (w / "src" / "pkg" / "mod.py").write_text("mod\n")
+    os.unlink(w / "old.txt")
+    os.rename(w / "docs" / "guide.md", w / "docs" / "manual.md")
+    os.chmod(w / "src" / "util.py", 0o755)
+
+
+def test_glob_semantics() -> None:
+    assert glob_regex("src/**").match("src") and glob_regex("src/**").match("src/a/b.py")
+    assert not glob_regex("src/**").match("srcx/a")
+    assert glob_regex("**/*.py").match("a/b/c.py") and glob_regex("**/*.py").match("c.py")
+    assert not glob_regex("*.py").match("a/c.py")
+    assert glob_regex("**").match(".hidden/x")
+
+
+def test_candidate_refuses_what_policy_forbids(pool: Pool, run_id: str) -> None:
+    live = live_project(pool)
+
+    def agent(w: Path) -> None:
+        (w / "src" / "app.py").write_text("v2\n")
+        (w / "src" / "suid").write_text("#!/bin/sh\n")
+        os.chmod(w / "src" / "suid", 0o4755)
+        os.symlink("../../etc/passwd", w / "src" / "escape")
+        os.symlink("/etc/shadow", w / "src" / "absolute")
+        os.symlink("util.py", w / "src" / "fine-link")
+        (w / ".git" / "config").write_text("[core]\nhooksPath=/tmp\n")
+        (w / "docs" / "guide.md").write_text("outside write paths\n")
+        (w / "src" / "big.bin").write_bytes(b"\0" * 5000)
+        os.mkfifo(w / "src" / "pipe")
+        (w / "src" / "dir").mkdir()
+        os.chmod(w / "src" / "dir", 0o2755)
+        (w / "src" / "dir" / "child.py").write_text("c\n")
+        os.setxattr(w / "src" / "app.py", "user.tag", b"t")
+
+    policy = SettlementPolicy(write_paths=["src/**"], max_file_bytes=4096)
+    q, f, accepted, report = settle_run(pool, run_id, live, agent, policy)
+    reasons = {r.path: r.reason for r in report.refused}  # type: ignore[attr-defined]
+    assert reasons["src/suid"] == "setuid/setgid bit"
+    assert "leaves the project" in reasons["src/escape"]
+    assert "absolute" in reasons["src/absolute"]
+    assert reasons[".git/config"] == ".git internals are excluded"
+    assert reasons["docs/guide.md"] == "outside the write paths"
+    assert "larger than" in reasons["src/big.bin"]
+    assert reasons["src/pipe"] == "fifo"
+    assert reasons["src/dir"] == "setuid/setgid bit"
+    assert reasons["src/dir/child.py"] == "parent directory was refused"
+    assert sorted(accepted) == ["src/app.py", "src/fine-link"]
+    assert (f / "src" / "app.py").read_text() == "v2\n"
+    assert os.getxattr(f / "src" / "app.py", "user.tag") == b"t"
+    assert os.readlink(f / "src" / "fine-link") == "util.py"
+    for refused in ("src/suid", "src/escape", "src/absolute", "src/big.bin", "src/pipe",
+                    "src/dir"):
+        assert not os.path.lexists(f / refused), refused
+    assert (f / ".git" / "config").read_text() == "[core]\n"
+    assert (f / "docs" / "guide.md").read_text() == "guide\n"
+
+
+def test_refused_rename_destination_keeps_the_source(pool: Pool, run_id: str) -> None:
+    live = live_project(pool)
+
+    def agent(w: Path) -> None:
+        os.rename(w / "src" / "util.py", w / "docs" / "util.py")
+
+    _q, f, accepted, _report = settle_run(
+        pool, run_id, live, agent, SettlementPolicy(write_paths=["src/**"]))
+    assert accepted == []
+    assert (f / "src" / "util.py").read_text() == "util\n"
+
+
+def test_apply_clean_then_already_applied(pool: Pool, run_id: str, tmp_path: Path) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    assert set(accepted) >= {"src/app.py", "src/new.py", "src/pkg", "src/pkg/mod.py",
+                             "old.txt", "docs/guide.md", "docs/manual.md", "src/util.py"}
+    receipts = tmp_path / "receipts.jsonl"
+    result = apply(q, f, live, accepted, receipts)
+    assert result.status == "applied" and not result.conflicts
+    assert sorted(result.applied) == sorted(accepted)
+    assert inventories_equal(f, live)
+    assert stat.S_IMODE(os.lstat(live / "src" / "util.py").st_mode) == 0o755
+    lines = [json.loads(line) for line in receipts.read_text().splitlines()]
+    assert sorted(r["path"] for r in lines) == sorted(accepted)
+    assert not list(live.rglob(".cairn-apply.*"))
+
+    again = apply(q, f, live, accepted, receipts)
+    assert again.status == "applied"
+    assert again.applied == [] and sorted(again.already_applied) == sorted(accepted)
+    assert apply(q, f, live, [], receipts).status == "noop"
+
+
+def test_a_persons_edit_is_a_conflict_and_nothing_is_written(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    (live / "src" / "app.py").write_text("a person's edit\n")
+    before = pool.snapshot(live, pool.root / "live-before", read_only=True)
+    receipts = tmp_path / "receipts.jsonl"
+    result = apply(q, f, live, accepted, receipts)
+    assert result.status == "conflict"
+    assert [c.path for c in result.conflicts] == ["src/app.py"]
+    assert result.applied == []
+    assert inventories_equal(Path(before.path), live)  # not one byte written
+    assert (live / "src" / "app.py").read_text() == "a person's edit\n"
+    assert not receipts.exists() or receipts.read_text() == ""
+
+
+def test_live_symlink_never_redirects_a_write(pool: Pool, run_id: str, tmp_path: Path) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.rename(live / "src", live / "src.moved")
+    os.symlink(outside, live / "src")
+    plan = plan_apply(q, f, live, accepted)
+    assert {c.path for c in plan.conflicts} >= {"src/app.py", "src/new.py"}
+    result = apply(q, f, live, accepted, tmp_path / "r.jsonl")
+    assert result.status == "conflict"
+    assert list(outside.iterdir()) == []
+
+
+def test_partial_apply_resumes_from_receipts(pool: Pool, run_id: str, tmp_path: Path) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    receipts = tmp_path / "receipts.jsonl"
+    first = apply(q, f, live, ["src/app.py", "old.txt"], receipts)
+    assert first.status == "applied"
+    with open(receipts, "a") as fh:
+        fh.write('{"path": "src/new.py", "act')  # a torn line from a crash
+    resumed = apply(q, f, live, accepted, receipts)
+    assert resumed.status == "applied"
+    assert sorted(resumed.already_applied) == ["old.txt", "src/app.py"]
+    assert "src/new.py" in resumed.applied
+    assert inventories_equal(f, live)
+
+
+def test_killed_apply_resumes(pool: Pool, run_id: str, tmp_path: Path) -> None:
+    live = pool.root / "live"
+    pool.create_subvolume(live)
+    (live / "data").mkdir()
+    count = 1500
+    for i in range(count):
+        (live / "data" / f"f{i:04}").write_text(f"old {i}\n")
+
+    def agent(w: Path) -> None:
+        for i in range(count):
+            (w / "data" / f"f{i:04}").write_text(f"new {i}\n")
+
+    q, f, accepted, _ = settle_run(pool, run_id, live, agent, SettlementPolicy())
+    assert len(accepted) == count
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(accepted))
+    receipts = tmp_path / "receipts.jsonl"
+    code = (
+        "import json, sys; from pathlib import Path; from cairn.settle import apply; "
+        "a = sys.argv[1:]; apply(Path(a[0]), Path(a[1]), Path(a[2]), "
+        "json.loads(Path(a[3]).read_text()), Path(a[4]))"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(q), str(f), str(live), str(plan_file), str(receipts)],
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if receipts.exists() and receipts.read_text().count("\n") >= 50:
+                break
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    written = receipts.read_text().count("\n")
+    assert 50 <= written < count, "the apply finished before it could be killed"
+    result = apply(q, f, live, accepted, receipts)
+    assert result.status == "applied"
+    assert len(result.applied) + len(result.already_applied) == count
+    assert len(result.already_applied) >= written
+    assert inventories_equal(f, live)
+    assert not list(live.rglob(".cairn-apply.*"))
+
+
+def test_worker_main_reports_conflict_as_an_outcome(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    spec = importlib.util.spec_from_file_location("cairn_worker_apply", REPO / "worker/apply.py")
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    (live / "old.txt").write_text("edited\n")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(accepted))
+    result_file = tmp_path / "result.json"
+    argv = ["--q", str(q), "--f", str(f), "--live", str(live), "--plan", str(plan_file),
+            "--receipts", str(tmp_path / "r.jsonl"), "--result", str(result_file)]
+    assert worker.main(argv) == 0
+    out = json.loads(result_file.read_text())
+    assert out["status"] == "conflict" and out["conflicts"][0]["path"] == "old.txt"
+    plan_file.write_text('{"not": "a list"}')
+    assert worker.main(argv) == 1

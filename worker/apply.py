@@ -1,0 +1,50 @@
+"""The apply step: ``python3 -I -m cairn.worker.apply --q Q --f F --live DIR --plan FILE
+--receipts FILE --result FILE``.
+
+Runs in ``cairn-apply-<run>.service`` as the project owner, with Q and F read-only and
+the live project read-write. Exit 0 for every outcome (applied, noop, conflict); non-zero
+only when the apply itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from cairn import settle
+from cairn.errors import CairnError
+
+log = logging.getLogger(__name__)
+
+_PATHS = TypeAdapter(list[str])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cairn.worker.apply", description=__doc__)
+    parser.add_argument("--q", type=Path, required=True, help="the run's start snapshot")
+    parser.add_argument("--f", type=Path, required=True, help="the verified final snapshot")
+    parser.add_argument("--live", type=Path, required=True, help="the live project root")
+    parser.add_argument("--plan", type=Path, required=True, help="JSON list of paths")
+    parser.add_argument("--receipts", type=Path, required=True, help="JSONL receipts file")
+    parser.add_argument("--result", type=Path, required=True, help="where to write the result")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        paths = _PATHS.validate_json(args.plan.read_bytes())
+        result = settle.apply(args.q, args.f, args.live, paths, args.receipts)
+        settle.write_json_atomic(args.result, json.loads(result.model_dump_json()))
+    except (CairnError, OSError, ValidationError) as exc:
+        print(f"cairn.worker.apply: {exc}", file=sys.stderr)
+        return 1
+    log.info("apply %s: %d applied, %d already, %d conflicts", result.status,
+             len(result.applied), len(result.already_applied), len(result.conflicts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
