@@ -8,7 +8,6 @@ further. The reply is one JSON line (:class:`cairn.models.BrokerReply`).
 from __future__ import annotations
 
 import logging
-import os
 import pwd
 import re
 import socket
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 REQUEST_RE = re.compile(rb"^(launch-v1|storage-v1|delete-v1) (flow_[0-9a-f]{32})\n$")
 MAX_REQUEST = 64
-SD_LISTEN_FDS_START = 3
 
 
 def allowed_uids() -> set[int]:
@@ -114,12 +112,3 @@ class BrokerServer:
             conn.sendall(reply.model_dump_json().encode() + b"\n")
         except OSError:
             pass
-
-
-def listener_from_systemd() -> socket.socket | None:
-    """The socket passed by cairn-broker.socket, if we were socket-activated."""
-    if os.environ.get("LISTEN_PID") != str(os.getpid()):
-        return None
-    if int(os.environ.get("LISTEN_FDS", "0")) < 1:
-        return None
-    return socket.socket(fileno=SD_LISTEN_FDS_START)

@@ -211,7 +211,7 @@ def run_apply(
     )
     run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
     result = ApplyResult.model_validate_json(result_file.read_text())
-    return json.loads(result.model_dump_json())
+    return result.model_dump(mode="json")
 
 
 def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:

@@ -6,7 +6,6 @@ returns the stored receipt and does nothing twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -209,7 +208,7 @@ def settle_candidate(ctx: Context) -> dict[str, Any]:
 
     report = build_candidate(project_view(q), project_view(p), project_view(c), change_set, policy)
     f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
-    data = json.loads(report.model_dump_json())
+    data: dict[str, Any] = report.model_dump(mode="json")
     data["f"] = f_receipt.model_dump()
     data["inventories_equal"] = inventories_equal(q, p, subpath) if not report.accepted else False
     data["diff"] = units.unified_diff(

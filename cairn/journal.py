@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -419,13 +419,14 @@ class Journal:
         result: dict[str, Any] | None = None,
         checkpoint: dict[str, Any] | None = None,
         error: str | None = None,
-        intents: list[Intent] = (),  # type: ignore[assignment]
+        intents: Sequence[Intent] = (),
         event: str | None = None,
     ) -> None:
         """Move one operation forward (and queue intents) in a single fenced transaction."""
         with self.transaction() as db:
             self._fence(db, run_id, token, 60.0)
-            sets, values = ["updated_at=?"], [time.time()]
+            sets: list[str] = ["updated_at=?"]
+            values: list[object] = [time.time()]
             for column, value in (
                 ("state", state),
                 ("finish", _dumps(finish)),

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from machine import Machine
 
 REPO = Path(__file__).resolve().parents[2]
