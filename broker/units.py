@@ -167,7 +167,8 @@ def run_apply(
     accepted: list[str],
     work: Path,
 ) -> dict[str, Any]:
-    """Apply F to the live project as its owner with the three-way check."""
+    """Apply F to the live project as its owner with the three-way check; return the
+    unit's name and invocation ID with the apply result."""
     from cairn.settle import ApplyResult
 
     work.mkdir(parents=True, exist_ok=True)
@@ -209,9 +210,9 @@ def run_apply(
         runtime_max_sec=int(APPLY_TIMEOUT),
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
+    unit = run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
     result = ApplyResult.model_validate_json(result_file.read_text())
-    return result.model_dump(mode="json")
+    return {**unit, "result": result.model_dump(mode="json")}
 
 
 def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:

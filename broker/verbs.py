@@ -256,7 +256,7 @@ def start_apply(ctx: Context) -> dict[str, Any]:
     candidate = ctx.receipt("settle-candidate")
     pool = ctx.pool()
     check_project(Path(ctx.desc.project.root), ctx.desc)
-    result = units.run_apply(
+    return units.run_apply(
         ctx.desc,
         ctx.intent.attempt,
         pool.q_path(ctx.run_id),
@@ -265,7 +265,6 @@ def start_apply(ctx: Context) -> dict[str, Any]:
         list(candidate["accepted"]),
         pool.run_dir(ctx.run_id) / "scratch" / "apply",
     )
-    return {"result": result}
 
 
 # --- delete-v1 -----------------------------------------------------------------------

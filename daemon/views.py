@@ -48,6 +48,18 @@ def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
     return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
 
 
+def _units(receipts: list[dict[str, Any]]) -> list[str]:
+    """Every unit the broker started for the run, in order (import, agents, apply)."""
+    names: list[str] = []
+    for receipt in receipts:
+        data = receipt.get("data", {})
+        for holder in (data, data.get("import") or {}):
+            unit = holder.get("unit")
+            if isinstance(unit, str) and unit not in names:
+                names.append(unit)
+    return names
+
+
 def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
     owner = None if (all_users and is_admin(uid)) else uid
     runs = journal.list_runs(owner)
@@ -89,7 +101,7 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
             }
             for o in ops
         ],
-        "units": [r["data"]["unit"] for r in receipts if "unit" in r.get("data", {})],
+        "units": _units(receipts),
         "settlement": row.settlement,
         "events": [e.model_dump() for e in events[-50:]],
         "events_omitted": max(0, len(events) - 50),

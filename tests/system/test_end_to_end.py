@@ -98,11 +98,15 @@ def test_run_applies_change_to_live_project(machine: Machine) -> None:
     assert "+- add a CHANGELOG entry" in diff
 
     # The run's units are visible in the journal by run ID, and through cairn logs.
-    units = set(data["units"])
-    assert f"cairn-coordinator@{run_id}.service" in units
+    units = data["units"]
+    assert units[0] == f"cairn-coordinator@{run_id}.service"
+    assert f"cairn-import-{run_id}.service" in units
+    assert f"cairn-agent-{run_id}-root-1-1.service" in units
+    assert units[-1] == f"cairn-apply-{run_id}-1.service"
     logs = cairn(machine, "logs", run_id)
-    assert "cairn-agent" in logs or any(u.startswith("cairn-agent") for u in units)
-    assert run_id in machine.journal(run_id=run_id)
+    for identifier in ("cairn-agent[", "cairn-helper["):
+        assert identifier in logs, logs[-2000:]
+    assert f"{run_id}: boundary-committed root-1" in machine.journal(run_id=run_id)
     status = machine.exec(
         ["systemctl", "show", "-p", "Result", f"cairn-coordinator@{run_id}.service"]
     ).stdout.decode()
