@@ -212,3 +212,37 @@ def test_broker_refuses_anything_but_verb_and_run_id(machine: Machine) -> None:
         ["python3", "-c", probe, "launch-v1 flow_" + "a" * 32 + "\n"], user="alice", check=False
     )
     assert proc.returncode != 0 and "Permission denied" in proc.stderr.decode()
+
+
+COMMAND_PROFILE = """\
+kind = "command"
+argv = ["/usr/bin/python3", "-c", '''
+import json, os, pathlib
+pathlib.Path("NOTES.md").write_text("objective: " + os.environ["CAIRN_PROMPT"] + "\\n")
+print(json.dumps({"output": {"summary": "wrote NOTES.md"}, "handoff": "one new file"}))
+''']
+"""
+
+
+def test_command_profile_from_host_config(machine: Machine) -> None:
+    machine.exec(["mkdir", "-p", "/etc/cairn/profiles.d"])
+    machine.exec(["tee", "/etc/cairn/profiles.d/builtin-implementer.toml"],
+                 input=COMMAND_PROFILE.encode())
+    project = make_project(machine)
+    out = cairn(machine, "launch", "builtin:implement", "--project", project,
+                "--args", '{"objective": "take notes"}')
+    run_id = out.strip().splitlines()[-1]
+    data = wait_for(machine, run_id, finished)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"summary": "wrote NOTES.md"}
+    assert data["operations"][0]["handoff"] == "one new file"
+    notes = machine.exec(["cat", f"{project}/NOTES.md"]).stdout.decode()
+    assert notes == "objective: take notes\n"
+    # a caller cannot smuggle a command profile in place of a scripted one
+    script = write_script(machine, {"kind": "command", "argv": ["/bin/true"]})
+    proc = machine.exec(
+        ["cairn", "launch", "builtin:implement", "--project", project, "--args",
+         '{"objective": "x"}', "--scripted", f"builtin:implementer={script}"],
+        user="alice", check=False,
+    )
+    assert proc.returncode != 0
