@@ -246,3 +246,20 @@ def test_command_profile_from_host_config(machine: Machine) -> None:
         user="alice", check=False,
     )
     assert proc.returncode != 0
+
+
+def test_storage_init_makes_a_pool_that_survives_reboot_config(deb: Path) -> None:
+    with Machine(deb, bind_loop_devices=True) as machine:
+        proc = machine.exec(["cairn", "storage", "init", "--loop", "1G"], user="alice",
+                            check=False)
+        assert proc.returncode != 0 and "needs root" in proc.stderr.decode()
+        machine.exec(["cairn", "storage", "init", "--loop", "1G"])
+        fstype = machine.exec(["stat", "-f", "-c", "%T", "/var/lib/cairn/pool"]).stdout
+        assert fstype.strip() == b"btrfs"
+        enabled = machine.exec(["systemctl", "is-enabled", "var-lib-cairn-pool.mount"])
+        assert enabled.stdout.strip() == b"enabled"
+        again = machine.exec(["cairn", "storage", "init", "--loop", "1G"], check=False)
+        assert again.returncode != 0 and "Traceback" not in again.stderr.decode()
+        project = make_project(machine)
+        run_id = launch(machine, project, write_script(machine, SCRIPT), "on a fresh pool")
+        assert wait_for(machine, run_id, finished)["run"]["state"] == "succeeded"
