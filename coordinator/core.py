@@ -122,8 +122,12 @@ class Coordinator:
                 pass
 
     def event(self, name: str, *, op_id: str | None = None, **data: Any) -> None:
+        """One structured journal entry for the run (``journalctl CAIRN_RUN=…``)."""
+        detail = " ".join(f"{k}={v}" for k, v in data.items())
         journald.send(
-            f"{self.run_id}: {name}" + (f" {op_id}" if op_id else ""),
+            f"{self.run_id}: {name}"
+            + (f" {op_id}" if op_id else "")
+            + (f" {detail}" if detail else ""),
             CAIRN_RUN=self.run_id,
             CAIRN_EVENT=name,
             CAIRN_OP=op_id or "",

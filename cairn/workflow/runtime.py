@@ -10,7 +10,6 @@ coroutine is driven by hand (no event loop), so replay is deterministic.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import types
 from collections.abc import Generator
@@ -154,5 +153,3 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-
-__all__ = ["AgentResult", "Flow", "drive", "load_workflow", "main", "json"]
