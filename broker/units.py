@@ -12,12 +12,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cairn import paths
+from cairn import failpoints, paths
+from cairn.broker.capsule import verified_capsule
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.models import LaunchDescription
 from cairn.proc import run
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (
+    CAPSULE,
     AgentUnitSpec,
     HelperUnitSpec,
     agent_unit_name,
@@ -58,52 +60,79 @@ def start_agent(
     checkpoints: dict[str, Path],
     scratch: Path,
 ) -> dict[str, Any]:
-    """Start one agent attempt as the run owner inside its mount namespace."""
-    evidence = paths.run_state_dir(desc.run_id) / "ops" / op_id / "evidence"
-    socket_path = paths.agent_socket_dir(desc.run_id) / f"{op_id}.sock"
-    for path in (evidence, socket_path):
+    """Start one agent attempt as the run owner inside its mount namespace.
+
+    If the attempt's unit already exists (the broker died after starting it, before its
+    receipt was stored), it is adopted rather than started twice.
+    """
+    op_dir = paths.run_state_dir(desc.run_id) / "ops" / op_id
+    evidence = op_dir / "evidence"
+    outputs = op_dir / f"outputs.{attempt}"
+    channel = paths.agent_channel_dir(desc.run_id, op_id)
+    for path in (evidence, outputs, channel):
         if path.is_symlink() or not path.exists():
             raise BrokerRefused(f"{path} is missing or a symlink; the coordinator prepares it")
     scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o755)
-    outputs = _owned_subdir(scratch, "outputs", desc)
-    state = _owned_subdir(scratch, "state", desc)
+    state = _owned_subdir(scratch, f"state.{attempt}", desc)
     index = json.loads((evidence / "index.json").read_text())
     incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
+    # Sealed release (issue 9): the agent runs only the verified capsule's worker.
+    release = verified_capsule(desc.capsule_hash)
     spec = AgentUnitSpec(
         run_id=desc.run_id,
         op_id=op_id,
         uid=desc.owner_uid,
         gid=desc.owner_gid,
-        exec_argv=_module_argv("cairn.worker"),
+        exec_argv=[PYTHON, "-I", "-B", f"{CAPSULE}/{release.entry}"],
+        capsule=release.path,
         workspace=str(workspace),
         evidence_dir=str(evidence),
         incoming=incoming,
         outputs=str(outputs),
         state=str(state),
-        agent_socket=str(socket_path),
+        channel_dir=str(channel),
         memory_max=desc.limits.memory_max,
         tasks_max=desc.limits.tasks_max,
         cpu_quota_percent=desc.limits.cpu_quota_percent,
         runtime_max_sec=desc.limits.runtime_max_sec,
         io_weight=desc.limits.io_weight,
         network="none",
+        environment=_failpoint_env(),
         log_fields={"CAIRN_RUN": desc.run_id, "CAIRN_OP": op_id},
+        **_model_relay(desc, op_id),
     )
     name = agent_unit_name(desc.run_id, op_id, attempt)
     with Systemd() as sd:
-        existing = sd.unit_state(name)
-        if existing is not None:
-            raise BrokerRefused(f"{name} already exists; a new attempt needs a new intent")
-        job = sd.start_transient_service(name, agent_unit_properties(spec))
-        sd.wait_started(job)
+        if sd.unit_state(name) is None:
+            job = sd.start_transient_service(name, agent_unit_properties(spec))
+            sd.wait_started(job)
+        else:
+            log.warning("adopting %s, started before a broker restart", name)
         state_now = sd.unit_state(name)
     return {
         "unit": name,
         "invocation_id": state_now.invocation_id if state_now else "",
         "control_group": state_now.control_group if state_now else "",
         "attempt": attempt,
+        "capsule": release.hash,
     }
+
+
+def _model_relay(desc: LaunchDescription, op_id: str) -> dict[str, Any]:
+    """Bind the op's model socket when the coordinator serves one (the op's profile uses a
+    model); command profiles also get loopback TCP for their shim."""
+    model_socket = paths.model_socket_path(desc.run_id, op_id)
+    if not model_socket.is_socket():
+        return {}
+    command = any(p.kind == "command" and p.provider for p in desc.profiles.values())
+    return {"model_relay": True, "loopback_tcp": command}
+
+
+def _failpoint_env() -> dict[str, str]:
+    """Pass test failpoints on to agents (empty in production)."""
+    value = os.environ.get(failpoints.ENV, "")
+    return {failpoints.ENV: value} if value else {}
 
 
 def require_quiesced(unit: str, control_group: str) -> None:
@@ -199,6 +228,7 @@ def run_apply(
             "--result",
             "/apply/result.json",
         ),
+        environment=_failpoint_env(),
         binds=[(desc.project.root, "/live"), (str(work), "/apply")],
         read_only_binds=[
             (str(q / subpath) if subpath else str(q), "/q"),

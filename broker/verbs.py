@@ -15,7 +15,8 @@ from typing import Any
 from cairn import paths, storage
 from cairn.broker import units
 from cairn.broker.receipts import ReceiptStore
-from cairn.errors import BrokerRefused
+from cairn.errors import BrokerRefused, CairnError
+from cairn.failpoints import failpoint
 from cairn.journal import Journal
 from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
 
@@ -151,6 +152,9 @@ def create_w(ctx: Context) -> dict[str, Any]:
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     if ctx.intent.from_checkpoint:
         source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
+        pool.verify(
+            source, _receipt_model(ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}")["s"])
+        )
     else:
         source = pool.q_path(ctx.run_id)
         pool.verify(source, _receipt_model(ctx.receipt("prepare-q")["q"]))
@@ -178,7 +182,18 @@ def checkpoint(ctx: Context) -> dict[str, Any]:
     s = pool.checkpoint_path(ctx.run_id, op_id)
     s.parent.mkdir(parents=True, exist_ok=True)
     receipt = pool.snapshot(w, s, read_only=True)
+    failpoint("broker-after-snapshot", paths.run_state_dir(ctx.run_id))
     return {"s": receipt.model_dump(), "op_id": op_id}
+
+
+def drop_w(ctx: Context) -> dict[str, Any]:
+    """Delete a W generation replaced by a restore or clean retry."""
+    check_generation(ctx.intent)
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    created = ctx.receipt(f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")["w"]
+    pool.delete(w, _receipt_model(created))
+    return {"deleted": str(w)}
 
 
 def freeze_proposal(ctx: Context) -> dict[str, Any]:
@@ -201,8 +216,9 @@ def settle_candidate(ctx: Context) -> dict[str, Any]:
     subpath = ctx.subpath()
     change_set = changes(q, p, subpath=subpath)
     c = pool.settlement_path(ctx.run_id, "C")
-    pool.snapshot(q, c, read_only=False)
+    c_receipt = pool.snapshot(q, c, read_only=False)
     policy = SettlementPolicy(**ctx.desc.policy.model_dump())
+
     def project_view(root: Path) -> Path:
         return root / subpath if subpath else root
 
@@ -210,6 +226,7 @@ def settle_candidate(ctx: Context) -> dict[str, Any]:
     f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
     data: dict[str, Any] = report.model_dump(mode="json")
     data["f"] = f_receipt.model_dump()
+    data["c"] = c_receipt.model_dump()
     data["inventories_equal"] = inventories_equal(q, p, subpath) if not report.accepted else False
     data["diff"] = units.unified_diff(
         q, pool.settlement_path(ctx.run_id, "F"), subpath, report.accepted
@@ -219,6 +236,49 @@ def settle_candidate(ctx: Context) -> dict[str, Any]:
 
 def _receipt_model(data: dict[str, Any]) -> storage.SubvolumeReceipt:
     return storage.SubvolumeReceipt.model_validate(data)
+
+
+def verify_storage(ctx: Context) -> dict[str, Any]:
+    """Cross-check the run's subvolumes against the receipts: every recorded subvolume
+    still there and still itself, nothing on disk that no receipt explains, a checkpoint
+    for every committed agent operation."""
+    pool = ctx.pool()
+    expected: dict[Path, storage.SubvolumeReceipt] = {}
+    dropped: set[Path] = set()
+    for receipt in ctx.store.for_run(ctx.run_id):
+        if receipt.kind == "drop-w":
+            dropped.add(Path(receipt.data["deleted"]))
+        if receipt.kind == "delete-run":
+            return {"problems": [], "checked": 0, "deleted": True}
+        for key in ("q", "w", "s", "p", "c", "f"):
+            if key in receipt.data:
+                rec = _receipt_model(receipt.data[key])
+                expected[Path(rec.path)] = rec
+    problems: list[str] = []
+    for path, rec in sorted(expected.items()):
+        if path in dropped:
+            continue
+        if not os.path.lexists(path):
+            problems.append(f"missing subvolume {path} (uuid {rec.uuid})")
+            continue
+        try:
+            pool.verify(path, rec)
+        except CairnError as exc:
+            problems.append(f"foreign subvolume at {path}: {exc}")
+    for path in pool.run_subvolumes(ctx.run_id):
+        if path not in expected and path != pool.q_import_path(ctx.run_id):
+            problems.append(f"subvolume {path} has no receipt")
+    checkpoints = {
+        r.data.get("op_id") for r in ctx.store.for_run(ctx.run_id) if r.kind == "checkpoint"
+    }
+    for op in ctx.journal.list_ops(ctx.run_id):
+        if (
+            op.kind == "agent"
+            and op.state in ("settled", "committed")
+            and (op.op_id not in checkpoints)
+        ):
+            problems.append(f"{op.op_id} is {op.state} but has no checkpoint receipt")
+    return {"problems": problems, "checked": len(expected)}
 
 
 # --- launch-v1 -----------------------------------------------------------------------
@@ -282,6 +342,8 @@ HANDLERS = {
     "prepare-q": prepare_q,
     "create-w": create_w,
     "checkpoint": checkpoint,
+    "drop-w": drop_w,
+    "verify-storage": verify_storage,
     "freeze-proposal": freeze_proposal,
     "settle-candidate": settle_candidate,
     "start-coordinator": start_coordinator,

@@ -1,46 +1,72 @@
-"""Client side of the broker socket: one ``<verb> <run-id>`` line, one JSON reply."""
+"""Client side of the broker socket: one ``<verb> <run-id>`` line, one JSON reply.
+
+Verbs are idempotent (intents carry IDs, the broker keeps receipts), so a call that lost
+its connection — the broker restarted or crashed mid-verb — is simply repeated.
+"""
 
 from __future__ import annotations
 
+import logging
 import socket
+import time
 
 from cairn import paths
-from cairn.errors import BrokerRefused, CairnError
+from cairn.errors import BrokerRefused, CairnError, Unavailable
 from cairn.models import BrokerReply, Verb
 
+log = logging.getLogger(__name__)
+
 REPLY_LIMIT = 16 << 20
+RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+class _Unreachable(Exception):
+    """The connection failed or closed without a reply: safe to repeat."""
+
+
+def _exchange(verb: Verb, run_id: str, timeout: float) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(paths.broker_socket()))
+            sock.sendall(f"{verb} {run_id}\n".encode())
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > REPLY_LIMIT:
+                    raise BrokerRefused("broker reply too large")
+        except OSError as exc:
+            raise _Unreachable(exc.strerror or str(exc)) from exc
+    raw = b"".join(chunks).strip()
+    if not raw:
+        raise _Unreachable("connection closed without a reply")
+    return raw
 
 
 def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerReply:
     """Ask the broker to carry out the run's pending intents of ``verb``.
 
-    Raises :class:`BrokerRefused` when the broker answers with an error.
+    Repeats the call while the broker cannot be reached; raises :class:`BrokerRefused`
+    when it answers with an error and :class:`Unavailable` when it stays unreachable.
     """
     if not paths.RUN_ID_RE.match(run_id):
         raise CairnError(f"not a run ID: {run_id!r}")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
+    problem = ""
+    for delay in (*RETRY_DELAYS, None):
         try:
-            sock.connect(str(paths.broker_socket()))
-        except OSError as exc:
-            raise BrokerRefused(
-                f"cannot reach the broker at {paths.broker_socket()}: {exc.strerror}",
-                hint="is cairn-broker.socket active? (systemctl status cairn-broker.socket)",
-            ) from exc
-        sock.sendall(f"{verb} {run_id}\n".encode())
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > REPLY_LIMIT:
-                raise BrokerRefused("broker reply too large")
-    raw = b"".join(chunks).strip()
-    if not raw:
-        raise BrokerRefused(f"broker closed the connection without a reply to {verb}")
+            raw = _exchange(verb, run_id, timeout)
+            break
+        except _Unreachable as exc:
+            problem = str(exc)
+            if delay is None:
+                raise Unavailable(
+                    f"cannot reach the broker at {paths.broker_socket()}: {problem}",
+                    hint="is cairn-broker.socket active? (systemctl status cairn-broker.socket)",
+                ) from exc
+            log.warning("%s %s: %s; retrying in %.1fs", verb, run_id, problem, delay)
+            time.sleep(delay)
     reply = BrokerReply.model_validate_json(raw)
     if not reply.ok:
         raise BrokerRefused(f"broker refused {verb} for {run_id}: {reply.error}")

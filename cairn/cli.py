@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from cairn import paths
+from cairn.cli_schedule import schedule_app
 from cairn.errors import CairnError, UsageError
 from cairn.models import DaemonReply, DaemonRequest, ProfileSpec
 
@@ -28,6 +29,7 @@ storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
 workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
+app.add_typer(schedule_app, name="schedule")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
@@ -114,9 +116,19 @@ def launch(
         list[str],
         typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
     ] = [],  # noqa: B006 - typer reads the default
+    confirm: Annotated[
+        str | None,
+        typer.Option(help="For a workflow FILE.py: the review hash you confirmed."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Launch a workflow run on a project."""
+    """Launch a workflow run on a project (a builtin:NAME, or a reviewed FILE.py)."""
+    source = None
+    if definition.endswith(".py"):
+        try:
+            source = Path(definition).read_text()
+        except OSError as exc:
+            fail(f"cannot read {definition}: {exc.strerror}", code=2)
     try:
         parsed = json.loads(args)
     except json.JSONDecodeError as exc:
@@ -141,6 +153,8 @@ def launch(
             "launch",
             fd=fd,
             definition=definition,
+            source=source,
+            confirm=confirm,
             args=parsed,
             project=os.path.normpath(str(root)),
             scripted=_load_scripted(scripted),
@@ -203,6 +217,12 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
             )
         if op.get("output") is not None:
             typer.echo(f"             output {json.dumps(op['output'])}")
+    divergence = data.get("divergence")
+    if divergence:
+        typer.echo(f"replay diverged at {divergence['op_id']} ({', '.join(divergence['fields'])}):")
+        for label in ("kind", "location", "predecessor", "request"):
+            typer.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
+            typer.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
     settlement = data.get("settlement")
     if settlement:
         typer.echo(f"settlement: {settlement['status']}")
@@ -218,6 +238,96 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
         typer.echo(f"output: {json.dumps(run['output'])}")
     if data["units"]:
         typer.echo("units: " + " ".join(data["units"]))
+
+
+@app.command()
+def reconcile(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    op_id: Annotated[str, typer.Argument(metavar="OP")],
+    result: Annotated[
+        Path | None, typer.Option(help="JSON file: the operation's output (as it happened).")
+    ] = None,
+    no_effect: Annotated[
+        bool, typer.Option("--no-effect", help="It reached nothing outside: retry it.")
+    ] = False,
+) -> None:
+    """Decide an uncertain operation of a blocked run: its real result, or no effect."""
+    if (result is None) == (not no_effect):
+        fail("give exactly one of --result FILE or --no-effect", code=2)
+    data = None
+    if result is not None:
+        try:
+            data = json.loads(result.read_text())
+        except OSError as exc:
+            fail(f"cannot read {result}: {exc.strerror}", code=2)
+        except json.JSONDecodeError as exc:
+            fail(f"{result} is not JSON: {exc.msg} at line {exc.lineno}", code=2)
+        if not isinstance(data, dict):
+            fail(f"{result} must hold a JSON object", code=2)
+    out = request("reconcile", run_id=run_id, op_id=op_id, result=data, no_effect=no_effect)
+    typer.echo(f"{out['op_id']} decided; {out['run_id']} resumes")
+
+
+@app.command()
+def retry(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    op_id: Annotated[str, typer.Argument(metavar="OP")],
+) -> None:
+    """Run an uncertain operation again (its effects may then happen twice)."""
+    out = request("retry", run_id=run_id, op_id=op_id)
+    typer.echo(f"{out['op_id']} will be retried; {out['run_id']} resumes")
+
+
+@app.command()
+def upgrade(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    to: Annotated[Path, typer.Option("--to", help="The new workflow source FILE.py.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only check; change nothing.")] = False,
+    confirm: Annotated[str | None, typer.Option(help="The new source's review hash.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Move a waiting or blocked run to new source, after a clean replay of its journal."""
+    try:
+        source = to.read_text()
+    except OSError as exc:
+        fail(f"cannot read {to}: {exc.strerror}", code=2)
+    data = request("upgrade", run_id=run_id, source=source, dry_run=dry_run, confirm=confirm)
+    if json_out:
+        emit(data)
+        return
+    div = data["divergence"]
+    if div is None:
+        typer.echo(
+            f"{data['run_id']}: the new source reproduces all {data['checked']} "
+            f"committed operation(s)"
+        )
+    else:
+        typer.echo(f"{data['run_id']}: diverges at {div['op_id']} ({div['field']})")
+        typer.echo(f"  expected: {json.dumps(div['expected'])}")
+        typer.echo(f"  actual:   {json.dumps(div['actual'])}")
+    if data.get("upgraded"):
+        typer.echo(f"moved to {data['to_hash']} (was {data['from_hash']})")
+    if div is not None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def doctor(
+    run_id: Annotated[str | None, typer.Argument(metavar="[RUN]")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Cross-check journal, snapshots, units and receipts; report contradictions."""
+    data = request("doctor", run_id=run_id)
+    if json_out:
+        emit(data)
+    else:
+        for run in data["runs"]:
+            mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
+            typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
+            for problem in run["problems"]:
+                typer.echo(f"  - {problem}")
+    if data["problems"]:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -305,6 +415,10 @@ def main() -> None:
             typer.echo(f"hint: {exc.hint}", err=True)
         sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)
 
+
+from cairn import cli_people  # noqa: E402 - its commands use request() defined above
+
+cli_people.register(app)
 
 if __name__ == "__main__":
     main()

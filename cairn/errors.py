@@ -100,6 +100,12 @@ class BrokerRefused(CairnError):
     code = "broker-refused"
 
 
+class Unavailable(CairnError):
+    """A service could not be reached; the same request may succeed later."""
+
+    code = "unavailable"
+
+
 class ProcessFailed(CairnError):
     """A subprocess exited non-zero."""
 

@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cairn.paths import RUN_ID_RE
 
-SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+# Lane scopes are named after their fork and key ("root-2-a"), so nesting lengthens them.
+SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")
+OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
+LANE_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 INTENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}$")
 
 
@@ -61,15 +63,42 @@ class ScriptStep(Frozen):
         return value
 
 
+class ModelRoute(Frozen):
+    """Where the model relay sends an agent's requests, frozen at launch.
+
+    ``credential`` names a systemd credential of the coordinator (never the key itself);
+    empty means the provider takes no key.
+    """
+
+    provider: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")
+    base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    model: str = Field(min_length=1, max_length=200)
+    credential: str = Field(default="", pattern=r"^([A-Za-z0-9_.-]{1,100})?$")
+    auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z]{0,32}$")
+    max_tokens_per_call: int = Field(default=8192, ge=1)
+    timeout_sec: float = Field(default=300.0, gt=0)
+
+
 class ProfileSpec(Frozen):
-    """How an agent profile runs, resolved and frozen at launch."""
+    """How an agent profile runs, resolved and frozen at launch.
+
+    ``llm`` profiles carry their system prompt and name a route of the launch
+    description (``provider``); ``command`` profiles may name one to reach the relay.
+    """
 
     name: str
-    kind: Literal["scripted", "command"]
+    kind: Literal["scripted", "command", "llm"]
     steps: list[ScriptStep] = []
     output: dict[str, Any] = {}
     handoff: str = ""
     argv: list[str] = []
+    provider: str = ""
+    system_prompt: str = ""
+    max_steps: int = Field(default=60, ge=1, le=1000)
+    max_corrections: int = Field(default=3, ge=0, le=20)
+    bash_timeout_sec: float = Field(default=120.0, gt=0, le=3600)
+    tool_output_limit: int = Field(default=16_384, ge=256, le=1 << 20)
 
 
 class Limits(Frozen):
@@ -78,6 +107,7 @@ class Limits(Frozen):
     cpu_quota_percent: int = 100
     runtime_max_sec: int = 3600
     io_weight: int = 100
+    model_tokens: int = 2_000_000
 
 
 class ProjectSpec(Frozen):
@@ -112,10 +142,15 @@ class LaunchDescription(Frozen):
     args: dict[str, Any]
     project: ProjectSpec
     profiles: dict[str, ProfileSpec]
+    routes: dict[str, ModelRoute] = {}
+    # The schedule revision that admitted this run ({id, name, revision, occurrence}); None
+    # for a run a person launched directly.
+    schedule: dict[str, Any] | None = None
     limits: Limits = Limits()
     policy: SettlementPolicySpec = SettlementPolicySpec()
     cairn_version: str
     created_at: float
+    capsule_hash: str | None = None  # the sealed release installed at launch
 
     def launch_hash(self) -> str:
         return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))
@@ -129,6 +164,8 @@ IntentKind = Literal[
     "start-coordinator",
     "prepare-q",
     "create-w",
+    "drop-w",
+    "verify-storage",
     "start-agent",
     "checkpoint",
     "freeze-proposal",
@@ -143,6 +180,8 @@ VERB_OF_KIND: dict[str, Verb] = {
     "start-apply": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
+    "drop-w": "storage-v1",
+    "verify-storage": "storage-v1",
     "checkpoint": "storage-v1",
     "freeze-proposal": "storage-v1",
     "settle-candidate": "storage-v1",
@@ -185,13 +224,67 @@ class BrokerReply(Frozen):
 
 
 class DaemonRequest(Frozen):
-    op: Literal["launch", "ps", "show", "logs", "diff", "ping"]
+    op: Literal[
+        "launch",
+        "reconcile",
+        "retry",
+        "doctor",
+        "upgrade",
+        "ps",
+        "show",
+        "logs",
+        "diff",
+        "ping",
+        "schedule-create",
+        "schedule-confirm",
+        "schedule-resume",
+        "schedule-pause",
+        "schedule-delete",
+        "schedule-list",
+        "schedule-inspect",
+        "schedule-fire",
+        "schedule-run-now",
+        "schedule-inbox",
+        "schedule-reconcile",
+        "inbox",
+        "answer",
+        "approve",
+        "reject",
+        "pause",
+        "resume",
+        "stop",
+        "cancel",
+        "watch",
+    ]
     definition: str | None = None
     args: dict[str, Any] = {}
     project: str | None = None
     run_id: str | None = None
     scripted: dict[str, ProfileSpec] = {}
     all_users: bool = False
+    # launch of a workflow file: its source (read by the client) and the review hash the
+    # person confirmed for it
+    source: str | None = None
+    confirm: str | None = None
+    # reconcile / retry of an uncertain operation
+    op_id: str | None = None
+    result: dict[str, Any] | None = None
+    no_effect: bool = False
+    dry_run: bool = False
+    # schedule-* ops: the schedule ID, a create/replace body (validated by
+    # cairn.schedules.ScheduleCreate), a review challenge, a queued occurrence key.
+    schedule_id: str | None = None
+    schedule: dict[str, Any] = {}
+    challenge: str | None = None
+    occurrence: str | None = None
+    # people in the loop: an answer as the person typed it (with ``challenge``), an
+    # approval request with the fingerprint the person saw, a rejection reason, and the
+    # event cursor a watcher has seen
+    answer: str | None = None
+    request_id: str | None = None
+    fingerprint: str | None = None
+    reason: str = ""
+    cursor: int = 0
 
 
 class ErrorBody(Frozen):
@@ -236,8 +329,18 @@ class WorkflowFailure(Frozen):
 
 class CallResult(Frozen):
     type: Literal["result"] = "result"
+    scope: ScopeId = "root"
     seq: int
     value: dict[str, Any]
+
+
+class JoinRequest(Frozen):
+    """Every lane of the fork ``(scope, seq)`` reached a terminal outcome."""
+
+    type: Literal["join"] = "join"
+    scope: ScopeId
+    seq: int
+    outcomes: dict[str, dict[str, Any]]
 
 
 class StartWorkflow(Frozen):
@@ -293,3 +396,4 @@ class Boundary(Frozen):
     invocation_id: str
     checkpoint: dict[str, Any]
     predecessor: str | None
+    usage: dict[str, int] = {}

@@ -64,6 +64,20 @@ def agent_socket_dir(run_id: str) -> Path:
     return runtime_dir() / "agents" / run_id
 
 
+def agent_channel_dir(run_id: str, op_id: str) -> Path:
+    """Host directory of one agent operation's sockets, bound at /run/cairn/agent."""
+    return agent_socket_dir(run_id) / op_id
+
+
+def agent_socket_path(run_id: str, op_id: str) -> Path:
+    return agent_channel_dir(run_id, op_id) / "agent.sock"
+
+
+def model_socket_path(run_id: str, op_id: str) -> Path:
+    """Host path of one agent operation's model relay socket (beside its agent socket)."""
+    return agent_channel_dir(run_id, op_id) / "model.sock"
+
+
 def config_dir() -> Path:
     """/etc/cairn: host policy, pools, providers."""
     return _p("etc/cairn")

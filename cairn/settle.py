@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.errors import StorageError, UsageError
+from cairn.failpoints import failpoint
 from cairn.sendstream import ChangeSet
 
 log = logging.getLogger(__name__)
@@ -831,6 +832,7 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
                 _place_live(f, live, p, before)
                 log_.add(p.path, "written", p.f)
                 applied.append(p.path)
+                failpoint("mid-apply", receipts.parent)
         except _Raced as raced:
             log.warning("apply into %s: %s changed during the apply; stopped", live, raced.path)
             return ApplyResult(

@@ -12,7 +12,8 @@ The agent's mount namespace::
     /evidence/incoming/<b>/workspace   each incoming checkpoint S, read-only
     /outputs, /state        read-write
     /runtime/capsule        the sealed release, read-only
-    /run/cairn/agent.sock   the only channel to the host
+    /run/cairn/agent/agent.sock   the channel to the coordinator (finish_work, notes)
+    /run/cairn/agent/model.sock   the model relay (when the profile uses a model)
 
 Cairn's own state (``/var/lib/cairn``, ``/run/cairn``) is covered by an empty tmpfs,
 ``/etc/cairn`` and any extra pool roots are inaccessible, ``ProtectHome=yes`` hides
@@ -33,7 +34,7 @@ from cairn.errors import UsageError
 from cairn.paths import RUN_ID_RE
 from cairn.systemd import Prop, validate_unit_name
 
-OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 BOUNDARY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LOG_FIELD_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
@@ -44,7 +45,11 @@ STOP_TIMEOUT_USEC = 20 * USEC
 AGENT_SLICE = "cairn-agents.slice"  # nested in cairn.slice
 HELPER_SLICE = "cairn-helpers.slice"
 
-AGENT_SOCKET = "/run/cairn/agent.sock"
+# The agent's channel directory: a directory (not the socket files) is bound, so a
+# coordinator that restarts and re-creates its sockets is reachable again.
+CHANNEL_DIR = "/run/cairn/agent"
+AGENT_SOCKET = f"{CHANNEL_DIR}/agent.sock"
+MODEL_SOCKET = f"{CHANNEL_DIR}/model.sock"
 WORKSPACE = "/workspace"
 EVIDENCE = "/evidence"
 OUTPUTS = "/outputs"
@@ -57,7 +62,7 @@ CAPSULE = "/runtime/capsule"
 # where they exist, so systemd never creates a mount point for them on the host.
 MASKED_PATHS = ("/var/lib/cairn", "/run/cairn")
 INACCESSIBLE_PATHS = ("/etc/cairn",)
-AGENT_ENV_RESERVED = ("HOME", "TMPDIR", "CAIRN_AGENT_SOCKET")
+AGENT_ENV_RESERVED = ("HOME", "TMPDIR", "CAIRN_AGENT_SOCKET", "CAIRN_MODEL_SOCKET")
 
 
 def _check_abs_path(path: str) -> str:
@@ -135,9 +140,21 @@ class AgentUnitSpec(ResourceLimits):
     )
     outputs: AbsPath
     state: AbsPath
-    agent_socket: AbsPath
+    channel_dir: AbsPath = Field(
+        description="host directory of the op's agent.sock (and model.sock) -> /run/cairn/agent"
+    )
+    model_relay: bool = Field(
+        default=False, description="the coordinator serves a model relay (model.sock) too"
+    )
     capsule: AbsPath | None = None
-    network: Literal["none", "host"] = "none"
+    network: Literal["none", "allowlist", "host"] = "none"
+    netns_path: AbsPath | None = Field(
+        default=None, description="the per-run namespace an allowlist agent joins"
+    )
+    loopback_tcp: bool = Field(
+        default=False, description="allow AF_INET in 'none' mode (only lo exists there), for "
+        "the model shim of command profiles",
+    )
     environment: Environment = Field(default_factory=dict)
     log_fields: LogFields = Field(default_factory=dict)
     hidden_paths: list[AbsPath] = Field(
@@ -155,6 +172,8 @@ class AgentUnitSpec(ResourceLimits):
         reserved = sorted(set(self.environment) & set(AGENT_ENV_RESERVED))
         if reserved:
             raise ValueError(f"environment may not set {', '.join(reserved)}")
+        if (self.network == "allowlist") != (self.netns_path is not None):
+            raise ValueError("netns_path is required with network='allowlist' and only then")
         return self
 
 
@@ -193,7 +212,7 @@ def agent_unit_name(run_id: str, op_id: str, attempt: int) -> str:
     if not RUN_ID_RE.fullmatch(run_id):
         raise UsageError(f"invalid run id {run_id!r}: expected flow_ and 32 lowercase hex digits")
     if not OP_ID_RE.fullmatch(op_id):
-        raise UsageError(f"invalid operation id {op_id!r}: use [a-z0-9-], at most 41 characters")
+        raise UsageError(f"invalid operation id {op_id!r}: use [a-z0-9-], at most 128 characters")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt < 10**6:
         raise UsageError(f"invalid attempt {attempt!r}: use a whole number from 1")
     return validate_unit_name(f"cairn-agent-{run_id}-{op_id}-{attempt}.service")
@@ -280,12 +299,24 @@ def _hardening_props(hidden_paths: list[str]) -> list[Prop]:
     ]
 
 
-def _network_props(network: Literal["none", "host"]) -> list[Prop]:
+def _network_props(
+    network: Literal["none", "allowlist", "host"],
+    netns_path: str | None = None,
+    loopback_tcp: bool = False,
+) -> list[Prop]:
     if network == "none":
-        # AF_UNIX stays: the model relay and finish_work go through agent.sock.
+        # AF_UNIX stays: the model relay and finish_work go through the sockets.
+        families = ["AF_UNIX", "AF_INET", "AF_INET6"] if loopback_tcp else ["AF_UNIX"]
         return [
             ("PrivateNetwork", "b", True),
-            ("RestrictAddressFamilies", "(bas)", (True, ["AF_UNIX"])),
+            ("RestrictAddressFamilies", "(bas)", (True, families)),
+        ]
+    if network == "allowlist":
+        # The broker's namespace: lo plus the proxy's listening socket, nothing routed.
+        assert netns_path is not None
+        return [
+            ("NetworkNamespacePath", "s", netns_path),
+            ("RestrictAddressFamilies", "(bas)", (True, ["AF_UNIX", "AF_INET", "AF_INET6"])),
         ]
     # glibc's getaddrinfo(AI_ADDRCONFIG) needs AF_NETLINK.
     families = ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]
@@ -298,7 +329,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         _bind(spec.workspace, WORKSPACE),
         _bind(spec.outputs, OUTPUTS),
         _bind(spec.state, STATE),
-        _bind(spec.agent_socket, AGENT_SOCKET),
+        _bind(spec.channel_dir, CHANNEL_DIR),
     ]
     ro_binds = [_bind(spec.evidence_dir, EVIDENCE)]
     ro_binds += [
@@ -311,6 +342,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         "HOME": STATE,
         "TMPDIR": "/tmp",
         "CAIRN_AGENT_SOCKET": AGENT_SOCKET,
+        **({"CAIRN_MODEL_SOCKET": MODEL_SOCKET} if spec.model_relay else {}),
     }
     return [
         *_exec_props(
@@ -322,7 +354,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         *_log_props("cairn-agent", spec.log_fields),
         *_limit_props(spec),
         *_hardening_props(spec.hidden_paths),
-        *_network_props(spec.network),
+        *_network_props(spec.network, spec.netns_path, spec.loopback_tcp),
         ("BindPaths", "a(ssbt)", binds),
         ("BindReadOnlyPaths", "a(ssbt)", ro_binds),
     ]

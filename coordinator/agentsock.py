@@ -97,7 +97,9 @@ class AgentSocket:
             self.on_note(message.text)
             return AgentReply(ok=True)
         if self.finished.is_set():
-            return AgentReply(ok=False, error="finish_work was already accepted")
+            if message == self.finish:
+                return AgentReply(ok=True)  # the agent repeated it after a reconnect
+            return AgentReply(ok=False, error="a different finish_work was already accepted")
         try:
             self.output_model.model_validate(message.output)
         except ValidationError as exc:

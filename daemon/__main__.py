@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 from cairn import journald, paths
+from cairn.daemon.reconcile import reconcile
 from cairn.daemon.server import serve
+from cairn.errors import CairnError
 from cairn.journal import Journal
 from cairn.sockets import listener
 
@@ -14,8 +17,19 @@ def main() -> None:
     journald.setup_logging()
     Journal(paths.journal_path(), create=True).close()  # create or migrate the schema
     sock = listener(paths.daemon_socket(), 0o666)
+    threading.Thread(target=reconcile_at_start, daemon=True).start()
     logging.getLogger("cairn.daemon").info("cairnd ready")
     serve(sock)
+
+
+def reconcile_at_start() -> None:
+    journal = Journal(paths.journal_path())
+    try:
+        reconcile(journal)
+    except CairnError as exc:
+        logging.getLogger("cairn.daemon").error("reconciler: %s", exc)
+    finally:
+        journal.close()
 
 
 if __name__ == "__main__":

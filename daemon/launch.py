@@ -18,6 +18,7 @@ from pydantic import ValidationError
 import cairn
 from cairn import paths
 from cairn.brokerclient import call_broker
+from cairn.capsule import current_release
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.journal import Journal
 from cairn.models import (
@@ -25,9 +26,11 @@ from cairn.models import (
     Intent,
     LaunchDescription,
     Limits,
+    ModelRoute,
     ProfileSpec,
     ProjectSpec,
 )
+from cairn.providers import load_providers
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
@@ -63,6 +66,14 @@ def resolve_definition(definition: str) -> tuple[str, str]:
     return file.read_text(), f"{name}.py"
 
 
+def file_definition_name(definition: str) -> str:
+    """The file name a workflow file is reviewed under (its basename, ``*.py``)."""
+    name = os.path.basename(definition)
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,80}\.py", name):
+        raise UsageError(f"{definition!r} is not a workflow file name (NAME.py)")
+    return name
+
+
 def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
     model = build_models(review.models)[review.workflow.input]
     try:
@@ -93,9 +104,21 @@ def check_project(path: str | None, fd: int | None, uid: int) -> ProjectSpec:
     return ProjectSpec(root=path, owner_uid=uid, on_pool_fs=False)
 
 
+def builtin_profile_prompt(name: str) -> str | None:
+    """The system prompt of ``builtin:NAME`` shipped with Cairn, if there is one."""
+    match = BUILTIN_RE.match(name)
+    if match is None:
+        return None
+    file = resources.files("cairn.builtin") / "profiles" / f"{match.group(1)}.md"
+    return file.read_text() if file.is_file() else None
+
+
 def resolve_profiles(review: Review, scripted: dict[str, ProfileSpec]) -> dict[str, ProfileSpec]:
     """Freeze every profile the workflow's agents name: a scripted profile the caller
-    supplied, or the host's ``/etc/cairn/profiles.d/<name>.toml``."""
+    supplied, the host's ``/etc/cairn/profiles.d/<name>.toml``, or a builtin ``llm``
+    profile on the host's default model provider. ``llm`` profiles are frozen with their
+    system prompt and provider name."""
+    providers = load_providers()
     resolved: dict[str, ProfileSpec] = {}
     for name in sorted({a.profile for a in review.agents.values()}):
         if name in scripted:
@@ -111,28 +134,69 @@ def resolve_profiles(review: Review, scripted: dict[str, ProfileSpec]) -> dict[s
         if not PROFILE_FILE_RE.match(name):
             raise UsageError(f"invalid profile name {name!r}")
         file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
-        if not file.exists():
+        builtin_prompt = builtin_profile_prompt(name)
+        if file.exists():
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        elif builtin_prompt is not None:
+            data = {"kind": "llm"}
+        else:
             raise NotFound(
                 f"profile {name} is not configured on this host",
                 hint=f"pass --scripted {name}=FILE.json, or configure {file}",
             )
-        with open(file, "rb") as fh:
-            data = tomllib.load(fh)
         try:
-            resolved[name] = ProfileSpec.model_validate({**data, "name": name})
+            profile = ProfileSpec.model_validate({**data, "name": name})
         except ValidationError as exc:
             raise ValidationFailed(f"{file}: {exc.errors()[0]['msg']}") from exc
+        if profile.kind == "llm":
+            profile = profile.model_copy(
+                update={
+                    "provider": profile.provider or providers.route().provider,
+                    "system_prompt": profile.system_prompt or builtin_prompt or "",
+                }
+            )
+        if profile.provider:
+            providers.route(profile.provider)  # fail at launch, not when the agent starts
+        resolved[name] = profile
     unknown = sorted(set(scripted) - set(resolved))
     if unknown:
         raise UsageError(f"the workflow has no agent with profile {', '.join(unknown)}")
     return resolved
 
 
-def launch(journal: Journal, request: DaemonRequest, uid: int, fd: int | None) -> dict[str, Any]:
+def resolve_routes(profiles: dict[str, ProfileSpec]) -> dict[str, ModelRoute]:
+    """Freeze the provider route of every profile that reaches the model relay."""
+    providers = load_providers()
+    names = sorted({p.provider for p in profiles.values() if p.provider})
+    return {name: providers.route(name) for name in names}
+
+
+def launch(
+    journal: Journal,
+    request: DaemonRequest,
+    uid: int,
+    fd: int | None,
+    *,
+    run_id: str | None = None,
+    schedule: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Review, freeze and start one run. A schedule admission passes the run ID it
+    recorded beforehand and the schedule revision that authorized the run."""
     if not request.definition:
         raise UsageError("no definition given", hint="e.g. cairn launch builtin:implement")
-    source, filename = resolve_definition(request.definition)
-    review = review_source(source, filename=filename)
+    if request.source is not None:
+        source, filename = request.source, file_definition_name(request.definition)
+        review = review_source(source, filename=filename)
+        if request.confirm != review.review_hash:
+            raise PermissionDenied(
+                f"{filename} is not confirmed: its review hash is {review.review_hash}",
+                hint=f"read 'cairn workflow review {request.definition}', then launch with "
+                f"--confirm {review.review_hash}",
+            )
+    else:
+        source, filename = resolve_definition(request.definition)
+        review = review_source(source, filename=filename)
     args = validate_args(review, request.args)
     project = check_project(request.project, fd, uid)
     profiles = resolve_profiles(review, request.scripted)
@@ -142,7 +206,7 @@ def launch(journal: Journal, request: DaemonRequest, uid: int, fd: int | None) -
         raise PermissionDenied(f"uid {uid} has no account on this host") from exc
     if uid == 0:
         raise PermissionDenied("runs are not launched as root", hint="launch as a normal user")
-    run_id = "flow_" + secrets.token_hex(16)
+    run_id = run_id or "flow_" + secrets.token_hex(16)
     desc = LaunchDescription(
         run_id=run_id,
         owner_uid=uid,
@@ -156,9 +220,12 @@ def launch(journal: Journal, request: DaemonRequest, uid: int, fd: int | None) -
         args=args,
         project=project,
         profiles=profiles,
+        routes=resolve_routes(profiles),
         limits=Limits(),
         cairn_version=cairn.__version__,
         created_at=time.time(),
+        schedule=schedule,
+        capsule_hash=current_release(paths.release_dir()),
     )
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])

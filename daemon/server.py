@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cairn import paths
-from cairn.daemon import launch, views
+from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
 from cairn.errors import CairnError
 from cairn.journal import Journal
 from cairn.models import DaemonReply, DaemonRequest, ErrorBody
@@ -53,8 +53,18 @@ def dispatch(request: DaemonRequest, uid: int, fd: int | None) -> Any:
     try:
         if request.op == "ping":
             return {"uid": uid, "admin": views.is_admin(uid)}
+        if request.op.startswith("schedule-"):
+            return schedules.dispatch(journal, request, uid, fd)
+        if request.op in interactions.OPS:
+            return interactions.dispatch(journal, request, uid)
         if request.op == "launch":
             return launch.launch(journal, request, uid, fd)
+        if request.op == "upgrade":
+            return upgrade.upgrade(journal, request, uid)
+        if request.op == "doctor":
+            return doctor.doctor(journal, request.run_id, uid)
+        if request.op in ("reconcile", "retry"):
+            return decisions.decide(journal, request, uid)
         if request.op == "ps":
             return views.ps(journal, uid, request.all_users)
         if request.op == "show":

@@ -48,7 +48,15 @@ def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
     return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
 
 
-def _units(receipts: list[dict[str, Any]]) -> list[str]:
+def _divergence(events: list[Any]) -> dict[str, Any] | None:
+    """The journal's and the replay's view of the call where replay diverged, if it did."""
+    for event in reversed(events):
+        if event.event == "replay-diverged":
+            return {"op_id": event.op_id, **event.data}
+    return None
+
+
+def run_units(receipts: list[dict[str, Any]]) -> list[str]:
     """Every unit the broker started for the run, in order (import, agents, apply)."""
     names: list[str] = []
     for receipt in receipts:
@@ -101,8 +109,9 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
             }
             for o in ops
         ],
-        "units": _units(receipts),
+        "units": run_units(receipts),
         "settlement": row.settlement,
+        "divergence": _divergence(events),
         "events": [e.model_dump() for e in events[-50:]],
         "events_omitted": max(0, len(events) - 50),
     }

@@ -1,9 +1,17 @@
 #!/bin/sh
-# Build packaging/out/cairn_<version>_all.deb from a clean copy of the tree.
+# Build cairn_<version>_all.deb from a clean copy of the tree; print its path last.
+#
+#   packaging/build-deb.sh [--version V] [--out DIR]
 #
 # The copy holds the tracked files plus untracked files that are not ignored (so a build
 # works before commit), never build leftovers or the venv. debian/ comes from
-# packaging/debian. Prints the path of the built package on its last line.
+# packaging/debian. --version builds the same tree as version V (a changelog entry is
+# added in the copy only; the lifecycle tests use it for an upgrade). --out defaults to
+# packaging/out.
+#
+# Before dpkg-buildpackage, packaging/prebuild.sh signs the sealed release capsule and
+# generates the man pages into prebuilt/ of the copy (see docs/packaging.md for why these
+# two steps run outside the package build).
 set -eu
 # Debian's own toolchain and Python only (no pyenv/venv interpreters from the caller).
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8
@@ -11,6 +19,14 @@ unset PYTHONPATH PYTHONHOME VIRTUAL_ENV
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out="$repo/packaging/out"
+new_version=
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--version) new_version=$2; shift 2 ;;
+	--out) out=$2; shift 2 ;;
+	*) echo "usage: build-deb.sh [--version V] [--out DIR]" >&2; exit 2 ;;
+	esac
+done
 
 version=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$repo/pyproject.toml")
 deb_version=$(dpkg-parsechangelog -l "$repo/packaging/debian/changelog" -S Version)
@@ -21,7 +37,7 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
-src="$work/cairn-$version"
+src="$work/cairn"
 mkdir "$src"
 
 cd "$repo"
@@ -30,6 +46,24 @@ git ls-files -z --cached --others --exclude-standard -- . ':!:packaging/debian' 
 	| tar --null --files-from=- -cf - \
 	| tar -xf - -C "$src"
 cp -a "$repo/packaging/debian" "$src/debian"
+
+if [ -n "$new_version" ]; then
+	sed -i "s/^version = \"$version\"/version = \"$new_version\"/" "$src/pyproject.toml"
+	sed -i "s/^__version__ = \"$version\"/__version__ = \"$new_version\"/" "$src/cairn/__init__.py"
+	{
+		printf 'cairn (%s) unstable; urgency=medium\n\n  * Rebuild as %s.\n\n' "$new_version" "$new_version"
+		printf ' -- Cairn Developers <dev@cairn.invalid>  %s\n\n' "$(date -R)"
+		cat "$src/debian/changelog"
+	} >"$src/debian/changelog.new"
+	mv "$src/debian/changelog.new" "$src/debian/changelog"
+	version=$new_version
+fi
+
+"$repo/packaging/prebuild.sh" "$src" >"$work/prebuild.log" 2>&1 || {
+	cat "$work/prebuild.log" >&2
+	echo "build-deb: prebuild (capsule, man pages) failed" >&2
+	exit 1
+}
 
 (cd "$src" && dpkg-buildpackage -us -uc -b) >"$work/build.log" 2>&1 || {
 	tail -n 40 "$work/build.log" >&2

@@ -1,26 +1,43 @@
 """cairn-worker: the agent runtime inside an agent unit.
 
-Connects to /run/cairn/agent.sock, receives its instruction, runs the profile in
-/workspace and ends with exactly one ``finish_work``.
+Connects to /run/cairn/agent/agent.sock, receives its instruction, runs the profile in
+/workspace and ends with exactly one ``finish_work``. The finish message is written to
+/outputs/finish.json first, so a coordinator that crashes before it arrives can settle
+the operation from the file instead of running the agent again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from cairn import journald
 from cairn.errors import CairnError
+from cairn.failpoints import failpoint
 from cairn.worker.channel import AgentChannel
 from cairn.worker.profiles import run_profile
 
 log = logging.getLogger("cairn.worker")
 
+RESULT_FILE = Path("/outputs/finish.json")
+
+
+def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"output": output, "handoff": handoff}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
 
 def main() -> None:
     journald.setup_logging()
-    socket_path = os.environ.get("CAIRN_AGENT_SOCKET", "/run/cairn/agent.sock")
+    socket_path = os.environ.get("CAIRN_AGENT_SOCKET", "/run/cairn/agent/agent.sock")
     try:
         with AgentChannel(socket_path) as channel:
             instruction = channel.hello()
@@ -28,6 +45,9 @@ def main() -> None:
                 "agent %s attempt %d: %s", instruction.op_id, instruction.attempt, instruction.title
             )
             output, handoff = run_profile(instruction, channel)
+            if instruction.attempt == 1:
+                failpoint("agent-before-finish", Path("/state"))
+            write_result(output, handoff)
             channel.finish(output, handoff)
     except CairnError as exc:
         log.error("%s", exc)

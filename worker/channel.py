@@ -1,36 +1,66 @@
-"""The agent's only channel to the host: JSON lines over /run/cairn/agent.sock."""
+"""The agent's only channel to the host: JSON lines over /run/cairn/agent.sock.
+
+The coordinator may restart while an agent works (a crash, an upgrade). The channel
+reconnects and repeats the message: ``hello`` is answered the same way every time and a
+repeated ``finish_work`` with the same content is acknowledged, so repeating is safe.
+"""
 
 from __future__ import annotations
 
+import logging
 import socket
+import time
 from typing import Any
 
 from cairn.errors import CairnError, ValidationFailed
 from cairn.models import AgentInstruction, AgentMessage, AgentReply
 
+log = logging.getLogger(__name__)
+
+RECONNECT_FOR = 600.0
+
 
 class AgentChannel:
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.sock.connect(path)
-        except OSError as exc:
-            raise CairnError(f"cannot reach the coordinator at {path}: {exc.strerror}") from exc
-        self.stream = self.sock.makefile("rwb")
+    def __init__(self, path: str, *, reconnect_for: float = RECONNECT_FOR) -> None:
+        self.path = path
+        self.reconnect_for = reconnect_for
+        self.sock: socket.socket | None = None
 
     def __enter__(self) -> AgentChannel:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.sock.close()
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        return sock
 
     def _send(self, message: AgentMessage) -> AgentReply:
-        self.stream.write(message.model_dump_json().encode() + b"\n")
-        self.stream.flush()
-        line = self.stream.readline()
-        if not line:
-            raise CairnError("the coordinator closed the agent socket")
-        return AgentReply.model_validate_json(line)
+        """Send one message and read its reply, reconnecting while the coordinator is away."""
+        deadline = time.monotonic() + self.reconnect_for
+        payload = message.model_dump_json().encode() + b"\n"
+        while True:
+            try:
+                if self.sock is None:
+                    self.sock = self._connect()
+                self.sock.sendall(payload)
+                line = self.sock.makefile("rb").readline()
+                if not line:
+                    raise ConnectionResetError("coordinator closed the socket")
+                return AgentReply.model_validate_json(line)
+            except OSError as exc:
+                self._drop()
+                if time.monotonic() > deadline:
+                    raise CairnError(f"cannot reach the coordinator at {self.path}: {exc}") from exc
+                log.warning("coordinator unreachable (%s); retrying", exc)
+                time.sleep(1.0)
 
     def hello(self) -> AgentInstruction:
         reply = self._send(AgentMessage(type="hello"))
@@ -39,7 +69,11 @@ class AgentChannel:
         return reply.instruction
 
     def note(self, text: str) -> None:
-        self._send(AgentMessage(type="note", text=text))
+        """Best effort: a note lost to a coordinator restart is not worth failing for."""
+        try:
+            self._send(AgentMessage(type="note", text=text))
+        except CairnError as exc:
+            log.warning("note not delivered: %s", exc)
 
     def finish(self, output: dict[str, Any], handoff: str) -> None:
         reply = self._send(AgentMessage(type="finish_work", output=output, handoff=handoff))

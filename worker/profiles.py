@@ -1,4 +1,5 @@
-"""Agent profiles that run inside the unit: ``scripted`` (deterministic) and ``command``."""
+"""Agent profiles that run inside the unit: ``scripted`` (deterministic), ``command`` (a
+host-configured argv, pointed at the model relay) and ``llm`` (:mod:`cairn.worker.llm`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from typing import Any
 from cairn.errors import CairnError
 from cairn.models import AgentInstruction, ScriptStep
 from cairn.worker.channel import AgentChannel
+from cairn.worker.llm import MODEL_SOCKET, run_llm
+from cairn.worker.shim import TcpShim
 
-WORKSPACE = Path("/workspace")
+WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
+OUTPUTS = Path(os.environ.get("CAIRN_OUTPUTS", "/outputs"))
+# What agent CLIs read to find their API; the key is a placeholder the relay replaces.
+RELAY_KEY = "cairn-relay"
 
 
 def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[dict[str, Any], str]:
@@ -24,6 +30,8 @@ def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[d
             run_step(step, instruction)
             channel.note(f"{step.action} {step.path or ' '.join(step.argv)}".strip())
         return _fill(profile.output, instruction), _fill_text(profile.handoff, instruction)
+    if profile.kind == "llm":
+        return run_llm(instruction, channel, WORKSPACE)
     return run_command(profile.argv, instruction)
 
 
@@ -77,17 +85,25 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         "LANG": "C.UTF-8",
         "CAIRN_PROMPT": instruction.prompt,
     }
-    proc = subprocess.run(
-        [a.replace("{prompt}", instruction.prompt) for a in argv],
-        cwd=WORKSPACE,
-        env=env,
-        stdout=subprocess.PIPE,
-        check=False,
-        timeout=None,
-    )
+    model_socket = os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)
+    shim = TcpShim(model_socket).start() if instruction.profile.provider else None
+    if shim is not None:
+        env.update(relay_environment(shim.port))
+    try:
+        proc = subprocess.run(
+            [a.replace("{prompt}", instruction.prompt) for a in argv],
+            cwd=WORKSPACE,
+            env=env,
+            stdout=subprocess.PIPE,
+            check=False,
+            timeout=None,
+        )
+    finally:
+        if shim is not None:
+            shim.close()
     if proc.returncode != 0:
         raise CairnError(f"agent command {argv[0]} exited {proc.returncode}")
-    result_file = Path("/outputs/result.json")
+    result_file = OUTPUTS / "result.json"
     if result_file.exists():
         raw = result_file.read_text()
     else:
@@ -97,3 +113,16 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         raw = lines[-1]
     result = json.loads(raw)
     return dict(result.get("output", result)), str(result.get("handoff", ""))
+
+
+def relay_environment(port: int) -> dict[str, str]:
+    """Variables that point OpenAI- and Anthropic-style clients at the relay's shim."""
+    base = f"http://127.0.0.1:{port}"
+    return {
+        "OPENAI_BASE_URL": f"{base}/v1",
+        "OPENAI_API_BASE": f"{base}/v1",
+        "OPENAI_API_KEY": RELAY_KEY,
+        "ANTHROPIC_BASE_URL": base,
+        "ANTHROPIC_API_KEY": RELAY_KEY,
+        "CAIRN_MODEL_URL": f"{base}/v1",
+    }

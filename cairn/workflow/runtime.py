@@ -10,17 +10,22 @@ coroutine is driven by hand (no event loop), so replay is deterministic.
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
 import sys
 import types
-from collections.abc import Generator
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 from pydantic import BaseModel
 
 from cairn.models import (
+    LANE_KEY_RE,
     CallRequest,
     CallResult,
+    JoinRequest,
     StartWorkflow,
     WorkflowFailure,
     WorkflowReturn,
@@ -50,6 +55,34 @@ class _Pending:
         return answer
 
 
+@dataclass(frozen=True)
+class LaneResult:
+    """One lane's terminal outcome, as ``flow.parallel``/``flow.map`` return it."""
+
+    outcome: str
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "succeeded"
+
+
+class _Fork:
+    """An awaitable fork: its lanes run as their own scopes; it resumes after the join."""
+
+    def __init__(
+        self, call: CallRequest, lanes: list[tuple[str, Callable[[], Any]]], concurrency: int
+    ) -> None:
+        self.call = call
+        self.lanes = lanes
+        self.concurrency = concurrency
+
+    def __await__(self) -> Generator[_Fork, dict[str, LaneResult], dict[str, LaneResult]]:
+        results = yield self
+        return results
+
+
 class Flow:
     """The ``flow`` object passed to a workflow. Only its methods reach outside."""
 
@@ -57,6 +90,7 @@ class Flow:
         self._names = descriptor_names
         self._filename = filename
         self._seq: dict[str, int] = {}
+        self._scope = "root"  # set by the driver to the scope of the task it is stepping
 
     def _location(self) -> str:
         """file:line:col of the workflow-source frame that made the current call."""
@@ -69,25 +103,106 @@ class Flow:
         col = (positions.col_offset or 0) + 1 if positions is not None else 0
         return f"{self._filename}:{frame.f_lineno}:{col}"
 
-    def _call(self, kind: str, request: dict[str, Any], scope: str = "root") -> _Pending:
+    def _next_call(self, kind: str, request: dict[str, Any]) -> CallRequest:
+        scope = self._scope
         seq = self._seq.get(scope, 0) + 1
         self._seq[scope] = seq
-        return _Pending(
-            CallRequest(scope=scope, seq=seq, kind=kind, request=request, location=self._location())
+        return CallRequest(
+            scope=scope, seq=seq, kind=kind, request=request, location=self._location()
         )
 
-    async def agent(
+    def _call(self, kind: str, request: dict[str, Any]) -> _Pending:
+        return _Pending(self._next_call(kind, request))
+
+    # Each method numbers its call and records its source location when it is called, not
+    # when it is first awaited: a lane body (a lambda) has returned by the time its
+    # awaitable runs, and only the call site identifies the operation.
+
+    def agent(
         self, descriptor: AgentDescriptor, *, prompt: str, title: str | None = None
-    ) -> AgentResult:
+    ) -> Coroutine[Any, Any, AgentResult]:
         name = self._names.get(id(descriptor))
         if name is None:
             raise TypeError("flow.agent needs a module-level agent(...) descriptor")
         pending = self._call(
             "agent", {"descriptor": name, "prompt": prompt, "title": title or name}
         )
-        answer = await pending
-        output = descriptor.output.model_validate(answer["output"])
-        return AgentResult(output=output, handoff=answer["handoff"], boundary=answer["op_id"])
+        return _agent_result(pending, descriptor)
+
+    def ask(
+        self, question: str, *, schema: type[M] | None = None
+    ) -> Coroutine[Any, Any, M | str]:
+        """Ask a person; the run waits (its coordinator may exit) until a schema-valid
+        answer arrives. Without ``schema`` the answer is text."""
+        request: dict[str, Any] = {"question": question}
+        if schema is not None:
+            request["schema"] = schema.__name__
+        return _ask_answer(self._call("ask", request), schema)
+
+    def parallel(
+        self, lanes: dict[str, Callable[[], Any]], *, concurrency: int | None = None
+    ) -> Coroutine[Any, Any, dict[str, LaneResult]]:
+        """Run each lane (a no-argument callable returning an awaitable) in its own scope
+        and workspace; return every lane's outcome once all are terminal."""
+        keys = list(lanes)
+        _check_keys(keys)
+        limit = concurrency or len(keys)
+        fork = _Fork(
+            self._next_call("parallel", {"lanes": keys, "concurrency": limit}),
+            [(key, lanes[key]) for key in keys],
+            limit,
+        )
+        return _await(fork)
+
+    def map(
+        self,
+        items: list[Any],
+        fn: Callable[[Any], Any],
+        *,
+        key: Callable[[Any], str],
+        concurrency: int | None = None,
+    ) -> Coroutine[Any, Any, dict[str, LaneResult]]:
+        """``parallel`` over data: one lane per item, named by ``key(item)``."""
+        keys = [key(item) for item in items]
+        _check_keys(keys)
+        limit = concurrency or len(keys)
+
+        def lane(item: Any) -> Callable[[], Any]:
+            return lambda: fn(item)
+
+        fork = _Fork(
+            self._next_call("map", {"lanes": keys, "concurrency": limit}),
+            [(k, lane(item)) for k, item in zip(keys, items, strict=True)],
+            limit,
+        )
+        return _await(fork)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def _ask_answer(pending: _Pending, schema: type[M] | None) -> M | str:
+    answer = await pending
+    if schema is None:
+        return str(answer["answer"])
+    return schema.model_validate(answer["answer"])
+
+
+async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> AgentResult:
+    answer = await pending
+    output = descriptor.output.model_validate(answer["output"])
+    return AgentResult(output=output, handoff=answer["handoff"], boundary=answer["op_id"])
+
+
+def _check_keys(keys: list[str]) -> None:
+    if not keys:
+        raise ValueError("a fork needs at least one lane")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"lane keys repeat: {keys}")
+    for key in keys:
+        if not isinstance(key, str) or not LANE_KEY_RE.match(key):
+            raise ValueError(f"lane key {key!r}: use lowercase letters, digits and '-'")
 
 
 def load_workflow(source: str, filename: str) -> tuple[types.ModuleType, Any]:
@@ -104,6 +219,166 @@ def load_workflow(source: str, filename: str) -> tuple[types.ModuleType, Any]:
     return module, functions[0]
 
 
+@dataclass
+class _Task:
+    """One strand of control: the root coroutine, or one lane of a fork."""
+
+    scope: str
+    coroutine: Any
+    parent: _Task | None = None
+    key: str | None = None
+    send: Any = None
+    throw: BaseException | None = None
+    fork: _Fork | None = None
+    lanes: dict[str, _Task] = field(default_factory=dict)
+    queued: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
+    running: int = 0
+    results: dict[str, LaneResult] = field(default_factory=dict)
+    lane_last_ops: dict[str, str | None] = field(default_factory=dict)
+    last_op: str | None = None
+
+
+class _Driver:
+    """Steps every task until it waits on the coordinator; answers arrive in any order."""
+
+    def __init__(self, flow: Flow, out: IO[str]) -> None:
+        self.flow = flow
+        self.out = out
+        self.runnable: deque[_Task] = deque()
+        self.waiting: dict[tuple[str, int], _Task] = {}
+
+    def run(self, root: _Task, inp: IO[str]) -> Any:
+        self.runnable.append(root)
+        self.root_result: Any = None
+        self.root_done = False
+        while True:
+            while self.runnable:
+                self.step(self.runnable.popleft())
+            if self.root_done:
+                return self.root_result
+            if not self.waiting:
+                raise RuntimeError("the workflow waits on nothing (deadlock)")
+            line = inp.readline()
+            if not line:
+                raise SystemExit(0)
+            result = CallResult.model_validate_json(line)
+            task = self.waiting.pop((result.scope, result.seq), None)
+            if task is None:
+                raise RuntimeError(f"answer for unknown call {result.scope}/{result.seq}")
+            self.answered(task, result)
+
+    def answered(self, task: _Task, result: CallResult) -> None:
+        fork = task.fork
+        if fork is None:
+            task.send = result.value
+            task.last_op = f"{result.scope}-{result.seq}"
+            self.runnable.append(task)
+        elif not task.lanes and not task.results:  # the fork is recorded: start lanes
+            task.queued = list(fork.lanes)
+            self.start_lanes(task)
+            if not fork.lanes:
+                self.join(task)
+        else:  # the join is recorded: the parent resumes with every lane's outcome
+            task.send = task.results
+            task.fork = None
+            task.lanes = {}
+            task.results = {}
+            task.lane_last_ops = {}
+            task.last_op = f"{result.scope}-{result.seq}"
+            self.runnable.append(task)
+
+    def start_lanes(self, parent: _Task) -> None:
+        assert parent.fork is not None
+        fork_op = f"{parent.fork.call.scope}-{parent.fork.call.seq}"
+        while parent.queued and parent.running < parent.fork.concurrency:
+            key, body = parent.queued.pop(0)
+            lane = _Task(scope=f"{fork_op}-{key}", coroutine=None, parent=parent, key=key)
+            parent.lanes[key] = lane
+            parent.running += 1
+            self.flow._scope = lane.scope
+            try:
+                lane.coroutine = _as_coroutine(body())
+            except Exception as exc:  # the lane body failed before it awaited anything
+                self.lane_done(lane, LaneResult("failed", error=_describe(exc)))
+                continue
+            self.runnable.append(lane)
+
+    def step(self, task: _Task) -> None:
+        self.flow._scope = task.scope
+        try:
+            if task.throw is not None:
+                error, task.throw = task.throw, None
+                yielded = task.coroutine.throw(error)
+            else:
+                value, task.send = task.send, None
+                yielded = task.coroutine.send(value)
+        except StopIteration as stop:
+            self.finished(task, LaneResult("succeeded", value=stop.value))
+            return
+        except Exception as exc:
+            if task.parent is None:
+                raise
+            self.finished(task, LaneResult("failed", error=_describe(exc)))
+            return
+        if isinstance(yielded, _Fork):
+            task.fork = yielded
+            self.emit(task, yielded.call)
+        elif isinstance(yielded, _Pending):
+            self.emit(task, yielded.call)
+        else:
+            raise RuntimeError("workflows may only await flow.* calls")
+
+    def emit(self, task: _Task, call: CallRequest) -> None:
+        self.waiting[(call.scope, call.seq)] = task
+        _write(self.out, call)
+
+    def finished(self, task: _Task, result: LaneResult) -> None:
+        if task.parent is None:
+            self.root_done = True
+            self.root_result = result.value
+            return
+        self.lane_done(task, result)
+
+    def lane_done(self, lane: _Task, result: LaneResult) -> None:
+        parent = lane.parent
+        assert parent is not None and lane.key is not None
+        parent.results[lane.key] = result
+        parent.lane_last_ops[lane.key] = lane.last_op
+        parent.running -= 1
+        self.start_lanes(parent)
+        assert parent.fork is not None
+        if len(parent.results) == len(parent.fork.lanes):
+            self.join(parent)
+
+    def join(self, parent: _Task) -> None:
+        assert parent.fork is not None
+        call = parent.fork.call
+        outcomes = {
+            key: {
+                "outcome": parent.results[key].outcome,
+                "error": parent.results[key].error,
+                "last_op": parent.lane_last_ops.get(key),
+            }
+            for key, _body in parent.fork.lanes
+        }
+        self.waiting[(call.scope, call.seq)] = parent
+        _write(self.out, JoinRequest(scope=call.scope, seq=call.seq, outcomes=outcomes))
+
+
+def _as_coroutine(awaitable: Any) -> Any:
+    if inspect.iscoroutine(awaitable):
+        return awaitable
+
+    async def wrapper() -> Any:
+        return await awaitable
+
+    return wrapper()
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def drive(start: StartWorkflow, inp: IO[str], out: IO[str]) -> None:
     """Run the workflow to completion, exchanging JSON lines with the coordinator."""
     module, function = load_workflow(start.source, start.filename)
@@ -111,31 +386,39 @@ def drive(start: StartWorkflow, inp: IO[str], out: IO[str]) -> None:
     names = {id(v): k for k, v in module.__dict__.items() if isinstance(v, AgentDescriptor)}
     flow = Flow(names, start.filename)
     args = spec.input.model_validate(start.args)
-    coroutine = function(flow, args)
-    answer: dict[str, Any] | None = None
-    while True:
-        try:
-            pending = coroutine.send(answer)
-        except StopIteration as stop:
-            value = stop.value
-            output = value if isinstance(value, BaseModel) else spec.output.model_validate(value)
-            _write(out, WorkflowReturn(output=output.model_dump(mode="json")))
-            return
-        if not isinstance(pending, _Pending):
-            raise RuntimeError("workflows may only await flow.* calls")
-        _write(out, pending.call)
-        line = inp.readline()
-        if not line:
-            raise SystemExit(0)
-        result = CallResult.model_validate_json(line)
-        if result.seq != pending.call.seq:
-            raise RuntimeError(f"answer for call {result.seq}, expected {pending.call.seq}")
-        answer = result.value
+    root = _Task(scope="root", coroutine=function(flow, args))
+    value = _Driver(flow, out).run(root, inp)
+    output = value if isinstance(value, BaseModel) else spec.output.model_validate(value)
+    _write(out, WorkflowReturn(output=output.model_dump(mode="json")))
 
 
 def _write(out: IO[str], message: BaseModel) -> None:
     out.write(message.model_dump_json() + "\n")
     out.flush()
+
+
+def spawn(env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start a control worker: a separate interpreter in its own session with tight
+    resource limits, talking JSON lines on stdin/stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-I", "-m", "cairn.workflow.runtime"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**env, "PYTHONHASHSEED": "0"},
+        text=True,
+        close_fds=True,
+        preexec_fn=_limit_resources,
+    )
+
+
+def _limit_resources() -> None:
+    """Runs in the child before exec."""
+    import resource
+
+    os.setsid()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def main() -> None:
@@ -152,4 +435,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

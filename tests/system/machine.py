@@ -416,6 +416,15 @@ class Machine:
             proc.kill()
             proc.wait(timeout=10)
 
+    def reboot(self) -> None:
+        """Power off cleanly and boot the same root again; everything on disk survives."""
+        self.poweroff()
+        self._nspawn = None
+        self._pid1 = None
+        t = time.monotonic()
+        self._boot()
+        self.timings["reboot"] = time.monotonic() - t
+
     def close(self) -> None:
         """Power off and remove every trace: mounts, loop devices, temporary files."""
         if self._closed:

@@ -319,7 +319,7 @@ echo "netdevs=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '
 echo "incoming=$(cat /evidence/incoming/b1/workspace/old.txt)"
 touch /evidence/new 2>/dev/null && echo "evidence=writable" || echo "evidence=read-only"
 echo "index=$(cat /evidence/index.json)"
-python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect("/run/cairn/agent.sock")' \
+python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect("/run/cairn/agent/agent.sock")' \
   && echo "relay=connected"
 python3 -c 'import socket; socket.socket(socket.AF_INET)' 2>/dev/null \
   && echo "inet=allowed" || echo "inet=refused"
@@ -346,18 +346,18 @@ def test_agent_property_set_runs_sandboxed(machine: Machine) -> None:
         with open(f"{{base}}/evidence/index.json", "w") as f:
             f.write("{{}}")
         os.makedirs("/etc/cairn", exist_ok=True)
-        sockdir = f"/run/cairn/agents/{{RUN}}"
+        sockdir = f"/run/cairn/agents/{{RUN}}/op1"
         os.makedirs(sockdir, exist_ok=True)
         relay = socket.socket(socket.AF_UNIX)
-        relay.bind(f"{{sockdir}}/op1.sock")
-        os.chmod(f"{{sockdir}}/op1.sock", 0o666)
+        relay.bind(f"{{sockdir}}/agent.sock")
+        os.chmod(f"{{sockdir}}/agent.sock", 0o666)
         relay.listen()
         spec = AgentUnitSpec(
             run_id=RUN, op_id="op1", uid=uid, gid=uid,
             exec_argv=["/bin/sh", "-c", sys.argv[1]],
             workspace=f"{{base}}/W", evidence_dir=f"{{base}}/evidence",
             incoming=[("b1", f"{{base}}/S")], outputs=f"{{base}}/outputs",
-            state=f"{{base}}/state", agent_socket=f"{{sockdir}}/op1.sock", capsule=None,
+            state=f"{{base}}/state", channel_dir=sockdir, capsule=None,
             memory_max=512 << 20, tasks_max=64, cpu_quota_percent=150, runtime_max_sec=60,
             io_weight=50, network="none", environment={{"CAIRN_TEST_VALUE": "v1"}},
             log_fields={{"CAIRN_RUN": RUN, "CAIRN_OP": "op1"}},

@@ -37,7 +37,7 @@ def agent_spec(**overrides: Any) -> AgentUnitSpec:
         "incoming": [("b1", f"{POOL}/checkpoints/plan")],
         "outputs": f"/var/lib/cairn/runs/{RUN}/outputs/implement-1",
         "state": f"/var/lib/cairn/runs/{RUN}/state/implement-1",
-        "agent_socket": f"/run/cairn/agents/{RUN}/implement-1.sock",
+        "channel_dir": f"/run/cairn/agents/{RUN}/implement-1",
         "capsule": "/usr/lib/cairn/releases/1",
         "memory_max": 4 * 2**30,
         "tasks_max": 512,
@@ -82,7 +82,7 @@ def test_agent_unit_name_is_unique_per_attempt_and_valid() -> None:
         (RUN, "op x", 1),
         (RUN, "Op", 1),
         (RUN, "-op", 1),
-        (RUN, "o" * 42, 1),
+        (RUN, "o" * 129, 1),
         (RUN, "op", 0),
         (RUN, "op", True),
     ],
@@ -159,7 +159,7 @@ def test_agent_properties_values_and_signatures() -> None:
     assert sig == "as"
     assert isinstance(env, list)
     assert "CAIRN_MODEL=m" in env and "HOME=/state" in env
-    assert "CAIRN_AGENT_SOCKET=/run/cairn/agent.sock" in env
+    assert "CAIRN_AGENT_SOCKET=/run/cairn/agent/agent.sock" in env
 
 
 def test_agent_mount_namespace() -> None:
@@ -171,7 +171,7 @@ def test_agent_mount_namespace() -> None:
         "/workspace": (spec.workspace, False, MS_REC),
         "/outputs": (spec.outputs, False, MS_REC),
         "/state": (spec.state, False, MS_REC),
-        "/run/cairn/agent.sock": (spec.agent_socket, False, MS_REC),
+        "/run/cairn/agent": (spec.channel_dir, False, MS_REC),
     }
     assert ro == {
         "/evidence": (spec.evidence_dir, False, MS_REC),
@@ -207,7 +207,7 @@ def test_host_network_keeps_the_host_namespace() -> None:
         {"workspace": "relative/W"},
         {"workspace": "/var/lib/cairn/../../etc"},
         {"workspace": "/a//b"},
-        {"agent_socket": "/run/x\n.sock"},
+        {"channel_dir": "/run/x\n"},
         {"incoming": [("../b", "/x")]},
         {"incoming": [("b", "/x"), ("b", "/y")]},
         {"environment": {"HOME": "/root"}},

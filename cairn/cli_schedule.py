@@ -1,0 +1,545 @@
+"""``cairn schedule``: recurring runs as systemd user timers.
+
+cairnd holds the schedules and decides every occurrence; this side runs as the user and
+does what only the user can: open the project directory (the proof of access cairnd
+checks), and install, check and remove the timer in the user's own systemd manager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from cairn.errors import CairnError, UsageError
+from cairn.proc import run
+from cairn.schedules import SCHEDULE_ID_RE, timer_name
+
+schedule_app = typer.Typer(
+    help="Recurring runs as systemd user timers, with reviewed, finite permission.",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+IdArg = Annotated[str, typer.Argument(metavar="ID", help="The schedule ID.")]
+QUEUE_POLL_SEC = 5.0
+TIMER_FILE_RE_PREFIX = "cairn-schedule@"
+
+
+def _call(op: str, *, fd: int | None = None, **fields: Any) -> Any:
+    # cairn.cli imports this module to register the sub-app, so import it late.
+    from cairn.cli import request
+
+    return request(op, fd=fd, **fields)
+
+
+def _fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+    from cairn.cli import fail
+
+    fail(message, hint=hint, code=code)
+
+
+def _emit(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _open_project(path: str | Path) -> int:
+    root = Path(path).expanduser().absolute()
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"project {root} not found") from None
+    except NotADirectoryError:
+        raise UsageError(f"project {root} is not a directory") from None
+    except PermissionError:
+        raise UsageError(f"project {root} is not readable by you") from None
+
+
+def _check_id(schedule_id: str) -> str:
+    if not SCHEDULE_ID_RE.match(schedule_id):
+        _fail(f"invalid schedule ID {schedule_id!r}", hint="see 'cairn schedule list'", code=2)
+    return schedule_id
+
+
+# --- the user's systemd manager ---------------------------------------------------------
+
+
+def user_unit_dir() -> Path:
+    """Where user unit files live and survive reboots: ``~/.config/systemd/user``."""
+    config = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(config) if config else Path(pwd.getpwuid(os.getuid()).pw_dir) / ".config"
+    return base / "systemd" / "user"
+
+
+def timer_path(schedule_id: str) -> Path:
+    return user_unit_dir() / timer_name(schedule_id)
+
+
+def _user_env() -> dict[str, str]:
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return {
+        "XDG_RUNTIME_DIR": runtime,
+        "DBUS_SESSION_BUS_ADDRESS": os.environ.get(
+            "DBUS_SESSION_BUS_ADDRESS", f"unix:path={runtime}/bus"
+        ),
+    }
+
+
+def systemctl_user(*args: str, check: bool = True) -> str:
+    proc = run(["systemctl", "--user", *args], env=_user_env(), check=check, timeout=60)
+    return proc.stdout.decode(errors="replace")
+
+
+def install_timer(schedule_id: str, text: str) -> bool:
+    """Make the user manager hold exactly ``text`` as the schedule's timer, enabled and
+    started. Returns whether anything had to change."""
+    path = timer_path(schedule_id)
+    changed = False
+    current = path.read_text() if path.exists() else None
+    if current != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.tmp")
+        staging.write_text(text)
+        os.replace(staging, path)
+        systemctl_user("daemon-reload")
+        changed = True
+    state = timer_state(schedule_id)
+    if state.get("UnitFileState") != "enabled":
+        systemctl_user("enable", timer_name(schedule_id))
+        changed = True
+    if state.get("ActiveState") != "active":
+        systemctl_user("start", timer_name(schedule_id))
+        changed = True
+    elif current is not None and current != text:
+        # A running timer keeps its old calendar until restarted.
+        systemctl_user("restart", timer_name(schedule_id))
+    return changed
+
+
+def remove_timer(schedule_id: str) -> bool:
+    """Stop, disable and delete the schedule's timer. Returns whether one existed."""
+    path = timer_path(schedule_id)
+    existed = path.exists()
+    if existed:
+        systemctl_user("disable", "--now", timer_name(schedule_id), check=False)
+        path.unlink()
+        systemctl_user("daemon-reload")
+    return existed
+
+
+def timer_state(schedule_id: str) -> dict[str, str]:
+    out = systemctl_user(
+        "show",
+        "-p",
+        "LoadState,ActiveState,UnitFileState,LastTriggerUSec,NextElapseUSecRealtime",
+        timer_name(schedule_id),
+        check=False,
+    )
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def installed_timer_ids() -> list[str]:
+    """Schedule IDs of every cairn timer file in the user's unit directory."""
+    folder = user_unit_dir()
+    if not folder.is_dir():
+        return []
+    ids = []
+    for entry in folder.glob(f"{TIMER_FILE_RE_PREFIX}*.timer"):
+        candidate = entry.name[len(TIMER_FILE_RE_PREFIX) : -len(".timer")]
+        if SCHEDULE_ID_RE.match(candidate):
+            ids.append(candidate)
+    return sorted(ids)
+
+
+def linger_enabled() -> bool:
+    return Path("/var/lib/systemd/linger", pwd.getpwuid(os.getuid()).pw_name).exists()
+
+
+def _linger_hint() -> str:
+    user = pwd.getpwuid(os.getuid()).pw_name
+    return f"timers fire only while you are logged in: run 'sudo loginctl enable-linger {user}'"
+
+
+def apply_timers(views: list[dict[str, Any]]) -> list[str]:
+    """Bring the user manager in line with cairnd: a timer exactly as cairnd renders it
+    for every enabled schedule, none for any other. Returns what was repaired."""
+    repaired = []
+    wanted = {v["schedule_id"]: v["timer"] for v in views if v["timer"]}
+    for schedule_id, text in sorted(wanted.items()):
+        if install_timer(schedule_id, text):
+            repaired.append(f"{timer_name(schedule_id)}: installed")
+    for schedule_id in installed_timer_ids():
+        if schedule_id not in wanted and remove_timer(schedule_id):
+            repaired.append(f"{timer_name(schedule_id)}: removed (schedule not enabled)")
+    return repaired
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def _print_review(result: dict[str, Any]) -> None:
+    typer.echo(
+        f"schedule {result['schedule_id']}  {result['name']}  revision {result['revision']}"
+        "  (paused, awaiting confirmation)"
+    )
+    typer.echo(f"  definition  {result['definition']}  review {result['review_hash']}")
+    typer.echo(f"  project     {result['project']}")
+    typer.echo(f"  arguments   {json.dumps(result['args'], sort_keys=True)}")
+    typer.echo(f"  calendar    {result['calendar']}  (timezone {result['timezone']})")
+    typer.echo(f"  next        {', '.join(result['next_elapses'])}")
+    persistent = "yes" if result["catch_up"] == "once" else "no"
+    typer.echo(f"  catch-up    {result['catch_up']} (Persistent={persistent})")
+    typer.echo(f"  overlap     {result['overlap']}; min spacing {result['min_spacing_sec']}s")
+    typer.echo(f"  lease       at most {result['max_runs']} runs, until {result['valid_until']}")
+    for name, profile in sorted(result["profiles"].items()):
+        typer.echo(f"  profile     {name}: scripted, {len(profile['steps'])} steps")
+    typer.echo("confirm exactly this with:")
+    typer.echo(f"  cairn schedule confirm {result['action']} {result['challenge']}")
+
+
+@schedule_app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="A name for the schedule, e.g. nightly-review.")],
+    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    project: Annotated[Path, typer.Option(help="The project directory (yours).")],
+    calendar: Annotated[str, typer.Option(help="systemd calendar, e.g. '*-*-* 09:00:00'.")],
+    timezone: Annotated[str, typer.Option(help="Timezone of the calendar, e.g. UTC.")],
+    catch_up: Annotated[
+        str, typer.Option(help="once: run one missed occurrence at the next start; none.")
+    ],
+    max_runs: Annotated[int, typer.Option(help="At most this many runs.")],
+    valid_until: Annotated[str, typer.Option(help="ISO 8601 instant, e.g. 2028-01-01T00:00Z.")],
+    args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
+    min_spacing: Annotated[str, typer.Option(help="Minimum time between launches.")] = "0",
+    overlap: Annotated[
+        str, typer.Option(help="skip: refuse while a run is active; queue-one: keep one.")
+    ] = "skip",
+    scripted: Annotated[
+        list[str],
+        typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
+    ] = [],  # noqa: B006 - typer reads the default
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Review a new revision of an existing schedule.")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Store a schedule paused and print the review challenge to confirm."""
+    from cairn.cli import _load_scripted
+
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError as exc:
+        _fail(f"--args is not JSON: {exc.msg} (column {exc.colno})", code=2)
+    if not isinstance(parsed, dict):
+        _fail("--args must be a JSON object", code=2)
+    fd = _open_project(project)
+    try:
+        result = _call(
+            "schedule-create",
+            fd=fd,
+            project=os.path.normpath(str(project.expanduser().absolute())),
+            schedule={
+                "name": name,
+                "definition": definition,
+                "args": parsed,
+                "calendar": calendar,
+                "timezone": timezone,
+                "catch_up": catch_up,
+                "max_runs": max_runs,
+                "valid_until": valid_until,
+                "min_spacing": min_spacing,
+                "overlap": overlap,
+                "scripted": _load_scripted(scripted),
+                "replace": replace,
+            },
+        )
+    finally:
+        os.close(fd)
+    if json_out:
+        _emit(result)
+    else:
+        _print_review(result)
+
+
+@schedule_app.command("confirm")
+def confirm(
+    action: Annotated[str, typer.Argument(help="create or replace")],
+    challenge: Annotated[str, typer.Argument(help="sha256:… as printed by create")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
+    result = _call("schedule-confirm", challenge=challenge, schedule={"action": action})
+    if json_out:
+        _emit(result)
+        return
+    typer.echo(f"schedule {result['schedule_id']} revision {result['revision']} confirmed")
+    typer.echo(f"enable it with: cairn schedule resume {result['schedule_id']}")
+
+
+@schedule_app.command("resume")
+def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+    """Check the schedule once more and install its user timer."""
+    _check_id(schedule_id)
+    current = _call("schedule-inspect", schedule_id=schedule_id)
+    fd = _open_project(current["project"])
+    try:
+        result = _call("schedule-resume", fd=fd, schedule_id=schedule_id)
+    finally:
+        os.close(fd)
+    install_timer(schedule_id, result["timer"])
+    if json_out:
+        _emit(result)
+        return
+    typer.echo(f"schedule {schedule_id} enabled: {timer_name(schedule_id)}")
+    typer.echo(f"next: {', '.join(result['next_elapses'])}")
+    if not linger_enabled():
+        typer.echo(f"note: {_linger_hint()}", err=True)
+
+
+def _stop(schedule_id: str, op: str, verb: str, json_out: bool) -> None:
+    _check_id(schedule_id)
+    result = _call(op, schedule_id=schedule_id)
+    remove_timer(schedule_id)
+    if json_out:
+        _emit(result)
+    else:
+        typer.echo(f"schedule {schedule_id} {verb}; runs already created continue")
+
+
+@schedule_app.command("pause")
+def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+    """Refuse future occurrences and remove the timer."""
+    _stop(schedule_id, "schedule-pause", "paused", json_out)
+
+
+@schedule_app.command("delete")
+def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+    """Delete the schedule (future launches only) and its timer."""
+    _stop(schedule_id, "schedule-delete", "deleted", json_out)
+
+
+@schedule_app.command("list")
+def list_(json_out: JsonFlag = False) -> None:
+    """Your schedules: state, calendar, lease used."""
+    views = _call("schedule-list")
+    if json_out:
+        _emit(views)
+        return
+    if not views:
+        typer.echo("no schedules")
+        return
+    for v in views:
+        status = v["status"] + (" (awaiting confirmation)" if v["awaiting_confirmation"] else "")
+        typer.echo(
+            f"{v['schedule_id']} · {v['name']} · {status} · {v['calendar']}"
+            f" · {v['runs_used']}/{v['max_runs']} runs until {v['valid_until']}"
+        )
+
+
+@schedule_app.command("inspect")
+def inspect(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+    """Everything about one schedule, with its recent occurrences."""
+    _check_id(schedule_id)
+    v = _call("schedule-inspect", schedule_id=schedule_id)
+    if json_out:
+        _emit(v)
+        return
+    typer.echo(f"schedule {v['schedule_id']}  {v['name']}  {v['status']}")
+    typer.echo(f"  revision    {v['revision']} (confirmed: {v['confirmed_revision'] or '-'})")
+    if v["challenge"]:
+        typer.echo(f"  confirm     cairn schedule confirm {v['challenge']}")
+    typer.echo(f"  definition  {v['definition']}  review {v['review_hash']}")
+    typer.echo(f"  project     {v['project']}")
+    typer.echo(f"  arguments   {json.dumps(v['args'], sort_keys=True)}")
+    typer.echo(f"  calendar    {v['calendar']}  catch-up {v['catch_up']}")
+    typer.echo(f"  overlap     {v['overlap']}; min spacing {v['min_spacing_sec']}s")
+    typer.echo(f"  lease       {v['runs_used']}/{v['max_runs']} runs, until {v['valid_until']}")
+    if v["next_elapses"]:
+        typer.echo(f"  next        {', '.join(v['next_elapses'])}")
+    if v["blocked_reason"]:
+        typer.echo(f"  blocked     {v['blocked_reason']}")
+    typer.echo(f"  timer       {v['timer_unit']}")
+    typer.echo("occurrences:")
+    for o in v["occurrences"]:
+        run_part = f"  {o['run_id']} {o['run_state'] or ''}" if o["run_id"] else ""
+        typer.echo(
+            f"  {o['at']}  {o['trigger']:<8} r{o['revision']}  {o['state']:<13}"
+            f" {o['reason']}{run_part}"
+        )
+    if v["occurrences_omitted"]:
+        typer.echo("  (older occurrences omitted)")
+
+
+def _admit(
+    op: str, schedule_id: str, *, occurrence: str | None = None, wait: bool = True
+) -> dict[str, Any]:
+    """Ask cairnd to admit one occurrence, proving access to the project with an open
+    directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
+    current = _call("schedule-inspect", schedule_id=schedule_id)
+    while True:
+        try:
+            fd: int | None = _open_project(current["project"])
+        except UsageError as exc:
+            typer.echo(f"cairn: {exc.message}", err=True)
+            fd = None
+        try:
+            result: dict[str, Any] = _call(
+                op, fd=fd, schedule_id=schedule_id, occurrence=occurrence
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if result["outcome"] != "queued" or not wait:
+            return result
+        if occurrence is None:
+            typer.echo(f"{schedule_id} {result['key']}: queued: {result['reason']}")
+        occurrence = result["key"]
+        time.sleep(QUEUE_POLL_SEC)
+
+
+def _report(result: dict[str, Any]) -> str:
+    line = f"{result['schedule_id']} {result.get('key', '-')}: {result['outcome']}"
+    line += f": {result['reason']}"
+    if result.get("run_id"):
+        line += f": {result['run_id']}"
+    return line
+
+
+@schedule_app.command("fire", hidden=True)
+def fire(schedule_id: IdArg) -> None:
+    """Run by cairn-schedule@ID.service when the timer elapses: ask for one occurrence."""
+    _check_id(schedule_id)
+    result = _admit("schedule-fire", schedule_id)
+    typer.echo(_report(result))
+    if result["outcome"] == "launch-failed":
+        raise typer.Exit(1)
+
+
+@schedule_app.command("run-now")
+def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+    """One occurrence now, under the same lease, spacing, overlap and machine limits."""
+    _check_id(schedule_id)
+    result = _admit("schedule-run-now", schedule_id)
+    if json_out:
+        _emit(result)
+    elif result["outcome"] == "launched":
+        typer.echo(result["run_id"])
+    if result["outcome"] != "launched":
+        _fail(f"run-now {result['outcome']}: {result['reason']}")
+
+
+@schedule_app.command("inbox")
+def inbox(json_out: JsonFlag = False) -> None:
+    """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
+    items = _call("schedule-inbox")
+    if json_out:
+        _emit(items)
+        return
+    if not items:
+        typer.echo("inbox empty")
+    for item in items:
+        typer.echo(
+            f"{item['at']}  {item['name']} ({item['schedule_id']})  {item['kind']}: "
+            f"{item['message']}"
+        )
+
+
+def doctor_report() -> dict[str, Any]:
+    """Compare cairnd's schedules with the user manager: timer file present and exactly as
+    rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
+    views = _call("schedule-list")
+    problems: list[str] = []
+    linger = linger_enabled()
+    if not linger:
+        problems.append(_linger_hint())
+    schedules = []
+    known = set()
+    for v in views:
+        sid = v["schedule_id"]
+        known.add(sid)
+        path = timer_path(sid)
+        present = path.exists()
+        state = timer_state(sid)
+        entry: dict[str, Any] = {
+            "schedule_id": sid,
+            "name": v["name"],
+            "status": v["status"],
+            "timer_unit": timer_name(sid),
+            "timer_file": str(path),
+            "timer_present": present,
+            "timer_matches": None,
+            "active": state.get("ActiveState"),
+            "enabled": state.get("UnitFileState"),
+            "last_trigger": state.get("LastTriggerUSec") or None,
+            "next_elapse": state.get("NextElapseUSecRealtime") or None,
+            "blocked_reason": v["blocked_reason"],
+            "problems": [],
+        }
+        if v["timer"]:
+            if not present:
+                entry["problems"].append(f"timer file {path} is missing")
+            else:
+                entry["timer_matches"] = path.read_text() == v["timer"]
+                if not entry["timer_matches"]:
+                    entry["problems"].append(f"timer file {path} differs from the schedule")
+                if state.get("UnitFileState") != "enabled":
+                    entry["problems"].append(f"{timer_name(sid)} is not enabled")
+                if state.get("ActiveState") != "active":
+                    entry["problems"].append(f"{timer_name(sid)} is not active")
+        elif present:
+            entry["problems"].append(f"stale timer file {path} for a {v['status']} schedule")
+        if v["blocked_reason"]:
+            entry["problems"].append(f"blocked: {v['blocked_reason']}")
+        problems += [f"{sid}: {p}" for p in entry["problems"]]
+        schedules.append(entry)
+    for sid in installed_timer_ids():
+        if sid not in known:
+            problems.append(f"{sid}: stale timer file {timer_path(sid)} for no schedule of yours")
+    return {"linger": linger, "schedules": schedules, "problems": problems}
+
+
+@schedule_app.command("doctor")
+def doctor(json_out: JsonFlag = False) -> None:
+    """Check timers against schedules; exit 1 if anything needs repair."""
+    report = doctor_report()
+    if json_out:
+        _emit(report)
+    else:
+        typer.echo(f"linger: {'enabled' if report['linger'] else 'NOT enabled'}")
+        for s in report["schedules"]:
+            typer.echo(
+                f"{s['schedule_id']} · {s['name']} · {s['status']} · timer "
+                f"{'present' if s['timer_present'] else 'absent'}, {s['enabled']}, {s['active']}"
+                f" · last {s['last_trigger'] or '-'} · next {s['next_elapse'] or '-'}"
+            )
+        for problem in report["problems"]:
+            typer.echo(f"problem: {problem}")
+        if report["problems"]:
+            typer.echo("repair with: cairn schedule reconcile")
+    if report["problems"]:
+        raise typer.Exit(1)
+
+
+@schedule_app.command("reconcile")
+def reconcile() -> None:
+    """Repair timers and half-prepared occurrences (run at user-manager start by
+    cairn-schedule-reconcile.service); retry queued occurrences once."""
+    result = _call("schedule-reconcile")
+    for line in apply_timers(result["schedules"]):
+        typer.echo(line)
+    if result["repaired"]:
+        typer.echo(f"repaired {result['repaired']} half-prepared occurrence(s)")
+    for queued in result["queued"]:
+        try:
+            retried = _admit(
+                "schedule-fire", queued["schedule_id"], occurrence=queued["key"], wait=False
+            )
+        except CairnError as exc:
+            typer.echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
+            continue
+        typer.echo(_report(retried))

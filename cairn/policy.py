@@ -1,0 +1,198 @@
+"""Capability policy: what an operation may do without, with, or never with a person's
+approval, and the fingerprint that binds an approval to one exact prepared operation.
+
+The host policy is ``/etc/cairn/policy.toml``::
+
+    default = "allow"                      # for capabilities no rule names
+    approval_deadline_sec = 86400          # how long an approval request stays open
+
+    [capabilities]
+    write = "allow"
+    "network:host" = "require_approval"
+    "profile:builtin:*" = "allow"          # fnmatch patterns; the longest match wins
+
+    [definitions."builtin:implement".capabilities]
+    write = "require_approval"             # per-definition override (name or review hash)
+
+An operation needing several capabilities gets the strictest of their decisions
+(``deny`` over ``require_approval`` over ``allow``). The policy is read when it is
+evaluated, never frozen into a run: an approval is checked against the policy in force
+when it is given, and again before dispatch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cairn import paths
+from cairn.errors import CairnError
+from cairn.models import LaunchDescription, canonical_json, sha256_hex
+
+log = logging.getLogger(__name__)
+
+Decision = Literal["allow", "deny", "require_approval"]
+STRICTNESS: dict[Decision, int] = {"allow": 0, "require_approval": 1, "deny": 2}
+DEFAULT_DEADLINE_SEC = 86_400
+
+
+class PolicyError(CairnError):
+    """The host policy file is malformed."""
+
+    code = "policy"
+
+
+class AlreadyAnswered(CairnError):
+    """A question or approval request was decided before, differently or by someone else."""
+
+    code = "already-answered"
+
+
+class StaleRequest(CairnError):
+    """A challenge or fingerprint that does not name what the run waits for now."""
+
+    code = "stale"
+
+
+class RequestExpired(CairnError):
+    """An approval given after the request's deadline; the request is now expired."""
+
+    code = "expired"
+
+
+class RunEnded(CairnError):
+    """The run has finished; nothing more can be asked of it."""
+
+    code = "run-ended"
+
+
+class _Rules(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    capabilities: dict[str, Decision] = {}
+
+
+class Policy(BaseModel):
+    """The parsed host policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: Decision = "allow"
+    approval_deadline_sec: int = Field(default=DEFAULT_DEADLINE_SEC, ge=1)
+    capabilities: dict[str, Decision] = {}
+    definitions: dict[str, _Rules] = {}
+
+    def decide(self, capability: str, *, definition: str, review_hash: str) -> Decision:
+        """The decision for one capability of an operation of ``definition``."""
+        for key in (definition, review_hash):
+            rules = self.definitions.get(key)
+            if rules is not None:
+                found = _lookup(rules.capabilities, capability)
+                if found is not None:
+                    return found
+        return _lookup(self.capabilities, capability) or self.default
+
+
+class Evaluation(BaseModel):
+    """The strictest decision over an operation's capabilities, with each one's reason."""
+
+    model_config = ConfigDict(frozen=True)
+
+    decision: Decision
+    capabilities: dict[str, Decision]
+
+    def because(self, decision: Decision) -> list[str]:
+        return sorted(c for c, d in self.capabilities.items() if d == decision)
+
+
+def _lookup(rules: dict[str, Decision], capability: str) -> Decision | None:
+    if capability in rules:
+        return rules[capability]
+    matches = [p for p in rules if fnmatch.fnmatchcase(capability, p)]
+    if not matches:
+        return None
+    return rules[max(matches, key=len)]
+
+
+def policy_path() -> Path:
+    return paths.config_dir() / "policy.toml"
+
+
+def load_policy(path: Path | None = None) -> Policy:
+    """The host policy; a missing file means every capability is allowed."""
+    path = path or policy_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Policy()
+    except OSError as exc:
+        raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(raw.decode())
+        return Policy.model_validate(data)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path} is not valid TOML: {exc}", hint="fix the file") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PolicyError(
+            f"{path}: {where}: {first['msg']}",
+            hint="decisions are allow, deny or require_approval",
+        ) from exc
+
+
+def evaluate(policy: Policy, capabilities: list[str], desc: LaunchDescription) -> Evaluation:
+    decided = {
+        c: policy.decide(c, definition=desc.definition, review_hash=desc.review_hash)
+        for c in capabilities
+    }
+    strictest: Decision = "allow"
+    for decision in decided.values():
+        if STRICTNESS[decision] > STRICTNESS[strictest]:
+            strictest = decision
+    return Evaluation(decision=strictest, capabilities=decided)
+
+
+def agent_capabilities(agent: dict[str, Any]) -> list[str]:
+    """What an agent operation needs, named as the review names it."""
+    needed = [f"profile:{agent['profile']}"]
+    if agent.get("access") == "write":
+        needed.append("write")
+    if agent.get("network", "none") != "none":
+        needed.append(f"network:{agent['network']}")
+    return needed
+
+
+def prepare_agent_operation(
+    desc: LaunchDescription, op_id: str, request: dict[str, Any]
+) -> dict[str, Any]:
+    """The exact operation an agent dispatch would start, derived only from the launch
+    description and the journalled request. The coordinator stores it with an approval
+    request; the daemon derives it again when a person approves. Attempts are not part of
+    it: a clean retry of an approved operation is the same operation."""
+    descriptor = request["descriptor"]
+    agent = desc.review["agents"][descriptor]
+    profile = desc.profiles.get(agent["profile"])
+    return {
+        "run_id": desc.run_id,
+        "op_id": op_id,
+        "definition": desc.definition,
+        "review_hash": desc.review_hash,
+        "descriptor": descriptor,
+        "agent": agent,
+        "profile": None if profile is None else profile.model_dump(mode="json"),
+        "prompt": request["prompt"],
+        "title": request.get("title") or descriptor,
+        "limits": desc.limits.model_dump(mode="json"),
+        "capabilities": agent_capabilities(agent),
+    }
+
+
+def fingerprint(prepared: dict[str, Any]) -> str:
+    """``sha256:`` over the canonical JSON of a prepared operation."""
+    return "sha256:" + sha256_hex(canonical_json(prepared))

@@ -1,0 +1,134 @@
+"""Model providers: ``/etc/cairn/providers.toml`` and the credentials the relay adds.
+
+The file names providers and where their keys come from; it never holds a key::
+
+    default = "openai"                       # the route of builtin llm profiles
+
+    [providers.openai]
+    base_url = "https://api.openai.com/v1"
+    model = "gpt-4.1-mini"
+    credential = "cairn-provider-openai"     # a systemd credential of the coordinator
+    max_tokens_per_call = 8192
+
+A key is read only by the coordinator, from ``$CREDENTIALS_DIRECTORY/<credential>``
+(``LoadCredential=``/``ImportCredential=`` of ``cairn-coordinator@.service``), so it is
+never in the agent's mount namespace, environment or launch description.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cairn import paths
+from cairn.errors import NotFound, PermissionDenied, ValidationFailed
+from cairn.models import ModelRoute
+
+KEY_LIMIT = 16 << 10
+
+
+class ProviderEntry(BaseModel):
+    """One ``[providers.NAME]`` table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    model: str
+    credential: str = ""
+    auth_header: str = "Authorization"
+    auth_scheme: str = "Bearer"
+    max_tokens_per_call: int = Field(default=8192, ge=1)
+    timeout_sec: float = Field(default=300.0, gt=0)
+
+
+class ProvidersFile(BaseModel):
+    """The whole of ``providers.toml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: str = ""
+    providers: dict[str, ProviderEntry] = {}
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> ProvidersFile:
+        if self.default and self.default not in self.providers:
+            raise ValueError(f"default provider {self.default!r} has no [providers] table")
+        return self
+
+    def route(self, name: str = "") -> ModelRoute:
+        """The frozen route of provider ``name`` (the default when empty)."""
+        chosen = name or self.default
+        if not chosen:
+            raise NotFound(
+                "no model provider is configured on this host",
+                hint=f"set default = \"NAME\" and a [providers.NAME] table in {providers_path()}",
+            )
+        entry = self.providers.get(chosen)
+        if entry is None:
+            raise NotFound(
+                f"model provider {chosen!r} is not configured",
+                hint=f"providers in {providers_path()}: {', '.join(sorted(self.providers))}",
+            )
+        try:
+            return ModelRoute(provider=chosen, **entry.model_dump())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValidationFailed(
+                f"{providers_path()}: providers.{chosen}.{where}: {first['msg']}"
+            ) from exc
+
+
+def providers_path() -> Path:
+    return paths.config_dir() / "providers.toml"
+
+
+def load_providers(path: Path | None = None) -> ProvidersFile:
+    """Parse ``providers.toml``; a missing file means no providers."""
+    file = path or providers_path()
+    try:
+        with open(file, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        return ProvidersFile()
+    except tomllib.TOMLDecodeError as exc:
+        raise ValidationFailed(f"{file} is not valid TOML: {exc}") from exc
+    try:
+        return ProvidersFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "file"
+        raise ValidationFailed(f"{file}: {where}: {first['msg']}") from exc
+
+
+def load_credential(route: ModelRoute, directory: str | None = None) -> str:
+    """The provider key of ``route`` from the systemd credentials directory ('' if none)."""
+    if not route.credential:
+        return ""
+    base = directory if directory is not None else os.environ.get("CREDENTIALS_DIRECTORY")
+    if not base:
+        raise PermissionDenied(
+            f"provider {route.provider} needs credential {route.credential}, but this "
+            "process has no credentials",
+            hint="add LoadCredential= or ImportCredential= for it to "
+            "cairn-coordinator@.service (see docs/agents.md)",
+        )
+    file = Path(base) / route.credential
+    try:
+        raw = file.read_bytes()[: KEY_LIMIT + 1]
+    except FileNotFoundError as exc:
+        raise NotFound(
+            f"credential {route.credential} of provider {route.provider} is missing",
+            hint="see docs/agents.md: provider keys",
+        ) from exc
+    if len(raw) > KEY_LIMIT:
+        raise ValidationFailed(f"credential {route.credential} is larger than {KEY_LIMIT} bytes")
+    key = raw.decode("utf-8", errors="replace").strip()
+    if not key or "\ufffd" in key or any(ord(c) < 0x21 or ord(c) == 0x7F for c in key):
+        raise ValidationFailed(
+            f"credential {route.credential} must be one line of printable characters"
+        )
+    return key

@@ -1,0 +1,210 @@
+"""The coordinator's side of people in the loop (ARCHITECTURE §10).
+
+- ``flow.ask``: the question is committed as a waiting interaction with a challenge; the
+  coordinator exits and the run is ``waiting`` until an answer bound to that challenge
+  arrives, then the operation settles with the answer.
+- Capability policy: before an agent is dispatched its capabilities are evaluated against
+  the current host policy; ``require_approval`` stores the exact prepared operation and
+  its fingerprint and the run waits; dispatch needs an approval of that same fingerprint.
+- Control requests (pause, stop, cancel) are honoured at safe points: whenever the
+  control worker makes its next call, no effect of this coordinator is in flight.
+
+The hooks in :mod:`cairn.coordinator.core` call :func:`at_safe_point`, :func:`ask`,
+:func:`authorize` and :func:`suspend`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from cairn.errors import CairnError, Nondeterminism
+from cairn.journal import OpRow
+from cairn.models import CallRequest, canonical_json, sha256_hex
+from cairn.policy import (
+    agent_capabilities,
+    evaluate,
+    fingerprint,
+    load_policy,
+    prepare_agent_operation,
+)
+
+if TYPE_CHECKING:
+    from cairn.coordinator.core import Coordinator
+
+EXIT_RESTART = 75  # same meaning as in core: systemd starts the coordinator again
+
+SuspendedState = Literal["waiting", "paused", "stopped", "cancelled"]
+CONTROL_STATE: dict[str, SuspendedState] = {
+    "pause": "paused",
+    "stop": "stopped",
+    "cancel": "cancelled",
+}
+
+
+class RunSuspended(CairnError):
+    """The coordinator exits before the run is finished: the run waits for a person, or
+    a control request pauses, stops or cancels it. No process is held meanwhile."""
+
+    code = "suspended"
+
+    def __init__(self, message: str, *, state: SuspendedState) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class OperationRefused(CairnError):
+    """Policy or a person refused an operation; it did not run."""
+
+    code = "refused"
+
+
+def at_safe_point(coord: Coordinator) -> None:
+    """Honour the oldest pending pause/stop/cancel request (called before each call is
+    answered: nothing this coordinator started is in flight then)."""
+    for action in coord.journal.pending_controls(coord.run_id):
+        if action in CONTROL_STATE:
+            raise RunSuspended(f"{action} requested", state=CONTROL_STATE[action])
+
+
+def suspend(coord: Coordinator, exc: RunSuspended) -> int:
+    """Record why the coordinator exits; return its exit status."""
+    if exc.state == "waiting":
+        state = coord.journal.suspend_run(coord.run_id, token=coord.token)
+        if state is None:  # decided while we were on our way out: go on at once
+            coord.event("decided-meanwhile")
+            return EXIT_RESTART
+        coord.event(f"run-{state}", reason=exc.message)
+        return 0
+    action = {v: k for k, v in CONTROL_STATE.items()}[exc.state]
+    coord.journal.honour_control(coord.run_id, action, token=coord.token)  # type: ignore[arg-type]
+    coord.event(f"run-{exc.state}")
+    return 0
+
+
+# --- flow.ask -----------------------------------------------------------------------
+
+
+def challenge_of(
+    run_id: str, op: OpRow, question: str, schema: dict[str, Any]
+) -> str:
+    """Fingerprint of the question, its answer schema and the run transition it guards
+    (the operation, its request and its predecessor)."""
+    document = {
+        "run_id": run_id,
+        "op_id": op.op_id,
+        "predecessor": op.predecessor,
+        "request_hash": op.request_hash,
+        "question": question,
+        "schema": schema,
+    }
+    return "sha256:" + sha256_hex(canonical_json(document))
+
+
+def answer_schema(coord: Coordinator, call: CallRequest) -> tuple[str | None, dict[str, Any]]:
+    """The answer model named by the call, which must be the one the review listed."""
+    site = coord.check_manifest(call)
+    name = call.request.get("schema")
+    if name != site.get("answer_schema"):
+        raise Nondeterminism(
+            f"flow.ask at {call.location} names schema {name!r}, the review listed "
+            f"{site.get('answer_schema')!r}"
+        )
+    if name is None:
+        return None, {"type": "string", "minLength": 1}
+    return name, coord.models[name].model_json_schema()
+
+
+def ask(coord: Coordinator, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    """Drive an ``ask`` operation: open its question once, and settle it when answered."""
+    if op.state == "settled":
+        assert op.result is not None
+        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+        return op.result
+    question = coord.journal.question(coord.run_id, op.op_id)
+    if question is None:
+        text = str(call.request.get("question", ""))
+        name, schema = answer_schema(coord, call)
+        decision = evaluate(load_policy(), ["human"], coord.desc)
+        if decision.decision == "deny":
+            raise OperationRefused(f"host policy denies questions to people ({op.op_id})")
+        question = coord.journal.open_question(
+            coord.run_id,
+            op.op_id,
+            token=coord.token,
+            challenge=challenge_of(coord.run_id, op, text, schema),
+            question=text,
+            schema_name=name,
+            schema=schema,
+        )
+        coord.event("question-asked", op_id=op.op_id, challenge=question.challenge)
+    if question.state != "answered":
+        raise RunSuspended(f"{op.op_id} waits for an answer", state="waiting")
+    result = {"answer": question.answer, "actor_uid": question.actor_uid, "op_id": op.op_id}
+    coord.journal.update_op(
+        coord.run_id, op.op_id, token=coord.token, state="settled", result=result
+    )
+    coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+    coord.event("answer-committed", op_id=op.op_id, actor_uid=question.actor_uid)
+    return result
+
+
+# --- capability policy before dispatch -------------------------------------------------
+
+
+def approval_request_id(op_id: str) -> str:
+    return f"{op_id}-approval"
+
+
+def authorize(coord: Coordinator, op: OpRow, call: CallRequest, agent: dict[str, Any]) -> None:
+    """Evaluate the current host policy for an agent about to be dispatched. Returns when
+    it may start; otherwise the run waits for an approval or fails with the refusal."""
+    capabilities = agent_capabilities(agent)
+    evaluation = evaluate(load_policy(), capabilities, coord.desc)
+    request_id = approval_request_id(op.op_id)
+    existing = coord.journal.approval(coord.run_id, request_id)
+    if evaluation.decision == "deny":
+        refuse(coord, op, f"host policy denies {', '.join(evaluation.because('deny'))}")
+    if existing is None and evaluation.decision == "allow":
+        return
+    prepared = prepare_agent_operation(coord.desc, op.op_id, call.request)
+    if existing is None:
+        policy_deadline = load_policy().approval_deadline_sec
+        existing = coord.journal.open_approval(
+            coord.run_id,
+            token=coord.token,
+            request_id=request_id,
+            op_id=op.op_id,
+            attempt=op.attempt,
+            prepared=prepared,
+            fingerprint=fingerprint(prepared),
+            evaluation=evaluation.model_dump(mode="json"),
+            deadline=time.time() + policy_deadline,
+        )
+        coord.event("approval-requested", op_id=op.op_id, request_id=request_id,
+                    fingerprint=existing.fingerprint)
+    if existing.state == "waiting":
+        raise RunSuspended(f"{op.op_id} waits for approval {request_id}", state="waiting")
+    if existing.state == "approved":
+        if fingerprint(prepared) != existing.fingerprint:
+            refuse(coord, op, f"the operation changed since {request_id} was approved")
+        return
+    if existing.state == "expired":
+        refuse(coord, op, f"approval {request_id} expired (its deadline passed)")
+    who = f" by uid {existing.actor_uid}" if existing.actor_uid is not None else ""
+    why = f": {existing.reason}" if existing.reason else ""
+    refuse(coord, op, f"approval {request_id} was {existing.state}{who}{why}")
+
+
+def refuse(coord: Coordinator, op: OpRow, reason: str) -> None:
+    """Record that the operation did not run and fail the run with the reason."""
+    coord.journal.update_op(
+        coord.run_id,
+        op.op_id,
+        token=coord.token,
+        state="not-started",
+        error=reason,
+        event="op-refused",
+        event_data={"reason": reason},
+    )
+    raise OperationRefused(f"{op.op_id} did not run: {reason}")

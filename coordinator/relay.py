@@ -1,0 +1,475 @@
+"""The model relay: an OpenAI-compatible HTTP endpoint on one agent's model socket.
+
+The coordinator binds it on the host and the broker binds it into the unit at
+``/run/cairn/model.sock``. Only the run owner's UID may connect. Every request is sent to
+the route frozen in the launch description with the provider credential added here, so
+the key never enters the agent's namespace. The relay forces the route's model, caps each
+call's output tokens, refuses calls once the run's token budget is spent, passes
+streaming responses through as they arrive, and appends every exchange to a transcript.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from cairn.models import ModelRoute
+from cairn.providers import load_credential
+
+log = logging.getLogger(__name__)
+
+REQUEST_LIMIT = 8 << 20
+RESPONSE_LIMIT = 32 << 20
+TRANSCRIPT_STREAM_LIMIT = 4 << 20
+# The API paths an agent may call, below the route's base URL, and the request field
+# that bounds the tokens each one may produce.
+OUTPUT_LIMIT_FIELD = {
+    "/chat/completions": "max_tokens",
+    "/completions": "max_tokens",
+    "/responses": "max_output_tokens",
+    "/messages": "max_tokens",
+}
+FORWARDED_HEADERS = ("accept", "anthropic-version", "anthropic-beta", "openai-beta")
+INPUT_FIELDS = ("prompt_tokens", "input_tokens")
+OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
+
+
+class TokenBudget:
+    """The run's model-token budget, shared by every relay of the run (thread-safe)."""
+
+    def __init__(self, limit: int, used: int = 0) -> None:
+        self.limit = limit
+        self.used = used
+        self._lock = threading.Lock()
+
+    def remaining(self) -> int:
+        with self._lock:
+            return max(0, self.limit - self.used)
+
+    def charge(self, tokens: int) -> None:
+        with self._lock:
+            self.used += tokens
+
+    @property
+    def exhausted(self) -> bool:
+        return self.remaining() == 0
+
+
+class TranscriptEntry(BaseModel):
+    """One line of ``transcript.jsonl``: one request and what came back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int
+    at: float
+    path: str
+    status: int
+    duration_sec: float
+    stream: bool
+    request: dict[str, Any]
+    response: Any = None
+    usage: dict[str, int] = {}
+    usage_estimated: bool = False
+    error: str | None = None
+
+
+def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) -> dict[str, Any]:
+    """An entry as it may leave the host: ``full`` as recorded, ``metadata`` without any
+    prompt, tool argument or completion text (sizes, tools, usage and status only)."""
+    data = entry.model_dump(mode="json")
+    if policy == "full":
+        return data
+    request = entry.request
+    messages = request.get("messages") or request.get("input") or []
+    data["request"] = {
+        "model": request.get("model"),
+        "messages": len(messages) if isinstance(messages, list) else 1,
+        "request_bytes": len(json.dumps(request)),
+        "tools": sorted(
+            str(t.get("function", t).get("name", "")) for t in request.get("tools", [])
+            if isinstance(t, dict)
+        ),
+    }
+    data["response"] = {"response_bytes": len(json.dumps(entry.response))}
+    return data
+
+
+def usage_of(event: Any) -> dict[str, int]:
+    """Input/output token counts of one response object or stream event (empty if none).
+
+    Knows the chat-completions, responses and messages shapes: ``usage`` at the top, or
+    under ``response`` / ``message``.
+    """
+    if not isinstance(event, dict):
+        return {}
+    holders = [event, event.get("response"), event.get("message")]
+    for holder in holders:
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        if not isinstance(usage, dict):
+            continue
+        found: dict[str, int] = {}
+        for key in INPUT_FIELDS:
+            if isinstance(usage.get(key), int):
+                found["input"] = usage[key]
+        for key in OUTPUT_FIELDS:
+            if isinstance(usage.get(key), int):
+                found["output"] = usage[key]
+        if found:
+            return found
+    return {}
+
+
+def _merge_usage(total: dict[str, int], seen: dict[str, int]) -> None:
+    # Stream events repeat cumulative counts (e.g. message_start, then message_delta).
+    for key, value in seen.items():
+        total[key] = max(total.get(key, 0), value)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    relay: ModelRelay
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        creds = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != self.relay.owner_uid:
+            log.warning("refused model socket connection from uid %d", uid)
+            return False
+        return True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("relay: " + format, *args)
+
+    def do_GET(self) -> None:
+        relay = self.server.relay
+        if self._api_path() == "/models":
+            model = {"id": relay.route.model, "object": "model", "owned_by": relay.route.provider}
+            self._reply_json(200, {"object": "list", "data": [model]})
+        else:
+            self._reply_error(404, "not_found", f"no such endpoint {self.path}")
+
+    def do_POST(self) -> None:
+        self.server.relay.handle(self)
+
+    def _api_path(self) -> str:
+        path = urlsplit(self.path).path.rstrip("/")
+        return path[3:] if path.startswith("/v1/") else path
+
+    def _reply_json(self, status: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _reply_error(self, status: int, code: str, message: str) -> None:
+        self._reply_json(status, {"error": {"message": message, "type": code, "code": code}})
+
+
+class ModelRelay:
+    """Serve one agent operation's model socket until :meth:`close`."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        route: ModelRoute,
+        owner_uid: int,
+        transcript: Path,
+        budget: TokenBudget,
+    ) -> None:
+        self.socket_path = socket_path
+        self.route = route
+        self.owner_uid = owner_uid
+        self.transcript = transcript
+        self.budget = budget
+        self._key = ""
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._counts = {"requests": 0, "refused": 0, "failed": 0}
+        self._tokens = {"input": 0, "output": 0, "estimated": 0}
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """Requests and tokens of this operation (for ``boundary.json``)."""
+        with self._lock:
+            return {
+                **self._counts,
+                "input_tokens": self._tokens["input"],
+                "output_tokens": self._tokens["output"],
+                "estimated_tokens": self._tokens["estimated"],
+                "total_tokens": sum(self._tokens.values()),
+            }
+
+    def start(self) -> None:
+        """Load the credential, bind the socket (mode 0666; SO_PEERCRED decides) and serve."""
+        self._key = load_credential(self.route)
+        self.socket_path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            self.socket_path.unlink()
+        self.transcript.parent.mkdir(parents=True, exist_ok=True)
+        self.transcript.touch()
+        server = _Server(str(self.socket_path), _Handler)
+        server.relay = self
+        os.chmod(self.socket_path, 0o666)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2},
+            name=f"relay-{self.socket_path.name}", daemon=True,
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop accepting, remove the socket and forget the key."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            self.socket_path.unlink()
+        self._key = ""
+
+    def __enter__(self) -> ModelRelay:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one request ----------------------------------------------------------------
+
+    def handle(self, handler: _Handler) -> None:
+        started = time.monotonic()
+        api_path = handler._api_path()
+        limit_field = OUTPUT_LIMIT_FIELD.get(api_path)
+        if limit_field is None:
+            handler._reply_error(404, "not_found", f"the relay does not serve {handler.path}")
+            return
+        body = self._read_body(handler)
+        if body is None:
+            return
+        remaining = self.budget.remaining()
+        if remaining == 0:
+            with self._lock:
+                self._counts["refused"] += 1
+            log.warning("relay refused a model call: the run's token budget is spent")
+            handler._reply_error(
+                429, "insufficient_quota",
+                f"the run's model token budget ({self.budget.limit}) is spent; finish now",
+            )
+            self._record(api_path, 429, started, False, body, None, {}, False, "budget spent")
+            return
+        self._shape_request(body, api_path, limit_field, remaining)
+        stream = bool(body.get("stream"))
+        try:
+            conn, upstream = self._connect(api_path)
+            conn.request("POST", upstream, body=json.dumps(body).encode(),
+                         headers=self._upstream_headers(handler))
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            with self._lock:
+                self._counts["failed"] += 1
+            message = f"provider {self.route.provider} is unreachable: {exc}"
+            handler._reply_error(502, "upstream_unreachable", message)
+            self._record(api_path, 502, started, stream, body, None, {}, False, message)
+            return
+        # The client sees the last byte only after the call is metered and recorded, so
+        # whoever reads the usage after a reply finds this call in it.
+        raw = b""
+        tail = b""
+        streamed = response.getheader("Content-Type", "").startswith("text/event-stream")
+        try:
+            if streamed:
+                text, usage, tail = self._pass_stream(handler, response)
+                recorded: Any = text
+            else:
+                raw = response.read(RESPONSE_LIMIT + 1)
+                if len(raw) > RESPONSE_LIMIT:
+                    raise http.client.HTTPException(f"response over {RESPONSE_LIMIT} bytes")
+                recorded = _json_or_text(raw)
+                usage = usage_of(recorded) if response.status < 400 else {}
+        except (OSError, http.client.HTTPException) as exc:
+            with self._lock:
+                self._counts["failed"] += 1
+            handler.close_connection = True
+            message = f"relay interrupted: {exc}"
+            if not streamed:
+                handler._reply_error(502, "upstream_failed", message)
+            self._record(api_path, response.status, started, stream, body, None, {}, False,
+                         message)
+            return
+        finally:
+            conn.close()
+        estimated = not usage and response.status < 400
+        if estimated:
+            # Without usage from the provider, a call still costs about a token per 4 bytes.
+            size = len(json.dumps(body)) + len(json.dumps(recorded))
+            usage = {"estimated": size // 4 + 1}
+        self.budget.charge(sum(usage.values()))
+        with self._lock:
+            self._counts["requests"] += 1
+            for key, value in usage.items():
+                self._tokens[key] += value
+        self._record(api_path, response.status, started, stream, body, recorded, usage,
+                     estimated, None)
+        if streamed:
+            handler.wfile.write(tail)
+            handler.wfile.flush()
+            return
+        handler.send_response(response.status)
+        handler.send_header("Content-Type", response.getheader("Content-Type", "application/json"))
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    def _read_body(self, handler: _Handler) -> dict[str, Any] | None:
+        try:
+            length = int(handler.headers.get("Content-Length", ""))
+        except ValueError:
+            handler._reply_error(411, "invalid_request_error", "Content-Length is required")
+            handler.close_connection = True
+            return None
+        if not 0 < length <= REQUEST_LIMIT:
+            handler._reply_error(413, "invalid_request_error",
+                                 f"requests are limited to {REQUEST_LIMIT} bytes")
+            handler.close_connection = True
+            return None
+        try:
+            body = json.loads(handler.rfile.read(length))
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            handler._reply_error(400, "invalid_request_error", "the body must be a JSON object")
+            return None
+        return body
+
+    def _shape_request(
+        self, body: dict[str, Any], api_path: str, limit_field: str, remaining: int
+    ) -> None:
+        body["model"] = self.route.model
+        cap = min(self.route.max_tokens_per_call, remaining)
+        fields = [limit_field]
+        if api_path == "/chat/completions":
+            fields.append("max_completion_tokens")
+        present = [f for f in fields if isinstance(body.get(f), int)]
+        for name in present:
+            body[name] = max(1, min(body[name], cap))
+        if not present:
+            body[limit_field] = cap
+        if body.get("stream") and api_path in ("/chat/completions", "/completions"):
+            options = body.get("stream_options")
+            body["stream_options"] = {
+                **(options if isinstance(options, dict) else {}), "include_usage": True
+            }
+
+    def _connect(self, api_path: str) -> tuple[http.client.HTTPConnection, str]:
+        url = urlsplit(self.route.base_url)
+        conn: http.client.HTTPConnection
+        if url.scheme == "https":
+            conn = http.client.HTTPSConnection(url.netloc, timeout=self.route.timeout_sec)
+        else:
+            conn = http.client.HTTPConnection(url.netloc, timeout=self.route.timeout_sec)
+        return conn, url.path.rstrip("/") + api_path
+
+    def _upstream_headers(self, handler: _Handler) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "User-Agent": "cairn-relay"}
+        for name in FORWARDED_HEADERS:
+            value = handler.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        if self._key:
+            scheme = self.route.auth_scheme
+            headers[self.route.auth_header] = f"{scheme} {self._key}" if scheme else self._key
+        return headers
+
+    def _pass_stream(
+        self, handler: _Handler, response: http.client.HTTPResponse
+    ) -> tuple[str, dict[str, int], bytes]:
+        """Send headers and every chunk but the last; return (kept text, usage, last)."""
+        handler.send_response(response.status)
+        handler.send_header("Content-Type", response.getheader("Content-Type", ""))
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        usage: dict[str, int] = {}
+        kept: list[bytes] = []
+        kept_size = 0
+        pending = b""
+        held = b""
+        while True:
+            chunk = response.read1(65536)
+            if not chunk:
+                break
+            if held:
+                handler.wfile.write(held)
+                handler.wfile.flush()
+            held = chunk
+            if kept_size < TRANSCRIPT_STREAM_LIMIT:
+                kept.append(chunk)
+                kept_size += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.startswith(b"data:"):
+                    _merge_usage(usage, usage_of(_json_or_text(line[5:].strip())))
+        if pending.startswith(b"data:"):
+            _merge_usage(usage, usage_of(_json_or_text(pending[5:].strip())))
+        return b"".join(kept).decode(errors="replace"), usage, held
+
+    def _record(
+        self,
+        api_path: str,
+        status: int,
+        started: float,
+        stream: bool,
+        request: dict[str, Any],
+        response: Any,
+        usage: dict[str, int],
+        estimated: bool,
+        error: str | None,
+    ) -> None:
+        with self._lock:
+            self._seq += 1
+            entry = TranscriptEntry(
+                seq=self._seq, at=time.time(), path=api_path, status=status,
+                duration_sec=round(time.monotonic() - started, 3), stream=stream,
+                request=request, response=response, usage=usage,
+                usage_estimated=estimated, error=error,
+            )
+            line = entry.model_dump_json()
+            if self._key:
+                line = line.replace(self._key, "[credential]")
+            with open(self.transcript, "a") as fh:
+                fh.write(line + "\n")
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return raw.decode(errors="replace")

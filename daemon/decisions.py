@@ -1,0 +1,55 @@
+"""A person's decisions on a blocked run: ``cairn reconcile`` and ``cairn retry``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from cairn.daemon.reconcile import restart_coordinator
+from cairn.daemon.views import visible_run
+from cairn.errors import UsageError, ValidationFailed
+from cairn.journal import Journal
+from cairn.models import AgentMessage, DaemonRequest
+from cairn.workflow.review import Review
+from cairn.workflow.schema import build_models
+
+
+def decide(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+    """Settle an uncertain operation from a result the person vouches for, or retry it."""
+    run = visible_run(journal, request.run_id, uid)
+    if not request.op_id:
+        raise UsageError("no operation given", hint="see the blocked operation in 'cairn show'")
+    op = journal.get_op_by_id(run.run_id, request.op_id)
+    if request.op == "retry" or request.no_effect:
+        journal.resolve_uncertain(run.run_id, op.op_id, decision="retry", actor_uid=uid)
+    else:
+        if request.result is None:
+            raise UsageError("reconcile needs --result FILE or --no-effect")
+        finish = checked_finish(journal, run.run_id, op.request, request.result)
+        journal.resolve_uncertain(
+            run.run_id, op.op_id, decision="result", actor_uid=uid, finish=finish
+        )
+    restart_coordinator(journal, run.run_id)
+    return {"run_id": run.run_id, "op_id": op.op_id, "state": "pending"}
+
+
+def checked_finish(
+    journal: Journal, run_id: str, call: dict[str, Any], result: dict[str, Any]
+) -> dict[str, Any]:
+    """The result as the agent's finish message, valid against its output schema.
+    Accepts ``{"output": …, "handoff": …}`` or the bare output object."""
+    review = Review.model_validate(journal.launch_description(run_id).review)
+    agent = review.agents[call["descriptor"]]
+    model = build_models(review.models)[agent.output]
+    output = result.get("output", result) if isinstance(result, dict) else result
+    handoff = str(result.get("handoff", "")) if "output" in result else ""
+    try:
+        model.model_validate(output)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "output"
+        raise ValidationFailed(
+            f"the result does not match {agent.output}: {where}: {first['msg']}"
+        ) from exc
+    return AgentMessage(type="finish_work", output=output, handoff=handoff).model_dump(mode="json")

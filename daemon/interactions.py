@@ -1,0 +1,218 @@
+"""cairnd's side of people in the loop: inbox, answers, approvals, control requests, watch.
+
+Every decision is bound to the caller's UID from SO_PEERCRED; only the run's owner or a
+member of ``cairn-admin`` may decide (anyone else is told the run does not exist). The
+journal transaction that records a decision is the only arbiter between concurrent
+deciders; a decision that leaves a waiting run free to go on wakes its coordinator
+through the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from cairn.daemon.reconcile import restart_coordinator
+from cairn.daemon.views import is_admin, visible_run
+from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
+from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
+from cairn.models import DaemonRequest, canonical_json
+from cairn.policy import (
+    RequestExpired,
+    StaleRequest,
+    evaluate,
+    fingerprint,
+    load_policy,
+    prepare_agent_operation,
+)
+from cairn.workflow.review import Review
+from cairn.workflow.schema import build_models
+
+log = logging.getLogger(__name__)
+
+WATCH_BATCH = 500
+OPS = ("inbox", "answer", "approve", "reject", "pause", "resume", "stop", "cancel", "watch")
+
+
+class PolicyDenies(CairnError):
+    """The current host policy denies what an approval would allow."""
+
+    code = "denied"
+
+
+def dispatch(journal: Journal, request: DaemonRequest, uid: int) -> Any:
+    if request.op == "inbox":
+        return inbox(journal, uid, request.all_users)
+    if request.op == "watch":
+        return watch(journal, request, uid)
+    run_id = visible_run(journal, request.run_id, uid).run_id
+    if request.op == "answer":
+        return answer(journal, run_id, request, uid)
+    if request.op in ("approve", "reject"):
+        return decide(journal, run_id, request, uid)
+    if request.op in ("pause", "resume", "stop", "cancel"):
+        outcome, wake = journal.request_control(run_id, request.op, actor_uid=uid)
+        return {"run_id": run_id, "action": request.op, "outcome": outcome,
+                "woken": wake and start_coordinator(journal, run_id)}
+    raise UsageError(f"unknown request {request.op}")
+
+
+def start_coordinator(journal: Journal, run_id: str) -> bool:
+    """Wake a run whose decision is committed. If the broker cannot start it now, the
+    decision stands and the run is ``pending``: the boot reconciler starts it later."""
+    try:
+        restart_coordinator(journal, run_id)
+    except CairnError as exc:
+        log.error("%s: decision recorded, coordinator not started: %s", run_id, exc)
+        return False
+    return True
+
+
+def inbox(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
+    """What waits for the caller: open questions and approval requests of their runs."""
+    owner = None if (all_users and is_admin(uid)) else uid
+    return journal.waiting_for_people(owner)
+
+
+# --- answers ------------------------------------------------------------------------
+
+
+def answer(journal: Journal, run_id: str, request: DaemonRequest, uid: int) -> dict[str, Any]:
+    if not request.challenge:
+        raise UsageError("an answer needs --challenge sha256:… (see 'cairn inbox')")
+    if request.answer is None:
+        raise UsageError("no answer given", hint="give VALUE or --file FILE")
+    question = next(
+        (q for q in journal.questions(run_id) if q.challenge == request.challenge), None
+    )
+    if question is None:
+        current = [q.challenge for q in journal.questions(run_id) if q.state == "waiting"]
+        raise StaleRequest(
+            f"challenge {request.challenge} is not a question of {run_id}"
+            + (f"; the current one is {current[0]}" if current else "; nothing waits"),
+            hint="see 'cairn inbox'",
+        )
+    value = validated_answer(journal, run_id, question, request.answer)
+    outcome, wake = journal.answer_question(
+        run_id, challenge=request.challenge, answer=value, actor_uid=uid
+    )
+    woken = wake and start_coordinator(journal, run_id)
+    return {"run_id": run_id, "op_id": question.op_id, "outcome": outcome, "woken": woken}
+
+
+def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text: str) -> Any:
+    """The answer as the question's schema reads it: JSON for a model, else the text."""
+    if question.schema_name is None:
+        if not text.strip():
+            raise ValidationFailed("the answer is empty")
+        return text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationFailed(
+            f"the answer must be JSON for {question.schema_name}: {exc.msg}",
+            hint=f"e.g. cairn answer {run_id} --challenge … '{{\"field\": …}}'",
+        ) from exc
+    review = Review.model_validate(journal.launch_description(run_id).review)
+    model = build_models(review.models)[question.schema_name]
+    try:
+        return model.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "answer"
+        raise ValidationFailed(
+            f"the answer does not match {question.schema_name}: {where}: {first['msg']}"
+        ) from exc
+
+
+# --- approvals ----------------------------------------------------------------------
+
+
+def decide(journal: Journal, run_id: str, request: DaemonRequest, uid: int) -> dict[str, Any]:
+    """Approve or reject one approval request. An approval must name the fingerprint the
+    person saw; the operation is prepared again and must be the same, and the current
+    policy must still permit it."""
+    if not request.request_id:
+        raise UsageError("no approval request given", hint="see 'cairn inbox'")
+    row = journal.approval(run_id, request.request_id)
+    if row is None:
+        raise NotFound(f"{run_id} has no approval request {request.request_id}",
+                       hint="see 'cairn inbox'")
+    if request.op == "approve":
+        if not request.fingerprint:
+            raise UsageError("approve needs --fingerprint sha256:… (see 'cairn inbox')")
+        if row.state == "waiting":
+            check_still_permitted(journal, run_id, row.op_id, row.fingerprint)
+    state, wake = journal.decide_approval(
+        run_id,
+        request.request_id,
+        decision="approved" if request.op == "approve" else "rejected",
+        actor_uid=uid,
+        fingerprint=request.fingerprint,
+        reason=request.reason,
+    )
+    woken = wake and start_coordinator(journal, run_id)
+    if state == "expired":
+        raise RequestExpired(
+            f"approval request {request.request_id} of {run_id} passed its deadline "
+            f"({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.deadline))}); it is "
+            "recorded as expired and the operation does not run"
+        )
+    return {"run_id": run_id, "request_id": request.request_id, "outcome": state,
+            "woken": woken}
+
+
+def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str) -> None:
+    """Prepare the operation again from the journal and compare it with the stored one;
+    evaluate the current policy for it."""
+    desc = journal.launch_description(run_id)
+    op = journal.get_op_by_id(run_id, op_id)
+    prepared = prepare_agent_operation(desc, op_id, op.request)
+    if fingerprint(prepared) != stored:
+        raise StaleRequest(
+            f"the operation of {op_id} changed since the approval was requested; this "
+            "approval cannot authorize it",
+            hint="reject the request; the run can then be launched again",
+        )
+    evaluation = evaluate(load_policy(), list(prepared["capabilities"]), desc)
+    if evaluation.decision == "deny":
+        raise PolicyDenies(
+            f"host policy now denies {', '.join(evaluation.because('deny'))}; the approval "
+            "is refused",
+            hint=f"reject it with 'cairn reject {run_id} …' or change /etc/cairn/policy.toml",
+        )
+
+
+# --- watch --------------------------------------------------------------------------
+
+
+def watch(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+    """The run's state and its events after ``cursor``, rebuilt from the journal; a
+    watcher polls with the last cursor it saw."""
+    run = visible_run(journal, request.run_id, uid)
+    events = journal.events(run.run_id, after=request.cursor, limit=WATCH_BATCH)
+    waiting = [
+        {"kind": "question", "op_id": q.op_id, "question": q.question, "challenge": q.challenge}
+        for q in journal.questions(run.run_id)
+        if q.state == "waiting"
+    ] + [
+        {"kind": "approval", "op_id": a.op_id, "request_id": a.request_id,
+         "fingerprint": a.fingerprint}
+        for a in journal.approvals(run.run_id)
+        if a.state == "waiting"
+    ]
+    return {
+        "run_id": run.run_id,
+        "state": run.state,
+        "finished": run.state in TERMINAL_RUN_STATES,
+        "error": run.error,
+        "output": run.output,
+        "events": [json.loads(canonical_json(e.model_dump())) for e in events],
+        "cursor": events[-1].cursor if events else request.cursor,
+        "more": len(events) == WATCH_BATCH,
+        "waiting": waiting,
+    }

@@ -1,0 +1,290 @@
+"""Journal figures: the settle+commit rate beside raw SQLite, and replay to the frontier.
+
+Replay drives the real control worker (``python -I -m cairn.workflow.runtime``) over its
+pipe protocol and answers every call from the journal the way the coordinator does:
+manifest check by call site, ``Journal.get_op``, identity check (kind, request hash,
+location, predecessor), the committed result sent back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from measure import Cell, Stopwatch, collect
+
+from cairn.journal import Journal
+from cairn.models import (
+    CallRequest,
+    CallResult,
+    LaunchDescription,
+    ProjectSpec,
+    StartWorkflow,
+    WorkflowReturn,
+    canonical_json,
+)
+from cairn.proc import make_env
+from cairn.workflow.review import review_source
+
+log = logging.getLogger(__name__)
+
+REPLAY_SIZES = (100, 1000, 10_000)
+
+LOOP_WORKFLOW = '''\
+from cairn.workflow import Field, Model, agent, workflow
+
+
+class Count(Model):
+    n: int = Field(ge=1)
+
+
+class Note(Model):
+    text: str
+
+
+step = agent(profile="builtin:planner", output=Note)
+
+
+@workflow(description="one agent call per step", input=Count, output=Note)
+async def run(flow, args: Count) -> Note:
+    last = Note(text="start")
+    for i in range(args.n):
+        result = await flow.agent(step, prompt=f"step {i} after {last.text}")
+        last = result.output
+    return last
+'''
+
+
+def _description(run_id: str, review: dict[str, Any], n: int) -> LaunchDescription:
+    return LaunchDescription(
+        run_id=run_id, owner_uid=1001, owner_gid=1001, owner_name="bench",
+        definition="bench:loop", source=LOOP_WORKFLOW, source_filename="loop.py",
+        review_hash=str(review["review_hash"]), review=review, args={"n": n},
+        project=ProjectSpec(root="/srv/bench", owner_uid=1001, on_pool_fs=False),
+        profiles={}, cairn_version="bench", created_at=time.time(),
+    )
+
+
+def _result(op_id: str) -> dict[str, Any]:
+    return {"output": {"text": f"out {op_id}"}, "handoff": f"handoff of {op_id}",
+            "op_id": op_id}
+
+
+# --- commit rate ---------------------------------------------------------------------
+
+
+def commit_rate(workdir: Path, *, pairs: int, rounds: int, cells: list[Cell]) -> None:
+    """settle+commit pairs per second through ``Journal.update_op`` beside raw SQLite
+    (two insert+commit transactions per pair) with the journal's pragmas, same directory."""
+    run_id = "flow_" + "c0" * 16
+    journal = Journal(workdir / "rate-journal.db", create=True)
+    journal.create_run(_description(run_id, {"review_hash": "sha256:0"}, 1), intents=[])
+    token = journal.acquire_lease(run_id, "bench", ttl=3600)
+    raw = sqlite3.connect(workdir / "rate-raw.db", isolation_level=None, timeout=30.0)
+    for pragma in ("foreign_keys=ON", "busy_timeout=30000", "journal_mode=WAL",
+                   "synchronous=FULL"):
+        raw.execute(f"PRAGMA {pragma}")
+    raw.execute("CREATE TABLE ops (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL,"
+                " op_id TEXT NOT NULL, state TEXT NOT NULL, body TEXT, at REAL NOT NULL)")
+    checkpoint = {"s": {"path": "/var/lib/cairn/pool/runs/x/checkpoints/y", "subvol_id": 300,
+                        "uuid": "ab" * 16, "fsid": "cd" * 16, "read_only": True,
+                        "generation": 42}}
+    cairn_rates: list[float] = []
+    raw_rates: list[float] = []
+    seq = 0
+    try:
+        for _ in range(rounds):
+            ops: list[str] = []
+            journal.db.execute("PRAGMA synchronous=OFF")  # untimed setup only
+            for _ in range(pairs):
+                seq += 1
+                op_id = f"root-{seq}"
+                call = CallRequest(scope="root", seq=seq, kind="agent",
+                                   request={"descriptor": "step", "prompt": str(seq)},
+                                   location="loop.py:21:24")
+                journal.record_requested(call, run_id=run_id, op_id=op_id,
+                                         predecessor=None, token=token)
+                journal.update_op(run_id, op_id, token=token, state="started")
+                ops.append(op_id)
+            journal.db.execute("PRAGMA synchronous=FULL")
+            with Stopwatch() as sw:
+                for op_id in ops:
+                    journal.update_op(run_id, op_id, token=token, state="settled",
+                                      result=_result(op_id), checkpoint=checkpoint)
+                    journal.update_op(run_id, op_id, token=token, state="committed")
+            cairn_rates.append(pairs / sw.elapsed)
+            with Stopwatch() as sw:
+                for op_id in ops:
+                    body = canonical_json({"result": _result(op_id), "checkpoint": checkpoint})
+                    for state, payload in (("settled", body), ("committed", None)):
+                        raw.execute("BEGIN IMMEDIATE")
+                        raw.execute("INSERT INTO ops (run_id, op_id, state, body, at)"
+                                    " VALUES (?,?,?,?,?)",
+                                    (run_id, op_id, state, payload, time.time()))
+                        raw.execute("COMMIT")
+            raw_rates.append(pairs / sw.elapsed)
+        done = journal.get_op(run_id, "root", seq)
+        if done is None or done.state != "committed":
+            raise AssertionError("the journal did not commit the last operation")
+    finally:
+        raw.close()
+        journal.close()
+    cells.append(Cell(figure="journal", size=None, variant=f"{pairs} pairs/round",
+                      method="Journal.update_op settled+committed", cairn=True,
+                      unit="per_s", samples=cairn_rates))
+    cells.append(Cell(figure="journal", size=None, variant=f"{pairs} pairs/round",
+                      method="raw SQLite 2x(insert+commit)", cairn=False,
+                      unit="per_s", samples=raw_rates))
+
+
+# --- replay --------------------------------------------------------------------------
+
+
+def build_replay_journal(path: Path, n: int) -> str:
+    """A journal with one run whose ``n`` agent operations are all committed, recorded by
+    answering a real control worker call by call. Returns the run ID."""
+    run_id = f"flow_{n:032x}"
+    review = review_source(LOOP_WORKFLOW, filename="loop.py").model_dump(mode="json")
+    journal = Journal(path, create=True)
+    journal.db.execute("PRAGMA synchronous=OFF")  # setup only; replay reopens the file
+    try:
+        journal.create_run(_description(run_id, review, n), intents=[])
+        token = journal.acquire_lease(run_id, "bench-setup", ttl=3600)
+        predecessor: str | None = None
+
+        def record(call: CallRequest) -> dict[str, Any]:
+            nonlocal predecessor
+            op_id = f"{call.scope}-{call.seq}"
+            journal.record_requested(call, run_id=run_id, op_id=op_id,
+                                     predecessor=predecessor, token=token)
+            result = _result(op_id)
+            journal.update_op(run_id, op_id, token=token, state="settled", result=result,
+                              checkpoint={"op_id": op_id})
+            journal.update_op(run_id, op_id, token=token, state="committed")
+            predecessor = op_id
+            return result
+
+        _drive_worker(journal.launch_description(run_id), record)
+        journal.release_lease(run_id, token)
+    finally:
+        journal.close()
+    return run_id
+
+
+class ReplayDiverged(AssertionError):
+    pass
+
+
+@dataclass
+class ReplayTiming:
+    seconds: float
+    first_call: float
+    answered: int
+
+
+def replay(path: Path, run_id: str) -> ReplayTiming:
+    """Replay the run to its frontier. Timed from opening the journal to the worker's
+    ``return`` and exit; ``first_call`` is when the worker's first call arrived."""
+    first_call = 0.0
+    started = time.perf_counter()
+    with Stopwatch() as sw:
+        journal = Journal(path)
+        try:
+            desc = journal.launch_description(run_id)
+            sites = {(s["kind"], s["line"], s.get("descriptor")) for s in desc.review["calls"]}
+            predecessor: str | None = None
+            answered = 0
+
+            def answer(call: CallRequest) -> dict[str, Any]:
+                nonlocal predecessor, answered, first_call
+                if not answered:
+                    first_call = time.perf_counter() - started
+                line = int(call.location.rsplit(":", 2)[1])
+                if (call.kind, line, call.request.get("descriptor")) not in sites:
+                    raise ReplayDiverged(f"{call.location} is not in the manifest")
+                op = journal.get_op(run_id, call.scope, call.seq)
+                if op is None or op.state != "committed" or op.result is None:
+                    raise ReplayDiverged(f"{call.scope}-{call.seq} is not committed")
+                if (op.kind, op.request_hash, op.source_location, op.predecessor) != (
+                        call.kind, call.request_hash(), call.location, predecessor):
+                    raise ReplayDiverged(f"replay diverged at {op.op_id}")
+                predecessor = op.op_id
+                answered += 1
+                return op.result
+
+            _drive_worker(desc, answer)
+        finally:
+            journal.close()
+    return ReplayTiming(seconds=sw.elapsed, first_call=first_call, answered=answered)
+
+
+def _drive_worker(desc: LaunchDescription, answer: Any) -> dict[str, Any]:
+    """Run the control worker as the coordinator starts it and answer each call."""
+    worker = subprocess.Popen(
+        [sys.executable, "-I", "-m", "cairn.workflow.runtime"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, close_fds=True,
+        env=make_env({"PYTHONHASHSEED": "0"}),
+    )
+    assert worker.stdin is not None and worker.stdout is not None
+    try:
+        start = StartWorkflow(source=desc.source, filename=desc.source_filename,
+                              args=desc.args)
+        worker.stdin.write(start.model_dump_json() + "\n")
+        worker.stdin.flush()
+        while True:
+            line = worker.stdout.readline()
+            if not line:
+                raise AssertionError(f"control worker exited ({worker.wait()})")
+            message = json.loads(line)
+            if message.get("type") == "return":
+                output = WorkflowReturn.model_validate(message).output
+                worker.stdin.close()
+                worker.wait(timeout=30)
+                return output
+            if message.get("type") == "failure":
+                raise AssertionError(f"workflow failed: {message}")
+            call = CallRequest.model_validate(message)
+            value = answer(call)
+            worker.stdin.write(CallResult(seq=call.seq, value=value).model_dump_json() + "\n")
+            worker.stdin.flush()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def replay_figures(workdir: Path, sizes: tuple[int, ...], *, repeat: int, budget: float,
+                   cells: list[Cell]) -> None:
+    for n in sizes:
+        path = workdir / f"replay-{n}.db"
+        t = time.monotonic()
+        run_id = build_replay_journal(path, n)
+        log.info("replay journal with %d committed ops built in %.1fs", n, time.monotonic() - t)
+
+        starts: list[float] = []
+
+        def once(path: Path = path, run_id: str = run_id, n: int = n,
+                 starts: list[float] = starts) -> float:
+            timing = replay(path, run_id)
+            if timing.answered != n:
+                raise AssertionError(f"replay answered {timing.answered} calls, expected {n}")
+            starts.append(timing.first_call)
+            return timing.seconds
+
+        samples = collect(once, repeat=repeat, budget=budget)
+        variant = f"{n:,} ops"
+        cells.append(Cell(figure="replay", size=None, variant=variant,
+                          method="control worker answered from the journal", cairn=True,
+                          samples=samples))
+        cells.append(Cell(figure="replay", size=None, variant=variant,
+                          method="of which: worker start to its first call", cairn=True,
+                          samples=starts))
+        log.info("replay %d: median %.3fs (first call after %.3fs)", n, cells[-2].median,
+                 cells[-1].median)

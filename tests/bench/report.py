@@ -1,0 +1,283 @@
+"""docs/performance.md from a :class:`measure.Results`: machine, command, targets with
+their verdicts, one table per figure, and what each figure includes. Every number comes
+from the results; nothing here is typed in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from measure import Cell, Results
+
+FIGURES = (
+    ("boundary", "Boundary overhead after an agent finishes"),
+    ("quiesce", "QUIESCE proof (part of the boundary that needs systemd)"),
+    ("checkpoint", "Checkpoint of W"),
+    ("restore", "Restore W from S"),
+    ("changes", "Change detection Q→P"),
+    ("apply", "Three-way apply"),
+    ("fork", "Fork of lanes"),
+    ("replay", "Replay to the frontier"),
+    ("unit", "Agent unit start → worker ready"),
+    ("journal", "Journal commit rate (settle+commit pairs per second)"),
+)
+
+INCLUDES = {
+    "boundary": (
+        "Timed from the moment the agent's unit has stopped until the operation is "
+        "committed, with the library calls the coordinator and the broker make, in one "
+        "process: `Journal.update_op` (finish, `op-finished`); `Journal.add_intents` "
+        "(the `checkpoint` intent); the broker's checkpoint handler — "
+        "`Journal.intents(run, 'storage-v1')`, a `ReceiptStore.get` per intent, "
+        "`Journal.get_op_by_id`, `ReceiptStore.for_run` to find the start-agent receipt, "
+        "`Pool.snapshot(W, S, read_only=True)` with its `SubvolumeReceipt`, "
+        "`ReceiptStore.put`; `Journal.record_receipts`; MATERIALIZE — the `Boundary` "
+        "model and `boundary.json`, `handoff.md`, `result.json` each written to a temp "
+        "file, fsync'd and renamed (as the coordinator does); COMMIT — "
+        "`Journal.update_op` to `settled` (result, checkpoint) and to `committed`. "
+        "The agent made 10 edits in W just before (dirty data included). Not included: "
+        "the broker socket round trips and process start of the broker (socket "
+        "activation), and QUIESCE's systemd queries, which are timed separately in the "
+        "booted machine (next table) because this host has no systemd PID 1. The journal "
+        "and the broker's receipts live on the host's root filesystem, the pool on the "
+        "loop Btrfs."),
+    "quiesce": (
+        "`cairn.broker.units.require_quiesced(unit, cgroup)` on a stopped agent unit inside "
+        "the booted machine: `GetUnit` + properties over D-Bus and the cgroup emptiness "
+        "check. Add it to the boundary figure for the whole QUIESCE → COMMIT cost."),
+    "checkpoint": (
+        "Each round the agent first makes 10 edits in W (7 modified, 2 created, 1 "
+        "deleted). Cairn: `Pool.snapshot(W, S, read_only=True)` returning the receipt. "
+        "Shadow git: `git add -A` and `git commit` with `GIT_DIR` in a separate directory "
+        "and W as work tree; the first commit of the whole tree is made once beforehand "
+        "and not timed, so this is the incremental cost. Shadow git honours the project's "
+        "`.gitignore` (the build directory is not captured); the snapshot and `cp -a` "
+        "capture everything. `cp -a` copies W to a new directory on the same Btrfs; "
+        "coreutils 9 clones file data (reflink) there by default, so this is `cp -a` at "
+        "its cheapest."),
+    "restore": (
+        "After a checkpoint the agent makes 10 more edits; then W is brought back to the "
+        "checkpoint. Cairn: a writable snapshot of S as the next W generation, chown'd "
+        "to the owner (the broker's `create-w` from a checkpoint); deleting the old "
+        "generation is deferred and not timed. Git: `git checkout -f <commit>` and "
+        "`git clean -f -d` in W. `cp -a` back: `rm -rf` of the edited tree's entries and "
+        "`cp -a` of the copy made at checkpoint time into it."),
+    "changes": (
+        "Q is a read-only snapshot of W; P is Q plus k edits in a branch of W, frozen. "
+        "Cairn: `cairn.sendstream.changes(Q, P)` (`btrfs send --no-data -p Q P` and the "
+        "stream replay), the settlement diff. Git: `git status --porcelain` with the "
+        "shadow repository whose HEAD and index match Q. Hash walk: SHA-256 of every "
+        "file's content and every symlink target of P (Python, `os.walk`)."),
+    "apply": (
+        "`cairn.settle.apply(Q, F, live, accepted, receipts)` where F is the candidate "
+        "`cairn.settle.build_candidate` made from the same changes (untimed), and the live "
+        "project is a fresh writable copy of Q each round (untimed). Includes the "
+        "three-way plan (hashing Q, F and live for every path) and the fsync'd receipt "
+        "per path."),
+    "fork": (
+        "From one checkpoint S: Cairn verifies S against its receipt and makes one "
+        "writable snapshot per lane as that lane's W (chown'd to the owner). `cp -a`: one "
+        "copy of S per lane on the same Btrfs (reflinked data)."),
+    "replay": (
+        "A journal holds a run of the workflow below with N committed agent operations. "
+        "Timed: opening the journal and reading the launch description, starting the "
+        "control worker (`python -I -m cairn.workflow.runtime`, as the coordinator "
+        "starts it), and answering every call the way the coordinator does — manifest "
+        "check by call site, `Journal.get_op`, identity check (kind, request hash, "
+        "source location, predecessor), the committed result sent back — until the "
+        "workflow returns and the worker exits. The workflow is a `for` loop over "
+        "`range(N)` calling `flow.agent` once per step."),
+    "unit": (
+        "In a booted Debian 13 machine (systemd-nspawn, systemd 257) with the package "
+        "installed. Cairn: `Systemd.start_transient_service` with the full agent property "
+        "set (`agent_unit_properties`: run owner, `ProtectSystem=strict`, masks, bind "
+        "mounts of W, evidence, outputs, state and the socket, limits, private network) "
+        "until the process in the unit has connected to `/run/cairn/agent/agent.sock` and sent "
+        "hello (a `python3 -I -S` one-liner: the worker's hello without the worker's "
+        "imports). `start job done` is when `wait_started` returns (exec succeeded). "
+        "The bare row is the same D-Bus client starting a unit with no sandbox that runs "
+        "`/bin/true`, until it has exited — what `systemd-run --wait true` does."),
+    "journal": (
+        "Per round, N operations are first recorded and started (untimed); timed: for "
+        "each, `Journal.update_op(state='settled', result=…, checkpoint=…)` and "
+        "`Journal.update_op(state='committed')`, each one fenced `BEGIN IMMEDIATE` "
+        "transaction with its event row. Raw SQLite: the same file system and pragmas "
+        "(WAL, `synchronous=FULL`, foreign keys, busy timeout), two transactions of one "
+        "`INSERT` each per pair with the same JSON payload. Rates are pairs per second "
+        "per round; the p95 column is the 5th percentile of the rate (95 % of rounds "
+        "were at least that fast)."),
+}
+
+
+def fmt_seconds(value: float) -> str:
+    if value < 1e-3:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def fmt(cell: Cell, value: float) -> str:
+    return f"{value:,.0f}/s" if cell.unit == "per_s" else fmt_seconds(value)
+
+
+@dataclass
+class Verdict:
+    target: str
+    measured: str
+    met: bool | None
+    miss: str
+
+
+def _cell(cells: Iterable[Cell], figure: str, size: int | None, method_prefix: str = "",
+          variant: str | None = None) -> Cell | None:
+    for c in cells:
+        if (c.figure == figure and c.size == size and c.cairn
+                and c.method.startswith(method_prefix)
+                and (variant is None or c.variant == variant)):
+            return c
+    return None
+
+
+def verdicts(results: Results) -> list[Verdict]:
+    """The issue's acceptance targets, checked against this run."""
+    out: list[Verdict] = []
+    cells = results.cells
+    small, large = min(results.sizes), max(results.sizes)
+    for figure, label in (("boundary", "boundary overhead"), ("checkpoint", "checkpoint"),
+                          ("restore", "restore")):
+        a, b = _cell(cells, figure, small), _cell(cells, figure, large)
+        if a is None or b is None:
+            continue
+        ratio = b.median / a.median
+        met = ratio <= 2.0
+        out.append(Verdict(
+            f"{label} flat: median at {large:,} files ≤ 2× at {small:,}",
+            f"{fmt_seconds(a.median)} → {fmt_seconds(b.median)} ({ratio:.2f}×)", met,
+            "" if met else f"{ratio / 2.0:.2f}× over the limit"))
+    cairn = next((c for c in cells if c.figure == "journal" and c.cairn), None)
+    raw = next((c for c in cells if c.figure == "journal" and not c.cairn), None)
+    if cairn and raw:
+        share = cairn.median / raw.median
+        met = share >= 0.5
+        out.append(Verdict("journal ≥ ½ of raw SQLite commit rate",
+                           f"{cairn.median:,.0f}/s vs {raw.median:,.0f}/s ({share:.2f})", met,
+                           "" if met else f"{0.5 / share:.2f}× short"))
+    totals = {_ops(c): c for c in cells if c.figure == "replay" and not _part(c)}
+    starts = {_ops(c): c for c in cells if c.figure == "replay" and _part(c)}
+    if totals:
+        n_top = max(totals)
+        top = totals[n_top]
+        if n_top >= 10_000:
+            met = top.median <= 1.0
+            out.append(Verdict(f"replay of {n_top:,} committed operations ≤ 1 s",
+                               fmt_seconds(top.median), met,
+                               "" if met else f"{top.median - 1.0:.2f} s over "
+                               f"({top.median:.2f}×)"))
+        per_op = {n: (totals[n].median - starts[n].median) / n for n in totals if n in starts}
+        if len(per_op) >= 2:
+            low_n, high_n = min(per_op), max(per_op)
+            ratio = per_op[high_n] / per_op[low_n]
+            met = ratio <= 2.0
+            out.append(Verdict(
+                f"replay linear: cost per operation (after the worker's start) at {high_n:,} "
+                f"≤ 2× at {low_n:,}",
+                f"{per_op[low_n] * 1e6:.0f} µs/op at {low_n:,}, "
+                f"{per_op[high_n] * 1e6:.0f} µs/op at {high_n:,} ({ratio:.2f}×)", met,
+                "" if met else f"{ratio / 2.0:.2f}× over the limit"))
+    return out
+
+
+def _ops(cell: Cell) -> int:
+    return int(cell.variant.split()[0].replace(",", ""))
+
+
+def _part(cell: Cell) -> bool:
+    """A breakdown row (``of which: …``) rather than a figure of its own."""
+    return cell.method.startswith("of which")
+
+
+def _versus(c: Cell, base: Cell, label: str) -> str:
+    ratio = c.median / base.median
+    if ratio >= 1:
+        return f"**{ratio:.1f}× slower** than Cairn{label}"
+    return f"**{1 / ratio:.1f}× faster** than Cairn{label}"
+
+
+def _figure_table(cells: list[Cell]) -> list[str]:
+    lines = ["| files | variant | method | median | p95 | n | vs Cairn (same run) |",
+             "| ---: | --- | --- | ---: | ---: | ---: | --- |"]
+    groups: dict[tuple[int | None, str], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.size, c.variant), []).append(c)
+    for (size, variant), group in groups.items():
+        bases = [c for c in group if c.cairn and not _part(c)]
+        base = bases[0] if bases else None
+        for c in sorted(group, key=lambda c: (not c.cairn, _part(c))):
+            if c is base or base is None:
+                versus = "—"
+            elif c.cairn:
+                versus = f"{c.median / base.median:.2f}× of it"
+            elif c.unit == "per_s":
+                versus = f"Cairn reaches {base.median / c.median:.2f}× this rate"
+            else:
+                versus = "; ".join(
+                    _versus(c, b, f" ({b.method})" if len(bases) > 1 else "") for b in bases)
+            name = f"Cairn: {c.method}" if c.cairn else c.method
+            lines.append(
+                f"| {'' if size is None else f'{size:,}'} | {variant} | {name} | "
+                f"{fmt(c, c.median)} | {fmt(c, c.p95)} | {len(c.samples)} | {versus} |")
+    return lines
+
+
+def render(results: Results, workflow_source: str, json_name: str) -> str:
+    m = results.machine
+    lines = [
+        "# Performance",
+        "",
+        "Generated by the benchmark suite in `tests/bench/`; do not edit by hand, run it "
+        f"again. The machine-readable results of the same run are in `{json_name}`.",
+        "",
+        "```",
+        results.command,
+        "```",
+        "",
+        f"Run started {results.started_at}, took {results.duration_s / 60:.1f} min"
+        f"{' (quick smoke run: small sizes, few samples)' if results.quick else ''}. "
+        f"Project sizes: {', '.join(f'{s:,}' for s in results.sizes)} files; up to "
+        f"{results.repeat} samples per figure, fewer where a cell's {results.cell_budget_s:g} s "
+        "budget ran out (the n column). Median and p95 (nearest rank; with fewer than 20 "
+        "samples the p95 is the slowest sample).",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| kernel | {m.kernel} |",
+        f"| OS | {m.os_release} |",
+        f"| CPU | {m.cpu}, {m.cpus} CPUs |",
+        f"| memory | {m.memory_gib} GiB |",
+        f"| Python | {m.python} |",
+        f"| tools | {m.btrfs_progs}; {m.git}; {m.coreutils}; SQLite {m.sqlite} |",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | met | missed by |",
+        "| --- | --- | --- | --- |",
+    ]
+    for v in verdicts(results):
+        met = "yes" if v.met else "**no**"
+        lines.append(f"| {v.target} | {v.measured} | {met} | {v.miss or '—'} |")
+    lines += ["", "## Figures", ""]
+    for figure, title in FIGURES:
+        cells = [c for c in results.cells if c.figure == figure]
+        if not cells:
+            continue
+        lines += [f"### {title}", "", *_figure_table(cells), "", INCLUDES[figure], ""]
+        if figure == "replay":
+            lines += ["```python", workflow_source.rstrip(), "```", ""]
+    if results.notes:
+        lines += ["## Notes", ""]
+        lines += [f"- {note}" for note in results.notes]
+        lines.append("")
+    return "\n".join(lines)

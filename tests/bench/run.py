@@ -1,0 +1,158 @@
+"""Cairn's benchmark suite: what the machinery costs beside the usual ways to checkpoint
+agents. Run as root (loop devices, Btrfs, systemd-nspawn): ``./dev bench`` for the full
+run that writes ``docs/performance.md`` and ``tests/bench/results/performance.json``;
+``./dev bench --quick`` for a smoke run that writes under the work directory instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from journal_figures import LOOP_WORKFLOW, REPLAY_SIZES, commit_rate, replay_figures
+from measure import Cell, Results, machine_info
+from report import render
+from storage_figures import Bench, loop_pool, run_size
+from unit_figures import unit_figures
+
+log = logging.getLogger("bench")
+
+REPO = Path(__file__).resolve().parents[2]
+FULL_SIZES = (1_000, 10_000, 100_000)
+QUICK_SIZES = (1_000, 2_000)
+QUICK_REPLAY = (100, 300, 1_000)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="./dev bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="small trees, few samples; writes under the work directory")
+    parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
+                        help="project sizes in files, comma-separated")
+    parser.add_argument("--repeat", type=int, help="samples per figure (upper bound)")
+    parser.add_argument("--budget", type=float,
+                        help="seconds per figure after which sampling stops (>= 1 sample)")
+    parser.add_argument("--workdir", type=Path,
+                        default=Path(os.environ.get("CAIRN_BENCH_DIR", "/var/tmp")),
+                        help="where the loop image and scratch files go ($CAIRN_BENCH_DIR)")
+    parser.add_argument("--pool-size", help="size of the sparse loop image")
+    parser.add_argument("--skip-machine", action="store_true",
+                        help="leave out the figures that boot a test machine")
+    parser.add_argument("--doc", type=Path, help="where to write the Markdown report")
+    parser.add_argument("--json", type=Path, help="where to write the JSON results")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def _load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("cairn").setLevel(logging.WARNING)
+    if os.geteuid() != 0:
+        print("./dev bench: run as root (loop devices, Btrfs, systemd-nspawn)",
+              file=sys.stderr)
+        return 2
+    sizes: tuple[int, ...] = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    repeat: int = args.repeat or (3 if args.quick else 7)
+    budget: float = args.budget or (5.0 if args.quick else 60.0)
+    pool_size: str = args.pool_size or ("2G" if args.quick else "24G")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="cairn-bench-", dir=args.workdir))
+    if args.quick:
+        doc = args.doc or work.with_name(work.name + "-performance.md")
+        json_path = args.json or doc.with_suffix(".json")
+    else:
+        doc = args.doc or REPO / "docs" / "performance.md"
+        json_path = args.json or REPO / "tests" / "bench" / "results" / "performance.json"
+
+    command = "./dev bench" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
+    started = time.monotonic()
+    started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    loads = [_load()]
+    cells: list[Cell] = []
+    state_root = work / "root"
+    os.environ["CAIRN_ROOT"] = os.fspath(state_root)
+    for sub in ("var/lib/cairn/journal", "var/lib/cairn/broker", "var/lib/cairn/runs"):
+        (state_root / sub).mkdir(parents=True)
+    try:
+        with loop_pool(work, pool_size) as pool:
+            scratch = pool.root.parent / "bench"
+            scratch.mkdir()
+            bench = Bench(pool=pool, scratch=scratch, repeat=repeat, budget=budget, cells=cells)
+            for n in sizes:
+                log.info("project of %d files", n)
+                run_size(bench, n)
+                loads.append(_load())
+        journal_dir = work / "journal"
+        journal_dir.mkdir()
+        commit_rate(journal_dir, pairs=20 if args.quick else 200, rounds=repeat, cells=cells)
+        replay_figures(journal_dir, QUICK_REPLAY if args.quick else REPLAY_SIZES,
+                       repeat=repeat, budget=budget, cells=cells)
+        loads.append(_load())
+        if not args.skip_machine:
+            unit_figures(REPO, repeat=max(repeat, 10), cells=cells)
+            loads.append(_load())
+    finally:
+        os.environ.pop("CAIRN_ROOT", None)
+        shutil.rmtree(work, ignore_errors=True)
+
+    notes = _notes(cells, repeat, loads, os.cpu_count() or 1, args.skip_machine)
+    results = Results(
+        command=command, started_at=started_at, duration_s=time.monotonic() - started,
+        quick=args.quick, sizes=list(sizes), repeat=repeat, cell_budget_s=budget,
+        machine=machine_info(), cells=cells, notes=notes,
+    )
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(results.model_dump_json(indent=2) + "\n")
+    doc.write_text(render(results, LOOP_WORKFLOW, _shown(json_path)) + "\n")
+    print(f"wrote {doc} and {json_path} ({results.duration_s / 60:.1f} min)")
+    return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return os.fspath(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
+def _notes(cells: list[Cell], repeat: int, loads: list[float], cpus: int,
+           skipped_machine: bool) -> list[str]:
+    notes: list[str] = []
+    busy = max(loads)
+    load_text = ", ".join(f"{x:.2f}" for x in loads)
+    if busy >= cpus * 0.5:
+        notes.append(
+            f"Other work ran on this {cpus}-CPU machine during the run (1-minute load "
+            f"average sampled at {load_text}): expect noise, most in the p95 column and in "
+            "the fsync-bound journal figures. The ratios compare methods timed back to back "
+            "on the same tree, so they are steadier than the absolute times.")
+    else:
+        notes.append(f"1-minute load average sampled during the run: {load_text}.")
+    short = sorted({f"{c.figure}/{c.method}" for c in cells if len(c.samples) < repeat})
+    if short:
+        notes.append("Sampling stopped at the per-figure time budget for: "
+                     + "; ".join(short) + ".")
+    if skipped_machine:
+        notes.append("The figures that need a booted machine (unit start, QUIESCE) were "
+                     "left out (--skip-machine).")
+    return notes
+
+
+if __name__ == "__main__":
+    sys.exit(main())

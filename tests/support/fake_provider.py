@@ -1,0 +1,193 @@
+"""A real HTTP server speaking the chat-completions protocol with scripted replies.
+
+Tests start it on a loopback address (``FakeProvider(turns).start()``), point a model route
+at ``provider.base_url`` and read back what arrived in ``provider.requests``. Each turn is
+either text or a list of tool calls; ``stream=True`` requests get server-sent events with
+a final usage chunk when the client asks for one. Usage counts are deterministic: prompt
+tokens are the request's JSON size / 4, completion tokens are the turn's ``tokens``.
+
+Run as a script (``python3 fake_provider.py PORT SCRIPT.json``) it serves until killed,
+for use inside a test machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One scripted assistant reply."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tokens: int = 10
+    raw_arguments: str | None = None  # sent verbatim instead of the JSON of the first call
+
+    def message(self, index: int) -> dict[str, Any]:
+        calls = []
+        for n, (name, args) in enumerate(self.tool_calls):
+            text = self.raw_arguments if (n == 0 and self.raw_arguments is not None) else (
+                json.dumps(args)
+            )
+            calls.append({
+                "id": f"call_{index}_{n}",
+                "type": "function",
+                "function": {"name": name, "arguments": text},
+            })
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class FakeProvider:
+    """Serve ``turns`` in order on 127.0.0.1; the last turn repeats when they run out."""
+
+    def __init__(self, turns: list[Turn], *, host: str = "127.0.0.1", port: int = 0,
+                 require_key: str | None = None) -> None:
+        self.turns = turns
+        self.require_key = require_key
+        self.requests: list[Received] = []
+        self._lock = threading.Lock()
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                provider._serve(self)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> FakeProvider:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_turn(self, received: Received) -> tuple[int, Turn]:
+        with self._lock:
+            self.requests.append(received)
+            index = len(self.requests) - 1
+            return index, self.turns[min(index, len(self.turns) - 1)]
+
+    def _serve(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length", "0"))
+        raw = handler.rfile.read(length)
+        body = json.loads(raw)
+        received = Received(handler.path, {k.lower(): v for k, v in handler.headers.items()},
+                            body)
+        if self.require_key is not None and (
+            received.headers.get("authorization") != f"Bearer {self.require_key}"
+        ):
+            self._send_json(handler, 401, {"error": {"message": "bad key", "type": "auth"}})
+            with self._lock:
+                self.requests.append(received)
+            return
+        if not handler.path.endswith("/chat/completions"):
+            self._send_json(handler, 404, {"error": {"message": "not found"}})
+            return
+        index, turn = self._next_turn(received)
+        usage = {
+            "prompt_tokens": len(raw) // 4,
+            "completion_tokens": turn.tokens,
+            "total_tokens": len(raw) // 4 + turn.tokens,
+        }
+        message = turn.message(index)
+        finish = "tool_calls" if turn.tool_calls else "stop"
+        if body.get("stream"):
+            self._send_stream(handler, index, body, message, finish, usage)
+            return
+        self._send_json(handler, 200, {
+            "id": f"chatcmpl-{index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage,
+        })
+
+    @staticmethod
+    def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    @staticmethod
+    def _send_stream(handler: BaseHTTPRequestHandler, index: int, body: dict[str, Any],
+                     message: dict[str, Any], finish: str, usage: dict[str, int]) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        base = {"id": f"chatcmpl-{index}", "object": "chat.completion.chunk",
+                "model": body.get("model", "")}
+
+        def event(data: dict[str, Any]) -> None:
+            handler.wfile.write(b"data: " + json.dumps({**base, **data}).encode() + b"\n\n")
+            handler.wfile.flush()
+
+        event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        for word in (message.get("content") or "").split(" "):
+            if word:
+                event({"choices": [{"index": 0, "delta": {"content": word + " "}}]})
+        for n, call in enumerate(message.get("tool_calls", [])):
+            event({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": n, **call}]}}]})
+        event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event({"choices": [], "usage": usage})
+        handler.wfile.write(b"data: [DONE]\n\n")
+        handler.wfile.flush()
+
+
+def turns_from_json(data: list[dict[str, Any]]) -> list[Turn]:
+    return [
+        Turn(content=t.get("content"),
+             tool_calls=[(c["name"], c["arguments"]) for c in t.get("tool_calls", [])],
+             tokens=int(t.get("tokens", 10)))
+        for t in data
+    ]
+
+
+if __name__ == "__main__":
+    port, script = int(sys.argv[1]), sys.argv[2]
+    with open(script) as fh:
+        provider = FakeProvider(turns_from_json(json.load(fh)), port=port)
+    print(provider.base_url, flush=True)
+    provider.server.serve_forever()

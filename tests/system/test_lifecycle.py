@@ -1,0 +1,325 @@
+"""The package's life on a booted machine: fresh install, upgrade while a run is in
+progress, remove, purge, and the sealed release the broker verifies before every agent.
+
+The machines have no network, so packages are installed with ``dpkg -i``; removal and
+purge go through ``apt-get``, which needs no network for them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from machine import Machine
+from test_end_to_end import SCRIPT, cairn, finished, launch, make_project, wait_for, write_script
+
+from cairn.journal import SCHEMA_VERSION
+from cairn.proc import run
+
+REPO = Path(__file__).resolve().parents[2]
+CURRENT = "/usr/lib/cairn/releases/current"
+MAINTAINER_SCRIPTS = ("preinst", "postinst", "prerm", "postrm")
+
+
+@pytest.fixture(scope="module")
+def upgrade_deb(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tree built again as a newer version."""
+    version = run(["dpkg-deb", "-f", deb, "Version"]).stdout.decode().strip()
+    out = tmp_path_factory.mktemp("upgrade")
+    built = run(
+        [REPO / "packaging" / "build-deb.sh", "--version", f"{version}+upgrade1", "--out", out],
+        timeout=900,
+    )
+    return Path(built.stdout.decode().strip().splitlines()[-1])
+
+
+@pytest.fixture
+def plain_machine(deb: Path) -> Iterator[Machine]:
+    with Machine(deb) as booted:
+        yield booted
+
+
+def sh(machine: Machine, *argv: str, check: bool = True) -> str:
+    return machine.exec(list(argv), check=check, timeout=180).stdout.decode().strip()
+
+
+def exists(machine: Machine, path: str) -> bool:
+    return machine.exec(["test", "-e", path], check=False).returncode == 0
+
+
+def unit_state(machine: Machine, unit: str) -> str:
+    return sh(machine, "systemctl", "is-active", unit, check=False)
+
+
+def unit_property(machine: Machine, unit: str, prop: str) -> str:
+    return sh(machine, "systemctl", "show", "--value", "-p", prop, unit)
+
+
+def launch_record(machine: Machine, run_id: str) -> dict[str, Any]:
+    """The run's frozen launch description, read from the journal as root."""
+    code = (
+        "import json, sqlite3, sys\n"
+        "db = sqlite3.connect('/var/lib/cairn/journal/journal.db')\n"
+        "print(db.execute('SELECT launch FROM runs WHERE run_id=?', (sys.argv[1],)).fetchone()[0])"
+    )
+    record: dict[str, Any] = json.loads(sh(machine, "python3", "-I", "-c", code, run_id))
+    return record
+
+
+def agent_receipt(machine: Machine, run_id: str) -> dict[str, Any]:
+    code = (
+        "import json, sqlite3, sys\n"
+        "db = sqlite3.connect('/var/lib/cairn/broker/receipts.db')\n"
+        "rows = db.execute(\"SELECT body FROM receipts WHERE run_id=? AND kind='start-agent'\","
+        " (sys.argv[1],)).fetchall()\n"
+        "print(json.dumps([json.loads(r[0]) for r in rows]))"
+    )
+    (receipt,) = json.loads(sh(machine, "python3", "-I", "-c", code, run_id))
+    data: dict[str, Any] = receipt["data"]
+    return data
+
+
+def sleeping_script(machine: Machine, seconds: int) -> str:
+    script = json.loads(SCRIPT)
+    script["steps"].insert(0, {"action": "sleep", "seconds": seconds})
+    return write_script(machine, script)
+
+
+def agent_running(data: dict[str, Any]) -> bool:
+    return any(o["state"] == "started" for o in data["operations"])
+
+
+def install(machine: Machine, deb: Path) -> None:
+    staged = machine.merged / "root" / deb.name
+    staged.write_bytes(deb.read_bytes())
+    try:
+        machine.exec(["dpkg", "-i", f"/root/{deb.name}"], timeout=300)
+    finally:
+        staged.unlink()
+
+
+def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine) -> None:
+    m = plain_machine
+    for socket in ("cairn.socket", "cairn-broker.socket"):
+        assert sh(m, "systemctl", "is-enabled", socket) == "enabled"
+        assert unit_state(m, socket) == "active"
+    assert unit_state(m, "cairn.service") == "inactive"  # socket-activated, not started
+    assert sh(m, "stat", "-c", "%U:%G %a", "/run/cairn/broker.sock") == "root:cairn 660"
+    # The package never creates or migrates the journal; cairnd does on first use.
+    assert not exists(m, "/var/lib/cairn/journal/journal.db")
+
+    assert json.loads(cairn(m, "ps", "--json")) == []
+    assert unit_state(m, "cairn.service") == "active"
+    assert sh(m, "stat", "-c", "%U", "/var/lib/cairn/journal/journal.db") == "cairn"
+    version = sh(
+        m,
+        "python3",
+        "-I",
+        "-c",
+        "import sqlite3; print(sqlite3.connect('/var/lib/cairn/journal/journal.db')"
+        ".execute('PRAGMA user_version').fetchone()[0])",
+    )
+    assert version == str(SCHEMA_VERSION)
+
+    for page in ("man1/cairn.1.gz", "man8/cairnd.8.gz", "man8/cairn-broker.8.gz"):
+        assert exists(m, f"/usr/share/man/{page}"), page
+    verified = sh(m, "python3", "-I", "-m", "cairn.broker.capsule", "verify")
+    assert f"capsule {sh(m, 'readlink', CURRENT)} verified" in verified
+    assert sh(m, "stat", "-c", "%U %a", f"{CURRENT}/lib/cairn/worker/__main__.py") == "root 644"
+
+
+def test_maintainer_scripts_never_touch_the_journal(deb: Path, tmp_path: Path) -> None:
+    run(["dpkg-deb", "-e", deb, tmp_path])
+    scripts = {name: tmp_path / name for name in MAINTAINER_SCRIPTS if (tmp_path / name).exists()}
+    assert "postinst" in scripts and "prerm" in scripts and "postrm" in scripts
+    for name, path in scripts.items():
+        text = "\n".join(
+            line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")
+        )
+        for word in ("sqlite", "journal.db", "migrat", "user_version"):
+            assert word not in text, f"{name} mentions {word}"
+    # Templates and transient units are stopped on remove only, never on upgrade.
+    prerm = scripts["prerm"].read_text()
+    assert 'if [ "$1" = remove ]' in prerm and "cairn-coordinator@*.service" in prerm
+
+
+def test_upgrade_during_a_run_keeps_the_run(deb: Path, upgrade_deb: Path) -> None:
+    with Machine(deb, with_pool=True) as m:
+        old_capsule = sh(m, "readlink", CURRENT)
+        project = make_project(m)
+        run_id = launch(m, project, sleeping_script(m, 12), "survive an upgrade")
+        wait_for(m, run_id, agent_running)
+        coordinator = f"cairn-coordinator@{run_id}.service"
+        invocation = unit_property(m, coordinator, "InvocationID")
+        agent = f"cairn-agent-{run_id}-root-1-1.service"
+        assert "/runtime/capsule/cairn-worker" in unit_property(m, agent, "ExecStart")
+        assert launch_record(m, run_id)["capsule_hash"] == old_capsule
+
+        install(m, upgrade_deb)
+
+        new_version = run(["dpkg-deb", "-f", upgrade_deb, "Version"]).stdout.decode().strip()
+        assert sh(m, "dpkg-query", "-W", "-f", "${Version}", "cairn") == new_version
+        assert sh(m, "dpkg", "--audit") == ""
+        # The template is skipped by dh_installsystemd: the upgrade left the run alone.
+        assert unit_property(m, coordinator, "InvocationID") == invocation
+        new_capsule = sh(m, "readlink", CURRENT)
+        assert new_capsule != old_capsule
+        assert not exists(m, f"/usr/lib/cairn/releases/{old_capsule}")
+
+        data = wait_for(m, run_id, finished)
+        assert data["run"]["state"] == "succeeded", data["run"]["error"]
+        assert data["settlement"]["apply"]["applied"] == ["CHANGELOG.md"]
+        changelog = sh(m, "cat", f"{project}/CHANGELOG.md")
+        assert changelog == "# Changelog\n- survive an upgrade"
+        assert agent_receipt(m, run_id)["capsule"] == old_capsule
+
+        # The upgraded daemon serves the old run and launches new ones on the new capsule.
+        assert [r["run_id"] for r in json.loads(cairn(m, "ps", "--json"))] == [run_id]
+        second = launch(m, project, write_script(m, SCRIPT), "after the upgrade")
+        assert wait_for(m, second, finished)["run"]["state"] == "succeeded"
+        assert launch_record(m, second)["capsule_hash"] == new_capsule
+        assert agent_receipt(m, second)["capsule"] == new_capsule
+
+
+def test_remove_stops_runs_and_keeps_data_purge_keeps_the_pool(deb: Path) -> None:
+    with Machine(deb, with_pool=True) as m:
+        project = make_project(m)
+        run_id = launch(m, project, sleeping_script(m, 300), "interrupted by removal")
+        wait_for(m, run_id, agent_running)
+        coordinator = f"cairn-coordinator@{run_id}.service"
+        agent = f"cairn-agent-{run_id}-root-1-1.service"
+        assert unit_state(m, coordinator) == "active"
+        assert unit_state(m, agent) == "active"
+
+        sh(m, "apt-get", "remove", "-y", "-q", "cairn")
+
+        assert sh(m, "dpkg-query", "-W", "-f", "${Status}", "cairn") == (
+            "deinstall ok config-files"
+        )
+        for unit in (coordinator, agent, "cairn.socket", "cairn-broker.socket"):
+            assert unit_state(m, unit) != "active", unit
+        for path in (
+            "/var/lib/cairn/journal/journal.db",
+            f"/var/lib/cairn/runs/{run_id}",
+            "/var/lib/cairn/broker/receipts.db",
+            f"/var/lib/cairn/pool/runs/{run_id}/Q",
+        ):
+            assert exists(m, path), f"remove deleted {path}"
+        assert sh(m, "getent", "passwd", "cairn").startswith("cairn:")
+
+        sh(m, "apt-get", "purge", "-y", "-q", "cairn")
+
+        assert sh(m, "dpkg-query", "-W", "-f", "${Status}", "cairn", check=False) != (
+            "deinstall ok config-files"
+        )
+        for path in (
+            "/var/lib/cairn/journal",
+            "/var/lib/cairn/runs",
+            "/var/lib/cairn/broker",
+            "/etc/cairn",
+        ):
+            assert not exists(m, path), f"purge left {path}"
+        # The pool's Btrfs data survives purge: the subvolumes are still on the filesystem.
+        subvolumes = sh(m, "btrfs", "subvolume", "list", "-o", "/var/lib/cairn/pool")
+        assert f"runs/{run_id}/Q" in subvolumes
+        assert (m.pool_mount / "runs" / run_id / "Q" / "CHANGELOG.md").read_text() == (
+            "# Changelog\n"
+        )
+
+
+def test_broker_refuses_a_capsule_with_one_changed_byte(machine: Machine) -> None:
+    release = sh(machine, "readlink", "-f", CURRENT)
+    target = f"{release}/lib/cairn/worker/profiles.py"
+    original = machine.exec(["cat", target]).stdout
+    changed = bytearray(original)
+    changed[200] ^= 0x20
+    machine.exec(["tee", target], input=bytes(changed))
+
+    project = make_project(machine)
+    run_id = launch(machine, project, write_script(machine, SCRIPT), "must not run")
+    data = wait_for(machine, run_id, finished)
+
+    assert data["run"]["state"] == "failed"
+    message = "lib/cairn/worker/profiles.py does not match its SHA-256"
+    assert "sealed release refused" in data["run"]["error"]
+    assert message in data["run"]["error"]
+    broker_log = machine.journal(unit="cairn-broker.service")
+    assert message in broker_log
+    assert "sealed release refused" in broker_log
+    # No agent unit was ever started, and the project is untouched.
+    assert f"cairn-agent-{run_id}" not in sh(machine, "systemctl", "list-units", "--all")
+    assert sh(machine, "cat", f"{project}/CHANGELOG.md") == "# Changelog"
+
+
+def test_deb_is_lintian_clean(deb: Path) -> None:
+    if shutil.which("lintian", path="/usr/bin:/bin") is None:
+        pytest.skip("lintian is not installed (apt-get install lintian)")
+    proc = run(["lintian", "--no-cfg", deb], check=False, timeout=300)
+    report = (proc.stdout + proc.stderr).decode(errors="replace")
+    findings = [line for line in report.splitlines() if line[:2] in ("E:", "W:")]
+    assert findings == [], report
+
+
+def test_rpm_file_list_scriptlets_and_requirements(tmp_path: Path) -> None:
+    if shutil.which("rpmbuild", path="/usr/bin:/bin") is None:
+        pytest.skip("rpmbuild is not installed (apt-get install rpm)")
+    built = run([REPO / "packaging" / "build-rpm.sh", "--out", tmp_path], timeout=900)
+    rpm = built.stdout.decode().strip().splitlines()[-1]
+    assert rpm.endswith(".noarch.rpm")
+
+    files = run(["rpm", "-qlp", rpm]).stdout.decode().splitlines()
+    for expected in (
+        "/usr/bin/cairn",
+        "/usr/lib/systemd/system/cairn.socket",
+        "/usr/lib/systemd/system/cairn-broker.socket",
+        "/usr/lib/systemd/system/cairn-broker.service",
+        "/usr/lib/systemd/system/cairn.service",
+        "/usr/lib/systemd/system/cairn-coordinator@.service",
+        "/usr/lib/sysusers.d/cairn.conf",
+        "/usr/lib/tmpfiles.d/cairn.conf",
+        "/usr/lib/cairn/release-key.pub",
+        "/usr/lib/cairn/releases/current",
+        "/usr/share/man/man1/cairn.1",
+        "/usr/share/man/man8/cairnd.8",
+        "/usr/share/man/man8/cairn-broker.8",
+    ):
+        assert expected in files, expected
+    assert any(f.endswith("/site-packages/cairn/broker/capsule.py") for f in files)
+    capsules = [f for f in files if re.fullmatch(r"/usr/lib/cairn/releases/[0-9a-f]{64}", f)]
+    assert len(capsules) == 1
+    assert f"{capsules[0]}/manifest.sig" in files
+    assert f"{capsules[0]}/lib/cairn/worker/__main__.py" in files
+    assert not any(
+        "release-key.pem" in f or "__pycache__" in f for f in files if "/cairn/releases" in f
+    )
+
+    scripts = run(["rpm", "-qp", "--scripts", rpm]).stdout.decode()
+    post, preun, postun = (
+        scripts.split("postinstall scriptlet")[1].split("preuninstall scriptlet")[0],
+        scripts.split("preuninstall scriptlet")[1].split("postuninstall scriptlet")[0],
+        scripts.split("postuninstall scriptlet")[1],
+    )
+    assert "preset cairn.socket cairn-broker.socket" in post
+    assert "cairn.broker.capsule enable-verity" in post
+    assert "if [ $1 -eq 0 ]" in preun and "cairn-coordinator@*.service" in preun
+    assert "try-restart cairn.service cairn-broker.service" in postun
+    for word in ("sqlite", "journal.db", "user_version"):
+        assert word not in scripts
+
+    requires = run(["rpm", "-qRp", rpm]).stdout.decode().splitlines()
+    for name in (
+        "python3-pydantic >= 2",
+        "python3-typer",
+        "python3-btrfsutil",
+        "python3-cryptography",
+        "python3-pyroute2",
+        "python3-jeepney",
+        "btrfs-progs",
+        "systemd",
+    ):
+        assert name in requires, name

@@ -1,0 +1,290 @@
+"""Questions, approvals and control requests on a real journal, driven by a real
+coordinator replaying a real control worker (up to the point where the broker would
+be needed), and decided through cairnd's functions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn.coordinator import interactions
+from cairn.coordinator.core import Coordinator
+from cairn.daemon import interactions as people
+from cairn.errors import CairnError, ValidationFailed
+from cairn.journal import Journal
+from cairn.models import DaemonRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.policy import AlreadyAnswered, RequestExpired, RunEnded, StaleRequest
+from cairn.workflow.review import review_source
+
+SOURCE = '''
+from cairn.workflow import Field, Model, agent, workflow
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+class Choice(Model):
+    colour: str = Field(min_length=1)
+
+class Report(Model):
+    summary: str = Field(min_length=1)
+
+fetch = agent(profile="test:fetch", access="write", network="host", output=Report)
+
+@workflow(description="ask, then fetch", input=Goal, output=Report)
+async def run(flow, args: Goal) -> Report:
+    choice = await flow.ask(f"Which colour for {args.goal}?", schema=Choice)
+    result = await flow.agent(fetch, prompt=f"paint {choice.colour}")
+    return result.output
+'''
+OWNER = 1001
+RUN = "flow_" + "0" * 31 + "a"
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    (tmp_path / "var/lib/cairn/journal").mkdir(parents=True)
+    (tmp_path / "etc/cairn").mkdir(parents=True)
+    yield tmp_path
+
+
+def set_policy(root: Path, text: str) -> None:
+    (root / "etc/cairn/policy.toml").write_text(text)
+
+
+def journal_of(root: Path) -> Journal:
+    return Journal(root / "var/lib/cairn/journal/journal.db", create=True)
+
+
+def create_run(root: Path, run_id: str = RUN) -> None:
+    review = review_source(SOURCE, filename="wf.py")
+    desc = LaunchDescription(
+        run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
+        definition="/home/alice/wf.py", source=SOURCE, source_filename="wf.py",
+        review_hash=review.review_hash, review=review.model_dump(mode="json"),
+        args={"goal": "the shed"},
+        project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=False),
+        profiles={"test:fetch": ProfileSpec(name="test:fetch", kind="scripted")},
+        cairn_version="0", created_at=time.time(),
+    )
+    with journal_of(root) as journal:
+        journal.create_run(desc, intents=[])
+
+
+def incarnation(run_id: str = RUN) -> Coordinator:
+    """A coordinator holding the lease with the run ``running``, as ``run()`` leaves it
+    before it replays."""
+    coord = Coordinator(run_id)
+    coord.token = coord.journal.acquire_lease(run_id, coord.holder, ttl=60)
+    coord.journal.set_run_state(run_id, "running", token=coord.token)
+    return coord
+
+
+def replay_until_suspended(coord: Coordinator) -> interactions.RunSuspended:
+    with pytest.raises(interactions.RunSuspended) as caught:
+        coord.replay()
+    return caught.value
+
+
+def request(op: str, **fields: object) -> DaemonRequest:
+    return DaemonRequest(op=op, run_id=RUN, **fields)  # type: ignore[arg-type]
+
+
+def ask_and_exit(root: Path) -> str:
+    """First incarnation: the workflow asks; the coordinator records the question and
+    exits with the run waiting. Returns the challenge."""
+    create_run(root)
+    coord = incarnation()
+    suspended = replay_until_suspended(coord)
+    assert suspended.state == "waiting"
+    assert interactions.suspend(coord, suspended) == 0
+    coord.journal.release_lease(RUN, coord.token)
+    with journal_of(root) as journal:
+        assert journal.get_run(RUN).state == "waiting"
+        (question,) = journal.questions(RUN)
+        assert question.state == "waiting" and question.question == "Which colour for the shed?"
+        assert question.schema_name == "Choice"
+        assert journal.get_op_by_id(RUN, "root-1").state == "waiting"
+        return question.challenge
+
+
+def test_question_answer_binds_actor_and_challenge_and_resumes_there(root: Path) -> None:
+    challenge = ask_and_exit(root)
+    set_policy(root, '[capabilities]\n"network:host" = "require_approval"\n')
+    with journal_of(root) as journal:
+        # a paused run records the answer without waking anything
+        assert journal.request_control(RUN, "pause", actor_uid=OWNER) == ("paused", False)
+        with pytest.raises(StaleRequest, match="the current one is " + challenge):
+            people.answer(journal, RUN, request("answer", challenge="sha256:" + "0" * 64,
+                                                 answer='{"colour": "red"}'), OWNER)
+        with pytest.raises(ValidationFailed, match="does not match Choice: colour"):
+            people.answer(journal, RUN, request("answer", challenge=challenge,
+                                                 answer='{"colour": ""}'), OWNER)
+        with pytest.raises(ValidationFailed, match="must be JSON"):
+            people.answer(journal, RUN, request("answer", challenge=challenge,
+                                                 answer="red"), OWNER)
+        done = people.answer(journal, RUN, request("answer", challenge=challenge,
+                                                    answer='{"colour": "red"}'), OWNER)
+        assert done == {"run_id": RUN, "op_id": "root-1", "outcome": "answered",
+                        "woken": False}
+        again = people.answer(journal, RUN, request("answer", challenge=challenge,
+                                                     answer=' {"colour":"red"} '), OWNER)
+        assert again["outcome"] == "duplicate"
+        with pytest.raises(AlreadyAnswered, match="already answered"):
+            people.answer(journal, RUN, request("answer", challenge=challenge,
+                                                 answer='{"colour": "blue"}'), OWNER)
+        (question,) = journal.questions(RUN)
+        assert question.answer == {"colour": "red"} and question.actor_uid == OWNER
+
+    # the next incarnation commits the answer and continues exactly there: the agent's
+    # prompt carries the answer, and policy holds the dispatch for an approval
+    coord = incarnation()
+    suspended = replay_until_suspended(coord)
+    assert suspended.state == "waiting" and "approval" in suspended.message
+    ask_op = coord.journal.get_op_by_id(RUN, "root-1")
+    assert ask_op.state == "committed" and ask_op.result is not None
+    assert ask_op.result["answer"] == {"colour": "red"}
+    (approval,) = coord.journal.approvals(RUN)
+    assert approval.request_id == "root-2-approval" and approval.state == "waiting"
+    assert approval.prepared["prompt"] == "paint red"
+    assert approval.evaluation["capabilities"]["network:host"] == "require_approval"
+    assert coord.journal.get_op_by_id(RUN, "root-2").state == "requested"
+    # the stale challenge of the answered question is refused as such
+    with journal_of(root) as journal, pytest.raises(AlreadyAnswered):
+        people.answer(journal, RUN, request("answer", challenge=challenge,
+                                             answer='{"colour": "green"}'), OWNER)
+
+    # two concurrent approvals while the coordinator is still on its way out: one wins
+    outcomes: list[str] = []
+
+    def approve() -> None:
+        with journal_of(root) as journal:
+            try:
+                out = people.decide(journal, RUN, request(
+                    "approve", request_id=approval.request_id,
+                    fingerprint=approval.fingerprint), OWNER + 1)
+                outcomes.append(out["outcome"])
+            except CairnError as exc:
+                outcomes.append(exc.code)
+
+    threads = [threading.Thread(target=approve) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["already-answered", "approved"]
+    # decided meanwhile: the coordinator does not leave the run waiting, it restarts
+    assert interactions.suspend(coord, suspended) == interactions.EXIT_RESTART
+    assert coord.journal.get_run(RUN).state == "running"
+    decided = coord.journal.approval(RUN, approval.request_id)
+    assert decided is not None and decided.actor_uid == OWNER + 1
+
+
+def wait_for_approval(root: Path, policy: str) -> tuple[Coordinator, str, str]:
+    """A run whose agent waits for approval, with its question answered."""
+    challenge = ask_and_exit(root)
+    set_policy(root, policy)
+    with journal_of(root) as journal:
+        journal.answer_question(RUN, challenge=challenge, answer={"colour": "red"},
+                                actor_uid=OWNER)
+    coord = incarnation()
+    suspended = replay_until_suspended(coord)
+    assert interactions.suspend(coord, suspended) == 0
+    coord.journal.release_lease(RUN, coord.token)
+    (approval,) = coord.journal.approvals(RUN)
+    return coord, approval.request_id, approval.fingerprint
+
+
+def test_approval_refused_when_policy_now_denies_or_fingerprint_is_stale(root: Path) -> None:
+    coord, req, print_ = wait_for_approval(root, 'default = "require_approval"\n')
+    with journal_of(root) as journal:
+        with pytest.raises(StaleRequest, match="fingerprint"):
+            people.decide(journal, RUN, request("approve", request_id=req,
+                                                fingerprint="sha256:" + "1" * 64), OWNER)
+        set_policy(root, '[capabilities]\n"network:host" = "deny"\n')
+        with pytest.raises(people.PolicyDenies, match="now denies network:host"):
+            people.decide(journal, RUN, request("approve", request_id=req,
+                                                fingerprint=print_), OWNER)
+        assert journal.approval(RUN, req).state == "waiting"  # type: ignore[union-attr]
+        journal.request_control(RUN, "pause", actor_uid=OWNER)  # keep the broker out of it
+        out = people.decide(journal, RUN, request("reject", request_id=req,
+                                                  reason="not today"), OWNER)
+        assert out["outcome"] == "rejected"
+    # rejected: the next incarnation records the operation as not started and fails
+    set_policy(root, 'default = "require_approval"\n')
+    coord = incarnation()
+    with pytest.raises(interactions.OperationRefused, match="rejected by uid 1001: not today"):
+        coord.replay()
+    assert coord.journal.get_op_by_id(RUN, "root-2").state == "not-started"
+
+
+def test_approval_after_deadline_is_refused_and_recorded_expired(root: Path) -> None:
+    coord, req, print_ = wait_for_approval(
+        root, 'approval_deadline_sec = 1\n[capabilities]\nwrite = "require_approval"\n')
+    time.sleep(1.2)
+    with journal_of(root) as journal:
+        journal.request_control(RUN, "pause", actor_uid=OWNER)  # keep the broker out of it
+        with pytest.raises(RequestExpired, match="recorded as expired"):
+            people.decide(journal, RUN, request("approve", request_id=req,
+                                                fingerprint=print_), OWNER)
+        expired = journal.approval(RUN, req)
+        assert expired is not None and expired.state == "expired"
+        with pytest.raises(AlreadyAnswered):
+            people.decide(journal, RUN, request("approve", request_id=req,
+                                                fingerprint=print_), OWNER)
+    coord = incarnation()
+    with pytest.raises(interactions.OperationRefused, match="expired \\(its deadline passed\\)"):
+        coord.replay()
+
+
+def test_control_requests_at_safe_points_and_on_waiting_runs(root: Path) -> None:
+    create_run(root)
+    coord = incarnation()
+    with journal_of(root) as journal:
+        assert journal.request_control(RUN, "pause", actor_uid=OWNER) == (
+            "pause requested", False)
+        assert journal.request_control(RUN, "pause", actor_uid=OWNER)[0] == (
+            "pause already requested")
+        # resume before the pause was honoured withdraws it
+        assert journal.request_control(RUN, "resume", actor_uid=OWNER)[0] == "pause withdrawn"
+        journal.request_control(RUN, "stop", actor_uid=OWNER)
+    suspended = replay_until_suspended(coord)
+    assert suspended.state == "stopped"
+    assert interactions.suspend(coord, suspended) == 0
+    assert coord.journal.get_run(RUN).state == "stopped"
+    assert coord.journal.list_ops(RUN) == []  # stopped before the first operation
+    assert coord.journal.pending_controls(RUN) == []
+    with journal_of(root) as journal, pytest.raises(RunEnded, match="already stopped"):
+        journal.request_control(RUN, "cancel", actor_uid=OWNER)
+
+
+def test_cancel_of_a_waiting_run_withdraws_its_question(root: Path) -> None:
+    challenge = ask_and_exit(root)
+    with journal_of(root) as journal:
+        assert journal.request_control(RUN, "cancel", actor_uid=OWNER) == ("cancelled", False)
+        assert journal.get_run(RUN).state == "cancelled"
+        assert journal.questions(RUN)[0].state == "cancelled"
+        assert journal.get_op_by_id(RUN, "root-1").state == "not-started"
+        with pytest.raises(RunEnded):
+            journal.answer_question(RUN, challenge=challenge, answer={"colour": "red"},
+                                    actor_uid=OWNER)
+        events = [e.event for e in journal.events(RUN)]
+        assert "cancel-requested" in events and "run-cancelled" in events
+
+
+def test_inbox_lists_only_the_callers_waiting_items(root: Path) -> None:
+    challenge = ask_and_exit(root)
+    with journal_of(root) as journal:
+        (item,) = people.inbox(journal, OWNER, all_users=False)
+        assert item["kind"] == "question" and item["challenge"] == challenge
+        assert item["json_schema"]["properties"]["colour"]["type"] == "string"
+        assert people.inbox(journal, OWNER + 1, all_users=True) == []
+        watched = people.watch(journal, request("watch", cursor=0), OWNER)
+        assert watched["state"] == "waiting" and not watched["finished"]
+        assert watched["waiting"][0]["challenge"] == challenge
+        later = people.watch(journal, request("watch", cursor=watched["cursor"]), OWNER)
+        assert later["events"] == []

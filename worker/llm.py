@@ -1,0 +1,231 @@
+"""The ``llm`` profile: a compact tool-using coding agent over the model relay.
+
+The agent talks chat-completions to ``/run/cairn/model.sock`` (the coordinator's relay;
+no key and no network here), runs the tools of :mod:`cairn.worker.tools` in /workspace
+and ends when the model calls ``finish_work(output, handoff)`` with an output that fits
+the descriptor's schema. Replies without a tool call, unparsable arguments and invalid
+output get a correction; more than ``max_corrections`` of them end the agent.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from cairn.errors import CairnError
+from cairn.models import AgentInstruction
+from cairn.worker.channel import AgentChannel
+from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
+
+log = logging.getLogger(__name__)
+
+MODEL_SOCKET = "/run/cairn/agent/model.sock"
+RESPONSE_LIMIT = 32 << 20
+RETRIES = 3
+RETRY_DELAY_SEC = 2.0
+
+ENVIRONMENT = """\
+You work inside a sandbox. The project is in /workspace (your working directory); your
+changes there are the result. Earlier agents' results are under /evidence (read
+/evidence/index.json); /outputs takes artifacts you want to publish. There is no network.
+
+When the work is done, call finish_work once with `output` matching this JSON schema and a
+short `handoff` for whoever continues:
+
+{schema}
+"""
+
+
+class BudgetSpent(CairnError):
+    """The run's model token budget is spent; the relay refuses further calls."""
+
+    code = "budget-spent"
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("relay", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class RelayClient:
+    """chat-completions over the model socket."""
+
+    def __init__(self, path: str = MODEL_SOCKET, *, timeout: float = 600.0) -> None:
+        self.path = path
+        self.timeout = timeout
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """One non-streaming completion; retries unreachable/5xx replies a few times."""
+        body = json.dumps({"messages": messages, "tools": tools, "tool_choice": "auto"}).encode()
+        last = ""
+        for attempt in range(RETRIES):
+            if attempt:
+                time.sleep(RETRY_DELAY_SEC * attempt)
+            conn = _UnixConnection(self.path, self.timeout)
+            try:
+                conn.request("POST", "/v1/chat/completions", body=body,
+                             headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                raw = response.read(RESPONSE_LIMIT)
+            except (OSError, http.client.HTTPException) as exc:
+                last = f"cannot reach the model relay at {self.path}: {exc}"
+                continue
+            finally:
+                conn.close()
+            reply = _json_object(raw)
+            if response.status == 200 and reply is not None:
+                return reply
+            error = (reply or {}).get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            if response.status == 429 and isinstance(error, dict) and (
+                error.get("code") == "insufficient_quota"
+            ):
+                raise BudgetSpent(f"model call refused: {message}",
+                                  hint="raise limits.model_tokens or shorten the task")
+            last = f"model call failed with HTTP {response.status}: {message or raw[:200]!r}"
+            if response.status < 500:
+                break
+        raise CairnError(last)
+
+
+def tool_definitions(output_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list, with finish_work's parameters built from the schema."""
+    output = {k: v for k, v in output_schema.items() if k != "$defs"}
+    finish = {
+        "type": "object",
+        "properties": {"output": output,
+                       "handoff": {"type": "string", "description": "notes for the next step"}},
+        "required": ["output", "handoff"],
+        "additionalProperties": False,
+    }
+    if "$defs" in output_schema:
+        finish["$defs"] = output_schema["$defs"]
+    specs = [*TOOL_SPECS, {"name": "finish_work", "description": "End the work with the typed "
+                           "output and a handoff. Call it exactly once, last.",
+                           "parameters": finish}]
+    return [{"type": "function", "function": spec} for spec in specs]
+
+
+def run_llm(
+    instruction: AgentInstruction,
+    channel: AgentChannel,
+    workspace: Path,
+    client: RelayClient | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Run the agent loop; return (output, handoff) for finish_work."""
+    profile = instruction.profile
+    client = client or RelayClient(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET))
+    toolbox = Toolbox(workspace, note=channel.note, bash_timeout=profile.bash_timeout_sec,
+                      output_limit=profile.tool_output_limit)
+    tools = tool_definitions(instruction.output_schema)
+    schema_text = json.dumps(instruction.output_schema, indent=1)
+    system = "\n\n".join(
+        p for p in (profile.system_prompt.strip(), ENVIRONMENT.format(schema=schema_text)) if p
+    )
+    task = instruction.prompt if instruction.title == instruction.descriptor else (
+        f"# {instruction.title}\n\n{instruction.prompt}"
+    )
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": task},
+    ]
+    corrections = 0
+    for step in range(1, profile.max_steps + 1):
+        reply = client.chat(messages, tools)
+        message = _first_message(reply)
+        calls = message.get("tool_calls") or []
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if calls:
+            assistant["tool_calls"] = calls
+        messages.append(assistant)
+        if not calls:
+            corrections += 1
+            _check_corrections(corrections, profile.max_corrections, "replied without a tool call")
+            messages.append({"role": "user", "content": "Continue with the tools. When the "
+                             "work is done, call finish_work(output, handoff)."})
+            continue
+        finished: tuple[dict[str, Any], str] | None = None
+        for call in calls:
+            text, done, mistake = _run_call(call, toolbox, instruction.output_schema)
+            log.info("step %d: %s%s", step, _call_name(call), " (refused)" if mistake else "")
+            messages.append({"role": "tool", "tool_call_id": str(call.get("id", "")),
+                             "content": text})
+            corrections += mistake
+            if done is not None and finished is None:
+                finished = done
+        if finished is not None:
+            return finished
+        _check_corrections(corrections, profile.max_corrections, "made invalid tool calls")
+    raise CairnError(f"the agent did not call finish_work within {profile.max_steps} steps",
+                     hint="raise max_steps of the profile or narrow the task")
+
+
+def _run_call(
+    call: dict[str, Any], toolbox: Toolbox, output_schema: dict[str, Any]
+) -> tuple[str, tuple[dict[str, Any], str] | None, int]:
+    """(tool result text, finish (output, handoff) if accepted, 1 if a correction)."""
+    name = _call_name(call)
+    raw = (call.get("function") or {}).get("arguments") or "{}"
+    args = _json_object(raw.encode() if isinstance(raw, str) else b"")
+    if args is None:
+        return f"error: the arguments of {name} are not a JSON object; send valid JSON", None, 1
+    if name != "finish_work":
+        result = toolbox.call(name, args)
+        return result, None, int(result.startswith("error: no tool named"))
+    output, handoff = args.get("output"), args.get("handoff", "")
+    if isinstance(output, str):
+        # Some models send the object as a JSON string.
+        output = _json_object(output.encode())
+    error = schema_error(output_schema, output) if isinstance(output, dict) else (
+        "output: must be an object"
+    )
+    if error is None and not isinstance(handoff, str):
+        error = "handoff: must be a string"
+    if error is not None:
+        return f"error: finish_work refused: {error}. Fix it and call finish_work again.", None, 1
+    assert isinstance(output, dict) and isinstance(handoff, str)
+    return "finished", (output, handoff), 0
+
+
+def _check_corrections(count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise CairnError(f"the model {what} {count} times (limit {limit}); giving up",
+                         hint="try a stronger model or raise max_corrections of the profile")
+
+
+def _call_name(call: dict[str, Any]) -> str:
+    return str((call.get("function") or {}).get("name", ""))
+
+
+def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
+    choices = reply.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return message
+    raise CairnError("the model relay answered without a message")
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
