@@ -17,7 +17,7 @@ from cairn.broker import units
 from cairn.broker.receipts import ReceiptStore
 from cairn.errors import BrokerRefused, CairnError
 from cairn.failpoints import failpoint
-from cairn.journal import Journal
+from cairn.journal import TERMINAL_RUN_STATES, Journal
 from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
 
 log = logging.getLogger(__name__)
@@ -186,12 +186,48 @@ def checkpoint(ctx: Context) -> dict[str, Any]:
     return {"s": receipt.model_dump(), "op_id": op_id}
 
 
+def fork(ctx: Context) -> dict[str, Any]:
+    """S of the parent's W at the fork, then one writable W per lane made from it."""
+    check_generation(ctx.intent)
+    if ctx.intent.op_id is None or not ctx.intent.lanes:
+        raise BrokerRefused(f"{ctx.intent.intent_id} names no fork operation or no lanes")
+    op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
+    if op.kind not in ("parallel", "map") or op.scope != ctx.intent.scope:
+        raise BrokerRefused(f"{op.op_id} is not a fork of scope {ctx.intent.scope}")
+    if sorted(op.request.get("lanes", [])) != sorted(ctx.intent.lanes):
+        raise BrokerRefused(f"{ctx.intent.intent_id}: lanes differ from the journal's")
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    s = pool.checkpoint_path(ctx.run_id, op.op_id)
+    s.parent.mkdir(parents=True, exist_ok=True)
+    s_receipt = pool.snapshot(w, s, read_only=True)
+    lanes: dict[str, Any] = {}
+    for key in ctx.intent.lanes:
+        lane_w = pool.w_path(ctx.run_id, f"{op.op_id}-{key}", 1)
+        lane_w.parent.mkdir(parents=True, exist_ok=True)
+        receipt = pool.snapshot(s, lane_w, read_only=False)
+        os.chown(lane_w, ctx.desc.owner_uid, ctx.desc.owner_gid)
+        lanes[key] = {"w": receipt.model_dump()}
+    return {"s": s_receipt.model_dump(), "op_id": op.op_id, "lanes": lanes}
+
+
 def drop_w(ctx: Context) -> dict[str, Any]:
     """Delete a W generation replaced by a restore or clean retry."""
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
-    created = ctx.receipt(f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")["w"]
+    created = ctx.store.body(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
+    if created is not None:
+        created = created["w"]
+    else:  # a lane's first W comes from its fork
+        for receipt in ctx.store.for_run(ctx.run_id):
+            for key, lane in (
+                receipt.data.get("lanes", {}).items() if receipt.kind == "fork" else ()
+            ):
+                if f"{receipt.data['op_id']}-{key}" == ctx.intent.scope:
+                    created = lane["w"]
+    if created is None:
+        raise BrokerRefused(f"no receipt for W.{ctx.intent.generation} of {ctx.intent.scope}")
     pool.delete(w, _receipt_model(created))
     return {"deleted": str(w)}
 
@@ -250,10 +286,12 @@ def verify_storage(ctx: Context) -> dict[str, Any]:
             dropped.add(Path(receipt.data["deleted"]))
         if receipt.kind == "delete-run":
             return {"problems": [], "checked": 0, "deleted": True}
-        for key in ("q", "w", "s", "p", "c", "f"):
-            if key in receipt.data:
-                rec = _receipt_model(receipt.data[key])
-                expected[Path(rec.path)] = rec
+        holders = [receipt.data, *receipt.data.get("lanes", {}).values()]
+        for holder in holders:
+            for key in ("q", "w", "s", "p", "c", "f"):
+                if key in holder:
+                    rec = _receipt_model(holder[key])
+                    expected[Path(rec.path)] = rec
     problems: list[str] = []
     for path, rec in sorted(expected.items()):
         if path in dropped:
@@ -332,7 +370,7 @@ def start_apply(ctx: Context) -> dict[str, Any]:
 
 def delete_run(ctx: Context) -> dict[str, Any]:
     run = ctx.journal.get_run(ctx.run_id)
-    if run.state not in ("succeeded", "failed", "cancelled"):
+    if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
     deleted = ctx.pool().delete_run(ctx.run_id)
     return {"deleted": [str(p) for p in deleted]}
@@ -343,6 +381,7 @@ HANDLERS = {
     "create-w": create_w,
     "checkpoint": checkpoint,
     "drop-w": drop_w,
+    "fork": fork,
     "verify-storage": verify_storage,
     "freeze-proposal": freeze_proposal,
     "settle-candidate": settle_candidate,

@@ -89,6 +89,16 @@ def _age(ts: float) -> str:
     return f"{seconds}s ago"
 
 
+def _parse_limits(specs: list[str]) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise UsageError(f"--limit takes NAME=NUMBER, got {spec!r}")
+        limits[name.strip()] = int(value)
+    return limits
+
+
 def _load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
     scripted: dict[str, dict[str, Any]] = {}
     for spec in specs:
@@ -120,6 +130,10 @@ def launch(
         str | None,
         typer.Option(help="For a workflow FILE.py: the review hash you confirmed."),
     ] = None,
+    limit: Annotated[
+        list[str],
+        typer.Option(help="NAME=NUMBER: a unit limit or run budget, e.g. max_agent_ops=20."),
+    ] = [],  # noqa: B006 - typer reads the default
     json_out: JsonFlag = False,
 ) -> None:
     """Launch a workflow run on a project (a builtin:NAME, or a reviewed FILE.py)."""
@@ -155,6 +169,7 @@ def launch(
             definition=definition,
             source=source,
             confirm=confirm,
+            limits=_parse_limits(limit),
             args=parsed,
             project=os.path.normpath(str(root)),
             scripted=_load_scripted(scripted),

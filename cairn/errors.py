@@ -100,6 +100,13 @@ class BrokerRefused(CairnError):
     code = "broker-refused"
 
 
+class OperationError(CairnError):
+    """An operation failed for good (refused, or no result within its attempts): the
+    workflow sees it as ``OperationFailed`` and may handle it, e.g. as a failed lane."""
+
+    code = "operation-failed"
+
+
 class Unavailable(CairnError):
     """A service could not be reached; the same request may succeed later."""
 

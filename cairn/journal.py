@@ -35,7 +35,15 @@ RunState = Literal[
     "cancelled",
 ]
 OpState = Literal[
-    "requested", "started", "waiting", "uncertain", "retry", "settled", "committed", "not-started"
+    "requested",
+    "started",
+    "waiting",
+    "uncertain",
+    "retry",
+    "failed",
+    "settled",
+    "committed",
+    "not-started",
 ]
 TERMINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
 

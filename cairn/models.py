@@ -102,12 +102,17 @@ class ProfileSpec(Frozen):
 
 
 class Limits(Frozen):
-    memory_max: int = 2 << 30
-    tasks_max: int = 512
-    cpu_quota_percent: int = 100
-    runtime_max_sec: int = 3600
-    io_weight: int = 100
-    model_tokens: int = 2_000_000
+    """Per-agent unit limits and per-run budgets, frozen at launch."""
+
+    memory_max: int = Field(default=2 << 30, ge=16 << 20)
+    tasks_max: int = Field(default=512, ge=8)
+    cpu_quota_percent: int = Field(default=100, ge=1)
+    runtime_max_sec: int = Field(default=3600, ge=1)
+    io_weight: int = Field(default=100, ge=1, le=10_000)
+    model_tokens: int = Field(default=2_000_000, ge=0)
+    max_agent_ops: int = Field(default=200, ge=1)
+    max_concurrent_agents: int = Field(default=8, ge=1)
+    max_agent_seconds: int = Field(default=24 * 3600, ge=1)
 
 
 class ProjectSpec(Frozen):
@@ -165,6 +170,7 @@ IntentKind = Literal[
     "prepare-q",
     "create-w",
     "drop-w",
+    "fork",
     "verify-storage",
     "start-agent",
     "checkpoint",
@@ -181,6 +187,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
     "drop-w": "storage-v1",
+    "fork": "storage-v1",
     "verify-storage": "storage-v1",
     "checkpoint": "storage-v1",
     "freeze-proposal": "storage-v1",
@@ -201,6 +208,7 @@ class Intent(Frozen):
     generation: int = 1
     attempt: int = 1
     from_checkpoint: OpId | None = None
+    lanes: list[Annotated[str, Field(pattern=LANE_KEY_RE.pattern)]] = []
 
 
 class Receipt(Frozen):
@@ -266,6 +274,7 @@ class DaemonRequest(Frozen):
     # person confirmed for it
     source: str | None = None
     confirm: str | None = None
+    limits: dict[str, int] = {}
     # reconcile / retry of an uncertain operation
     op_id: str | None = None
     result: dict[str, Any] | None = None

@@ -10,17 +10,18 @@ the start and each operation continues from the state the journal recorded for i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import queue
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,11 +35,12 @@ from cairn.errors import (
     CairnError,
     LeaseLost,
     Nondeterminism,
+    OperationError,
     SystemdError,
     Unavailable,
 )
 from cairn.failpoints import failpoint
-from cairn.journal import Journal, OpRow
+from cairn.journal import TERMINAL_RUN_STATES, Journal, OpRow
 from cairn.models import (
     AgentInstruction,
     AgentMessage,
@@ -46,6 +48,7 @@ from cairn.models import (
     CallRequest,
     CallResult,
     Intent,
+    JoinRequest,
     LaunchDescription,
     Receipt,
     StartWorkflow,
@@ -58,16 +61,24 @@ from cairn.models import (
 from cairn.proc import make_env
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
-from cairn.workflow import RUNTIME_API_VERSION
+from cairn.workflow import RUNTIME_API_VERSION, runtime
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
 log = logging.getLogger(__name__)
 
+FORK_KINDS = ("parallel", "map")
+MARKER_KINDS = ("unroll", "item", "repeat_until")
 LEASE_TTL = 60.0
 HEARTBEAT = 15.0
 MAX_ATTEMPTS = 3
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
+
+
+class BudgetExhausted(OperationError):
+    """A run budget is spent; the operation did not run."""
+
+    code = "budget-exhausted"
 
 
 class RunBlocked(CairnError):
@@ -113,7 +124,7 @@ class Coordinator:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self.journal = Journal(paths.journal_path())
+        self._local = threading.local()
         self.desc: LaunchDescription = self.journal.launch_description(run_id)
         self.review: dict[str, Any] = self.desc.review
         self.models = build_models(Review.model_validate(self.review).models)
@@ -121,10 +132,20 @@ class Coordinator:
         self.token = 0
         self.state_dir = paths.run_state_dir(run_id)
         self._stop_heartbeat = threading.Event()
-        self.w_generation = 1
+        self.w_gen: dict[str, int] = {"root": 1}
+        self._gen_lock = threading.Lock()
+        self.agent_slots = threading.BoundedSemaphore(self.desc.limits.max_concurrent_agents)
         self.always_replay = os.environ.get("CAIRN_ALWAYS_REPLAY") == "1"
         self.budget = TokenBudget(self.desc.limits.model_tokens, used=self.tokens_used())
         self.usage: dict[str, dict[str, int]] = {}
+
+    @property
+    def journal(self) -> Journal:
+        """This thread's journal connection (SQLite connections stay in their thread)."""
+        journal: Journal | None = getattr(self._local, "journal", None)
+        if journal is None:
+            journal = self._local.journal = Journal(paths.journal_path())
+        return journal
 
     def tokens_used(self) -> int:
         """Model tokens the run's committed boundaries reported (survives restarts)."""
@@ -152,7 +173,7 @@ class Coordinator:
 
     def run(self) -> int:
         run = self.journal.get_run(self.run_id)
-        if run.state in ("succeeded", "failed", "cancelled", "blocked"):
+        if run.state in (*TERMINAL_RUN_STATES, "blocked"):
             log.info("run %s is %s; nothing to do", self.run_id, run.state)
             return 0
         self.token = self.journal.acquire_lease(
@@ -181,7 +202,7 @@ class Coordinator:
             return 0
         except interactions.RunSuspended as exc:  # waits for a person, or paused/stopped
             log.info("run %s: %s", self.run_id, exc)
-            return interactions.suspend(self, exc)
+            return int(interactions.suspend(self, exc))
         except LeaseLost:
             raise
         except CairnError as exc:
@@ -268,12 +289,12 @@ class Coordinator:
                 self.intent("create-w", "create-w.root.1", scope="root", generation=1),
             ],
         )
-        generations = [
-            i.generation
-            for i in self.journal.intents(self.run_id, "storage-v1")
-            if i.kind == "create-w" and i.scope == "root"
-        ]
-        self.w_generation = max(generations)
+        for intent in self.journal.intents(self.run_id, "storage-v1"):
+            if intent.kind == "create-w":
+                self.w_gen[intent.scope] = max(self.w_gen.get(intent.scope, 0), intent.generation)
+            if intent.kind == "fork":
+                for key in intent.lanes:
+                    self.w_gen.setdefault(f"{intent.op_id}-{key}", 1)
 
     def verify_storage(self) -> None:
         """Before continuing, the broker checks the run's subvolumes against its receipts;
@@ -299,30 +320,37 @@ class Coordinator:
                 self.event("always-replay-restart")
 
     def replay_once(self) -> dict[str, Any]:
+        """One control worker from the start. Calls are answered concurrently (lanes run
+        at the same time); answers go back in whatever order they complete."""
         start = StartWorkflow(
             source=self.desc.source, filename=self.desc.source_filename, args=self.desc.args
         )
-        worker = subprocess.Popen(
-            [sys.executable, "-I", "-m", "cairn.workflow.runtime"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=make_env({"PYTHONHASHSEED": "0"}),
-            text=True,
-            close_fds=True,
-            preexec_fn=_limit_control_worker,
-        )
+        worker = runtime.spawn(make_env())
         assert worker.stdin is not None and worker.stdout is not None
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        threading.Thread(target=_read_lines, args=(worker.stdout, events), daemon=True).start()
+        last_in_scope: dict[str, str | None] = {}
         try:
             worker.stdin.write(start.model_dump_json() + "\n")
             worker.stdin.flush()
-            predecessor: str | None = None
             while True:
-                line = worker.stdout.readline()
-                if not line:
+                kind, item = events.get()
+                if kind == "eof":
                     raise CairnError(
                         f"the control worker exited unexpectedly (status {worker.wait()})"
                     )
-                message = json.loads(line)
+                if kind == "error":
+                    raise item
+                if kind == "answered":
+                    call, value, fresh = item
+                    if fresh and self.always_replay:
+                        raise _RestartReplay
+                    last_in_scope[call.scope] = f"{call.scope}-{call.seq}"
+                    reply = CallResult(scope=call.scope, seq=call.seq, value=value)
+                    worker.stdin.write(reply.model_dump_json() + "\n")
+                    worker.stdin.flush()
+                    continue
+                message = json.loads(item)
                 if message.get("type") == "return":
                     output = WorkflowReturn.model_validate(message).output
                     self.models[self.review["workflow"]["output"]].model_validate(output)
@@ -330,24 +358,48 @@ class Coordinator:
                 if message.get("type") == "failure":
                     failure = WorkflowFailure.model_validate(message)
                     raise CairnError(f"workflow raised {failure.kind}: {failure.error}")
+                if message.get("type") == "join":
+                    join = JoinRequest.model_validate(message)
+                    self.dispatch(events, join, functools.partial(self.join, join))
+                    continue
                 call = CallRequest.model_validate(message)
-                value, predecessor, fresh = self.answer(call, predecessor)
-                if fresh and self.always_replay:
-                    raise _RestartReplay
-                worker.stdin.write(CallResult(seq=call.seq, value=value).model_dump_json() + "\n")
-                worker.stdin.flush()
+                predecessor = last_in_scope.get(call.scope)
+                self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
         finally:
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
 
+    def dispatch(
+        self,
+        events: queue.Queue[tuple[str, Any]],
+        call: CallRequest | JoinRequest,
+        work: Callable[[], tuple[dict[str, Any], str, bool]],
+    ) -> None:
+        """Answer one call in its own thread; an operation's failure goes back to the
+        workflow as an exception, anything else stops the coordinator."""
+
+        def answer() -> None:
+            try:
+                value, _op_id, fresh = work()
+            except OperationError as exc:
+                value, fresh = {"error": str(exc), "kind": exc.code}, True
+            except BaseException as exc:  # noqa: BLE001 - handed to the main loop
+                events.put(("error", exc))
+                return
+            events.put(("answered", (call, value, fresh)))
+
+        threading.Thread(target=answer, name=f"op-{call.scope}-{call.seq}", daemon=True).start()
+
     def check_manifest(self, call: CallRequest) -> dict[str, Any]:
-        """The call must be one the review listed: same kind, descriptor and line."""
+        """The call must be one the review listed: same kind, descriptor and line. The
+        per-item markers of ``flow.unroll`` belong to its reviewed call site."""
         _file, line, col = call.location.rsplit(":", 2)
         descriptor = call.request.get("descriptor")
+        kinds = ("item", "unroll") if call.kind == "item" else (call.kind,)
         for site in self.review["calls"]:
             if (
-                site["kind"] == call.kind
+                site["kind"] in kinds
                 and site["line"] == int(line)
                 and site.get("descriptor") == descriptor
             ):
@@ -375,6 +427,14 @@ class Coordinator:
             return op.result, op_id, False
         if call.kind == "ask":
             return interactions.ask(self, op, call), op_id, True
+        if call.kind in FORK_KINDS:
+            return self.fork(op, call), op_id, False
+        if call.kind in MARKER_KINDS:  # no effect: recorded so views and replay see it
+            result = {"marked": call.kind}
+            self.journal.update_op(
+                self.run_id, op_id, token=self.token, state="committed", result=result
+            )
+            return result, op_id, False
         if call.kind != "agent":
             raise CairnError(f"flow.{call.kind} is not supported by this version of cairn")
         return self.run_agent(op, call), op_id, True
@@ -415,14 +475,127 @@ class Coordinator:
             detail = "; ".join(f"{n}: journal {s!r} vs replay {v!r}" for n, s, v in mismatches)
             raise Nondeterminism(f"replay diverged at {op.op_id}: {detail}")
 
+    # --- lanes ----------------------------------------------------------------------
+
+    def fork(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        """FORK: checkpoint the parent's W; every lane gets a writable W of that checkpoint.
+        The operation stays ``started`` until the join commits it."""
+        lanes = list(call.request["lanes"])
+        intent = self.intent(
+            "fork",
+            f"fork.{op.op_id}",
+            scope=op.scope,
+            op_id=op.op_id,
+            generation=self.w_gen[op.scope],
+            lanes=lanes,
+        )
+        if op.state == "requested":
+            self.journal.update_op(
+                self.run_id,
+                op.op_id,
+                token=self.token,
+                state="started",
+                intents=[intent],
+                event="fork",
+                event_data={"lanes": lanes},
+            )
+        if op.state in ("requested", "started"):
+            self.broker("storage-v1", [intent], queued=True)
+        with self._gen_lock:
+            for key in lanes:
+                self.w_gen.setdefault(f"{op.op_id}-{key}", 1)
+        return {"forked": True, "lanes": lanes}
+
+    def join(self, join: JoinRequest) -> tuple[dict[str, Any], str, bool]:
+        """JOIN: record every lane's outcome and final checkpoint; the parent's W is left
+        as it was (lanes are evidence, never merged)."""
+        op_id = f"{join.scope}-{join.seq}"
+        op = self.journal.get_op_by_id(self.run_id, op_id)
+        live = {k: (v["outcome"], v.get("last_op")) for k, v in join.outcomes.items()}
+        if op.state == "committed":
+            assert op.result is not None
+            stored = {k: (v["outcome"], v.get("last_op")) for k, v in op.result["outcomes"].items()}
+            if stored != live:
+                raise Nondeterminism(
+                    f"lanes of {op_id} ended differently on replay: "
+                    f"journal {stored} vs replay {live}"
+                )
+            return op.result, op_id, False
+        ops = self.journal.list_ops(self.run_id)
+        outcomes: dict[str, dict[str, Any]] = {}
+        for key, outcome in join.outcomes.items():
+            lane = f"{op_id}-{key}"
+            boundaries = [
+                o for o in ops if o.scope == lane and o.kind == "agent" and o.state == "committed"
+            ]
+            last = max(boundaries, key=lambda o: o.seq) if boundaries else None
+            outcomes[key] = {
+                **outcome,
+                "scope": lane,
+                "boundary": last.op_id if last else None,
+                "checkpoint": (last.checkpoint or {}).get("s", {}).get("path") if last else None,
+            }
+        result = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
+        self.journal.update_op(
+            self.run_id,
+            op_id,
+            token=self.token,
+            state="settled",
+            result=result,
+            event="join",
+            event_data={k: v["outcome"] for k, v in outcomes.items()},
+        )
+        self.journal.update_op(self.run_id, op_id, token=self.token, state="committed")
+        return result, op_id, True
+
+    def causal_incoming(self, scope: str, seq: int) -> list[str]:
+        """The boundaries an operation may see: earlier ones of its own scope and of the
+        scopes it was forked from (up to the fork), and the final boundaries of lanes
+        joined before it. Never a sibling lane's."""
+        ops = self.journal.list_ops(self.run_id)
+        parents = {
+            f"{o.op_id}-{key}": (o.scope, o.seq)
+            for o in ops
+            if o.kind in FORK_KINDS
+            for key in o.request.get("lanes", [])
+        }
+        chain = [(scope, seq)]
+        while chain[-1][0] in parents:
+            chain.append(parents[chain[-1][0]])
+        incoming: list[str] = []
+        for chain_scope, limit in reversed(chain):
+            for o in sorted(
+                (o for o in ops if o.scope == chain_scope and o.seq < limit), key=lambda o: o.seq
+            ):
+                if o.state != "committed":
+                    continue
+                if o.kind == "agent":
+                    incoming.append(o.op_id)
+                elif o.kind in FORK_KINDS and o.result:
+                    incoming += [
+                        v["boundary"] for v in o.result["outcomes"].values() if v.get("boundary")
+                    ]
+        return incoming
+
     # --- one agent operation ----------------------------------------------------------
 
     def run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
-        """Drive one agent operation from whatever state the journal holds to committed."""
+        """Drive one agent operation from whatever state the journal holds to committed;
+        at most ``max_concurrent_agents`` do so at once (queued ones wait, not started)."""
+        with self.agent_slots:
+            return self._run_agent(op, call)
+
+    def _run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
         agent = self.review["agents"][call.request["descriptor"]]
         output_model = self.models[agent["output"]]
         while True:
             op = self.journal.get_op_by_id(self.run_id, op.op_id)
+            if op.state in ("failed", "not-started"):
+                # the same failure, of the same kind, as when it was first decided
+                error = OperationError(f"{op.op_id} did not complete: {op.error}")
+                default = "operation-failed" if op.state == "failed" else "refused"
+                error.code = (op.result or {}).get("kind", default)
+                raise error
             if op.state == "uncertain":
                 raise RunBlocked(
                     f"{op.op_id} may have had effects outside the sandbox and no result",
@@ -432,6 +605,8 @@ class Coordinator:
                 self.clean_retry(op, "retry decided by a person")
                 continue
             if op.state == "requested":
+                if op.attempt == 1:
+                    self.check_budget(op)
                 interactions.authorize(self, op, call, agent)
                 self.start_attempt(op, call, agent, output_model)
                 continue
@@ -443,6 +618,41 @@ class Coordinator:
             assert op.state == "settled" and op.result is not None
             self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
             return op.result
+
+    def check_budget(self, op: OpRow) -> None:
+        """Reserve the run's budgets before new work: an exhausted budget refuses the
+        operation (the workflow sees OperationFailed of kind ``budget-exhausted``); a
+        boundary already under way is never cut short."""
+        limits = self.desc.limits
+        others = [
+            o
+            for o in self.journal.list_ops(self.run_id)
+            if o.kind == "agent" and o.op_id != op.op_id
+        ]
+        started = sum(1 for o in others if o.state not in ("requested", "not-started"))
+        seconds = sum(
+            float((o.result or {}).get("usage", {}).get("agent_seconds", 0)) for o in others
+        )
+        reason = None
+        if started >= limits.max_agent_ops:
+            reason = f"all {limits.max_agent_ops} agent operations are used"
+        elif seconds >= limits.max_agent_seconds:
+            reason = f"{seconds:.0f} s of {limits.max_agent_seconds} s agent time are used"
+        elif self.budget.exhausted:
+            reason = f"the {limits.model_tokens} model tokens are used"
+        if reason is None:
+            return
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="not-started",
+            error=f"budget exhausted: {reason}",
+            result={"error": reason, "kind": BudgetExhausted.code},
+            event="budget-exhausted",
+            event_data={"reason": reason},
+        )
+        raise BudgetExhausted(f"{op.op_id} did not run: budget exhausted: {reason}")
 
     def instruction(
         self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
@@ -478,7 +688,7 @@ class Coordinator:
             scope=op.scope,
             op_id=op.op_id,
             attempt=op.attempt,
-            generation=self.w_generation,
+            generation=self.w_gen[op.scope],
         )
         self.journal.update_op(
             self.run_id, op.op_id, token=self.token, state="started", intents=[start]
@@ -521,7 +731,8 @@ class Coordinator:
                 hint="launch again with a larger limits.model_tokens",
             )
         if finish is None:
-            return self.retry_or_block(op, agent, ended)
+            self.retry_or_block(op, agent, ended)
+            return None
         self.journal.update_op(
             self.run_id,
             op.op_id,
@@ -585,7 +796,14 @@ class Coordinator:
                 hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
             )
         if op.attempt >= MAX_ATTEMPTS:
-            raise CairnError(
+            self.journal.update_op(
+                self.run_id,
+                op.op_id,
+                token=self.token,
+                state="failed",
+                error=f"no finish_work in {op.attempt} attempts ({ended})",
+            )
+            raise OperationError(
                 f"agent {op.op_id} ended without finish_work in {op.attempt} attempts "
                 f"(last: {ended})",
                 hint=f"see 'cairn logs {self.run_id}'",
@@ -596,7 +814,8 @@ class Coordinator:
     def clean_retry(self, op: OpRow, reason: str) -> None:
         """Record the next attempt on a fresh W restored from the predecessor's checkpoint
         (or Q); the failed attempt's W generation is deleted."""
-        restored = self.w_generation + 1
+        current = self.w_gen[op.scope]
+        restored = current + 1
         self.broker(
             "storage-v1",
             [
@@ -609,13 +828,13 @@ class Coordinator:
                 ),
                 self.intent(
                     "drop-w",
-                    f"drop-w.{op.scope}.{self.w_generation}",
+                    f"drop-w.{op.scope}.{current}",
                     scope=op.scope,
-                    generation=self.w_generation,
+                    generation=current,
                 ),
             ],
         )
-        self.w_generation = restored
+        self.w_gen[op.scope] = restored
         self.journal.update_op(
             self.run_id,
             op.op_id,
@@ -643,7 +862,7 @@ class Coordinator:
                     f"checkpoint.{op.op_id}",
                     scope=op.scope,
                     op_id=op.op_id,
-                    generation=self.w_generation,
+                    generation=self.w_gen[op.scope],
                 )
             ],
         )
@@ -657,7 +876,17 @@ class Coordinator:
             op, call, finish, starts[0]["data"] if starts else {}, checkpoint
         )
         self.failpoint("after-materialize")
-        result = {"output": finish.output, "handoff": finish.handoff, "op_id": op.op_id}
+        started_at = float(starts[0]["at"]) if starts else time.time()
+        usage = {
+            **self.usage.get(op.op_id, {}),
+            "agent_seconds": round(time.time() - started_at, 3),
+        }
+        result = {
+            "output": finish.output,
+            "handoff": finish.handoff,
+            "op_id": op.op_id,
+            "usage": usage,
+        }
         self.journal.update_op(
             self.run_id,
             op.op_id,
@@ -711,16 +940,14 @@ class Coordinator:
         _mkdirs(current / "notes")
         _write_public(current / "instruction.md", instruction.prompt + "\n")
         _write_public(current / "invocation.json", instruction.model_dump_json(indent=2))
-        committed = [o for o in self.journal.list_ops(self.run_id) if o.state == "committed"]
-        incoming = []
-        for earlier in committed:
-            src = self.state_dir / "boundaries" / earlier.op_id
-            dst = evidence / "incoming" / earlier.op_id
+        incoming = self.causal_incoming(op.scope, op.seq)
+        for earlier in incoming:
+            src = self.state_dir / "boundaries" / earlier
+            dst = evidence / "incoming" / earlier
             _mkdirs(dst / "workspace")
             for name in ("boundary.json", "handoff.md", "result.json", "transcript.jsonl"):
                 if (src / name).exists():
                     _write_public(dst / name, (src / name).read_text())
-            incoming.append(earlier.op_id)
         index = {"run": self.run_id, "op": op.op_id, "incoming": incoming}
         _write_public(evidence / "index.json", json.dumps(index, indent=2))
         return incoming
@@ -774,7 +1001,7 @@ class Coordinator:
         freeze, candidate = self.broker(
             "storage-v1",
             [
-                self.intent("freeze-proposal", "freeze-proposal", generation=self.w_generation),
+                self.intent("freeze-proposal", "freeze-proposal", generation=self.w_gen["root"]),
                 self.intent("settle-candidate", "settle-candidate"),
             ],
         )
@@ -832,11 +1059,8 @@ def _write_public(path: Path, text: str) -> None:
     os.chmod(path, 0o644)
 
 
-def _limit_control_worker() -> None:
-    """Runs in the control worker before exec: its own session and tight limits."""
-    import resource
-
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _read_lines(stream: IO[str], events: queue.Queue[tuple[str, Any]]) -> None:
+    """Feed the control worker's messages to the coordinator's main loop."""
+    for line in stream:
+        events.put(("line", line))
+    events.put(("eof", None))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from cairn.errors import CairnError, Nondeterminism
+from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
 from cairn.models import CallRequest, canonical_json, sha256_hex
 from cairn.policy import (
@@ -53,8 +53,9 @@ class RunSuspended(CairnError):
         self.state = state
 
 
-class OperationRefused(CairnError):
-    """Policy or a person refused an operation; it did not run."""
+class OperationRefused(OperationError):
+    """Policy or a person refused an operation; it did not run. The workflow sees
+    ``OperationFailed`` (and fails unless it handles it)."""
 
     code = "refused"
 

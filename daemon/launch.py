@@ -172,6 +172,22 @@ def resolve_routes(profiles: dict[str, ProfileSpec]) -> dict[str, ModelRoute]:
     return {name: providers.route(name) for name in names}
 
 
+def resolve_limits(overrides: dict[str, int]) -> Limits:
+    """Defaults, with the caller's overrides (validated: unknown names and values out of
+    range are refused)."""
+    unknown = sorted(set(overrides) - set(Limits.model_fields))
+    if unknown:
+        raise UsageError(
+            f"unknown limit {', '.join(unknown)}",
+            hint=f"limits: {', '.join(Limits.model_fields)}",
+        )
+    try:
+        return Limits(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValidationFailed(f"limit {first['loc'][0]}: {first['msg']}") from exc
+
+
 def launch(
     journal: Journal,
     request: DaemonRequest,
@@ -221,7 +237,7 @@ def launch(
         project=project,
         profiles=profiles,
         routes=resolve_routes(profiles),
-        limits=Limits(),
+        limits=resolve_limits(request.limits),
         cairn_version=cairn.__version__,
         created_at=time.time(),
         schedule=schedule,

@@ -111,6 +111,7 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         ],
         "units": run_units(receipts),
         "settlement": row.settlement,
+        "schedule": journal.launch_description(row.run_id).schedule,
         "divergence": _divergence(events),
         "events": [e.model_dump() for e in events[-50:]],
         "events_omitted": max(0, len(events) - 50),

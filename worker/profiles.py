@@ -50,7 +50,10 @@ def _fill(value: Any, instruction: AgentInstruction) -> Any:
 
 
 def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
-    path = WORKSPACE / step.path
+    relative = _fill_text(step.path, instruction)
+    if relative.startswith("/") or ".." in relative.split("/"):
+        raise CairnError(f"scripted path {relative!r} leaves the workspace")
+    path = WORKSPACE / relative
     content = _fill_text(step.content, instruction)
     if step.action == "write":
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +74,8 @@ def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
     elif step.action == "sleep":
         time.sleep(step.seconds)
     elif step.action == "run":
-        proc = subprocess.run(step.argv, cwd=WORKSPACE, check=False, timeout=600)
+        argv = [_fill_text(a, instruction) for a in step.argv]
+        proc = subprocess.run(argv, cwd=WORKSPACE, check=False, timeout=600)
         if proc.returncode != 0:
             raise CairnError(f"scripted step {step.argv[0]} exited {proc.returncode}")
 

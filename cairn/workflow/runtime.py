@@ -10,6 +10,7 @@ coroutine is driven by hand (no event loop), so replay is deterministic.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.workflow import AgentDescriptor, Model
+from cairn.workflow import AgentDescriptor, Model, OperationFailed
 
 M = TypeVar("M", bound=Model)
 
@@ -177,9 +178,49 @@ class Flow:
         )
         return _await(fork)
 
+    def repeat_until(
+        self,
+        step: Callable[[int], Any],
+        check: Callable[[Any], Any],
+        *,
+        max_attempts: int,
+    ) -> Coroutine[Any, Any, RepeatResult]:
+        """Run ``step(attempt)`` until ``check(value)`` holds, at most ``max_attempts``
+        times; each attempt's agents see the earlier attempts' boundaries."""
+        if not 1 <= max_attempts <= 100:
+            raise ValueError("max_attempts must be between 1 and 100")
+        start = self._call("repeat_until", {"max_attempts": max_attempts})
+        return _repeat(self, start, step, check, max_attempts)
+
+    def unroll(
+        self, items: list[Any], fn: Callable[[Any], Any], *, title: str
+    ) -> Coroutine[Any, Any, list[Any]]:
+        """A durable, ordered worklist: ``fn(item)`` for each item in turn, each marked
+        active in the journal (``cairn show`` renders it)."""
+        labels = [_label(item) for item in items]
+        start = self._call("unroll", {"title": title, "items": labels})
+        return _unroll(self, start, title, items, fn)
+
+    def item(self, key: str, fn: Callable[[], Any]) -> Coroutine[Any, Any, Any]:
+        """Mark ``key`` as the active item, then run ``fn``."""
+        return _item(self, self._call("item", {"worklist": "", "index": -1, "label": key}), fn)
+
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+@dataclass(frozen=True)
+class RepeatResult:
+    """What ``flow.repeat_until`` returns: the last step's value and whether it passed."""
+
+    value: Any
+    attempts: int
+    passed: bool
 
 
 async def _ask_answer(pending: _Pending, schema: type[M] | None) -> M | str:
@@ -193,6 +234,43 @@ async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> Agent
     answer = await pending
     output = descriptor.output.model_validate(answer["output"])
     return AgentResult(output=output, handoff=answer["handoff"], boundary=answer["op_id"])
+
+
+async def _repeat(
+    flow: Flow, start: _Pending, step: Callable[[int], Any], check: Callable[[Any], Any],
+    max_attempts: int,
+) -> RepeatResult:
+    await start
+    value: Any = None
+    for attempt in range(1, max_attempts + 1):
+        value = await _maybe_await(step(attempt))
+        if await _maybe_await(check(value)):
+            return RepeatResult(value, attempt, True)
+    return RepeatResult(value, max_attempts, False)
+
+
+async def _unroll(
+    flow: Flow, start: _Pending, title: str, items: list[Any], fn: Callable[[Any], Any]
+) -> list[Any]:
+    await start
+    results = []
+    for index, item in enumerate(items):
+        await flow._call("item", {"worklist": title, "index": index, "label": _label(item)})
+        results.append(await _maybe_await(fn(item)))
+    await flow._call("item", {"worklist": title, "index": len(items), "label": "", "done": True})
+    return results
+
+
+async def _item(flow: Flow, start: _Pending, fn: Callable[[], Any]) -> Any:
+    await start
+    return await _maybe_await(fn())
+
+
+def _label(item: Any) -> str:
+    text = item if isinstance(item, str) else json.dumps(
+        item.model_dump(mode="json") if isinstance(item, BaseModel) else item, default=str
+    )
+    return text[:120]
 
 
 def _check_keys(keys: list[str]) -> None:
@@ -270,8 +348,11 @@ class _Driver:
     def answered(self, task: _Task, result: CallResult) -> None:
         fork = task.fork
         if fork is None:
-            task.send = result.value
-            task.last_op = f"{result.scope}-{result.seq}"
+            if set(result.value) == {"error", "kind"}:  # the operation failed for good
+                task.throw = OperationFailed(result.value["error"], kind=result.value["kind"])
+            else:
+                task.send = result.value
+                task.last_op = f"{result.scope}-{result.seq}"
             self.runnable.append(task)
         elif not task.lanes and not task.results:  # the fork is recorded: start lanes
             task.queued = list(fork.lanes)

@@ -27,7 +27,7 @@ INSIDE = r'''
 import json, os, socket, subprocess, sys, threading, time
 from cairn.broker.units import require_quiesced
 from cairn.systemd import Systemd
-from cairn.unitprops import AgentUnitSpec, agent_unit_name, agent_unit_properties
+from cairn.unitprops import AGENT_SOCKET, AgentUnitSpec, agent_unit_name, agent_unit_properties
 
 repeat = int(sys.argv[1])
 run_id = "flow_" + "be" * 16
@@ -38,12 +38,12 @@ out = {"ready": [], "job": [], "quiesce": [], "bare": [], "systemd_run": []}
 for i in range(repeat):
     op = f"root-{i + 1}"
     d = f"{base}/{op}"
-    for sub in ("workspace", "evidence", "outputs", "state"):
+    for sub in ("workspace", "evidence", "outputs", "state", "channel"):
         os.makedirs(f"{d}/{sub}", exist_ok=True)
-        if sub != "evidence":
+        if sub not in ("evidence", "channel"):
             os.chown(f"{d}/{sub}", 1001, 1001)
     os.chmod(base, 0o755)
-    sock_path = f"{d}/agent.sock"
+    sock_path = f"{d}/channel/agent.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(sock_path)
     os.chmod(sock_path, 0o666)
@@ -61,7 +61,7 @@ for i in range(repeat):
         run_id=run_id, op_id=op, uid=1001, gid=1001,
         exec_argv=["/usr/bin/python3", "-I", "-S", "-c", hello],
         workspace=f"{d}/workspace", evidence_dir=f"{d}/evidence", outputs=f"{d}/outputs",
-        state=f"{d}/state", agent_socket=sock_path, memory_max=2 << 30, tasks_max=512,
+        state=f"{d}/state", channel_dir=f"{d}/channel", memory_max=2 << 30, tasks_max=512,
         cpu_quota_percent=100, runtime_max_sec=600, network="none",
         log_fields={"CAIRN_RUN": run_id, "CAIRN_OP": op},
     )

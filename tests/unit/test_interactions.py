@@ -214,10 +214,11 @@ def test_approval_refused_when_policy_now_denies_or_fingerprint_is_stale(root: P
         out = people.decide(journal, RUN, request("reject", request_id=req,
                                                   reason="not today"), OWNER)
         assert out["outcome"] == "rejected"
-    # rejected: the next incarnation records the operation as not started and fails
+    # rejected: the next incarnation records the operation as not started; the workflow
+    # sees OperationFailed and, not handling it, fails
     set_policy(root, 'default = "require_approval"\n')
     coord = incarnation()
-    with pytest.raises(interactions.OperationRefused, match="rejected by uid 1001: not today"):
+    with pytest.raises(CairnError, match="OperationFailed: .*rejected by uid 1001: not today"):
         coord.replay()
     assert coord.journal.get_op_by_id(RUN, "root-2").state == "not-started"
 
@@ -237,7 +238,7 @@ def test_approval_after_deadline_is_refused_and_recorded_expired(root: Path) -> 
             people.decide(journal, RUN, request("approve", request_id=req,
                                                 fingerprint=print_), OWNER)
     coord = incarnation()
-    with pytest.raises(interactions.OperationRefused, match="expired \\(its deadline passed\\)"):
+    with pytest.raises(CairnError, match="OperationFailed: .*expired \\(its deadline passed\\)"):
         coord.replay()
 
 
