@@ -232,6 +232,16 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
             )
         if op.get("output") is not None:
             typer.echo(f"             output {json.dumps(op['output'])}")
+    for worklist in data.get("worklists", []):
+        mark = "✓" if worklist["complete"] else "●"
+        state = "done" if worklist["complete"] else "active"
+        typer.echo(
+            f"{mark} {worklist['title']} r{worklist['revision']} · "
+            f"{worklist['done']}/{len(worklist['items'])} · {state}"
+        )
+        symbols = {"done": "✓", "active": "●", "waiting": "○"}
+        for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
+            typer.echo(f"  {symbols[item_state]} {item}")
     divergence = data.get("divergence")
     if divergence:
         typer.echo(f"replay diverged at {divergence['op_id']} ({', '.join(divergence['fields'])}):")

@@ -48,6 +48,45 @@ def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
     return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
 
 
+def worklists(ops: list[Any]) -> list[dict[str, Any]]:
+    """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone: each item
+    done, active or still to come."""
+    lists: list[dict[str, Any]] = []
+    revisions: dict[tuple[str, str], int] = {}
+    for op in sorted(ops, key=lambda o: (o.scope, o.seq)):
+        if op.kind == "unroll":
+            key = (op.scope, op.request["title"])
+            revisions[key] = revisions.get(key, 0) + 1
+            lists.append(
+                {
+                    "scope": op.scope,
+                    "title": op.request["title"],
+                    "revision": revisions[key],
+                    "items": list(op.request["items"]),
+                    "done": 0,
+                    "active": None,
+                    "complete": False,
+                }
+            )
+        elif op.kind == "item" and op.request.get("worklist"):
+            owners = [
+                w for w in lists if w["scope"] == op.scope and w["title"] == op.request["worklist"]
+            ]
+            if not owners:
+                continue
+            current = owners[-1]
+            if op.request.get("done"):
+                current.update(done=len(current["items"]), active=None, complete=True)
+            else:
+                current.update(done=op.request["index"], active=op.request["index"])
+    for w in lists:
+        w["states"] = [
+            "done" if i < w["done"] else "active" if i == w["active"] else "waiting"
+            for i in range(len(w["items"]))
+        ]
+    return lists
+
+
 def _divergence(events: list[Any]) -> dict[str, Any] | None:
     """The journal's and the replay's view of the call where replay diverged, if it did."""
     for event in reversed(events):
@@ -112,6 +151,7 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         "units": run_units(receipts),
         "settlement": row.settlement,
         "schedule": journal.launch_description(row.run_id).schedule,
+        "worklists": worklists(ops),
         "divergence": _divergence(events),
         "events": [e.model_dump() for e in events[-50:]],
         "events_omitted": max(0, len(events) - 50),

@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes: tuple[int, ...] = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     repeat: int = args.repeat or (3 if args.quick else 7)
-    budget: float = args.budget or (5.0 if args.quick else 60.0)
+    budget: float = args.budget or (5.0 if args.quick else 30.0)
     pool_size: str = args.pool_size or ("2G" if args.quick else "24G")
     args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cairn-bench-", dir=args.workdir))
@@ -88,6 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["CAIRN_ROOT"] = os.fspath(state_root)
     for sub in ("var/lib/cairn/journal", "var/lib/cairn/broker", "var/lib/cairn/runs"):
         (state_root / sub).mkdir(parents=True)
+    failures: list[str] = []
+
+    def phase(name: str, body: Callable[[], None]) -> None:
+        """Run one part; a failure is reported in the document and the exit status,
+        and the other parts still run."""
+        try:
+            body()
+        except Exception as exc:
+            log.exception("%s failed", name)
+            failures.append(f"{name} failed: {type(exc).__name__}: "
+                            + (str(exc).strip().splitlines() or [""])[-1][:300])
+        loads.append(_load())
+
     try:
         with loop_pool(work, pool_size) as pool:
             scratch = pool.root.parent / "bench"
@@ -95,22 +109,22 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(pool=pool, scratch=scratch, repeat=repeat, budget=budget, cells=cells)
             for n in sizes:
                 log.info("project of %d files", n)
-                run_size(bench, n)
-                loads.append(_load())
+                phase(f"the {n:,}-file figures", lambda n=n: run_size(bench, n))
         journal_dir = work / "journal"
         journal_dir.mkdir()
-        commit_rate(journal_dir, pairs=20 if args.quick else 200, rounds=repeat, cells=cells)
-        replay_figures(journal_dir, QUICK_REPLAY if args.quick else REPLAY_SIZES,
-                       repeat=repeat, budget=budget, cells=cells)
-        loads.append(_load())
+        phase("the journal commit rate", lambda: commit_rate(
+            journal_dir, pairs=20 if args.quick else 200, rounds=repeat, cells=cells))
+        phase("replay", lambda: replay_figures(
+            journal_dir, QUICK_REPLAY if args.quick else REPLAY_SIZES, repeat=repeat,
+            budget=budget, cells=cells))
         if not args.skip_machine:
-            unit_figures(REPO, repeat=max(repeat, 10), cells=cells)
-            loads.append(_load())
+            phase("the unit figures", lambda: unit_figures(
+                REPO, repeat=max(repeat, 10), cells=cells))
     finally:
         os.environ.pop("CAIRN_ROOT", None)
         shutil.rmtree(work, ignore_errors=True)
 
-    notes = _notes(cells, repeat, loads, os.cpu_count() or 1, args.skip_machine)
+    notes = failures + _notes(cells, repeat, loads, os.cpu_count() or 1, args.skip_machine)
     results = Results(
         command=command, started_at=started_at, duration_s=time.monotonic() - started,
         quick=args.quick, sizes=list(sizes), repeat=repeat, cell_budget_s=budget,
@@ -121,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path.write_text(results.model_dump_json(indent=2) + "\n")
     doc.write_text(render(results, LOOP_WORKFLOW, _shown(json_path)) + "\n")
     print(f"wrote {doc} and {json_path} ({results.duration_s / 60:.1f} min)")
-    return 0
+    for failure in failures:
+        print(f"./dev bench: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def _shown(path: Path) -> str:

@@ -247,6 +247,8 @@ def _run_probe(machine: Machine, unit: str, name: str, script: str) -> None:
     )
     machine.exec(["install", "-D", "-m0644", "/dev/stdin", dropin], input=conf.encode())
     machine.exec(["systemctl", "daemon-reload"])
+    # cairnd already runs from boot (its reconciler): stop it so the probe is what starts
+    machine.exec(["systemctl", "stop", unit], check=False, timeout=60)
     started = machine.exec(["systemctl", "start", unit], check=False, timeout=120)
     result = _out(machine.exec(["systemctl", "show", "--property=Result", "--value", unit]))
     log = machine.journal(unit=unit)

@@ -46,13 +46,13 @@ async def run(flow: Any, args: Goal) -> Note:
 
 
 class Conversation:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, args: dict[str, Any] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-m", "cairn.workflow.runtime"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdin and self.proc.stdout
-        self.send(StartWorkflow(source=source, filename="wf.py", args={"goal": "g"})
+        self.send(StartWorkflow(source=source, filename="wf.py", args=args or {"goal": "g"})
                   .model_dump_json())
 
     def send(self, line: str) -> None:
