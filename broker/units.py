@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,29 @@ def _failpoint_env() -> dict[str, str]:
     """Pass test failpoints on to agents (empty in production)."""
     value = os.environ.get(failpoints.ENV, "")
     return {failpoints.ENV: value} if value else {}
+
+
+def stop_agent(desc: LaunchDescription, op_id: str, attempt: int) -> dict[str, Any]:
+    """Stop one agent attempt (a cancelled run or lane) and wait until its cgroup is empty;
+    say whether it had written its result first."""
+    name = agent_unit_name(desc.run_id, op_id, attempt)
+    with Systemd() as sd:
+        state = sd.unit_state(name)
+        control_group = state.control_group if state is not None else ""
+        if state is not None and state.active_state not in ("inactive", "failed"):
+            sd.stop_unit(name)
+            deadline = time.monotonic() + 120
+            while (now := sd.unit_state(name)) is not None and now.active_state not in (
+                "inactive",
+                "failed",
+            ):
+                if time.monotonic() > deadline:
+                    raise BrokerRefused(f"{name} did not stop")
+                time.sleep(0.2)
+    if not cgroup_is_empty(control_group):
+        raise BrokerRefused(f"{name} left processes in {control_group}")
+    outputs = paths.run_state_dir(desc.run_id) / "ops" / op_id / f"outputs.{attempt}"
+    return {"unit": name, "stopped": True, "result_file": (outputs / "finish.json").is_file()}
 
 
 def require_quiesced(unit: str, control_group: str) -> None:

@@ -350,6 +350,12 @@ def start_agent(ctx: Context) -> dict[str, Any]:
     return {**data, "op_id": op_id}
 
 
+def stop_agent(ctx: Context) -> dict[str, Any]:
+    check_generation(ctx.intent)
+    op_id = ctx.require_op()
+    return units.stop_agent(ctx.desc, op_id, ctx.intent.attempt)
+
+
 def start_apply(ctx: Context) -> dict[str, Any]:
     candidate = ctx.receipt("settle-candidate")
     pool = ctx.pool()
@@ -387,6 +393,7 @@ HANDLERS = {
     "settle-candidate": settle_candidate,
     "start-coordinator": start_coordinator,
     "start-agent": start_agent,
+    "stop-agent": stop_agent,
     "start-apply": start_apply,
     "delete-run": delete_run,
 }

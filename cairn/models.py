@@ -173,6 +173,7 @@ IntentKind = Literal[
     "fork",
     "verify-storage",
     "start-agent",
+    "stop-agent",
     "checkpoint",
     "freeze-proposal",
     "settle-candidate",
@@ -183,6 +184,7 @@ IntentKind = Literal[
 VERB_OF_KIND: dict[str, Verb] = {
     "start-coordinator": "launch-v1",
     "start-agent": "launch-v1",
+    "stop-agent": "launch-v1",
     "start-apply": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",

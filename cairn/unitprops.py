@@ -62,6 +62,11 @@ CAPSULE = "/runtime/capsule"
 # where they exist, so systemd never creates a mount point for them on the host.
 MASKED_PATHS = ("/var/lib/cairn", "/run/cairn")
 INACCESSIBLE_PATHS = ("/etc/cairn",)
+SHELL = "/bin/sh"
+SERVICE_RESULT_FILE = f"{OUTPUTS}/service-result"
+RECORD_SERVICE_RESULT = (
+    f'printf "%s %s %s\\n" "$SERVICE_RESULT" "$EXIT_CODE" "$EXIT_STATUS" > {SERVICE_RESULT_FILE}'
+)
 AGENT_ENV_RESERVED = ("HOME", "TMPDIR", "CAIRN_AGENT_SOCKET", "CAIRN_MODEL_SOCKET")
 
 
@@ -152,7 +157,8 @@ class AgentUnitSpec(ResourceLimits):
         default=None, description="the per-run namespace an allowlist agent joins"
     )
     loopback_tcp: bool = Field(
-        default=False, description="allow AF_INET in 'none' mode (only lo exists there), for "
+        default=False,
+        description="allow AF_INET in 'none' mode (only lo exists there), for "
         "the model shim of command profiles",
     )
     environment: Environment = Field(default_factory=dict)
@@ -199,7 +205,12 @@ class HelperUnitSpec(ResourceLimits):
     @model_validator(mode="after")
     def _check(self) -> HelperUnitSpec:
         masked = (
-            *MASKED_PATHS, *INACCESSIBLE_PATHS, "/home", "/root", "/run/user", *self.hidden_paths
+            *MASKED_PATHS,
+            *INACCESSIBLE_PATHS,
+            "/home",
+            "/root",
+            "/run/user",
+            *self.hidden_paths,
         )
         for _src, dst in (*self.binds, *self.read_only_binds):
             if any(dst == m or dst.startswith(m + "/") for m in masked):
@@ -345,9 +356,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         **({"CAIRN_MODEL_SOCKET": MODEL_SOCKET} if spec.model_relay else {}),
     }
     return [
-        *_exec_props(
-            spec.exec_argv, f"Cairn agent {spec.op_id} of run {spec.run_id}", AGENT_SLICE
-        ),
+        *_exec_props(spec.exec_argv, f"Cairn agent {spec.op_id} of run {spec.run_id}", AGENT_SLICE),
         # Files the agent creates become project files, so they get ordinary modes.
         *_identity_props(spec.uid, spec.gid, 0o022, env),
         ("WorkingDirectory", "s", WORKSPACE),
@@ -357,6 +366,14 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         *_network_props(spec.network, spec.netns_path, spec.loopback_tcp),
         ("BindPaths", "a(ssbt)", binds),
         ("BindReadOnlyPaths", "a(ssbt)", ro_binds),
+        # How the unit ended, for the coordinator: a collected unit's Result is gone,
+        # and "oom-kill" or "timeout" must reach the person as the limit that was hit.
+        # no-env-expand: the shell, not systemd, reads $SERVICE_RESULT and friends.
+        (
+            "ExecStopPostEx",
+            "a(sasas)",
+            [(SHELL, [SHELL, "-c", RECORD_SERVICE_RESULT], ["no-env-expand"])],
+        ),
     ]
 
 

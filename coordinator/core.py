@@ -134,6 +134,7 @@ class Coordinator:
         self._stop_heartbeat = threading.Event()
         self.w_gen: dict[str, int] = {"root": 1}
         self._gen_lock = threading.Lock()
+        self._cancel_lock = threading.Lock()
         self.agent_slots = threading.BoundedSemaphore(self.desc.limits.max_concurrent_agents)
         self.always_replay = os.environ.get("CAIRN_ALWAYS_REPLAY") == "1"
         self.budget = TokenBudget(self.desc.limits.model_tokens, used=self.tokens_used())
@@ -731,6 +732,7 @@ class Coordinator:
                 hint="launch again with a larger limits.model_tokens",
             )
         if finish is None:
+            self.fail_if_limit_hit(op)
             self.retry_or_block(op, agent, ended)
             return None
         self.journal.update_op(
@@ -780,9 +782,44 @@ class Coordinator:
         self.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
         return message
 
+    def fail_if_limit_hit(self, op: OpRow) -> None:
+        """An agent killed by one of its limits fails for good, naming the limit: running
+        it again would hit the same wall."""
+        record = self.outputs_dir(op.op_id, op.attempt) / "service-result"
+        try:
+            result = record.read_text().split()[0]
+        except (OSError, IndexError):
+            return
+        limits = self.desc.limits
+        reason = {
+            "oom-kill": f"it was killed by the OOM killer: it exceeded MemoryMax="
+            f"{limits.memory_max} bytes",
+            "timeout": f"it ran longer than RuntimeMaxSec={limits.runtime_max_sec}",
+        }.get(result)
+        if reason is None:
+            return
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="failed",
+            error=reason,
+            event="op-limit",
+            event_data={"result": result},
+        )
+        raise OperationError(
+            f"agent {op.op_id} {reason}",
+            hint=f"raise the limit with 'cairn launch --limit …' or see 'cairn logs {self.run_id}'",
+        )
+
     def retry_or_block(self, op: OpRow, agent: dict[str, Any], ended: str) -> None:
         """The unit is gone with no result: retry cleanly when nothing could have left the
-        sandbox, otherwise stop for a person's decision."""
+        sandbox, otherwise stop for a person's decision. Under a cancel, nothing is
+        retried."""
+        if "cancel" in self.journal.pending_controls(self.run_id):
+            raise interactions.RunSuspended(
+                f"{op.op_id} stopped: cancel requested", state="cancelled"
+            )
         if agent["network"] != "none":
             self.journal.update_op(
                 self.run_id,
@@ -902,7 +939,8 @@ class Coordinator:
         return result
 
     def wait_agent(self, unit: str, sock: AgentSocket) -> str:
-        """Wait until the agent delivered its finish or its unit is gone; say how it ended."""
+        """Wait until the agent delivered its finish or its unit is gone; say how it ended.
+        A cancel requested meanwhile stops the unit (through the broker)."""
         with Systemd() as sd:
             deadline = time.monotonic() + self.desc.limits.runtime_max_sec + 120
             while time.monotonic() < deadline:
@@ -913,8 +951,47 @@ class Coordinator:
                     # the worker may have written its result just before exiting
                     sock.finished.wait(0.5)
                     return "gone" if state is None else f"{state.active_state}/{state.result}"
+                if "cancel" in self.journal.pending_controls(self.run_id):
+                    return self.stop_for_cancel(sock)
                 sock.finished.wait(0.5)
         raise CairnError(f"agent unit {unit} did not stop in time")
+
+    def stop_for_cancel(self, sock: AgentSocket) -> str:
+        """Cancel: stop every running agent of the run (all lanes), each recorded
+        uncertain unless it had finished; then the run is cancelled."""
+        with self._cancel_lock:
+            running = [
+                o
+                for o in self.journal.list_ops(self.run_id)
+                if o.kind == "agent" and o.state == "started" and o.finish is None
+            ]
+            stops = [
+                self.intent(
+                    "stop-agent",
+                    f"stop-agent.{o.op_id}.{o.attempt}",
+                    op_id=o.op_id,
+                    attempt=o.attempt,
+                )
+                for o in running
+            ]
+            receipts = self.broker("launch-v1", stops) if stops else []
+            for op, stopped in zip(running, receipts, strict=True):
+                if op.op_id == sock.instruction.op_id and sock.finished.is_set():
+                    continue
+                if not stopped.data["result_file"]:
+                    self.journal.update_op(
+                        self.run_id,
+                        op.op_id,
+                        token=self.token,
+                        state="uncertain",
+                        error=f"attempt {op.attempt} stopped by a cancel",
+                        event="op-cancelled",
+                    )
+        if sock.finished.is_set():
+            return "finished"
+        raise interactions.RunSuspended(
+            f"{sock.instruction.op_id} stopped: cancel requested", state="cancelled"
+        )
 
     def wait_gone(self, sd: Systemd, unit: str) -> None:
         deadline = time.monotonic() + 120

@@ -83,6 +83,12 @@ def property_lines(prop: Prop) -> list[str]:
     if name == "ExecStart":
         assert isinstance(value, list)
         return [f"ExecStart={shlex.join(argv)}" for _path, argv, _ignore in value]
+    if name == "ExecStopPostEx":  # flag "no-env-expand" is the unit-file prefix ":"
+        assert isinstance(value, list)
+        return [
+            f"ExecStopPost={':' if 'no-env-expand' in flags else ''}{shlex.join(argv)}"
+            for _path, argv, flags in value
+        ]
     if name == "Environment":
         assert isinstance(value, list)
         return [f"Environment={shlex.quote(item)}" for item in value]

@@ -173,3 +173,43 @@ def test_coordinator_killed_while_lanes_run(machine: Machine) -> None:
     data = check_result(machine, run_id, project, names)
     assert unit_starts(machine, run_id) == {**{f"root-1-{n}-1": [1] for n in names}, "root-2": [1]}
     assert sum(1 for e in data["events"] if e["event"] == "lease-acquired") >= 2
+
+
+def test_cancel_stops_every_running_lane(machine: Machine) -> None:
+    names = ["a", "b", "c"]
+    run_id, project = launch(machine, names)
+    wait(
+        machine,
+        run_id,
+        lambda d: (
+            sum(
+                1
+                for o in d["operations"]
+                if o["scope"].startswith("root-1-") and o["state"] == "started"
+            )
+            == 3
+        ),
+        timeout=120,
+    )
+    cairn(machine, "cancel", run_id)
+    data = wait(machine, run_id, lambda d: d["run"]["state"] == "cancelled", timeout=120)
+    lanes = [o for o in data["operations"] if o["scope"].startswith("root-1-")]
+    assert sorted(o["state"] for o in lanes) == ["uncertain"] * 3
+    active = (
+        machine.exec(
+            [
+                "systemctl",
+                "list-units",
+                "--plain",
+                "--no-legend",
+                "--state=active",
+                f"cairn-agent-{run_id}*",
+            ]
+        )
+        .stdout.decode()
+        .strip()
+    )
+    assert active == ""
+    assert machine.exec(["cat", f"{project}/README"]).stdout == b"parent\n"
+    doctor = machine.exec(["cairn", "doctor", run_id], user="alice", check=False)
+    assert doctor.returncode == 0, doctor.stdout.decode()

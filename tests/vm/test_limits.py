@@ -243,11 +243,6 @@ def test_memory_max_is_enforced_by_the_kernel_and_fails_the_run(
     assert cgroup_gone_or_empty(vm, oom_run.cgroup)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the coordinator reports 'ended without finish_work (gone)': the agent unit is "
-    "collected before its result is read, so the error cannot name the limit yet",
-)
 def test_oom_error_names_the_memory_limit(oom_run: OomRun) -> None:
     error = oom_run.data["run"]["error"] or ""
     assert "MemoryMax" in error, error
