@@ -91,11 +91,16 @@ class _RestartReplay(Exception):
     """Always-replay test mode: tear the control worker down after a commit."""
 
 
+UNKNOWN_BOOT = "unknown-boot"
+
+
 def boot_id() -> str:
+    """This boot's ID; unknown inside a sandbox without /proc/sys (ProcSubset=pid), in
+    which case leases are judged by their process alone."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        return "unknown-boot"
+        return UNKNOWN_BOOT
 
 
 def lease_holder() -> str:
@@ -110,12 +115,20 @@ def holder_is_dead(run_id: str, holder: str) -> bool:
     boot, _, pid = rest.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    if boot != boot_id():
+    if UNKNOWN_BOOT not in (boot, boot_id()) and boot != boot_id():
         return True
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
         return True
+    except PermissionError:
+        pass  # it exists; whose it is we may not see
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # cannot tell: treat as alive, the lease expires on its own
     return b"cairn.coordinator" not in cmdline or run_id.encode() not in cmdline
 
 

@@ -8,6 +8,7 @@ the operation from the file instead of running the agent again.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -35,6 +36,20 @@ def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE)
     os.replace(tmp, path)
 
 
+def flush_workspace(path: str = "/workspace") -> None:
+    """Write the agent's changes out before it finishes, so the boundary's snapshot does
+    not pay for flushing them (that cost grows with the tree; it belongs to the agent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syncfs(fd)
+    finally:
+        os.close(fd)
+
+
 def main() -> None:
     journald.setup_logging()
     socket_path = os.environ.get("CAIRN_AGENT_SOCKET", "/run/cairn/agent/agent.sock")
@@ -47,6 +62,7 @@ def main() -> None:
             output, handoff = run_profile(instruction, channel)
             if instruction.attempt == 1:
                 failpoint("agent-before-finish", Path("/state"))
+            flush_workspace(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
             write_result(output, handoff)
             channel.finish(output, handoff)
     except CairnError as exc:

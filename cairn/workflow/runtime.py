@@ -10,6 +10,7 @@ coroutine is driven by hand (no event loop), so replay is deterministic.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import subprocess
@@ -100,8 +101,12 @@ class Flow:
             frame = frame.f_back
         if frame is None:
             raise RuntimeError("flow.* called from outside the workflow source")
-        positions = inspect.getframeinfo(frame, context=0).positions
-        col = (positions.col_offset or 0) + 1 if positions is not None else 0
+        # the current instruction's position, read from the code object directly
+        # (inspect.getframeinfo would also look for the source file on every call)
+        position = next(
+            itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None
+        )
+        col = (position[2] or 0) + 1 if position is not None else 0
         return f"{self._filename}:{frame.f_lineno}:{col}"
 
     def _next_call(self, kind: str, request: dict[str, Any]) -> CallRequest:
@@ -130,9 +135,7 @@ class Flow:
         )
         return _agent_result(pending, descriptor)
 
-    def ask(
-        self, question: str, *, schema: type[M] | None = None
-    ) -> Coroutine[Any, Any, M | str]:
+    def ask(self, question: str, *, schema: type[M] | None = None) -> Coroutine[Any, Any, M | str]:
         """Ask a person; the run waits (its coordinator may exit) until a schema-valid
         answer arrives. Without ``schema`` the answer is text."""
         request: dict[str, Any] = {"question": question}
@@ -237,7 +240,10 @@ async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> Agent
 
 
 async def _repeat(
-    flow: Flow, start: _Pending, step: Callable[[int], Any], check: Callable[[Any], Any],
+    flow: Flow,
+    start: _Pending,
+    step: Callable[[int], Any],
+    check: Callable[[Any], Any],
     max_attempts: int,
 ) -> RepeatResult:
     await start
@@ -267,8 +273,12 @@ async def _item(flow: Flow, start: _Pending, fn: Callable[[], Any]) -> Any:
 
 
 def _label(item: Any) -> str:
-    text = item if isinstance(item, str) else json.dumps(
-        item.model_dump(mode="json") if isinstance(item, BaseModel) else item, default=str
+    text = (
+        item
+        if isinstance(item, str)
+        else json.dumps(
+            item.model_dump(mode="json") if isinstance(item, BaseModel) else item, default=str
+        )
     )
     return text[:120]
 

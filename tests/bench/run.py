@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="leave out the figures that boot a test machine")
     parser.add_argument("--doc", type=Path, help="where to write the Markdown report")
     parser.add_argument("--json", type=Path, help="where to write the JSON results")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="only write the Markdown report again from a results file")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -63,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("cairn").setLevel(logging.WARNING)
+    if args.render:
+        results = Results.model_validate_json(args.render.read_text())
+        doc = args.doc or REPO / "docs" / "performance.md"
+        doc.write_text(render(results, LOOP_WORKFLOW, _shown(args.render)) + "\n")
+        print(f"wrote {doc} from {args.render}")
+        return 0
     if os.geteuid() != 0:
         print("./dev bench: run as root (loop devices, Btrfs, systemd-nspawn)",
               file=sys.stderr)

@@ -309,6 +309,7 @@ def run_size(bench: Bench, n_files: int) -> None:
     boundary = BoundaryPath(pool, run_id, project_dir)
     try:
         _checkpoint_and_restore(bench, n_files, run_id, w_path, shadow, editor, copies)
+        _flushed_checkpoint(bench, n_files, run_id, w_path, editor)
         _boundary(bench, n_files, boundary, w_path, editor)
         _changes_and_apply(bench, n_files, run_id, w_path, shadow, editor, work)
         _fork(bench, n_files, run_id, copies)
@@ -382,6 +383,27 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
         ("rs-cp", "restore", "rm -rf + cp -a back", False),
     ):
         bench.add(figure, n, f"{AGENT_EDITS} edits", method, cairn, samples[key])
+
+
+def _flushed_checkpoint(bench: Bench, n: int, run_id: str, w: Path, editor: Editor) -> None:
+    """The same snapshot when the agent's edits were already on disk (synced, untimed):
+    separates the snapshot itself from flushing the edits in its transaction commit."""
+    pool, mount = bench.pool, bench.pool.root.parent
+    rounds = 0
+
+    def once() -> float:
+        nonlocal rounds
+        rounds += 1
+        _settle_io(mount)
+        editor.edit(w, AGENT_EDITS)
+        os.sync()
+        s = pool.checkpoint_path(run_id, f"flushed{rounds}")
+        with Stopwatch() as sw:
+            pool.snapshot(w, s, read_only=True)
+        return sw.elapsed
+
+    bench.add("checkpoint", n, f"{AGENT_EDITS} edits, flushed", "Btrfs snapshot + receipt",
+              True, collect(once, repeat=bench.repeat, budget=bench.budget))
 
 
 def _tracked_differs(shadow: ShadowGit, w: Path) -> bool:
