@@ -8,7 +8,6 @@ the operation from the file instead of running the agent again.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from cairn import journald
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.worker.channel import AgentChannel
-from cairn.worker.profiles import run_profile
+from cairn.worker.profiles import flush_workspace, run_profile
 
 log = logging.getLogger("cairn.worker")
 
@@ -34,20 +33,6 @@ def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def flush_workspace(path: str = "/workspace") -> None:
-    """Write the agent's changes out before it finishes, so the boundary's snapshot does
-    not pay for flushing them (that cost grows with the tree; it belongs to the agent)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syncfs(fd)
-    finally:
-        os.close(fd)
 
 
 def main() -> None:

@@ -3,7 +3,9 @@ host-configured argv, pointed at the model relay) and ``llm`` (:mod:`cairn.worke
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
 import os
 import subprocess
 import time
@@ -15,6 +17,8 @@ from cairn.models import AgentInstruction, ScriptStep
 from cairn.worker.channel import AgentChannel
 from cairn.worker.llm import MODEL_SOCKET, run_llm
 from cairn.worker.shim import TcpShim
+
+log = logging.getLogger(__name__)
 
 WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
 OUTPUTS = Path(os.environ.get("CAIRN_OUTPUTS", "/outputs"))
@@ -130,3 +134,20 @@ def relay_environment(port: int) -> dict[str, str]:
         "ANTHROPIC_API_KEY": RELAY_KEY,
         "CAIRN_MODEL_URL": f"{base}/v1",
     }
+
+
+def flush_workspace(path: str = "/workspace") -> None:
+    """Write the agent's changes out before it finishes, so the boundary's snapshot does
+    not pay for flushing them (that cost grows with the tree; it belongs to the agent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syncfs(fd) != 0:  # only an optimisation: the snapshot flushes anyway
+            log.warning("syncfs(%s): errno %d", path, ctypes.get_errno())
+    except (OSError, AttributeError) as exc:
+        log.warning("syncfs(%s) unavailable: %s", path, exc)
+    finally:
+        os.close(fd)

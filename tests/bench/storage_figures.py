@@ -43,6 +43,7 @@ from cairn.models import (
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.storage import Pool, SubvolumeReceipt, init_loop_pool, remove_loop_pool
+from cairn.worker.profiles import flush_workspace
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +335,7 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
         rounds += 1
         _settle_io(mount)
         editor.edit(w, AGENT_EDITS)
+        flush_workspace(str(w))  # the agent's own last step before finish_work
         s = pool.checkpoint_path(run_id, f"ck{rounds}")
         s.parent.mkdir(parents=True, exist_ok=True)
         with Stopwatch() as sw:
@@ -417,6 +419,7 @@ def _boundary(bench: Bench, n: int, boundary: BoundaryPath, w: Path, editor: Edi
         _settle_io(mount)
         op_id = boundary.start_op()
         editor.edit(w, AGENT_EDITS)
+        flush_workspace(str(w))  # the agent's own last step before finish_work
         with Stopwatch() as sw:
             boundary.run(op_id, w)
         return sw.elapsed
