@@ -37,8 +37,14 @@ def netns_path(run_id: str) -> Path:
 def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
     """What an allowlist agent's tools read to find the proxy."""
     url = f"http://127.0.0.1:{port}"
-    return {"HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
-            "NO_PROXY": "", "no_proxy": ""}
+    return {
+        "HTTPS_PROXY": url,
+        "HTTP_PROXY": url,
+        "https_proxy": url,
+        "http_proxy": url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
 
 
 def create_netns(run_id: str) -> Path:

@@ -64,4 +64,3 @@ class ReceiptStore:
     def body(self, run_id: str, intent_id: str) -> dict[str, Any] | None:
         receipt = self.get(run_id, intent_id)
         return None if receipt is None else receipt.data
-

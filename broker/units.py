@@ -46,6 +46,11 @@ def start_unit(name: str) -> None:
         sd.wait_started(job)
 
 
+class ChannelNotReady(Exception):
+    """The intent's agent socket is not bound yet (its lane is still preparing it): the
+    intent stays pending, and the lane's own launch-v1 carries it out."""
+
+
 def _owned_subdir(parent: Path, name: str, desc: LaunchDescription) -> Path:
     path = parent / name
     path.mkdir(exist_ok=True)
@@ -71,8 +76,10 @@ def start_agent(
     outputs = op_dir / f"outputs.{attempt}"
     channel = paths.agent_channel_dir(desc.run_id, op_id)
     for path in (evidence, outputs, channel):
-        if path.is_symlink() or not path.exists():
+        if path.is_symlink() or (path is not channel and not path.exists()):
             raise BrokerRefused(f"{path} is missing or a symlink; the coordinator prepares it")
+    if not paths.agent_socket_path(desc.run_id, op_id).is_socket():
+        raise ChannelNotReady(f"{op_id}: the coordinator is not listening for this agent yet")
     scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o755)
     state = _owned_subdir(scratch, f"state.{attempt}", desc)

@@ -38,7 +38,11 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
                 raise BrokerRefused(f"intent {intent.intent_id} does not belong to {verb}")
             done = store.get(run_id, intent.intent_id)
             if done is None:
-                data = execute(intent, desc, journal, store)
+                try:
+                    data = execute(intent, desc, journal, store)
+                except units.ChannelNotReady as exc:
+                    log.info("%s left pending: %s", intent.intent_id, exc)
+                    continue
                 done = store.put(intent, data)
                 log.info("%s %s done", intent.kind, intent.intent_id)
             receipts.append(done)

@@ -51,6 +51,11 @@ def runtime_dir() -> Path:
     return _p("run/cairn")
 
 
+def egress_socket(run_id: str) -> Path:
+    """The run's way out to its model providers (``cairn-egress@<run>.service``)."""
+    return runtime_dir() / "egress" / run_id / "egress.sock"
+
+
 def daemon_socket() -> Path:
     return runtime_dir() / "cairnd.sock"
 

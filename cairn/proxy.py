@@ -79,11 +79,16 @@ class Allowlist:
             if entry.startswith("*."):
                 self.suffixes.append(entry[1:])
                 continue
-            host, _, port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+            if entry.startswith("[") and "]:" in entry:
+                host, _, port = entry[1:].partition("]:")
+            elif entry.count(":") == 1:
+                host, _, port = entry.rpartition(":")
+            else:
+                host, port = entry.strip("[]"), ""
             if port:
                 self.exact[host] = (*self.exact.get(host, ()), int(port))
             else:
-                self.exact[entry] = (*self.exact.get(entry, ()), *DEFAULT_PORTS)
+                self.exact[host] = (*self.exact.get(host, ()), *DEFAULT_PORTS)
 
     def admits(self, host: str, port: int) -> bool:
         host = host.lower().rstrip(".")
@@ -95,14 +100,14 @@ class Allowlist:
 class AllowlistProxy:
     """Serve ``listener`` until :meth:`close`; every connection gets its own thread."""
 
-    def __init__(self, listener: socket.socket, allow: Allowlist,
-                 resolve: Resolver = _system_resolve) -> None:
+    def __init__(
+        self, listener: socket.socket, allow: Allowlist, resolve: Resolver = _system_resolve
+    ) -> None:
         self.listener = listener
         self.allow = allow
         self.resolve = resolve
         self.refused: list[str] = []
-        self._thread = threading.Thread(target=self._accept, name="allowlist-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept, name="allowlist-proxy", daemon=True)
 
     def start(self) -> AllowlistProxy:
         self._thread.start()
@@ -150,8 +155,9 @@ class AllowlistProxy:
                 _status(client, 403, "Forbidden")
                 return
             try:
-                upstream = socket.create_connection(self.resolve(host, port),
-                                                    timeout=CONNECT_TIMEOUT)
+                upstream = socket.create_connection(
+                    self.resolve(host, port), timeout=CONNECT_TIMEOUT
+                )
             except OSError as exc:
                 log.info("allowlist proxy cannot reach %s:%d: %s", host, port, exc)
                 _status(client, 502, "Bad Gateway")
@@ -176,7 +182,7 @@ def _destination(method: str, target: str, head: bytes) -> tuple[str, int, bytes
         return host.strip("[]"), int(port), None
     if not target.startswith("http://"):
         raise ValueError("only CONNECT and absolute http:// requests")
-    rest = target[len("http://"):]
+    rest = target[len("http://") :]
     authority, slash, path = rest.partition("/")
     host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "80")
     origin_form = f"{method} {slash}{path} HTTP/1.1".encode()
@@ -199,8 +205,9 @@ def _read_head(client: socket.socket) -> bytes | None:
 
 def _status(client: socket.socket, code: int, reason: str) -> None:
     try:
-        client.sendall(f"HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\n"
-                       "Connection: close\r\n\r\n".encode())
+        client.sendall(
+            f"HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+        )
     except OSError:
         pass
 
@@ -234,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
-    log.info("allowlist proxy in %s on 127.0.0.1:%d for %s", args.netns, args.port,
-             ", ".join(args.allow))
+    log.info(
+        "allowlist proxy in %s on 127.0.0.1:%d for %s", args.netns, args.port, ", ".join(args.allow)
+    )
     AllowlistProxy(listener, Allowlist(args.allow)).serve_forever()
     return 0
 

@@ -32,3 +32,15 @@ def listener(path: Path, mode: int) -> socket.socket:
     os.chmod(path, mode)
     sock.listen(64)
     return sock
+
+
+def notify_ready() -> None:
+    """Tell systemd a ``Type=notify`` service is ready (a no-op when not run by systemd)."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(b"READY=1")

@@ -719,18 +719,29 @@ class Coordinator:
             return AgentMessage.model_validate(op.finish)
         instruction = self.instruction(op, call, agent, output_model)
         unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
-        sock = AgentSocket(
-            paths.agent_socket_path(self.run_id, op.op_id),
-            owner_uid=self.desc.owner_uid,
-            instruction=instruction,
-            output_model=output_model,
-            on_note=lambda text: self.event("agent-note", op_id=op.op_id, text=text),
-        )
+        start_id = f"start-agent.{op.op_id}.{op.attempt}"
+        (start,) = [
+            i for i in self.journal.intents(self.run_id, "launch-v1") if i.intent_id == start_id
+        ]
+        # The relay first: the broker starts an agent only once its agent.sock exists, and
+        # a sibling lane's launch-v1 may do so at any moment after that.
         relay = self.start_relay(op, agent)
+        try:
+            sock = AgentSocket(
+                paths.agent_socket_path(self.run_id, op.op_id),
+                owner_uid=self.desc.owner_uid,
+                instruction=instruction,
+                output_model=output_model,
+                on_note=lambda text: self.event("agent-note", op_id=op.op_id, text=text),
+            )
+        except BaseException:
+            if relay is not None:
+                relay.close()
+            raise
         try:
             # Idempotent: starts the unit if the intent is still pending, else returns the
             # receipt (and the broker adopts a unit it started before a crash).
-            self.broker("launch-v1", [], queued=True)
+            self.broker("launch-v1", [start], queued=True)
             self.failpoint("after-unit-started")
             ended = self.wait_agent(unit, sock)
         finally:
@@ -775,6 +786,7 @@ class Coordinator:
             owner_uid=self.desc.owner_uid,
             transcript=self.transcript_path(op.op_id, op.attempt),
             budget=self.budget,
+            egress=paths.egress_socket(self.run_id),
         )
         relay.start()
         return relay

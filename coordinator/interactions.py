@@ -86,9 +86,7 @@ def suspend(coord: Coordinator, exc: RunSuspended) -> int:
 # --- flow.ask -----------------------------------------------------------------------
 
 
-def challenge_of(
-    run_id: str, op: OpRow, question: str, schema: dict[str, Any]
-) -> str:
+def challenge_of(run_id: str, op: OpRow, question: str, schema: dict[str, Any]) -> str:
     """Fingerprint of the question, its answer schema and the run transition it guards
     (the operation, its request and its predecessor)."""
     document = {
@@ -182,8 +180,12 @@ def authorize(coord: Coordinator, op: OpRow, call: CallRequest, agent: dict[str,
             evaluation=evaluation.model_dump(mode="json"),
             deadline=time.time() + policy_deadline,
         )
-        coord.event("approval-requested", op_id=op.op_id, request_id=request_id,
-                    fingerprint=existing.fingerprint)
+        coord.event(
+            "approval-requested",
+            op_id=op.op_id,
+            request_id=request_id,
+            fingerprint=existing.fingerprint,
+        )
     if existing.state == "waiting":
         raise RunSuspended(f"{op.op_id} waits for approval {request_id}", state="waiting")
     if existing.state == "approved":

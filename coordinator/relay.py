@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 import time
@@ -99,7 +100,8 @@ def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) ->
         "messages": len(messages) if isinstance(messages, list) else 1,
         "request_bytes": len(json.dumps(request)),
         "tools": sorted(
-            str(t.get("function", t).get("name", "")) for t in request.get("tools", [])
+            str(t.get("function", t).get("name", ""))
+            for t in request.get("tools", [])
             if isinstance(t, dict)
         ),
     }
@@ -185,6 +187,41 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply_json(status, {"error": {"message": message, "type": code, "code": code}})
 
 
+class EgressConnection(http.client.HTTPConnection):
+    """HTTP(S) to ``netloc`` through the run's egress socket: ``CONNECT`` there, then TLS
+    from here, so the egress process relays only ciphertext."""
+
+    def __init__(self, egress: Path, netloc: str, *, tls: bool, timeout: float) -> None:
+        super().__init__(netloc, timeout=timeout)
+        self.egress = egress
+        self.tls = tls
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.egress))
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            target = f"{host}:{self.port}"
+            sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(1024)
+                if not chunk or len(head) > 16384:
+                    raise OSError(f"the egress closed the tunnel to {target}")
+                head += chunk
+            status = head.split(b"\r\n", 1)[0].decode("latin-1")
+            if status.split(" ")[1:2] != ["200"]:
+                raise OSError(f"the egress refused {target}: {status}")
+            if self.tls:
+                context = ssl.create_default_context()
+                sock = context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class ModelRelay:
     """Serve one agent operation's model socket until :meth:`close`."""
 
@@ -196,8 +233,10 @@ class ModelRelay:
         owner_uid: int,
         transcript: Path,
         budget: TokenBudget,
+        egress: Path | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.egress = egress
         self.route = route
         self.owner_uid = owner_uid
         self.transcript = transcript
@@ -235,8 +274,10 @@ class ModelRelay:
         os.chmod(self.socket_path, 0o666)
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2},
-            name=f"relay-{self.socket_path.name}", daemon=True,
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"relay-{self.socket_path.name}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -278,7 +319,8 @@ class ModelRelay:
                 self._counts["refused"] += 1
             log.warning("relay refused a model call: the run's token budget is spent")
             handler._reply_error(
-                429, "insufficient_quota",
+                429,
+                "insufficient_quota",
                 f"the run's model token budget ({self.budget.limit}) is spent; finish now",
             )
             self._record(api_path, 429, started, False, body, None, {}, False, "budget spent")
@@ -287,8 +329,12 @@ class ModelRelay:
         stream = bool(body.get("stream"))
         try:
             conn, upstream = self._connect(api_path)
-            conn.request("POST", upstream, body=json.dumps(body).encode(),
-                         headers=self._upstream_headers(handler))
+            conn.request(
+                "POST",
+                upstream,
+                body=json.dumps(body).encode(),
+                headers=self._upstream_headers(handler),
+            )
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             with self._lock:
@@ -319,8 +365,7 @@ class ModelRelay:
             message = f"relay interrupted: {exc}"
             if not streamed:
                 handler._reply_error(502, "upstream_failed", message)
-            self._record(api_path, response.status, started, stream, body, None, {}, False,
-                         message)
+            self._record(api_path, response.status, started, stream, body, None, {}, False, message)
             return
         finally:
             conn.close()
@@ -334,8 +379,9 @@ class ModelRelay:
             self._counts["requests"] += 1
             for key, value in usage.items():
                 self._tokens[key] += value
-        self._record(api_path, response.status, started, stream, body, recorded, usage,
-                     estimated, None)
+        self._record(
+            api_path, response.status, started, stream, body, recorded, usage, estimated, None
+        )
         if streamed:
             handler.wfile.write(tail)
             handler.wfile.flush()
@@ -354,8 +400,9 @@ class ModelRelay:
             handler.close_connection = True
             return None
         if not 0 < length <= REQUEST_LIMIT:
-            handler._reply_error(413, "invalid_request_error",
-                                 f"requests are limited to {REQUEST_LIMIT} bytes")
+            handler._reply_error(
+                413, "invalid_request_error", f"requests are limited to {REQUEST_LIMIT} bytes"
+            )
             handler.close_connection = True
             return None
         try:
@@ -383,13 +430,18 @@ class ModelRelay:
         if body.get("stream") and api_path in ("/chat/completions", "/completions"):
             options = body.get("stream_options")
             body["stream_options"] = {
-                **(options if isinstance(options, dict) else {}), "include_usage": True
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
             }
 
     def _connect(self, api_path: str) -> tuple[http.client.HTTPConnection, str]:
         url = urlsplit(self.route.base_url)
         conn: http.client.HTTPConnection
-        if url.scheme == "https":
+        if self.egress is not None:
+            conn = EgressConnection(
+                self.egress, url.netloc, tls=url.scheme == "https", timeout=self.route.timeout_sec
+            )
+        elif url.scheme == "https":
             conn = http.client.HTTPSConnection(url.netloc, timeout=self.route.timeout_sec)
         else:
             conn = http.client.HTTPConnection(url.netloc, timeout=self.route.timeout_sec)
@@ -456,10 +508,17 @@ class ModelRelay:
         with self._lock:
             self._seq += 1
             entry = TranscriptEntry(
-                seq=self._seq, at=time.time(), path=api_path, status=status,
-                duration_sec=round(time.monotonic() - started, 3), stream=stream,
-                request=request, response=response, usage=usage,
-                usage_estimated=estimated, error=error,
+                seq=self._seq,
+                at=time.time(),
+                path=api_path,
+                status=status,
+                duration_sec=round(time.monotonic() - started, 3),
+                stream=stream,
+                request=request,
+                response=response,
+                usage=usage,
+                usage_estimated=estimated,
+                error=error,
             )
             line = entry.model_dump_json()
             if self._key:

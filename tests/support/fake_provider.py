@@ -6,7 +6,7 @@ either text or a list of tool calls; ``stream=True`` requests get server-sent ev
 a final usage chunk when the client asks for one. Usage counts are deterministic: prompt
 tokens are the request's JSON size / 4, completion tokens are the turn's ``tokens``.
 
-Run as a script (``python3 fake_provider.py PORT SCRIPT.json``) it serves until killed,
+Run as a script (``python3 fake_provider.py PORT SCRIPT.json [KEY]``) it serves until killed,
 for use inside a test machine.
 """
 
@@ -186,8 +186,10 @@ def turns_from_json(data: list[dict[str, Any]]) -> list[Turn]:
 
 
 if __name__ == "__main__":
+    # python3 fake_provider.py PORT SCRIPT.json [REQUIRED_KEY]
     port, script = int(sys.argv[1]), sys.argv[2]
+    key = sys.argv[3] if len(sys.argv) > 3 else None
     with open(script) as fh:
-        provider = FakeProvider(turns_from_json(json.load(fh)), port=port)
+        provider = FakeProvider(turns_from_json(json.load(fh)), port=port, require_key=key)
     print(provider.base_url, flush=True)
     provider.server.serve_forever()

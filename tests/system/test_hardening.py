@@ -31,6 +31,8 @@ SHIPPED_TARGETS = {
     "cairn-broker.service": 2.0,
     "cairn.service": 1.0,
     "cairn-coordinator@.service": 1.0,
+    # Network-scoped by design (the run's only way to its model providers).
+    "cairn-egress@.service": 2.0,
 }
 TRANSIENT_TARGETS = {
     "cairn-agent.service": 2.0,

@@ -1,0 +1,140 @@
+"""The ``llm`` profile end to end in a booted machine: the coordinator's model relay, the
+run's egress unit, a provider key held as a systemd credential, and an agent sandbox that
+sees none of it.
+
+The provider is ``tests/support/fake_provider.py``, a real chat-completions server with
+scripted tool calls, started inside the machine on its loopback. The agent's first tool
+call probes its own sandbox and writes what it could reach into the workspace, so the
+answer arrives in the project like any other change.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from machine import Machine
+from test_recovery import wait_finished
+
+REPO = Path(__file__).resolve().parents[2]
+PORT = 18080
+PROJECT = "/home/alice/app"
+PROBED = [
+    "/etc/credstore/cairn-provider-fake",
+    "/etc/cairn/providers.toml",
+    "/var/lib/cairn/journal",
+    "/var/lib/cairn/pool/runs",
+    "/var/lib/cairn/runs",
+    "/home/alice/secret.txt",
+    "/home/bob",
+    "/root",
+]
+PROBE = (
+    "for p in " + " ".join(PROBED) + "; do "
+    'if cat "$p" >/dev/null 2>&1 || [ -n "$(ls -A "$p" 2>/dev/null)" ]; '
+    'then echo "readable $p"; else echo "denied $p"; fi; done > probes.txt; '
+    "python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+    f"{PORT}), timeout=3)\" 2>/dev/null && echo 'network reachable' >> probes.txt "
+    "|| echo 'network unreachable' >> probes.txt; "
+    "echo \"key in environment: $(env | grep -c sk-test-)\" >> probes.txt"
+)
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def start_provider(machine: Machine, turns: list[dict[str, Any]], key: str) -> None:
+    machine.exec(["tee", "/root/fake_provider.py"],
+                 input=(REPO / "tests" / "support" / "fake_provider.py").read_bytes())
+    machine.exec(["tee", "/root/turns.json"], input=json.dumps(turns).encode())
+    machine.exec(["systemctl", "stop", "fake-provider.service"], check=False)
+    machine.exec(["systemd-run", "--unit=fake-provider", "--collect", "python3",
+                  "/root/fake_provider.py", str(PORT), "/root/turns.json", key])
+    deadline = time.monotonic() + 30
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {PORT}), timeout=1)"
+    while machine.exec(["python3", "-c", probe], check=False).returncode != 0:
+        assert time.monotonic() < deadline, machine.journal("fake-provider.service")
+        time.sleep(0.2)
+
+
+def configure(machine: Machine) -> str:
+    """A default provider and its key, the way an administrator sets them up."""
+    key = "sk-test-" + secrets.token_hex(16)
+    machine.exec(["tee", "/etc/cairn/providers.toml"], input=(
+        'default = "fake"\n\n[providers.fake]\n'
+        f'base_url = "http://127.0.0.1:{PORT}/v1"\nmodel = "fake-1"\n'
+        'credential = "cairn-provider-fake"\n').encode())
+    machine.exec(["install", "-d", "-m", "0700", "/etc/credstore"])
+    machine.exec(["install", "-m", "0600", "/dev/stdin", "/etc/credstore/cairn-provider-fake"],
+                 input=key.encode())
+    machine.exec(["mkdir", "-p", PROJECT], user="alice")
+    machine.exec(["tee", f"{PROJECT}/app.py"], user="alice",
+                 input=b"def value():\n    return 1\n")
+    machine.exec(["tee", "/home/alice/secret.txt"], user="alice", input=b"private\n")
+    machine.exec(["mkdir", "-p", "/home/bob/notes"], user="bob")
+    machine.exec(["tee", "/home/bob/notes/todo.txt"], user="bob", input=b"private\n")
+    return key
+
+
+def launch(machine: Machine, *extra: str) -> str:
+    out = machine.exec(
+        ["cairn", "launch", "builtin:implement", "--project", PROJECT,
+         "--args", '{"objective": "make value() return 2"}', *extra],
+        user="alice",
+    )
+    return out.stdout.decode().strip().splitlines()[-1]
+
+
+def test_llm_agent_edits_through_the_relay_and_sees_no_secret(machine: Machine) -> None:
+    key = configure(machine)
+    start_provider(machine, [
+        call("bash", command=PROBE),
+        call("edit", path="app.py", old_text="return 1", new_text="return 2"),
+        call("bash", command="python3 -c 'import app; print(app.value())' > value.txt"),
+        call("finish_work", output={"summary": "value() returns 2"}, handoff="run the tests"),
+    ], key)
+    run_id = launch(machine)
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"summary": "value() returns 2"}
+
+    def project_file(name: str) -> str:
+        return machine.exec(["cat", f"{PROJECT}/{name}"]).stdout.decode()
+
+    assert project_file("app.py") == "def value():\n    return 2\n"
+    assert project_file("value.txt") == "2\n"
+    probes = project_file("probes.txt").splitlines()
+    assert probes == [f"denied {p}" for p in PROBED] + [
+        "network unreachable", "key in environment: 0"]
+
+    (op,) = data["operations"]
+    boundary = f"/var/lib/cairn/runs/{run_id}/boundaries/{op['op_id']}"
+    transcript = machine.exec(["cat", f"{boundary}/transcript.jsonl"]).stdout.decode()
+    entries = [json.loads(line) for line in transcript.splitlines()]
+    assert [e["status"] for e in entries] == [200] * 4
+    assert key not in transcript
+    usage = json.loads(machine.exec(["cat", f"{boundary}/boundary.json"]).stdout)["usage"]
+    assert usage["requests"] == 4 and usage["output_tokens"] == 40
+    assert usage["total_tokens"] > 40
+    # The egress unit came and went with the coordinator; the key never left the relay.
+    log = machine.journal(unit=f"cairn-egress@{run_id}.service")
+    assert f"admits 127.0.0.1:{PORT}" in log
+
+
+def test_a_spent_token_budget_stops_the_run_cleanly(machine: Machine) -> None:
+    key = configure(machine)
+    start_provider(machine, [
+        call("write", path="partial.txt", content="half done\n"),
+        call("finish_work", output={"summary": "never reached"}, handoff=""),
+    ], key)
+    run_id = launch(machine, "--limit", "model_tokens=60")
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "failed"
+    assert "model token budget (60) is spent" in data["run"]["error"]
+    assert data["settlement"] is None
+    listed = machine.exec(["ls", PROJECT]).stdout.decode().split()
+    assert listed == ["app.py"]
