@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,19 @@ from cairn.broker.capsule import verified_capsule
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.models import LaunchDescription
 from cairn.proc import run
+from cairn.proxy import PROXY_PORT, proxy_environment
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
     AgentUnitSpec,
     HelperUnitSpec,
+    NetworkMode,
     agent_unit_name,
     agent_unit_properties,
     helper_unit_properties,
+    proxy_service_properties,
+    proxy_socket_properties,
+    proxy_unit_name,
 )
 
 log = logging.getLogger(__name__)
@@ -34,6 +40,9 @@ PYTHON = "/usr/bin/python3"
 IMPORT_TIMEOUT = 6 * 3600.0
 APPLY_TIMEOUT = 3600.0
 DIFF_LIMIT = 256 << 10
+NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "allowlist", "host")
+# host, host:port or *.domain, as the review accepts them.
+ALLOWLIST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(:[0-9]{1,5})?$")
 
 
 def _module_argv(module: str, *args: str) -> list[str]:
@@ -58,9 +67,73 @@ def _owned_subdir(parent: Path, name: str, desc: LaunchDescription) -> Path:
     return path
 
 
+def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
+    """The network mode the run's review gave the operation's agent descriptor."""
+    agents = desc.review.get("agents")
+    entry = (
+        agents.get(descriptor) if isinstance(agents, dict) and isinstance(descriptor, str) else None
+    )
+    network = entry.get("network") if isinstance(entry, dict) else None
+    for mode in NETWORK_MODES:
+        if network == mode:
+            return mode
+    raise BrokerRefused(f"agent descriptor {descriptor!r} is not in the run's review")
+
+
+def run_allowlist(desc: LaunchDescription) -> list[str]:
+    """Every domain the run's review admits for its ``allowlist`` agents."""
+    entries: set[str] = set()
+    agents = desc.review.get("agents")
+    for entry in agents.values() if isinstance(agents, dict) else ():
+        if not isinstance(entry, dict) or entry.get("network") != "allowlist":
+            continue
+        for raw in entry.get("allowlist", []):
+            value = str(raw).strip().lower()
+            if not ALLOWLIST_ENTRY.fullmatch(value):
+                raise BrokerRefused(f"allowlist entry {raw!r} of the run's review is not a domain")
+            entries.add(value)
+    return sorted(entries)
+
+
+def ensure_proxy(desc: LaunchDescription) -> str:
+    """Start the run's allowlist proxy socket unless it listens already; its unit name.
+
+    systemd makes the socket's network namespace (only ``lo``); the proxy process it
+    activates stays in the host's namespace and connects out to reviewed domains only.
+    """
+    name = proxy_unit_name(desc.run_id)
+    allow = [arg for entry in run_allowlist(desc) for arg in ("--allow", entry)]
+    with Systemd() as sd:
+        state = sd.unit_state(name)
+        if state is None or state.active_state in ("inactive", "failed"):
+            if state is not None:
+                sd.reset_failed(name)
+            job = sd.start_transient_socket(
+                name,
+                proxy_socket_properties(desc.run_id, PROXY_PORT),
+                proxy_service_properties(desc.run_id, _module_argv("cairn.proxy", *allow)),
+            )
+            sd.wait_started(job)
+    return name
+
+
+def remove_proxy(run_id: str) -> bool:
+    """Stop the run's proxy socket and service; True if either was running."""
+    socket_unit = proxy_unit_name(run_id)
+    found = False
+    with Systemd() as sd:
+        for name in (socket_unit.removesuffix(".socket") + ".service", socket_unit):
+            state = sd.unit_state(name)
+            if state is not None and state.active_state not in ("inactive", "failed"):
+                sd.stop_unit(name)
+                found = True
+    return found
+
+
 def start_agent(
     desc: LaunchDescription,
     op_id: str,
+    network: NetworkMode,
     attempt: int,
     workspace: Path,
     checkpoints: dict[str, Path],
@@ -87,6 +160,11 @@ def start_agent(
     incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
+    environment = _failpoint_env()
+    join_unit = None
+    if network == "allowlist":
+        join_unit = ensure_proxy(desc)
+        environment.update(proxy_environment())
     spec = AgentUnitSpec(
         run_id=desc.run_id,
         op_id=op_id,
@@ -105,8 +183,9 @@ def start_agent(
         cpu_quota_percent=desc.limits.cpu_quota_percent,
         runtime_max_sec=desc.limits.runtime_max_sec,
         io_weight=desc.limits.io_weight,
-        network="none",
-        environment=_failpoint_env(),
+        network=network,
+        join_unit=join_unit,
+        environment=environment,
         log_fields={"CAIRN_RUN": desc.run_id, "CAIRN_OP": op_id},
         **_model_relay(desc, op_id),
     )

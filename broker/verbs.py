@@ -343,9 +343,11 @@ def start_agent(ctx: Context) -> dict[str, Any]:
         for r in ctx.store.for_run(ctx.run_id)
         if r.kind == "checkpoint"
     }
+    op = ctx.journal.get_op_by_id(ctx.run_id, op_id)
     data = units.start_agent(
         ctx.desc,
         op_id,
+        units.agent_network(ctx.desc, op.request.get("descriptor")),
         ctx.intent.attempt,
         workspace,
         checkpoints,
@@ -382,8 +384,9 @@ def delete_run(ctx: Context) -> dict[str, Any]:
     run = ctx.journal.get_run(ctx.run_id)
     if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
+    proxy = units.remove_proxy(ctx.run_id)
     deleted = ctx.pool().delete_run(ctx.run_id)
-    return {"deleted": [str(p) for p in deleted]}
+    return {"deleted": [str(p) for p in deleted], "proxy_removed": proxy}
 
 
 HANDLERS = {

@@ -112,9 +112,7 @@ def register(app: typer.Typer) -> None:
     def watch(
         run_id: RunArg,
         interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
-        json_out: Annotated[
-            bool, typer.Option("--json", help="One JSON event per line.")
-        ] = False,
+        json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
     ) -> None:
         """Follow a run live (rebuilt from the journal); one line when it ends."""
         cursor = 0

@@ -118,8 +118,9 @@ class ProcessFailed(CairnError):
 
     code = "process-failed"
 
-    def __init__(self, message: str, *, returncode: int, stderr: str = "",
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, returncode: int, stderr: str = "", hint: str | None = None
+    ) -> None:
         super().__init__(message, hint=hint)
         self.returncode = returncode
         self.stderr = stderr

@@ -74,7 +74,7 @@ def _copy_data(src_fd: int, dst_fd: int) -> int:
             return total
         view = memoryview(chunk)
         while view:
-            view = view[os.write(dst_fd, view):]
+            view = view[os.write(dst_fd, view) :]
         total += len(chunk)
 
 
@@ -179,8 +179,7 @@ def copy_tree(
                     stats.skip(erel, "file not readable")
                     continue
                 try:
-                    dfd = os.open(dpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                                  0o600)
+                    dfd = os.open(dpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                     try:
                         stats.bytes += _copy_data(sfd, dfd)
                     finally:

@@ -1076,9 +1076,7 @@ class Journal:
                 " state IN ('requested', 'waiting', 'retry')",
                 (now, run_id),
             )
-        db.execute(
-            "UPDATE runs SET state=?, updated_at=? WHERE run_id=?", (target, now, run_id)
-        )
+        db.execute("UPDATE runs SET state=?, updated_at=? WHERE run_id=?", (target, now, run_id))
         self._event(db, run_id, f"run-{target}", {"by": action})
 
 

@@ -55,7 +55,5 @@ def run(
     if check and proc.returncode != 0:
         err = (proc.stderr or b"").decode(errors="replace").strip()
         last = err.splitlines()[-1] if err else f"exit status {proc.returncode}"
-        raise ProcessFailed(
-            f"{args[0]} failed: {last}", returncode=proc.returncode, stderr=err
-        )
+        raise ProcessFailed(f"{args[0]} failed: {last}", returncode=proc.returncode, stderr=err)
     return proc

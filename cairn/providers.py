@@ -64,7 +64,7 @@ class ProvidersFile(BaseModel):
         if not chosen:
             raise NotFound(
                 "no model provider is configured on this host",
-                hint=f"set default = \"NAME\" and a [providers.NAME] table in {providers_path()}",
+                hint=f'set default = "NAME" and a [providers.NAME] table in {providers_path()}',
             )
         entry = self.providers.get(chosen)
         if entry is None:

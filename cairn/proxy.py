@@ -1,8 +1,10 @@
-"""The allowlist proxy: the only way out of an ``allowlist`` agent's network namespace.
+"""The allowlist proxy: the only way out of an ``allowlist`` agent's network namespace,
+and (in ``cairn-egress@.service``) the coordinator's only way to its model providers.
 
-It accepts on a socket that lives inside the agent's namespace (:func:`listen_in_netns`)
-and connects out from the host's namespace,
-only to reviewed destinations. It speaks HTTP ``CONNECT host:port`` (HTTPS and anything
+For agents it accepts on a socket that lives inside the run's namespace (the run's
+``cairn-proxy-RUN.socket``, ``PrivateNetwork=yes``; agent units join it with
+``JoinsNamespaceOf=``) and connects out from the host's namespace, only to reviewed
+destinations. It speaks HTTP ``CONNECT host:port`` (HTTPS and anything
 else tunnelled) and absolute-form plain HTTP requests (``GET http://host/...``).
 
 An allowlist entry is ``host`` (ports 80 and 443), ``host:port`` (that port only) or
@@ -13,15 +15,13 @@ only when listed. Names are resolved here, on the host, never by the agent.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import logging
-import os
 import socket
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
+
+from cairn.sockets import systemd_listener
 
 log = logging.getLogger(__name__)
 
@@ -29,37 +29,23 @@ HEAD_LIMIT = 16 << 10
 CHUNK = 65536
 CONNECT_TIMEOUT = 15.0
 DEFAULT_PORTS = (80, 443)
+IDLE_EXIT = 300.0
+PROXY_PORT = 3128  # inside the run's namespace, on its loopback
 
 Resolver = Callable[[str, int], tuple[str, int]]
 
 
-CLONE_NEWNET = 0x40000000
-
-
-def listen_in_netns(netns: Path, host: str, port: int) -> socket.socket:
-    """A TCP listener created inside ``netns`` (a socket keeps the namespace it was made
-    in), usable from this process in its own namespace. Needs CAP_SYS_ADMIN."""
-    result: list[socket.socket | BaseException] = []
-
-    def bind_there() -> None:
-        # setns() moves only the calling thread, so a throwaway thread does it.
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            with open(netns) as fh:
-                if libc.setns(fh.fileno(), CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-            result.append(socket.create_server((host, port), backlog=64))
-        except BaseException as exc:  # handed to the caller's thread
-            result.append(exc)
-
-    thread = threading.Thread(target=bind_there)
-    thread.start()
-    thread.join()
-    (outcome,) = result
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
+    """What an allowlist agent's tools read to find the proxy."""
+    url = f"http://127.0.0.1:{port}"
+    return {
+        "HTTPS_PROXY": url,
+        "HTTP_PROXY": url,
+        "https_proxy": url,
+        "http_proxy": url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
 
 
 def _system_resolve(host: str, port: int) -> tuple[str, int]:
@@ -107,6 +93,8 @@ class AllowlistProxy:
         self.allow = allow
         self.resolve = resolve
         self.refused: list[str] = []
+        self._lock = threading.Lock()
+        self._open = 0
         self._thread = threading.Thread(target=self._accept, name="allowlist-proxy", daemon=True)
 
     def start(self) -> AllowlistProxy:
@@ -121,16 +109,34 @@ class AllowlistProxy:
         self.listener.close()
         self._thread.join(timeout=5)
 
-    def serve_forever(self) -> None:
-        self._accept()
+    def serve_forever(self, idle_exit: float | None = None) -> None:
+        """Serve until the listener closes or, with ``idle_exit``, until that many seconds
+        pass with no connection open (systemd's socket starts us again on the next one)."""
+        self._accept(idle_exit)
 
-    def _accept(self) -> None:
+    def _accept(self, idle_exit: float | None = None) -> None:
+        self.listener.settimeout(idle_exit)
         while True:
             try:
                 client, _ = self.listener.accept()
+            except TimeoutError:
+                with self._lock:
+                    if self._open == 0:
+                        return
+                continue
             except OSError:
                 return
-            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+            client.settimeout(None)
+            threading.Thread(target=self._serve_one, args=(client,), daemon=True).start()
+
+    def _serve_one(self, client: socket.socket) -> None:
+        with self._lock:
+            self._open += 1
+        try:
+            self._handle(client)
+        finally:
+            with self._lock:
+                self._open -= 1
 
     def _handle(self, client: socket.socket) -> None:
         with client:
@@ -225,26 +231,23 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -I -m cairn.proxy --netns PATH --port N --allow D... --user UID:GID``.
+    """``python3 -I -m cairn.proxy --allow D...``, socket-activated.
 
-    Binds inside the namespace (needs CAP_SYS_ADMIN), then drops to ``--user`` and serves.
+    Serves the listening socket systemd passes: the run's ``cairn-proxy-RUN.socket``,
+    bound inside the run's namespace with ``NetworkNamespacePath=`` while this process
+    stays in the host's namespace, unprivileged (``DynamicUser=``).
     """
     parser = argparse.ArgumentParser(prog="cairn.proxy", description=__doc__)
-    parser.add_argument("--netns", type=Path, required=True)
-    parser.add_argument("--port", type=int, default=3128)
     parser.add_argument("--allow", action="append", default=[])
-    parser.add_argument("--user", required=True, help="UID:GID to serve as")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    listener = listen_in_netns(args.netns, "127.0.0.1", args.port)
-    uid, gid = (int(x) for x in args.user.split(":"))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    log.info(
-        "allowlist proxy in %s on 127.0.0.1:%d for %s", args.netns, args.port, ", ".join(args.allow)
-    )
-    AllowlistProxy(listener, Allowlist(args.allow)).serve_forever()
+    listener = systemd_listener()
+    if listener is None:
+        print("cairn.proxy: no listening socket; start it through its socket unit", file=sys.stderr)
+        return 2
+    log.info("allowlist proxy for %s", ", ".join(args.allow) or "nothing")
+    AllowlistProxy(listener, Allowlist(args.allow)).serve_forever(idle_exit=IDLE_EXIT)
+    log.info("allowlist proxy idle for %.0f s; exiting until the next connection", IDLE_EXIT)
     return 0
 
 

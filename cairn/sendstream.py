@@ -33,24 +33,72 @@ _HEADER = struct.Struct("<IHI")  # payload length, command, crc32c
 _TLV = struct.Struct("<HH")
 
 COMMANDS = {
-    1: "SUBVOL", 2: "SNAPSHOT", 3: "MKFILE", 4: "MKDIR", 5: "MKNOD", 6: "MKFIFO",
-    7: "MKSOCK", 8: "SYMLINK", 9: "RENAME", 10: "LINK", 11: "UNLINK", 12: "RMDIR",
-    13: "SET_XATTR", 14: "REMOVE_XATTR", 15: "WRITE", 16: "CLONE", 17: "TRUNCATE",
-    18: "CHMOD", 19: "CHOWN", 20: "UTIMES", 21: "END", 22: "UPDATE_EXTENT",
-    23: "FALLOCATE", 24: "FILEATTR", 25: "ENCODED_WRITE", 26: "ENABLE_VERITY",
+    1: "SUBVOL",
+    2: "SNAPSHOT",
+    3: "MKFILE",
+    4: "MKDIR",
+    5: "MKNOD",
+    6: "MKFIFO",
+    7: "MKSOCK",
+    8: "SYMLINK",
+    9: "RENAME",
+    10: "LINK",
+    11: "UNLINK",
+    12: "RMDIR",
+    13: "SET_XATTR",
+    14: "REMOVE_XATTR",
+    15: "WRITE",
+    16: "CLONE",
+    17: "TRUNCATE",
+    18: "CHMOD",
+    19: "CHOWN",
+    20: "UTIMES",
+    21: "END",
+    22: "UPDATE_EXTENT",
+    23: "FALLOCATE",
+    24: "FILEATTR",
+    25: "ENCODED_WRITE",
+    26: "ENABLE_VERITY",
 }
 # Attribute numbers whose value is a little-endian integer, and their byte widths.
 _INT_ATTRS = {
-    2: "ctransid", 3: "ino", 4: "size", 5: "mode", 6: "uid", 7: "gid", 8: "rdev",
-    18: "file_offset", 21: "clone_ctransid", 23: "clone_offset", 24: "clone_len",
-    25: "fallocate_mode", 26: "fileattr", 27: "unencoded_file_len", 28: "unencoded_len",
-    29: "unencoded_offset", 30: "compression", 31: "encryption", 32: "verity_algorithm",
+    2: "ctransid",
+    3: "ino",
+    4: "size",
+    5: "mode",
+    6: "uid",
+    7: "gid",
+    8: "rdev",
+    18: "file_offset",
+    21: "clone_ctransid",
+    23: "clone_offset",
+    24: "clone_len",
+    25: "fallocate_mode",
+    26: "fileattr",
+    27: "unencoded_file_len",
+    28: "unencoded_len",
+    29: "unencoded_offset",
+    30: "compression",
+    31: "encryption",
+    32: "verity_algorithm",
     33: "verity_block_size",
 }
 _BYTES_ATTRS = {
-    1: "uuid", 9: "ctime", 10: "mtime", 11: "atime", 12: "otime", 13: "xattr_name",
-    14: "xattr_data", 15: "path", 16: "path_to", 17: "path_link", 19: "data",
-    20: "clone_uuid", 22: "clone_path", 34: "verity_salt_data", 35: "verity_sig_data",
+    1: "uuid",
+    9: "ctime",
+    10: "mtime",
+    11: "atime",
+    12: "otime",
+    13: "xattr_name",
+    14: "xattr_data",
+    15: "path",
+    16: "path_to",
+    17: "path_link",
+    19: "data",
+    20: "clone_uuid",
+    22: "clone_path",
+    34: "verity_salt_data",
+    35: "verity_sig_data",
 }
 _DATA_ATTR = 19
 
@@ -106,7 +154,7 @@ def parse(data: bytes, *, verify_crc: bool = True) -> Iterator[Command]:
     pos = 0
     version = 0
     while pos < len(view):
-        if bytes(view[pos:pos + len(MAGIC)]) == MAGIC:
+        if bytes(view[pos : pos + len(MAGIC)]) == MAGIC:
             if pos + len(MAGIC) + 4 > len(view):
                 raise StreamError("send stream header is truncated")
             (version,) = struct.unpack_from("<I", view, pos + len(MAGIC))
@@ -124,7 +172,7 @@ def parse(data: bytes, *, verify_crc: bool = True) -> Iterator[Command]:
         if end > len(view):
             raise StreamError("send stream command payload is truncated")
         if verify_crc:
-            header = bytes(view[pos:pos + 6]) + b"\0\0\0\0"
+            header = bytes(view[pos : pos + 6]) + b"\0\0\0\0"
             if crc32c(view[start:end], crc32c(header)) != crc:
                 raise StreamError(f"send stream CRC mismatch at offset {pos}")
         yield _decode_command(cmd, view[start:end], version)
@@ -140,13 +188,13 @@ def _decode_command(cmd: int, payload: memoryview, version: int) -> Command:
             raise StreamError("send stream attribute header is truncated")
         (atype,) = struct.unpack_from("<H", payload, pos)
         if version >= 2 and atype == _DATA_ATTR:
-            value = payload[pos + 2:]
+            value = payload[pos + 2 :]
             pos = len(payload)
         else:
             if pos + _TLV.size > len(payload):
                 raise StreamError("send stream attribute header is truncated")
             _, alen = _TLV.unpack_from(payload, pos)
-            value = payload[pos + _TLV.size:pos + _TLV.size + alen]
+            value = payload[pos + _TLV.size : pos + _TLV.size + alen]
             if len(value) != alen:
                 raise StreamError("send stream attribute is truncated")
             pos += _TLV.size + alen
@@ -203,8 +251,16 @@ class TreeReader(Protocol):
 
 
 class _Node:
-    __slots__ = ("name", "parent", "origin", "children", "content", "meta", "detached",
-                 "link_source")
+    __slots__ = (
+        "name",
+        "parent",
+        "origin",
+        "children",
+        "content",
+        "meta",
+        "detached",
+        "link_source",
+    )
 
     def __init__(self, name: str, parent: _Node | None, origin: str | None) -> None:
         self.name = name
@@ -330,7 +386,9 @@ class ChangeTracker:
         subtree walk already covers it)."""
         parent = node.parent
         return (
-            parent is not None and parent.origin is not None and node.origin is not None
+            parent is not None
+            and parent.origin is not None
+            and node.origin is not None
             and node.origin == _join(parent.origin, node.name)
         )
 
@@ -357,8 +415,12 @@ class ChangeTracker:
             if final is not None and node.origin != final:
                 occupied.add(final)
             source = node.link_source
-            if (final is not None and source is not None and source.origin is not None
-                    and self._final_path(source) is None):
+            if (
+                final is not None
+                and source is not None
+                and source.origin is not None
+                and self._final_path(source) is None
+            ):
                 renames.append((source.origin, final))
             if final is not None and final == node.origin:
                 if node.content:
@@ -388,7 +450,8 @@ class ChangeTracker:
             renamed=[
                 Rename(old=o, new=n)
                 for o, n in sorted(
-                    (_strip(old, subpath), _strip(new, subpath)) for old, new in renames
+                    (_strip(old, subpath), _strip(new, subpath))
+                    for old, new in renames
                     if _inside(old, subpath) and _inside(new, subpath)
                 )
             ],
@@ -410,7 +473,7 @@ def _inside(path: str, subpath: str) -> bool:
 
 
 def _strip(path: str, subpath: str) -> str:
-    return path[len(subpath) + 1:] if subpath else path
+    return path[len(subpath) + 1 :] if subpath else path
 
 
 def _scoped(paths: set[str], subpath: str) -> list[str]:
@@ -462,14 +525,12 @@ class FilesystemReader:
             return []
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
             return []
-        out = proc.run(
-            ["btrfs", "inspect-internal", "inode-resolve", str(st.st_ino), self.p]
-        )
+        out = proc.run(["btrfs", "inspect-internal", "inode-resolve", str(st.st_ino), self.p])
         prefix = os.fsencode(self.p) + b"/"
         links = []
         for line in out.stdout.splitlines():
             if line.startswith(prefix):
-                other = os.fsdecode(line[len(prefix):])
+                other = os.fsdecode(line[len(prefix) :])
                 if other != rel:
                     links.append(other)
         return links
@@ -492,7 +553,5 @@ def changes(q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
     # cost time here (it is exercised in the tests).
     tracker.feed(parse(out.stdout, verify_crc=False))
     result = tracker.result(FilesystemReader(q, p), sub)
-    log.info(
-        "changes %s -> %s: %d commands, %d paths", q, p, tracker.commands, len(result.paths())
-    )
+    log.info("changes %s -> %s: %d commands, %d paths", q, p, tracker.commands, len(result.paths()))
     return result

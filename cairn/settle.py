@@ -102,8 +102,11 @@ class ApplyPlan(BaseModel):
 
     @property
     def conflicts(self) -> list[ApplyConflict]:
-        return [ApplyConflict(path=p.path, reason=_conflict_reason(p)) for p in self.paths
-                if p.action == "conflict"]
+        return [
+            ApplyConflict(path=p.path, reason=_conflict_reason(p))
+            for p in self.paths
+            if p.action == "conflict"
+        ]
 
     @property
     def writes(self) -> list[PathPlan]:
@@ -157,7 +160,7 @@ def _segment_regex(segment: str) -> str:
             if end == -1:
                 out.append(re.escape(ch))
             else:
-                body = segment[i + 1:end]
+                body = segment[i + 1 : end]
                 if body.startswith("!"):
                     body = "^" + body[1:]
                 out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
@@ -286,8 +289,7 @@ def build_candidate(
     replaced = {*changes.created, *changes.modified}
     refused_created = [r for r in refused if r in replaced]
     blocked_sources = [
-        rn.old for rn in changes.renamed
-        if any(_under(r, rn.new) for r in refused_created)
+        rn.old for rn in changes.renamed if any(_under(r, rn.new) for r in refused_created)
     ]
     deletions = sorted(changes.deleted, key=lambda s: (-_depth(s), s))
     delete_ok: list[str] = []
@@ -324,7 +326,8 @@ def build_candidate(
         accepted=sorted(accepted),
         refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())],
         bytes_accepted=sum(
-            entries[a][0].st_size for a in accepted
+            entries[a][0].st_size
+            for a in accepted
             if a in entries and stat.S_ISREG(entries[a][0].st_mode)
         ),
     )
@@ -384,8 +387,7 @@ def _copy_user_xattrs(src: Path, dst: Path) -> None:
     for name in have - wanted:
         os.removexattr(dst, name, follow_symlinks=False)
     for name in wanted:
-        os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
-                    follow_symlinks=False)
+        os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
 
 
 def _copy_file_data(src_fd: int, dst_fd: int) -> None:
@@ -400,7 +402,7 @@ def _copy_file_data(src_fd: int, dst_fd: int) -> None:
             return
         view = memoryview(chunk)
         while view:
-            view = view[os.write(dst_fd, view):]
+            view = view[os.write(dst_fd, view) :]
 
 
 def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:
@@ -513,8 +515,9 @@ class _Dir:
         try:
             for part in parts[:-1]:
                 try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                  | os.O_CLOEXEC, dir_fd=fd)
+                    nfd = os.open(
+                        part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                    )
                 except FileNotFoundError:
                     os.close(fd)
                     fd = -1
@@ -614,8 +617,9 @@ def _extra_entries(live: Path, path: str, removed: set[str]) -> bool:
         with _Dir.parent_of(live, parts) as fd:
             if fd is None:
                 return False
-            dfd = os.open(parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
+            dfd = os.open(
+                parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
     except _Blocked:
         return True
     try:
@@ -651,8 +655,9 @@ class _ReceiptLog:
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def add(self, path: str, action: Literal["written", "deleted", "already"],
-            f: EntryState) -> None:
+    def add(
+        self, path: str, action: Literal["written", "deleted", "already"], f: EntryState
+    ) -> None:
         line = ApplyReceipt(path=path, action=action, f=f, at=time.time()).model_dump_json()
         os.write(self.fd, (line + "\n").encode())
         os.fsync(self.fd)
@@ -741,15 +746,17 @@ def _place_live(f: Path, live: Path, p: PathPlan, before: EntryState) -> None:
         _fsync_dir(fd)
 
 
-def _write_temp_from_f(f: Path, parts: list[str], live_fd: int, tmp: str,
-                       expected: EntryState) -> None:
+def _write_temp_from_f(
+    f: Path, parts: list[str], live_fd: int, tmp: str, expected: EntryState
+) -> None:
     with _Dir.parent_of(f, parts) as ffd:
         if ffd is None:
             raise StorageError(f"{'/'.join(parts)} vanished from the final snapshot")
         sfd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=ffd)
     try:
-        dfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                      dir_fd=live_fd)
+        dfd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
+        )
         try:
             _copy_file_data(sfd, dfd)
             os.fchmod(dfd, expected.mode)
@@ -817,10 +824,12 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
             if p.action == "already" and p.path not in done:
                 log_.add(p.path, "already", p.f)
         writes = plan.writes
-        removals = sorted((p for p in writes if _needs_removal(p)),
-                          key=lambda p: (-_depth(p.path), p.path))
-        placements = sorted((p for p in writes if p.f.kind != "absent"),
-                            key=lambda p: (_depth(p.path), p.path))
+        removals = sorted(
+            (p for p in writes if _needs_removal(p)), key=lambda p: (-_depth(p.path), p.path)
+        )
+        placements = sorted(
+            (p for p in writes if p.f.kind != "absent"), key=lambda p: (_depth(p.path), p.path)
+        )
         try:
             for p in removals:
                 _remove_live(live, p)
@@ -836,9 +845,14 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
         except _Raced as raced:
             log.warning("apply into %s: %s changed during the apply; stopped", live, raced.path)
             return ApplyResult(
-                status="conflict", applied=sorted(applied), already_applied=already,
-                conflicts=[ApplyConflict(path=raced.path,
-                                         reason="changed in the live project during the apply")],
+                status="conflict",
+                applied=sorted(applied),
+                already_applied=already,
+                conflicts=[
+                    ApplyConflict(
+                        path=raced.path, reason="changed in the live project during the apply"
+                    )
+                ],
             )
     finally:
         log_.close()

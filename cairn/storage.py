@@ -86,7 +86,7 @@ def filesystem_uuid(path: Path) -> str:
             raise StorageError(f"cannot query the filesystem of {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
-    return str(uuid.UUID(bytes=bytes(buf[_FSID_OFFSET:_FSID_OFFSET + 16])))
+    return str(uuid.UUID(bytes=bytes(buf[_FSID_OFFSET : _FSID_OFFSET + 16])))
 
 
 def is_btrfs(path: Path) -> bool:
@@ -511,8 +511,11 @@ def init_loop_pool(image: Path, size: str, mountpoint: Path) -> LoopPool:
         raise
     log.info("loop pool %s on %s (%s, fsid %s)", mountpoint, image, device, fsid)
     return LoopPool(
-        image=os.fspath(image), mountpoint=os.fspath(mountpoint), size_bytes=size_bytes,
-        fsid=fsid, device=device,
+        image=os.fspath(image),
+        mountpoint=os.fspath(mountpoint),
+        size_bytes=size_bytes,
+        fsid=fsid,
+        device=device,
     )
 
 
@@ -529,4 +532,3 @@ def remove_loop_pool(pool: LoopPool, *, delete_image: bool = True) -> None:
             proc.run(["losetup", "-d", dev], check=False)
     if delete_image:
         Path(pool.image).unlink(missing_ok=True)
-

@@ -40,7 +40,7 @@ PROPERTIES_IF = "org.freedesktop.DBus.Properties"
 DEFAULT_SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\-@]+\.(service|scope|slice|timer)$")
+UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\-@]+\.(service|socket|scope|slice|timer)$")
 UNIT_NAME_MAX_BYTES = 255
 START_MODES = frozenset(
     {"replace", "fail", "isolate", "ignore-dependencies", "ignore-requirements"}
@@ -50,6 +50,7 @@ START_MODES = frozenset(
 _TYPE_INTERFACES = {
     "service": "org.freedesktop.systemd1.Service",
     "scope": "org.freedesktop.systemd1.Scope",
+    "socket": "org.freedesktop.systemd1.Socket",
     "slice": "org.freedesktop.systemd1.Slice",
     "timer": "org.freedesktop.systemd1.Timer",
 }
@@ -64,7 +65,7 @@ def validate_unit_name(name: str) -> str:
     """Return ``name`` if it is a safe unit name of a type Cairn manages; else raise UsageError."""
     if len(name.encode()) > UNIT_NAME_MAX_BYTES or not UNIT_NAME_RE.fullmatch(name):
         raise UsageError(
-            f"invalid unit name {name!r}: use [A-Za-z0-9:_.-@] with a .service, .scope, "
+            f"invalid unit name {name!r}: use [A-Za-z0-9:_.-@] with a .service, .socket, .scope, "
             f".slice or .timer suffix, at most {UNIT_NAME_MAX_BYTES} bytes"
         )
     return name
@@ -317,13 +318,19 @@ class Systemd:
             self._manager_call("Subscribe")
             self._subscribed = True
         job_rule = MatchRule(
-            type="signal", sender=SD_BUS_NAME, path=SD_PATH, interface=MANAGER_IF,
+            type="signal",
+            sender=SD_BUS_NAME,
+            path=SD_PATH,
+            interface=MANAGER_IF,
             member="JobRemoved",
         )
         job_rule.add_arg_condition(2, name)
         props_rule = MatchRule(
-            type="signal", sender=SD_BUS_NAME, path=unit_object_path(name),
-            interface=PROPERTIES_IF, member="PropertiesChanged",
+            type="signal",
+            sender=SD_BUS_NAME,
+            path=unit_object_path(name),
+            interface=PROPERTIES_IF,
+            member="PropertiesChanged",
         )
         rules = self._watches[name] = []
         rules.append(self._add_match(job_rule))
@@ -372,6 +379,20 @@ class Systemd:
         validate_unit_name(name)
         if not name.endswith(".service"):
             raise UsageError(f"{name} is not a .service unit")
+        return self._start_transient(name, props, aux)
+
+    def start_transient_socket(
+        self, name: str, props: Sequence[Prop], service_props: Sequence[Prop]
+    ) -> str:
+        """Start transient socket ``name`` with its service (same name, ``.service``) as an
+        auxiliary unit, activated by the first connection; return the socket's start job."""
+        validate_unit_name(name)
+        if not name.endswith(".socket"):
+            raise UsageError(f"{name} is not a .socket unit")
+        service = name.removesuffix(".socket") + ".service"
+        return self._start_transient(name, props, [(service, service_props)])
+
+    def _start_transient(self, name: str, props: Sequence[Prop], aux: Sequence[AuxUnit]) -> str:
         if any(p[0] == "AddRef" for p in props):
             raise UsageError("AddRef is set by Systemd.start_transient_service; drop it from props")
         for aux_name, _aux_props in aux:
@@ -396,7 +417,9 @@ class Systemd:
                 hint = "this systemd version does not support a requested property"
             raise DBusCallFailed(
                 f"systemd refused to start {name}: {e.detail}",
-                dbus_name=e.dbus_name, detail=e.detail, hint=hint,
+                dbus_name=e.dbus_name,
+                detail=e.detail,
+                hint=hint,
             ) from e
         log.info("started transient unit %s (job %s)", name, job)
         return _str(job)
@@ -414,7 +437,8 @@ class Systemd:
                 self._unwatch(name)
             raise DBusCallFailed(
                 f"systemd refused to start {name}: {e.detail}",
-                dbus_name=e.dbus_name, detail=e.detail,
+                dbus_name=e.dbus_name,
+                detail=e.detail,
             ) from e
         return _str(job)
 

@@ -42,6 +42,7 @@ LOG_FIELD_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 MS_REC = 16384  # BindPaths flags: rbind; systemd accepts only 0 or MS_REC
 USEC = 1_000_000
 STOP_TIMEOUT_USEC = 20 * USEC
+NetworkMode = Literal["none", "allowlist", "host"]
 AGENT_SLICE = "cairn-agents.slice"  # nested in cairn.slice
 HELPER_SLICE = "cairn-helpers.slice"
 
@@ -152,9 +153,11 @@ class AgentUnitSpec(ResourceLimits):
         default=False, description="the coordinator serves a model relay (model.sock) too"
     )
     capsule: AbsPath | None = None
-    network: Literal["none", "allowlist", "host"] = "none"
-    netns_path: AbsPath | None = Field(
-        default=None, description="the per-run namespace an allowlist agent joins"
+    network: NetworkMode = "none"
+    join_unit: str | None = Field(
+        default=None,
+        pattern=r"^cairn-proxy-flow_[0-9a-f]{32}\.socket$",
+        description="the run's proxy socket, whose namespace an allowlist agent joins",
     )
     loopback_tcp: bool = Field(
         default=False,
@@ -178,8 +181,8 @@ class AgentUnitSpec(ResourceLimits):
         reserved = sorted(set(self.environment) & set(AGENT_ENV_RESERVED))
         if reserved:
             raise ValueError(f"environment may not set {', '.join(reserved)}")
-        if (self.network == "allowlist") != (self.netns_path is not None):
-            raise ValueError("netns_path is required with network='allowlist' and only then")
+        if (self.network == "allowlist") != (self.join_unit is not None):
+            raise ValueError("join_unit is required with network='allowlist' and only then")
         return self
 
 
@@ -311,8 +314,8 @@ def _hardening_props(hidden_paths: list[str]) -> list[Prop]:
 
 
 def _network_props(
-    network: Literal["none", "allowlist", "host"],
-    netns_path: str | None = None,
+    network: NetworkMode,
+    join_unit: str | None = None,
     loopback_tcp: bool = False,
 ) -> list[Prop]:
     if network == "none":
@@ -323,10 +326,11 @@ def _network_props(
             ("RestrictAddressFamilies", "(bas)", (True, families)),
         ]
     if network == "allowlist":
-        # The broker's namespace: lo plus the proxy's listening socket, nothing routed.
-        assert netns_path is not None
+        # The proxy socket's namespace: lo and the proxy's listener, nothing routed.
+        assert join_unit is not None
         return [
-            ("NetworkNamespacePath", "s", netns_path),
+            ("PrivateNetwork", "b", True),
+            ("JoinsNamespaceOf", "as", [join_unit]),
             ("RestrictAddressFamilies", "(bas)", (True, ["AF_UNIX", "AF_INET", "AF_INET6"])),
         ]
     # glibc's getaddrinfo(AI_ADDRCONFIG) needs AF_NETLINK.
@@ -363,7 +367,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         *_log_props("cairn-agent", spec.log_fields),
         *_limit_props(spec),
         *_hardening_props(spec.hidden_paths),
-        *_network_props(spec.network, spec.netns_path, spec.loopback_tcp),
+        *_network_props(spec.network, spec.join_unit, spec.loopback_tcp),
         ("BindPaths", "a(ssbt)", binds),
         ("BindReadOnlyPaths", "a(ssbt)", ro_binds),
         # How the unit ended, for the coordinator: a collected unit's Result is gone,
@@ -374,6 +378,42 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
             "a(sasas)",
             [(SHELL, [SHELL, "-c", RECORD_SERVICE_RESULT], ["no-env-expand"])],
         ),
+    ]
+
+
+def proxy_unit_name(run_id: str) -> str:
+    """``cairn-proxy-<run>.socket`` (and its ``.service``): the run's allowlist proxy."""
+    if not RUN_ID_RE.fullmatch(run_id):
+        raise UsageError(f"invalid run id {run_id!r}: expected flow_ and 32 lowercase hex digits")
+    return validate_unit_name(f"cairn-proxy-{run_id}.socket")
+
+
+def proxy_socket_properties(run_id: str, port: int) -> list[Prop]:
+    """The proxy's listening socket on the loopback of a namespace systemd makes for it.
+
+    Allowlist agents join that namespace (``JoinsNamespaceOf=``), and with it the unit's
+    private /tmp and IPC namespace: without them here, a joining unit would get the host's.
+    """
+    return [
+        ("Description", "s", f"Cairn allowlist proxy of run {run_id}"),
+        ("Listen", "a(ss)", [("Stream", f"127.0.0.1:{port}")]),
+        ("PrivateNetwork", "b", True),
+        ("PrivateTmp", "b", True),
+        ("PrivateIPC", "b", True),
+        ("CollectMode", "s", "inactive-or-failed"),
+    ]
+
+
+def proxy_service_properties(run_id: str, exec_argv: list[str]) -> list[Prop]:
+    """The proxy process: in the host's namespace (it connects out), unprivileged, with
+    the same sandbox as every Cairn-started unit otherwise."""
+    families = ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]  # NETLINK: getaddrinfo
+    return [
+        *_exec_props(exec_argv, f"Cairn allowlist proxy of run {run_id}", HELPER_SLICE),
+        ("DynamicUser", "b", True),
+        *_log_props("cairn-proxy", {"CAIRN_RUN": run_id}),
+        *_hardening_props([]),
+        ("RestrictAddressFamilies", "(bas)", (True, families)),
     ]
 
 

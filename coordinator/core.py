@@ -132,6 +132,15 @@ def holder_is_dead(run_id: str, holder: str) -> bool:
     return b"cairn.coordinator" not in cmdline or run_id.encode() not in cmdline
 
 
+def tokens_used(ops: list[OpRow]) -> int:
+    """Model tokens the run's committed boundaries reported (survives restarts)."""
+    used = 0
+    for op in ops:
+        if op.state == "committed" and op.result is not None:
+            used += int(op.result.get("usage", {}).get("total_tokens", 0))
+    return used
+
+
 class Coordinator:
     """Run one workflow run to a terminal state (or until it must wait)."""
 
@@ -150,8 +159,15 @@ class Coordinator:
         self._cancel_lock = threading.Lock()
         self.agent_slots = threading.BoundedSemaphore(self.desc.limits.max_concurrent_agents)
         self.always_replay = os.environ.get("CAIRN_ALWAYS_REPLAY") == "1"
-        self.budget = TokenBudget(self.desc.limits.model_tokens, used=self.tokens_used())
+        ops = self.journal.list_ops(run_id)
+        self.budget = TokenBudget(self.desc.limits.model_tokens, used=tokens_used(ops))
         self.usage: dict[str, dict[str, int]] = {}
+        # Operations committed before this coordinator started: replay answers them from
+        # memory, in the reader thread, without a journal round trip or a thread each.
+        self.committed = {(op.scope, op.seq): op for op in ops if op.state == "committed"}
+        self.sites: dict[tuple[str, int, Any], dict[str, Any]] = {}
+        for site in self.review["calls"]:
+            self.sites.setdefault((site["kind"], site["line"], site.get("descriptor")), site)
 
     @property
     def journal(self) -> Journal:
@@ -160,14 +176,6 @@ class Coordinator:
         if journal is None:
             journal = self._local.journal = Journal(paths.journal_path())
         return journal
-
-    def tokens_used(self) -> int:
-        """Model tokens the run's committed boundaries reported (survives restarts)."""
-        used = 0
-        for op in self.journal.list_ops(self.run_id):
-            if op.state == "committed" and op.result is not None:
-                used += int(op.result.get("usage", {}).get("total_tokens", 0))
-        return used
 
     # --- lease ----------------------------------------------------------------------
 
@@ -335,18 +343,57 @@ class Coordinator:
 
     def replay_once(self) -> dict[str, Any]:
         """One control worker from the start. Calls are answered concurrently (lanes run
-        at the same time); answers go back in whatever order they complete."""
+        at the same time); answers go back in whatever order they complete.
+
+        The thread reading the worker answers calls committed before this coordinator
+        started by itself (no effect, so no safe point): a recovered run reaches its
+        frontier without a thread handoff per operation. Everything else goes to this
+        thread's loop.
+        """
         start = StartWorkflow(
             source=self.desc.source, filename=self.desc.source_filename, args=self.desc.args
         )
         worker = runtime.spawn(make_env())
         assert worker.stdin is not None and worker.stdout is not None
+        stdin = worker.stdin
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        threading.Thread(target=_read_lines, args=(worker.stdout, events), daemon=True).start()
         last_in_scope: dict[str, str | None] = {}
+        lock = threading.Lock()  # the worker's stdin and last_in_scope
+
+        def reply(scope: str, seq: int, op_id: str, value: dict[str, Any]) -> None:
+            with lock:
+                last_in_scope[scope] = op_id
+                stdin.write(CallResult(scope=scope, seq=seq, value=value).model_dump_json())
+                stdin.write("\n")
+                stdin.flush()
+
+        def read_worker(stream: IO[str]) -> None:
+            try:
+                for line in stream:
+                    message = json.loads(line)
+                    if message.get("type") == "call":
+                        call = CallRequest.model_validate(message)
+                        done = self.committed.get((call.scope, call.seq))
+                        with lock:
+                            predecessor = last_in_scope.get(call.scope)
+                        if done is None:
+                            events.put(("call", (call, predecessor)))
+                            continue
+                        self.check_manifest(call)
+                        self.check_identity(done, call, predecessor)
+                        assert done.result is not None
+                        reply(call.scope, call.seq, done.op_id, done.result)
+                    else:
+                        events.put(("message", message))
+                events.put(("eof", None))
+            except BaseException as exc:  # noqa: BLE001 - handed to the main loop
+                events.put(("error", exc))
+
+        threading.Thread(target=read_worker, args=(worker.stdout,), daemon=True).start()
         try:
-            worker.stdin.write(start.model_dump_json() + "\n")
-            worker.stdin.flush()
+            with lock:
+                stdin.write(start.model_dump_json() + "\n")
+                stdin.flush()
             while True:
                 kind, item = events.get()
                 if kind == "eof":
@@ -359,12 +406,13 @@ class Coordinator:
                     call, value, fresh = item
                     if fresh and self.always_replay:
                         raise _RestartReplay
-                    last_in_scope[call.scope] = f"{call.scope}-{call.seq}"
-                    reply = CallResult(scope=call.scope, seq=call.seq, value=value)
-                    worker.stdin.write(reply.model_dump_json() + "\n")
-                    worker.stdin.flush()
+                    reply(call.scope, call.seq, f"{call.scope}-{call.seq}", value)
                     continue
-                message = json.loads(item)
+                if kind == "call":
+                    call, predecessor = item
+                    self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
+                    continue
+                message = item
                 if message.get("type") == "return":
                     output = WorkflowReturn.model_validate(message).output
                     self.models[self.review["workflow"]["output"]].model_validate(output)
@@ -376,9 +424,7 @@ class Coordinator:
                     join = JoinRequest.model_validate(message)
                     self.dispatch(events, join, functools.partial(self.join, join))
                     continue
-                call = CallRequest.model_validate(message)
-                predecessor = last_in_scope.get(call.scope)
-                self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
+                raise CairnError(f"the control worker sent an unknown message: {message!r}")
         finally:
             if worker.poll() is None:
                 worker.kill()
@@ -411,12 +457,9 @@ class Coordinator:
         _file, line, col = call.location.rsplit(":", 2)
         descriptor = call.request.get("descriptor")
         kinds = ("item", "unroll") if call.kind == "item" else (call.kind,)
-        for site in self.review["calls"]:
-            if (
-                site["kind"] in kinds
-                and site["line"] == int(line)
-                and site.get("descriptor") == descriptor
-            ):
+        for kind in kinds:
+            site = self.sites.get((kind, int(line), descriptor))
+            if site is not None:
                 return dict(site)
         raise Nondeterminism(
             f"call {call.kind} at line {line}:{col} is not in the reviewed manifest"
@@ -1161,8 +1204,3 @@ def _write_public(path: Path, text: str) -> None:
     os.chmod(path, 0o644)
 
 
-def _read_lines(stream: IO[str], events: queue.Queue[tuple[str, Any]]) -> None:
-    """Feed the control worker's messages to the coordinator's main loop."""
-    for line in stream:
-        events.put(("line", line))
-    events.put(("eof", None))

@@ -17,6 +17,7 @@ from cairn.models import AgentInstruction, ScriptStep
 from cairn.worker.channel import AgentChannel
 from cairn.worker.llm import MODEL_SOCKET, run_llm
 from cairn.worker.shim import TcpShim
+from cairn.worker.tools import PASSED_ENV
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         "HOME": os.environ.get("HOME", "/state"),
         "LANG": "C.UTF-8",
         "CAIRN_PROMPT": instruction.prompt,
+        **{k: os.environ[k] for k in PASSED_ENV if k in os.environ and k != "HOME"},
     }
     model_socket = os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)
     shim = TcpShim(model_socket).start() if instruction.profile.provider else None

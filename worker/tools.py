@@ -21,6 +21,10 @@ SEARCH_MATCH_LIMIT = 200
 SEARCH_FILE_LIMIT = 2 << 20
 READ_LINE_LIMIT = 2000
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv"}
+# What an agent's commands inherit from the unit: the home and temp directories, and in
+# allowlist mode the run's proxy (the only way out of the agent's namespace).
+PASSED_ENV = ("HOME", "TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
+              "NO_PROXY", "no_proxy")
 
 
 class ToolError(Exception):
@@ -130,7 +134,7 @@ class Toolbox:
         if not isinstance(timeout, int | float) or timeout <= 0:
             raise ToolError("timeout must be a positive number of seconds")
         timeout = min(float(timeout), self.bash_timeout)
-        env = {k: os.environ[k] for k in ("HOME", "TMPDIR") if k in os.environ}
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         try:
             proc = run(["/bin/bash", "-c", command], env=env, cwd=self.workspace,
                        check=False, timeout=timeout)

@@ -97,14 +97,15 @@ def agent(
     if not (isinstance(output, type) and issubclass(output, Model)):
         raise UsageError("agent output= must be a Model class of the workflow module")
     return AgentDescriptor(
-        profile=profile, access=access, network=network, output=output,
+        profile=profile,
+        access=access,
+        network=network,
+        output=output,
         allowlist=tuple(allowlist),
     )
 
 
-def workflow(
-    *, description: str, input: type[Model], output: type[Model]
-) -> Callable[[F], F]:
+def workflow(*, description: str, input: type[Model], output: type[Model]) -> Callable[[F], F]:
     """Mark the module's one workflow function; records a :class:`WorkflowSpec` on it."""
 
     def mark(function: F) -> F:

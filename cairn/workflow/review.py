@@ -61,15 +61,39 @@ from cairn.workflow.schema import (
 
 log = logging.getLogger(__name__)
 
-PURE_MODULES = frozenset({
-    "collections", "decimal", "fractions", "functools", "itertools", "json", "math", "re",
-    "string", "textwrap", "typing",
-})
+PURE_MODULES = frozenset(
+    {
+        "collections",
+        "decimal",
+        "fractions",
+        "functools",
+        "itertools",
+        "json",
+        "math",
+        "re",
+        "string",
+        "textwrap",
+        "typing",
+    }
+)
 
-TYPING_MEMBERS = frozenset({
-    "Any", "Awaitable", "Callable", "Coroutine", "Final", "Iterable", "Iterator", "Literal",
-    "Mapping", "Optional", "Sequence", "Union", "cast",
-})
+TYPING_MEMBERS = frozenset(
+    {
+        "Any",
+        "Awaitable",
+        "Callable",
+        "Coroutine",
+        "Final",
+        "Iterable",
+        "Iterator",
+        "Literal",
+        "Mapping",
+        "Optional",
+        "Sequence",
+        "Union",
+        "cast",
+    }
+)
 
 DENIED_MEMBERS: dict[tuple[str, str], str] = {
     ("itertools", "count"): "it never ends (iterate over finite values)",
@@ -84,45 +108,77 @@ FORBIDDEN_NAMES: dict[str, str] = {
     name: "workflows reach the outside only through flow.* calls"
     for name in ("open", "input", "print", "breakpoint", "help", "exit", "quit")
 }
-FORBIDDEN_NAMES.update({
-    name: "workflows may not run code built from strings"
-    for name in ("eval", "exec", "compile", "__import__")
-})
-FORBIDDEN_NAMES.update({
-    name: "attributes and namespaces are reached only by plain names"
-    for name in ("getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars",
-                 "dir")
-})
-FORBIDDEN_NAMES.update({
-    name: "workflows define only Model classes and plain functions"
-    for name in ("type", "object", "super", "classmethod", "staticmethod", "property",
-                 "memoryview")
-})
+FORBIDDEN_NAMES.update(
+    {
+        name: "workflows may not run code built from strings"
+        for name in ("eval", "exec", "compile", "__import__")
+    }
+)
+FORBIDDEN_NAMES.update(
+    {
+        name: "attributes and namespaces are reached only by plain names"
+        for name in ("getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars", "dir")
+    }
+)
+FORBIDDEN_NAMES.update(
+    {
+        name: "workflows define only Model classes and plain functions"
+        for name in (
+            "type",
+            "object",
+            "super",
+            "classmethod",
+            "staticmethod",
+            "property",
+            "memoryview",
+        )
+    }
+)
 FORBIDDEN_NAMES["id"] = "its value differs between replays"
 
-INTROSPECTION_ATTRIBUTES = frozenset({
-    "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace", "format",
-    "format_map", "mro",
-})
+INTROSPECTION_ATTRIBUTES = frozenset(
+    {
+        "f_back",
+        "f_builtins",
+        "f_code",
+        "f_globals",
+        "f_locals",
+        "f_trace",
+        "format",
+        "format_map",
+        "mro",
+    }
+)
 INTROSPECTION_PREFIXES = ("cr_", "gi_", "ag_", "tb_", "co_")
 
 FLOW_KINDS = (
-    "agent", "parallel", "map", "unroll", "item", "ask", "measure_proposal",
-    "settle_experiment", "repeat_until",
+    "agent",
+    "parallel",
+    "map",
+    "unroll",
+    "item",
+    "ask",
+    "measure_proposal",
+    "settle_experiment",
+    "repeat_until",
 )
 
 FIELD_NAME_RESERVED = frozenset(dir(BaseModel))
 PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._/-]{0,199}$")
-DOMAIN_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*(:[0-9]{1,5})?$")
+DOMAIN_RE = re.compile(
+    r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*(:[0-9]{1,5})?$"
+)
 MAX_REPORTED = 3
 
 BUILTIN_EXCEPTIONS = frozenset(
-    name for name, value in vars(builtins).items()
+    name
+    for name, value in vars(builtins).items()
     if isinstance(value, type) and issubclass(value, Exception)
 )
 BUILTIN_BASE_EXCEPTIONS = frozenset(
-    name for name, value in vars(builtins).items()
+    name
+    for name, value in vars(builtins).items()
     if isinstance(value, type) and issubclass(value, BaseException)
 )
 
@@ -206,8 +262,7 @@ class Review(_Frozen):
 
     def manifest(self) -> dict[str, Any]:
         """Everything the hash covers besides the source and the API version."""
-        return _manifest(self.workflow, self.agents, self.models, self.calls,
-                         self.capabilities)
+        return _manifest(self.workflow, self.agents, self.models, self.calls, self.capabilities)
 
 
 def review_source(source: str, *, filename: str) -> Review:
@@ -215,8 +270,12 @@ def review_source(source: str, *, filename: str) -> Review:
     try:
         tree = ast.parse(source, filename=filename, type_comments=False)
     except SyntaxError as exc:
-        violation = Violation(line=exc.lineno or 1, col=exc.offset or 1, rule="syntax",
-                              message=f"not valid Python: {exc.msg}")
+        violation = Violation(
+            line=exc.lineno or 1,
+            col=exc.offset or 1,
+            rule="syntax",
+            message=f"not valid Python: {exc.msg}",
+        )
         raise ReviewRejected(filename, [violation]) from None
     reviewer = _Reviewer(tree)
     reviewer.run()
@@ -226,8 +285,7 @@ def review_source(source: str, *, filename: str) -> Review:
     assert reviewer.workflow is not None  # a missing workflow is a violation above
     calls = reviewer.calls
     capabilities = sorted({c for call in calls for c in call.capabilities})
-    manifest = _manifest(reviewer.workflow, reviewer.agents, reviewer.models, calls,
-                         capabilities)
+    manifest = _manifest(reviewer.workflow, reviewer.agents, reviewer.models, calls, capabilities)
     review_hash = compute_review_hash(source, manifest)
     review = Review(
         api_version=RUNTIME_API_VERSION,
@@ -269,8 +327,10 @@ def render_review(review: Review) -> str:
     ]
     lines.append("agents" if review.agents else "agents        (none)")
     for name, entry in sorted(review.agents.items()):
-        text = (f"  {name}  profile={entry.profile} access={entry.access} "
-                f"network={entry.network} output={entry.output}")
+        text = (
+            f"  {name}  profile={entry.profile} access={entry.access} "
+            f"network={entry.network} output={entry.output}"
+        )
         if entry.allowlist:
             text += " allowlist=" + ",".join(entry.allowlist)
         lines.append(text)
@@ -279,8 +339,10 @@ def render_review(review: Review) -> str:
     kind_width = max((len(c.kind) for c in review.calls), default=1)
     for call in review.calls:
         target = call.descriptor or call.answer_schema or "-"
-        lines.append(f"  line {call.line:<{width}}  {call.kind:<{kind_width}}  {target}  "
-                     f"[{', '.join(call.capabilities)}]")
+        lines.append(
+            f"  line {call.line:<{width}}  {call.kind:<{kind_width}}  {target}  "
+            f"[{', '.join(call.capabilities)}]"
+        )
     lines.append("capabilities  " + (", ".join(review.capabilities) or "(none)"))
     lines.append(f"review_hash: {review.review_hash}")
     return "\n".join(lines)
@@ -291,9 +353,13 @@ def _render_fields(models: dict[str, ModelSpec], name: str) -> list[str]:
     return [f"  {field.render()}" for field in spec.fields] if spec else []
 
 
-def _manifest(workflow: WorkflowEntry, agents: dict[str, AgentEntry],
-              models: dict[str, ModelSpec], calls: list[CallSite],
-              capabilities: list[str]) -> dict[str, Any]:
+def _manifest(
+    workflow: WorkflowEntry,
+    agents: dict[str, AgentEntry],
+    models: dict[str, ModelSpec],
+    calls: list[CallSite],
+    capabilities: list[str],
+) -> dict[str, Any]:
     return {
         "workflow": workflow.model_dump(mode="json"),
         "agents": {k: v.model_dump(mode="json") for k, v in agents.items()},
@@ -395,12 +461,17 @@ class _Reviewer:
             if isinstance(node, ast.Import | ast.ImportFrom) and node not in self.tree.body:
                 self.reject(node, "import", "imports belong at the top level of the module")
         if not workflows:
-            self.reject(self.tree, "workflow",
-                        "the module defines no @workflow(...) async function; add exactly one")
+            self.reject(
+                self.tree,
+                "workflow",
+                "the module defines no @workflow(...) async function; add exactly one",
+            )
         elif len(workflows) > 1:
-            self.reject(workflows[1], "workflow",
-                        "a module defines exactly one @workflow function; move this one "
-                        "to its own file")
+            self.reject(
+                workflows[1],
+                "workflow",
+                "a module defines exactly one @workflow function; move this one to its own file",
+            )
 
     def review_import(self, stmt: ast.Import | ast.ImportFrom) -> None:
         if isinstance(stmt, ast.Import):
@@ -408,9 +479,12 @@ class _Reviewer:
                 if alias.name in PURE_MODULES:
                     self.modules[alias.asname or alias.name] = alias.name
                 elif alias.name.startswith("cairn"):
-                    self.reject(stmt, "import",
-                                "import the workflow API as 'from cairn.workflow import "
-                                "agent, workflow, Field, Model'")
+                    self.reject(
+                        stmt,
+                        "import",
+                        "import the workflow API as 'from cairn.workflow import "
+                        "agent, workflow, Field, Model'",
+                    )
                 else:
                     self.reject_module(stmt, alias.name)
             return
@@ -420,19 +494,27 @@ class _Reviewer:
         elif module == "__future__":
             for alias in stmt.names:
                 if alias.name != "annotations":
-                    self.reject(stmt, "import",
-                                f"'from __future__ import {alias.name}' is not allowed; "
-                                "only 'annotations' is")
+                    self.reject(
+                        stmt,
+                        "import",
+                        f"'from __future__ import {alias.name}' is not allowed; "
+                        "only 'annotations' is",
+                    )
         elif module == "cairn.workflow":
             for alias in stmt.names:
                 if alias.name not in API_NAMES:
-                    self.reject(stmt, "import",
-                                f"cairn.workflow exports no {alias.name!r} to workflows; "
-                                f"use {', '.join(sorted(API_NAMES))}")
+                    self.reject(
+                        stmt,
+                        "import",
+                        f"cairn.workflow exports no {alias.name!r} to workflows; "
+                        f"use {', '.join(sorted(API_NAMES))}",
+                    )
                 elif alias.asname and alias.asname != alias.name:
-                    self.reject(stmt, "import",
-                                f"import {alias.name!r} under its own name, not "
-                                f"{alias.asname!r}")
+                    self.reject(
+                        stmt,
+                        "import",
+                        f"import {alias.name!r} under its own name, not {alias.asname!r}",
+                    )
                 else:
                     self.api.add(alias.name)
         elif module in PURE_MODULES:
@@ -446,22 +528,34 @@ class _Reviewer:
             self.reject_module(stmt, module)
 
     def reject_module(self, node: ast.AST, module: str) -> None:
-        self.reject(node, "import",
-                    f"module {module!r} may not be imported in a workflow (allowed: "
-                    f"cairn.workflow, {', '.join(sorted(PURE_MODULES))}); reach the "
-                    "outside through flow.* calls")
+        self.reject(
+            node,
+            "import",
+            f"module {module!r} may not be imported in a workflow (allowed: "
+            f"cairn.workflow, {', '.join(sorted(PURE_MODULES))}); reach the "
+            "outside through flow.* calls",
+        )
 
     def is_api_call(self, node: ast.AST | None, name: str) -> bool:
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == name)
+        return (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+        )
 
     def review_model_class(self, cls: ast.ClassDef) -> None:
-        if (len(cls.bases) != 1 or not isinstance(cls.bases[0], ast.Name)
-                or cls.bases[0].id != "Model" or cls.keywords or cls.decorator_list):
-            self.reject(cls, "class",
-                        f"class {cls.name!r} must be a plain 'class {cls.name}(Model)': "
-                        "workflows define only Model classes, without decorators, "
-                        "keywords or other bases")
+        if (
+            len(cls.bases) != 1
+            or not isinstance(cls.bases[0], ast.Name)
+            or cls.bases[0].id != "Model"
+            or cls.keywords
+            or cls.decorator_list
+        ):
+            self.reject(
+                cls,
+                "class",
+                f"class {cls.name!r} must be a plain 'class {cls.name}(Model)': "
+                "workflows define only Model classes, without decorators, "
+                "keywords or other bases",
+            )
             return
         if "Model" not in self.api:
             self.reject(cls, "class", "import Model from cairn.workflow before using it")
@@ -480,15 +574,20 @@ class _Reviewer:
         self.models[cls.name] = ModelSpec(name=cls.name, doc=doc, fields=tuple(fields))
 
     def extract_field(self, model: str, stmt: ast.stmt) -> FieldSpec:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and stmt.simple):
-            raise _Reject(stmt, "model-body",
-                          f"a Model body holds only its docstring and 'name: type = "
-                          f"default' fields; remove this statement from {model!r}")
+        if not (
+            isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.simple
+        ):
+            raise _Reject(
+                stmt,
+                "model-body",
+                f"a Model body holds only its docstring and 'name: type = "
+                f"default' fields; remove this statement from {model!r}",
+            )
         name = stmt.target.id
         if name.startswith("_") or name.startswith("model_") or name in FIELD_NAME_RESERVED:
-            raise _Reject(stmt, "model-field",
-                          f"field name {name!r} is reserved by pydantic; rename it")
+            raise _Reject(
+                stmt, "model-field", f"field name {name!r} is reserved by pydantic; rename it"
+            )
         type_spec = self.extract_type(stmt.annotation, model)
         spec: dict[str, Any] = {"name": name, "type": type_spec}
         value = stmt.value
@@ -508,37 +607,53 @@ class _Reviewer:
         out: dict[str, Any] = {}
         constraints: dict[str, Any] = {}
         if len(call.args) > 1 or any(isinstance(a, ast.Starred) for a in call.args):
-            raise _Reject(call, "model-field", "Field() takes at most one positional "
-                          "argument, the default")
+            raise _Reject(
+                call, "model-field", "Field() takes at most one positional argument, the default"
+            )
         if call.args:
             out["has_default"] = True
             out["default"] = _literal(call.args[0])
-        renamed = {"min_items": "min_length", "max_items": "max_length",
-                   "regex": "pattern", "const": "Literal[...]"}
+        renamed = {
+            "min_items": "min_length",
+            "max_items": "max_length",
+            "regex": "pattern",
+            "const": "Literal[...]",
+        }
         for kw in call.keywords:
             if kw.arg is None:
-                raise _Reject(kw.value, "model-field", "Field(**...) is not allowed; "
-                              "write each keyword")
+                raise _Reject(
+                    kw.value, "model-field", "Field(**...) is not allowed; write each keyword"
+                )
             if kw.arg in renamed:
-                raise _Reject(kw.value, "model-field",
-                              f"Field({kw.arg}=) is pydantic v1; use {renamed[kw.arg]}")
+                raise _Reject(
+                    kw.value,
+                    "model-field",
+                    f"Field({kw.arg}=) is pydantic v1; use {renamed[kw.arg]}",
+                )
             if kw.arg == "default":
                 out["has_default"] = True
                 out["default"] = _literal(kw.value)
             elif kw.arg in FIELD_CONSTRAINTS:
                 value = _literal(kw.value)
-                valid = (isinstance(value, str) if kw.arg in TEXT_CONSTRAINTS
-                         else isinstance(value, int | float) and not isinstance(value, bool))
+                valid = (
+                    isinstance(value, str)
+                    if kw.arg in TEXT_CONSTRAINTS
+                    else isinstance(value, int | float) and not isinstance(value, bool)
+                )
                 if not valid:
-                    raise _Reject(kw.value, "model-field",
-                                  f"Field({kw.arg}=) needs a literal "
-                                  f"{'string' if kw.arg in TEXT_CONSTRAINTS else 'number'}")
+                    raise _Reject(
+                        kw.value,
+                        "model-field",
+                        f"Field({kw.arg}=) needs a literal "
+                        f"{'string' if kw.arg in TEXT_CONSTRAINTS else 'number'}",
+                    )
                 if kw.arg == "pattern":
                     try:
                         re.compile(str(value))
                     except re.error as exc:
-                        raise _Reject(kw.value, "model-field",
-                                      f"Field(pattern=) is not a valid regex: {exc}") from None
+                        raise _Reject(
+                            kw.value, "model-field", f"Field(pattern=) is not a valid regex: {exc}"
+                        ) from None
                 constraints[kw.arg] = value
             elif kw.arg in FIELD_DOC_KEYWORDS:
                 value = _literal(kw.value)
@@ -547,8 +662,11 @@ class _Reviewer:
                 out[kw.arg] = value
             else:
                 allowed = ", ".join(("default", *FIELD_CONSTRAINTS, *FIELD_DOC_KEYWORDS))
-                raise _Reject(kw.value, "model-field",
-                              f"Field({kw.arg}=) is not supported in a workflow; use {allowed}")
+                raise _Reject(
+                    kw.value,
+                    "model-field",
+                    f"Field({kw.arg}=) is not supported in a workflow; use {allowed}",
+                )
         out["constraints"] = constraints
         return out
 
@@ -564,13 +682,18 @@ class _Reviewer:
             else:
                 fits = base.kind == "str"
             if not fits:
-                raise _Reject(node, "model-field",
-                              f"Field({key}=) does not apply to {base.render()!r}; "
-                              "drop it or change the type")
+                raise _Reject(
+                    node,
+                    "model-field",
+                    f"Field({key}=) does not apply to {base.render()!r}; "
+                    "drop it or change the type",
+                )
 
     def extract_type(self, node: ast.expr, model: str) -> TypeSpec:
-        closed_set = ("str, int, float, bool, list[T], dict[str, T], T | None, Optional[T], "
-                      "Literal[...] or a Model declared above")
+        closed_set = (
+            "str, int, float, bool, list[T], dict[str, T], T | None, Optional[T], "
+            "Literal[...] or a Model declared above"
+        )
         if isinstance(node, ast.Name):
             if node.id in ("str", "int", "float", "bool"):
                 return TypeSpec(kind=node.id)  # type: ignore[arg-type]
@@ -586,8 +709,7 @@ class _Reviewer:
             head = self.typing_name(node.value)
             if head == "list":
                 return TypeSpec(kind="list", item=self.extract_type(node.slice, model))
-            if head == "dict" and isinstance(node.slice, ast.Tuple) \
-                    and len(node.slice.elts) == 2:
+            if head == "dict" and isinstance(node.slice, ast.Tuple) and len(node.slice.elts) == 2:
                 key, value = node.slice.elts
                 if isinstance(key, ast.Name) and key.id == "str":
                     return TypeSpec(kind="dict", item=self.extract_type(value, model))
@@ -600,13 +722,18 @@ class _Reviewer:
                 for elt in elts:
                     value = _literal(elt)
                     if not (value is None or isinstance(value, str | int | bool)):
-                        raise _Reject(elt, "model-type",
-                                      "Literal[...] values are strings, ints, bools or None")
+                        raise _Reject(
+                            elt,
+                            "model-type",
+                            "Literal[...] values are strings, ints, bools or None",
+                        )
                     values.append(value)
                 return TypeSpec(kind="literal", values=tuple(values))
-        raise _Reject(node, "model-type",
-                      f"annotation {ast.unparse(node)!r} is outside the workflow type set "
-                      f"({closed_set})")
+        raise _Reject(
+            node,
+            "model-type",
+            f"annotation {ast.unparse(node)!r} is outside the workflow type set ({closed_set})",
+        )
 
     def typing_name(self, node: ast.expr) -> str | None:
         if isinstance(node, ast.Name):
@@ -615,8 +742,11 @@ class _Reviewer:
             member = self.members.get(node.id)
             if member and member[0] == "typing":
                 return member[1]
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and self.modules.get(node.value.id) == "typing":
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and self.modules.get(node.value.id) == "typing"
+        ):
             return node.attr
         return None
 
@@ -641,21 +771,27 @@ class _Reviewer:
             try:
                 if kw.arg == "output":
                     if not (isinstance(kw.value, ast.Name) and kw.value.id in self.models):
-                        raise _Reject(kw.value, "agent", "agent output= must name a Model "
-                                      "class defined above in this module")
+                        raise _Reject(
+                            kw.value,
+                            "agent",
+                            "agent output= must name a Model class defined above in this module",
+                        )
                     values["output"] = kw.value.id
                 elif kw.arg in ("profile", "access", "network"):
                     values[kw.arg] = _literal(kw.value)
                 elif kw.arg == "allowlist":
                     if not isinstance(kw.value, ast.Tuple | ast.List):
-                        raise _Reject(kw.value, "agent",
-                                      "allowlist= must be a literal tuple of domains")
-                    values["allowlist"] = tuple(_literal(e)
-                                                for e in kw.value.elts)
+                        raise _Reject(
+                            kw.value, "agent", "allowlist= must be a literal tuple of domains"
+                        )
+                    values["allowlist"] = tuple(_literal(e) for e in kw.value.elts)
                 else:
-                    raise _Reject(kw.value if kw.arg is None else kw, "agent",
-                                  f"agent() takes profile, access, network, output and "
-                                  f"allowlist, not {kw.arg or '**'}")
+                    raise _Reject(
+                        kw.value if kw.arg is None else kw,
+                        "agent",
+                        f"agent() takes profile, access, network, output and "
+                        f"allowlist, not {kw.arg or '**'}",
+                    )
             except _Reject as exc:
                 self.reject(exc.node, exc.rule, exc.message)
                 return
@@ -677,35 +813,55 @@ class _Reviewer:
         if "workflow" not in self.api:
             self.reject(fn, "workflow", "import workflow from cairn.workflow before using it")
         args = fn.args
-        if (len(args.posonlyargs) + len(args.args) != 2 or args.vararg or args.kwarg
-                or args.kwonlyargs or args.defaults):
-            self.reject(fn, "workflow", f"the workflow function must take exactly "
-                        f"(flow, args): 'async def {fn.name}(flow, args: Input)'")
+        if (
+            len(args.posonlyargs) + len(args.args) != 2
+            or args.vararg
+            or args.kwarg
+            or args.kwonlyargs
+            or args.defaults
+        ):
+            self.reject(
+                fn,
+                "workflow",
+                f"the workflow function must take exactly "
+                f"(flow, args): 'async def {fn.name}(flow, args: Input)'",
+            )
             return True
         values: dict[str, str] = {}
         for kw in decorator.keywords:
             if kw.arg == "description":
-                if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
-                        and kw.value.value.strip()):
-                    self.reject(kw.value, "workflow", "description= must be a non-empty "
-                                "string literal")
+                if not (
+                    isinstance(kw.value, ast.Constant)
+                    and isinstance(kw.value.value, str)
+                    and kw.value.value.strip()
+                ):
+                    self.reject(
+                        kw.value, "workflow", "description= must be a non-empty string literal"
+                    )
                     return True
                 values["description"] = kw.value.value
             elif kw.arg in ("input", "output"):
                 if not (isinstance(kw.value, ast.Name) and kw.value.id in self.models):
-                    self.reject(kw.value, "workflow", f"{kw.arg}= must name a Model class "
-                                "defined above in this module")
+                    self.reject(
+                        kw.value,
+                        "workflow",
+                        f"{kw.arg}= must name a Model class defined above in this module",
+                    )
                     return True
                 values[kw.arg] = kw.value.id
             else:
-                self.reject(kw.value if kw.arg is None else kw, "workflow",
-                            f"@workflow takes description, input and output, not "
-                            f"{kw.arg or '**'}")
+                self.reject(
+                    kw.value if kw.arg is None else kw,
+                    "workflow",
+                    f"@workflow takes description, input and output, not {kw.arg or '**'}",
+                )
                 return True
         if decorator.args or set(values) != {"description", "input", "output"}:
-            self.reject(decorator, "workflow",
-                        "@workflow needs keyword arguments description=, input= and "
-                        "output=")
+            self.reject(
+                decorator,
+                "workflow",
+                "@workflow needs keyword arguments description=, input= and output=",
+            )
             return True
         self.workflow = WorkflowEntry(function=fn.name, **values)
         self.flow = _positional_names(args)[0]
@@ -729,14 +885,20 @@ class _Reviewer:
             if node in self.definitions or self.parents.get(node) in self.definitions:
                 continue
             if name == self.flow and not isinstance(node, ast.arg):
-                self.reject(node, "flow", f"{name!r} is the flow object; bind it only as a "
-                            "function parameter")
+                self.reject(
+                    node,
+                    "flow",
+                    f"{name!r} is the flow object; bind it only as a function parameter",
+                )
             elif name in reserved:
-                self.reject(node, "rebind", f"{name!r} is {reserved[name]}; choose another "
-                            "name")
+                self.reject(node, "rebind", f"{name!r} is {reserved[name]}; choose another name")
             if _is_dunder(name):
-                self.reject(node, "dunder", f"name {name!r} is not allowed in a workflow "
-                            "(double-underscore names reach interpreter internals)")
+                self.reject(
+                    node,
+                    "dunder",
+                    f"name {name!r} is not allowed in a workflow "
+                    "(double-underscore names reach interpreter internals)",
+                )
 
     def bound_names(self) -> Iterator[tuple[ast.AST, str]]:
         for node in ast.walk(self.tree):
@@ -766,25 +928,41 @@ class _Reviewer:
 
     def visit_stmt(self, stmt: ast.stmt, ctx: _Context) -> None:
         if isinstance(stmt, ast.While):
-            self.reject(stmt, "while", "'while' is not allowed in a workflow (loop over "
-                        "finite values: 'for _ in range(N)' or flow.repeat_until)")
+            self.reject(
+                stmt,
+                "while",
+                "'while' is not allowed in a workflow (loop over "
+                "finite values: 'for _ in range(N)' or flow.repeat_until)",
+            )
         elif isinstance(stmt, ast.Global | ast.Nonlocal):
             word = "global" if isinstance(stmt, ast.Global) else "nonlocal"
-            self.reject(stmt, "scope", f"'{word}' is not allowed in a workflow (return "
-                        "values instead of rebinding outer names)")
+            self.reject(
+                stmt,
+                "scope",
+                f"'{word}' is not allowed in a workflow (return "
+                "values instead of rebinding outer names)",
+            )
         elif isinstance(stmt, ast.AsyncFor | ast.AsyncWith):
             word = "async for" if isinstance(stmt, ast.AsyncFor) else "async with"
-            self.reject(stmt, "async", f"'{word}' is not allowed in a workflow (await "
-                        "flow.* calls directly)")
+            self.reject(
+                stmt,
+                "async",
+                f"'{word}' is not allowed in a workflow (await flow.* calls directly)",
+            )
         elif (isinstance(stmt, ast.Return) and ctx.in_finally) or (
-                isinstance(stmt, ast.Break | ast.Continue) and ctx.in_finally
-                and not ctx.in_loop):
-            self.reject(stmt, "try", "'finally' may not return, break or continue: that "
-                        "would swallow the runtime's suspend and cancel signals")
+            isinstance(stmt, ast.Break | ast.Continue) and ctx.in_finally and not ctx.in_loop
+        ):
+            self.reject(
+                stmt,
+                "try",
+                "'finally' may not return, break or continue: that "
+                "would swallow the runtime's suspend and cancel signals",
+            )
         elif isinstance(stmt, ast.ClassDef):
             if self.parents.get(stmt) is not self.tree:
-                self.reject(stmt, "class", "classes are defined only at module level, as "
-                            "'class X(Model)'")
+                self.reject(
+                    stmt, "class", "classes are defined only at module level, as 'class X(Model)'"
+                )
             self.visit_exprs([*stmt.bases, *(k.value for k in stmt.keywords)], ctx)
             return  # the body was reviewed as a model
         elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -800,8 +978,9 @@ class _Reviewer:
             self.visit_block(stmt.finalbody, ctx._replace(in_finally=True, in_loop=False))
             return
         if isinstance(stmt, ast.For | ast.While):
-            self.visit_exprs([stmt.target, stmt.iter] if isinstance(stmt, ast.For)
-                             else [stmt.test], ctx)
+            self.visit_exprs(
+                [stmt.target, stmt.iter] if isinstance(stmt, ast.For) else [stmt.test], ctx
+            )
             self.visit_block(stmt.body, ctx._replace(in_loop=True))
             self.visit_block(stmt.orelse, ctx)
             return
@@ -823,33 +1002,51 @@ class _Reviewer:
 
     def visit_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         if fn not in self.workflow_candidates and fn.decorator_list:
-            self.reject(fn.decorator_list[0], "decorator",
-                        "decorators are not allowed in a workflow except one @workflow(...) "
-                        "on the module's async workflow function")
+            self.reject(
+                fn.decorator_list[0],
+                "decorator",
+                "decorators are not allowed in a workflow except one @workflow(...) "
+                "on the module's async workflow function",
+            )
         args = fn.args
         outer = _Context()
-        self.visit_exprs([*args.defaults, *(d for d in args.kw_defaults if d is not None),
-                          *(a.annotation for a in _param_names(args) if a.annotation),
-                          *([fn.returns] if fn.returns else []), *fn.decorator_list], outer)
+        self.visit_exprs(
+            [
+                *args.defaults,
+                *(d for d in args.kw_defaults if d is not None),
+                *(a.annotation for a in _param_names(args) if a.annotation),
+                *([fn.returns] if fn.returns else []),
+                *fn.decorator_list,
+            ],
+            outer,
+        )
         self.visit_block(fn.body, _Context(in_async=isinstance(fn, ast.AsyncFunctionDef)))
 
     def review_handler(self, handler: ast.ExceptHandler) -> None:
         if handler.type is None:
-            self.reject(handler, "try", "bare 'except:' would swallow the runtime's suspend "
-                        "and cancel signals; name the Exception subclasses to handle")
+            self.reject(
+                handler,
+                "try",
+                "bare 'except:' would swallow the runtime's suspend "
+                "and cancel signals; name the Exception subclasses to handle",
+            )
             return
         names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
         for node in names:
             if not self.is_exception_class(node):
-                self.reject(node, "try",
-                            f"'except {ast.unparse(node)}' may swallow the runtime's suspend "
-                            "and cancel signals; handle Exception or its builtin subclasses "
-                            "or OperationFailed")
+                self.reject(
+                    node,
+                    "try",
+                    f"'except {ast.unparse(node)}' may swallow the runtime's suspend "
+                    "and cancel signals; handle Exception or its builtin subclasses "
+                    "or OperationFailed",
+                )
 
     def is_exception_class(self, node: ast.expr) -> bool:
         if isinstance(node, ast.Name):
-            if node.id in BUILTIN_EXCEPTIONS or (node.id == "OperationFailed"
-                                                 and node.id in self.api):
+            if node.id in BUILTIN_EXCEPTIONS or (
+                node.id == "OperationFailed" and node.id in self.api
+            ):
                 return True
             member = self.members.get(node.id)
             return member is not None and _is_exception_member(*member)
@@ -872,8 +1069,12 @@ class _Reviewer:
                 stack.append((node.body, False))
                 continue
             if isinstance(node, ast.Yield | ast.YieldFrom) and in_async:
-                self.reject(node, "async-generator", "'yield' in an async function makes an "
-                            "async generator, which a workflow may not define; return a list")
+                self.reject(
+                    node,
+                    "async-generator",
+                    "'yield' in an async function makes an "
+                    "async generator, which a workflow may not define; return a list",
+                )
             self.visit_node(node)
             stack.extend((child, in_async) for child in ast.iter_child_nodes(node))
 
@@ -882,10 +1083,18 @@ class _Reviewer:
             self.visit_name(node)
         elif isinstance(node, ast.Attribute):
             self.visit_attribute(node)
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-                and isinstance(node.slice.value, str) and _is_dunder(node.slice.value):
-            self.reject(node, "dunder", f"subscript {node.slice.value!r} is not allowed "
-                        "(double-underscore names reach interpreter internals)")
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+            and _is_dunder(node.slice.value)
+        ):
+            self.reject(
+                node,
+                "dunder",
+                f"subscript {node.slice.value!r} is not allowed "
+                "(double-underscore names reach interpreter internals)",
+            )
         elif isinstance(node, ast.Call):
             self.visit_call(node)
 
@@ -893,15 +1102,27 @@ class _Reviewer:
         name = node.id
         parent = self.parents.get(node)
         if name in FORBIDDEN_NAMES:
-            self.reject(node, "forbidden-name",
-                        f"'{name}' is not allowed in a workflow ({FORBIDDEN_NAMES[name]})")
+            self.reject(
+                node,
+                "forbidden-name",
+                f"'{name}' is not allowed in a workflow ({FORBIDDEN_NAMES[name]})",
+            )
         elif _is_dunder(name):
-            self.reject(node, "dunder", f"name {name!r} is not allowed in a workflow "
-                        "(double-underscore names reach interpreter internals)")
-        elif name in self.modules and not (isinstance(parent, ast.Attribute)
-                                          and parent.value is node):
-            self.reject(node, "module-member", f"use members of {self.modules[name]!r} "
-                        f"directly ({name}.member), not the module object")
+            self.reject(
+                node,
+                "dunder",
+                f"name {name!r} is not allowed in a workflow "
+                "(double-underscore names reach interpreter internals)",
+            )
+        elif name in self.modules and not (
+            isinstance(parent, ast.Attribute) and parent.value is node
+        ):
+            self.reject(
+                node,
+                "module-member",
+                f"use members of {self.modules[name]!r} "
+                f"directly ({name}.member), not the module object",
+            )
         elif name == self.flow:
             self.visit_flow_use(node, parent)
 
@@ -909,11 +1130,18 @@ class _Reviewer:
         if isinstance(parent, ast.Attribute) and parent.value is node:
             call = self.parents.get(parent)
             if parent.attr not in FLOW_KINDS:
-                self.reject(parent, "flow", f"'{node.id}.{parent.attr}' is not a flow "
-                            f"operation; use one of {', '.join(FLOW_KINDS)}")
+                self.reject(
+                    parent,
+                    "flow",
+                    f"'{node.id}.{parent.attr}' is not a flow "
+                    f"operation; use one of {', '.join(FLOW_KINDS)}",
+                )
             elif not (isinstance(call, ast.Call) and call.func is parent):
-                self.reject(parent, "flow", f"call '{node.id}.{parent.attr}(...)' directly; "
-                            "flow operations are not values")
+                self.reject(
+                    parent,
+                    "flow",
+                    f"call '{node.id}.{parent.attr}(...)' directly; flow operations are not values",
+                )
             else:
                 self.record_call(call, parent.attr)
             return
@@ -921,19 +1149,28 @@ class _Reviewer:
             call, position, keyword = self.parents.get(parent), None, parent.arg
         else:
             call, keyword = parent, None
-            position = (parent.args.index(node) if isinstance(parent, ast.Call)
-                        and node in parent.args else None)
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
-                and (position is not None or keyword is not None):
+            position = (
+                parent.args.index(node)
+                if isinstance(parent, ast.Call) and node in parent.args
+                else None
+            )
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and (position is not None or keyword is not None)
+        ):
             signatures = self.functions.get(call.func.id, [])
             if signatures and all(self.takes_flow(s, position, keyword) for s in signatures):
                 return
-        self.reject(node, "flow", f"use {node.id!r} only as '{node.id}.<operation>(...)' or "
-                    f"pass it to a function of this module whose parameter is named "
-                    f"{node.id!r}, so every call site is reviewed")
+        self.reject(
+            node,
+            "flow",
+            f"use {node.id!r} only as '{node.id}.<operation>(...)' or "
+            f"pass it to a function of this module whose parameter is named "
+            f"{node.id!r}, so every call site is reviewed",
+        )
 
-    def takes_flow(self, args: ast.arguments, position: int | None,
-                   keyword: str | None) -> bool:
+    def takes_flow(self, args: ast.arguments, position: int | None, keyword: str | None) -> bool:
         if keyword is not None:
             return keyword == self.flow and any(a.arg == keyword for a in _param_names(args))
         names = _positional_names(args)
@@ -942,15 +1179,27 @@ class _Reviewer:
     def visit_attribute(self, node: ast.Attribute) -> None:
         attr = node.attr
         if attr.startswith("__"):
-            self.reject(node, "dunder", f"attribute {attr!r} is not allowed in a workflow "
-                        "(double-underscore names reach interpreter internals)")
+            self.reject(
+                node,
+                "dunder",
+                f"attribute {attr!r} is not allowed in a workflow "
+                "(double-underscore names reach interpreter internals)",
+            )
         elif attr in INTROSPECTION_ATTRIBUTES or attr.startswith(INTROSPECTION_PREFIXES):
             if attr in ("format", "format_map"):
-                self.reject(node, "format", f"'.{attr}()' is not allowed in a workflow (it "
-                            "reaches attributes by name); use an f-string")
+                self.reject(
+                    node,
+                    "format",
+                    f"'.{attr}()' is not allowed in a workflow (it "
+                    "reaches attributes by name); use an f-string",
+                )
             else:
-                self.reject(node, "introspection", f"attribute {attr!r} is not allowed in a "
-                            "workflow (it reaches frames and code objects)")
+                self.reject(
+                    node,
+                    "introspection",
+                    f"attribute {attr!r} is not allowed in a "
+                    "workflow (it reaches frames and code objects)",
+                )
         elif isinstance(node.value, ast.Name) and node.value.id in self.modules:
             module = self.modules[node.value.id]
             reason = _member_refusal(module, attr)
@@ -961,14 +1210,25 @@ class _Reviewer:
         func = node.func
         if isinstance(func, ast.Name):
             if func.id == "agent" and node not in self.agent_nodes:
-                self.reject(node, "agent", "agent(...) is allowed only as a module-level "
-                            "'NAME = agent(...)' so review can list it")
+                self.reject(
+                    node,
+                    "agent",
+                    "agent(...) is allowed only as a module-level "
+                    "'NAME = agent(...)' so review can list it",
+                )
             elif func.id == "workflow" and not self.is_workflow_decorator(node):
-                self.reject(node, "workflow", "workflow(...) is used only as the decorator "
-                            "of the module's async workflow function")
+                self.reject(
+                    node,
+                    "workflow",
+                    "workflow(...) is used only as the decorator "
+                    "of the module's async workflow function",
+                )
             elif func.id == "iter" and len(node.args) > 1:
-                self.reject(node, "loop", "'iter(callable, sentinel)' may never end "
-                            "(iterate over finite values)")
+                self.reject(
+                    node,
+                    "loop",
+                    "'iter(callable, sentinel)' may never end (iterate over finite values)",
+                )
 
     def is_workflow_decorator(self, node: ast.Call) -> bool:
         parent = self.parents.get(node)
@@ -982,8 +1242,12 @@ class _Reviewer:
         if kind == "agent":
             first = call.args[0] if call.args else None
             if not (isinstance(first, ast.Name) and first.id in self.agents):
-                self.reject(call, "flow", "the first argument of flow.agent must name a "
-                            "module-level agent descriptor (NAME = agent(...))")
+                self.reject(
+                    call,
+                    "flow",
+                    "the first argument of flow.agent must name a "
+                    "module-level agent descriptor (NAME = agent(...))",
+                )
                 return
             descriptor = first.id
             entry = self.agents[descriptor]
@@ -997,15 +1261,27 @@ class _Reviewer:
             for kw in call.keywords:
                 if kw.arg == "schema":
                     if not (isinstance(kw.value, ast.Name) and kw.value.id in self.models):
-                        self.reject(kw.value, "flow", "flow.ask schema= must name a Model "
-                                    "class of this module, so answers are validated without "
-                                    "running the workflow")
+                        self.reject(
+                            kw.value,
+                            "flow",
+                            "flow.ask schema= must name a Model "
+                            "class of this module, so answers are validated without "
+                            "running the workflow",
+                        )
                         return
                     schema = kw.value.id
         elif kind == "measure_proposal":
             capabilities.add("evaluator")
-        self.calls.append(CallSite(kind=kind, line=line, col=col, descriptor=descriptor,
-                                   answer_schema=schema, capabilities=sorted(capabilities)))
+        self.calls.append(
+            CallSite(
+                kind=kind,
+                line=line,
+                col=col,
+                descriptor=descriptor,
+                answer_schema=schema,
+                capabilities=sorted(capabilities),
+            )
+        )
 
 
 def _agent_problem(values: dict[str, Any]) -> str | None:
@@ -1036,11 +1312,19 @@ def _literal(node: ast.expr) -> Any:
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _Reject(node, "literal", f"{ast.unparse(node)!r} must be a literal "
-                      "(string, number, bool, None, list or dict of those)") from None
+        raise _Reject(
+            node,
+            "literal",
+            f"{ast.unparse(node)!r} must be a literal "
+            "(string, number, bool, None, list or dict of those)",
+        ) from None
     if not _is_json(value):
-        raise _Reject(node, "literal", f"{ast.unparse(node)!r} must be a JSON literal "
-                      "(string, number, bool, None, list or dict with string keys)")
+        raise _Reject(
+            node,
+            "literal",
+            f"{ast.unparse(node)!r} must be a JSON literal "
+            "(string, number, bool, None, list or dict with string keys)",
+        )
     return value
 
 
@@ -1068,8 +1352,13 @@ def _member_refusal(module: str, member: str) -> str | None:
     if (module, member) in DENIED_MEMBERS:
         return "is not allowed: " + DENIED_MEMBERS[(module, member)]
     if module == "typing":
-        return None if member in TYPING_MEMBERS else (
-            "is not allowed; typing offers workflows only " + ", ".join(sorted(TYPING_MEMBERS)))
+        return (
+            None
+            if member in TYPING_MEMBERS
+            else (
+                "is not allowed; typing offers workflows only " + ", ".join(sorted(TYPING_MEMBERS))
+            )
+        )
     mod = _module(module)
     if not hasattr(mod, member):
         return "does not exist"

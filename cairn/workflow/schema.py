@@ -126,8 +126,7 @@ def json_schema(specs: dict[str, ModelSpec], name: str) -> dict[str, Any]:
     """The JSON Schema of model ``name`` (with ``$defs`` for the models it refers to)."""
     if name not in specs:
         raise ValidationFailed(
-            f"no model named {name!r} in this workflow; choose one of: "
-            + ", ".join(sorted(specs))
+            f"no model named {name!r} in this workflow; choose one of: " + ", ".join(sorted(specs))
         )
     return build_models(specs)[name].model_json_schema()
 

@@ -1,20 +1,20 @@
 """Journal figures: the settle+commit rate beside raw SQLite, and replay to the frontier.
 
-Replay drives the real control worker (``python -I -m cairn.workflow.runtime``) over its
-pipe protocol and answers every call from the journal the way the coordinator does:
-manifest check by call site, ``Journal.get_op``, identity check (kind, request hash,
-location, predecessor), the committed result sent back.
+Replay runs the real coordinator (``Coordinator.replay_once``) over a journal whose run
+has N committed operations: it spawns the control worker and answers every call from the
+journal with the manifest and identity checks (kind, request hash, location,
+predecessor) it makes after a crash.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from cairn.models import (
     canonical_json,
 )
 from cairn.proc import make_env
+from cairn.workflow import runtime
 from cairn.workflow.review import review_source
 
 log = logging.getLogger(__name__)
@@ -182,47 +183,39 @@ class ReplayDiverged(AssertionError):
     pass
 
 
-@dataclass
-class ReplayTiming:
-    seconds: float
-    first_call: float
-    answered: int
+def replay(root: Path, run_id: str, n: int) -> float:
+    """Replay the run to its frontier with the real coordinator: from constructing
+    ``Coordinator`` (opening the journal, loading the run) to the workflow's return."""
+    from cairn.coordinator.core import Coordinator
+
+    os.environ["CAIRN_ROOT"] = str(root)
+    try:
+        with Stopwatch() as sw:
+            coordinator = Coordinator(run_id)
+            output = coordinator.replay_once()
+        coordinator.journal.close()
+    finally:
+        del os.environ["CAIRN_ROOT"]
+    if output != {"text": f"out root-{n}"}:
+        raise ReplayDiverged(f"replay of {n} ops returned {output}")
+    return sw.elapsed
 
 
-def replay(path: Path, run_id: str) -> ReplayTiming:
-    """Replay the run to its frontier. Timed from opening the journal to the worker's
-    ``return`` and exit; ``first_call`` is when the worker's first call arrived."""
-    first_call = 0.0
-    started = time.perf_counter()
+def first_call(desc: LaunchDescription) -> float:
+    """Seconds from spawning a control worker (as the coordinator does) to its first call."""
     with Stopwatch() as sw:
-        journal = Journal(path)
+        worker = runtime.spawn(make_env())
+        assert worker.stdin is not None and worker.stdout is not None
         try:
-            desc = journal.launch_description(run_id)
-            sites = {(s["kind"], s["line"], s.get("descriptor")) for s in desc.review["calls"]}
-            predecessor: str | None = None
-            answered = 0
-
-            def answer(call: CallRequest) -> dict[str, Any]:
-                nonlocal predecessor, answered, first_call
-                if not answered:
-                    first_call = time.perf_counter() - started
-                line = int(call.location.rsplit(":", 2)[1])
-                if (call.kind, line, call.request.get("descriptor")) not in sites:
-                    raise ReplayDiverged(f"{call.location} is not in the manifest")
-                op = journal.get_op(run_id, call.scope, call.seq)
-                if op is None or op.state != "committed" or op.result is None:
-                    raise ReplayDiverged(f"{call.scope}-{call.seq} is not committed")
-                if (op.kind, op.request_hash, op.source_location, op.predecessor) != (
-                        call.kind, call.request_hash(), call.location, predecessor):
-                    raise ReplayDiverged(f"replay diverged at {op.op_id}")
-                predecessor = op.op_id
-                answered += 1
-                return op.result
-
-            _drive_worker(desc, answer)
+            start = StartWorkflow(source=desc.source, filename=desc.source_filename,
+                                  args=desc.args)
+            worker.stdin.write(start.model_dump_json() + "\n")
+            worker.stdin.flush()
+            CallRequest.model_validate_json(worker.stdout.readline())
         finally:
-            journal.close()
-    return ReplayTiming(seconds=sw.elapsed, first_call=first_call, answered=answered)
+            worker.kill()
+            worker.wait()
+    return sw.elapsed
 
 
 def _drive_worker(desc: LaunchDescription, answer: Any) -> dict[str, Any]:
@@ -263,25 +256,20 @@ def _drive_worker(desc: LaunchDescription, answer: Any) -> dict[str, Any]:
 def replay_figures(workdir: Path, sizes: tuple[int, ...], *, repeat: int, budget: float,
                    cells: list[Cell]) -> None:
     for n in sizes:
-        path = workdir / f"replay-{n}.db"
+        root = workdir / f"replay-{n}"
+        path = root / "var" / "lib" / "cairn" / "journal" / "journal.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         run_id = build_replay_journal(path, n)
         log.info("replay journal with %d committed ops built in %.1fs", n, time.monotonic() - t)
-
-        starts: list[float] = []
-
-        def once(path: Path = path, run_id: str = run_id, n: int = n,
-                 starts: list[float] = starts) -> float:
-            timing = replay(path, run_id)
-            if timing.answered != n:
-                raise AssertionError(f"replay answered {timing.answered} calls, expected {n}")
-            starts.append(timing.first_call)
-            return timing.seconds
-
-        samples = collect(once, repeat=repeat, budget=budget)
+        with Journal(path) as journal:
+            desc = journal.launch_description(run_id)
+        samples = collect(lambda root=root, run_id=run_id, n=n: replay(root, run_id, n),
+                          repeat=repeat, budget=budget)
+        starts = collect(lambda desc=desc: first_call(desc), repeat=repeat, budget=budget)
         variant = f"{n:,} ops"
         cells.append(Cell(figure="replay", size=None, variant=variant,
-                          method="control worker answered from the journal", cairn=True,
+                          method="coordinator replay (answers from the journal)", cairn=True,
                           samples=samples))
         cells.append(Cell(figure="replay", size=None, variant=variant,
                           method="of which: worker start to its first call", cairn=True,

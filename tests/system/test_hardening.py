@@ -24,6 +24,7 @@ from cairn.unitprops import (
     HelperUnitSpec,
     agent_unit_properties,
     helper_unit_properties,
+    proxy_service_properties,
 )
 
 # Exposure targets (0 = fully sandboxed, 10 = unprotected). A test fails above a target.
@@ -37,6 +38,7 @@ SHIPPED_TARGETS = {
 TRANSIENT_TARGETS = {
     "cairn-agent.service": 2.0,
     "cairn-helper.service": 2.0,
+    "cairn-proxy.service": 2.0,
 }
 
 SCORE_RE = re.compile(r"Overall exposure level for \S+: (\d+\.\d+) ")
@@ -175,6 +177,8 @@ def test_converter_covers_every_agent_and_helper_property() -> None:
         text
     )
     unit_file(helper_unit_properties(sample_helper_spec()))
+    proxy = unit_file(proxy_service_properties("flow_" + "ab" * 16, ["/usr/bin/python3"]))
+    assert "DynamicUser=yes" in proxy and "AF_INET" in proxy
     with pytest.raises(ValueError, match="extend the converter"):
         property_lines(("NewSetting", "a(tt)", []))
 
@@ -215,6 +219,11 @@ def test_transient_unit_property_sets_meet_exposure_targets(machine: Machine) ->
     files = {
         "cairn-agent.service": unit_file(agent_unit_properties(sample_agent_spec())),
         "cairn-helper.service": unit_file(helper_unit_properties(sample_helper_spec())),
+        "cairn-proxy.service": unit_file(
+            proxy_service_properties(
+                "flow_" + "ab" * 16, ["/usr/bin/python3", "-I", "-m", "cairn.proxy"]
+            )
+        ),
     }
     scores: dict[str, float] = {}
     reports: dict[str, str] = {}

@@ -318,7 +318,6 @@ def test_rpm_file_list_scriptlets_and_requirements(tmp_path: Path) -> None:
         "python3-typer",
         "python3-btrfsutil",
         "python3-cryptography",
-        "python3-pyroute2",
         "python3-jeepney",
         "btrfs-progs",
         "systemd",

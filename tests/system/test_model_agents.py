@@ -138,3 +138,60 @@ def test_a_spent_token_budget_stops_the_run_cleanly(machine: Machine) -> None:
     assert data["settlement"] is None
     listed = machine.exec(["ls", PROJECT]).stdout.decode().split()
     assert listed == ["app.py"]
+
+
+FETCH = """python3 - > fetched.txt <<'EOF'
+import socket, urllib.request
+def get(url):
+    try:
+        return urllib.request.urlopen(url, timeout=10).read().decode().strip()
+    except Exception as exc:
+        return f"{type(exc).__name__} {getattr(exc, 'code', '') or getattr(exc, 'reason', '')}"
+print("allowed:", get("http://allowed.test/hello.txt"))
+print("denied:", get("http://denied.test/hello.txt"))
+try:
+    socket.create_connection(("127.0.0.1", 80), timeout=3)
+    print("direct: connected")
+except OSError as exc:
+    print("direct:", type(exc).__name__)
+open("/tmp/agent-was-here", "w").close()
+EOF"""
+
+
+def test_allowlist_agent_reaches_only_reviewed_domains(machine: Machine) -> None:
+    key = configure(machine)
+    # A web server on the machine's own loopback, under two names.
+    machine.exec(["mkdir", "-p", "/srv/www"])
+    machine.exec(["tee", "/srv/www/hello.txt"], input=b"hello from the allowed server\n")
+    machine.exec(["tee", "-a", "/etc/hosts"], input=b"127.0.0.1 allowed.test denied.test\n")
+    machine.exec(["systemd-run", "--unit=web", "--collect", "python3", "-m", "http.server",
+                  "80", "--bind", "127.0.0.1", "--directory", "/srv/www"])
+    start_provider(machine, [
+        call("bash", command=FETCH),
+        call("finish_work", output={"summary": "fetched"}, handoff=""),
+    ], key)
+    workflow = (REPO / "tests" / "system" / "data" / "fetching.py").read_bytes()
+    machine.exec(["tee", "/home/alice/fetching.py"], user="alice", input=workflow)
+    review = machine.exec(["cairn", "workflow", "review", "/home/alice/fetching.py"],
+                          user="alice").stdout.decode()
+    assert "network=allowlist" in review and "allowlist=allowed.test" in review
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    run_id = machine.exec(
+        ["cairn", "launch", "/home/alice/fetching.py", "--confirm", review_hash,
+         "--project", PROJECT, "--args", '{"goal": "fetch"}'],
+        user="alice",
+    ).stdout.decode().strip().splitlines()[-1]
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    fetched = machine.exec(["cat", f"{PROJECT}/fetched.txt"]).stdout.decode().splitlines()
+    proxy_log = machine.journal(unit=f"cairn-proxy-{run_id}.service")
+    assert fetched == [
+        "allowed: hello from the allowed server",
+        "denied: HTTPError 403",
+        "direct: ConnectionRefusedError",
+    ], proxy_log
+    assert "allowlist proxy refused denied.test:80" in proxy_log
+    socket_unit = f"cairn-proxy-{run_id}.socket"
+    assert machine.exec(["systemctl", "is-active", socket_unit]).stdout.strip() == b"active"
+    # Joining the proxy's namespace never means joining the host's /tmp.
+    assert machine.exec(["test", "-e", "/tmp/agent-was-here"], check=False).returncode == 1

@@ -91,3 +91,30 @@ def test_dead_holder_is_reclaimed_live_one_is_busy(coordinator: Coordinator) -> 
     journal.db.execute("UPDATE runs SET lease_holder='other-host:b:1' WHERE run_id=?", (RUN,))
     with pytest.raises(Busy):
         journal.acquire_lease(RUN, "me2", holder_is_dead=lambda h: holder_is_dead(RUN, h))
+
+
+def commit(coordinator: Coordinator, prompt: str) -> None:
+    """Commit root-1 as the real worker asks for it (``flow`` at line 25, column 20)."""
+    asked = call(prompt).model_copy(update={"location": "implement.py:25:20"})
+    coordinator.journal.record_requested(asked, run_id=RUN, op_id="root-1",
+                                         predecessor=None, token=coordinator.token)
+    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, state="committed",
+                                  result={"output": {"summary": "s"}, "handoff": "",
+                                          "op_id": "root-1"})
+
+
+def test_a_recovered_run_replays_committed_calls_with_the_real_worker(
+    coordinator: Coordinator,
+) -> None:
+    commit(coordinator, "x")
+    recovered = Coordinator(RUN)  # started after the commit, as after a crash
+    assert set(recovered.committed) == {("root", 1)}
+    assert recovered.replay_once() == {"summary": "s"}
+
+
+def test_a_recovered_run_whose_source_diverges_fails_closed(coordinator: Coordinator) -> None:
+    commit(coordinator, "an objective the run was not launched with")
+    recovered = Coordinator(RUN)
+    with pytest.raises(Nondeterminism, match="request_hash"):
+        recovered.replay_once()
+    assert show(coordinator.journal, RUN, 1001)["divergence"]["fields"] == ["request_hash"]
