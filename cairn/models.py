@@ -355,10 +355,15 @@ class JoinRequest(Frozen):
 
 
 class StartWorkflow(Frozen):
+    """Start a control worker. ``answers`` are results of calls committed before this
+    replay (never forks): the worker takes them without waiting for a reply, and still
+    reports each call so the coordinator checks it against the journal."""
+
     type: Literal["start"] = "start"
     source: str
     filename: str
     args: dict[str, Any]
+    answers: list[CallResult] = []
 
 
 # --- agent socket -------------------------------------------------------------------

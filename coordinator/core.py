@@ -345,13 +345,23 @@ class Coordinator:
         """One control worker from the start. Calls are answered concurrently (lanes run
         at the same time); answers go back in whatever order they complete.
 
-        The thread reading the worker answers calls committed before this coordinator
-        started by itself (no effect, so no safe point): a recovered run reaches its
-        frontier without a thread handoff per operation. Everything else goes to this
-        thread's loop.
+        Results of calls committed before this coordinator started (no effect, so no safe
+        point) go to the worker with its start message; it still reports each call, and
+        the thread reading the worker checks it against the journal before anything later
+        is dispatched. A recovered run reaches its frontier without a round trip per
+        operation. Everything else goes to this thread's loop.
         """
+        given = [
+            CallResult(scope=op.scope, seq=op.seq, value=op.result)
+            for op in self.committed.values()
+            if op.kind not in FORK_KINDS and op.result is not None
+        ]
+        preloaded = {(a.scope, a.seq) for a in given}
         start = StartWorkflow(
-            source=self.desc.source, filename=self.desc.source_filename, args=self.desc.args
+            source=self.desc.source,
+            filename=self.desc.source_filename,
+            args=self.desc.args,
+            answers=given,
         )
         worker = runtime.spawn(make_env())
         assert worker.stdin is not None and worker.stdout is not None
@@ -360,12 +370,15 @@ class Coordinator:
         last_in_scope: dict[str, str | None] = {}
         lock = threading.Lock()  # the worker's stdin and last_in_scope
 
-        def reply(scope: str, seq: int, op_id: str, value: dict[str, Any]) -> None:
+        def reply(scope: str, seq: int, op_id: str, value: dict[str, Any] | None) -> None:
+            """Record the scope's latest operation; send ``value`` unless the worker was
+            given it at the start."""
             with lock:
                 last_in_scope[scope] = op_id
-                stdin.write(CallResult(scope=scope, seq=seq, value=value).model_dump_json())
-                stdin.write("\n")
-                stdin.flush()
+                if value is not None:
+                    stdin.write(CallResult(scope=scope, seq=seq, value=value).model_dump_json())
+                    stdin.write("\n")
+                    stdin.flush()
 
         def read_worker(stream: IO[str]) -> None:
             try:
@@ -382,7 +395,13 @@ class Coordinator:
                         self.check_manifest(call)
                         self.check_identity(done, call, predecessor)
                         assert done.result is not None
-                        reply(call.scope, call.seq, done.op_id, done.result)
+                        given_at_start = (call.scope, call.seq) in preloaded
+                        reply(
+                            call.scope,
+                            call.seq,
+                            done.op_id,
+                            None if given_at_start else done.result,
+                        )
                     else:
                         events.put(("message", message))
                 events.put(("eof", None))
@@ -1202,5 +1221,3 @@ def _mkdirs(path: Path) -> None:
 def _write_public(path: Path, text: str) -> None:
     path.write_text(text)
     os.chmod(path, 0o644)
-
-

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import types
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -329,9 +329,10 @@ class _Task:
 class _Driver:
     """Steps every task until it waits on the coordinator; answers arrive in any order."""
 
-    def __init__(self, flow: Flow, out: IO[str]) -> None:
+    def __init__(self, flow: Flow, out: IO[str], answers: Sequence[CallResult] = ()) -> None:
         self.flow = flow
         self.out = out
+        self.answers = {(a.scope, a.seq): a for a in answers}
         self.runnable: deque[_Task] = deque()
         self.waiting: dict[tuple[str, int], _Task] = {}
 
@@ -346,6 +347,7 @@ class _Driver:
                 return self.root_result
             if not self.waiting:
                 raise RuntimeError("the workflow waits on nothing (deadlock)")
+            self.out.flush()  # calls are written unflushed; everything waits on a reply now
             line = inp.readline()
             if not line:
                 raise SystemExit(0)
@@ -420,8 +422,13 @@ class _Driver:
             raise RuntimeError("workflows may only await flow.* calls")
 
     def emit(self, task: _Task, call: CallRequest) -> None:
+        # Always reported: the coordinator checks every call against the journal.
+        self.out.write(call.model_dump_json() + "\n")
+        known = self.answers.pop((call.scope, call.seq), None)
+        if known is not None and task.fork is None:
+            self.answered(task, known)
+            return
         self.waiting[(call.scope, call.seq)] = task
-        _write(self.out, call)
 
     def finished(self, task: _Task, result: LaneResult) -> None:
         if task.parent is None:
@@ -478,7 +485,7 @@ def drive(start: StartWorkflow, inp: IO[str], out: IO[str]) -> None:
     flow = Flow(names, start.filename)
     args = spec.input.model_validate(start.args)
     root = _Task(scope="root", coroutine=function(flow, args))
-    value = _Driver(flow, out).run(root, inp)
+    value = _Driver(flow, out, start.answers).run(root, inp)
     output = value if isinstance(value, BaseModel) else spec.output.model_validate(value)
     _write(out, WorkflowReturn(output=output.model_dump(mode="json")))
 

@@ -195,3 +195,52 @@ def test_allowlist_agent_reaches_only_reviewed_domains(machine: Machine) -> None
     assert machine.exec(["systemctl", "is-active", socket_unit]).stdout.strip() == b"active"
     # Joining the proxy's namespace never means joining the host's /tmp.
     assert machine.exec(["test", "-e", "/tmp/agent-was-here"], check=False).returncode == 1
+
+
+CLIENT = """\
+import json, os, urllib.request
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "whatever",
+                     "messages": [{"role": "user", "content": os.environ["CAIRN_PROMPT"]}]}
+                    ).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(request, timeout=30))
+text = reply["choices"][0]["message"]["content"]
+open("ANSWER.txt", "w").write(text + "\\n")
+open("KEY_SEEN.txt", "w").write(os.environ["OPENAI_API_KEY"] + "\\n")
+print("working...")
+print(json.dumps({"output": {"summary": text}, "handoff": "from the client"}))
+"""
+
+
+def test_command_profile_runs_an_openai_client_through_the_relay(machine: Machine) -> None:
+    key = configure(machine)
+    start_provider(machine, [{"content": "the answer", "tokens": 7}], key)
+    machine.exec(["install", "-D", "-m", "0755", "/dev/stdin",
+                  "/usr/local/lib/cairn-test/client.py"], input=CLIENT.encode())
+    machine.exec(["install", "-d", "/etc/cairn/profiles.d"])
+    machine.exec(["tee", "/etc/cairn/profiles.d/client.toml"], input=(
+        b'kind = "command"\nprovider = "fake"\n'
+        b'argv = ["/usr/bin/python3", "-I", "/usr/local/lib/cairn-test/client.py"]\n'))
+    workflow = (REPO / "tests" / "system" / "data" / "command_client.py").read_bytes()
+    machine.exec(["tee", "/home/alice/command_client.py"], user="alice", input=workflow)
+    review = machine.exec(["cairn", "workflow", "review", "/home/alice/command_client.py"],
+                          user="alice").stdout.decode()
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    run_id = machine.exec(
+        ["cairn", "launch", "/home/alice/command_client.py", "--confirm", review_hash,
+         "--project", PROJECT, "--args", '{"goal": "what is the answer?"}'],
+        user="alice",
+    ).stdout.decode().strip().splitlines()[-1]
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"summary": "the answer"}
+    assert machine.exec(["cat", f"{PROJECT}/ANSWER.txt"]).stdout == b"the answer\n"
+    seen = machine.exec(["cat", f"{PROJECT}/KEY_SEEN.txt"]).stdout.decode().strip()
+    assert seen and key not in seen  # a dummy; the relay added the real one
+    (op,) = data["operations"]
+    boundary = f"/var/lib/cairn/runs/{run_id}/boundaries/{op['op_id']}"
+    usage = json.loads(machine.exec(["cat", f"{boundary}/boundary.json"]).stdout)["usage"]
+    assert usage["requests"] == 1 and usage["output_tokens"] == 7
