@@ -89,6 +89,22 @@ def launch(machine: Machine, *extra: str) -> str:
     return out.stdout.decode().strip().splitlines()[-1]
 
 
+def launch_reviewed(machine: Machine, name: str, goal: str) -> tuple[str, str]:
+    """Review ``tests/system/data/NAME`` as alice and launch it with the review's hash;
+    return the review and the run ID."""
+    path = f"/home/alice/{name}"
+    workflow = (REPO / "tests" / "system" / "data" / name).read_bytes()
+    machine.exec(["tee", path], user="alice", input=workflow)
+    review = machine.exec(["cairn", "workflow", "review", path], user="alice").stdout.decode()
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    out = machine.exec(
+        ["cairn", "launch", path, "--confirm", review_hash, "--project", PROJECT,
+         "--args", json.dumps({"goal": goal})],
+        user="alice",
+    )
+    return review, out.stdout.decode().strip().splitlines()[-1]
+
+
 def test_llm_agent_edits_through_the_relay_and_sees_no_secret(machine: Machine) -> None:
     key = configure(machine)
     start_provider(machine, [
@@ -170,17 +186,8 @@ def test_allowlist_agent_reaches_only_reviewed_domains(machine: Machine) -> None
         call("bash", command=FETCH),
         call("finish_work", output={"summary": "fetched"}, handoff=""),
     ], key)
-    workflow = (REPO / "tests" / "system" / "data" / "fetching.py").read_bytes()
-    machine.exec(["tee", "/home/alice/fetching.py"], user="alice", input=workflow)
-    review = machine.exec(["cairn", "workflow", "review", "/home/alice/fetching.py"],
-                          user="alice").stdout.decode()
+    review, run_id = launch_reviewed(machine, "fetching.py", "fetch")
     assert "network=allowlist" in review and "allowlist=allowed.test" in review
-    review_hash = review.strip().splitlines()[-1].split()[-1]
-    run_id = machine.exec(
-        ["cairn", "launch", "/home/alice/fetching.py", "--confirm", review_hash,
-         "--project", PROJECT, "--args", '{"goal": "fetch"}'],
-        user="alice",
-    ).stdout.decode().strip().splitlines()[-1]
     data = wait_finished(machine, run_id)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     fetched = machine.exec(["cat", f"{PROJECT}/fetched.txt"]).stdout.decode().splitlines()
@@ -197,47 +204,23 @@ def test_allowlist_agent_reaches_only_reviewed_domains(machine: Machine) -> None
     assert machine.exec(["test", "-e", "/tmp/agent-was-here"], check=False).returncode == 1
 
 
-CLIENT = """\
-import json, os, urllib.request
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "whatever",
-                     "messages": [{"role": "user", "content": os.environ["CAIRN_PROMPT"]}]}
-                    ).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-             "Content-Type": "application/json"})
-reply = json.load(urllib.request.urlopen(request, timeout=30))
-text = reply["choices"][0]["message"]["content"]
-open("ANSWER.txt", "w").write(text + "\\n")
-open("KEY_SEEN.txt", "w").write(os.environ["OPENAI_API_KEY"] + "\\n")
-print("working...")
-print(json.dumps({"output": {"summary": text}, "handoff": "from the client"}))
-"""
 
 
 def test_command_profile_runs_an_openai_client_through_the_relay(machine: Machine) -> None:
     key = configure(machine)
     start_provider(machine, [{"content": "the answer", "tokens": 7}], key)
+    client = (REPO / "tests" / "support" / "openai_client.py").read_bytes()
     machine.exec(["install", "-D", "-m", "0755", "/dev/stdin",
-                  "/usr/local/lib/cairn-test/client.py"], input=CLIENT.encode())
+                  "/usr/local/lib/cairn-test/client.py"], input=client)
     machine.exec(["install", "-d", "/etc/cairn/profiles.d"])
     machine.exec(["tee", "/etc/cairn/profiles.d/client.toml"], input=(
         b'kind = "command"\nprovider = "fake"\n'
         b'argv = ["/usr/bin/python3", "-I", "/usr/local/lib/cairn-test/client.py"]\n'))
-    workflow = (REPO / "tests" / "system" / "data" / "command_client.py").read_bytes()
-    machine.exec(["tee", "/home/alice/command_client.py"], user="alice", input=workflow)
-    review = machine.exec(["cairn", "workflow", "review", "/home/alice/command_client.py"],
-                          user="alice").stdout.decode()
-    review_hash = review.strip().splitlines()[-1].split()[-1]
-    run_id = machine.exec(
-        ["cairn", "launch", "/home/alice/command_client.py", "--confirm", review_hash,
-         "--project", PROJECT, "--args", '{"goal": "what is the answer?"}'],
-        user="alice",
-    ).stdout.decode().strip().splitlines()[-1]
+    _review, run_id = launch_reviewed(machine, "command_client.py", "what is the answer?")
     data = wait_finished(machine, run_id)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert data["run"]["output"] == {"summary": "the answer"}
-    assert machine.exec(["cat", f"{PROJECT}/ANSWER.txt"]).stdout == b"the answer\n"
+    assert machine.exec(["cat", f"{PROJECT}/ANSWER.txt"]).stdout == b"the answer"
     seen = machine.exec(["cat", f"{PROJECT}/KEY_SEEN.txt"]).stdout.decode().strip()
     assert seen and key not in seen  # a dummy; the relay added the real one
     (op,) = data["operations"]

@@ -8,6 +8,7 @@ coordinator's agent socket, and ``python -m cairn.worker`` as a separate process
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -292,31 +293,16 @@ def test_a_spent_budget_stops_the_agent_cleanly(harness_factory: Any) -> None:
     assert h.budget.exhausted
 
 
-CLIENT = """\
-import json, os, urllib.request
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "gpt-whatever",
-                     "messages": [{"role": "user", "content": os.environ["CAIRN_PROMPT"]}]}
-                    ).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-             "Content-Type": "application/json"})
-reply = json.load(urllib.request.urlopen(request, timeout=30))
-text = reply["choices"][0]["message"]["content"]
-open("ANSWER.txt", "w").write(text)
-print("working...")
-print(json.dumps({"output": {"summary": text, "changes": [{"path": "ANSWER.txt",
-                  "kind": "added"}], "tests_passed": True}, "handoff": "from the client"}))
-"""
 
 
 def test_command_profile_reaches_the_relay_through_the_shim(
     harness_factory: Any, tmp_path: Path
 ) -> None:
-    script = tmp_path / "client.py"
-    script.write_text(CLIENT)
+    script = Path(__file__).resolve().parents[1] / "support" / "openai_client.py"
+    extra = json.dumps({"changes": [{"path": "ANSWER.txt", "kind": "added"}],
+                        "tests_passed": True})
     profile = ProfileSpec(name="aider-like", kind="command", provider="fake",
-                          argv=["/usr/bin/python3", "-I", str(script)])
+                          argv=["/usr/bin/python3", "-I", str(script), extra])
     h: Harness = harness_factory([Turn(content="the answer")], profile)
     code, stderr = h.run_worker()
     assert code == 0, stderr
