@@ -85,13 +85,13 @@ INCLUDES = {
         "copy of S per lane on the same Btrfs (reflinked data)."),
     "replay": (
         "A journal holds a run of the workflow below with N committed agent operations. "
-        "Timed: opening the journal and reading the launch description, starting the "
-        "control worker (`python -I -m cairn.workflow.runtime`, as the coordinator "
-        "starts it), and answering every call the way the coordinator does — manifest "
-        "check by call site, `Journal.get_op`, identity check (kind, request hash, "
-        "source location, predecessor), the committed result sent back — until the "
-        "workflow returns and the worker exits. The workflow is a `for` loop over "
-        "`range(N)` calling `flow.agent` once per step."),
+        "Timed: the real coordinator (`Coordinator(run_id)` and `replay_once()`) "
+        "opening the journal and loading the run, starting the control worker (`python "
+        "-I -m cairn.workflow.runtime`) with the results of the committed calls, and "
+        "checking every call the worker reports against the journal — manifest by call "
+        "site, identity (kind, request hash, source location, predecessor) — until the "
+        "workflow returns and its output is validated. The workflow is a `for` loop "
+        "over `range(N)` calling `flow.agent` once per step."),
     "unit": (
         "In a booted Debian 13 machine (systemd-nspawn, systemd 257) with the package "
         "installed. Cairn: `Systemd.start_transient_service` with the full agent property "
