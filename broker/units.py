@@ -10,12 +10,15 @@ import json
 import logging
 import os
 import re
+import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from cairn import failpoints, paths
+from cairn import failpoints, paths, untrusted
 from cairn.broker.capsule import verified_capsule
+from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.models import LaunchDescription
 from cairn.proc import run
@@ -40,6 +43,8 @@ PYTHON = "/usr/bin/python3"
 IMPORT_TIMEOUT = 6 * 3600.0
 APPLY_TIMEOUT = 3600.0
 DIFF_LIMIT = 256 << 10
+INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
+RESULT_LIMIT = 64 << 20  # import stats and apply results, written as the run owner
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "allowlist", "host")
 # host, host:port or *.domain, as the review accepts them.
 ALLOWLIST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(:[0-9]{1,5})?$")
@@ -151,12 +156,12 @@ def start_agent(
     for path in (evidence, outputs, channel):
         if path.is_symlink() or (path is not channel and not path.exists()):
             raise BrokerRefused(f"{path} is missing or a symlink; the coordinator prepares it")
-    if not paths.agent_socket_path(desc.run_id, op_id).is_socket():
+    if not _socket_in(channel, "agent.sock"):
         raise ChannelNotReady(f"{op_id}: the coordinator is not listening for this agent yet")
     scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o755)
     state = _owned_subdir(scratch, f"state.{attempt}", desc)
-    index = json.loads((evidence / "index.json").read_text())
+    index = untrusted.read_json(evidence, "index.json", owner=allowed_uids(), limit=INDEX_LIMIT)
     incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
@@ -209,11 +214,19 @@ def start_agent(
 def _model_relay(desc: LaunchDescription, op_id: str) -> dict[str, Any]:
     """Bind the op's model socket when the coordinator serves one (the op's profile uses a
     model); command profiles also get loopback TCP for their shim."""
-    model_socket = paths.model_socket_path(desc.run_id, op_id)
-    if not model_socket.is_socket():
+    if not _socket_in(paths.agent_channel_dir(desc.run_id, op_id), "model.sock"):
         return {}
     command = any(p.kind == "command" and p.provider for p in desc.profiles.values())
     return {"model_relay": True, "loopback_tcp": command}
+
+
+def _socket_in(channel: Path, name: str) -> bool:
+    """Whether ``channel/name`` is itself a socket: agents write in their channel
+    directory (bound at /run/cairn/agent), so a link there is not followed."""
+    try:
+        return stat.S_ISSOCK(untrusted.lstat(channel, name).st_mode)
+    except untrusted.UntrustedFileError:
+        return False
 
 
 def _failpoint_env() -> dict[str, str]:
@@ -241,8 +254,14 @@ def stop_agent(desc: LaunchDescription, op_id: str, attempt: int) -> dict[str, A
                 time.sleep(0.2)
     if not cgroup_is_empty(control_group):
         raise BrokerRefused(f"{name} left processes in {control_group}")
+    return {"unit": name, "stopped": True, "result_file": result_file_written(desc, op_id, attempt)}
+
+
+def result_file_written(desc: LaunchDescription, op_id: str, attempt: int) -> bool:
+    """Whether the agent left a ``finish.json``: a regular file of the run owner, found
+    without following a link or opening it (the agent wrote it; this runs as root)."""
     outputs = paths.run_state_dir(desc.run_id) / "ops" / op_id / f"outputs.{attempt}"
-    return {"unit": name, "stopped": True, "result_file": (outputs / "finish.json").is_file()}
+    return untrusted.is_regular_file(outputs, "finish.json", owner=desc.owner_uid)
 
 
 def require_quiesced(unit: str, control_group: str) -> None:
@@ -293,7 +312,7 @@ def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[st
         log_fields={"CAIRN_RUN": desc.run_id},
     )
     unit = run_helper(spec, f"cairn-import-{desc.run_id}.service", IMPORT_TIMEOUT)
-    stats = json.loads((result_dir / "stats.json").read_text())
+    stats = untrusted.read_json(result_dir, "stats.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
     return {**unit, "stats": stats}
 
 
@@ -312,13 +331,10 @@ def run_apply(
 
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
-    plan = work / "plan.json"
-    plan.write_text(json.dumps(accepted))
-    os.chown(plan, desc.owner_uid, desc.owner_gid)
-    os.chmod(plan, 0o644)
-    result_file = work / "result.json"
-    if result_file.exists():
-        result_file.unlink()
+    # work/ is the owner's: replace, never write through, whatever an earlier attempt left
+    plan = json.dumps(accepted).encode()
+    untrusted.write_new(work, "plan.json", plan, mode=0o644, uid=desc.owner_uid, gid=desc.owner_gid)
+    (work / "result.json").unlink(missing_ok=True)
     spec = HelperUnitSpec(
         description=f"Cairn apply of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -351,7 +367,8 @@ def run_apply(
         log_fields={"CAIRN_RUN": desc.run_id},
     )
     unit = run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
-    result = ApplyResult.model_validate_json(result_file.read_text())
+    raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
+    result = ApplyResult.model_validate_json(raw)
     return {**unit, "result": result.model_dump(mode="json")}
 
 
@@ -362,23 +379,13 @@ def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:
     chunks: list[str] = []
     size = 0
     for rel in sorted(accepted):
-        a, b = base_q / rel, base_f / rel
-        proc = run(
-            [
-                "diff",
-                "-uN",
-                "--no-dereference",
-                "--label",
-                f"a/{rel}",
-                "--label",
-                f"b/{rel}",
-                str(a),
-                str(b),
-            ],
-            check=False,
-        )
-        text = proc.stdout.decode(errors="replace")
-        if proc.returncode > 1:
+        with tempfile.TemporaryDirectory(prefix="cairn-diff.") as tmp:
+            a, b = Path(tmp, "a"), Path(tmp, "b")
+            shown = _diff_side(base_q, rel, a) and _diff_side(base_f, rel, b)
+            argv = ["diff", "-uN", "--no-dereference", "--label", f"a/{rel}", "--label"]
+            proc = run([*argv, f"b/{rel}", str(a), str(b)], check=False) if shown else None
+        text = proc.stdout.decode(errors="replace") if proc is not None else ""
+        if proc is None or proc.returncode > 1:
             text = f"--- a/{rel}\n+++ b/{rel}\n(changed; not a text difference)\n"
         chunks.append(text)
         size += len(text)
@@ -386,3 +393,24 @@ def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:
             chunks.append(f"(diff truncated at {DIFF_LIMIT} bytes)\n")
             break
     return "".join(chunks)
+
+
+def _diff_side(base: Path, rel: str, dst: Path) -> bool:
+    """Put what ``diff`` compares of ``base/rel`` (in F or Q, which hold what the agent
+    wrote) at ``dst`` in a private directory, read through :mod:`cairn.untrusted`: a file's
+    bytes, a link's target as a link; absent or a directory stays absent. False for
+    anything else, a link among the parents, or a file too large to show."""
+    try:
+        mode = untrusted.lstat(base, rel).st_mode
+        if stat.S_ISLNK(mode):
+            os.symlink(untrusted.readlink(base, rel), dst)
+        elif stat.S_ISREG(mode):
+            data = untrusted.read_bytes(base, rel, owner=None, limit=DIFF_LIMIT, single_link=False)
+            dst.write_bytes(data)
+        elif not stat.S_ISDIR(mode):
+            return False
+    except untrusted.UntrustedFileMissing:
+        pass
+    except untrusted.UntrustedFileError:
+        return False
+    return True

@@ -110,6 +110,10 @@ def prepare_q(ctx: Context) -> dict[str, Any]:
     st = check_project(project, ctx.desc)
     run_dir = pool.run_dir(ctx.run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Only root traverses the run's subvolumes: units get them by bind mount, so no other
+    # user can list run IDs or read another user's workspace, checkpoints or proposal.
+    for directory in (run_dir.parent, run_dir):
+        os.chmod(directory, 0o700)
     q = pool.q_path(ctx.run_id)
     if storage.is_same_filesystem(project, pool.root):
         subvolume, subpath = storage.containing_subvolume(project)

@@ -197,13 +197,16 @@ def ps(
     if not runs:
         typer.echo("no runs")
         return
-    typer.echo(f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} STARTED")
+    typer.echo(
+        f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} {'SETTLEMENT':<24} STARTED"
+    )
     for r in runs:
         op = r["current_op"]
         current = f"{op['op_id']} {op['state']}" if op else "-"
+        settled = (r.get("settlement_summary") or {}).get("label", "-")
         typer.echo(
             f"{r['run_id']:<38} {r['state']:<10} {r['definition']:<22} "
-            f"{current:<22} {_age(r['created_at'])}"
+            f"{current:<22} {settled:<24} {_age(r['created_at'])}"
         )
 
 
@@ -250,7 +253,8 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
             typer.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
     settlement = data.get("settlement")
     if settlement:
-        typer.echo(f"settlement: {settlement['status']}")
+        label = (data.get("settlement_summary") or {}).get("label", settlement["status"])
+        typer.echo(f"settlement: {label}")
         apply = settlement.get("apply") or {}
         for label in ("applied", "already_applied"):
             if apply.get(label):
@@ -357,7 +361,8 @@ def doctor(
 
 @app.command()
 def logs(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
-    """The systemd journal of every unit of a run (journalctl CAIRN_RUN=…)."""
+    """The systemd journal of every unit of a run (matched by unit, never by a field
+    a process could set)."""
     typer.echo(request("logs", run_id=run_id), nl=False)
 
 
@@ -368,7 +373,7 @@ def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
     if json_out:
         emit(data)
         return
-    typer.echo(f"# {data['run_id']}: {data['status']}")
+    typer.echo(f"# {data['run_id']}: {(data.get('summary') or {}).get('label', data['status'])}")
     apply = data.get("apply") or {}
     for conflict in apply.get("conflicts", []):
         typer.echo(f"# conflict, left untouched: {conflict['path']} ({conflict['reason']})")

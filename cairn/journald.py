@@ -37,11 +37,42 @@ def send(message: str, *, priority: int = 6, **fields: str) -> None:
         log.info("%s %s", message, " ".join(f"{k}={v}" for k, v in fields.items() if v))
 
 
+# syslog priorities of the logging levels, for journald's "<N>" line prefix.
+SYSLOG_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _PriorityPrefix(logging.Formatter):
+    """Prefix each record with ``<N>`` so ``journalctl -p err`` selects by level
+    (SyslogLevelPrefix=, on by default, strips it)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = SYSLOG_PRIORITY.get(record.levelno, 6)
+        return f"<{priority}>{super().format(record)}"
+
+
+def stderr_is_journal() -> bool:
+    """True when stderr is the journal stream systemd connected (``$JOURNAL_STREAM``)."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return expected == f"{st.st_dev}:{st.st_ino}"
+
+
 def setup_logging() -> None:
-    """stderr logging (journald captures it under systemd); level from SYSTEMD_LOG_LEVEL."""
+    """stderr logging (journald captures it under systemd, with each record's priority);
+    level from CAIRN_LOG_LEVEL."""
     level = os.environ.get("CAIRN_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _PriorityPrefix(LOG_FORMAT) if stderr_is_journal() else logging.Formatter(LOG_FORMAT)
     )
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])

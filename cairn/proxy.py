@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from cairn import journald
 from cairn.sockets import systemd_listener
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cairn.proxy", description=__doc__)
     parser.add_argument("--allow", action="append", default=[])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    journald.setup_logging()
     listener = systemd_listener()
     if listener is None:
         print("cairn.proxy: no listening socket; start it through its socket unit", file=sys.stderr)

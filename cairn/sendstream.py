@@ -218,7 +218,10 @@ class ChangeSet(BaseModel):
     ``created``: in P, not in Q. ``deleted``: in Q, not in P. ``modified``: in both, but
     the content or the object differs. ``metadata``: the same object with only mode,
     ownership or xattrs changed. A rename shows as a deletion of the old path and a
-    creation of the new one (and, for people, in ``renamed``).
+    creation of the new one (and, for people, in ``renamed``). ``touched``: paths in P
+    whose times the stream set ("" is the project root); every directory whose entries
+    changed is among them, including those that gained or lost a nested subvolume, which
+    the stream itself leaves out.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -228,6 +231,7 @@ class ChangeSet(BaseModel):
     deleted: list[str] = []
     metadata: list[str] = []
     renamed: list[Rename] = []
+    touched: list[str] = []
 
     def paths(self) -> list[str]:
         """Every path whose final state differs, sorted."""
@@ -260,6 +264,7 @@ class _Node:
         "meta",
         "detached",
         "link_source",
+        "touched",
     )
 
     def __init__(self, name: str, parent: _Node | None, origin: str | None) -> None:
@@ -271,6 +276,7 @@ class _Node:
         self.meta = False
         self.detached = False
         self.link_source: _Node | None = None  # for LINK: the dentry it was linked from
+        self.touched = False  # UTIMES named it
 
 
 def _join(base: str, name: str) -> str:
@@ -283,6 +289,7 @@ class ChangeTracker:
     def __init__(self) -> None:
         self.root = _Node("", None, "")
         self.nodes: list[_Node] = []
+        self.touched: list[_Node] = []
         self.commands = 0
 
     def feed(self, commands: Iterable[Command]) -> None:
@@ -367,7 +374,12 @@ class ChangeTracker:
             self._resolve(cmd.path()).content = True
         elif n in _META:
             self._resolve(cmd.path()).meta = True
-        # UTIMES and END carry nothing settlement compares.
+        elif n == "UTIMES":
+            node = self._resolve(cmd.path())
+            if not node.touched:
+                node.touched = True
+                self.touched.append(node)
+        # END carries nothing settlement compares.
 
     def _final_path(self, node: _Node) -> str | None:
         parts: list[str] = []
@@ -442,6 +454,7 @@ class ChangeTracker:
         modified |= occupied - created
         deleted = vacated - occupied
         metadata -= created | modified | deleted
+        touched = {t for t in map(self._final_path, self.touched) if t is not None}
         return ChangeSet(
             created=_scoped(created, subpath),
             modified=_scoped(modified, subpath),
@@ -455,6 +468,9 @@ class ChangeTracker:
                     if _inside(old, subpath) and _inside(new, subpath)
                 )
             ],
+            touched=sorted(
+                {"" if t == subpath else _strip(t, subpath) for t in touched if _within(t, subpath)}
+            ),
         )
 
 
@@ -470,6 +486,10 @@ def _split(path: str) -> list[str]:
 
 def _inside(path: str, subpath: str) -> bool:
     return not subpath or path.startswith(subpath + "/")
+
+
+def _within(path: str, subpath: str) -> bool:
+    return not subpath or path == subpath or path.startswith(subpath + "/")
 
 
 def _strip(path: str, subpath: str) -> str:
@@ -493,7 +513,7 @@ class FilesystemReader:
         try:
             if not stat.S_ISDIR(os.lstat(top).st_mode):
                 return
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return
         stack = [""]
         while stack:
@@ -514,14 +534,14 @@ class FilesystemReader:
     def exists_q(self, rel: str) -> bool:
         try:
             os.lstat(self.q / rel)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
         return True
 
     def other_links_p(self, rel: str) -> list[str]:
         try:
             st = os.lstat(self.p / rel)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
             return []

@@ -1,7 +1,9 @@
 """Proposal settlement (ARCHITECTURE §9): the candidate C and the three-way live apply.
 
-``build_candidate`` copies into C (a writable snapshot of Q) only the changes of P that
-host policy allows. ``apply`` writes F into the live project path by path: live == Q →
+``build_candidate`` (:mod:`cairn.settle_candidate`, with the path policy in
+:mod:`cairn.settle_paths` and the dependency rules in :mod:`cairn.settle_deps`) copies
+into C (a writable snapshot of Q) only the changes of P that host policy allows, each
+whole with what depends on it. ``apply`` writes F into the live project path by path: live == Q →
 write F; live == F → already applied; anything else → conflict, and then nothing is
 written at all. Every path is walked component by component without following symlinks,
 so a symlink planted in the live tree can never redirect a write.
@@ -10,60 +12,64 @@ so a symlink planted in the live tree can never redirect a write.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import posixpath
-import re
 import secrets
 import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import zip_longest
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from cairn.errors import StorageError, UsageError
+from cairn import untrusted
+from cairn.errors import StorageError
 from cairn.failpoints import failpoint
-from cairn.sendstream import ChangeSet
+from cairn.settle_candidate import (
+    TMP_PREFIX,
+    CandidateReport,
+    build_candidate,
+    copy_file_data,
+    open_beneath,
+)
+from cairn.settle_paths import (
+    RefusedPath,
+    SettlementPolicy,
+    ancestors,
+    check_relative,
+    depth,
+    glob_regex,
+    parent,
+)
+
+__all__ = [
+    "ApplyConflict",
+    "ApplyPlan",
+    "ApplyReceipt",
+    "ApplyResult",
+    "CandidateReport",
+    "EntryState",
+    "PathPlan",
+    "RefusedPath",
+    "SettlementPolicy",
+    "apply",
+    "build_candidate",
+    "check_relative",
+    "entry_state",
+    "glob_regex",
+    "inventories_equal",
+    "plan_apply",
+    "write_json_atomic",
+]
 
 log = logging.getLogger(__name__)
 
-_FICLONE = 0x40049409
 _CHUNK = 1 << 20
-_TMP_PREFIX = ".cairn-apply."
-
-
-class SettlementPolicy(BaseModel):
-    """Host policy for what of a proposal may reach the candidate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    write_paths: list[str] = Field(default_factory=lambda: ["**"])
-    allow_git_internals: bool = False
-    max_file_bytes: int = Field(default=64 << 20, ge=0)
-    max_total_bytes: int = Field(default=1 << 30, ge=0)
-
-
-class RefusedPath(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    reason: str
-
-
-class CandidateReport(BaseModel):
-    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    accepted: list[str]
-    refused: list[RefusedPath]
-    bytes_accepted: int
 
 
 class EntryState(BaseModel):
@@ -133,370 +139,104 @@ class ApplyResult(BaseModel):
     conflicts: list[ApplyConflict] = []
 
 
-# -- paths and policy -------------------------------------------------------------------
-
-
-def check_relative(path: str) -> list[str]:
-    """The components of a normalized project-relative path; ``UsageError`` otherwise."""
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise UsageError(f"path {path!r} is not a normalized path inside the project")
-    if "\0" in path:
-        raise UsageError("path contains a NUL byte")
-    return parts
-
-
-def _segment_regex(segment: str) -> str:
-    out = []
-    i = 0
-    while i < len(segment):
-        ch = segment[i]
-        if ch == "*":
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[":
-            end = segment.find("]", i + 2)
-            if end == -1:
-                out.append(re.escape(ch))
-            else:
-                body = segment[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
-                i = end
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    return "".join(out)
-
-
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """Compile a write-path glob: ``*`` and ``?`` stay inside one component, ``**`` spans
-    any number of components (``src/**`` matches ``src`` and everything below it)."""
-    parts: list[str] = []
-    for part in pattern.strip("/").split("/"):
-        if part == "**" and parts and parts[-1] == "**":
-            continue
-        if part:
-            parts.append(part)
-    rx = ""
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if part == "**":
-            if not last:
-                rx += "(?:[^/]+/)*"
-            elif rx.endswith("/"):
-                rx = rx[:-1] + "(?:/.*)?"
-            else:
-                rx += ".*"
-        else:
-            rx += _segment_regex(part) + ("" if last else "/")
-    return re.compile(rf"\A{rx}\Z", re.DOTALL)
-
-
-def _policy_reason(path: str, policy: SettlementPolicy, patterns: list[re.Pattern[str]]) -> str:
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return "file name is not valid UTF-8"
-    if not policy.allow_git_internals and ".git" in path.split("/"):
-        return ".git internals are excluded"
-    if not any(p.match(path) for p in patterns):
-        return "outside the write paths"
-    return ""
-
-
-def _entry_reason(path: str, st: os.stat_result, target: str, policy: SettlementPolicy) -> str:
-    mode = st.st_mode
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device node"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-        return "unsupported file type"
-    if mode & (stat.S_ISUID | stat.S_ISGID):
-        return "setuid/setgid bit"
-    if stat.S_ISLNK(mode):
-        if target.startswith("/"):
-            return "symlink with an absolute target leaves the project"
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-        if resolved == ".." or resolved.startswith("../"):
-            return "symlink target leaves the project"
-    if stat.S_ISREG(mode) and st.st_size > policy.max_file_bytes:
-        return f"file is larger than {policy.max_file_bytes} bytes"
-    return ""
-
-
-def _parent(path: str) -> str:
-    return path.rpartition("/")[0]
-
-
-def _depth(path: str) -> int:
-    return path.count("/")
-
-
-def _under(path: str, top: str) -> bool:
-    return path == top or path.startswith(top + "/")
-
-
-# -- candidate --------------------------------------------------------------------------
-
-
-def build_candidate(
-    q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
-) -> CandidateReport:
-    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P.
-
-    Paths are relative to the project root inside each of ``q``, ``p`` and ``c``.
-    """
-    patterns = [glob_regex(g) for g in policy.write_paths]
-    refused: dict[str, str] = {}
-    accepted: list[str] = []
-    total = 0
-
-    present = sorted(
-        {*changes.created, *changes.modified, *changes.metadata}, key=lambda s: (_depth(s), s)
-    )
-    entries: dict[str, tuple[os.stat_result, str]] = {}
-    for path in present:
-        check_relative(path)
-        reason = _policy_reason(path, policy, patterns)
-        if not reason and _parent(path) in refused:
-            reason = "parent directory was refused"
-        if not reason:
-            try:
-                st = os.lstat(p / path)
-            except FileNotFoundError:
-                reason = "missing from the proposal snapshot"
-            else:
-                target = os.readlink(p / path) if stat.S_ISLNK(st.st_mode) else ""
-                reason = _entry_reason(path, st, target, policy)
-                if not reason and stat.S_ISREG(st.st_mode):
-                    if total + st.st_size > policy.max_total_bytes:
-                        reason = (
-                            f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
-                        )
-                    else:
-                        total += st.st_size
-                if not reason:
-                    entries[path] = (st, target)
-        if reason:
-            refused[path] = reason
-
-    replaced = {*changes.created, *changes.modified}
-    refused_created = [r for r in refused if r in replaced]
-    blocked_sources = [
-        rn.old for rn in changes.renamed if any(_under(r, rn.new) for r in refused_created)
-    ]
-    deletions = sorted(changes.deleted, key=lambda s: (-_depth(s), s))
-    delete_ok: list[str] = []
-    for path in deletions:
-        check_relative(path)
-        reason = _policy_reason(path, policy, patterns)
-        if not reason and any(_under(path, src) for src in blocked_sources):
-            reason = "its rename destination was refused"
-        if not reason and any(_under(r, path) and r != path for r in refused):
-            reason = "directory still holds refused paths"
-        if reason:
-            refused[path] = reason
-        else:
-            delete_ok.append(path)
-
-    for path in delete_ok:
-        try:
-            _remove_in(c, path)
-        except OSError as exc:
-            refused[path] = f"cannot delete in the candidate: {exc.strerror}"
-            continue
-        accepted.append(path)
-
-    for path, (st, target) in entries.items():
-        try:
-            _install(p, c, path, st, target)
-        except (OSError, StorageError) as exc:
-            msg = exc.strerror if isinstance(exc, OSError) else exc.message
-            refused[path] = f"cannot write in the candidate: {msg}"
-            continue
-        accepted.append(path)
-
-    report = CandidateReport(
-        accepted=sorted(accepted),
-        refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())],
-        bytes_accepted=sum(
-            entries[a][0].st_size
-            for a in accepted
-            if a in entries and stat.S_ISREG(entries[a][0].st_mode)
-        ),
-    )
-    log.info("candidate %s: %d accepted, %d refused", c, len(report.accepted), len(report.refused))
-    return report
-
-
-def _real_parent(root: Path, path: str) -> Path:
-    """``root/parent(path)``, refusing when any component is not a real directory."""
-    cur = root
-    for part in check_relative(path)[:-1]:
-        cur = cur / part
-        st = os.lstat(cur)
-        if not stat.S_ISDIR(st.st_mode):
-            raise StorageError(f"{cur} is not a directory")
-    return cur
-
-
-def _remove_in(root: Path, path: str) -> None:
-    parent = _real_parent(root, path)
-    target = parent / path.rsplit("/", 1)[-1]
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        os.rmdir(target)
-    else:
-        os.unlink(target)
-
-
-def _ensure_parents(src_root: Path, dst_root: Path, path: str) -> None:
-    cur_src, cur_dst = src_root, dst_root
-    for part in check_relative(path)[:-1]:
-        cur_src, cur_dst = cur_src / part, cur_dst / part
-        try:
-            st = os.lstat(cur_dst)
-        except FileNotFoundError:
-            mode = stat.S_IMODE(os.lstat(cur_src).st_mode) & 0o1777
-            os.mkdir(cur_dst, 0o700)
-            os.chmod(cur_dst, mode)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            raise StorageError(f"{cur_dst} is not a directory")
-
-
-def _copy_user_xattrs(src: Path, dst: Path) -> None:
-    if dst.is_symlink():
-        return  # user.* xattrs are not allowed on symlinks
-    try:
-        wanted = {n for n in os.listxattr(src, follow_symlinks=False) if n.startswith("user.")}
-        have = {n for n in os.listxattr(dst, follow_symlinks=False) if n.startswith("user.")}
-    except OSError as exc:
-        if exc.errno == errno.ENOTSUP:
-            return
-        raise
-    for name in have - wanted:
-        os.removexattr(dst, name, follow_symlinks=False)
-    for name in wanted:
-        os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
-
-
-def _copy_file_data(src_fd: int, dst_fd: int) -> None:
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-        return
-    except OSError:
-        pass  # not the same filesystem, or no reflink support: copy the bytes
-    while True:
-        chunk = os.read(src_fd, _CHUNK)
-        if not chunk:
-            return
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view) :]
-
-
-def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:
-    """Make ``c/path`` the same entry as ``p/path`` (content, mode, user xattrs, and the
-    owner when running as root)."""
-    _ensure_parents(p, c, path)
-    dst = _real_parent(c, path) / path.rsplit("/", 1)[-1]
-    src = p / path
-    mode = stat.S_IMODE(st.st_mode)
-    try:
-        existing: os.stat_result | None = os.lstat(dst)
-    except FileNotFoundError:
-        existing = None
-    if stat.S_ISDIR(st.st_mode):
-        if existing is not None and not stat.S_ISDIR(existing.st_mode):
-            os.unlink(dst)
-            existing = None
-        if existing is None:
-            os.mkdir(dst, 0o700)
-        os.chmod(dst, mode)
-    else:
-        if existing is not None and stat.S_ISDIR(existing.st_mode):
-            os.rmdir(dst)
-        tmp = dst.with_name(f"{_TMP_PREFIX}{secrets.token_hex(6)}")
-        if stat.S_ISLNK(st.st_mode):
-            os.symlink(target, tmp)
-        else:
-            sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                dfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                try:
-                    _copy_file_data(sfd, dfd)
-                    os.fchmod(dfd, mode)
-                finally:
-                    os.close(dfd)
-            finally:
-                os.close(sfd)
-        os.rename(tmp, dst)
-    _copy_user_xattrs(src, dst)
-    if os.geteuid() == 0:
-        os.lchown(dst, st.st_uid, st.st_gid)
-        if not stat.S_ISLNK(st.st_mode):
-            os.chmod(dst, mode)  # chown clears setuid-like bits; restore the exact mode
-
-
 # -- inventories ------------------------------------------------------------------------
 
 
-def _entries(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def _entries(root: Path) -> Iterator[str]:
+    """Every path below ``root``, each directory listed through an fd reached following
+    no link (the tree may be the agent's)."""
     stack = [""]
     while stack:
         sub = stack.pop()
-        with os.scandir(root / sub if sub else root) as it:
-            for entry in sorted(it, key=lambda e: e.name):
-                rel = f"{sub}/{entry.name}" if sub else entry.name
-                yield rel, entry
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(rel)
+        fd = open_beneath(root, sub, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                listed = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
+        finally:
+            os.close(fd)
+        for name, is_dir in listed:
+            rel = f"{sub}/{name}" if sub else name
+            yield rel
+            if is_dir:
+                stack.append(rel)
 
 
-def _same_bytes(a: Path, b: Path) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            ca, cb = fa.read(_CHUNK), fb.read(_CHUNK)
-            if ca != cb:
-                return False
-            if not ca:
-                return True
+def _chunks(fd: int, limit: int) -> Iterator[bytes]:
+    """The bytes of ``fd`` in chunks of ``_CHUNK`` (the last one shorter), at most
+    ``limit + 1`` of them in all."""
+    left = limit + 1
+    while left:
+        chunk = os.read(fd, min(_CHUNK, left))
+        while chunk and len(chunk) < min(_CHUNK, left):  # a short read is not the end
+            more = os.read(fd, min(_CHUNK, left) - len(chunk))
+            if not more:
+                break
+            chunk += more
+        if not chunk:
+            return
+        left -= len(chunk)
+        yield chunk
+
+
+def _same_bytes(q: Path, p: Path, rel: str, size: int) -> bool:
+    """Whether the regular files ``rel`` of ``q`` and ``p``, both ``size`` bytes when
+    listed, hold the same bytes. Either may be the agent's: each is opened through
+    :mod:`cairn.untrusted` (no link followed, never blocking, still a regular file of at
+    most ``size`` bytes), and no more than ``size + 1`` bytes are read from either."""
+    fq = untrusted.open_file(q, rel, owner=None, limit=size, single_link=False)
+    try:
+        fp = untrusted.open_file(p, rel, owner=None, limit=size, single_link=False)
+        try:
+            total = 0
+            for ca, cb in zip_longest(_chunks(fq, size), _chunks(fp, size)):
+                if ca != cb:
+                    return False
+                total += len(ca)
+            return total == size
+        finally:
+            os.close(fp)
+    finally:
+        os.close(fq)
+
+
+def _xattrs(root: Path, rel: str) -> dict[str, bytes]:
+    """All xattrs of ``root/rel`` (not a symbolic link), reached following no link and
+    without opening the entry itself (an ``O_PATH`` fd: no side effect on a device)."""
+    fd = open_beneath(root, rel, os.O_PATH)
+    try:
+        where = f"/proc/self/fd/{fd}"
+        return {n: os.getxattr(where, n) for n in os.listxattr(where)}
+    finally:
+        os.close(fd)
 
 
 def inventories_equal(q: Path, p: Path, subpath: str = "") -> bool:
     """Whether the trees under ``subpath`` of Q and P are identical: names, types, modes,
     owners, symlink targets, file bytes and xattrs. Cost grows with the tree; use it only
-    to confirm that an empty change set really is empty."""
+    to confirm that an empty change set really is empty. P (and Q) are read as
+    :mod:`cairn.untrusted` reads; an entry it refuses makes the trees unequal."""
     qr, pr = (q / subpath, p / subpath) if subpath else (q, p)
-    q_list = list(_entries(qr))
-    p_names = {rel for rel, _ in _entries(pr)}
-    if {rel for rel, _ in q_list} != p_names:
-        return False
-    for rel, qe in q_list:
-        qs, ps = qe.stat(follow_symlinks=False), os.lstat(pr / rel)
-        if (qs.st_mode, qs.st_uid, qs.st_gid) != (ps.st_mode, ps.st_uid, ps.st_gid):
+    try:
+        q_list = list(_entries(qr))
+        if set(q_list) != set(_entries(pr)):
             return False
-        if stat.S_ISLNK(qs.st_mode):
-            if os.readlink(qr / rel) != os.readlink(pr / rel):
+        for rel in q_list:
+            qs, ps = untrusted.lstat(qr, rel), untrusted.lstat(pr, rel)
+            if (qs.st_mode, qs.st_uid, qs.st_gid) != (ps.st_mode, ps.st_uid, ps.st_gid):
                 return False
-        elif stat.S_ISREG(qs.st_mode):
-            if qs.st_size != ps.st_size or not _same_bytes(qr / rel, pr / rel):
+            if stat.S_ISLNK(qs.st_mode):
+                if untrusted.readlink(qr, rel) != untrusted.readlink(pr, rel):
+                    return False
+                continue
+            if stat.S_ISREG(qs.st_mode) and (
+                qs.st_size != ps.st_size or not _same_bytes(qr, pr, rel, qs.st_size)
+            ):
                 return False
-        if not stat.S_ISLNK(qs.st_mode):
-            qx = {n: os.getxattr(qr / rel, n) for n in os.listxattr(qr / rel)}
-            px = {n: os.getxattr(pr / rel, n) for n in os.listxattr(pr / rel)}
-            if qx != px:
+            if _xattrs(qr, rel) != _xattrs(pr, rel):
                 return False
+    except (untrusted.UntrustedFileError, OSError) as exc:
+        log.warning("inventories of %s and %s taken as different: %s", qr, pr, exc)
+        return False
     return True
 
 
@@ -591,8 +331,13 @@ def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
     """Classify every path: Q == F → ``unchanged``; live == F → ``already``; live == Q →
     ``write``; otherwise ``conflict``. Reads only."""
     planned: list[PathPlan] = []
-    for path in sorted(set(paths)):
+    by_path: dict[str, PathPlan] = {}
+    for path in sorted(set(paths)):  # a directory sorts before what it holds
         qs, fs, ls = entry_state(q, path), entry_state(f, path), entry_state(live, path)
+        # Q and F are the run's own snapshots: below a non-directory nothing exists there.
+        qs, fs = (_ABSENT if s.kind == "blocked" else s for s in (qs, fs))
+        if ls.kind == "blocked" and _unblocked_by_apply(live, path, by_path):
+            ls = _ABSENT
         action: Literal["write", "already", "unchanged", "conflict"]
         if qs == fs:
             action = "unchanged"  # nothing to settle here, whatever the live state
@@ -603,12 +348,28 @@ def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
         else:
             action = "conflict"
         planned.append(PathPlan(path=path, action=action, q=qs, f=fs, live=ls))
+        by_path[path] = planned[-1]
     removed = {p.path for p in planned if p.action == "write" and _needs_removal(p)}
     for i, p in enumerate(planned):
         if p.action == "write" and p.live.kind == "dir" and p.path in removed:
             if _extra_entries(live, p.path, removed):
                 planned[i] = p.model_copy(update={"action": "conflict"})
     return ApplyPlan(paths=planned)
+
+
+_ABSENT = EntryState(kind="absent")
+
+
+def _unblocked_by_apply(live: Path, path: str, by_path: dict[str, PathPlan]) -> bool:
+    """Whether the live non-directory that blocks ``path`` is one this apply replaces
+    with a directory (file → directory in the proposal): then ``path`` is absent."""
+    for top in reversed(ancestors(path)):
+        plan = by_path.get(top)
+        state = plan.live if plan is not None else entry_state(live, top)
+        if state.kind == "dir":
+            continue
+        return plan is not None and plan.action == "write" and plan.f.kind == "dir"
+    return False
 
 
 def _extra_entries(live: Path, path: str, removed: set[str]) -> bool:
@@ -729,7 +490,7 @@ def _place_live(f: Path, live: Path, p: PathPlan, before: EntryState) -> None:
             os.chmod(name, p.f.mode, dir_fd=fd)
             _fsync_dir(fd)
             return
-        tmp = f"{_TMP_PREFIX}{secrets.token_hex(6)}"
+        tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
         if p.f.kind == "symlink":
             os.symlink(p.f.target, tmp, dir_fd=fd)
         else:
@@ -758,7 +519,7 @@ def _write_temp_from_f(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
         )
         try:
-            _copy_file_data(sfd, dfd)
+            copy_file_data(sfd, dfd)
             os.fchmod(dfd, expected.mode)
             os.fsync(dfd)
             os.lseek(dfd, 0, os.SEEK_SET)
@@ -783,16 +544,16 @@ def _write_temp_from_f(
 def _remove_stale_temps(live: Path, paths: list[str]) -> None:
     """Remove temp files an interrupted apply left next to the paths it was writing
     (only names with this module's prefix; never through a symlink)."""
-    for parent in sorted({_parent(p) for p in paths}):
-        parts = [*parent.split("/"), "."] if parent else ["."]
+    for folder in sorted({parent(p) for p in paths}):
+        parts = [*folder.split("/"), "."] if folder else ["."]
         try:
             with _Dir.parent_of(live, parts) as fd:
                 if fd is None:
                     continue
                 for name in os.listdir(fd):
-                    if name.startswith(_TMP_PREFIX):
+                    if name.startswith(TMP_PREFIX):
                         os.unlink(name, dir_fd=fd)
-                        log.info("removed leftover %s/%s", parent or ".", name)
+                        log.info("removed leftover %s/%s", folder or ".", name)
         except _Blocked:
             continue
 
@@ -825,10 +586,10 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
                 log_.add(p.path, "already", p.f)
         writes = plan.writes
         removals = sorted(
-            (p for p in writes if _needs_removal(p)), key=lambda p: (-_depth(p.path), p.path)
+            (p for p in writes if _needs_removal(p)), key=lambda p: (-depth(p.path), p.path)
         )
         placements = sorted(
-            (p for p in writes if p.f.kind != "absent"), key=lambda p: (_depth(p.path), p.path)
+            (p for p in writes if p.f.kind != "absent"), key=lambda p: (depth(p.path), p.path)
         )
         try:
             for p in removals:

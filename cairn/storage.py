@@ -347,9 +347,13 @@ class Pool:
             deleted.append(os.fspath(sub))
         rd = self.run_dir(run)
         if rd.exists():
-            for leftover in _walk_dirs_deepest_first(rd):
-                if is_subvolume(leftover):
-                    raise StorageError(f"unexpected subvolume {leftover} left in run {run}")
+            # An agent may have made subvolumes of its own in its scratch space (/state);
+            # they belong to the run and go with it.
+            for leftover in _subvolumes_under(rd):
+                if filesystem_uuid(leftover) != self.fsid:
+                    raise StorageError(f"{leftover} in run {run} is on another filesystem")
+                _delete_subvolume(leftover)
+                deleted.append(os.fspath(leftover))
             shutil.rmtree(rd)
         if self.quota_enabled():
             proc.run(["btrfs", "qgroup", "destroy", run_qgroup_name(run), self.root], check=False)
@@ -447,18 +451,32 @@ def _checked_name(name: str, what: str) -> str:
     return name
 
 
-def _walk_dirs_deepest_first(top: Path) -> Iterator[Path]:
-    for dirpath, dirnames, _files in os.walk(top, topdown=False):
-        for d in dirnames:
-            yield Path(dirpath, d)
+def _subvolumes_under(top: Path) -> Iterator[Path]:
+    """Subvolumes below ``top`` that are reached through plain directories (never through
+    a symlink, never into a subvolume: deleting it deletes what it holds)."""
+    for dirpath, dirnames, _files in os.walk(top):
+        for name in list(dirnames):
+            path = Path(dirpath, name)
+            if is_subvolume(path):
+                dirnames.remove(name)
+                yield path
 
 
 def _delete_subvolume(path: Path) -> None:
+    """Delete the subvolume at ``path`` with every subvolume nested in it, also those an
+    agent made read-only (a read-only subvolume cannot lose a nested one otherwise)."""
+    p = os.fspath(path)
     try:
-        btrfsutil.delete_subvolume(os.fspath(path), recursive=True)
+        nested = [
+            os.path.join(p, rel) for rel, _id in btrfsutil.SubvolumeIterator(p, post_order=True)
+        ]
+        for sub in [p, *nested] if nested else []:
+            if btrfsutil.get_subvolume_read_only(sub):
+                btrfsutil.set_subvolume_read_only(sub, False)
+        btrfsutil.delete_subvolume(p, recursive=True)
     except btrfsutil.BtrfsUtilError as exc:
         raise StorageError(f"cannot delete subvolume {path}: {exc}") from exc
-    log.info("deleted subvolume %s", path)
+    log.info("deleted subvolume %s%s", path, f" and {len(nested)} nested in it" if nested else "")
 
 
 # -- loop pools -----------------------------------------------------------------------

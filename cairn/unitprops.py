@@ -20,6 +20,13 @@ Cairn's own state (``/var/lib/cairn``, ``/run/cairn``) is covered by an empty tm
 ``/home``, ``/root`` and ``/run/user``, and the rest of the system is read-only
 (``ProtectSystem=strict``). Mount points such as ``/workspace`` are created on the host
 root by systemd on first use (or shipped empty by the package).
+
+An agent is isolated from every process but its own (docs/decisions/agent-isolation.md):
+a private PID namespace with its own ``/proc`` (``ProtectProc=invisible`` alone hides only
+other users' processes, and ``/proc/<pid>/root`` of any process of the owner leads to the
+owner's whole file system, cairnd and the user manager), an empty ``/run`` (no system
+bus, journald, user-manager or PID 1 socket; its stdout stays connected to the journal),
+and a private ``/dev/shm`` and IPC namespace.
 """
 
 from __future__ import annotations
@@ -63,9 +70,18 @@ CAPSULE = "/runtime/capsule"
 # where they exist, so systemd never creates a mount point for them on the host.
 MASKED_PATHS = ("/var/lib/cairn", "/run/cairn")
 INACCESSIBLE_PATHS = ("/etc/cairn",)
+# What agents and helpers get as empty tmpfs besides MASKED_PATHS: all of /run (sockets of PID 1,
+# D-Bus, journald, user managers, other services) and /dev/shm, which PrivateDevices=
+# would otherwise bind from the host, where files outlive the unit and other users read
+# them. The mode of /dev/shm is the usual sticky world-writable one.
+PRIVATE_TMPFS = (("/run", "mode=0755"), ("/dev/shm", "mode=1777"))
+# What name resolution needs of /run when an agent has the host's network.
+HOST_NETWORK_RUN_PATHS = ("/run/systemd/resolve",)
 SHELL = "/bin/sh"
 SERVICE_RESULT_FILE = f"{OUTPUTS}/service-result"
+# The agent is gone when this runs, but it may have left a FIFO or a symlink in the way.
 RECORD_SERVICE_RESULT = (
+    f"rm -f {SERVICE_RESULT_FILE} && "
     f'printf "%s %s %s\\n" "$SERVICE_RESULT" "$EXIT_CODE" "$EXIT_STATUS" > {SERVICE_RESULT_FILE}'
 )
 AGENT_ENV_RESERVED = ("HOME", "TMPDIR", "CAIRN_AGENT_SOCKET", "CAIRN_MODEL_SOCKET")
@@ -283,12 +299,15 @@ def _log_props(identifier: str, fields: dict[str, str]) -> list[Prop]:
     ]
 
 
-def _hardening_props(hidden_paths: list[str]) -> list[Prop]:
+def _hardening_props(
+    hidden_paths: list[str], extra_tmpfs: tuple[tuple[str, str], ...] = ()
+) -> list[Prop]:
     """The sandbox every Cairn-started unit shares: read-only system, no privileges."""
+    tmpfs = [*extra_tmpfs, *((path, "mode=0755") for path in MASKED_PATHS)]
     return [
         ("ProtectSystem", "s", "strict"),
         ("ProtectHome", "s", "yes"),
-        ("TemporaryFileSystem", "a(ss)", [(path, "mode=0755") for path in MASKED_PATHS]),
+        ("TemporaryFileSystem", "a(ss)", tmpfs),
         ("InaccessiblePaths", "as", [f"-{p}" for p in (*INACCESSIBLE_PATHS, *hidden_paths)]),
         ("PrivateTmp", "b", True),
         ("PrivateDevices", "b", True),
@@ -309,6 +328,9 @@ def _hardening_props(hidden_paths: list[str]) -> list[Prop]:
         ("AmbientCapabilities", "t", 0),
         ("SystemCallArchitectures", "as", ["native"]),
         ("SystemCallFilter", "(bas)", (True, ["@system-service"])),
+        # A second filter entry subtracts: the kernel keyrings are per UID, not per
+        # namespace, so keyctl() would reach the owner's user keyring outside the unit.
+        ("SystemCallFilter", "(bas)", (False, ["@keyring"])),
         ("SystemCallErrorNumber", "i", 1),  # EPERM instead of killing the process
     ]
 
@@ -338,6 +360,16 @@ def _network_props(
     return [("RestrictAddressFamilies", "(bas)", (True, families))]
 
 
+def _agent_isolation_props() -> list[Prop]:
+    """What separates an agent from every process but its own (see the module docstring).
+
+    With ``PrivatePIDs=`` the worker is PID 1 of its namespace: it installs its own
+    SIGTERM handler (the kernel ignores unhandled signals to a namespace's init), and
+    when it exits the kernel kills whatever it left behind in the namespace.
+    """
+    return [("PrivatePIDs", "s", "yes")]  # a string on D-Bus (systemd 257)
+
+
 def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
     """The full property list of one agent attempt's transient service."""
     binds = [
@@ -352,6 +384,8 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
     ]
     if spec.capsule is not None:
         ro_binds.append(_bind(spec.capsule, CAPSULE))
+    if spec.network == "host":  # "-": not every host runs systemd-resolved
+        ro_binds += [(path, path, True, MS_REC) for path in HOST_NETWORK_RUN_PATHS]
     env = {
         **spec.environment,
         "HOME": STATE,
@@ -366,7 +400,8 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         ("WorkingDirectory", "s", WORKSPACE),
         *_log_props("cairn-agent", spec.log_fields),
         *_limit_props(spec),
-        *_hardening_props(spec.hidden_paths),
+        *_hardening_props(spec.hidden_paths, PRIVATE_TMPFS),
+        *_agent_isolation_props(),
         *_network_props(spec.network, spec.join_unit, spec.loopback_tcp),
         ("BindPaths", "a(ssbt)", binds),
         ("BindReadOnlyPaths", "a(ssbt)", ro_binds),
@@ -425,7 +460,7 @@ def helper_unit_properties(spec: HelperUnitSpec) -> list[Prop]:
         ("WorkingDirectory", "s", spec.working_directory),
         *_log_props("cairn-helper", spec.log_fields),
         *_limit_props(spec),
-        *_hardening_props(spec.hidden_paths),
+        *_hardening_props(spec.hidden_paths, PRIVATE_TMPFS),
         *_network_props("none"),
         ("BindPaths", "a(ssbt)", [_bind(s, d) for s, d in spec.binds]),
         ("BindReadOnlyPaths", "a(ssbt)", [_bind(s, d) for s, d in spec.read_only_binds]),

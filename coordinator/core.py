@@ -25,10 +25,10 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
 
-from cairn import journald, paths
+from cairn import journald, paths, untrusted
 from cairn.brokerclient import call_broker
 from cairn.coordinator import interactions
-from cairn.coordinator.agentsock import AgentSocket
+from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
 from cairn.coordinator.relay import ModelRelay, TokenBudget
 from cairn.errors import (
     BrokerRefused,
@@ -233,10 +233,17 @@ class Coordinator:
             return 0
         finally:
             self._stop_heartbeat.set()
+            self.remove_channels_if_ended()
             try:
                 self.journal.release_lease(self.run_id, self.token)
             except LeaseLost:
                 pass
+
+    def remove_channels_if_ended(self) -> None:
+        """A run that ended has no agent left: its socket directory goes. (Not before:
+        a running agent's bound channel directory must survive a coordinator restart.)"""
+        if self.journal.get_run(self.run_id).state in TERMINAL_RUN_STATES:
+            shutil.rmtree(paths.agent_socket_dir(self.run_id), ignore_errors=True)
 
     def finish_run(self, output: dict[str, Any], settlement: dict[str, Any] | None) -> None:
         if settlement is not None and settlement["status"] == "conflict":
@@ -857,14 +864,14 @@ class Coordinator:
         return self.state_dir / "ops" / op_id / f"transcript.{attempt}.jsonl"
 
     def read_result_file(self, op: OpRow, output_model: type[BaseModel]) -> AgentMessage | None:
-        path = self.outputs_dir(op.op_id, op.attempt) / "finish.json"
-        try:
-            data = json.loads(path.read_text())
+        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:  # the agent's file: refused if a link, a FIFO, another user's or oversized
+            data = untrusted.read_json(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
             message = AgentMessage(
                 type="finish_work", output=data["output"], handoff=str(data.get("handoff", ""))
             )
             output_model.model_validate(message.output)
-        except (OSError, ValueError, KeyError, TypeError, ValidationError):
+        except (untrusted.UntrustedFileError, KeyError, TypeError, ValidationError):
             return None
         self.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
         return message
@@ -872,10 +879,10 @@ class Coordinator:
     def fail_if_limit_hit(self, op: OpRow) -> None:
         """An agent killed by one of its limits fails for good, naming the limit: running
         it again would hit the same wall."""
-        record = self.outputs_dir(op.op_id, op.attempt) / "service-result"
-        try:
-            result = record.read_text().split()[0]
-        except (OSError, IndexError):
+        out, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:  # written by the unit's ExecStopPost, as the run owner
+            result = untrusted.read_text(out, "service-result", owner=owner, limit=99).split()[0]
+        except (untrusted.UntrustedFileError, IndexError):
             return
         limits = self.desc.limits
         reason = {
@@ -1179,7 +1186,7 @@ class Coordinator:
             settlement["apply"] = applied.data["result"]
             settlement["status"] = applied.data["result"]["status"]
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
-        self.event("settled", status=settlement["status"])
+        self.event("settled", status=settlement["status"], refused=len(report["refused"]))
         return settlement
 
     def apply_proposal(self) -> Receipt:

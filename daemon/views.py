@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import grp
+import re
 from typing import Any
 
 from cairn.errors import NotFound
 from cairn.journal import Journal, RunRow
 from cairn.proc import run
+from cairn.settle_outcome import summary as settlement_summary
 
 ADMIN_GROUP = "cairn-admin"
 LOG_LINES = 2000
@@ -119,6 +121,7 @@ def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
             "owner_uid": r.owner_uid,
             "created_at": r.created_at,
             "current_op": _current_op(journal, r.run_id),
+            "settlement_summary": settlement_summary(r.settlement),
         }
         for r in runs
     ]
@@ -150,6 +153,7 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         ],
         "units": run_units(receipts),
         "settlement": row.settlement,
+        "settlement_summary": settlement_summary(row.settlement),
         "schedule": journal.launch_description(row.run_id).schedule,
         "worklists": worklists(ops),
         "divergence": _divergence(events),
@@ -158,8 +162,36 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
     }
 
 
+def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:
+    """The systemd units whose journal entries belong to the run: its coordinator and
+    egress, and every unit the broker started for it whose name carries the run ID."""
+    units = [f"cairn-coordinator@{run_id}.service", f"cairn-egress@{run_id}.service"]
+    for unit in run_units(receipts):
+        if not _run_unit_re(run_id).fullmatch(unit):
+            continue
+        # A socket unit's entries come from the service it activates.
+        for name in (unit, unit.removesuffix(".socket") + ".service"):
+            if name not in units:
+                units.append(name)
+    return units
+
+
+def _run_unit_re(run_id: str) -> re.Pattern[str]:
+    return re.compile(rf"cairn-[a-z]+-{run_id}(-[a-z0-9-]+)?\.(service|socket)")
+
+
+def journal_matches(units: list[str]) -> list[str]:
+    """journalctl matches on fields only journald and PID 1 set, never on a field a
+    client can send (``CAIRN_RUN=`` is set by any process that writes to the journal):
+    what the run's units logged, or PID 1 logged about them."""
+    own = [f"_SYSTEMD_UNIT={u}" for u in units]
+    about = ["_PID=1", *(f"UNIT={u}" for u in units)]
+    return [*own, "+", *about]
+
+
 def logs(journal: Journal, run_id: str | None, uid: int) -> str:
     row = visible_run(journal, run_id, uid)
+    units = log_units(row.run_id, journal.receipts(row.run_id))
     proc = run(
         [
             "journalctl",
@@ -168,7 +200,7 @@ def logs(journal: Journal, run_id: str | None, uid: int) -> str:
             "short-iso",
             "-n",
             str(LOG_LINES),
-            f"CAIRN_RUN={row.run_id}",
+            *journal_matches(units),
         ],
         check=False,
     )
@@ -182,6 +214,7 @@ def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
     return {
         "run_id": row.run_id,
         "status": settlement.get("status", "not settled"),
+        "summary": settlement_summary(row.settlement),
         "accepted": candidate.get("accepted", []),
         "refused": candidate.get("refused", []),
         "apply": settlement.get("apply"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,14 @@ def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE)
     os.replace(tmp, path)
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    """The worker is PID 1 of the agent's PID namespace, where the kernel drops signals
+    that have no handler: without this, stopping the unit would wait for SIGKILL."""
+    os._exit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     journald.setup_logging()
     socket_path = os.environ.get("CAIRN_AGENT_SOCKET", "/run/cairn/agent/agent.sock")
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from cairn import settle
+from cairn import journald, settle
 from cairn.errors import CairnError
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--receipts", type=Path, required=True, help="JSONL receipts file")
     parser.add_argument("--result", type=Path, required=True, help="where to write the result")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    journald.setup_logging()
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
         result = settle.apply(args.q, args.f, args.live, paths, args.receipts)

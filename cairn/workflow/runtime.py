@@ -1,6 +1,7 @@
 """The control worker: re-executes reviewed workflow source, one ``flow.*`` call at a time.
 
-It runs as a child of the coordinator with no journal, no sockets and no files: it reads
+It runs as a child of the coordinator with no journal, no sockets and no files (it
+sandboxes itself before reading anything: :mod:`cairn.workflow.sandbox`): it reads
 JSON lines on stdin and writes JSON lines on stdout. Every ``flow.*`` call becomes a
 :class:`~cairn.models.CallRequest`; the coordinator answers it from the journal or by
 carrying out the effect, and the worker resumes the coroutine with the answer. The
@@ -12,7 +13,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-import os
 import subprocess
 import sys
 import types
@@ -32,7 +32,7 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.workflow import AgentDescriptor, Model, OperationFailed
+from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
 
 M = TypeVar("M", bound=Model)
 
@@ -496,8 +496,9 @@ def _write(out: IO[str], message: BaseModel) -> None:
 
 
 def spawn(env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start a control worker: a separate interpreter in its own session with tight
-    resource limits, talking JSON lines on stdin/stdout."""
+    """Start a control worker: a separate interpreter in its own session, talking JSON
+    lines on stdin/stdout. It sandboxes itself (:mod:`cairn.workflow.sandbox`) before it
+    reads anything: no ``preexec_fn``, which is unsafe once the coordinator has threads."""
     return subprocess.Popen(
         [sys.executable, "-I", "-m", "cairn.workflow.runtime"],
         stdin=subprocess.PIPE,
@@ -505,24 +506,23 @@ def spawn(env: dict[str, str]) -> subprocess.Popen[str]:
         env={**env, "PYTHONHASHSEED": "0"},
         text=True,
         close_fds=True,
-        preexec_fn=_limit_resources,
+        start_new_session=True,
     )
 
 
-def _limit_resources() -> None:
-    """Runs in the child before exec."""
-    import resource
-
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+EXIT_NO_SANDBOX = 78  # EX_CONFIG: the host, not the workflow, is at fault
 
 
 def main() -> None:
     """Entry point of the control worker process (stdin/stdout are the coordinator's pipe)."""
     inp, out = sys.stdin, sys.stdout
     sys.stdout = sys.stderr  # stray prints from workflow code must not corrupt the pipe
+    try:
+        sandbox.enter()  # resource limits, Landlock, seccomp: before any input is read
+    except sandbox.SandboxUnavailable as exc:
+        print(f"cairn control worker: {exc}", file=sys.stderr, flush=True)
+        _write(out, WorkflowFailure(error=str(exc), kind="SandboxUnavailable"))
+        sys.exit(EXIT_NO_SANDBOX)
     start = StartWorkflow.model_validate_json(inp.readline())
     try:
         drive(start, inp, out)

@@ -4,7 +4,9 @@ Cairn's side is :meth:`cairn.systemd.Systemd.start_transient_service` with the f
 property set of :func:`cairn.unitprops.agent_unit_properties` (run owner, sandbox, bind
 mounts, limits, private network), timed until the process inside connects to the bound
 ``/run/cairn/agent/agent.sock`` and says hello, which is the moment the real worker asks for its
-instruction. The comparison is ``systemd-run --wait true`` from the same machine. The
+instruction. The comparisons are ``systemd-run --wait true`` from the same machine and
+the same agent unit without its isolation from other processes (``PrivatePIDs=``, private
+``/run`` and ``/dev/shm``), started alternately with the isolated one. The
 broker's QUIESCE proof (``require_quiesced``: unit state plus cgroup emptiness) is timed
 on each stopped unit too, as the part of the boundary that needs systemd.
 """
@@ -34,8 +36,24 @@ run_id = "flow_" + "be" * 16
 hello = ("import socket; s = socket.socket(socket.AF_UNIX); "
          "s.connect('/run/cairn/agent/agent.sock'); s.sendall(b'hello')")
 base = "/var/tmp/cairn-bench"
-out = {"ready": [], "job": [], "quiesce": [], "bare": [], "systemd_run": []}
-for i in range(repeat):
+out = {"ready": [], "job": [], "quiesce": [], "bare": [], "systemd_run": [],
+       "ready_shared": []}
+
+
+def without_isolation(props):
+    """The same unit without what separates it from the owner's other processes."""
+    shared = []
+    for name, sig, value in props:
+        if name == "PrivatePIDs":
+            continue
+        if name == "TemporaryFileSystem":
+            value = [(path, opts) for path, opts in value if path not in ("/run", "/dev/shm")]
+        shared.append((name, sig, value))
+    return shared
+
+
+for i in range(2 * repeat):
+    isolated = i % 2 == 0
     op = f"root-{i + 1}"
     d = f"{base}/{op}"
     for sub in ("workspace", "evidence", "outputs", "state", "channel"):
@@ -67,6 +85,8 @@ for i in range(repeat):
     )
     name = agent_unit_name(run_id, op, 1)
     props = agent_unit_properties(spec)
+    if not isolated:
+        props = without_isolation(props)
     listener = threading.Thread(target=accept)
     listener.start()
     with Systemd() as sd:
@@ -83,6 +103,9 @@ for i in range(repeat):
     server.close()
     if said.get("hello") != b"hello":
         raise SystemExit(f"{name} never said hello ({final.result})")
+    if not isolated:
+        out["ready_shared"].append(said["at"] - t0)
+        continue
     out["job"].append(t1 - t0)
     out["ready"].append(said["at"] - t0)
     out["quiesce"].append(t3 - t2)
@@ -121,7 +144,7 @@ def unit_figures(repo: Path, *, repeat: int, cells: list[Cell]) -> None:
     deb = package(repo)
     with Machine(deb) as machine:
         result = machine.exec(["python3", "-I", "-c", INSIDE, str(repeat)],
-                              timeout=120 + 30 * repeat, check=False)
+                              timeout=120 + 60 * repeat, check=False)
         if result.returncode != 0:
             raise AssertionError("unit benchmark failed in the machine:\n"
                                  + result.stderr.decode(errors="replace")[-3000:])
@@ -129,6 +152,7 @@ def unit_figures(repo: Path, *, repeat: int, cells: list[Cell]) -> None:
     for key, method, cairn in (
         ("ready", "transient agent unit over D-Bus, to hello", True),
         ("job", "of which: start job done (exec)", True),
+        ("ready_shared", "same, without PrivatePIDs and private /run, /dev/shm", True),
         ("bare", "same client, bare unit running true, to exit", True),
         ("systemd_run", "systemd-run --wait true", False),
         ("quiesce", "QUIESCE proof (unit state + cgroup empty)", True),

@@ -62,6 +62,7 @@ def test_users_groups_and_directories(machine: Machine) -> None:
             "/var/lib/cairn/broker",
             "/run/cairn",
             "/run/cairn/agents",
+            "/run/cairn/egress",
             "/etc/cairn",
         ]
     )
@@ -71,7 +72,8 @@ def test_users_groups_and_directories(machine: Machine) -> None:
         "/var/lib/cairn/runs 750 cairn:cairn",
         "/var/lib/cairn/broker 750 root:cairn",
         "/run/cairn 755 root:cairn",
-        "/run/cairn/agents 755 cairn:cairn",
+        "/run/cairn/agents 700 cairn:cairn",
+        "/run/cairn/egress 711 root:root",
         "/etc/cairn 755 root:root",
     ]
 

@@ -52,10 +52,19 @@ def agent_spec(**overrides: Any) -> AgentUnitSpec:
     return AgentUnitSpec.model_validate(fields)
 
 
+# Properties sent more than once on purpose: systemd appends, and a deny list after the
+# allow list subtracts from it.
+APPENDED = {"SystemCallFilter"}
+
+
 def as_dict(props: list[Prop]) -> dict[str, tuple[str, Any]]:
-    names = [name for name, _sig, _value in props]
+    names = [name for name, _sig, _value in props if name not in APPENDED]
     assert len(names) == len(set(names)), "a property is sent twice (systemd would append)"
-    return {name: (sig, value) for name, sig, value in props}
+    return {name: (sig, value) for name, sig, value in props if name not in APPENDED}
+
+
+def appended(props: list[Prop], name: str) -> list[tuple[str, Any]]:
+    return [(sig, value) for n, sig, value in props if n == name]
 
 
 def binds(props: dict[str, tuple[str, Any]], key: str) -> dict[str, tuple[str, bool, int]]:
@@ -146,7 +155,10 @@ def test_agent_properties_values_and_signatures() -> None:
     assert props["RestrictNamespaces"] == ("t", 0)
     assert props["CapabilityBoundingSet"] == ("t", 0)
     assert props["AmbientCapabilities"] == ("t", 0)
-    assert props["SystemCallFilter"] == ("(bas)", (True, ["@system-service"]))
+    assert appended(agent_unit_properties(agent_spec()), "SystemCallFilter") == [
+        ("(bas)", (True, ["@system-service"])),
+        ("(bas)", (False, ["@keyring"])),
+    ]
     assert props["ProtectSystem"] == ("s", "strict")
     assert props["ProtectHome"] == ("s", "yes")
     assert props["PrivateNetwork"] == ("b", True)
@@ -179,8 +191,12 @@ def test_agent_mount_namespace() -> None:
         "/runtime/capsule": ("/usr/lib/cairn/releases/1", False, MS_REC),
     }
     masks = dict(props["TemporaryFileSystem"][1])
-    assert set(masks) == {"/var/lib/cairn", "/run/cairn"}
+    assert set(masks) == {"/var/lib/cairn", "/run/cairn", "/run", "/dev/shm"}
+    assert masks["/dev/shm"] == "mode=1777"
     assert props["InaccessiblePaths"] == ("as", ["-/etc/cairn"])
+    # Only processes of its own unit: a PID namespace with its own /proc.
+    assert props["PrivatePIDs"] == ("s", "yes")
+    assert props["PrivateIPC"] == ("b", True)
 
 
 def test_agent_without_capsule_and_with_hidden_pool() -> None:
@@ -195,6 +211,12 @@ def test_host_network_keeps_the_host_namespace() -> None:
     _sig, (allow, families) = props["RestrictAddressFamilies"]
     assert allow is True
     assert set(families) == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+    # /run is empty; name resolution through systemd-resolved still works.
+    ro = binds(props, "BindReadOnlyPaths")
+    assert ro["/run/systemd/resolve"] == ("/run/systemd/resolve", True, MS_REC)
+    assert "/run/systemd/resolve" not in binds(
+        as_dict(agent_unit_properties(agent_spec())), "BindReadOnlyPaths"
+    )
 
 
 @pytest.mark.parametrize(
@@ -252,11 +274,14 @@ def test_helper_shares_the_agent_hardening() -> None:
     agent = as_dict(agent_unit_properties(agent_spec()))
     hardening = [
         "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "NoNewPrivileges",
-        "CapabilityBoundingSet", "RestrictNamespaces", "SystemCallFilter", "TemporaryFileSystem",
+        "CapabilityBoundingSet", "RestrictNamespaces", "TemporaryFileSystem",
         "PrivateNetwork", "RestrictAddressFamilies", "KillMode", "CollectMode", "Type",
     ]
     for name in hardening:
         assert helper[name] == agent[name], name
+    assert appended(helper_unit_properties(helper_spec()), "SystemCallFilter") == appended(
+        agent_unit_properties(agent_spec()), "SystemCallFilter"
+    )
     assert helper["BindPaths"] == ("a(ssbt)", [("/home/alice/project", "/live/0", False, MS_REC)])
     assert helper["CPUQuotaPerSecUSec"] == ("t", 1_000_000)
     assert helper["Slice"] != agent["Slice"]

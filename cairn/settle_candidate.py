@@ -1,0 +1,370 @@
+"""The candidate C (ARCHITECTURE §9): a writable snapshot of Q brought to Q plus only the
+changes of P that host policy allows, each change whole with what depends on it.
+
+Which single entry policy allows is :mod:`cairn.settle_paths`; how refusals spread is
+:mod:`cairn.settle_deps`. Nested subvolumes and other entries the send stream does not
+carry are looked for in the directories the stream touched and reported as refused, so
+nothing of a proposal disappears without a reason.
+
+P is the agent's: everything of it is read as :mod:`cairn.untrusted` reads (no symbolic
+link followed in any component, nothing opened that could block), so a changed path
+that lies below a link in P is refused, never read through the link.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from cairn import untrusted
+from cairn.errors import StorageError
+from cairn.sendstream import ChangeSet
+from cairn.settle_deps import close_refusals
+from cairn.settle_paths import (
+    NESTED_SUBVOLUME,
+    RefusedPath,
+    SettlementPolicy,
+    check_relative,
+    depth,
+    entry_reason,
+    glob_regex,
+    is_nested_subvolume,
+    policy_reason,
+)
+
+log = logging.getLogger(__name__)
+
+_FICLONE = 0x40049409
+_CHUNK = 1 << 20
+TMP_PREFIX = ".cairn-apply."
+
+
+class CandidateReport(BaseModel):
+    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: list[str]
+    refused: list[RefusedPath]
+    bytes_accepted: int
+
+
+def build_candidate(
+    q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
+) -> CandidateReport:
+    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P.
+
+    Paths are relative to the project root inside each of ``q``, ``p`` and ``c``.
+    Refusals are decided completely before C is touched; a write into C that then fails
+    raises ``StorageError`` rather than leave C with half of a change.
+    """
+    patterns = [glob_regex(g) for g in policy.write_paths]
+    refused: dict[str, str] = {}
+    total = 0
+
+    present = sorted(
+        {*changes.created, *changes.modified, *changes.metadata}, key=lambda s: (depth(s), s)
+    )
+    entries: dict[str, tuple[os.stat_result, str]] = {}
+    for path in present:
+        check_relative(path)
+        reason = policy_reason(path, policy, patterns)
+        if not reason:
+            try:  # P is the agent's: no link is followed on the way
+                st = untrusted.lstat(p, path)
+                target = untrusted.readlink(p, path) if stat.S_ISLNK(st.st_mode) else ""
+            except untrusted.UntrustedFileMissing:
+                reason = "missing from the proposal snapshot"
+            except untrusted.UntrustedFileError as exc:
+                reason = f"in the proposal snapshot: {exc.reason}"
+            else:
+                reason = entry_reason(path, st, target, policy)
+                if not reason and stat.S_ISREG(st.st_mode):
+                    if total + st.st_size > policy.max_total_bytes:
+                        reason = (
+                            f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
+                        )
+                    else:
+                        total += st.st_size
+                if not reason:
+                    entries[path] = (st, target)
+        if reason:
+            refused[path] = reason
+
+    deletions = sorted(set(changes.deleted) - set(present), key=lambda s: (-depth(s), s))
+    for path in deletions:
+        check_relative(path)
+        reason = policy_reason(path, policy, patterns)
+        if reason:
+            refused[path] = reason
+
+    for path, reason in nested_subvolumes(q, p, changes).items():
+        refused.setdefault(path, reason)
+
+    replaced_dirs = [
+        path
+        for path in changes.modified
+        if _is_dir(q, path) and not (path in entries and stat.S_ISDIR(entries[path][0].st_mode))
+    ]
+    close_refusals(changes, refused, replaced_dirs)
+
+    accepted: list[str] = []
+    for path in deletions:
+        if path not in refused:
+            try:
+                _remove_in(c, path)
+            except (OSError, StorageError) as exc:
+                raise _candidate_error(path, "delete", exc) from exc
+            accepted.append(path)
+    for path, (st, target) in entries.items():
+        if path not in refused:
+            try:
+                _install(p, c, path, st, target)
+            except (OSError, StorageError, untrusted.UntrustedFileError) as exc:
+                raise _candidate_error(path, "write", exc) from exc
+            accepted.append(path)
+
+    report = CandidateReport(
+        accepted=sorted(accepted),
+        refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())],
+        bytes_accepted=sum(
+            entries[a][0].st_size
+            for a in accepted
+            if a in entries and stat.S_ISREG(entries[a][0].st_mode)
+        ),
+    )
+    log.info("candidate %s: %d accepted, %d refused", c, len(report.accepted), len(report.refused))
+    return report
+
+
+def _candidate_error(
+    path: str, what: str, exc: OSError | StorageError | untrusted.UntrustedFileError
+) -> StorageError:
+    msg = exc.strerror if isinstance(exc, OSError) else exc.message
+    return StorageError(
+        f"cannot {what} {path} in the candidate: {msg}",
+        hint="nothing was applied; inspect the pool (free space, the C subvolume)",
+    )
+
+
+def _is_dir(root: Path, path: str) -> bool:
+    """Whether ``root/path`` is a directory, reached following no link."""
+    try:
+        return stat.S_ISDIR(untrusted.lstat(root, path).st_mode)
+    except untrusted.UntrustedFileError:
+        return False
+
+
+def open_beneath(root: Path, path: str, flags: int) -> int:
+    """An fd of ``root/path`` ("" is ``root``) opened with ``flags``, following no symbolic
+    link in any component (the last one included), never blocking. :mod:`cairn.untrusted`
+    opens only regular files; this is its walk for directories and ``O_PATH``."""
+    if not path:
+        return os.open(root, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    parts = check_relative(path)
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            how = flags | os.O_NONBLOCK if last else os.O_PATH | os.O_DIRECTORY
+            nxt = os.open(part, how | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _nested_names(root: Path, rel: str) -> set[str] | None:
+    """Names of the nested subvolumes (or their placeholders) directly in ``root/rel``;
+    None when that is not a plain directory of ``root``'s subvolume."""
+    try:
+        fd = open_beneath(root, rel, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # absent, not a directory, or below a symbolic link
+        return None
+    try:
+        st = os.fstat(fd)
+        if rel and is_nested_subvolume(st):
+            return None
+        found = set()
+        with os.scandir(fd) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False) and is_nested_subvolume(
+                    entry.stat(follow_symlinks=False), st.st_dev
+                ):
+                    found.add(entry.name)
+    finally:
+        os.close(fd)
+    return found
+
+
+def nested_subvolumes(q: Path, p: Path, changes: ChangeSet) -> dict[str, str]:
+    """Nested subvolumes that differ between Q and P, with the reason they are refused.
+
+    ``btrfs send`` leaves them out (a snapshot holds only an empty placeholder directory
+    for each, and none of its files), so they are looked for in every directory whose
+    entries changed: those the stream touched and those that are new in P.
+    """
+    dirs = {*changes.touched, *changes.created, *changes.modified}
+    found: dict[str, str] = {}
+    for rel in sorted(dirs):
+        in_p = _nested_names(p, rel)
+        in_q = _nested_names(q, rel)
+        for name in sorted((in_p or set()) - (in_q or set())):
+            found[f"{rel}/{name}" if rel else name] = NESTED_SUBVOLUME
+        for name in sorted((in_q or set()) - (in_p or set())):
+            found[f"{rel}/{name}" if rel else name] = (
+                "nested subvolume of the project: changing it is not part of the proposal"
+            )
+    return found
+
+
+def _real_parent(root: Path, path: str) -> Path:
+    """``root/parent(path)``, refusing when any component is not a real directory."""
+    cur = root
+    for part in check_relative(path)[:-1]:
+        cur = cur / part
+        st = os.lstat(cur)
+        if not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{cur} is not a directory")
+    return cur
+
+
+def _remove_in(root: Path, path: str) -> None:
+    parent = _real_parent(root, path)
+    target = parent / path.rsplit("/", 1)[-1]
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        os.rmdir(target)
+    else:
+        os.unlink(target)
+
+
+def _ensure_parents(src_root: Path, dst_root: Path, path: str) -> None:
+    cur_dst = dst_root
+    parts = check_relative(path)[:-1]
+    for i, part in enumerate(parts):
+        cur_dst = cur_dst / part
+        st = _c_entry(cur_dst)
+        if st is None:
+            src = untrusted.lstat(src_root, "/".join(parts[: i + 1]))
+            os.mkdir(cur_dst, 0o700)
+            os.chmod(cur_dst, stat.S_IMODE(src.st_mode) & 0o1777)
+        elif not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{cur_dst} is not a directory")
+
+
+def _c_entry(dst: Path) -> os.stat_result | None:
+    """The entry at ``dst`` in C (root's own snapshot; its parents checked), or None."""
+    try:
+        return os.lstat(dst)
+    except FileNotFoundError:
+        return None
+
+
+def _check_same(fd: int, st: os.stat_result, path: str) -> None:
+    """Refuse when the entry opened in P is not the one judged (P is read-only: never)."""
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino, now.st_mode) != (st.st_dev, st.st_ino, st.st_mode):
+        raise StorageError(f"{path} changed in the proposal snapshot while it was read")
+
+
+def _copy_user_xattrs(src: int | str, dst: int | str) -> None:
+    """Make the ``user.*`` xattrs of ``dst`` those of ``src`` (open fds, or the
+    ``/proc/self/fd`` names of ``O_PATH`` fds)."""
+    try:
+        wanted = {n for n in os.listxattr(src) if n.startswith("user.")}
+        have = {n for n in os.listxattr(dst) if n.startswith("user.")}
+    except OSError as exc:
+        if exc.errno == errno.ENOTSUP:
+            return
+        raise
+    for name in have - wanted:
+        os.removexattr(dst, name)
+    for name in wanted:
+        os.setxattr(dst, name, os.getxattr(src, name))
+
+
+def _copy_dir_xattrs(p: Path, path: str, st: os.stat_result, dst: Path) -> None:
+    """The ``user.*`` xattrs of the directory ``p/path`` onto ``dst`` in C, both reached
+    as ``O_PATH`` fds (search permission is enough, as for a path)."""
+    sfd = open_beneath(p, path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        _check_same(sfd, st, path)
+        dfd = os.open(dst, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            _copy_user_xattrs(f"/proc/self/fd/{sfd}", f"/proc/self/fd/{dfd}")
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def copy_file_data(src_fd: int, dst_fd: int) -> None:
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+        return
+    except OSError:
+        pass  # not the same filesystem, or no reflink support: copy the bytes
+    while True:
+        chunk = os.read(src_fd, _CHUNK)
+        if not chunk:
+            return
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view) :]
+
+
+def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:
+    """Make ``c/path`` the same entry as ``p/path`` (content, mode, user xattrs, and the
+    owner when running as root). P is read through :mod:`cairn.untrusted` (or, for a
+    directory's xattrs, :func:`open_beneath`): no link followed, nothing that blocks."""
+    _ensure_parents(p, c, path)
+    dst = _real_parent(c, path) / path.rsplit("/", 1)[-1]
+    mode = stat.S_IMODE(st.st_mode)
+    existing = _c_entry(dst)
+    if stat.S_ISDIR(st.st_mode):
+        if existing is not None and not stat.S_ISDIR(existing.st_mode):
+            os.unlink(dst)
+            existing = None
+        if existing is None:
+            os.mkdir(dst, 0o700)
+        os.chmod(dst, mode)
+        _copy_dir_xattrs(p, path, st, dst)
+    else:
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            os.rmdir(dst)
+        tmp = dst.with_name(f"{TMP_PREFIX}{secrets.token_hex(6)}")
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(target, tmp)  # user.* xattrs are not allowed on symlinks
+        else:
+            # Hard links inside the project are legitimate; P is read-only, so the size
+            # judged is the size read.
+            sfd = untrusted.open_file(p, path, owner=None, limit=st.st_size, single_link=False)
+            try:
+                _check_same(sfd, st, path)
+                dfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    copy_file_data(sfd, dfd)
+                    os.fchmod(dfd, mode)
+                    _copy_user_xattrs(sfd, dfd)
+                finally:
+                    os.close(dfd)
+            finally:
+                os.close(sfd)
+        os.rename(tmp, dst)
+    if os.geteuid() == 0:
+        os.lchown(dst, st.st_uid, st.st_gid)
+        if not stat.S_ISLNK(st.st_mode):
+            os.chmod(dst, mode)  # chown clears setuid-like bits; restore the exact mode

@@ -1,0 +1,52 @@
+"""A run's settlement at a glance, for ``cairn ps``, ``cairn show`` and ``cairn diff``.
+
+A proposal that was refused in part never reads as a plain success: the label says how
+many paths were refused (``applied, 2 refused``), and ``complete`` is true only when every
+change of the proposal reached the live project (or there was none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _count(holder: dict[str, Any], key: str) -> int:
+    value = holder.get(key)
+    return len(value) if isinstance(value, list) else 0
+
+
+def _paths(n: int) -> str:
+    return f"{n} path" if n == 1 else f"{n} paths"
+
+
+def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{status, label, complete, accepted, applied, already_applied, refused,
+    conflicts}`` of a settlement record; None when the run has none (yet)."""
+    if not settlement:
+        return None
+    status = str(settlement.get("status", "not settled"))
+    candidate = settlement.get("candidate") or {}
+    result = settlement.get("apply") or {}
+    refused = _count(candidate, "refused")
+    conflicts = _count(result, "conflicts")
+    tail = f", {refused} refused" if refused else ""
+    if status == "applied":
+        label = "applied" + tail
+    elif status == "refused":
+        label = f"none applied{tail}"
+    elif status == "conflict":
+        label = f"conflict, {_paths(conflicts)}{tail}"
+    elif status == "noop":
+        label = "no changes" + tail
+    else:
+        label = status + tail
+    return {
+        "status": status,
+        "label": label,
+        "complete": status in ("applied", "noop") and refused == 0 and conflicts == 0,
+        "accepted": _count(candidate, "accepted"),
+        "applied": _count(result, "applied"),
+        "already_applied": _count(result, "already_applied"),
+        "refused": refused,
+        "conflicts": conflicts,
+    }

@@ -1,0 +1,198 @@
+"""Path policy for proposal settlement (ARCHITECTURE §9): which single entry of a
+proposal host policy allows, judged path by path. How refusals spread to the changes that
+depend on them is in :mod:`cairn.settle_deps`; building C is :mod:`cairn.settle_candidate`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cairn.errors import UsageError
+
+# A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
+# directory with this inode number (BTRFS_EMPTY_SUBVOL_DIR_OBJECTID); in a live subvolume
+# its top directory has inode 256 (BTRFS_FIRST_FREE_OBJECTID), which no other entry has.
+_SUBVOL_PLACEHOLDER_INO = 2
+_SUBVOL_TOP_INO = 256
+NESTED_SUBVOLUME = "nested subvolume: its contents are not part of the proposal"
+
+
+class SettlementPolicy(BaseModel):
+    """Host policy for what of a proposal may reach the candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    write_paths: list[str] = Field(default_factory=lambda: ["**"])
+    allow_git_internals: bool = False
+    max_file_bytes: int = Field(default=64 << 20, ge=0)
+    max_total_bytes: int = Field(default=1 << 30, ge=0)
+
+
+class RefusedPath(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    reason: str
+
+
+def check_relative(path: str) -> list[str]:
+    """The components of a normalized project-relative path; ``UsageError`` otherwise."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise UsageError(f"path {path!r} is not a normalized path inside the project")
+    if "\0" in path:
+        raise UsageError("path contains a NUL byte")
+    return parts
+
+
+def _segment_regex(segment: str) -> str:
+    out = []
+    i = 0
+    while i < len(segment):
+        ch = segment[i]
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            end = segment.find("]", i + 2)
+            if end == -1:
+                out.append(re.escape(ch))
+            else:
+                body = segment[i + 1 : end]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
+                i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a write-path glob: ``*`` and ``?`` stay inside one component, ``**`` spans
+    any number of components (``src/**`` matches ``src`` and everything below it)."""
+    parts: list[str] = []
+    for part in pattern.strip("/").split("/"):
+        if part == "**" and parts and parts[-1] == "**":
+            continue
+        if part:
+            parts.append(part)
+    rx = ""
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            if not last:
+                rx += "(?:[^/]+/)*"
+            elif rx.endswith("/"):
+                rx = rx[:-1] + "(?:/.*)?"
+            else:
+                rx += ".*"
+        else:
+            rx += _segment_regex(part) + ("" if last else "/")
+    return re.compile(rf"\A{rx}\Z", re.DOTALL)
+
+
+def policy_reason(path: str, policy: SettlementPolicy, patterns: list[re.Pattern[str]]) -> str:
+    """Why policy refuses any change at ``path`` whatever the entry is; "" if it does not."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not valid UTF-8"
+    if not policy.allow_git_internals and ".git" in path.split("/"):
+        return ".git internals are excluded"
+    if not any(p.match(path) for p in patterns):
+        return "outside the write paths"
+    return ""
+
+
+def is_nested_subvolume(st: os.stat_result, parent_dev: int | None = None) -> bool:
+    """Whether a directory entry is (the placeholder of) another subvolume."""
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_ino in (_SUBVOL_PLACEHOLDER_INO, _SUBVOL_TOP_INO):
+        return True
+    return parent_dev is not None and st.st_dev != parent_dev
+
+
+def symlink_reason(path: str, target: str) -> str:
+    """Why a symbolic link at ``path`` (project-relative, its parents real directories)
+    pointing at ``target`` may lead outside the project; "" if it cannot.
+
+    The kernel resolves a relative target component by component from the link's
+    directory, following every link on the way *before* it applies the next ``..``: with
+    ``b -> .``, ``b/../x`` is ``../x``, not the ``x`` that lexical normalization makes of
+    it. So a target is judged as the kernel walks it, never normalized: ``..`` may only
+    lead (``.`` and empty components aside), and no more of them than the link's own
+    directory is deep; after the first name every component descends, through a name that
+    is either a real directory or a link judged by this same rule where it stands.
+    """
+    if target.startswith("/"):
+        return "symlink with an absolute target leaves the project"
+    climbs = 0
+    name = ""
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if name:
+                return (
+                    f"symlink target climbs through a name ({name + '/..'!r}); "
+                    "it may resolve elsewhere"
+                )
+            climbs += 1
+        else:
+            name = part
+    if climbs > depth(path):
+        return "symlink target leaves the project"
+    return ""
+
+
+def entry_reason(path: str, st: os.stat_result, target: str, policy: SettlementPolicy) -> str:
+    """Why policy refuses this entry of P at ``path``; "" if it does not."""
+    mode = st.st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        return "unsupported file type"
+    if is_nested_subvolume(st):
+        return NESTED_SUBVOLUME
+    if mode & (stat.S_ISUID | stat.S_ISGID):
+        return "setuid/setgid bit"
+    if stat.S_ISLNK(mode):
+        reason = symlink_reason(path, target)
+        if reason:
+            return reason
+    if stat.S_ISREG(mode) and st.st_size > policy.max_file_bytes:
+        return f"file is larger than {policy.max_file_bytes} bytes"
+    return ""
+
+
+def parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def depth(path: str) -> int:
+    return path.count("/")
+
+
+def under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """The proper ancestors of a relative path, nearest first (the root "" excluded)."""
+    out = []
+    while "/" in path:
+        path = path.rpartition("/")[0]
+        out.append(path)
+    return out
