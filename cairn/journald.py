@@ -23,10 +23,19 @@ def _encode(key: str, value: str) -> bytes:
     return key.encode() + b"=" + raw + b"\n"
 
 
+def identifier() -> str:
+    """The program's name for the journal: ``cairn-coordinator`` for ``python3 -m
+    cairn.coordinator`` (whose ``argv[0]`` is a ``__main__.py``), else argv[0]'s name."""
+    path = sys.argv[0] if sys.argv and sys.argv[0] else "cairn"
+    if os.path.basename(path) == "__main__.py":
+        return f"cairn-{os.path.basename(os.path.dirname(path))}"
+    return os.path.basename(path)
+
+
 def send(message: str, *, priority: int = 6, **fields: str) -> None:
     """Write one journal entry with ``MESSAGE`` and upper-case ``fields``."""
     payload = _encode("MESSAGE", message) + _encode("PRIORITY", str(priority))
-    payload += _encode("SYSLOG_IDENTIFIER", os.path.basename(sys.argv[0]) or "cairn")
+    payload += _encode("SYSLOG_IDENTIFIER", identifier())
     for key, value in fields.items():
         if value:
             payload += _encode(key, value)
