@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
 import tempfile
 import time
@@ -21,6 +20,7 @@ from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.models import LaunchDescription
+from cairn.netpolicy import NETWORK_MODES, NetworkMode, is_allowlist_entry
 from cairn.proc import run
 from cairn.proxy import PROXY_PORT, proxy_environment
 from cairn.systemd import Systemd, cgroup_is_empty
@@ -28,7 +28,6 @@ from cairn.unitprops import (
     CAPSULE,
     AgentUnitSpec,
     HelperUnitSpec,
-    NetworkMode,
     agent_unit_name,
     agent_unit_properties,
     helper_unit_properties,
@@ -45,9 +44,6 @@ APPLY_TIMEOUT = 3600.0
 DIFF_LIMIT = 256 << 10
 INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
 RESULT_LIMIT = 64 << 20  # import stats and apply results, written as the run owner
-NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "allowlist", "host")
-# host, host:port or *.domain, as the review accepts them.
-ALLOWLIST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(:[0-9]{1,5})?$")
 
 
 def _module_argv(module: str, *args: str) -> list[str]:
@@ -86,17 +82,19 @@ def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
 
 
 def run_allowlist(desc: LaunchDescription) -> list[str]:
-    """Every domain the run's review admits for its ``allowlist`` agents."""
+    """Every domain the run's review admits for its ``allowlist`` agents, lower-cased.
+
+    An entry is checked exactly as review checked it (:func:`is_allowlist_entry`).
+    """
     entries: set[str] = set()
     agents = desc.review.get("agents")
     for entry in agents.values() if isinstance(agents, dict) else ():
         if not isinstance(entry, dict) or entry.get("network") != "allowlist":
             continue
         for raw in entry.get("allowlist", []):
-            value = str(raw).strip().lower()
-            if not ALLOWLIST_ENTRY.fullmatch(value):
+            if not is_allowlist_entry(raw):
                 raise BrokerRefused(f"allowlist entry {raw!r} of the run's review is not a domain")
-            entries.add(value)
+            entries.add(raw.lower())
     return sorted(entries)
 
 

@@ -17,7 +17,8 @@ from cairn.broker import units
 from cairn.broker.receipts import ReceiptStore
 from cairn.errors import BrokerRefused, CairnError
 from cairn.failpoints import failpoint
-from cairn.journal import TERMINAL_RUN_STATES, Journal
+from cairn.journal.reader import JournalReader
+from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
     journal_file = paths.journal_path()
     if not journal_file.exists():
         raise BrokerRefused("no journal", hint="start cairn.socket first")
-    journal = Journal(journal_file)
+    journal = JournalReader(journal_file)  # read-only; cairnd migrates, never the broker
     store = ReceiptStore()
     try:
         desc = journal.launch_description(run_id)
@@ -53,7 +54,7 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
 
 
 def execute(
-    intent: Intent, desc: LaunchDescription, journal: Journal, store: ReceiptStore
+    intent: Intent, desc: LaunchDescription, journal: JournalReader, store: ReceiptStore
 ) -> dict[str, Any]:
     handler = HANDLERS[intent.kind]
     return handler(Context(intent, desc, journal, store))
@@ -64,7 +65,7 @@ class Context:
     (read) and the broker's own receipts."""
 
     def __init__(
-        self, intent: Intent, desc: LaunchDescription, journal: Journal, store: ReceiptStore
+        self, intent: Intent, desc: LaunchDescription, journal: JournalReader, store: ReceiptStore
     ) -> None:
         self.intent = intent
         self.desc = desc

@@ -76,6 +76,13 @@ class LeaseLost(JournalError):
     code = "lease-lost"
 
 
+class IllegalTransition(JournalError):
+    """An operation was asked to move between two states its state machine does not join
+    (see ``cairn.journal.operations.OP_TRANSITIONS``); nothing was written."""
+
+    code = "illegal-transition"
+
+
 class Busy(CairnError):
     """Another process holds what was asked for."""
 

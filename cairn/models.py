@@ -6,13 +6,14 @@ validated on both sides; nothing is passed as an untyped dict between processes.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# canonical_json and sha256_hex live in cairn.canonical; re-exported for existing callers.
+from cairn.canonical import canonical_json as canonical_json
+from cairn.canonical import sha256_hex as sha256_hex
 from cairn.paths import RUN_ID_RE
 
 # Lane scopes are named after their fork and key ("root-2-a"), so nesting lengthens them.
@@ -20,16 +21,6 @@ SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")
 OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 LANE_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 INTENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}$")
-
-
-def canonical_json(value: Any) -> str:
-    """The one canonical JSON form used for hashes and request identity."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def sha256_hex(data: str | bytes) -> str:
-    raw = data.encode() if isinstance(data, str) else data
-    return hashlib.sha256(raw).hexdigest()
 
 
 class Frozen(BaseModel):

@@ -31,8 +31,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn import paths
+from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import CairnError
-from cairn.models import LaunchDescription, canonical_json, sha256_hex
+from cairn.models import LaunchDescription
 
 log = logging.getLogger(__name__)
 

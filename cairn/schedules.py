@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import UsageError
-from cairn.models import Frozen, ProfileSpec, canonical_json, sha256_hex
+from cairn.models import Frozen, ProfileSpec
 from cairn.proc import run
 
 SCHEDULE_ID_RE = re.compile(r"^[0-9a-f]{12}$")

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from cairn.errors import UsageError
+from cairn.netpolicy import NetworkMode
 from cairn.paths import RUN_ID_RE
 from cairn.systemd import Prop, validate_unit_name
 
@@ -49,7 +50,6 @@ LOG_FIELD_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 MS_REC = 16384  # BindPaths flags: rbind; systemd accepts only 0 or MS_REC
 USEC = 1_000_000
 STOP_TIMEOUT_USEC = 20 * USEC
-NetworkMode = Literal["none", "allowlist", "host"]
 AGENT_SLICE = "cairn-agents.slice"  # nested in cairn.slice
 HELPER_SLICE = "cairn-helpers.slice"
 

@@ -40,7 +40,7 @@ from cairn.errors import (
     Unavailable,
 )
 from cairn.failpoints import failpoint
-from cairn.journal import TERMINAL_RUN_STATES, Journal, OpRow
+from cairn.journal import LEASE_TTL, TERMINAL_RUN_STATES, Journal, OpRow
 from cairn.models import (
     AgentInstruction,
     AgentMessage,
@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 
 FORK_KINDS = ("parallel", "map")
 MARKER_KINDS = ("unroll", "item", "repeat_until")
-LEASE_TTL = 60.0
 HEARTBEAT = 15.0
 MAX_ATTEMPTS = 3
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from cairn import journald, paths
 from cairn.errors import CairnError
-from cairn.journal import Journal
+from cairn.journal.reader import JournalReader
 from cairn.models import LaunchDescription, ModelRoute
 from cairn.proxy import Allowlist, AllowlistProxy
 from cairn.sockets import notify_ready
@@ -43,7 +43,7 @@ def allowlist(desc: LaunchDescription) -> list[str]:
 
 
 def serve(run_id: str) -> int:
-    with Journal(paths.journal_path(), readonly=True) as journal:
+    with JournalReader(paths.journal_path()) as journal:
         desc = journal.launch_description(run_id)
     entries = allowlist(desc)
     if not entries:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
+from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
-from cairn.models import CallRequest, canonical_json, sha256_hex
+from cairn.models import CallRequest
 from cairn.policy import (
     agent_capabilities,
     evaluate,

@@ -16,11 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cairn.canonical import canonical_json
 from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
-from cairn.models import DaemonRequest, canonical_json
+from cairn.models import DaemonRequest
 from cairn.policy import (
     RequestExpired,
     StaleRequest,

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.errors import UsageError
+from cairn.netpolicy import NETWORK_MODES, NetworkMode
 
 __all__ = [
     "RUNTIME_API_VERSION",
@@ -29,9 +30,8 @@ __all__ = [
 RUNTIME_API_VERSION = "cairn.workflow/1"
 
 Access = Literal["read", "write"]
-Network = Literal["none", "allowlist", "host"]
+Network = NetworkMode  # the modes and allowlist rules live in cairn.netpolicy
 ACCESS_MODES: tuple[Access, ...] = ("read", "write")
-NETWORK_MODES: tuple[Network, ...] = ("none", "allowlist", "host")
 
 
 class Model(BaseModel):

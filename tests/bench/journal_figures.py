@@ -166,6 +166,7 @@ def build_replay_journal(path: Path, n: int) -> str:
             journal.record_requested(call, run_id=run_id, op_id=op_id,
                                      predecessor=predecessor, token=token)
             result = _result(op_id)
+            journal.update_op(run_id, op_id, token=token, state="started")
             journal.update_op(run_id, op_id, token=token, state="settled", result=result,
                               checkpoint={"op_id": op_id})
             journal.update_op(run_id, op_id, token=token, state="committed")

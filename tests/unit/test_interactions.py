@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,8 +56,8 @@ def set_policy(root: Path, text: str) -> None:
     (root / "etc/cairn/policy.toml").write_text(text)
 
 
-def journal_of(root: Path) -> Journal:
-    return Journal(root / "var/lib/cairn/journal/journal.db", create=True)
+def journal_of(root: Path, clock: Callable[[], float] = time.time) -> Journal:
+    return Journal(root / "var/lib/cairn/journal/journal.db", create=True, clock=clock)
 
 
 def create_run(root: Path, run_id: str = RUN) -> None:
@@ -226,8 +226,8 @@ def test_approval_refused_when_policy_now_denies_or_fingerprint_is_stale(root: P
 def test_approval_after_deadline_is_refused_and_recorded_expired(root: Path) -> None:
     coord, req, print_ = wait_for_approval(
         root, 'approval_deadline_sec = 1\n[capabilities]\nwrite = "require_approval"\n')
-    time.sleep(1.2)
-    with journal_of(root) as journal:
+    later = time.time() + 1.2  # past the deadline, without waiting for it
+    with journal_of(root, clock=lambda: later) as journal:
         journal.request_control(RUN, "pause", actor_uid=OWNER)  # keep the broker out of it
         with pytest.raises(RequestExpired, match="recorded as expired"):
             people.decide(journal, RUN, request("approve", request_id=req,

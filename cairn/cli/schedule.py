@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from cairn.cli.client import emit, fail, request
+from cairn.cli.options import JsonFlag, load_scripted
+from cairn.cli.timers import (
+    apply_timers,
+    install_timer,
+    installed_timer_ids,
+    linger_enabled,
+    linger_hint,
+    remove_timer,
+    timer_path,
+    timer_state,
+)
 from cairn.errors import CairnError, UsageError
-from cairn.proc import run
 from cairn.schedules import SCHEDULE_ID_RE, timer_name
 
 schedule_app = typer.Typer(
@@ -25,27 +35,8 @@ schedule_app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The schedule ID.")]
 QUEUE_POLL_SEC = 5.0
-TIMER_FILE_RE_PREFIX = "cairn-schedule@"
-
-
-def _call(op: str, *, fd: int | None = None, **fields: Any) -> Any:
-    # cairn.cli imports this module to register the sub-app, so import it late.
-    from cairn.cli import request
-
-    return request(op, fd=fd, **fields)
-
-
-def _fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
-    from cairn.cli import fail
-
-    fail(message, hint=hint, code=code)
-
-
-def _emit(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
 def _open_project(path: str | Path) -> int:
@@ -62,124 +53,8 @@ def _open_project(path: str | Path) -> int:
 
 def _check_id(schedule_id: str) -> str:
     if not SCHEDULE_ID_RE.match(schedule_id):
-        _fail(f"invalid schedule ID {schedule_id!r}", hint="see 'cairn schedule list'", code=2)
+        fail(f"invalid schedule ID {schedule_id!r}", hint="see 'cairn schedule list'", code=2)
     return schedule_id
-
-
-# --- the user's systemd manager ---------------------------------------------------------
-
-
-def user_unit_dir() -> Path:
-    """Where user unit files live and survive reboots: ``~/.config/systemd/user``."""
-    config = os.environ.get("XDG_CONFIG_HOME")
-    base = Path(config) if config else Path(pwd.getpwuid(os.getuid()).pw_dir) / ".config"
-    return base / "systemd" / "user"
-
-
-def timer_path(schedule_id: str) -> Path:
-    return user_unit_dir() / timer_name(schedule_id)
-
-
-def _user_env() -> dict[str, str]:
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    return {
-        "XDG_RUNTIME_DIR": runtime,
-        "DBUS_SESSION_BUS_ADDRESS": os.environ.get(
-            "DBUS_SESSION_BUS_ADDRESS", f"unix:path={runtime}/bus"
-        ),
-    }
-
-
-def systemctl_user(*args: str, check: bool = True) -> str:
-    proc = run(["systemctl", "--user", *args], env=_user_env(), check=check, timeout=60)
-    return proc.stdout.decode(errors="replace")
-
-
-def install_timer(schedule_id: str, text: str) -> bool:
-    """Make the user manager hold exactly ``text`` as the schedule's timer, enabled and
-    started. Returns whether anything had to change."""
-    path = timer_path(schedule_id)
-    changed = False
-    current = path.read_text() if path.exists() else None
-    if current != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(text)
-        os.replace(staging, path)
-        systemctl_user("daemon-reload")
-        changed = True
-    state = timer_state(schedule_id)
-    if state.get("UnitFileState") != "enabled":
-        systemctl_user("enable", timer_name(schedule_id))
-        changed = True
-    if state.get("ActiveState") != "active":
-        systemctl_user("start", timer_name(schedule_id))
-        changed = True
-    elif current is not None and current != text:
-        # A running timer keeps its old calendar until restarted.
-        systemctl_user("restart", timer_name(schedule_id))
-    return changed
-
-
-def remove_timer(schedule_id: str) -> bool:
-    """Stop, disable and delete the schedule's timer. Returns whether one existed."""
-    path = timer_path(schedule_id)
-    existed = path.exists()
-    if existed:
-        systemctl_user("disable", "--now", timer_name(schedule_id), check=False)
-        path.unlink()
-        systemctl_user("daemon-reload")
-    return existed
-
-
-def timer_state(schedule_id: str) -> dict[str, str]:
-    out = systemctl_user(
-        "show",
-        "-p",
-        "LoadState,ActiveState,UnitFileState,LastTriggerUSec,NextElapseUSecRealtime",
-        timer_name(schedule_id),
-        check=False,
-    )
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def installed_timer_ids() -> list[str]:
-    """Schedule IDs of every cairn timer file in the user's unit directory."""
-    folder = user_unit_dir()
-    if not folder.is_dir():
-        return []
-    ids = []
-    for entry in folder.glob(f"{TIMER_FILE_RE_PREFIX}*.timer"):
-        candidate = entry.name[len(TIMER_FILE_RE_PREFIX) : -len(".timer")]
-        if SCHEDULE_ID_RE.match(candidate):
-            ids.append(candidate)
-    return sorted(ids)
-
-
-def linger_enabled() -> bool:
-    return Path("/var/lib/systemd/linger", pwd.getpwuid(os.getuid()).pw_name).exists()
-
-
-def _linger_hint() -> str:
-    user = pwd.getpwuid(os.getuid()).pw_name
-    return f"timers fire only while you are logged in: run 'sudo loginctl enable-linger {user}'"
-
-
-def apply_timers(views: list[dict[str, Any]]) -> list[str]:
-    """Bring the user manager in line with cairnd: a timer exactly as cairnd renders it
-    for every enabled schedule, none for any other. Returns what was repaired."""
-    repaired = []
-    wanted = {v["schedule_id"]: v["timer"] for v in views if v["timer"]}
-    for schedule_id, text in sorted(wanted.items()):
-        if install_timer(schedule_id, text):
-            repaired.append(f"{timer_name(schedule_id)}: installed")
-    for schedule_id in installed_timer_ids():
-        if schedule_id not in wanted and remove_timer(schedule_id):
-            repaired.append(f"{timer_name(schedule_id)}: removed (schedule not enabled)")
-    return repaired
-
-
-# --- commands -------------------------------------------------------------------------------
 
 
 def _print_review(result: dict[str, Any]) -> None:
@@ -229,17 +104,15 @@ def create(
     json_out: JsonFlag = False,
 ) -> None:
     """Store a schedule paused and print the review challenge to confirm."""
-    from cairn.cli import _load_scripted
-
     try:
         parsed = json.loads(args)
     except json.JSONDecodeError as exc:
-        _fail(f"--args is not JSON: {exc.msg} (column {exc.colno})", code=2)
+        fail(f"--args is not JSON: {exc.msg} (column {exc.colno})", code=2)
     if not isinstance(parsed, dict):
-        _fail("--args must be a JSON object", code=2)
+        fail("--args must be a JSON object", code=2)
     fd = _open_project(project)
     try:
-        result = _call(
+        result = request(
             "schedule-create",
             fd=fd,
             project=os.path.normpath(str(project.expanduser().absolute())),
@@ -254,14 +127,14 @@ def create(
                 "valid_until": valid_until,
                 "min_spacing": min_spacing,
                 "overlap": overlap,
-                "scripted": _load_scripted(scripted),
+                "scripted": load_scripted(scripted),
                 "replace": replace,
             },
         )
     finally:
         os.close(fd)
     if json_out:
-        _emit(result)
+        emit(result)
     else:
         _print_review(result)
 
@@ -273,9 +146,9 @@ def confirm(
     json_out: JsonFlag = False,
 ) -> None:
     """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
-    result = _call("schedule-confirm", challenge=challenge, schedule={"action": action})
+    result = request("schedule-confirm", challenge=challenge, schedule={"action": action})
     if json_out:
-        _emit(result)
+        emit(result)
         return
     typer.echo(f"schedule {result['schedule_id']} revision {result['revision']} confirmed")
     typer.echo(f"enable it with: cairn schedule resume {result['schedule_id']}")
@@ -285,28 +158,28 @@ def confirm(
 def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Check the schedule once more and install its user timer."""
     _check_id(schedule_id)
-    current = _call("schedule-inspect", schedule_id=schedule_id)
+    current = request("schedule-inspect", schedule_id=schedule_id)
     fd = _open_project(current["project"])
     try:
-        result = _call("schedule-resume", fd=fd, schedule_id=schedule_id)
+        result = request("schedule-resume", fd=fd, schedule_id=schedule_id)
     finally:
         os.close(fd)
     install_timer(schedule_id, result["timer"])
     if json_out:
-        _emit(result)
+        emit(result)
         return
     typer.echo(f"schedule {schedule_id} enabled: {timer_name(schedule_id)}")
     typer.echo(f"next: {', '.join(result['next_elapses'])}")
     if not linger_enabled():
-        typer.echo(f"note: {_linger_hint()}", err=True)
+        typer.echo(f"note: {linger_hint()}", err=True)
 
 
 def _stop(schedule_id: str, op: str, verb: str, json_out: bool) -> None:
     _check_id(schedule_id)
-    result = _call(op, schedule_id=schedule_id)
+    result = request(op, schedule_id=schedule_id)
     remove_timer(schedule_id)
     if json_out:
-        _emit(result)
+        emit(result)
     else:
         typer.echo(f"schedule {schedule_id} {verb}; runs already created continue")
 
@@ -326,9 +199,9 @@ def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 @schedule_app.command("list")
 def list_(json_out: JsonFlag = False) -> None:
     """Your schedules: state, calendar, lease used."""
-    views = _call("schedule-list")
+    views = request("schedule-list")
     if json_out:
-        _emit(views)
+        emit(views)
         return
     if not views:
         typer.echo("no schedules")
@@ -345,9 +218,9 @@ def list_(json_out: JsonFlag = False) -> None:
 def inspect(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Everything about one schedule, with its recent occurrences."""
     _check_id(schedule_id)
-    v = _call("schedule-inspect", schedule_id=schedule_id)
+    v = request("schedule-inspect", schedule_id=schedule_id)
     if json_out:
-        _emit(v)
+        emit(v)
         return
     typer.echo(f"schedule {v['schedule_id']}  {v['name']}  {v['status']}")
     typer.echo(f"  revision    {v['revision']} (confirmed: {v['confirmed_revision'] or '-'})")
@@ -380,7 +253,7 @@ def _admit(
 ) -> dict[str, Any]:
     """Ask cairnd to admit one occurrence, proving access to the project with an open
     directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
-    current = _call("schedule-inspect", schedule_id=schedule_id)
+    current = request("schedule-inspect", schedule_id=schedule_id)
     while True:
         try:
             fd: int | None = _open_project(current["project"])
@@ -388,7 +261,7 @@ def _admit(
             typer.echo(f"cairn: {exc.message}", err=True)
             fd = None
         try:
-            result: dict[str, Any] = _call(
+            result: dict[str, Any] = request(
                 op, fd=fd, schedule_id=schedule_id, occurrence=occurrence
             )
         finally:
@@ -426,19 +299,19 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     _check_id(schedule_id)
     result = _admit("schedule-run-now", schedule_id)
     if json_out:
-        _emit(result)
+        emit(result)
     elif result["outcome"] == "launched":
         typer.echo(result["run_id"])
     if result["outcome"] != "launched":
-        _fail(f"run-now {result['outcome']}: {result['reason']}")
+        fail(f"run-now {result['outcome']}: {result['reason']}")
 
 
 @schedule_app.command("inbox")
 def inbox(json_out: JsonFlag = False) -> None:
     """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
-    items = _call("schedule-inbox")
+    items = request("schedule-inbox")
     if json_out:
-        _emit(items)
+        emit(items)
         return
     if not items:
         typer.echo("inbox empty")
@@ -452,11 +325,11 @@ def inbox(json_out: JsonFlag = False) -> None:
 def doctor_report() -> dict[str, Any]:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
-    views = _call("schedule-list")
+    views = request("schedule-list")
     problems: list[str] = []
     linger = linger_enabled()
     if not linger:
-        problems.append(_linger_hint())
+        problems.append(linger_hint())
     schedules = []
     known = set()
     for v in views:
@@ -508,7 +381,7 @@ def doctor(json_out: JsonFlag = False) -> None:
     """Check timers against schedules; exit 1 if anything needs repair."""
     report = doctor_report()
     if json_out:
-        _emit(report)
+        emit(report)
     else:
         typer.echo(f"linger: {'enabled' if report['linger'] else 'NOT enabled'}")
         for s in report["schedules"]:
@@ -529,7 +402,7 @@ def doctor(json_out: JsonFlag = False) -> None:
 def reconcile() -> None:
     """Repair timers and half-prepared occurrences (run at user-manager start by
     cairn-schedule-reconcile.service); retry queued occurrences once."""
-    result = _call("schedule-reconcile")
+    result = request("schedule-reconcile")
     for line in apply_timers(result["schedules"]):
         typer.echo(line)
     if result["repaired"]:

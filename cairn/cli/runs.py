@@ -1,84 +1,36 @@
-"""The ``cairn`` command. It talks only to cairnd; it never touches the journal or storage
-(except ``storage init`` and ``workflow review``, which are local by nature)."""
+"""``cairn`` commands about runs: launch, ps, show, reconcile, retry, upgrade, doctor,
+logs and diff. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 
-from cairn import paths
-from cairn.cli_schedule import schedule_app
-from cairn.errors import CairnError, UsageError
-from cairn.models import DaemonReply, DaemonRequest, ProfileSpec
-
-app = typer.Typer(
-    name="cairn",
-    help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
-workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
-app.add_typer(storage_app, name="storage")
-app.add_typer(workflow_app, name="workflow")
-app.add_typer(schedule_app, name="schedule")
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+from cairn.cli.client import emit, fail, request
+from cairn.cli.options import JsonFlag, load_scripted, parse_limits
 
 
-def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
-    typer.echo(f"cairn: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
-    raise typer.Exit(code)
-
-
-def request(op: str, *, fd: int | None = None, **fields: Any) -> Any:
-    """Send one request to cairnd and return its result (errors become CairnError)."""
-    message = DaemonRequest(op=op, **fields).model_dump_json().encode() + b"\n"  # type: ignore[arg-type]
-    path = str(paths.daemon_socket())
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.connect(path)
-        except OSError as exc:
-            raise CairnError(
-                f"cannot reach cairnd at {path}: {exc.strerror}",
-                hint="is the cairn package installed and cairn.socket active?",
-            ) from exc
-        if fd is not None:
-            sock.sendmsg(
-                [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))]
-            )
-        else:
-            sock.sendall(message)
-        chunks = []
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw:
-        raise CairnError(
-            "cairnd closed the connection without an answer",
-            hint="see 'journalctl -u cairn.service'",
-        )
-    reply = DaemonReply.model_validate_json(raw)
-    if not reply.ok:
-        assert reply.error is not None
-        error = CairnError(reply.error.message, hint=reply.error.hint)
-        error.code = reply.error.code
-        raise error
-    return reply.result
-
-
-def emit(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+def register(app: typer.Typer) -> None:
+    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
+    commands: tuple[Callable[..., None], ...] = (
+        launch,
+        ps,
+        show,
+        reconcile,
+        retry,
+        upgrade,
+        doctor,
+        logs,
+        diff,
+    )
+    for command in commands:
+        app.command()(command)
 
 
 def _age(ts: float) -> str:
@@ -89,35 +41,6 @@ def _age(ts: float) -> str:
     return f"{seconds}s ago"
 
 
-def _parse_limits(specs: list[str]) -> dict[str, int]:
-    limits: dict[str, int] = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        if not sep or not value.strip().isdigit():
-            raise UsageError(f"--limit takes NAME=NUMBER, got {spec!r}")
-        limits[name.strip()] = int(value)
-    return limits
-
-
-def _load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
-    scripted: dict[str, dict[str, Any]] = {}
-    for spec in specs:
-        name, sep, file = spec.partition("=")
-        if not sep or not name or not file:
-            raise UsageError(f"--scripted takes PROFILE=FILE.json, got {spec!r}")
-        try:
-            data = json.loads(Path(file).read_text())
-        except OSError as exc:
-            raise UsageError(f"cannot read {file}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}") from exc
-        scripted[name] = ProfileSpec.model_validate(
-            {"kind": "scripted", **data, "name": name}
-        ).model_dump()
-    return scripted
-
-
-@app.command()
 def launch(
     definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
     project: Annotated[Path, typer.Option(help="The project directory (yours).")],
@@ -169,10 +92,10 @@ def launch(
             definition=definition,
             source=source,
             confirm=confirm,
-            limits=_parse_limits(limit),
+            limits=parse_limits(limit),
             args=parsed,
             project=os.path.normpath(str(root)),
-            scripted=_load_scripted(scripted),
+            scripted=load_scripted(scripted),
         )
     finally:
         os.close(fd)
@@ -182,7 +105,6 @@ def launch(
         typer.echo(result["run_id"])
 
 
-@app.command()
 def ps(
     all_users: Annotated[
         bool, typer.Option("--all", help="All users' runs (cairn-admin).")
@@ -210,7 +132,6 @@ def ps(
         )
 
 
-@app.command()
 def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run."""
     data = request("show", run_id=run_id)
@@ -269,7 +190,6 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
         typer.echo("units: " + " ".join(data["units"]))
 
 
-@app.command()
 def reconcile(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     op_id: Annotated[str, typer.Argument(metavar="OP")],
@@ -297,7 +217,6 @@ def reconcile(
     typer.echo(f"{out['op_id']} decided; {out['run_id']} resumes")
 
 
-@app.command()
 def retry(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     op_id: Annotated[str, typer.Argument(metavar="OP")],
@@ -307,7 +226,6 @@ def retry(
     typer.echo(f"{out['op_id']} will be retried; {out['run_id']} resumes")
 
 
-@app.command()
 def upgrade(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     to: Annotated[Path, typer.Option("--to", help="The new workflow source FILE.py.")],
@@ -340,7 +258,6 @@ def upgrade(
         raise typer.Exit(1)
 
 
-@app.command()
 def doctor(
     run_id: Annotated[str | None, typer.Argument(metavar="[RUN]")] = None,
     json_out: JsonFlag = False,
@@ -359,14 +276,12 @@ def doctor(
         raise typer.Exit(1)
 
 
-@app.command()
 def logs(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set)."""
     typer.echo(request("logs", run_id=run_id), nl=False)
 
 
-@app.command()
 def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
     """What the run applied (or refused) in the live project."""
     data = request("diff", run_id=run_id)
@@ -380,75 +295,3 @@ def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
     for refused in data.get("refused", []):
         typer.echo(f"# refused by policy: {refused['path']} ({refused['reason']})")
     typer.echo(data.get("diff", ""), nl=False)
-
-
-@storage_app.command("init")
-def storage_init(
-    loop: Annotated[str, typer.Option(help="Size of a loop-image pool, e.g. 8G.")],
-    image: Annotated[Path, typer.Option(help="Where the image lives.")] = Path(
-        "/var/lib/cairn/pool.img"
-    ),
-) -> None:
-    """Create a loop-image Btrfs pool at /var/lib/cairn/pool (root; hosts without Btrfs)."""
-    from cairn.storage import init_loop_pool
-
-    if os.geteuid() != 0:
-        fail("storage init needs root", hint="run it with sudo", code=2)
-    mountpoint = paths.pool_dir()
-    pool = init_loop_pool(image, loop, mountpoint)
-    unit = write_mount_unit(image, mountpoint)
-    typer.echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
-    del pool
-
-
-def write_mount_unit(image: Path, mountpoint: Path) -> str:
-    """Persist the loop mount as a systemd mount unit, enabled for boot."""
-    from cairn.proc import run
-
-    name = (
-        run(["systemd-escape", "--path", "--suffix=mount", str(mountpoint)]).stdout.decode().strip()
-    )
-    unit = Path("/etc/systemd/system") / name
-    unit.write_text(
-        "[Unit]\nDescription=Cairn storage pool\nBefore=cairn-broker.service\n\n"
-        f"[Mount]\nWhat={image}\nWhere={mountpoint}\nType=btrfs\nOptions=loop\n\n"
-        "[Install]\nWantedBy=local-fs.target\n"
-    )
-    if Path("/run/systemd/system").exists():
-        run(["systemctl", "daemon-reload"])
-        run(["systemctl", "enable", name])
-    return name
-
-
-@workflow_app.command("review")
-def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
-    """Review a workflow statically: effect manifest and review hash (never runs it)."""
-    from cairn.workflow.review import render_review, review_source
-
-    try:
-        source = file.read_text()
-    except OSError as exc:
-        fail(f"cannot read {file}: {exc.strerror}", code=2)
-    review = review_source(source, filename=file.name)
-    if json_out:
-        emit(review.model_dump(mode="json"))
-    else:
-        typer.echo(render_review(review))
-
-
-def main() -> None:
-    try:
-        app()
-    except CairnError as exc:
-        typer.echo(f"cairn: {exc.message}", err=True)
-        if exc.hint:
-            typer.echo(f"hint: {exc.hint}", err=True)
-        sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)
-
-
-from cairn import cli_people  # noqa: E402 - its commands use request() defined above
-
-cli_people.register(app)
-
-if __name__ == "__main__":
-    main()

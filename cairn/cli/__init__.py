@@ -1,0 +1,46 @@
+"""The ``cairn`` command. It talks only to cairnd (:mod:`cairn.cli.client`); it never
+touches the journal or storage (except ``storage init`` and ``workflow review``, which are
+local by nature).
+
+One module per concern: ``runs`` and ``people`` add top-level commands, ``storage``,
+``workflow`` and ``schedule`` are sub-apps; ``client`` and ``options`` are what they
+share. This module only assembles them, and none of them imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from cairn.cli import people, runs
+from cairn.cli.schedule import schedule_app
+from cairn.cli.storage import storage_app
+from cairn.cli.workflow import workflow_app
+from cairn.errors import CairnError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="cairn",
+    help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+# Typer lists a group's own commands first, then its sub-apps, each in the order added.
+runs.register(app)
+people.register(app)
+app.add_typer(storage_app, name="storage")
+app.add_typer(workflow_app, name="workflow")
+app.add_typer(schedule_app, name="schedule")
+
+
+def main() -> None:
+    try:
+        app()
+    except CairnError as exc:
+        typer.echo(f"cairn: {exc.message}", err=True)
+        if exc.hint:
+            typer.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)

@@ -1,0 +1,5 @@
+"""``python -m cairn.cli``: the ``cairn`` command."""
+
+from cairn.cli import main
+
+main()

@@ -1,0 +1,63 @@
+"""The CLI's one client of cairnd, and how every command reports: :func:`request` sends
+one request over the daemon socket, :func:`emit` prints JSON, :func:`fail` prints an error
+and exits."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any, NoReturn
+
+import typer
+
+from cairn import paths
+from cairn.errors import CairnError
+from cairn.models import DaemonReply, DaemonRequest
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+    typer.echo(f"cairn: {message}", err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    raise typer.Exit(code)
+
+
+def request(op: str, *, fd: int | None = None, **fields: Any) -> Any:
+    """Send one request to cairnd and return its result (errors become CairnError)."""
+    message = DaemonRequest(op=op, **fields).model_dump_json().encode() + b"\n"  # type: ignore[arg-type]
+    path = str(paths.daemon_socket())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise CairnError(
+                f"cannot reach cairnd at {path}: {exc.strerror}",
+                hint="is the cairn package installed and cairn.socket active?",
+            ) from exc
+        if fd is not None:
+            sock.sendmsg(
+                [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))]
+            )
+        else:
+            sock.sendall(message)
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw:
+        raise CairnError(
+            "cairnd closed the connection without an answer",
+            hint="see 'journalctl -u cairn.service'",
+        )
+    reply = DaemonReply.model_validate_json(raw)
+    if not reply.ok:
+        assert reply.error is not None
+        error = CairnError(reply.error.message, hint=reply.error.hint)
+        error.code = reply.error.code
+        raise error
+    return reply.result
+
+
+def emit(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))

@@ -1,0 +1,46 @@
+"""Option types and option parsers shared by several commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cairn.errors import UsageError
+from cairn.models import ProfileSpec
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN")]
+
+
+def parse_limits(specs: list[str]) -> dict[str, int]:
+    """``--limit NAME=NUMBER`` options as a mapping."""
+    limits: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise UsageError(f"--limit takes NAME=NUMBER, got {spec!r}")
+        limits[name.strip()] = int(value)
+    return limits
+
+
+def load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """``--scripted PROFILE=FILE.json`` options: each file read and validated as a
+    scripted profile named PROFILE."""
+    scripted: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise UsageError(f"--scripted takes PROFILE=FILE.json, got {spec!r}")
+        try:
+            data = json.loads(Path(file).read_text())
+        except OSError as exc:
+            raise UsageError(f"cannot read {file}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}") from exc
+        scripted[name] = ProfileSpec.model_validate(
+            {"kind": "scripted", **data, "name": name}
+        ).model_dump()
+    return scripted

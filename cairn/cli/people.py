@@ -1,0 +1,196 @@
+"""``cairn`` commands for people in the loop: inbox, answer, approve, reject, pause,
+resume, stop, cancel and watch. Added to the main app by :func:`register`."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cairn.cli.client import emit, fail, request
+from cairn.cli.options import JsonFlag, RunArg
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
+    commands: tuple[Callable[..., None], ...] = (
+        inbox,
+        answer,
+        approve,
+        reject,
+        pause,
+        resume,
+        stop,
+        cancel,
+        watch,
+    )
+    for command in commands:
+        app.command()(command)
+
+
+def inbox(
+    all_users: Annotated[bool, typer.Option("--all", help="Every user's (cairn-admin).")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Questions and approval requests waiting for you."""
+    items = request("inbox", all_users=all_users)
+    if json_out:
+        emit(items)
+        return
+    if not items:
+        typer.echo("nothing waits for you")
+        return
+    for item in items:
+        typer.echo(render_item(item))
+
+
+def answer(
+    run_id: RunArg,
+    challenge: Annotated[str, typer.Option(help="The question's challenge (sha256:…).")],
+    value: Annotated[str | None, typer.Argument(metavar="[VALUE]")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read the answer from FILE.")] = None,
+) -> None:
+    """Answer a run's question: JSON for a typed question, else text."""
+    if (value is None) == (file is None):
+        fail("give exactly one of VALUE or --file FILE", code=2)
+    text = value
+    if file is not None:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            fail(f"cannot read {file}: {exc.strerror}", code=2)
+    out = request("answer", run_id=run_id, challenge=challenge, answer=text)
+    if out["outcome"] == "duplicate":
+        typer.echo(f"{out['op_id']} already has this answer; nothing changed")
+    else:
+        resumes = "resumes" if out["woken"] else "continues when it is resumed"
+        typer.echo(f"{out['op_id']} answered; {out['run_id']} {resumes}")
+
+
+def approve(
+    run_id: RunArg,
+    request_id: Annotated[str, typer.Argument(metavar="REQ")],
+    fingerprint: Annotated[str, typer.Option(help="The fingerprint of the request you looked at.")],
+) -> None:
+    """Approve one prepared operation (checked again against the current policy)."""
+    out = request("approve", run_id=run_id, request_id=request_id, fingerprint=fingerprint)
+    typer.echo(f"{out['request_id']} approved; {out['run_id']} resumes")
+
+
+def reject(
+    run_id: RunArg,
+    request_id: Annotated[str, typer.Argument(metavar="REQ")],
+    reason: Annotated[str, typer.Option(help="Why (recorded with the decision).")] = "",
+) -> None:
+    """Reject one prepared operation: it does not run."""
+    out = request("reject", run_id=run_id, request_id=request_id, reason=reason)
+    typer.echo(f"{out['request_id']} rejected; the operation does not run")
+
+
+def _control(action: str, run_id: str) -> None:
+    out = request(action, run_id=run_id)
+    typer.echo(f"{out['run_id']}: {out['outcome']}")
+
+
+def pause(run_id: RunArg) -> None:
+    """Pause at the next safe point; nothing of the run keeps running meanwhile."""
+    _control("pause", run_id)
+
+
+def resume(run_id: RunArg) -> None:
+    """Resume a paused run (or withdraw a pause not yet honoured)."""
+    _control("resume", run_id)
+
+
+def stop(run_id: RunArg) -> None:
+    """Start no new operations; running agents finish; then the run ends stopped."""
+    _control("stop", run_id)
+
+
+def cancel(run_id: RunArg) -> None:
+    """Cancel the run: nothing new starts, waiting requests are withdrawn."""
+    _control("cancel", run_id)
+
+
+def watch(
+    run_id: RunArg,
+    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+) -> None:
+    """Follow a run live (rebuilt from the journal); one line when it ends."""
+    cursor = 0
+    shown_waiting: list[dict[str, Any]] = []
+    try:
+        while True:
+            data = request("watch", run_id=run_id, cursor=cursor)
+            for event in data["events"]:
+                typer.echo(json.dumps(event) if json_out else render_event(event))
+            cursor = data["cursor"]
+            if data["more"]:
+                continue
+            if data["waiting"] != shown_waiting:
+                shown_waiting = data["waiting"]
+                for item in shown_waiting:
+                    typer.echo(f"waiting: {render_waiting(data['run_id'], item)}")
+            if data["finished"]:
+                typer.echo(completion_line(data))
+                raise typer.Exit(0 if data["state"] == "succeeded" else 1)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def render_item(item: dict[str, Any]) -> str:
+    run = item["run_id"]
+    if item["kind"] == "question":
+        schema = item["schema_name"] or "text"
+        return (
+            f"{run} {item['op_id']} question ({schema}): {item['question']}\n"
+            f"  cairn answer {run} --challenge {item['challenge']} VALUE"
+        )
+    prepared = item["prepared"]
+    deadline = datetime.datetime.fromtimestamp(item["deadline"]).strftime("%Y-%m-%d %H:%M")
+    needs = ", ".join(
+        c for c, d in item["evaluation"]["capabilities"].items() if d == "require_approval"
+    )
+    return (
+        f"{run} {item['request_id']} approval: agent {prepared['descriptor']} "
+        f"(profile {prepared['agent']['profile']}, access {prepared['agent']['access']}, "
+        f"network {prepared['agent']['network']}) needs {needs}; until {deadline}\n"
+        f"  prompt: {prepared['prompt'][:200]}\n"
+        f"  cairn approve {run} {item['request_id']} --fingerprint {item['fingerprint']}\n"
+        f"  cairn reject {run} {item['request_id']} --reason …"
+    )
+
+
+def render_waiting(run_id: str, item: dict[str, Any]) -> str:
+    if item["kind"] == "question":
+        return (
+            f"{item['op_id']} asks: {item['question']} "
+            f"(cairn answer {run_id} --challenge {item['challenge']} VALUE)"
+        )
+    return (
+        f"{item['request_id']} needs approval "
+        f"(cairn approve {run_id} {item['request_id']} --fingerprint {item['fingerprint']})"
+    )
+
+
+def render_event(event: dict[str, Any]) -> str:
+    at = datetime.datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
+    where = f" {event['op_id']}" if event.get("op_id") else ""
+    data = " ".join(f"{k}={v}" for k, v in sorted(event["data"].items()))
+    return f"{at} {event['event']}{where}" + (f" {data}" if data else "")
+
+
+def completion_line(data: dict[str, Any]) -> str:
+    line = f"{data['run_id']} {data['state']}"
+    if data.get("error"):
+        line += f": {data['error']}"
+    elif data.get("output") is not None:
+        line += f": {json.dumps(data['output'], sort_keys=True)}"
+    return line

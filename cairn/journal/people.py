@@ -1,0 +1,447 @@
+"""People in the loop: questions, approval requests and durable control requests.
+
+A coordinator writes with its lease token; cairnd's decisions are plain transactions
+whose conditional updates make exactly one of concurrent deciders win. "wake" in a
+result means the run went from waiting to pending and needs its coordinator started.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from cairn.canonical import canonical_json
+from cairn.errors import NotFound, UsageError
+from cairn.journal.rows import TERMINAL_RUN_STATES, ControlAction, RunState, loads
+from cairn.journal.writes import Writes
+from cairn.policy import AlreadyAnswered, RunEnded, StaleRequest
+
+
+class People(Writes):
+    def open_question(
+        self,
+        run_id: str,
+        op_id: str,
+        *,
+        token: int,
+        challenge: str,
+        question: str,
+        schema_name: str | None,
+        schema: dict[str, Any],
+    ) -> QuestionRow:
+        """Record the question an ``ask`` operation waits on (once) and mark it waiting."""
+        with self.transaction() as db:
+            self._fence(db, run_id, token)
+            cur = db.execute(
+                "INSERT OR IGNORE INTO interactions (run_id, op_id, challenge, question,"
+                " schema_name, schema, state, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    op_id,
+                    challenge,
+                    question,
+                    schema_name,
+                    canonical_json(schema),
+                    "waiting",
+                    self.clock(),
+                ),
+            )
+            if cur.rowcount:
+                db.execute(
+                    "UPDATE operations SET state='waiting', updated_at=? WHERE run_id=? AND op_id=?"
+                    " AND state='requested'",
+                    (self.clock(), run_id, op_id),
+                )
+                self._event(db, run_id, "question-asked", {"challenge": challenge}, None, op_id)
+        found = self.question(run_id, op_id)
+        assert found is not None
+        return found
+
+    def question(self, run_id: str, op_id: str) -> QuestionRow | None:
+        row = self.db.execute(
+            "SELECT * FROM interactions WHERE run_id=? AND op_id=?", (run_id, op_id)
+        ).fetchone()
+        return None if row is None else QuestionRow.from_row(row)
+
+    def questions(self, run_id: str) -> list[QuestionRow]:
+        rows = self.db.execute(
+            "SELECT * FROM interactions WHERE run_id=? ORDER BY created_at", (run_id,)
+        ).fetchall()
+        return [QuestionRow.from_row(r) for r in rows]
+
+    def answer_question(
+        self, run_id: str, *, challenge: str, answer: Any, actor_uid: int
+    ) -> tuple[Literal["answered", "duplicate"], bool]:
+        """Bind a validated answer to the waiting question named by ``challenge``.
+
+        The same answer again is a harmless duplicate; another answer to an answered
+        question is :class:`AlreadyAnswered`; a challenge that names no waiting question
+        of the run is :class:`StaleRequest`."""
+        with self.transaction() as db:
+            run = self._people_run(db, run_id)
+            row = db.execute(
+                "SELECT * FROM interactions WHERE run_id=? AND challenge=?", (run_id, challenge)
+            ).fetchone()
+            current = db.execute(
+                "SELECT challenge FROM interactions WHERE run_id=? AND state='waiting'",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                now = f"; the current one is {current['challenge']}" if current else ""
+                raise StaleRequest(
+                    f"challenge {challenge} names no question of {run_id}{now}",
+                    hint=f"see 'cairn inbox' or 'cairn show {run_id}'",
+                )
+            if row["state"] == "answered":
+                if canonical_json(answer) == row["answer"]:
+                    return "duplicate", False
+                raise AlreadyAnswered(
+                    f"{row['op_id']} of {run_id} is already answered",
+                    hint=f"see the answer in 'cairn show {run_id}'",
+                )
+            if row["state"] != "waiting" or run["state"] in TERMINAL_RUN_STATES:
+                raise RunEnded(f"{run_id} is {run['state']}; the question is {row['state']}")
+            db.execute(
+                "UPDATE interactions SET state='answered', answer=?, actor_uid=?, decided_at=?"
+                " WHERE run_id=? AND op_id=? AND state='waiting'",
+                (canonical_json(answer), actor_uid, self.clock(), run_id, row["op_id"]),
+            )
+            self._event(
+                db, run_id, "question-answered", {"actor_uid": actor_uid}, None, row["op_id"]
+            )
+            return "answered", self._wake(db, run_id, run["state"])
+
+    def open_approval(
+        self,
+        run_id: str,
+        *,
+        token: int,
+        request_id: str,
+        op_id: str,
+        attempt: int,
+        prepared: dict[str, Any],
+        fingerprint: str,
+        evaluation: dict[str, Any],
+        deadline: float,
+    ) -> ApprovalRow:
+        """Record an approval request for one prepared operation (once)."""
+        with self.transaction() as db:
+            self._fence(db, run_id, token)
+            cur = db.execute(
+                "INSERT OR IGNORE INTO approvals (run_id, request_id, op_id, attempt, prepared,"
+                " fingerprint, evaluation, deadline, state, created_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    request_id,
+                    op_id,
+                    attempt,
+                    canonical_json(prepared),
+                    fingerprint,
+                    canonical_json(evaluation),
+                    deadline,
+                    "waiting",
+                    self.clock(),
+                ),
+            )
+            if cur.rowcount:
+                self._event(
+                    db,
+                    run_id,
+                    "approval-requested",
+                    {"request_id": request_id, "fingerprint": fingerprint},
+                    None,
+                    op_id,
+                )
+        found = self.approval(run_id, request_id)
+        assert found is not None
+        return found
+
+    def approval(self, run_id: str, request_id: str) -> ApprovalRow | None:
+        row = self.db.execute(
+            "SELECT * FROM approvals WHERE run_id=? AND request_id=?", (run_id, request_id)
+        ).fetchone()
+        return None if row is None else ApprovalRow.from_row(row)
+
+    def approvals(self, run_id: str) -> list[ApprovalRow]:
+        rows = self.db.execute(
+            "SELECT * FROM approvals WHERE run_id=? ORDER BY created_at", (run_id,)
+        ).fetchall()
+        return [ApprovalRow.from_row(r) for r in rows]
+
+    def decide_approval(
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        decision: Literal["approved", "rejected"],
+        actor_uid: int,
+        fingerprint: str | None,
+        reason: str = "",
+        now: float | None = None,
+    ) -> tuple[Literal["approved", "rejected", "expired"], bool]:
+        """Decide a waiting approval request; exactly one concurrent decider wins, the
+        others get :class:`AlreadyAnswered`. A decision after the deadline expires the
+        request instead (committed) and returns ``expired``."""
+        now = self.clock() if now is None else now
+        with self.transaction() as db:
+            run = self._people_run(db, run_id)
+            row = db.execute(
+                "SELECT * FROM approvals WHERE run_id=? AND request_id=?", (run_id, request_id)
+            ).fetchone()
+            if row is None:
+                raise NotFound(
+                    f"{run_id} has no approval request {request_id}", hint="see 'cairn inbox'"
+                )
+            if row["state"] != "waiting":
+                raise AlreadyAnswered(
+                    f"approval request {request_id} of {run_id} is already answered "
+                    f"({row['state']})"
+                )
+            if fingerprint is not None and fingerprint != row["fingerprint"]:
+                raise StaleRequest(
+                    f"fingerprint {fingerprint} is not the one of request {request_id} "
+                    f"({row['fingerprint']})",
+                    hint="look at the request again with 'cairn inbox' before deciding",
+                )
+            if run["state"] in TERMINAL_RUN_STATES:
+                raise RunEnded(f"{run_id} is {run['state']}; nothing waits for a decision")
+            state: Literal["approved", "rejected", "expired"] = decision
+            if now > row["deadline"]:
+                state = "expired"
+            db.execute(
+                "UPDATE approvals SET state=?, actor_uid=?, reason=?, decided_at=?"
+                " WHERE run_id=? AND request_id=? AND state='waiting'",
+                (state, actor_uid, reason or None, now, run_id, request_id),
+            )
+            self._event(
+                db,
+                run_id,
+                f"approval-{state}",
+                {"request_id": request_id, "actor_uid": actor_uid, "reason": reason},
+                None,
+                row["op_id"],
+            )
+            return state, self._wake(db, run_id, run["state"])
+
+    def request_control(
+        self, run_id: str, action: ControlAction, *, actor_uid: int
+    ) -> tuple[str, bool]:
+        """Record pause/resume/stop/cancel. An active run gets a durable row its
+        coordinator honours at its next safe point; a run no process holds (waiting,
+        paused, blocked) changes at once. Returns (what happened, wake)."""
+        with self.transaction() as db:
+            run = self._people_run(db, run_id)
+            state = run["state"]
+            if state in TERMINAL_RUN_STATES:
+                raise RunEnded(
+                    f"{run_id} already {state}" + (f": {run['error']}" if run["error"] else ""),
+                    hint=f"see 'cairn show {run_id}'",
+                )
+            active = state in ("pending", "running")
+            pending = {
+                r["action"]
+                for r in db.execute(
+                    "SELECT action FROM control_requests WHERE run_id=? AND state='pending'",
+                    (run_id,),
+                )
+            }
+            now = self.clock()
+            if action == "resume":
+                if state == "paused":
+                    self._insert_control(db, run_id, action, actor_uid, "done")
+                    return "resumed", self._wake(db, run_id, state, also=("paused",))
+                if active and "pause" in pending:
+                    db.execute(
+                        "UPDATE control_requests SET state='withdrawn', done_at=? WHERE"
+                        " run_id=? AND action='pause' AND state='pending'",
+                        (now, run_id),
+                    )
+                    self._insert_control(db, run_id, action, actor_uid, "done")
+                    return "pause withdrawn", False
+                raise UsageError(f"{run_id} is {state}, not paused")
+            if action == "pause" and state == "paused":
+                return "already paused", False
+            if active:
+                if action in pending:
+                    return f"{action} already requested", False
+                self._insert_control(db, run_id, action, actor_uid, "pending")
+                return f"{action} requested", False
+            self._insert_control(db, run_id, action, actor_uid, "done")
+            self._apply_control(db, run_id, action)
+            return {"pause": "paused", "stop": "stopped", "cancel": "cancelled"}[action], False
+
+    def pending_controls(self, run_id: str) -> list[str]:
+        """Actions requested of an active run and not yet honoured, oldest first."""
+        rows = self.db.execute(
+            "SELECT action FROM control_requests WHERE run_id=? AND state='pending' ORDER BY id",
+            (run_id,),
+        ).fetchall()
+        return [r["action"] for r in rows]
+
+    def honour_control(self, run_id: str, action: ControlAction, *, token: int) -> None:
+        """The coordinator acts on a pending control request at a safe point."""
+        with self.transaction() as db:
+            self._fence(db, run_id, token)
+            self._apply_control(db, run_id, action)
+
+    def suspend_run(self, run_id: str, *, token: int) -> RunState | None:
+        """The coordinator is about to exit because the run waits for a person. The run
+        becomes ``waiting`` — unless a pending control request applies instead, or what it
+        waits for was decided meanwhile (None: go on at once)."""
+        with self.transaction() as db:
+            self._fence(db, run_id, token)
+            for action in self.pending_controls(run_id):
+                if action in ("pause", "stop", "cancel"):
+                    self._apply_control(db, run_id, action)
+                    return {"pause": "paused", "stop": "stopped", "cancel": "cancelled"}[action]  # type: ignore[return-value]
+            waiting = db.execute(
+                "SELECT (SELECT count(*) FROM interactions WHERE run_id=? AND state='waiting')"
+                " + (SELECT count(*) FROM approvals WHERE run_id=? AND state='waiting')",
+                (run_id, run_id),
+            ).fetchone()[0]
+            if not waiting:
+                return None
+            db.execute(
+                "UPDATE runs SET state='waiting', updated_at=? WHERE run_id=?",
+                (self.clock(), run_id),
+            )
+            self._event(db, run_id, "run-waiting", {})
+            return "waiting"
+
+    def waiting_for_people(self, owner_uid: int | None) -> list[dict[str, Any]]:
+        """Open questions and approval requests of the owner's runs (all when None)."""
+        owner = "" if owner_uid is None else " AND r.owner_uid=?"
+        args: tuple[int, ...] = () if owner_uid is None else (owner_uid,)
+        items: list[dict[str, Any]] = []
+        for row in self.db.execute(
+            "SELECT i.*, r.state AS run_state, r.definition FROM interactions i JOIN runs r"
+            f" USING (run_id) WHERE i.state='waiting'{owner} ORDER BY i.created_at",
+            args,
+        ):
+            items.append(
+                {
+                    "kind": "question",
+                    "run_state": row["run_state"],
+                    "definition": row["definition"],
+                    **QuestionRow.from_row(row).model_dump(),
+                }
+            )
+        for row in self.db.execute(
+            "SELECT a.*, r.state AS run_state, r.definition FROM approvals a JOIN runs r"
+            f" USING (run_id) WHERE a.state='waiting'{owner} ORDER BY a.created_at",
+            args,
+        ):
+            items.append(
+                {
+                    "kind": "approval",
+                    "run_state": row["run_state"],
+                    "definition": row["definition"],
+                    **ApprovalRow.from_row(row).model_dump(),
+                }
+            )
+        return items
+
+    @staticmethod
+    def _people_run(db: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+        run = db.execute("SELECT state, error FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if run is None:
+            raise NotFound(f"no run {run_id}")
+        return run  # type: ignore[no-any-return]
+
+    def _wake(
+        self, db: sqlite3.Connection, run_id: str, state: str, also: tuple[str, ...] = ()
+    ) -> bool:
+        if state not in ("waiting", *also):
+            return False
+        db.execute(
+            "UPDATE runs SET state='pending', error=NULL, updated_at=? WHERE run_id=?",
+            (self.clock(), run_id),
+        )
+        self._event(db, run_id, "run-woken", {"from": state})
+        return True
+
+    def _insert_control(
+        self, db: sqlite3.Connection, run_id: str, action: str, actor_uid: int, state: str
+    ) -> None:
+        now = self.clock()
+        db.execute(
+            "INSERT INTO control_requests (run_id, action, state, actor_uid, created_at,"
+            " done_at) VALUES (?,?,?,?,?,?)",
+            (run_id, action, state, actor_uid, now, now if state == "done" else None),
+        )
+        self._event(db, run_id, f"{action}-requested", {"actor_uid": actor_uid})
+
+    def _apply_control(self, db: sqlite3.Connection, run_id: str, action: str) -> None:
+        """Pause, stop or cancel a run that nothing is running for (a safe point)."""
+        now = self.clock()
+        db.execute(
+            "UPDATE control_requests SET state='done', done_at=? WHERE run_id=? AND"
+            " state='pending' AND (action=? OR ?<>'pause')",
+            (now, run_id, action, action),
+        )
+        target = {"pause": "paused", "stop": "stopped", "cancel": "cancelled"}[action]
+        if action != "pause":
+            for table in ("interactions", "approvals"):
+                db.execute(
+                    f"UPDATE {table} SET state='cancelled', decided_at=? WHERE run_id=? AND"
+                    " state='waiting'",
+                    (now, run_id),
+                )
+            db.execute(
+                "UPDATE operations SET state='not-started', updated_at=? WHERE run_id=? AND"
+                " state IN ('requested', 'waiting', 'retry')",
+                (now, run_id),
+            )
+        db.execute("UPDATE runs SET state=?, updated_at=? WHERE run_id=?", (target, now, run_id))
+        self._event(db, run_id, f"run-{target}", {"by": action})
+
+
+# --- rows of the people-in-the-loop tables ---------------------------------------------
+
+
+class QuestionRow(BaseModel):
+    run_id: str
+    op_id: str
+    challenge: str
+    question: str
+    schema_name: str | None
+    json_schema: dict[str, Any]
+    state: Literal["waiting", "answered", "cancelled"]
+    answer: Any
+    actor_uid: int | None
+    created_at: float
+    decided_at: float | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> QuestionRow:
+        data = {k: row[k] for k in row.keys() if k in cls.model_fields or k == "schema"}
+        data["json_schema"] = json.loads(data.pop("schema"))
+        data["answer"] = loads(data["answer"])
+        return cls.model_validate(data)
+
+
+class ApprovalRow(BaseModel):
+    run_id: str
+    request_id: str
+    op_id: str
+    attempt: int
+    prepared: dict[str, Any]
+    fingerprint: str
+    evaluation: dict[str, Any]
+    deadline: float
+    state: Literal["waiting", "approved", "rejected", "expired", "cancelled"]
+    actor_uid: int | None
+    reason: str | None
+    created_at: float
+    decided_at: float | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> ApprovalRow:
+        data = {k: row[k] for k in row.keys() if k in cls.model_fields}
+        data["prepared"] = json.loads(data["prepared"])
+        data["evaluation"] = json.loads(data["evaluation"])
+        return cls.model_validate(data)

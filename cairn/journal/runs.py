@@ -1,0 +1,159 @@
+"""Runs and their lease: creating a run, moving its state, the fencing lease a coordinator
+holds while it writes, and moving a resting run to new reviewed source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cairn.errors import Busy, NotFound, UsageError
+from cairn.journal.rows import RunState, dumps
+from cairn.journal.store import LEASE_TTL
+from cairn.journal.writes import Writes
+from cairn.models import Intent, LaunchDescription
+
+
+class Runs(Writes):
+    def create_run(self, desc: LaunchDescription, *, intents: list[Intent]) -> None:
+        """Record a new run with its frozen launch description and first intents."""
+        now = self.clock()
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, owner_uid, definition, review_hash, project, state,"
+                " launch, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    desc.run_id,
+                    desc.owner_uid,
+                    desc.definition,
+                    desc.review_hash,
+                    desc.project.root,
+                    "pending",
+                    desc.model_dump_json(),
+                    now,
+                    now,
+                ),
+            )
+            for intent in intents:
+                self._insert_intent(db, intent)
+            self._event(db, desc.run_id, "run-created", {"definition": desc.definition})
+
+    def set_run_state(
+        self,
+        run_id: str,
+        state: RunState,
+        *,
+        token: int,
+        ttl: float = LEASE_TTL,
+        output: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        with self.transaction() as db:
+            self._fence(db, run_id, token, ttl)
+            db.execute(
+                "UPDATE runs SET state=?, output=coalesce(?, output), error=?, updated_at=?"
+                " WHERE run_id=?",
+                (state, dumps(output), error, self.clock(), run_id),
+            )
+            self._event(db, run_id, f"run-{state}", {"error": error} if error else {})
+
+    def set_settlement(self, run_id: str, settlement: dict[str, Any], *, token: int) -> None:
+        with self.transaction() as db:
+            self._fence(db, run_id, token)
+            db.execute(
+                "UPDATE runs SET settlement=?, updated_at=? WHERE run_id=?",
+                (dumps(settlement), self.clock(), run_id),
+            )
+            self._event(db, run_id, "settlement", {"status": settlement.get("status")})
+
+    # --- lease ----------------------------------------------------------------------
+
+    def acquire_lease(
+        self,
+        run_id: str,
+        holder: str,
+        *,
+        ttl: float = LEASE_TTL,
+        holder_is_dead: Callable[[str], bool] = lambda _holder: False,
+    ) -> int:
+        """Take the run lease, returning the new fencing token; ``Busy`` if it is held.
+
+        A lease whose holder ``holder_is_dead`` says is gone (a crashed coordinator on this
+        host) is reclaimed at once instead of waiting for it to expire.
+        """
+        now = self.clock()
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT lease_holder, lease_token, lease_expires FROM runs WHERE run_id=?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            held = row["lease_holder"]
+            if held and held != holder and row["lease_expires"] > now and not holder_is_dead(held):
+                raise Busy(
+                    f"run {run_id} is held by {row['lease_holder']}",
+                    hint="another coordinator is running it",
+                )
+            token = int(row["lease_token"]) + 1
+            db.execute(
+                "UPDATE runs SET lease_holder=?, lease_token=?, lease_expires=? WHERE run_id=?",
+                (holder, token, now + ttl, run_id),
+            )
+            self._event(db, run_id, "lease-acquired", {"holder": holder, "token": token})
+            return token
+
+    def renew_lease(self, run_id: str, token: int, *, ttl: float = LEASE_TTL) -> None:
+        with self.transaction() as db:
+            self._fence(db, run_id, token, ttl)
+
+    def release_lease(self, run_id: str, token: int) -> None:
+        with self.transaction() as db:
+            self._fence(db, run_id, token, 0.0)
+            db.execute(
+                "UPDATE runs SET lease_holder=NULL, lease_expires=0 WHERE run_id=?", (run_id,)
+            )
+
+    # --- new source -----------------------------------------------------------------
+
+    def upgrade_source(
+        self,
+        run_id: str,
+        desc: LaunchDescription,
+        *,
+        locations: dict[str, str],
+        actor_uid: int,
+        old_hash: str,
+    ) -> None:
+        """Move a run that is not active to new reviewed source: the new launch description
+        and the committed operations' new source locations, in one transaction."""
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT state, review_hash, lease_holder, lease_expires FROM runs WHERE run_id=?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            if row["state"] not in ("waiting", "blocked", "pending") or (
+                row["lease_holder"] and row["lease_expires"] > self.clock()
+            ):
+                raise UsageError(
+                    f"run {run_id} is {row['state']}; only a waiting or blocked run moves to "
+                    "new source"
+                )
+            if row["review_hash"] != old_hash:
+                raise UsageError(f"run {run_id} changed while the dry run was checked; repeat it")
+            db.execute(
+                "UPDATE runs SET launch=?, review_hash=?, updated_at=? WHERE run_id=?",
+                (desc.model_dump_json(), desc.review_hash, self.clock(), run_id),
+            )
+            for op_id, location in locations.items():
+                db.execute(
+                    "UPDATE operations SET source_location=? WHERE run_id=? AND op_id=?",
+                    (location, run_id, op_id),
+                )
+            self._event(
+                db,
+                run_id,
+                "source-upgraded",
+                {"from": old_hash, "to": desc.review_hash, "actor_uid": actor_uid},
+            )

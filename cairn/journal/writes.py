@@ -1,0 +1,90 @@
+"""What every writer of the journal shares: lease fencing, events, intents and receipts.
+
+Writes on behalf of a coordinator carry its lease token: :meth:`Writes._fence` refuses a
+token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews the lease.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from cairn.canonical import canonical_json
+from cairn.errors import LeaseLost, NotFound
+from cairn.journal.reader import JournalReader
+from cairn.journal.store import LEASE_TTL
+from cairn.models import VERB_OF_KIND, Intent
+
+
+class Writes(JournalReader):
+    """The base of the read-write journal's parts (runs, operations, people)."""
+
+    def _fence(
+        self, db: sqlite3.Connection, run_id: str, token: int, ttl: float = LEASE_TTL
+    ) -> None:
+        row = db.execute("SELECT lease_token FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id} not found")
+        if row["lease_token"] != token:
+            raise LeaseLost(f"lease for {run_id} was taken over (token {token} is fenced)")
+        db.execute("UPDATE runs SET lease_expires=? WHERE run_id=?", (self.clock() + ttl, run_id))
+
+    # --- events ---------------------------------------------------------------------
+
+    def append_event(
+        self,
+        run_id: str,
+        event: str,
+        data: dict[str, Any] | None = None,
+        scope: str | None = None,
+        op_id: str | None = None,
+    ) -> None:
+        with self.transaction() as db:
+            self._event(db, run_id, event, data or {}, scope, op_id)
+
+    def _event(
+        self,
+        db: sqlite3.Connection,
+        run_id: str,
+        event: str,
+        data: dict[str, Any],
+        scope: str | None = None,
+        op_id: str | None = None,
+    ) -> None:
+        db.execute(
+            "INSERT INTO events (run_id, scope, op_id, event, data, at) VALUES (?,?,?,?,?,?)",
+            (run_id, scope, op_id, event, canonical_json(data), self.clock()),
+        )
+
+    # --- intents and receipts -------------------------------------------------------
+
+    def add_intents(self, run_id: str, intents: list[Intent], *, token: int | None) -> None:
+        """Queue intents; a coordinator passes its token, the daemon (no lease yet) None."""
+        with self.transaction() as db:
+            if token is not None:
+                self._fence(db, run_id, token)
+            for intent in intents:
+                self._insert_intent(db, intent)
+
+    def _insert_intent(self, db: sqlite3.Connection, intent: Intent) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO intents (intent_id, run_id, verb, body, created_at)"
+            " VALUES (?,?,?,?,?)",
+            (
+                intent.intent_id,
+                intent.run_id,
+                VERB_OF_KIND[intent.kind],
+                intent.model_dump_json(),
+                self.clock(),
+            ),
+        )
+
+    def record_receipts(self, run_id: str, receipts: list[dict[str, Any]]) -> None:
+        """Keep the broker's receipts beside the intents (the broker's own DB stays the
+        authority; this copy feeds views)."""
+        with self.transaction() as db:
+            for receipt in receipts:
+                db.execute(
+                    "INSERT OR IGNORE INTO receipts (intent_id, run_id, body, at) VALUES (?,?,?,?)",
+                    (receipt["intent_id"], run_id, canonical_json(receipt), receipt["at"]),
+                )

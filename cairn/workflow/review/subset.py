@@ -1,0 +1,152 @@
+"""The allowed subset: which modules, module members and names a workflow may use.
+
+Only :data:`PURE_MODULES` may be imported besides ``cairn.workflow``; their members are
+vetted by :func:`member_refusal`. :data:`FORBIDDEN_NAMES` and the introspection attributes
+are refused wherever they appear.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+from types import ModuleType
+
+PURE_MODULES = frozenset(
+    {
+        "collections",
+        "decimal",
+        "fractions",
+        "functools",
+        "itertools",
+        "json",
+        "math",
+        "re",
+        "string",
+        "textwrap",
+        "typing",
+    }
+)
+
+TYPING_MEMBERS = frozenset(
+    {
+        "Any",
+        "Awaitable",
+        "Callable",
+        "Coroutine",
+        "Final",
+        "Iterable",
+        "Iterator",
+        "Literal",
+        "Mapping",
+        "Optional",
+        "Sequence",
+        "Union",
+        "cast",
+    }
+)
+
+DENIED_MEMBERS: dict[tuple[str, str], str] = {
+    ("itertools", "count"): "it never ends (iterate over finite values)",
+    ("itertools", "cycle"): "it never ends (iterate over finite values)",
+    ("itertools", "repeat"): "it may never end (iterate over finite values)",
+    ("string", "Formatter"): "it reaches attributes by name (use an f-string)",
+}
+
+API_NAMES = frozenset({"agent", "workflow", "Field", "Model", "OperationFailed"})
+
+
+FORBIDDEN_NAMES: dict[str, str] = {
+    name: "workflows reach the outside only through flow.* calls"
+    for name in ("open", "input", "print", "breakpoint", "help", "exit", "quit")
+}
+FORBIDDEN_NAMES.update(
+    {
+        name: "workflows may not run code built from strings"
+        for name in ("eval", "exec", "compile", "__import__")
+    }
+)
+FORBIDDEN_NAMES.update(
+    {
+        name: "attributes and namespaces are reached only by plain names"
+        for name in ("getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars", "dir")
+    }
+)
+FORBIDDEN_NAMES.update(
+    {
+        name: "workflows define only Model classes and plain functions"
+        for name in (
+            "type",
+            "object",
+            "super",
+            "classmethod",
+            "staticmethod",
+            "property",
+            "memoryview",
+        )
+    }
+)
+FORBIDDEN_NAMES["id"] = "its value differs between replays"
+
+INTROSPECTION_ATTRIBUTES = frozenset(
+    {
+        "f_back",
+        "f_builtins",
+        "f_code",
+        "f_globals",
+        "f_locals",
+        "f_trace",
+        "format",
+        "format_map",
+        "mro",
+    }
+)
+INTROSPECTION_PREFIXES = ("cr_", "gi_", "ag_", "tb_", "co_")
+
+
+BUILTIN_EXCEPTIONS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, Exception)
+)
+BUILTIN_BASE_EXCEPTIONS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+)
+
+
+def _module(name: str) -> ModuleType:
+    # Only names from PURE_MODULES reach this: stdlib modules without import-time effects.
+    return importlib.import_module(name)
+
+
+def member_refusal(module: str, member: str) -> str | None:
+    """Why ``module.member`` may not be used, or None when it may."""
+    if member.startswith("_"):
+        return "is private"
+    if (module, member) in DENIED_MEMBERS:
+        return "is not allowed: " + DENIED_MEMBERS[(module, member)]
+    if module == "typing":
+        return (
+            None
+            if member in TYPING_MEMBERS
+            else (
+                "is not allowed; typing offers workflows only " + ", ".join(sorted(TYPING_MEMBERS))
+            )
+        )
+    mod = _module(module)
+    if not hasattr(mod, member):
+        return "does not exist"
+    public = getattr(mod, "__all__", None)
+    if public is not None and member not in public:
+        return "is not a public member"
+    if isinstance(getattr(mod, member), ModuleType):
+        return "is a module, which a workflow may not use"
+    return None
+
+
+def is_exception_member(module: str, member: str) -> bool:
+    if member_refusal(module, member) is not None:
+        return False
+    value = getattr(_module(module), member)
+    return isinstance(value, type) and issubclass(value, Exception)

@@ -1,0 +1,133 @@
+"""Import rules over the installed layout: the import-linter contracts of ``.importlinter``,
+and the size of what the root broker imports.
+
+``broker/`` is ``cairn.broker`` only once installed (``package-dir`` in pyproject.toml), and
+import-linter finds a package's modules by walking its directory, so both checks run over
+a staged copy of that layout, the way ``tests/typecheck.sh`` stages it for mypy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROCESSES = ("broker", "coordinator", "daemon", "worker")
+
+# Lines of project code (modules under cairn.* outside cairn.broker itself) that the root
+# broker loads: cairn.broker.__main__ and cairn.broker.verbs with everything they import,
+# transitively, including imports inside functions (the verbs import settlement code
+# lazily) and the packages above each module, excluding imports made only for type
+# checking. The figure when this test was written; it may only go down. Issue 17's target
+# is 2,500 lines.
+BROKER_CLOSURE_CEILING = 5_897
+BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
+
+# Run in the staged layout: print the broker's closure as JSON (module -> file).
+_STATIC_CLOSURE = """
+import json, sys
+import grimp
+
+graph = grimp.build_graph("cairn", cache_dir=None, exclude_type_checking_imports=True)
+seen, todo = set(), set(sys.argv[1:])
+while todo:
+    module = todo.pop()
+    if module in seen:
+        continue
+    seen.add(module)
+    todo |= graph.find_modules_directly_imported_by(module)
+    parts = module.split(".")
+    todo |= {".".join(parts[:i]) for i in range(1, len(parts))}
+print(json.dumps(sorted(seen)))
+"""
+
+_RUNTIME_CLOSURE = """
+import importlib, json, sys
+
+try:
+    for name in sys.argv[1:]:
+        importlib.import_module(name)
+except ModuleNotFoundError as exc:
+    if exc.name == "cairn" or (exc.name or "").startswith("cairn."):
+        raise
+    print(json.dumps({"missing": exc.name}))
+else:
+    print(json.dumps(sorted(m for m in sys.modules if m == "cairn" or m.startswith("cairn."))))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed_layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """cairn/ with the process folders inside it, as the package installs them."""
+    stage = tmp_path_factory.mktemp("installed")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "cairn", stage / "cairn", ignore=ignore)
+    for process in PROCESSES:
+        shutil.copytree(REPO / process, stage / "cairn" / process, ignore=ignore)
+    yield stage
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _run_in(stage: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(stage), "NO_COLOR": "1"}
+    return subprocess.run(
+        argv, cwd=stage, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _lint_imports() -> str:
+    beside = Path(sys.executable).parent / "lint-imports"
+    found = str(beside) if beside.exists() else shutil.which("lint-imports")
+    assert found, "lint-imports is missing: install import-linter (DEV_PYTHON_PACKAGES in ./dev)"
+    return found
+
+
+def test_import_linter_contracts_hold(installed_layout: Path) -> None:
+    config = REPO / ".importlinter"
+    proc = _run_in(installed_layout, [_lint_imports(), "--config", str(config), "--no-cache"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout, proc.stdout
+
+
+def _module_file(stage: Path, module: str) -> Path:
+    base = stage.joinpath(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def test_broker_imports_stay_small(installed_layout: Path) -> None:
+    python = sys.executable
+    static = _run_in(installed_layout, [python, "-c", _STATIC_CLOSURE, *BROKER_ENTRY_MODULES])
+    assert static.returncode == 0, static.stderr
+    closure = set(json.loads(static.stdout))
+    library = {
+        m: len(_module_file(installed_layout, m).read_text().splitlines())
+        for m in closure
+        if m != "cairn.broker" and not m.startswith("cairn.broker.")
+    }
+    total = sum(library.values())
+    largest = ", ".join(
+        f"{m} {n}" for m, n in sorted(library.items(), key=lambda item: -item[1])[:8]
+    )
+    print(
+        f"root broker's project imports: {total} lines in {len(library)} modules "
+        f"(ceiling {BROKER_CLOSURE_CEILING}, target 2500); largest: {largest}"
+    )
+    assert total <= BROKER_CLOSURE_CEILING, (
+        f"the root broker now imports {total} lines of project code, more than "
+        f"{BROKER_CLOSURE_CEILING}; largest: {largest}"
+    )
+
+    # The static closure must hold everything a real import loads.
+    runtime = _run_in(installed_layout, [python, "-c", _RUNTIME_CLOSURE, *BROKER_ENTRY_MODULES])
+    assert runtime.returncode == 0, runtime.stderr
+    loaded = json.loads(runtime.stdout)
+    if isinstance(loaded, dict):
+        pytest.skip(f"cannot import the broker here to cross-check: {loaded['missing']} missing")
+    assert set(loaded) <= closure, f"imported but not seen statically: {set(loaded) - closure}"

@@ -1,0 +1,212 @@
+"""The journal package's parts: the operation state machine, the injected clock, the one
+lease TTL, and the read-only reader the broker opens."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from cairn.errors import Busy, IllegalTransition, JournalError
+from cairn.journal import (
+    LEASE_TTL,
+    OP_TRANSITIONS,
+    SCHEMA_VERSION,
+    Journal,
+    JournalReader,
+    OpState,
+    check_op_transition,
+)
+from cairn.models import CallRequest, Intent, LaunchDescription, ProjectSpec
+
+RUN = "flow_" + "0" * 31 + "7"
+STATES: tuple[str, ...] = get_args(OpState)
+LEGAL = [(a, b) for a in STATES for b in sorted(OP_TRANSITIONS[a])]
+ILLEGAL = [(a, b) for a in STATES for b in STATES if b not in OP_TRANSITIONS[a]]
+
+
+class Clock:
+    """Time that moves only when a test says so."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def description() -> LaunchDescription:
+    return LaunchDescription(
+        run_id=RUN, owner_uid=1001, owner_gid=1001, owner_name="alice",
+        definition="builtin:implement", source="x = 1\n", source_filename="implement.py",
+        review_hash="sha256:" + "a" * 64, review={}, args={},
+        project=ProjectSpec(root="/home/alice/demo", owner_uid=1001, on_pool_fs=False),
+        profiles={}, cairn_version="0", created_at=time.time(),
+    )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def journal(tmp_path: Path, clock: Clock) -> Journal:
+    j = Journal(tmp_path / "journal.db", create=True, clock=clock)
+    j.create_run(description(), intents=[])
+    return j
+
+
+def op_in(journal: Journal, state: str) -> int:
+    """root-1 of the run, put in ``state`` directly (setup only); returns a lease token."""
+    token = journal.acquire_lease(RUN, "test")
+    call = CallRequest(scope="root", seq=1, kind="agent", request={}, location="f.py:1:1")
+    journal.record_requested(call, run_id=RUN, op_id="root-1", predecessor=None, token=token)
+    journal.db.execute("UPDATE operations SET state=? WHERE op_id='root-1'", (state,))
+    return token
+
+
+# --- the state machine ---------------------------------------------------------------
+
+
+def test_the_table_names_every_state_and_only_states() -> None:
+    assert set(OP_TRANSITIONS) == set(STATES)
+    for targets in OP_TRANSITIONS.values():
+        assert targets <= set(STATES)
+    for final in ("committed", "failed", "not-started"):
+        assert OP_TRANSITIONS[final] == frozenset()
+
+
+def test_the_documented_path_and_recovery_moves_are_legal() -> None:
+    for a, b in [
+        ("requested", "started"), ("started", "settled"), ("settled", "committed"),
+        ("requested", "waiting"), ("waiting", "settled"),  # ask
+        ("requested", "committed"),  # markers
+        ("started", "uncertain"), ("uncertain", "started"), ("uncertain", "retry"),
+        ("retry", "requested"), ("started", "requested"),  # clean retry
+        ("started", "failed"), ("requested", "not-started"),
+        # what Journal._apply_control moves to not-started on stop/cancel
+        ("waiting", "not-started"), ("retry", "not-started"),
+    ]:
+        check_op_transition("root-1", a, b)
+
+
+@pytest.mark.parametrize(("current", "new"), LEGAL)
+def test_every_legal_transition_is_allowed(journal: Journal, current: str, new: str) -> None:
+    token = op_in(journal, current)
+    start = Intent(intent_id="start-agent.root-1.1", run_id=RUN, kind="start-agent",
+                   op_id="root-1")
+    journal.update_op(RUN, "root-1", token=token, state=new, intents=[start])  # type: ignore[arg-type]
+    assert journal.get_op_by_id(RUN, "root-1").state == new
+    assert journal.events(RUN)[-1].event == f"op-{new}"
+
+
+@pytest.mark.parametrize(("current", "new"), ILLEGAL)
+def test_every_other_transition_is_refused_and_leaves_no_trace(
+    journal: Journal, clock: Clock, current: str, new: str
+) -> None:
+    token = op_in(journal, current)
+    before = journal.get_op_by_id(RUN, "root-1")
+    events = len(journal.events(RUN))
+    clock.now += 5
+    start = Intent(intent_id="start-agent.root-1.1", run_id=RUN, kind="start-agent",
+                   op_id="root-1")
+    with pytest.raises(IllegalTransition, match=f"cannot move from {current} to {new}"):
+        journal.update_op(RUN, "root-1", token=token, state=new, result={"x": 1},  # type: ignore[arg-type]
+                          intents=[start])
+    assert journal.get_op_by_id(RUN, "root-1") == before
+    assert len(journal.events(RUN)) == events
+    assert journal.intents(RUN) == []
+
+
+@pytest.mark.parametrize(("current", "new"), [
+    ("committed", "started"), ("committed", "uncertain"), ("failed", "requested"),
+    ("not-started", "started"), ("requested", "settled"), ("requested", "uncertain"),
+    ("uncertain", "committed"), ("settled", "started"), ("waiting", "started"),
+])
+def test_representative_illegal_moves(current: str, new: str) -> None:
+    with pytest.raises(IllegalTransition) as caught:
+        check_op_transition("root-1", current, new)
+    assert caught.value.code == "illegal-transition" and caught.value.hint
+
+
+def test_an_update_without_a_state_is_not_a_transition(journal: Journal) -> None:
+    token = op_in(journal, "committed")
+    journal.update_op(RUN, "root-1", token=token, finish={"output": {}}, event="op-finished")
+    assert journal.get_op_by_id(RUN, "root-1").state == "committed"
+
+
+def test_a_person_decides_only_along_the_table(journal: Journal) -> None:
+    token = op_in(journal, "uncertain")
+    journal.release_lease(RUN, token)
+    journal.db.execute("UPDATE runs SET state='blocked' WHERE run_id=?", (RUN,))
+    journal.resolve_uncertain(RUN, "root-1", decision="retry", actor_uid=1001)
+    assert journal.get_op_by_id(RUN, "root-1").state == "retry"
+
+
+# --- the clock and the lease TTL -----------------------------------------------------
+
+
+def test_rows_and_leases_use_the_injected_clock(journal: Journal, clock: Clock) -> None:
+    assert journal.get_run(RUN).created_at == clock.now
+    journal.acquire_lease(RUN, "a")
+    assert journal.get_run(RUN).lease_expires == clock.now + LEASE_TTL
+    with pytest.raises(Busy):
+        journal.acquire_lease(RUN, "b")
+    clock.now += LEASE_TTL + 1  # the lease runs out without anyone sleeping
+    assert journal.acquire_lease(RUN, "b") == 2
+    assert journal.events(RUN)[-1].at == clock.now
+
+
+def test_the_coordinator_uses_the_journal_lease_ttl() -> None:
+    from cairn.coordinator import core
+
+    assert core.LEASE_TTL is LEASE_TTL
+
+
+# --- the reader ----------------------------------------------------------------------
+
+
+def test_reader_reads_and_cannot_write(journal: Journal) -> None:
+    reader = JournalReader(journal.path)
+    assert reader.get_run(RUN).run_id == RUN
+    assert reader.launch_description(RUN).run_id == RUN
+    assert reader.list_ops(RUN) == [] and reader.intents(RUN) == []
+    assert not hasattr(reader, "update_op") and not hasattr(reader, "create_run")
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.db.execute("DELETE FROM runs")
+    reader.close()
+
+
+def test_reader_never_migrates(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    sqlite3.connect(path).close()  # an empty database, schema 0
+    before = path.read_bytes()
+    with pytest.raises(JournalError, match="older than this cairn"):
+        JournalReader(path)
+    assert path.read_bytes() == before
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(JournalError, match="newer than this cairn"):
+        JournalReader(path)
+    with pytest.raises(JournalError, match="does not exist"):
+        JournalReader(tmp_path / "nope.db")
+
+
+def test_the_reader_does_not_import_the_writers_or_the_policy() -> None:
+    code = (
+        "import sys, cairn.journal.reader\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('cairn'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert "cairn.journal.reader" in out
+    for module in ("cairn.policy", "cairn.journal.people", "cairn.journal.operations",
+                   "cairn.journal.runs", "cairn.journal.readwrite"):
+        assert module not in out
