@@ -99,7 +99,10 @@ class BrokerServer:
                     self.reply(conn, BrokerReply(ok=True, receipts=receipts))
                 except CairnError as exc:
                     log.error("%s %s: %s", verb, run_id, exc)
-                    self.reply(conn, BrokerReply(ok=False, code=exc.code, error=str(exc)))
+                    self.reply(
+                        conn,
+                        BrokerReply(ok=False, code=exc.code, error=exc.message, hint=exc.hint),
+                    )
                 except Exception as exc:  # a broker bug must still answer, then be visible
                     log.exception("%s %s crashed", verb, run_id)
                     self.reply(
@@ -108,7 +111,10 @@ class BrokerServer:
 
     @staticmethod
     def reply(conn: socket.socket, reply: BrokerReply) -> None:
+        # No "hint" key unless there is a hint: a client older than the field (a coordinator
+        # started before an upgrade) refuses keys it does not know.
+        exclude = {"hint"} if reply.hint is None else None
         try:
-            conn.sendall(reply.model_dump_json().encode() + b"\n")
+            conn.sendall(reply.model_dump_json(exclude=exclude).encode() + b"\n")
         except OSError:
             pass

@@ -49,7 +49,8 @@ def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerRe
     """Ask the broker to carry out the run's pending intents of ``verb``.
 
     Repeats the call while the broker cannot be reached; raises :class:`BrokerRefused`
-    when it answers with an error and :class:`Unavailable` when it stays unreachable.
+    when it answers with an error (carrying the broker's code and hint) and
+    :class:`Unavailable` when it stays unreachable.
     """
     if not paths.RUN_ID_RE.match(run_id):
         raise CairnError(f"not a run ID: {run_id!r}")
@@ -69,5 +70,8 @@ def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerRe
             time.sleep(delay)
     reply = BrokerReply.model_validate_json(raw)
     if not reply.ok:
-        raise BrokerRefused(f"broker refused {verb} for {run_id}: {reply.error}")
+        error = BrokerRefused(f"broker refused {verb} for {run_id}: {reply.error}", hint=reply.hint)
+        if reply.code:
+            error.code = reply.code  # the broker's own code, e.g. "storage" or "not-found"
+        raise error
     return reply

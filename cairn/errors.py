@@ -83,6 +83,24 @@ class IllegalTransition(JournalError):
     code = "illegal-transition"
 
 
+class AlreadyAnswered(CairnError):
+    """A question or approval request was decided before, differently or by someone else."""
+
+    code = "already-answered"
+
+
+class StaleRequest(CairnError):
+    """A challenge or fingerprint that does not name what the run waits for now."""
+
+    code = "stale"
+
+
+class RunEnded(CairnError):
+    """The run has finished; nothing more can be asked of it."""
+
+    code = "run-ended"
+
+
 class Busy(CairnError):
     """Another process holds what was asked for."""
 
@@ -93,12 +111,6 @@ class Nondeterminism(CairnError):
     """A replayed operation differs from the one in the journal."""
 
     code = "nondeterminism"
-
-
-class Conflict(CairnError):
-    """Live content changed under an apply; nothing was overwritten."""
-
-    code = "conflict"
 
 
 class BrokerRefused(CairnError):

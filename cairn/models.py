@@ -219,6 +219,7 @@ class BrokerReply(Frozen):
     receipts: list[Receipt] = []
     error: str | None = None
     code: str | None = None
+    hint: str | None = None  # sent only when there is one: older clients forbid the key
 
 
 # --- daemon socket ------------------------------------------------------------------

@@ -32,8 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.errors import AlreadyAnswered as AlreadyAnswered  # re-exported for cairnd and tests
 from cairn.errors import CairnError
+from cairn.errors import RunEnded as RunEnded
+from cairn.errors import StaleRequest as StaleRequest
 from cairn.models import LaunchDescription
+from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +52,10 @@ class PolicyError(CairnError):
     code = "policy"
 
 
-class AlreadyAnswered(CairnError):
-    """A question or approval request was decided before, differently or by someone else."""
-
-    code = "already-answered"
-
-
-class StaleRequest(CairnError):
-    """A challenge or fingerprint that does not name what the run waits for now."""
-
-    code = "stale"
-
-
 class RequestExpired(CairnError):
     """An approval given after the request's deadline; the request is now expired."""
 
     code = "expired"
-
-
-class RunEnded(CairnError):
-    """The run has finished; nothing more can be asked of it."""
-
-    code = "run-ended"
 
 
 class _Rules(BaseModel):
@@ -139,10 +125,9 @@ def load_policy(path: Path | None = None) -> Policy:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PolicyError(f"{path} is not valid TOML: {exc}", hint="fix the file") from exc
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where, message = first_error(exc)
         raise PolicyError(
-            f"{path}: {where}: {first['msg']}",
+            f"{path}: {where}: {message}",
             hint="decisions are allow, deny or require_approval",
         ) from exc
 

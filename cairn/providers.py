@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cairn import paths
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
 from cairn.models import ModelRoute
+from cairn.validation import first_error, invalid
 
 KEY_LIMIT = 16 << 10
 
@@ -75,10 +76,9 @@ class ProvidersFile(BaseModel):
         try:
             return ModelRoute(provider=chosen, **entry.model_dump())
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            where, message = first_error(exc)
             raise ValidationFailed(
-                f"{providers_path()}: providers.{chosen}.{where}: {first['msg']}"
+                f"{providers_path()}: providers.{chosen}.{where}: {message}"
             ) from exc
 
 
@@ -99,9 +99,7 @@ def load_providers(path: Path | None = None) -> ProvidersFile:
     try:
         return ProvidersFile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "file"
-        raise ValidationFailed(f"{file}: {where}: {first['msg']}") from exc
+        raise invalid(exc, str(file), top="file") from exc
 
 
 def load_credential(route: ModelRoute, directory: str | None = None) -> str:

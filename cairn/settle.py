@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -64,7 +63,6 @@ __all__ = [
     "glob_regex",
     "inventories_equal",
     "plan_apply",
-    "write_json_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -619,14 +617,3 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
         log_.close()
     log.info("applied %d paths into %s (%d already there)", len(applied), live, len(already))
     return ApplyResult(status="applied", applied=sorted(applied), already_applied=already)
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

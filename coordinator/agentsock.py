@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from cairn.models import AgentInstruction, AgentMessage, AgentReply
+from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,9 @@ class AgentSocket:
         try:
             self.output_model.model_validate(message.output)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "output"
-            return AgentReply(
-                ok=False, error=f"output does not match the schema: {where}: {first['msg']}"
-            )
+            where, problem = first_error(exc, top="output")
+            error = f"output does not match the schema: {where}: {problem}"
+            return AgentReply(ok=False, error=error)
         self.finish = message
         self.finished.set()
         return AgentReply(ok=True)

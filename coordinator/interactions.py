@@ -9,8 +9,8 @@
 - Control requests (pause, stop, cancel) are honoured at safe points: whenever the
   control worker makes its next call, no effect of this coordinator is in flight.
 
-The hooks in :mod:`cairn.coordinator.core` call :func:`at_safe_point`, :func:`ask`,
-:func:`authorize` and :func:`suspend`.
+The hooks in the coordinator call :func:`at_safe_point` and :func:`ask` (replay),
+:func:`authorize` (the agent operation) and :func:`suspend` (:mod:`cairn.coordinator.core`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from cairn.policy import (
 )
 
 if TYPE_CHECKING:
-    from cairn.coordinator.core import Coordinator
+    from cairn.coordinator.base import CoordinatorBase
 
 EXIT_RESTART = 75  # same meaning as in core: systemd starts the coordinator again
 
@@ -61,7 +61,7 @@ class OperationRefused(OperationError):
     code = "refused"
 
 
-def at_safe_point(coord: Coordinator) -> None:
+def at_safe_point(coord: CoordinatorBase) -> None:
     """Honour the oldest pending pause/stop/cancel request (called before each call is
     answered: nothing this coordinator started is in flight then)."""
     for action in coord.journal.pending_controls(coord.run_id):
@@ -69,7 +69,7 @@ def at_safe_point(coord: Coordinator) -> None:
             raise RunSuspended(f"{action} requested", state=CONTROL_STATE[action])
 
 
-def suspend(coord: Coordinator, exc: RunSuspended) -> int:
+def suspend(coord: CoordinatorBase, exc: RunSuspended) -> int:
     """Record why the coordinator exits; return its exit status."""
     if exc.state == "waiting":
         state = coord.journal.suspend_run(coord.run_id, token=coord.token)
@@ -101,7 +101,7 @@ def challenge_of(run_id: str, op: OpRow, question: str, schema: dict[str, Any]) 
     return "sha256:" + sha256_hex(canonical_json(document))
 
 
-def answer_schema(coord: Coordinator, call: CallRequest) -> tuple[str | None, dict[str, Any]]:
+def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None, dict[str, Any]]:
     """The answer model named by the call, which must be the one the review listed."""
     site = coord.check_manifest(call)
     name = call.request.get("schema")
@@ -115,7 +115,7 @@ def answer_schema(coord: Coordinator, call: CallRequest) -> tuple[str | None, di
     return name, coord.models[name].model_json_schema()
 
 
-def ask(coord: Coordinator, op: OpRow, call: CallRequest) -> dict[str, Any]:
+def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
     """Drive an ``ask`` operation: open its question once, and settle it when answered."""
     if op.state == "settled":
         assert op.result is not None
@@ -156,7 +156,7 @@ def approval_request_id(op_id: str) -> str:
     return f"{op_id}-approval"
 
 
-def authorize(coord: Coordinator, op: OpRow, call: CallRequest, agent: dict[str, Any]) -> None:
+def authorize(coord: CoordinatorBase, op: OpRow, call: CallRequest, agent: dict[str, Any]) -> None:
     """Evaluate the current host policy for an agent about to be dispatched. Returns when
     it may start; otherwise the run waits for an approval or fails with the refusal."""
     capabilities = agent_capabilities(agent)
@@ -200,7 +200,7 @@ def authorize(coord: Coordinator, op: OpRow, call: CallRequest, agent: dict[str,
     refuse(coord, op, f"approval {request_id} was {existing.state}{who}{why}")
 
 
-def refuse(coord: Coordinator, op: OpRow, reason: str) -> None:
+def refuse(coord: CoordinatorBase, op: OpRow, reason: str) -> None:
     """Record that the operation did not run and fail the run with the reason."""
     coord.journal.update_op(
         coord.run_id,

@@ -8,9 +8,10 @@ from pydantic import ValidationError
 
 from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import visible_run
-from cairn.errors import UsageError, ValidationFailed
+from cairn.errors import UsageError
 from cairn.journal import Journal
 from cairn.models import AgentMessage, DaemonRequest
+from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
 
@@ -47,9 +48,5 @@ def checked_finish(
     try:
         model.model_validate(output)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "output"
-        raise ValidationFailed(
-            f"the result does not match {agent.output}: {where}: {first['msg']}"
-        ) from exc
+        raise invalid(exc, f"the result does not match {agent.output}", top="output") from exc
     return AgentMessage(type="finish_work", output=output, handoff=handoff).model_dump(mode="json")

@@ -30,6 +30,7 @@ from cairn.policy import (
     load_policy,
     prepare_agent_operation,
 )
+from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
 
@@ -123,10 +124,8 @@ def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text:
     try:
         return model.model_validate(data).model_dump(mode="json")
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "answer"
-        raise ValidationFailed(
-            f"the answer does not match {question.schema_name}: {where}: {first['msg']}"
+        raise invalid(
+            exc, f"the answer does not match {question.schema_name}", top="answer"
         ) from exc
 
 

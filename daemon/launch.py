@@ -31,6 +31,7 @@ from cairn.models import (
     ProjectSpec,
 )
 from cairn.providers import load_providers
+from cairn.validation import first_error, invalid
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
@@ -79,10 +80,10 @@ def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
     try:
         return model.model_validate(args).model_dump(mode="json")
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "args"
-        raise ValidationFailed(
-            f"arguments do not match {review.workflow.input}: {where}: {first['msg']}",
+        raise invalid(
+            exc,
+            f"arguments do not match {review.workflow.input}",
+            top="args",
             hint=f"fields: {', '.join(model.model_fields)}",
         ) from exc
 
@@ -184,8 +185,8 @@ def resolve_limits(overrides: dict[str, int]) -> Limits:
     try:
         return Limits(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ValidationFailed(f"limit {first['loc'][0]}: {first['msg']}") from exc
+        where, message = first_error(exc, top="limits")
+        raise ValidationFailed(f"limit {where}: {message}") from exc
 
 
 def launch(

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from cairn import paths
 from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
-from cairn.errors import CairnError
+from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
 from cairn.models import DaemonReply, DaemonRequest, ErrorBody
 
@@ -71,9 +71,20 @@ def dispatch(request: DaemonRequest, uid: int, fd: int | None) -> Any:
             return views.show(journal, request.run_id, uid)
         if request.op == "logs":
             return views.logs(journal, request.run_id, uid)
-        return views.diff(journal, request.run_id, uid)
+        if request.op == "diff":
+            return views.diff(journal, request.run_id, uid)
+        raise unknown_op(request.op)
     finally:
         journal.close()
+
+
+def unknown_op(op: object) -> UsageError:
+    """A request cairnd does not serve: most likely a CLI from another cairn version."""
+    return UsageError(
+        f"cairnd does not know the request {op!r}",
+        hint="use the cairn CLI of the installed package; after an upgrade, "
+        "'systemctl restart cairn.service'",
+    )
 
 
 def handle(conn: socket.socket) -> None:
@@ -87,12 +98,14 @@ def handle(conn: socket.socket) -> None:
             reply = DaemonReply(ok=True, result=dispatch(request, uid, fd))
         except ValidationError as exc:
             first = exc.errors()[0]
-            reply = DaemonReply(
-                ok=False,
-                error=ErrorBody(
+            if first["loc"] == ("op",) and first["type"] == "literal_error":
+                error = unknown_op(first["input"])
+                body = ErrorBody(code=error.code, message=error.message, hint=error.hint)
+            else:
+                body = ErrorBody(
                     code="usage", message=f"malformed request: {first['loc']}: {first['msg']}"
-                ),
-            )
+                )
+            reply = DaemonReply(ok=False, error=body)
         except CairnError as exc:
             reply = DaemonReply(
                 ok=False, error=ErrorBody(code=exc.code, message=exc.message, hint=exc.hint)

@@ -19,6 +19,7 @@ from typing import Any
 from cairn import journald
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
+from cairn.fsutil import write_atomic
 from cairn.worker.channel import AgentChannel
 from cairn.worker.profiles import flush_workspace, run_profile
 
@@ -28,12 +29,7 @@ RESULT_FILE = Path("/outputs/finish.json")
 
 
 def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        json.dump({"output": output, "handoff": handoff}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"output": output, "handoff": handoff}))
 
 
 def _terminate(signum: int, _frame: object) -> None:

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from cairn import journald, settle
 from cairn.errors import CairnError
+from cairn.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
         result = settle.apply(args.q, args.f, args.live, paths, args.receipts)
-        settle.write_json_atomic(args.result, json.loads(result.model_dump_json()))
+        data = json.loads(result.model_dump_json())
+        write_atomic(args.result, json.dumps(data, indent=2, sort_keys=True) + "\n")
     except (CairnError, OSError, ValidationError) as exc:
         print(f"cairn.worker.apply: {exc}", file=sys.stderr)
         return 1

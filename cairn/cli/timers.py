@@ -9,6 +9,7 @@ import pwd
 from pathlib import Path
 from typing import Any
 
+from cairn.fsutil import write_atomic
 from cairn.proc import run
 from cairn.schedules import SCHEDULE_ID_RE, timer_name
 
@@ -49,9 +50,7 @@ def install_timer(schedule_id: str, text: str) -> bool:
     current = path.read_text() if path.exists() else None
     if current != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(text)
-        os.replace(staging, path)
+        write_atomic(path, text)
         systemctl_user("daemon-reload")
         changed = True
     state = timer_state(schedule_id)

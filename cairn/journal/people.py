@@ -14,10 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from cairn.canonical import canonical_json
-from cairn.errors import NotFound, UsageError
+from cairn.errors import AlreadyAnswered, NotFound, RunEnded, StaleRequest, UsageError
 from cairn.journal.rows import TERMINAL_RUN_STATES, ControlAction, RunState, loads
 from cairn.journal.writes import Writes
-from cairn.policy import AlreadyAnswered, RunEnded, StaleRequest
 
 
 class People(Writes):

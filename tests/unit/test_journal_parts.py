@@ -158,7 +158,7 @@ def test_rows_and_leases_use_the_injected_clock(journal: Journal, clock: Clock) 
     assert journal.get_run(RUN).lease_expires == clock.now + LEASE_TTL
     with pytest.raises(Busy):
         journal.acquire_lease(RUN, "b")
-    clock.now += LEASE_TTL + 1  # the lease runs out without anyone sleeping
+    clock.now += LEASE_TTL + 1  # the lease runs out, no real time passes
     assert journal.acquire_lease(RUN, "b") == 2
     assert journal.events(RUN)[-1].at == clock.now
 

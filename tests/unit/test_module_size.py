@@ -13,10 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 800
 
-CEILINGS = {
-    "coordinator/core.py": 1229,
-    "daemon/schedules.py": 984,
-}
+CEILINGS: dict[str, int] = {}
 
 # Not project source: the tests, build output, virtual environments, caches.
 _SKIP_TOP = {"tests", "build", "dist", "prebuilt"}

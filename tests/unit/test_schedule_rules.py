@@ -215,6 +215,21 @@ def test_timer_holds_only_the_schedule_id_and_calendar() -> None:
 # --- cairnd's store and admission on real SQLite ------------------------------------------
 
 
+class Clock:
+    """Time that moves only when a test says so, and by a millisecond on every reading
+    (so two occurrences decided one after the other are still at distinct instants)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A host layout under tmp_path with a project owned by OWNER and open as a fd."""
@@ -225,10 +240,17 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     project.mkdir(parents=True)
     os.chown(project, OWNER, OWNER)
     fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
-    journal = Journal(tmp_path / "journal.db", create=True)
-    store = daemon_schedules.Store(daemon_schedules.store_path())
+    clock = Clock(time.time())
+    journal = Journal(tmp_path / "journal.db", create=True, clock=clock)
+    store = daemon_schedules.Store(daemon_schedules.store_path(), clock=clock)
     try:
-        yield {"fd": fd, "project": str(project), "journal": journal, "store": store}
+        yield {
+            "fd": fd,
+            "project": str(project),
+            "journal": journal,
+            "store": store,
+            "clock": clock,
+        }
     finally:
         store.close()
         journal.close()
@@ -255,7 +277,9 @@ def _create(host: dict[str, Any], **changes: Any) -> dict[str, Any]:
         **changes,
     }
     request = _request("schedule-create", project=host["project"], schedule=body)
-    return daemon_schedules.dispatch(host["journal"], request, OWNER, host["fd"])  # type: ignore[no-any-return]
+    return daemon_schedules.dispatch(  # type: ignore[no-any-return]
+        host["journal"], request, OWNER, host["fd"], clock=host["clock"]
+    )
 
 
 def _script() -> dict[str, Any]:
@@ -267,7 +291,9 @@ def _script() -> dict[str, Any]:
 
 def _call(host: dict[str, Any], op: str, **fields: Any) -> Any:
     fd = host["fd"] if op in ("schedule-resume", "schedule-fire", "schedule-run-now") else None
-    return daemon_schedules.dispatch(host["journal"], _request(op, **fields), OWNER, fd)
+    return daemon_schedules.dispatch(
+        host["journal"], _request(op, **fields), OWNER, fd, clock=host["clock"]
+    )
 
 
 def _enable(host: dict[str, Any], **changes: Any) -> str:
@@ -321,6 +347,7 @@ def test_confirm_binds_action_and_latest_revision(host: dict[str, Any]) -> None:
             _request("schedule-inspect", schedule_id=first["schedule_id"]),
             OWNER + 1,
             None,
+            clock=host["clock"],
         )
 
 
@@ -338,10 +365,11 @@ def test_launch_failures_are_counted_then_block_the_schedule(host: dict[str, Any
 
 
 def test_repeated_timer_trigger_for_one_elapse_is_a_noop(host: dict[str, Any]) -> None:
-    at = datetime.fromtimestamp(time.time() + 2, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    clock = host["clock"]
+    at = datetime.fromtimestamp(clock.now + 2, UTC).strftime("%Y-%m-%d %H:%M:%S")
     sid = _enable(host, calendar=at)
     assert _call(host, "schedule-fire", schedule_id=sid)["outcome"] == "duplicate"
-    time.sleep(max(0.0, parse_instant(at + "Z") - time.time()) + 0.2)
+    clock.advance(max(0.0, parse_instant(at + "Z") - clock.now) + 0.2)
     first = _call(host, "schedule-fire", schedule_id=sid)
     assert first["outcome"] == "launch-failed"
     assert first["key"] == f"calendar:{int(parse_instant(at + 'Z'))}"
@@ -357,9 +385,11 @@ def test_paused_and_expired_schedules_refuse_and_record(host: dict[str, Any]) ->
     refused = _call(host, "schedule-run-now", schedule_id=sid)
     assert (refused["outcome"], refused["reason"]) == ("refused", "schedule is paused")
     short = _enable(
-        host, name="short", valid_until=datetime.fromtimestamp(time.time() + 1.5, UTC).isoformat()
+        host,
+        name="short",
+        valid_until=datetime.fromtimestamp(host["clock"].now + 1.5, UTC).isoformat(),
     )
-    time.sleep(1.6)
+    host["clock"].advance(1.6)
     expired = _call(host, "schedule-run-now", schedule_id=short)
     assert expired["outcome"] == "refused" and "has passed" in expired["reason"]
     states = [o["state"] for o in _call(host, "schedule-inspect", schedule_id=short)["occurrences"]]
@@ -369,7 +399,7 @@ def test_paused_and_expired_schedules_refuse_and_record(host: dict[str, Any]) ->
 
 
 def _insert_preparing(host: dict[str, Any], sid: str, run_id: str) -> None:
-    now = time.time()
+    now = host["clock"]()
     with host["store"].transaction() as db:
         db.execute(
             "INSERT INTO occurrences (schedule_id, key, trigger, nominal, revision, state,"
@@ -413,13 +443,15 @@ def test_half_prepared_occurrences_are_repaired(host: dict[str, Any]) -> None:
             project=ProjectSpec(root=host["project"], owner_uid=OWNER, on_pool_fs=False),
             profiles={},
             cairn_version="0",
-            created_at=time.time(),
+            created_at=host["clock"](),
         ),
         intents=[],
     )
-    time.sleep(0.01)
+    host["clock"].advance(0.01)
     _insert_preparing(host, sid, created)
-    result = daemon_schedules.dispatch(host["journal"], _request("schedule-reconcile"), OWNER, None)
+    result = daemon_schedules.dispatch(
+        host["journal"], _request("schedule-reconcile"), OWNER, None, clock=host["clock"]
+    )
     assert result["repaired"] == 2
     by_run = {
         o["run_id"]: o for o in _call(host, "schedule-inspect", schedule_id=sid)["occurrences"]

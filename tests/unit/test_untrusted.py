@@ -621,8 +621,8 @@ def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> 
 # (file, function, the helper functions it must call). Each reads what an agent or the
 # run owner's helper unit wrote; each runs as a more trusted user (cairn or root).
 READERS: list[tuple[str, str, set[str]]] = [
-    ("coordinator/core.py", "Coordinator.read_result_file", {"read_json"}),
-    ("coordinator/core.py", "Coordinator.fail_if_limit_hit", {"read_text"}),
+    ("coordinator/agentop.py", "AgentOperations.read_result_file", {"read_json"}),
+    ("coordinator/recovery.py", "Recovery.fail_if_limit_hit", {"read_text"}),
     ("broker/units.py", "start_agent", {"read_json"}),  # evidence/index.json (owner cairn)
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
     ("broker/units.py", "run_import", {"read_json"}),

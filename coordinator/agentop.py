@@ -1,0 +1,458 @@
+"""One agent operation (ARCHITECTURE §8): budgets, the attempt's evidence and start intent,
+FINISH from the agent's socket or its result file, waiting for the unit (stopped on a
+cancel), then QUIESCE → SNAPSHOT → MATERIALIZE → COMMIT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from cairn import paths, untrusted
+from cairn.coordinator import interactions
+from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
+from cairn.coordinator.base import RunBlocked
+from cairn.coordinator.lanes import Lanes
+from cairn.coordinator.recovery import Recovery
+from cairn.coordinator.relay import ModelRelay
+from cairn.errors import CairnError, OperationError
+from cairn.fsutil import write_atomic
+from cairn.journal import OpRow
+from cairn.models import (
+    AgentInstruction,
+    AgentMessage,
+    Boundary,
+    CallRequest,
+    Receipt,
+    canonical_json,
+    sha256_hex,
+)
+from cairn.systemd import Systemd
+from cairn.unitprops import agent_unit_name
+
+
+class BudgetExhausted(OperationError):
+    """A run budget is spent; the operation did not run."""
+
+    code = "budget-exhausted"
+
+
+class AgentOperations(Recovery, Lanes):
+    """Drive an agent operation from the state the journal holds to committed."""
+
+    def run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        """Drive one agent operation from whatever state the journal holds to committed;
+        at most ``max_concurrent_agents`` do so at once (queued ones wait, not started)."""
+        with self.agent_slots:
+            return self._run_agent(op, call)
+
+    def _run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        agent = self.review["agents"][call.request["descriptor"]]
+        output_model = self.models[agent["output"]]
+        while True:
+            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+            if op.state in ("failed", "not-started"):
+                # the same failure, of the same kind, as when it was first decided
+                error = OperationError(f"{op.op_id} did not complete: {op.error}")
+                default = "operation-failed" if op.state == "failed" else "refused"
+                error.code = (op.result or {}).get("kind", default)
+                raise error
+            if op.state == "uncertain":
+                raise RunBlocked(
+                    f"{op.op_id} may have had effects outside the sandbox and no result",
+                    hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
+                )
+            if op.state == "retry":  # a person decided the uncertain attempt may be redone
+                self.clean_retry(op, "retry decided by a person")
+                continue
+            if op.state == "requested":
+                if op.attempt == 1:
+                    self.check_budget(op)
+                interactions.authorize(self, op, call, agent)
+                self.start_attempt(op, call, agent, output_model)
+                continue
+            if op.state == "started":
+                finish = self.collect_finish(op, call, agent, output_model)
+                if finish is None:
+                    continue  # a clean retry was recorded; start the next attempt
+                return self.complete_boundary(op, call, finish)
+            assert op.state == "settled" and op.result is not None
+            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+            return op.result
+
+    def check_budget(self, op: OpRow) -> None:
+        """Reserve the run's budgets before new work: an exhausted budget refuses the
+        operation (the workflow sees OperationFailed of kind ``budget-exhausted``); a
+        boundary already under way is never cut short."""
+        limits = self.desc.limits
+        others = [
+            o
+            for o in self.journal.list_ops(self.run_id)
+            if o.kind == "agent" and o.op_id != op.op_id
+        ]
+        started = sum(1 for o in others if o.state not in ("requested", "not-started"))
+        seconds = sum(
+            float((o.result or {}).get("usage", {}).get("agent_seconds", 0)) for o in others
+        )
+        reason = None
+        if started >= limits.max_agent_ops:
+            reason = f"all {limits.max_agent_ops} agent operations are used"
+        elif seconds >= limits.max_agent_seconds:
+            reason = f"{seconds:.0f} s of {limits.max_agent_seconds} s agent time are used"
+        elif self.budget.exhausted:
+            reason = f"the {limits.model_tokens} model tokens are used"
+        if reason is None:
+            return
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="not-started",
+            error=f"budget exhausted: {reason}",
+            result={"error": reason, "kind": BudgetExhausted.code},
+            event="budget-exhausted",
+            event_data={"reason": reason},
+        )
+        raise BudgetExhausted(f"{op.op_id} did not run: budget exhausted: {reason}")
+
+    def instruction(
+        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+    ) -> AgentInstruction:
+        profile = self.desc.profiles.get(agent["profile"])
+        if profile is None:
+            raise CairnError(f"profile {agent['profile']} was not resolved at launch")
+        return AgentInstruction(
+            run_id=self.run_id,
+            op_id=op.op_id,
+            attempt=op.attempt,
+            prompt=call.request["prompt"],
+            title=call.request.get("title") or call.request["descriptor"],
+            descriptor=call.request["descriptor"],
+            output_schema=output_model.model_json_schema(),
+            profile=profile,
+        )
+
+    def start_attempt(
+        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+    ) -> None:
+        """Save the intent (with the move to ``started``), then have the broker act on it."""
+        instruction = self.instruction(op, call, agent, output_model)
+        incoming = self.write_evidence(op, instruction)
+        outputs = self.outputs_dir(op.op_id, op.attempt)
+        if outputs.exists():
+            shutil.rmtree(outputs)
+        outputs.mkdir(parents=True)
+        os.chmod(outputs, 0o777)  # the owner's agent writes here; runs/ itself is 0750
+        start = self.intent(
+            "start-agent",
+            f"start-agent.{op.op_id}.{op.attempt}",
+            scope=op.scope,
+            op_id=op.op_id,
+            attempt=op.attempt,
+            generation=self.w_gen[op.scope],
+        )
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="started", intents=[start]
+        )
+        self.failpoint("after-intent-saved")
+        self.event("agent-started", op_id=op.op_id, attempt=op.attempt, incoming=incoming)
+
+    def collect_finish(
+        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+    ) -> AgentMessage | None:
+        """FINISH: the agent's validated finish message, from the journal, the socket (a
+        live or reattached agent) or its result file. None after recording a clean retry."""
+        if op.finish is not None:
+            return AgentMessage.model_validate(op.finish)
+        instruction = self.instruction(op, call, agent, output_model)
+        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        start_id = f"start-agent.{op.op_id}.{op.attempt}"
+        (start,) = [
+            i for i in self.journal.intents(self.run_id, "launch-v1") if i.intent_id == start_id
+        ]
+        # The relay first: the broker starts an agent only once its agent.sock exists, and
+        # a sibling lane's launch-v1 may do so at any moment after that.
+        relay = self.start_relay(op, agent)
+        try:
+            sock = AgentSocket(
+                paths.agent_socket_path(self.run_id, op.op_id),
+                owner_uid=self.desc.owner_uid,
+                instruction=instruction,
+                output_model=output_model,
+                on_note=lambda text: self.event("agent-note", op_id=op.op_id, text=text),
+            )
+        except BaseException:
+            if relay is not None:
+                relay.close()
+            raise
+        try:
+            # Idempotent: starts the unit if the intent is still pending, else returns the
+            # receipt (and the broker adopts a unit it started before a crash).
+            self.broker("launch-v1", [start], queued=True)
+            self.failpoint("after-unit-started")
+            ended = self.wait_agent(unit, sock)
+        finally:
+            sock.close()
+            if relay is not None:
+                relay.close()
+                self.usage[op.op_id] = relay.usage
+        finish = sock.finish or self.read_result_file(op, output_model)
+        if finish is None and self.budget.exhausted:
+            raise CairnError(
+                f"the run's model token budget ({self.desc.limits.model_tokens}) is spent",
+                hint="launch again with a larger limits.model_tokens",
+            )
+        if finish is None:
+            self.fail_if_limit_hit(op)
+            self.retry_or_block(op, agent, ended)
+            return None
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            finish=finish.model_dump(mode="json"),
+            event="op-finished",
+            event_data={"attempt": op.attempt, "via": "socket" if sock.finish else "file"},
+        )
+        self.failpoint("after-finish-received")
+        return finish
+
+    def start_relay(self, op: OpRow, agent: dict[str, Any]) -> ModelRelay | None:
+        """The model relay for an agent whose profile names a provider; the broker binds
+        its socket into the unit. The provider credential stays on this side."""
+        profile = self.desc.profiles[agent["profile"]]
+        provider = getattr(profile, "provider", None)
+        if not provider:
+            return None
+        route = self.desc.routes.get(provider)
+        if route is None:
+            raise CairnError(f"provider {provider} was not resolved at launch")
+        relay = ModelRelay(
+            paths.model_socket_path(self.run_id, op.op_id),
+            route=route,
+            owner_uid=self.desc.owner_uid,
+            transcript=self.transcript_path(op.op_id, op.attempt),
+            budget=self.budget,
+            egress=paths.egress_socket(self.run_id),
+        )
+        relay.start()
+        return relay
+
+    def transcript_path(self, op_id: str, attempt: int) -> Path:
+        return self.state_dir / "ops" / op_id / f"transcript.{attempt}.jsonl"
+
+    def read_result_file(self, op: OpRow, output_model: type[BaseModel]) -> AgentMessage | None:
+        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:  # the agent's file: refused if a link, a FIFO, another user's or oversized
+            data = untrusted.read_json(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
+            message = AgentMessage(
+                type="finish_work", output=data["output"], handoff=str(data.get("handoff", ""))
+            )
+            output_model.model_validate(message.output)
+        except (untrusted.UntrustedFileError, KeyError, TypeError, ValidationError):
+            return None
+        self.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
+        return message
+
+    def complete_boundary(
+        self, op: OpRow, call: CallRequest, finish: AgentMessage
+    ) -> dict[str, Any]:
+        """QUIESCE → SNAPSHOT → MATERIALIZE → settle → COMMIT."""
+        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        with Systemd() as sd:
+            self.wait_gone(sd, unit)
+        self.failpoint("after-quiesce")
+        (checkpoint,) = self.broker(
+            "storage-v1",
+            [
+                self.intent(
+                    "checkpoint",
+                    f"checkpoint.{op.op_id}",
+                    scope=op.scope,
+                    op_id=op.op_id,
+                    generation=self.w_gen[op.scope],
+                )
+            ],
+        )
+        self.failpoint("after-snapshot")
+        starts = [
+            r
+            for r in self.journal.receipts(self.run_id)
+            if r["intent_id"] == f"start-agent.{op.op_id}.{op.attempt}"
+        ]
+        boundary = self.materialize(
+            op, call, finish, starts[0]["data"] if starts else {}, checkpoint
+        )
+        self.failpoint("after-materialize")
+        started_at = float(starts[0]["at"]) if starts else time.time()
+        usage = {
+            **self.usage.get(op.op_id, {}),
+            "agent_seconds": round(time.time() - started_at, 3),
+        }
+        result = {
+            "output": finish.output,
+            "handoff": finish.handoff,
+            "op_id": op.op_id,
+            "usage": usage,
+        }
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="settled",
+            result=result,
+            checkpoint=checkpoint.data,
+        )
+        self.failpoint("after-settle")
+        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+        self.event("boundary-committed", op_id=op.op_id, boundary=str(boundary))
+        self.failpoint("after-commit")
+        return result
+
+    def wait_agent(self, unit: str, sock: AgentSocket) -> str:
+        """Wait until the agent delivered its finish or its unit is gone; say how it ended.
+        A cancel requested meanwhile stops the unit (through the broker)."""
+        with Systemd() as sd:
+            deadline = time.monotonic() + self.desc.limits.runtime_max_sec + 120
+            while time.monotonic() < deadline:
+                state = sd.unit_state(unit)
+                if sock.finished.is_set():
+                    return "finished"
+                if state is None or state.active_state in ("inactive", "failed"):
+                    # the worker may have written its result just before exiting
+                    sock.finished.wait(0.5)
+                    return "gone" if state is None else f"{state.active_state}/{state.result}"
+                if "cancel" in self.journal.pending_controls(self.run_id):
+                    return self.stop_for_cancel(sock)
+                sock.finished.wait(0.5)
+        raise CairnError(f"agent unit {unit} did not stop in time")
+
+    def stop_for_cancel(self, sock: AgentSocket) -> str:
+        """Cancel: stop every running agent of the run (all lanes), each recorded
+        uncertain unless it had finished; then the run is cancelled."""
+        with self._cancel_lock:
+            running = [
+                o
+                for o in self.journal.list_ops(self.run_id)
+                if o.kind == "agent" and o.state == "started" and o.finish is None
+            ]
+            stops = [
+                self.intent(
+                    "stop-agent",
+                    f"stop-agent.{o.op_id}.{o.attempt}",
+                    op_id=o.op_id,
+                    attempt=o.attempt,
+                )
+                for o in running
+            ]
+            receipts = self.broker("launch-v1", stops) if stops else []
+            for op, stopped in zip(running, receipts, strict=True):
+                if op.op_id == sock.instruction.op_id and sock.finished.is_set():
+                    continue
+                if not stopped.data["result_file"]:
+                    self.journal.update_op(
+                        self.run_id,
+                        op.op_id,
+                        token=self.token,
+                        state="uncertain",
+                        error=f"attempt {op.attempt} stopped by a cancel",
+                        event="op-cancelled",
+                    )
+        if sock.finished.is_set():
+            return "finished"
+        raise interactions.RunSuspended(
+            f"{sock.instruction.op_id} stopped: cancel requested", state="cancelled"
+        )
+
+    def wait_gone(self, sd: Systemd, unit: str) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = sd.unit_state(unit)
+            if state is None or state.active_state in ("inactive", "failed"):
+                return
+            time.sleep(0.2)
+        raise CairnError(f"agent unit {unit} did not exit after finish_work")
+
+    def write_evidence(self, op: OpRow, instruction: AgentInstruction) -> list[str]:
+        """Lay out /evidence for the agent: current instruction plus earlier boundaries.
+
+        Everything is world-readable inside a directory only the ``cairn`` user can reach;
+        the agent sees it through its read-only bind. Each incoming boundary gets an empty
+        ``workspace/`` that the broker's bind of its checkpoint S covers.
+        """
+        evidence = self.state_dir / "ops" / op.op_id / "evidence"
+        current = evidence / "current"
+        _mkdirs(current / "notes")
+        _write_public(current / "instruction.md", instruction.prompt + "\n")
+        _write_public(current / "invocation.json", instruction.model_dump_json(indent=2))
+        incoming = self.causal_incoming(op.scope, op.seq)
+        for earlier in incoming:
+            src = self.state_dir / "boundaries" / earlier
+            dst = evidence / "incoming" / earlier
+            _mkdirs(dst / "workspace")
+            for name in ("boundary.json", "handoff.md", "result.json", "transcript.jsonl"):
+                if (src / name).exists():
+                    _write_public(dst / name, (src / name).read_text())
+        index = {"run": self.run_id, "op": op.op_id, "incoming": incoming}
+        _write_public(evidence / "index.json", json.dumps(index, indent=2))
+        return incoming
+
+    def materialize(
+        self,
+        op: OpRow,
+        call: CallRequest,
+        finish: AgentMessage,
+        start: dict[str, Any],
+        checkpoint: Receipt,
+    ) -> Path:
+        finish_json = canonical_json(finish.model_dump(mode="json"))
+        notes_file = self.state_dir / "ops" / op.op_id / "evidence" / "current" / "notes"
+        boundary = Boundary(
+            run_id=self.run_id,
+            op_id=op.op_id,
+            scope=op.scope,
+            attempt=op.attempt,
+            descriptor=call.request["descriptor"],
+            instruction=call.request["prompt"],
+            invocation=call.request,
+            output=finish.output,
+            output_sha256=sha256_hex(canonical_json(finish.output)),
+            finish_sha256=sha256_hex(finish_json),
+            handoff=finish.handoff,
+            notes=sorted(p.name for p in notes_file.iterdir()) if notes_file.exists() else [],
+            unit=start.get("unit", ""),
+            invocation_id=start.get("invocation_id", ""),
+            checkpoint=checkpoint.data,
+            predecessor=op.predecessor,
+            usage=self.usage.get(op.op_id, {}),
+        )
+        out = self.state_dir / "boundaries" / op.op_id
+        out.mkdir(parents=True, exist_ok=True)
+        transcript = self.transcript_path(op.op_id, op.attempt)
+        if transcript.exists():
+            write_atomic(out / "transcript.jsonl", transcript.read_text(), mode=0o644)
+        write_atomic(out / "boundary.json", boundary.model_dump_json(indent=2), mode=0o644)
+        write_atomic(out / "handoff.md", boundary.handoff + "\n", mode=0o644)
+        write_atomic(out / "result.json", json.dumps(boundary.output, indent=2), mode=0o644)
+        return out / "boundary.json"
+
+
+def _mkdirs(path: Path) -> None:
+    """Create ``path`` and missing parents, each world-readable (0755, umask aside)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir()
+        os.chmod(directory, 0o755)
+
+
+def _write_public(path: Path, text: str) -> None:
+    path.write_text(text)
+    os.chmod(path, 0o644)

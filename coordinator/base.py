@@ -1,0 +1,118 @@
+"""What every concern of the coordinator shares: the run's state, its journal connection,
+its events and failpoints, the broker's intents and the reviewed manifest of calls.
+
+:class:`CoordinatorBase` declares the attributes :class:`cairn.coordinator.core.Coordinator`
+sets up. Each concern is a mixin over it — :mod:`~cairn.coordinator.lease`,
+:mod:`~cairn.coordinator.replay`, :mod:`~cairn.coordinator.lanes`,
+:mod:`~cairn.coordinator.agentop`, :mod:`~cairn.coordinator.recovery`,
+:mod:`~cairn.coordinator.settlement` — and ``Coordinator`` puts them together.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from cairn import journald, paths
+from cairn.brokerclient import call_broker
+from cairn.coordinator.relay import TokenBudget
+from cairn.errors import CairnError, Nondeterminism
+from cairn.failpoints import failpoint
+from cairn.journal import Journal, OpRow
+from cairn.models import CallRequest, Intent, LaunchDescription, Receipt, Verb
+
+FORK_KINDS = ("parallel", "map")
+MARKER_KINDS = ("unroll", "item", "repeat_until")
+MAX_ATTEMPTS = 3
+EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
+
+
+class RunBlocked(CairnError):
+    """The run cannot go on without a person's decision (an uncertain effect)."""
+
+    code = "blocked"
+
+
+class CoordinatorBase:
+    """One run's coordinator: the state ``Coordinator.__init__`` sets up, and the plumbing
+    every concern uses."""
+
+    run_id: str
+    desc: LaunchDescription
+    review: dict[str, Any]
+    models: dict[str, type[BaseModel]]
+    holder: str
+    token: int
+    state_dir: Path
+    w_gen: dict[str, int]
+    agent_slots: threading.BoundedSemaphore
+    always_replay: bool
+    budget: TokenBudget
+    usage: dict[str, dict[str, int]]
+    committed: dict[tuple[str, int], OpRow]
+    sites: dict[tuple[str, int, Any], dict[str, Any]]
+    _local: threading.local
+    _stop_heartbeat: threading.Event
+    _gen_lock: threading.Lock
+    _cancel_lock: threading.Lock
+
+    @property
+    def journal(self) -> Journal:
+        """This thread's journal connection (SQLite connections stay in their thread)."""
+        journal: Journal | None = getattr(self._local, "journal", None)
+        if journal is None:
+            journal = self._local.journal = Journal(paths.journal_path())
+        return journal
+
+    def event(self, name: str, *, op_id: str | None = None, **data: Any) -> None:
+        """One structured journal entry for the run (``journalctl CAIRN_RUN=…``)."""
+        detail = " ".join(f"{k}={v}" for k, v in data.items())
+        journald.send(
+            f"{self.run_id}: {name}"
+            + (f" {op_id}" if op_id else "")
+            + (f" {detail}" if detail else ""),
+            CAIRN_RUN=self.run_id,
+            CAIRN_EVENT=name,
+            CAIRN_OP=op_id or "",
+        )
+
+    def failpoint(self, name: str) -> None:
+        failpoint(name, self.state_dir)
+
+    def broker(self, verb: Verb, intents: list[Intent], *, queued: bool = False) -> list[Receipt]:
+        """Have the broker carry out the run's pending ``verb`` intents; return the receipts
+        of ``intents`` in their order. ``queued``: they are already in the journal."""
+        if intents and not queued:
+            self.journal.add_intents(self.run_id, intents, token=self.token)
+        reply = call_broker(verb, self.run_id)
+        self.journal.record_receipts(
+            self.run_id, [r.model_dump(mode="json") for r in reply.receipts]
+        )
+        by_id = {r.intent_id: r for r in reply.receipts}
+        missing = [i.intent_id for i in intents if i.intent_id not in by_id]
+        if missing:
+            raise CairnError(f"broker gave no receipt for {', '.join(missing)}")
+        return [by_id[i.intent_id] for i in intents]
+
+    def intent(self, kind: str, intent_id: str, **fields: Any) -> Intent:
+        return Intent(intent_id=intent_id, run_id=self.run_id, kind=kind, **fields)  # type: ignore[arg-type]
+
+    def check_manifest(self, call: CallRequest) -> dict[str, Any]:
+        """The call must be one the review listed: same kind, descriptor and line. The
+        per-item markers of ``flow.unroll`` belong to its reviewed call site."""
+        _file, line, col = call.location.rsplit(":", 2)
+        descriptor = call.request.get("descriptor")
+        kinds = ("item", "unroll") if call.kind == "item" else (call.kind,)
+        for kind in kinds:
+            site = self.sites.get((kind, int(line), descriptor))
+            if site is not None:
+                return dict(site)
+        raise Nondeterminism(
+            f"call {call.kind} at line {line}:{col} is not in the reviewed manifest"
+        )
+
+    def outputs_dir(self, op_id: str, attempt: int) -> Path:
+        return self.state_dir / "ops" / op_id / f"outputs.{attempt}"

@@ -1,0 +1,116 @@
+"""Lanes (ARCHITECTURE §5): ``flow.parallel`` and ``flow.map`` fork the scope's W into one
+writable W per lane; the join records every lane's outcome and final checkpoint (lanes
+are evidence, never merged). Also which earlier boundaries an operation may see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cairn.coordinator.base import FORK_KINDS, CoordinatorBase
+from cairn.errors import Nondeterminism
+from cairn.journal import OpRow
+from cairn.models import CallRequest, JoinRequest
+
+
+class Lanes(CoordinatorBase):
+    """FORK and JOIN, and the causal view of earlier boundaries."""
+
+    def fork(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        """FORK: checkpoint the parent's W; every lane gets a writable W of that checkpoint.
+        The operation stays ``started`` until the join commits it."""
+        lanes = list(call.request["lanes"])
+        intent = self.intent(
+            "fork",
+            f"fork.{op.op_id}",
+            scope=op.scope,
+            op_id=op.op_id,
+            generation=self.w_gen[op.scope],
+            lanes=lanes,
+        )
+        if op.state == "requested":
+            self.journal.update_op(
+                self.run_id,
+                op.op_id,
+                token=self.token,
+                state="started",
+                intents=[intent],
+                event="fork",
+                event_data={"lanes": lanes},
+            )
+        if op.state in ("requested", "started"):
+            self.broker("storage-v1", [intent], queued=True)
+        with self._gen_lock:
+            for key in lanes:
+                self.w_gen.setdefault(f"{op.op_id}-{key}", 1)
+        return {"forked": True, "lanes": lanes}
+
+    def join(self, join: JoinRequest) -> tuple[dict[str, Any], str, bool]:
+        """JOIN: record every lane's outcome and final checkpoint; the parent's W is left
+        as it was (lanes are evidence, never merged)."""
+        op_id = f"{join.scope}-{join.seq}"
+        op = self.journal.get_op_by_id(self.run_id, op_id)
+        live = {k: (v["outcome"], v.get("last_op")) for k, v in join.outcomes.items()}
+        if op.state == "committed":
+            assert op.result is not None
+            stored = {k: (v["outcome"], v.get("last_op")) for k, v in op.result["outcomes"].items()}
+            if stored != live:
+                raise Nondeterminism(
+                    f"lanes of {op_id} ended differently on replay: "
+                    f"journal {stored} vs replay {live}"
+                )
+            return op.result, op_id, False
+        ops = self.journal.list_ops(self.run_id)
+        outcomes: dict[str, dict[str, Any]] = {}
+        for key, outcome in join.outcomes.items():
+            lane = f"{op_id}-{key}"
+            boundaries = [
+                o for o in ops if o.scope == lane and o.kind == "agent" and o.state == "committed"
+            ]
+            last = max(boundaries, key=lambda o: o.seq) if boundaries else None
+            outcomes[key] = {
+                **outcome,
+                "scope": lane,
+                "boundary": last.op_id if last else None,
+                "checkpoint": (last.checkpoint or {}).get("s", {}).get("path") if last else None,
+            }
+        result = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
+        self.journal.update_op(
+            self.run_id,
+            op_id,
+            token=self.token,
+            state="settled",
+            result=result,
+            event="join",
+            event_data={k: v["outcome"] for k, v in outcomes.items()},
+        )
+        self.journal.update_op(self.run_id, op_id, token=self.token, state="committed")
+        return result, op_id, True
+
+    def causal_incoming(self, scope: str, seq: int) -> list[str]:
+        """The boundaries an operation may see: earlier ones of its own scope and of the
+        scopes it was forked from (up to the fork), and the final boundaries of lanes
+        joined before it. Never a sibling lane's."""
+        ops = self.journal.list_ops(self.run_id)
+        parents = {
+            f"{o.op_id}-{key}": (o.scope, o.seq)
+            for o in ops
+            if o.kind in FORK_KINDS
+            for key in o.request.get("lanes", [])
+        }
+        chain = [(scope, seq)]
+        while chain[-1][0] in parents:
+            chain.append(parents[chain[-1][0]])
+        incoming: list[str] = []
+        for chain_scope, limit in reversed(chain):
+            for o in sorted(
+                (o for o in ops if o.scope == chain_scope and o.seq < limit), key=lambda o: o.seq
+            ):
+                if o.state != "committed":
+                    continue
+                if o.kind == "agent":
+                    incoming.append(o.op_id)
+                elif o.kind in FORK_KINDS and o.result:
+                    incoming += [
+                        v["boundary"] for v in o.result["outcomes"].values() if v.get("boundary")
+                    ]
+        return incoming

@@ -1,0 +1,75 @@
+"""The run lease (ARCHITECTURE §5): who holds it, whether a holder on this host is dead,
+and the heartbeat that renews it while the coordinator runs (a coordinator that lost it
+exits without writing)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from cairn import paths
+from cairn.coordinator.base import EXIT_RESTART, CoordinatorBase
+from cairn.errors import LeaseLost
+from cairn.journal import LEASE_TTL, Journal
+
+# The coordinator's lines keep the logger name they always had.
+log = logging.getLogger("cairn.coordinator.core")
+
+HEARTBEAT = 15.0
+UNKNOWN_BOOT = "unknown-boot"
+
+
+def boot_id() -> str:
+    """This boot's ID; unknown inside a sandbox without /proc/sys (ProcSubset=pid), in
+    which case leases are judged by their process alone."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return UNKNOWN_BOOT
+
+
+def lease_holder() -> str:
+    """``host:boot:pid`` of this coordinator process."""
+    return f"{socket.gethostname()}:{boot_id()}:{os.getpid()}"
+
+
+def holder_is_dead(run_id: str, holder: str) -> bool:
+    """A lease holder on this host that is gone: from an earlier boot, or a process that
+    no longer exists or is no longer this run's coordinator."""
+    host, _, rest = holder.partition(":")
+    boot, _, pid = rest.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    if UNKNOWN_BOOT not in (boot, boot_id()) and boot != boot_id():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists; whose it is we may not see
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # cannot tell: treat as alive, the lease expires on its own
+    return b"cairn.coordinator" not in cmdline or run_id.encode() not in cmdline
+
+
+class Lease(CoordinatorBase):
+    """Keeps the run lease while the coordinator runs."""
+
+    def _heartbeat(self) -> None:
+        journal = Journal(paths.journal_path())
+        try:
+            while not self._stop_heartbeat.wait(HEARTBEAT):
+                try:
+                    journal.renew_lease(self.run_id, self.token, ttl=LEASE_TTL)
+                except LeaseLost:
+                    log.error("lease for %s lost; exiting without writing", self.run_id)
+                    os._exit(EXIT_RESTART)
+        finally:
+            journal.close()

@@ -1,0 +1,119 @@
+"""Recovery of an agent attempt that ended without a result (ARCHITECTURE §5): one killed
+by a limit fails for good; a sandboxed one (``network="none"``) gets a clean retry on a W
+restored from its predecessor's checkpoint (bounded); one whose effect may have reached
+outside is ``uncertain`` and blocks the run until ``cairn reconcile`` decides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cairn import untrusted
+from cairn.coordinator import interactions
+from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, RunBlocked
+from cairn.errors import OperationError
+from cairn.journal import OpRow
+
+
+class Recovery(CoordinatorBase):
+    """Fail, retry or block an attempt that left no result."""
+
+    def fail_if_limit_hit(self, op: OpRow) -> None:
+        """An agent killed by one of its limits fails for good, naming the limit: running
+        it again would hit the same wall."""
+        out, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:  # written by the unit's ExecStopPost, as the run owner
+            result = untrusted.read_text(out, "service-result", owner=owner, limit=99).split()[0]
+        except (untrusted.UntrustedFileError, IndexError):
+            return
+        limits = self.desc.limits
+        reason = {
+            "oom-kill": f"it was killed by the OOM killer: it exceeded MemoryMax="
+            f"{limits.memory_max} bytes",
+            "timeout": f"it ran longer than RuntimeMaxSec={limits.runtime_max_sec}",
+        }.get(result)
+        if reason is None:
+            return
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="failed",
+            error=reason,
+            event="op-limit",
+            event_data={"result": result},
+        )
+        raise OperationError(
+            f"agent {op.op_id} {reason}",
+            hint=f"raise the limit with 'cairn launch --limit …' or see 'cairn logs {self.run_id}'",
+        )
+
+    def retry_or_block(self, op: OpRow, agent: dict[str, Any], ended: str) -> None:
+        """The unit is gone with no result: retry cleanly when nothing could have left the
+        sandbox, otherwise stop for a person's decision. Under a cancel, nothing is
+        retried."""
+        if "cancel" in self.journal.pending_controls(self.run_id):
+            raise interactions.RunSuspended(
+                f"{op.op_id} stopped: cancel requested", state="cancelled"
+            )
+        if agent["network"] != "none":
+            self.journal.update_op(
+                self.run_id,
+                op.op_id,
+                token=self.token,
+                state="uncertain",
+                error=f"attempt {op.attempt} ended without a result ({ended})",
+            )
+            raise RunBlocked(
+                f"{op.op_id} ended without a result and may have reached outside ({ended})",
+                hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
+            )
+        if op.attempt >= MAX_ATTEMPTS:
+            self.journal.update_op(
+                self.run_id,
+                op.op_id,
+                token=self.token,
+                state="failed",
+                error=f"no finish_work in {op.attempt} attempts ({ended})",
+            )
+            raise OperationError(
+                f"agent {op.op_id} ended without finish_work in {op.attempt} attempts "
+                f"(last: {ended})",
+                hint=f"see 'cairn logs {self.run_id}'",
+            )
+        self.clean_retry(op, ended)
+        return None
+
+    def clean_retry(self, op: OpRow, reason: str) -> None:
+        """Record the next attempt on a fresh W restored from the predecessor's checkpoint
+        (or Q); the failed attempt's W generation is deleted."""
+        current = self.w_gen[op.scope]
+        restored = current + 1
+        self.broker(
+            "storage-v1",
+            [
+                self.intent(
+                    "create-w",
+                    f"create-w.{op.scope}.{restored}",
+                    scope=op.scope,
+                    generation=restored,
+                    from_checkpoint=op.predecessor,
+                ),
+                self.intent(
+                    "drop-w",
+                    f"drop-w.{op.scope}.{current}",
+                    scope=op.scope,
+                    generation=current,
+                ),
+            ],
+        )
+        self.w_gen[op.scope] = restored
+        self.journal.update_op(
+            self.run_id,
+            op.op_id,
+            token=self.token,
+            state="requested",
+            attempt=op.attempt + 1,
+            event="op-retry",
+            event_data={"failed_attempt": op.attempt, "ended": reason, "w_generation": restored},
+        )
+        self.event("clean-retry", op_id=op.op_id, attempt=op.attempt + 1)

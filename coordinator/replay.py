@@ -1,0 +1,242 @@
+"""Replay (ARCHITECTURE §5): the workflow runs again in a control worker from the start.
+Every call it makes must be in the reviewed manifest and match the journal's identity of
+that operation (kind, request hash, source location, predecessor); a committed call is
+answered from the journal, any other is carried out by its kind."""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from cairn.coordinator import interactions
+from cairn.coordinator.agentop import AgentOperations
+from cairn.coordinator.base import FORK_KINDS, MARKER_KINDS
+from cairn.coordinator.lanes import Lanes
+from cairn.errors import CairnError, Nondeterminism, OperationError
+from cairn.journal import OpRow
+from cairn.models import (
+    CallRequest,
+    CallResult,
+    JoinRequest,
+    StartWorkflow,
+    WorkflowFailure,
+    WorkflowReturn,
+)
+from cairn.proc import make_env
+from cairn.workflow import runtime
+
+
+class _RestartReplay(Exception):
+    """Always-replay test mode: tear the control worker down after a commit."""
+
+
+class Replay(AgentOperations, Lanes):
+    """The control-worker loop, the identity check of each call and the dispatch by kind."""
+
+    def replay(self) -> dict[str, Any]:
+        """Re-execute the workflow in a control worker until it returns."""
+        while True:
+            try:
+                return self.replay_once()
+            except _RestartReplay:
+                self.event("always-replay-restart")
+
+    def replay_once(self) -> dict[str, Any]:
+        """One control worker from the start. Calls are answered concurrently (lanes run
+        at the same time); answers go back in whatever order they complete.
+
+        Results of calls committed before this coordinator started (no effect, so no safe
+        point) go to the worker with its start message; it still reports each call, and
+        the thread reading the worker checks it against the journal before anything later
+        is dispatched. A recovered run reaches its frontier without a round trip per
+        operation. Everything else goes to this thread's loop.
+        """
+        given = [
+            CallResult(scope=op.scope, seq=op.seq, value=op.result)
+            for op in self.committed.values()
+            if op.kind not in FORK_KINDS and op.result is not None
+        ]
+        preloaded = {(a.scope, a.seq) for a in given}
+        start = StartWorkflow(
+            source=self.desc.source,
+            filename=self.desc.source_filename,
+            args=self.desc.args,
+            answers=given,
+        )
+        worker = runtime.spawn(make_env())
+        assert worker.stdin is not None and worker.stdout is not None
+        stdin = worker.stdin
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        last_in_scope: dict[str, str | None] = {}
+        lock = threading.Lock()  # the worker's stdin and last_in_scope
+
+        def reply(scope: str, seq: int, op_id: str, value: dict[str, Any] | None) -> None:
+            """Record the scope's latest operation; send ``value`` unless the worker was
+            given it at the start."""
+            with lock:
+                last_in_scope[scope] = op_id
+                if value is not None:
+                    stdin.write(CallResult(scope=scope, seq=seq, value=value).model_dump_json())
+                    stdin.write("\n")
+                    stdin.flush()
+
+        def read_worker(stream: IO[str]) -> None:
+            try:
+                for line in stream:
+                    message = json.loads(line)
+                    if message.get("type") == "call":
+                        call = CallRequest.model_validate(message)
+                        done = self.committed.get((call.scope, call.seq))
+                        with lock:
+                            predecessor = last_in_scope.get(call.scope)
+                        if done is None:
+                            events.put(("call", (call, predecessor)))
+                            continue
+                        self.check_manifest(call)
+                        self.check_identity(done, call, predecessor)
+                        assert done.result is not None
+                        given_at_start = (call.scope, call.seq) in preloaded
+                        reply(
+                            call.scope,
+                            call.seq,
+                            done.op_id,
+                            None if given_at_start else done.result,
+                        )
+                    else:
+                        events.put(("message", message))
+                events.put(("eof", None))
+            except BaseException as exc:  # noqa: BLE001 - handed to the main loop
+                events.put(("error", exc))
+
+        threading.Thread(target=read_worker, args=(worker.stdout,), daemon=True).start()
+        try:
+            with lock:
+                stdin.write(start.model_dump_json() + "\n")
+                stdin.flush()
+            while True:
+                kind, item = events.get()
+                if kind == "eof":
+                    raise CairnError(
+                        f"the control worker exited unexpectedly (status {worker.wait()})"
+                    )
+                if kind == "error":
+                    raise item
+                if kind == "answered":
+                    call, value, fresh = item
+                    if fresh and self.always_replay:
+                        raise _RestartReplay
+                    reply(call.scope, call.seq, f"{call.scope}-{call.seq}", value)
+                    continue
+                if kind == "call":
+                    call, predecessor = item
+                    self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
+                    continue
+                message = item
+                if message.get("type") == "return":
+                    output = WorkflowReturn.model_validate(message).output
+                    self.models[self.review["workflow"]["output"]].model_validate(output)
+                    return output
+                if message.get("type") == "failure":
+                    failure = WorkflowFailure.model_validate(message)
+                    raise CairnError(f"workflow raised {failure.kind}: {failure.error}")
+                if message.get("type") == "join":
+                    join = JoinRequest.model_validate(message)
+                    self.dispatch(events, join, functools.partial(self.join, join))
+                    continue
+                raise CairnError(f"the control worker sent an unknown message: {message!r}")
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+
+    def dispatch(
+        self,
+        events: queue.Queue[tuple[str, Any]],
+        call: CallRequest | JoinRequest,
+        work: Callable[[], tuple[dict[str, Any], str, bool]],
+    ) -> None:
+        """Answer one call in its own thread; an operation's failure goes back to the
+        workflow as an exception, anything else stops the coordinator."""
+
+        def answer() -> None:
+            try:
+                value, _op_id, fresh = work()
+            except OperationError as exc:
+                value, fresh = {"error": str(exc), "kind": exc.code}, True
+            except BaseException as exc:  # noqa: BLE001 - handed to the main loop
+                events.put(("error", exc))
+                return
+            events.put(("answered", (call, value, fresh)))
+
+        threading.Thread(target=answer, name=f"op-{call.scope}-{call.seq}", daemon=True).start()
+
+    def answer(
+        self, call: CallRequest, predecessor: str | None
+    ) -> tuple[dict[str, Any], str, bool]:
+        """The call's result, its op ID, and whether it was committed just now."""
+        interactions.at_safe_point(self)
+        self.check_manifest(call)
+        op_id = f"{call.scope}-{call.seq}"
+        op = self.journal.get_op(self.run_id, call.scope, call.seq)
+        if op is None:
+            op = self.journal.record_requested(
+                call, run_id=self.run_id, op_id=op_id, predecessor=predecessor, token=self.token
+            )
+        else:
+            self.check_identity(op, call, predecessor)
+        if op.state == "committed":
+            assert op.result is not None
+            return op.result, op_id, False
+        if call.kind == "ask":
+            return interactions.ask(self, op, call), op_id, True
+        if call.kind in FORK_KINDS:
+            return self.fork(op, call), op_id, False
+        if call.kind in MARKER_KINDS:  # no effect: recorded so views and replay see it
+            result = {"marked": call.kind}
+            self.journal.update_op(
+                self.run_id, op_id, token=self.token, state="committed", result=result
+            )
+            return result, op_id, False
+        if call.kind != "agent":
+            raise CairnError(f"flow.{call.kind} is not supported by this version of cairn")
+        return self.run_agent(op, call), op_id, True
+
+    def check_identity(self, op: OpRow, call: CallRequest, predecessor: str | None) -> None:
+        mismatches = [
+            (name, stored, live)
+            for name, stored, live in (
+                ("kind", op.kind, call.kind),
+                ("request_hash", op.request_hash, call.request_hash()),
+                ("source_location", op.source_location, call.location),
+                ("predecessor", op.predecessor, predecessor),
+            )
+            if stored != live
+        ]
+        if mismatches:
+            self.journal.append_event(
+                self.run_id,
+                "replay-diverged",
+                {
+                    "journal": {
+                        "kind": op.kind,
+                        "request": op.request,
+                        "location": op.source_location,
+                        "predecessor": op.predecessor,
+                    },
+                    "replay": {
+                        "kind": call.kind,
+                        "request": call.request,
+                        "location": call.location,
+                        "predecessor": predecessor,
+                    },
+                    "fields": [m[0] for m in mismatches],
+                },
+                op.scope,
+                op.op_id,
+            )
+            detail = "; ".join(f"{n}: journal {s!r} vs replay {v!r}" for n, s, v in mismatches)
+            raise Nondeterminism(f"replay diverged at {op.op_id}: {detail}")

@@ -1,0 +1,53 @@
+"""The one durable file replacement: temp file in the same directory, fsync, rename, fsync
+of the directory; nothing left behind when it fails."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from cairn import fsutil
+
+
+def test_writes_and_replaces_leaving_only_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "result.json"
+    fsutil.write_atomic(target, "first\n")
+    fsutil.write_atomic(target, b"second\n")
+    assert target.read_bytes() == b"second\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_mode(tmp_path: Path) -> None:
+    target = tmp_path / "boundary.json"
+    fsutil.write_atomic(target, "{}", mode=0o644)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+def test_the_file_then_its_directory_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    fsutil.write_atomic(tmp_path / "finish.json", "{}")
+    assert len(synced) == 2
+    assert Path(synced[0]).parent == tmp_path and synced[0].endswith(".tmp")
+    assert synced[1] == str(tmp_path)
+
+
+def test_a_failed_rename_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "inside").write_text("keep")
+    with pytest.raises(OSError):
+        fsutil.write_atomic(target, "new")
+    assert (target / "inside").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
