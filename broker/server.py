@@ -69,6 +69,9 @@ class BrokerServer:
             pid, uid, _gid = struct.unpack("3i", creds)
             if uid not in self.uids:
                 log.warning("refused connection from uid %d (pid %d)", uid, pid)
+                # Take the (bounded) request line first: closing on unread data resets
+                # the connection, and the caller would hear "unreachable", not why.
+                read_request(conn)
                 self.reply(
                     conn,
                     BrokerReply(

@@ -59,6 +59,14 @@ def test_refusal_carries_the_brokers_hint(broker: BrokerServer) -> None:
     assert error.hint == "start cairn.socket first"
 
 
+def test_a_caller_the_broker_refuses_hears_why(broker: BrokerServer) -> None:
+    broker.uids = set()  # the test's UID is neither root nor cairn now
+    with pytest.raises(BrokerRefused) as caught:
+        call_broker("launch-v1", RUN_ID, timeout=10)
+    assert caught.value.code == "permission-denied"
+    assert "only root and the cairn user may call" in caught.value.message
+
+
 def test_refusal_carries_the_brokers_code(broker: BrokerServer) -> None:
     paths.journal_path().parent.mkdir(parents=True)
     Journal(paths.journal_path(), create=True).close()  # a journal without the run
