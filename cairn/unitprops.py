@@ -26,7 +26,7 @@ a private PID namespace with its own ``/proc`` (``ProtectProc=invisible`` alone 
 other users' processes, and ``/proc/<pid>/root`` of any process of the owner leads to the
 owner's whole file system, cairnd and the user manager), an empty ``/run`` (no system
 bus, journald, user-manager or PID 1 socket; its stdout stays connected to the journal),
-and a private ``/dev/shm`` and IPC namespace.
+a private ``/dev/shm`` and IPC namespace, and no keyring calls (keyrings are per UID).
 """
 
 from __future__ import annotations

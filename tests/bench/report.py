@@ -96,10 +96,14 @@ INCLUDES = {
         "In a booted Debian 13 machine (systemd-nspawn, systemd 257) with the package "
         "installed. Cairn: `Systemd.start_transient_service` with the full agent property "
         "set (`agent_unit_properties`: run owner, `ProtectSystem=strict`, masks, bind "
-        "mounts of W, evidence, outputs, state and the socket, limits, private network) "
+        "mounts of W, evidence, outputs, state and the socket, limits, private network, "
+        "and the isolation from other processes: `PrivatePIDs=`, empty `/run`, private "
+        "`/dev/shm`) "
         "until the process in the unit has connected to `/run/cairn/agent/agent.sock` and sent "
         "hello (a `python3 -I -S` one-liner: the worker's hello without the worker's "
         "imports). `start job done` is when `wait_started` returns (exec succeeded). "
+        "The `without PrivatePIDs` row is the same unit without that isolation, started "
+        "alternately with the isolated one: what the isolation costs at start. "
         "The bare row is the same D-Bus client starting a unit with no sandbox that runs "
         "`/bin/true`, until it has exited — what `systemd-run --wait true` does."),
     "journal": (
