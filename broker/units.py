@@ -1,4 +1,5 @@
-"""Units the broker starts: the coordinator instance, agent attempts, import and apply.
+"""Units the broker starts: the coordinator instance, agent attempts, and the owner's
+import, candidate and apply units.
 
 Every argv here is fixed (the installed cairn modules under /usr/bin/python3 -I); every
 path is derived from the pool and the launch description, never taken from a caller.
@@ -10,19 +11,25 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from cairn import failpoints, paths, untrusted
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
-from cairn.errors import BrokerRefused, SystemdError
+from cairn.errors import BrokerRefused, StorageError, SystemdError
 from cairn.models import LaunchDescription
-from cairn.netpolicy import NETWORK_MODES, NetworkMode, is_allowlist_entry
-from cairn.proc import run
-from cairn.proxy import PROXY_PORT, proxy_environment
+from cairn.netpolicy import (
+    NETWORK_MODES,
+    PROXY_PORT,
+    NetworkMode,
+    is_allowlist_entry,
+    proxy_environment,
+)
+from cairn.settle_results import ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -35,13 +42,14 @@ from cairn.unitprops import (
     proxy_socket_properties,
     proxy_unit_name,
 )
+from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
 
 PYTHON = "/usr/bin/python3"
 IMPORT_TIMEOUT = 6 * 3600.0
+CANDIDATE_TIMEOUT = 3600.0
 APPLY_TIMEOUT = 3600.0
-DIFF_LIMIT = 256 << 10
 INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
 RESULT_LIMIT = 64 << 20  # import stats and apply results, written as the run owner
 
@@ -325,8 +333,6 @@ def run_apply(
 ) -> dict[str, Any]:
     """Apply F to the live project as its owner with the three-way check; return the
     unit's name and invocation ID with the apply result."""
-    from cairn.settle import ApplyResult
-
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     # work/ is the owner's: replace, never write through, whatever an earlier attempt left
@@ -370,45 +376,49 @@ def run_apply(
     return {**unit, "result": result.model_dump(mode="json")}
 
 
-def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:
-    """A bounded unified diff of the accepted paths, for ``cairn diff``."""
-    base_q = q / subpath if subpath else q
-    base_f = f / subpath if subpath else f
-    chunks: list[str] = []
-    size = 0
-    for rel in sorted(accepted):
-        with tempfile.TemporaryDirectory(prefix="cairn-diff.") as tmp:
-            a, b = Path(tmp, "a"), Path(tmp, "b")
-            shown = _diff_side(base_q, rel, a) and _diff_side(base_f, rel, b)
-            argv = ["diff", "-uN", "--no-dereference", "--label", f"a/{rel}", "--label"]
-            proc = run([*argv, f"b/{rel}", str(a), str(b)], check=False) if shown else None
-        text = proc.stdout.decode(errors="replace") if proc is not None else ""
-        if proc is None or proc.returncode > 1:
-            text = f"--- a/{rel}\n+++ b/{rel}\n(changed; not a text difference)\n"
-        chunks.append(text)
-        size += len(text)
-        if size > DIFF_LIMIT:
-            chunks.append(f"(diff truncated at {DIFF_LIMIT} bytes)\n")
-            break
-    return "".join(chunks)
-
-
-def _diff_side(base: Path, rel: str, dst: Path) -> bool:
-    """Put what ``diff`` compares of ``base/rel`` (in F or Q, which hold what the agent
-    wrote) at ``dst`` in a private directory, read through :mod:`cairn.untrusted`: a file's
-    bytes, a link's target as a link; absent or a directory stays absent. False for
-    anything else, a link among the parents, or a file too large to show."""
+def run_candidate(
+    desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
+) -> tuple[dict[str, Any], CandidateResult]:
+    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
+    unit that runs as the project's owner, so root never copies what the agent wrote; give
+    it the kernel's change stream and the frozen policy; return the unit's name and
+    invocation ID, and its checked report."""
+    work.mkdir(parents=True, exist_ok=True)
+    os.chown(work, desc.owner_uid, desc.owner_gid)
+    owner = {"uid": desc.owner_uid, "gid": desc.owner_gid}
+    # work/ is the owner's: replace, never write through, whatever an earlier attempt left
+    untrusted.write_new(work, "stream", stream, mode=0o644, **owner)
+    policy = desc.policy.model_dump_json().encode()
+    untrusted.write_new(work, "policy.json", policy, mode=0o644, **owner)
+    for stale in ("result.json", "failure.json"):
+        (work / stale).unlink(missing_ok=True)
+    argv = ["--q", "/q", "--p", "/p", "--c", "/c", "--subpath", subpath, "--work", "/candidate"]
+    spec = HelperUnitSpec(
+        description=f"Cairn candidate of run {desc.run_id}",
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=_module_argv("cairn.worker.candidate", *argv),
+        binds=[(str(c), "/c"), (str(work), "/candidate")],
+        read_only_binds=[(str(q), "/q"), (str(p), "/p")],
+        memory_max=desc.limits.memory_max,
+        tasks_max=64,
+        cpu_quota_percent=100,
+        runtime_max_sec=int(CANDIDATE_TIMEOUT),
+        log_fields={"CAIRN_RUN": desc.run_id},
+    )
+    name = f"cairn-candidate-{desc.run_id}.service"
     try:
-        mode = untrusted.lstat(base, rel).st_mode
-        if stat.S_ISLNK(mode):
-            os.symlink(untrusted.readlink(base, rel), dst)
-        elif stat.S_ISREG(mode):
-            data = untrusted.read_bytes(base, rel, owner=None, limit=DIFF_LIMIT, single_link=False)
-            dst.write_bytes(data)
-        elif not stat.S_ISDIR(mode):
-            return False
-    except untrusted.UntrustedFileMissing:
-        pass
-    except untrusted.UntrustedFileError:
-        return False
-    return True
+        unit = run_helper(spec, name, CANDIDATE_TIMEOUT)
+    except SystemdError as exc:
+        try:
+            raw = untrusted.read_bytes(work, "failure.json", owner=desc.owner_uid, limit=16384)
+            failure = CandidateFailure.model_validate_json(raw)
+        except (untrusted.UntrustedFileError, ValidationError):
+            raise exc from None
+        raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
+    raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
+    try:
+        return unit, CandidateResult.model_validate_json(raw)
+    except ValidationError as exc:
+        where, message = first_error(exc)
+        raise BrokerRefused(f"{name} wrote an invalid result: {where}: {message}") from None

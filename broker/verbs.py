@@ -250,33 +250,24 @@ def freeze_proposal(ctx: Context) -> dict[str, Any]:
 
 
 def settle_candidate(ctx: Context) -> dict[str, Any]:
-    """Changes Q→P from the filesystems, C = Q + allowed changes, F = frozen C."""
-    from cairn.sendstream import changes
-    from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
-
+    """C = Q + the allowed changes of P, built by the owner's candidate unit from the
+    kernel's change stream; F = frozen C. Root only snapshots and passes bytes on."""
     pool = ctx.pool()
     q = pool.q_path(ctx.run_id)
     p = pool.settlement_path(ctx.run_id, "P")
     pool.verify(p, _receipt_model(ctx.receipt("freeze-proposal")["p"]))
-    subpath = ctx.subpath()
-    change_set = changes(q, p, subpath=subpath)
+    stream = storage.metadata_stream(q, p)
     c = pool.settlement_path(ctx.run_id, "C")
     c_receipt = pool.snapshot(q, c, read_only=False)
-    policy = SettlementPolicy(**ctx.desc.policy.model_dump())
-
-    def project_view(root: Path) -> Path:
-        return root / subpath if subpath else root
-
-    report = build_candidate(project_view(q), project_view(p), project_view(c), change_set, policy)
+    work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
+    unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
     f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
-    data: dict[str, Any] = report.model_dump(mode="json")
+    data: dict[str, Any] = result.model_dump(mode="json", exclude={"inventories_equal", "diff"})
     data["f"] = f_receipt.model_dump()
     data["c"] = c_receipt.model_dump()
-    data["inventories_equal"] = inventories_equal(q, p, subpath) if not report.accepted else False
-    data["diff"] = units.unified_diff(
-        q, pool.settlement_path(ctx.run_id, "F"), subpath, report.accepted
-    )
-    return data
+    data["inventories_equal"] = result.inventories_equal
+    data["diff"] = result.diff
+    return {**unit, **data}
 
 
 def _receipt_model(data: dict[str, Any]) -> storage.SubvolumeReceipt:

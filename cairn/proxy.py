@@ -31,22 +31,8 @@ CHUNK = 65536
 CONNECT_TIMEOUT = 15.0
 DEFAULT_PORTS = (80, 443)
 IDLE_EXIT = 300.0
-PROXY_PORT = 3128  # inside the run's namespace, on its loopback
 
 Resolver = Callable[[str, int], tuple[str, int]]
-
-
-def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
-    """What an allowlist agent's tools read to find the proxy."""
-    url = f"http://127.0.0.1:{port}"
-    return {
-        "HTTPS_PROXY": url,
-        "HTTP_PROXY": url,
-        "https_proxy": url,
-        "http_proxy": url,
-        "NO_PROXY": "",
-        "no_proxy": "",
-    }
 
 
 def _system_resolve(host: str, port: int) -> tuple[str, int]:

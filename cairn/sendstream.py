@@ -6,7 +6,7 @@ of the replay (new inodes first appear as ``o<ino>-<gen>-<seq>`` and are renamed
 place; existing ones may be parked under such names). :class:`ChangeTracker` replays the
 commands on a sparse overlay of Q that only holds the entries the stream touches, so the
 cost grows with the change, not with the tree. Only renamed or deleted directories are
-walked (their whole subtree moves), and hard links of changed files are resolved by inode.
+walked (their whole subtree moves), and hard links of changed files are found by inode.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import btrfsutil
 from pydantic import BaseModel, ConfigDict
 
-from cairn import proc
 from cairn.errors import StorageError
+from cairn.storage import metadata_stream
 
 log = logging.getLogger(__name__)
 
@@ -501,11 +500,17 @@ def _scoped(paths: set[str], subpath: str) -> list[str]:
 
 
 class FilesystemReader:
-    """:class:`TreeReader` over mounted Q and P subvolumes (never follows symlinks)."""
+    """:class:`TreeReader` over mounted Q and P subvolumes (never follows symlinks).
 
-    def __init__(self, q: Path, p: Path) -> None:
+    Needs no privilege: it runs in the owner's candidate unit. Other hard links of a file
+    are found by one walk of P below ``scope`` (the project's subpath; links outside it
+    are no part of the change set), made the first time a multiply linked file asks."""
+
+    def __init__(self, q: Path, p: Path, scope: str = "") -> None:
         self.q = q
         self.p = p
+        self.scope = scope
+        self._links: dict[int, list[str]] | None = None
 
     @staticmethod
     def _descendants(root: Path, rel: str) -> Iterator[str]:
@@ -545,33 +550,35 @@ class FilesystemReader:
             return []
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
             return []
-        out = proc.run(["btrfs", "inspect-internal", "inode-resolve", str(st.st_ino), self.p])
-        prefix = os.fsencode(self.p) + b"/"
-        links = []
-        for line in out.stdout.splitlines():
-            if line.startswith(prefix):
-                other = os.fsdecode(line[len(prefix) :])
-                if other != rel:
-                    links.append(other)
+        if self._links is None:
+            self._links = self._multiply_linked()
+        return [other for other in self._links.get(st.st_ino, []) if other != rel]
+
+    def _multiply_linked(self) -> dict[int, list[str]]:
+        links: dict[int, list[str]] = {}
+        top = self.p / self.scope if self.scope else self.p
+        for sub in self._descendants(self.p, self.scope):
+            st = os.lstat(top / sub)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                links.setdefault(st.st_ino, []).append(_join(self.scope, sub))
         return links
 
 
 def changes(q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
-    """Changes from read-only subvolume ``q`` to read-only subvolume ``p`` (root only),
-    limited to the project at ``subpath`` inside them and relative to it."""
-    for snap in (q, p):
-        try:
-            if not btrfsutil.get_subvolume_read_only(os.fspath(snap)):
-                raise StorageError(f"{snap} must be a read-only snapshot to compute changes")
-        except btrfsutil.BtrfsUtilError as exc:
-            raise StorageError(f"{snap} is not a Btrfs subvolume: {exc}") from exc
+    """Changes from read-only subvolume ``q`` to read-only subvolume ``p`` (root only: it
+    runs ``btrfs send``), limited to the project at ``subpath`` and relative to it."""
+    return changes_in(metadata_stream(q, p), q, p, subpath=subpath)
+
+
+def changes_in(stream: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
+    """The change set a :func:`metadata_stream` of ``q`` and ``p`` describes, limited to
+    ``subpath`` and relative to it; ``q`` and ``p`` are read for what the stream does not
+    say (the subtrees of moved directories, other hard links)."""
     sub = "/".join(_split(subpath))
-    # -q keeps progress text off stderr; the stream is metadata only, so it stays small.
-    out = proc.run(["btrfs", "-q", "send", "--no-data", "-p", q, p])
     tracker = ChangeTracker()
-    # The stream comes straight from the kernel over a pipe; the CRC check would only
-    # cost time here (it is exercised in the tests).
-    tracker.feed(parse(out.stdout, verify_crc=False))
-    result = tracker.result(FilesystemReader(q, p), sub)
+    # The kernel made the stream and root handed it over unchanged; the CRC check would
+    # only cost time here (it is exercised in the tests). Parsing refuses malformed input.
+    tracker.feed(parse(stream, verify_crc=False))
+    result = tracker.result(FilesystemReader(q, p, sub), sub)
     log.info("changes %s -> %s: %d commands, %d paths", q, p, tracker.commands, len(result.paths()))
     return result

@@ -31,13 +31,11 @@ from cairn.errors import StorageError
 from cairn.failpoints import failpoint
 from cairn.settle_candidate import (
     TMP_PREFIX,
-    CandidateReport,
     build_candidate,
     copy_file_data,
     open_beneath,
 )
 from cairn.settle_paths import (
-    RefusedPath,
     SettlementPolicy,
     ancestors,
     check_relative,
@@ -45,6 +43,7 @@ from cairn.settle_paths import (
     glob_regex,
     parent,
 )
+from cairn.settle_results import ApplyConflict, ApplyResult, CandidateReport, RefusedPath
 
 __all__ = [
     "ApplyConflict",
@@ -80,13 +79,6 @@ class EntryState(BaseModel):
     mode: int = 0
     sha256: str = ""
     target: str = ""
-
-
-class ApplyConflict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    reason: str
 
 
 class PathPlan(BaseModel):
@@ -126,15 +118,6 @@ class ApplyReceipt(BaseModel):
     action: Literal["written", "deleted", "already"]
     f: EntryState
     at: float
-
-
-class ApplyResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    status: Literal["applied", "conflict", "noop"]
-    applied: list[str] = []
-    already_applied: list[str] = []
-    conflicts: list[ApplyConflict] = []
 
 
 # -- inventories ------------------------------------------------------------------------

@@ -21,15 +21,12 @@ import secrets
 import stat
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
     NESTED_SUBVOLUME,
-    RefusedPath,
     SettlementPolicy,
     check_relative,
     depth,
@@ -38,22 +35,13 @@ from cairn.settle_paths import (
     is_nested_subvolume,
     policy_reason,
 )
+from cairn.settle_results import CandidateReport, RefusedPath
 
 log = logging.getLogger(__name__)
 
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
 TMP_PREFIX = ".cairn-apply."
-
-
-class CandidateReport(BaseModel):
-    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    accepted: list[str]
-    refused: list[RefusedPath]
-    bytes_accepted: int
 
 
 def build_candidate(

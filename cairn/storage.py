@@ -1,4 +1,5 @@
-"""The Btrfs storage pool: run subvolumes (Q, W, S, P, C, F), receipts, quotas, loop pools.
+"""The Btrfs storage pool: run subvolumes (Q, W, S, P, C, F), receipts, quotas. Making a
+loop-image pool is :mod:`cairn.storage_init`.
 
 Only the root broker calls the mutating operations. Every subvolume is identified by its
 UUID and its filesystem's UUID (the ``fsid`` that ``BTRFS_IOC_FS_INFO`` returns, the same
@@ -35,7 +36,6 @@ _FSID_OFFSET = 16
 
 DEFAULT_RUN_QUOTA_BYTES = 4 << 30
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 SettlementName = Literal["P", "C", "F"]
 
@@ -52,18 +52,6 @@ class SubvolumeReceipt(BaseModel):
     fsid: str
     read_only: bool
     generation: int
-
-
-class LoopPool(BaseModel):
-    """What ``init_loop_pool`` did: the image, its mount point and the new filesystem."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    image: str
-    mountpoint: str
-    size_bytes: int
-    fsid: str
-    device: str
 
 
 def filesystem_uuid(path: Path) -> str:
@@ -184,13 +172,18 @@ def verify(path: Path, expected: SubvolumeReceipt) -> SubvolumeReceipt:
     return current
 
 
-def parse_size(text: str) -> int:
-    """``"8G"``, ``"512M"``, ``"1073741824"`` → bytes (binary multiples)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise UsageError(f"cannot read size {text!r}", hint="write it like 8G, 512M or 1073741824")
-    shift = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
-    return int(m.group(1)) << shift
+def metadata_stream(q: Path, p: Path) -> bytes:
+    """``btrfs send --no-data -p Q P``: the kernel's description of how read-only ``p``
+    differs from read-only ``q`` (root only). Root passes the bytes on and never parses
+    them; :func:`cairn.sendstream.changes_in` does, in the owner's candidate unit."""
+    for snap in (q, p):
+        try:
+            if not btrfsutil.get_subvolume_read_only(os.fspath(snap)):
+                raise StorageError(f"{snap} must be a read-only snapshot to compute changes")
+        except btrfsutil.BtrfsUtilError as exc:
+            raise StorageError(f"{snap} is not a Btrfs subvolume: {exc}") from exc
+    # -q keeps progress text off stderr; the stream is metadata only, so it stays small.
+    return proc.run(["btrfs", "-q", "send", "--no-data", "-p", q, p]).stdout
 
 
 class Pool:
@@ -477,76 +470,3 @@ def _delete_subvolume(path: Path) -> None:
     except btrfsutil.BtrfsUtilError as exc:
         raise StorageError(f"cannot delete subvolume {path}: {exc}") from exc
     log.info("deleted subvolume %s%s", path, f" and {len(nested)} nested in it" if nested else "")
-
-
-# -- loop pools -----------------------------------------------------------------------
-
-
-def _mounted_source(mountpoint: Path) -> str | None:
-    target = os.fspath(mountpoint.resolve())
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == target:
-            return right.split()[1]
-    return None
-
-
-def init_loop_pool(image: Path, size: str, mountpoint: Path) -> LoopPool:
-    """Create a sparse image of ``size``, make Btrfs on it and loop-mount it at
-    ``mountpoint`` (as root). Refuses an existing image or a mountpoint already in use;
-    undoes its own steps if a later one fails."""
-    size_bytes = parse_size(size)
-    if size_bytes < 256 << 20:
-        raise UsageError(f"a loop pool needs at least 256M, not {size}")
-    if os.path.ismount(mountpoint):
-        raise StorageError(f"{mountpoint} is already a mount point", hint="pick another path")
-    if image.exists():
-        raise StorageError(f"image {image} already exists", hint="remove it or pick another path")
-    image.parent.mkdir(parents=True, exist_ok=True)
-    created_mountpoint = not mountpoint.exists()
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    if any(mountpoint.iterdir()):
-        raise StorageError(f"{mountpoint} is not empty", hint="pick an empty directory")
-    mounted = False
-    try:
-        fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, size_bytes)
-        finally:
-            os.close(fd)
-        proc.run(["mkfs.btrfs", "-q", image], timeout=300)
-        proc.run(["mount", "-o", "loop", image, mountpoint], timeout=120)
-        mounted = True
-        device = _mounted_source(mountpoint) or ""
-        fsid = filesystem_uuid(mountpoint)
-    except BaseException:
-        if mounted:
-            proc.run(["umount", mountpoint], check=False)
-        image.unlink(missing_ok=True)
-        if created_mountpoint:
-            mountpoint.rmdir()
-        raise
-    log.info("loop pool %s on %s (%s, fsid %s)", mountpoint, image, device, fsid)
-    return LoopPool(
-        image=os.fspath(image),
-        mountpoint=os.fspath(mountpoint),
-        size_bytes=size_bytes,
-        fsid=fsid,
-        device=device,
-    )
-
-
-def remove_loop_pool(pool: LoopPool, *, delete_image: bool = True) -> None:
-    """Unmount a loop pool, make sure its loop device is detached, and (by default)
-    delete the image."""
-    mountpoint = Path(pool.mountpoint)
-    if os.path.ismount(mountpoint):
-        proc.run(["umount", mountpoint], timeout=120)
-    out = proc.run(["losetup", "-j", pool.image], check=False)
-    for line in (out.stdout or b"").decode(errors="replace").splitlines():
-        dev = line.split(":", 1)[0].strip()
-        if dev.startswith("/dev/loop"):
-            proc.run(["losetup", "-d", dev], check=False)
-    if delete_image:
-        Path(pool.image).unlink(missing_ok=True)

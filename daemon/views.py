@@ -98,7 +98,8 @@ def _divergence(events: list[Any]) -> dict[str, Any] | None:
 
 
 def run_units(receipts: list[dict[str, Any]]) -> list[str]:
-    """Every unit the broker started for the run, in order (import, agents, apply)."""
+    """Every unit the broker started for the run, in order (import, agents, candidate,
+    apply)."""
     names: list[str] = []
     for receipt in receipts:
         data = receipt.get("data", {})

@@ -38,15 +38,14 @@ if TYPE_CHECKING:
         RunRow,
         RunState,
     )
-    from cairn.journal.schema import SCHEMA_VERSION
-    from cairn.journal.store import LEASE_TTL, Clock
+    from cairn.journal.store import LEASE_TTL, SCHEMA_VERSION, Clock
 
 _HOMES = {
     "OP_TRANSITIONS": "operations",
     "check_op_transition": "operations",
     "JournalReader": "reader",
     "Journal": "readwrite",
-    "SCHEMA_VERSION": "schema",
+    "SCHEMA_VERSION": "store",
     "TERMINAL_RUN_STATES": "rows",
     "ControlAction": "rows",
     "EventRow": "rows",

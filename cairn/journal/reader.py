@@ -15,8 +15,7 @@ from typing import Any
 
 from cairn.errors import JournalError, NotFound
 from cairn.journal.rows import EventRow, OpRow, RunRow
-from cairn.journal.schema import SCHEMA_VERSION
-from cairn.journal.store import Clock, Store
+from cairn.journal.store import SCHEMA_VERSION, Clock, Store
 from cairn.models import Intent, LaunchDescription
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from cairn.journal.operations import Operations
 from cairn.journal.people import People
 from cairn.journal.runs import Runs
+from cairn.journal.schema import MIGRATIONS
 from cairn.journal.store import Clock, Store
 
 
@@ -28,4 +29,6 @@ class Journal(Runs, Operations, People):
         create: bool = False,
         clock: Clock = time.time,
     ) -> None:
-        Store.__init__(self, path, readonly=readonly, create=create, clock=clock)
+        Store.__init__(
+            self, path, readonly=readonly, create=create, clock=clock, migrations=MIGRATIONS
+        )

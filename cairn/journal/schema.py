@@ -1,4 +1,4 @@
-"""The journal's tables: the schema version and the migrations that reach it.
+"""The journal's tables: the migrations that reach :data:`~cairn.journal.store.SCHEMA_VERSION`.
 
 The version is SQLite's ``user_version``; :func:`cairn.journal.store.migrate` applies the
 missing migrations in one transaction when the read-write journal opens.
@@ -6,7 +6,7 @@ missing migrations in one transaction when the read-write journal opens.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+from cairn.journal.store import SCHEMA_VERSION
 
 MIGRATIONS: dict[int, str] = {
     1: """

@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Self
 
 from cairn.errors import JournalError
-from cairn.journal.schema import MIGRATIONS
 
 # How long a run lease lasts without renewal (seconds). A coordinator renews it on every
 # fenced write (:mod:`cairn.journal.writes`) and from its heartbeat; the one home of this number.
 LEASE_TTL = 60.0
+
+# The schema version this code reads and writes; :mod:`cairn.journal.schema` holds the
+# migrations that reach it, which only read-write connections run.
+SCHEMA_VERSION = 2
 
 Clock = Callable[[], float]
 
@@ -72,6 +75,7 @@ class Store:
         readonly: bool = False,
         create: bool = False,
         clock: Clock = time.time,
+        migrations: Mapping[int, str] | None = None,
     ) -> None:
         self.path = path
         self.clock = clock
@@ -91,7 +95,8 @@ class Store:
         if not readonly:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
-            migrate(self.db, MIGRATIONS, label="journal")
+            if migrations is not None:
+                migrate(self.db, migrations, label="journal")
 
     def close(self) -> None:
         self.db.close()

@@ -42,7 +42,8 @@ from cairn.models import (
 )
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
-from cairn.storage import Pool, SubvolumeReceipt, init_loop_pool, remove_loop_pool
+from cairn.storage import Pool, SubvolumeReceipt
+from cairn.storage_init import init_loop_pool, remove_loop_pool
 from cairn.worker.profiles import flush_workspace
 
 log = logging.getLogger(__name__)

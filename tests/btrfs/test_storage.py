@@ -18,11 +18,10 @@ from cairn.storage import (
     Pool,
     containing_subvolume,
     ensure_free_space,
-    init_loop_pool,
     is_same_filesystem,
-    remove_loop_pool,
     run_qgroup_name,
 )
+from cairn.storage_init import init_loop_pool, remove_loop_pool
 
 pytestmark = pytest.mark.btrfs
 

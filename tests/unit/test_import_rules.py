@@ -23,11 +23,11 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 
 # Lines of project code (modules under cairn.* outside cairn.broker itself) that the root
 # broker loads: cairn.broker.__main__ and cairn.broker.verbs with everything they import,
-# transitively, including imports inside functions (the verbs import settlement code
-# lazily) and the packages above each module, excluding imports made only for type
-# checking. The figure when this test was written; it may only go down. Issue 17's target
-# is 2,500 lines.
-BROKER_CLOSURE_CEILING = 5_897
+# transitively, including imports inside functions and the packages above each module,
+# excluding imports made only for type checking. It may only go down: 5,897 when this
+# test was written, 3,680 once the owner's candidate unit took settlement out of the
+# broker. Issue 17's target is 2,500 lines.
+BROKER_CLOSURE_CEILING = 3_680
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).

@@ -27,9 +27,10 @@ import pytest
 from cairn import paths, untrusted
 from cairn.broker import units
 from cairn.coordinator.core import Coordinator
-from cairn.errors import CairnError, OperationError
+from cairn.errors import CairnError, OperationError, SystemdError
 from cairn.journal import Journal, OpRow
 from cairn.models import CallRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.settle_diff import unified_diff
 from cairn.unitprops import RECORD_SERVICE_RESULT, SERVICE_RESULT_FILE
 from cairn.worker.__main__ import write_result
 from cairn.workflow.review import review_source
@@ -597,6 +598,83 @@ def test_run_apply_refuses_a_planted_result(
         within(5, lambda: units.run_apply(desc, 1, host / "q", host / "f", "", ["a"], work))
 
 
+CANDIDATE = {"accepted": ["a"], "refused": [], "bytes_accepted": 1,
+             "inventories_equal": False, "diff": "+a\n"}
+
+
+def run_candidate(desc: LaunchDescription, host: Path, work: Path) -> Any:
+    unit, result = units.run_candidate(desc, host / "q", host / "p", host / "c", "", b"s", work)
+    assert unit["unit"] == f"cairn-candidate-{desc.run_id}.service"
+    return result
+
+
+def test_run_candidate_replaces_planted_inputs_and_reads_the_owners_result(
+    desc: LaunchDescription, host: Path, no_units: list[Callable[[], None]]
+) -> None:
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    victim = host / "victim"
+    victim.write_text("root's file")
+    os.symlink(victim, work / "stream")  # left by an earlier attempt
+    os.symlink(victim, work / "policy.json")
+    no_units.append(lambda: plant(work, "result.json", "own", host, json.dumps(CANDIDATE)))
+    out = run_candidate(desc, host, work)
+    assert out.accepted == ["a"] and out.diff == "+a\n"
+    assert victim.read_text() == "root's file"
+    assert (work / "stream").read_bytes() == b"s"
+    assert json.loads((work / "policy.json").read_text()) == desc.policy.model_dump()
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_run_candidate_refuses_a_planted_result(
+    desc: LaunchDescription, host: Path, no_units: list[Callable[[], None]], kind: str
+) -> None:
+    if kind == "wrong-owner" and not ROOT:
+        pytest.skip("needs root")
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    no_units.append(lambda: plant(work, "result.json", kind, host, json.dumps(CANDIDATE)))
+    with pytest.raises(untrusted.UntrustedFileError):
+        within(5, lambda: run_candidate(desc, host, work))
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/shadow", "../outside", "a/../../b", "", "a//b", "./a"]
+)
+def test_run_candidate_refuses_a_result_naming_paths_outside_the_project(
+    desc: LaunchDescription, host: Path, no_units: list[Callable[[], None]], path: str
+) -> None:
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    body = json.dumps({**CANDIDATE, "accepted": [path]})
+    no_units.append(lambda: plant(work, "result.json", "own", host, body))
+    with pytest.raises(CairnError, match="invalid result"):
+        run_candidate(desc, host, work)
+
+
+@pytest.mark.parametrize("planted", ["own", "symlink", None])
+def test_run_candidate_failure_says_why_only_from_a_real_file(
+    desc: LaunchDescription, host: Path, monkeypatch: pytest.MonkeyPatch, planted: str | None
+) -> None:
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    failure = json.dumps({"message": "cannot write a in the candidate: No space", "hint": "h"})
+
+    def failing_unit(spec: Any, name: str, timeout: float) -> dict[str, Any]:
+        if planted:
+            plant(work, "failure.json", planted, host, failure)
+        raise SystemdError(f"{name} failed (exit-code, status 1)", hint="see journalctl")
+
+    monkeypatch.setattr(units, "run_helper", failing_unit)
+    with pytest.raises(CairnError) as caught:
+        run_candidate(desc, host, work)
+    if planted == "own":
+        assert caught.value.message.startswith("cannot write a in the candidate")
+        assert caught.value.hint == "h"
+    else:
+        assert "failed (exit-code" in caught.value.message
+
+
 def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> None:
     q, f = tmp_path / "Q", tmp_path / "F"
     for root in (q, f):
@@ -610,7 +688,7 @@ def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> 
     (elsewhere / "secret").write_text("ROOT ONLY\n")
     os.rmdir(f / "a")
     os.symlink(elsewhere, f / "a")  # the proposal made a/ a link out: a/secret "deleted"
-    diff = within(10, lambda: units.unified_diff(q, f, "", ["a/secret", "notes.txt", "pipe"]))
+    diff = within(10, lambda: unified_diff(q, f, "", ["a/secret", "notes.txt", "pipe"]))
     assert "+two" in diff
     assert "ROOT ONLY" not in diff and "q side" not in diff
     assert diff.count("(changed; not a text difference)") == 2
@@ -627,10 +705,11 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
     ("broker/units.py", "run_import", {"read_json"}),
     ("broker/units.py", "run_apply", {"read_bytes", "write_new"}),
-    ("broker/units.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
+    ("broker/units.py", "run_candidate", {"read_bytes", "write_new"}),
+    ("cairn/settle_diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
     ("broker/units.py", "_socket_in", {"lstat"}),  # agent.sock, model.sock in the channel
 ]
-# P, read as root by build_candidate; moved to settle_candidate.py while this was written.
+# P, read by the owner's candidate unit (cairn.worker.candidate); root never reads it.
 PENDING: list[tuple[str, str, set[str]]] = [
     ("cairn/settle_candidate.py", "build_candidate", {"lstat", "readlink"}),
     ("cairn/settle_candidate.py", "_install", {"open_file"}),
@@ -639,7 +718,7 @@ PENDING: list[tuple[str, str, set[str]]] = [
 
 # Where agent-written (or owner-written) files live, as the host names them.
 MARKERS = ("finish.json", "service-result", "stats.json", "/outputs", "/state", "/workspace",
-           "/apply/", "/result/")  # the last two: binds the owner's helper units write
+           "/apply/", "/result/", "/candidate")  # the last three: the owner's helper units
 MARKER_NAMES = {"outputs_dir", "outputs", "result_dir", "agent_channel_dir", "agent_socket_path",
                 "model_socket_path"}  # the channel directory is the agent's to write in too
 READ_ATTRS = {"read_text", "read_bytes", "is_file", "is_fifo", "is_socket", "open", "load",

@@ -1,0 +1,124 @@
+"""The candidate step as the broker runs it, on real snapshots: root takes the kernel's
+change stream, and ``cairn.worker.candidate`` brings C up as the project's owner (an
+unprivileged UID here, as in its unit). Its C and report match the ones root used to make
+itself, moved directories, hard links and refusals included; it cannot touch what the
+owner may not; and a C it cannot build ends in ``failure.json``, not a half report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn.sendstream import changes
+from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
+from cairn.settle_results import CandidateFailure, CandidateResult
+from cairn.storage import Pool, metadata_stream
+
+pytestmark = pytest.mark.btrfs
+OWNER = 4242
+POLICY = SettlementPolicy(write_paths=["src/**", "notes/**", "moved/**", "links/**", "docs/**"])
+
+
+def chown_tree(root: Path, uid: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            os.lchown(Path(dirpath, name), uid, uid)
+    os.lchown(root, uid, uid)
+
+
+def agent(w: Path) -> None:
+    proj = w / "proj"
+    (proj / "src" / "app.py").write_text("app v2\n")
+    (proj / "src" / "new.py").write_text("new\n")
+    os.rename(proj / "notes", proj / "moved")
+    with open(proj / "links" / "one", "r+") as f:  # in place: "two" is the same inode
+        f.write("ONE\n")
+    (proj / "secrets.env").write_text("TOKEN=1\n")  # outside write_paths: refused
+    (proj / "docs" / "guide.md").unlink()
+    for path in (proj / "src" / "new.py", proj / "secrets.env"):
+        os.lchown(path, OWNER, OWNER)
+
+
+class Settlement:
+    def __init__(self, pool: Pool, run_id: str) -> None:
+        live = pool.root / "live"
+        pool.create_subvolume(live)
+        proj = live / "proj"
+        for sub in ("src", "notes/deep", "links", "docs"):
+            (proj / sub).mkdir(parents=True)
+        (proj / "src" / "app.py").write_text("app\n")
+        (proj / "notes" / "deep" / "n.md").write_text("note\n")
+        (proj / "links" / "one").write_text("one\n")
+        os.link(proj / "links" / "one", proj / "links" / "two")
+        (proj / "docs" / "guide.md").write_text("guide\n")
+        chown_tree(proj, OWNER)
+        self.q = pool.q_path(run_id)
+        pool.snapshot(live, self.q, read_only=True)
+        w = pool.w_path(run_id, "root", 1)
+        pool.snapshot(self.q, w, read_only=False)
+        agent(w)
+        self.p = pool.settlement_path(run_id, "P")
+        pool.snapshot(w, self.p, read_only=True)
+        self.c = pool.settlement_path(run_id, "C")
+        pool.snapshot(self.q, self.c, read_only=False)
+        self.root_c = pool.settlement_path(run_id, "F")  # a writable C, made by root
+        pool.snapshot(self.q, self.root_c, read_only=False)
+        self.work = pool.run_dir(run_id) / "scratch" / "candidate"
+        self.work.mkdir(parents=True)
+        os.chown(self.work, OWNER, OWNER)
+        (self.work / "stream").write_bytes(metadata_stream(self.q, self.p))
+        (self.work / "policy.json").write_text(POLICY.model_dump_json())
+
+    def run_as_owner(self) -> subprocess.CompletedProcess[str]:
+        argv = [
+            "setpriv", f"--reuid={OWNER}", f"--regid={OWNER}", "--clear-groups", "--",
+            sys.executable, "-m", "cairn.worker.candidate", "--q", str(self.q),
+            "--p", str(self.p), "--c", str(self.c), "--subpath", "proj",
+            "--work", str(self.work),
+        ]  # fmt: skip
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"}
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def settlement(pool: Pool, run_id: str) -> Settlement:
+    return Settlement(pool, run_id)
+
+
+def test_the_owner_builds_the_candidate_root_would_have(settlement: Settlement) -> None:
+    s = settlement
+    done = s.run_as_owner()
+    assert done.returncode == 0, done.stderr
+    raw = (s.work / "result.json").read_bytes()
+    result = CandidateResult.model_validate_json(raw)
+
+    as_root = build_candidate(
+        s.q / "proj", s.p / "proj", s.root_c / "proj", changes(s.q, s.p, subpath="proj"), POLICY
+    )
+    assert result.accepted == as_root.accepted
+    assert result.refused == as_root.refused
+    assert result.bytes_accepted == as_root.bytes_accepted
+    assert inventories_equal(s.c, s.root_c, "proj")
+    assert "moved/deep/n.md" in result.accepted and "notes/deep/n.md" in result.accepted
+    assert {"links/one", "links/two"} <= set(result.accepted)  # "two" found by its inode
+    assert [r.path for r in result.refused] == ["secrets.env"]
+    assert (s.c / "proj" / "links" / "two").read_text() == "ONE\n"
+    assert not (s.c / "proj" / "secrets.env").exists()
+    assert "docs/guide.md" in result.accepted and not (s.c / "proj/docs/guide.md").exists()
+    assert "+app v2" in result.diff and not result.inventories_equal
+
+
+def test_a_candidate_the_owner_cannot_write_fails_whole(settlement: Settlement) -> None:
+    s = settlement
+    os.chown(s.c / "proj" / "src", 0, 0)  # root's in C: the owner may not replace app.py
+    done = s.run_as_owner()
+    assert done.returncode == 1
+    assert not (s.work / "result.json").exists()
+    failure = CandidateFailure.model_validate(json.loads((s.work / "failure.json").read_text()))
+    assert "in the candidate" in failure.message and "Permission denied" in failure.message

@@ -1,0 +1,74 @@
+"""The candidate step: ``python3 -I -m cairn.worker.candidate --q Q --p P --c C
+--subpath S --work DIR``.
+
+Runs in ``cairn-candidate-<run>.service`` as the project owner, with Q and P (whole
+subvolumes) read-only and C writable, so no file the agent wrote is ever copied by root.
+Reads ``stream`` (the kernel's ``btrfs send --no-data -p Q P``, handed over by the broker)
+and ``policy.json`` from DIR, brings C to Q plus the changes of P that policy allows, and
+writes ``result.json`` (:class:`cairn.settle_results.CandidateResult`): exit 0. When C
+cannot be built it writes ``failure.json`` (why, and what to do) and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cairn import journald
+from cairn.errors import CairnError
+from cairn.fsutil import write_atomic
+from cairn.sendstream import changes_in
+from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
+from cairn.settle_diff import unified_diff
+from cairn.settle_results import CandidateFailure, CandidateResult
+
+log = logging.getLogger(__name__)
+
+
+def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResult:
+    """C from P under the policy in ``work``; the report, inventory check and diff."""
+    policy = SettlementPolicy.model_validate_json((work / "policy.json").read_bytes())
+    change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+
+    def view(root: Path) -> Path:
+        return root / subpath if subpath else root
+
+    report = build_candidate(view(q), view(p), view(c), change_set, policy)
+    return CandidateResult(
+        **report.model_dump(),
+        inventories_equal=inventories_equal(q, p, subpath) if not report.accepted else False,
+        diff=unified_diff(q, c, subpath, report.accepted),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cairn.worker.candidate", description=__doc__)
+    parser.add_argument("--q", type=Path, required=True, help="the run's start snapshot")
+    parser.add_argument("--p", type=Path, required=True, help="the agent's proposal")
+    parser.add_argument("--c", type=Path, required=True, help="the candidate to bring up")
+    parser.add_argument("--subpath", default="", help="the project inside the subvolumes")
+    parser.add_argument("--work", type=Path, required=True, help="stream, policy, results")
+    args = parser.parse_args(argv)
+    journald.setup_logging()
+    try:
+        result = build(args.q, args.p, args.c, args.subpath, args.work)
+    except (CairnError, OSError, ValidationError) as exc:
+        failure = (
+            CandidateFailure(message=exc.message[:4096], hint=(exc.hint or "")[:4096])
+            if isinstance(exc, CairnError)
+            else CandidateFailure(message=f"cannot build the candidate: {exc}"[:4096])
+        )
+        write_atomic(args.work / "failure.json", failure.model_dump_json() + "\n")
+        print(f"cairn.worker.candidate: {failure.message}", file=sys.stderr)
+        return 1
+    write_atomic(args.work / "result.json", result.model_dump_json() + "\n")
+    log.info("candidate: %d accepted, %d refused", len(result.accepted), len(result.refused))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
