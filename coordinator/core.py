@@ -28,8 +28,6 @@ from cairn.coordinator import interactions
 from cairn.coordinator.agentop import BudgetExhausted
 from cairn.coordinator.base import (
     EXIT_RESTART,
-    FORK_KINDS,
-    MARKER_KINDS,
     MAX_ATTEMPTS,
     RunBlocked,
 )
@@ -53,10 +51,8 @@ from cairn.workflow.schema import build_models
 
 __all__ = [
     "EXIT_RESTART",
-    "FORK_KINDS",
     "HEARTBEAT",
     "LEASE_TTL",
-    "MARKER_KINDS",
     "MAX_ATTEMPTS",
     "UNKNOWN_BOOT",
     "BudgetExhausted",
