@@ -12,7 +12,8 @@ module: the lease (:mod:`~cairn.coordinator.lease`), replay of the control worke
 (:mod:`~cairn.coordinator.replay`), lanes (:mod:`~cairn.coordinator.lanes`), the agent
 operation (:mod:`~cairn.coordinator.agentop`), recovery of an attempt
 (:mod:`~cairn.coordinator.recovery`) and settlement (:mod:`~cairn.coordinator.settlement`),
-over the shared state of :mod:`~cairn.coordinator.base`.
+over the shared state of :mod:`~cairn.coordinator.base`. Which handler answers a call is
+one table by operation kind (:mod:`~cairn.coordinator.dispatch`).
 """
 
 from __future__ import annotations

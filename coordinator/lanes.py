@@ -10,7 +10,7 @@ from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import Nondeterminism
 from cairn.journal import OpRow
 from cairn.models import CallRequest, JoinRequest
-from cairn.operations import AGENT, FORK_KINDS
+from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 
 
 class Lanes(CoordinatorBase):
@@ -65,7 +65,9 @@ class Lanes(CoordinatorBase):
         for key, outcome in join.outcomes.items():
             lane = f"{op_id}-{key}"
             boundaries = [
-                o for o in ops if o.scope == lane and o.kind == AGENT and o.state == "committed"
+                o
+                for o in ops
+                if o.scope == lane and o.kind in BOUNDARY_KINDS and o.state == "committed"
             ]
             last = max(boundaries, key=lambda o: o.seq) if boundaries else None
             outcomes[key] = {
@@ -108,7 +110,7 @@ class Lanes(CoordinatorBase):
             ):
                 if o.state != "committed":
                     continue
-                if o.kind == AGENT:
+                if o.kind in BOUNDARY_KINDS:
                     incoming.append(o.op_id)
                 elif o.kind in FORK_KINDS and o.result:
                     incoming += [

@@ -59,6 +59,9 @@ KINDS: Mapping[OperationKind, OperationSpec] = _registry()
 
 FORK_KINDS: tuple[OperationKind, ...] = tuple(k for k, s in KINDS.items() if s.is_fork)
 MARKER_KINDS: tuple[OperationKind, ...] = tuple(k for k, s in KINDS.items() if s.is_marker)
+BOUNDARY_KINDS: tuple[OperationKind, ...] = tuple(
+    k for k, s in KINDS.items() if s.leaves_boundary
+)
 
 
 def is_kind(name: str) -> TypeGuard[OperationKind]:
@@ -74,6 +77,7 @@ def spec_of(kind: OperationKind) -> OperationSpec:
 __all__ = [
     "AGENT",
     "ALL_KINDS",
+    "BOUNDARY_KINDS",
     "FORK_KINDS",
     "KINDS",
     "MARKER_KINDS",

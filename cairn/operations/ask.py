@@ -46,6 +46,5 @@ SPECS = (
         kind="ask",
         summary="a durable question to a person; the run waits for the answer",
         review=review,
-        is_interaction=True,
     ),
 )

@@ -93,7 +93,6 @@ class OperationSpec:
       join, so a replay never hands its result to the worker at the start.
     - ``is_marker``: no effect; committed at once as ``{"marked": kind}`` so views and
       replay see it.
-    - ``is_interaction``: the run waits for a person.
     - ``leaves_boundary``: it commits an agent boundary with a checkpoint of W.
     - ``carried_out``: ``False`` for a kind the review accepts but this version refuses
       at run time (no coordinator handler).
@@ -105,7 +104,6 @@ class OperationSpec:
     site_kinds: tuple[OperationKind, ...] = ()
     is_fork: bool = False
     is_marker: bool = False
-    is_interaction: bool = False
     leaves_boundary: bool = False
     carried_out: bool = True
 
