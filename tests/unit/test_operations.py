@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 import cairn.operations
 from cairn import operation_kinds
+from cairn.broker import verbs
 from cairn.coordinator.dispatch import HANDLERS, Handlers
 from cairn.models import CallRequest
 from cairn.operation_kinds import OperationKind
@@ -92,6 +93,11 @@ def test_flags() -> None:
     assert BOUNDARY_KINDS == ("agent",)
     assert spec_of("item").manifest_kinds == ("item", "unroll")
     assert spec_of("agent").manifest_kinds == ("agent",)
+
+
+def test_broker_spells_the_same_kinds() -> None:
+    assert verbs.AGENT == cairn.operations.AGENT
+    assert verbs.FORK_KINDS == FORK_KINDS
 
 
 def test_every_carried_out_kind_has_one_coordinator_handler() -> None:
