@@ -20,8 +20,15 @@ from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
+from cairn.operation_kinds import OperationKind
 
 log = logging.getLogger(__name__)
+
+# Operation kinds the broker checks intents against: cairn.operations.AGENT and
+# FORK_KINDS, spelled out because the broker does not load the registry (a unit test
+# keeps them equal).
+AGENT: OperationKind = "agent"
+FORK_KINDS: tuple[OperationKind, ...] = ("parallel", "map")
 
 
 def carry_out(verb: str, run_id: str) -> list[Receipt]:
@@ -87,7 +94,7 @@ class Context:
         if self.intent.op_id is None:
             raise BrokerRefused(f"{self.intent.intent_id} names no operation")
         op = self.journal.get_op_by_id(self.run_id, self.intent.op_id)
-        if op.kind != "agent":
+        if op.kind != AGENT:
             raise BrokerRefused(f"operation {op.op_id} is not an agent operation")
         return op.op_id
 
@@ -201,7 +208,7 @@ def fork(ctx: Context) -> dict[str, Any]:
     if ctx.intent.op_id is None or not ctx.intent.lanes:
         raise BrokerRefused(f"{ctx.intent.intent_id} names no fork operation or no lanes")
     op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
-    if op.kind not in ("parallel", "map") or op.scope != ctx.intent.scope:
+    if op.kind not in FORK_KINDS or op.scope != ctx.intent.scope:
         raise BrokerRefused(f"{op.op_id} is not a fork of scope {ctx.intent.scope}")
     if sorted(op.request.get("lanes", [])) != sorted(ctx.intent.lanes):
         raise BrokerRefused(f"{ctx.intent.intent_id}: lanes differ from the journal's")
@@ -311,7 +318,7 @@ def verify_storage(ctx: Context) -> dict[str, Any]:
     }
     for op in ctx.journal.list_ops(ctx.run_id):
         if (
-            op.kind == "agent"
+            op.kind == AGENT
             and op.state in ("settled", "committed")
             and (op.op_id not in checkpoints)
         ):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # canonical_json and sha256_hex live in cairn.canonical; re-exported for existing callers.
 from cairn.canonical import canonical_json as canonical_json
 from cairn.canonical import sha256_hex as sha256_hex
+from cairn.operation_kinds import OperationKind
 from cairn.paths import RUN_ID_RE
 
 # Lane scopes are named after their fork and key ("root-2-a"), so nesting lengthens them.
@@ -311,7 +312,7 @@ class CallRequest(Frozen):
     type: Literal["call"] = "call"
     scope: ScopeId
     seq: int
-    kind: str
+    kind: OperationKind
     request: dict[str, Any]
     location: str
 

@@ -32,6 +32,7 @@ from cairn.models import (
     canonical_json,
     sha256_hex,
 )
+from cairn.operations import AGENT
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
 
@@ -93,7 +94,7 @@ class AgentOperations(Recovery, Lanes):
         others = [
             o
             for o in self.journal.list_ops(self.run_id)
-            if o.kind == "agent" and o.op_id != op.op_id
+            if o.kind == AGENT and o.op_id != op.op_id
         ]
         started = sum(1 for o in others if o.state not in ("requested", "not-started"))
         seconds = sum(
@@ -339,7 +340,7 @@ class AgentOperations(Recovery, Lanes):
             running = [
                 o
                 for o in self.journal.list_ops(self.run_id)
-                if o.kind == "agent" and o.state == "started" and o.finish is None
+                if o.kind == AGENT and o.state == "started" and o.finish is None
             ]
             stops = [
                 self.intent(

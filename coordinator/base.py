@@ -23,9 +23,8 @@ from cairn.errors import CairnError, Nondeterminism
 from cairn.failpoints import failpoint
 from cairn.journal import Journal, OpRow
 from cairn.models import CallRequest, Intent, LaunchDescription, Receipt, Verb
+from cairn.operations import spec_of
 
-FORK_KINDS = ("parallel", "map")
-MARKER_KINDS = ("unroll", "item", "repeat_until")
 MAX_ATTEMPTS = 3
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
 
@@ -102,11 +101,11 @@ class CoordinatorBase:
 
     def check_manifest(self, call: CallRequest) -> dict[str, Any]:
         """The call must be one the review listed: same kind, descriptor and line. The
-        per-item markers of ``flow.unroll`` belong to its reviewed call site."""
+        per-item markers of ``flow.unroll`` belong to its reviewed call site
+        (:attr:`cairn.operations.OperationSpec.site_kinds`)."""
         _file, line, col = call.location.rsplit(":", 2)
         descriptor = call.request.get("descriptor")
-        kinds = ("item", "unroll") if call.kind == "item" else (call.kind,)
-        for kind in kinds:
+        for kind in spec_of(call.kind).manifest_kinds:
             site = self.sites.get((kind, int(line), descriptor))
             if site is not None:
                 return dict(site)

@@ -12,7 +12,8 @@ module: the lease (:mod:`~cairn.coordinator.lease`), replay of the control worke
 (:mod:`~cairn.coordinator.replay`), lanes (:mod:`~cairn.coordinator.lanes`), the agent
 operation (:mod:`~cairn.coordinator.agentop`), recovery of an attempt
 (:mod:`~cairn.coordinator.recovery`) and settlement (:mod:`~cairn.coordinator.settlement`),
-over the shared state of :mod:`~cairn.coordinator.base`.
+over the shared state of :mod:`~cairn.coordinator.base`. Which handler answers a call is
+one table by operation kind (:mod:`~cairn.coordinator.dispatch`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from cairn.coordinator import interactions
 from cairn.coordinator.agentop import BudgetExhausted
 from cairn.coordinator.base import (
     EXIT_RESTART,
-    FORK_KINDS,
-    MARKER_KINDS,
     MAX_ATTEMPTS,
     RunBlocked,
 )
@@ -53,10 +52,8 @@ from cairn.workflow.schema import build_models
 
 __all__ = [
     "EXIT_RESTART",
-    "FORK_KINDS",
     "HEARTBEAT",
     "LEASE_TTL",
-    "MARKER_KINDS",
     "MAX_ATTEMPTS",
     "UNKNOWN_BOOT",
     "BudgetExhausted",

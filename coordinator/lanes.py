@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.coordinator.base import FORK_KINDS, CoordinatorBase
+from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import Nondeterminism
 from cairn.journal import OpRow
 from cairn.models import CallRequest, JoinRequest
+from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 
 
 class Lanes(CoordinatorBase):
@@ -64,7 +65,9 @@ class Lanes(CoordinatorBase):
         for key, outcome in join.outcomes.items():
             lane = f"{op_id}-{key}"
             boundaries = [
-                o for o in ops if o.scope == lane and o.kind == "agent" and o.state == "committed"
+                o
+                for o in ops
+                if o.scope == lane and o.kind in BOUNDARY_KINDS and o.state == "committed"
             ]
             last = max(boundaries, key=lambda o: o.seq) if boundaries else None
             outcomes[key] = {
@@ -107,7 +110,7 @@ class Lanes(CoordinatorBase):
             ):
                 if o.state != "committed":
                     continue
-                if o.kind == "agent":
+                if o.kind in BOUNDARY_KINDS:
                     incoming.append(o.op_id)
                 elif o.kind in FORK_KINDS and o.result:
                     incoming += [

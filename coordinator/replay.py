@@ -13,9 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from cairn.coordinator import interactions
-from cairn.coordinator.agentop import AgentOperations
-from cairn.coordinator.base import FORK_KINDS, MARKER_KINDS
-from cairn.coordinator.lanes import Lanes
+from cairn.coordinator.dispatch import HANDLERS, Handlers
 from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
 from cairn.models import (
@@ -26,6 +24,7 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
+from cairn.operations import FORK_KINDS
 from cairn.proc import make_env
 from cairn.workflow import runtime
 
@@ -34,7 +33,7 @@ class _RestartReplay(Exception):
     """Always-replay test mode: tear the control worker down after a commit."""
 
 
-class Replay(AgentOperations, Lanes):
+class Replay(Handlers):
     """The control-worker loop, the identity check of each call and the dispatch by kind."""
 
     def replay(self) -> dict[str, Any]:
@@ -191,19 +190,11 @@ class Replay(AgentOperations, Lanes):
         if op.state == "committed":
             assert op.result is not None
             return op.result, op_id, False
-        if call.kind == "ask":
-            return interactions.ask(self, op, call), op_id, True
-        if call.kind in FORK_KINDS:
-            return self.fork(op, call), op_id, False
-        if call.kind in MARKER_KINDS:  # no effect: recorded so views and replay see it
-            result = {"marked": call.kind}
-            self.journal.update_op(
-                self.run_id, op_id, token=self.token, state="committed", result=result
-            )
-            return result, op_id, False
-        if call.kind != "agent":
+        handler = HANDLERS.get(call.kind)
+        if handler is None:
             raise CairnError(f"flow.{call.kind} is not supported by this version of cairn")
-        return self.run_agent(op, call), op_id, True
+        result, fresh = handler(self, op, call)
+        return result, op_id, fresh
 
     def check_identity(self, op: OpRow, call: CallRequest, predecessor: str | None) -> None:
         mismatches = [

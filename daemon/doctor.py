@@ -12,6 +12,7 @@ from cairn.daemon.views import is_admin, run_units, visible_run
 from cairn.errors import CairnError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.models import Intent
+from cairn.operations import BOUNDARY_KINDS
 from cairn.systemd import Systemd
 
 
@@ -55,6 +56,6 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
     ):
         problems.append("the run is running but its coordinator is not")
     for op in journal.list_ops(run.run_id):
-        if op.state == "committed" and op.checkpoint is None and op.kind == "agent":
+        if op.state == "committed" and op.checkpoint is None and op.kind in BOUNDARY_KINDS:
             problems.append(f"{op.op_id} is committed without a checkpoint")
     return {"run_id": run.run_id, "state": run.state, "problems": problems}

@@ -15,6 +15,7 @@ from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
 from cairn.journal import Journal, OpRow
 from cairn.models import CallRequest, CallResult, DaemonRequest, StartWorkflow
+from cairn.operations import OperationKind
 from cairn.proc import make_env
 from cairn.workflow import runtime
 from cairn.workflow.review import Review, review_source
@@ -118,7 +119,10 @@ def dry_run(
 
 
 def compare(
-    op: OpRow, call: CallRequest, predecessor: str | None, sites: set[tuple[str, int, str | None]]
+    op: OpRow,
+    call: CallRequest,
+    predecessor: str | None,
+    sites: set[tuple[OperationKind, int, str | None]],
 ) -> dict[str, Any] | None:
     line = int(call.location.rsplit(":", 2)[1])
     checks = (

@@ -8,6 +8,7 @@ from typing import Any
 
 from cairn.errors import NotFound
 from cairn.journal import Journal, RunRow
+from cairn.operations.unroll import worklists
 from cairn.proc import run
 from cairn.settle_outcome import summary as settlement_summary
 
@@ -48,45 +49,6 @@ def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
         return None
     last = ops[-1]
     return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
-
-
-def worklists(ops: list[Any]) -> list[dict[str, Any]]:
-    """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone: each item
-    done, active or still to come."""
-    lists: list[dict[str, Any]] = []
-    revisions: dict[tuple[str, str], int] = {}
-    for op in sorted(ops, key=lambda o: (o.scope, o.seq)):
-        if op.kind == "unroll":
-            key = (op.scope, op.request["title"])
-            revisions[key] = revisions.get(key, 0) + 1
-            lists.append(
-                {
-                    "scope": op.scope,
-                    "title": op.request["title"],
-                    "revision": revisions[key],
-                    "items": list(op.request["items"]),
-                    "done": 0,
-                    "active": None,
-                    "complete": False,
-                }
-            )
-        elif op.kind == "item" and op.request.get("worklist"):
-            owners = [
-                w for w in lists if w["scope"] == op.scope and w["title"] == op.request["worklist"]
-            ]
-            if not owners:
-                continue
-            current = owners[-1]
-            if op.request.get("done"):
-                current.update(done=len(current["items"]), active=None, complete=True)
-            else:
-                current.update(done=op.request["index"], active=op.request["index"])
-    for w in lists:
-        w["states"] = [
-            "done" if i < w["done"] else "active" if i == w["active"] else "waiting"
-            for i in range(len(w["items"]))
-        ]
-    return lists
 
 
 def _divergence(events: list[Any]) -> dict[str, Any] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import subprocess
 import sys
 import types
@@ -32,6 +31,7 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
+from cairn.operations import OperationKind, agent, ask, fork, repeat_until, unroll
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
 
 M = TypeVar("M", bound=Model)
@@ -109,7 +109,7 @@ class Flow:
         col = (position[2] or 0) + 1 if position is not None else 0
         return f"{self._filename}:{frame.f_lineno}:{col}"
 
-    def _next_call(self, kind: str, request: dict[str, Any]) -> CallRequest:
+    def _next_call(self, kind: OperationKind, request: dict[str, Any]) -> CallRequest:
         scope = self._scope
         seq = self._seq.get(scope, 0) + 1
         self._seq[scope] = seq
@@ -117,7 +117,7 @@ class Flow:
             scope=scope, seq=seq, kind=kind, request=request, location=self._location()
         )
 
-    def _call(self, kind: str, request: dict[str, Any]) -> _Pending:
+    def _call(self, kind: OperationKind, request: dict[str, Any]) -> _Pending:
         return _Pending(self._next_call(kind, request))
 
     # Each method numbers its call and records its source location when it is called, not
@@ -130,17 +130,13 @@ class Flow:
         name = self._names.get(id(descriptor))
         if name is None:
             raise TypeError("flow.agent needs a module-level agent(...) descriptor")
-        pending = self._call(
-            "agent", {"descriptor": name, "prompt": prompt, "title": title or name}
-        )
+        pending = self._call("agent", agent.request(name, prompt, title))
         return _agent_result(pending, descriptor)
 
     def ask(self, question: str, *, schema: type[M] | None = None) -> Coroutine[Any, Any, M | str]:
         """Ask a person; the run waits (its coordinator may exit) until a schema-valid
         answer arrives. Without ``schema`` the answer is text."""
-        request: dict[str, Any] = {"question": question}
-        if schema is not None:
-            request["schema"] = schema.__name__
+        request = ask.request(question, None if schema is None else schema.__name__)
         return _ask_answer(self._call("ask", request), schema)
 
     def parallel(
@@ -151,12 +147,12 @@ class Flow:
         keys = list(lanes)
         _check_keys(keys)
         limit = concurrency or len(keys)
-        fork = _Fork(
-            self._next_call("parallel", {"lanes": keys, "concurrency": limit}),
+        forked = _Fork(
+            self._next_call("parallel", fork.request(keys, limit)),
             [(key, lanes[key]) for key in keys],
             limit,
         )
-        return _await(fork)
+        return _await(forked)
 
     def map(
         self,
@@ -174,12 +170,12 @@ class Flow:
         def lane(item: Any) -> Callable[[], Any]:
             return lambda: fn(item)
 
-        fork = _Fork(
-            self._next_call("map", {"lanes": keys, "concurrency": limit}),
+        forked = _Fork(
+            self._next_call("map", fork.request(keys, limit)),
             [(k, lane(item)) for k, item in zip(keys, items, strict=True)],
             limit,
         )
-        return _await(fork)
+        return _await(forked)
 
     def repeat_until(
         self,
@@ -190,9 +186,7 @@ class Flow:
     ) -> Coroutine[Any, Any, RepeatResult]:
         """Run ``step(attempt)`` until ``check(value)`` holds, at most ``max_attempts``
         times; each attempt's agents see the earlier attempts' boundaries."""
-        if not 1 <= max_attempts <= 100:
-            raise ValueError("max_attempts must be between 1 and 100")
-        start = self._call("repeat_until", {"max_attempts": max_attempts})
+        start = self._call("repeat_until", repeat_until.request(max_attempts))
         return _repeat(self, start, step, check, max_attempts)
 
     def unroll(
@@ -200,13 +194,13 @@ class Flow:
     ) -> Coroutine[Any, Any, list[Any]]:
         """A durable, ordered worklist: ``fn(item)`` for each item in turn, each marked
         active in the journal (``cairn show`` renders it)."""
-        labels = [_label(item) for item in items]
-        start = self._call("unroll", {"title": title, "items": labels})
+        labels = [unroll.label(item) for item in items]
+        start = self._call("unroll", unroll.request(title, labels))
         return _unroll(self, start, title, items, fn)
 
     def item(self, key: str, fn: Callable[[], Any]) -> Coroutine[Any, Any, Any]:
         """Mark ``key`` as the active item, then run ``fn``."""
-        return _item(self, self._call("item", {"worklist": "", "index": -1, "label": key}), fn)
+        return _item(self, self._call("item", unroll.item_request("", -1, key)), fn)
 
 
 async def _await(awaitable: Any) -> Any:
@@ -261,26 +255,15 @@ async def _unroll(
     await start
     results = []
     for index, item in enumerate(items):
-        await flow._call("item", {"worklist": title, "index": index, "label": _label(item)})
+        await flow._call("item", unroll.item_request(title, index, unroll.label(item)))
         results.append(await _maybe_await(fn(item)))
-    await flow._call("item", {"worklist": title, "index": len(items), "label": "", "done": True})
+    await flow._call("item", unroll.done_request(title, len(items)))
     return results
 
 
 async def _item(flow: Flow, start: _Pending, fn: Callable[[], Any]) -> Any:
     await start
     return await _maybe_await(fn())
-
-
-def _label(item: Any) -> str:
-    text = (
-        item
-        if isinstance(item, str)
-        else json.dumps(
-            item.model_dump(mode="json") if isinstance(item, BaseModel) else item, default=str
-        )
-    )
-    return text[:120]
 
 
 def _check_keys(keys: list[str]) -> None:

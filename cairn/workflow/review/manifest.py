@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from cairn.canonical import canonical_json
 from cairn.errors import ReviewError
 from cairn.netpolicy import NetworkMode
+from cairn.operation_kinds import OperationKind
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.schema import ModelSpec
 
@@ -77,7 +78,7 @@ class CallSite(_Frozen):
     ``answer_schema`` names the answer model of ``flow.ask(..., schema=X)``.
     """
 
-    kind: str
+    kind: OperationKind
     line: int
     col: int
     descriptor: str | None = None

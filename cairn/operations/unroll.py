@@ -1,0 +1,101 @@
+"""``flow.unroll(items, fn, title=)`` and ``flow.item(key, fn)``: a durable worklist.
+
+Both are markers (no effect): ``unroll`` declares the worklist (its title and item
+labels), then one ``item`` per item marks it active and a last ``item`` marks the list
+done; ``flow.item`` on its own marks one active key. The per-item markers are made at
+the ``flow.unroll`` call site, so they belong to its reviewed site. Views rebuild each
+worklist from these markers alone (:func:`worklists`, shown by ``cairn show``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from cairn.operations.spec import OperationRecord, OperationSpec
+
+LABEL_LIMIT = 120
+
+
+def label(item: Any) -> str:
+    """How an item appears in the journal and in ``cairn show``."""
+    text = (
+        item
+        if isinstance(item, str)
+        else json.dumps(
+            item.model_dump(mode="json") if isinstance(item, BaseModel) else item, default=str
+        )
+    )
+    return text[:LABEL_LIMIT]
+
+
+def request(title: str, labels: list[str]) -> dict[str, Any]:
+    """What ``flow.unroll`` sends and the journal stores."""
+    return {"title": title, "items": labels}
+
+
+def item_request(worklist: str, index: int, item_label: str) -> dict[str, Any]:
+    """The marker of item ``index`` of ``worklist`` (``flow.item``: no worklist, -1)."""
+    return {"worklist": worklist, "index": index, "label": item_label}
+
+
+def done_request(worklist: str, count: int) -> dict[str, Any]:
+    """The marker after the last of ``count`` items: the worklist is complete."""
+    return {"worklist": worklist, "index": count, "label": "", "done": True}
+
+
+def worklists(ops: Iterable[OperationRecord]) -> list[dict[str, Any]]:
+    """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone: each item
+    done, active or still to come."""
+    lists: list[dict[str, Any]] = []
+    revisions: dict[tuple[str, str], int] = {}
+    for op in sorted(ops, key=lambda o: (o.scope, o.seq)):
+        if op.kind == "unroll":
+            key = (op.scope, op.request["title"])
+            revisions[key] = revisions.get(key, 0) + 1
+            lists.append(
+                {
+                    "scope": op.scope,
+                    "title": op.request["title"],
+                    "revision": revisions[key],
+                    "items": list(op.request["items"]),
+                    "done": 0,
+                    "active": None,
+                    "complete": False,
+                }
+            )
+        elif op.kind == "item" and op.request.get("worklist"):
+            owners = [
+                w for w in lists if w["scope"] == op.scope and w["title"] == op.request["worklist"]
+            ]
+            if not owners:
+                continue
+            current = owners[-1]
+            if op.request.get("done"):
+                current.update(done=len(current["items"]), active=None, complete=True)
+            else:
+                current.update(done=op.request["index"], active=op.request["index"])
+    for w in lists:
+        w["states"] = [
+            "done" if i < w["done"] else "active" if i == w["active"] else "waiting"
+            for i in range(len(w["items"]))
+        ]
+    return lists
+
+
+SPECS = (
+    OperationSpec(
+        kind="unroll",
+        summary="declares an ordered worklist; a marker",
+        is_marker=True,
+    ),
+    OperationSpec(
+        kind="item",
+        summary="marks the active item of a worklist; a marker",
+        site_kinds=("item", "unroll"),
+        is_marker=True,
+    ),
+)

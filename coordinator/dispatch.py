@@ -1,0 +1,52 @@
+"""What the coordinator does for each operation kind: one table ``kind → handler``.
+
+The kinds themselves (review rule, request, views, flags) live in
+:mod:`cairn.operations`; a kind that needs the coordinator to act gets one entry here, a
+method of :class:`Handlers`. A kind with no entry (reviewed but not carried out by this
+version) fails the run with "not supported". Each handler takes the journalled operation
+(not yet committed) and the call, and returns its result and whether it was committed
+just now (a fork is answered by its join, so it never is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cairn.coordinator import interactions
+from cairn.coordinator.agentop import AgentOperations
+from cairn.coordinator.lanes import Lanes
+from cairn.journal import OpRow
+from cairn.models import CallRequest
+from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
+
+
+class Handlers(AgentOperations, Lanes):
+    """The coordinator's handler of each operation kind."""
+
+    def answer_agent(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return self.run_agent(op, call), True
+
+    def answer_ask(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return interactions.ask(self, op, call), True
+
+    def answer_fork(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return self.fork(op, call), False
+
+    def answer_marker(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        """No effect: recorded so views and replay see it."""
+        result = {"marked": call.kind}
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="committed", result=result
+        )
+        return result, False
+
+
+Handler = Callable[[Handlers, OpRow, CallRequest], tuple[dict[str, Any], bool]]
+
+HANDLERS: Mapping[OperationKind, Handler] = {
+    "agent": Handlers.answer_agent,
+    "ask": Handlers.answer_ask,
+    **{kind: Handlers.answer_fork for kind in FORK_KINDS},
+    **{kind: Handlers.answer_marker for kind in MARKER_KINDS},
+}

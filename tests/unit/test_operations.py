@@ -1,0 +1,147 @@
+"""The registry of operation kinds: every kind has one home, and each home registers.
+
+Also pins the requests each kind sends (the journal's request hash is taken over them)
+and the coordinator's table of handlers.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from pydantic import ValidationError
+
+import cairn.operations
+from cairn import operation_kinds
+from cairn.broker import verbs
+from cairn.coordinator.dispatch import HANDLERS, Handlers
+from cairn.models import CallRequest
+from cairn.operation_kinds import OperationKind
+from cairn.operations import (
+    ALL_KINDS,
+    BOUNDARY_KINDS,
+    FORK_KINDS,
+    KINDS,
+    MARKER_KINDS,
+    MODULES,
+    agent,
+    ask,
+    fork,
+    repeat_until,
+    spec_of,
+    unroll,
+)
+from cairn.operations.spec import OperationSpec
+from cairn.workflow.review import FLOW_KINDS
+
+# Modules of the package that define the spec type rather than a kind.
+_NOT_KINDS = {"spec"}
+
+
+def _kind_modules() -> list[str]:
+    found = [m.name for m in pkgutil.iter_modules(cairn.operations.__path__)]
+    return sorted(name for name in found if name not in _NOT_KINDS)
+
+
+def test_every_kind_has_exactly_one_spec_in_one_module() -> None:
+    homes: dict[str, list[str]] = {}
+    for name in _kind_modules():
+        module = importlib.import_module(f"cairn.operations.{name}")
+        specs = getattr(module, "SPECS", ())
+        assert specs, f"cairn/operations/{name}.py registers no operation kind (SPECS)"
+        for spec in specs:
+            assert isinstance(spec, OperationSpec)
+            homes.setdefault(spec.kind, []).append(name)
+    assert sorted(homes) == sorted(get_args(OperationKind))
+    assert {kind: len(found) for kind, found in homes.items() if len(found) != 1} == {}
+
+
+def test_every_module_is_registered() -> None:
+    registered = sorted(m.__name__.rsplit(".", 1)[1] for m in MODULES)
+    assert registered == _kind_modules()
+    for module in MODULES:
+        for spec in module.SPECS:
+            assert KINDS[spec.kind] is spec
+
+
+def test_registry_follows_the_literal() -> None:
+    assert tuple(KINDS) == ALL_KINDS == get_args(OperationKind)
+    assert FLOW_KINDS == ALL_KINDS  # the review's list, in its order
+    for kind, spec in KINDS.items():
+        assert spec.kind == kind and spec_of(kind) is spec
+        assert spec.summary
+
+
+def test_kind_literal_module_imports_only_typing() -> None:
+    tree = ast.parse(Path(operation_kinds.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"typing", "__future__"}
+
+
+def test_flags() -> None:
+    assert FORK_KINDS == ("parallel", "map")
+    assert MARKER_KINDS == ("unroll", "item", "repeat_until")
+    assert BOUNDARY_KINDS == ("agent",)
+    assert spec_of("item").manifest_kinds == ("item", "unroll")
+    assert spec_of("agent").manifest_kinds == ("agent",)
+
+
+def test_broker_spells_the_same_kinds() -> None:
+    assert verbs.AGENT == cairn.operations.AGENT
+    assert verbs.FORK_KINDS == FORK_KINDS
+
+
+def test_every_carried_out_kind_has_one_coordinator_handler() -> None:
+    carried_out = {kind for kind, spec in KINDS.items() if spec.carried_out}
+    assert set(HANDLERS) == carried_out
+    assert {"measure_proposal", "settle_experiment"}.isdisjoint(HANDLERS)
+    for kind in FORK_KINDS:
+        assert HANDLERS[kind] is Handlers.answer_fork
+    for kind in MARKER_KINDS:
+        assert HANDLERS[kind] is Handlers.answer_marker
+
+
+def test_requests_keep_their_shape() -> None:
+    """The journal's request hash is taken over these: they may not change."""
+    assert agent.request("fix", "do it", None) == {
+        "descriptor": "fix",
+        "prompt": "do it",
+        "title": "fix",
+    }
+    assert agent.request("fix", "p", "Title")["title"] == "Title"
+    assert ask.request("why?", None) == {"question": "why?"}
+    assert ask.request("why?", "Answer") == {"question": "why?", "schema": "Answer"}
+    assert fork.request(["a", "b"], 2) == {"lanes": ["a", "b"], "concurrency": 2}
+    assert repeat_until.request(3) == {"max_attempts": 3}
+    assert unroll.request("plan", ["x"]) == {"title": "plan", "items": ["x"]}
+    assert unroll.item_request("plan", 0, "x") == {"worklist": "plan", "index": 0, "label": "x"}
+    assert unroll.done_request("plan", 1) == {
+        "worklist": "plan",
+        "index": 1,
+        "label": "",
+        "done": True,
+    }
+    assert unroll.label({"b": 1}) == '{"b": 1}'
+    assert unroll.label("y" * 200) == "y" * 120
+
+
+@pytest.mark.parametrize("attempts", [0, 101])
+def test_repeat_until_bounds(attempts: int) -> None:
+    with pytest.raises(ValueError, match="max_attempts must be between 1 and 100"):
+        repeat_until.request(attempts)
+
+
+def test_call_request_kind_is_typed() -> None:
+    fields = {"scope": "root", "seq": 1, "request": {}, "location": "w.py:1:1"}
+    assert CallRequest(kind="unroll", **fields).kind == "unroll"
+    with pytest.raises(ValidationError):
+        CallRequest.model_validate({"kind": "teleport", **fields})
