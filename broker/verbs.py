@@ -19,7 +19,8 @@ from cairn.errors import BrokerRefused, CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
-from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
+from cairn.protocol.broker import VERB_OF_KIND, Intent, Receipt
+from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)
 

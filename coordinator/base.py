@@ -22,7 +22,9 @@ from cairn.coordinator.relay import TokenBudget
 from cairn.errors import CairnError, Nondeterminism
 from cairn.failpoints import failpoint
 from cairn.journal import Journal, OpRow
-from cairn.models import CallRequest, Intent, LaunchDescription, Receipt, Verb
+from cairn.protocol.broker import Intent, Receipt, Verb
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription
 
 FORK_KINDS = ("parallel", "map")
 MARKER_KINDS = ("unroll", "item", "repeat_until")

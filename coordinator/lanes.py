@@ -9,7 +9,7 @@ from typing import Any
 from cairn.coordinator.base import FORK_KINDS, CoordinatorBase
 from cairn.errors import Nondeterminism
 from cairn.journal import OpRow
-from cairn.models import CallRequest, JoinRequest
+from cairn.protocol.control import CallRequest, JoinRequest
 
 
 class Lanes(CoordinatorBase):

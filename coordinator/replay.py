@@ -18,7 +18,8 @@ from cairn.coordinator.base import FORK_KINDS, MARKER_KINDS
 from cairn.coordinator.lanes import Lanes
 from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
-from cairn.models import (
+from cairn.proc import make_env
+from cairn.protocol.control import (
     CallRequest,
     CallResult,
     JoinRequest,
@@ -26,7 +27,6 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.proc import make_env
 from cairn.workflow import runtime
 
 

@@ -10,7 +10,8 @@ from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
 from cairn.journal import Journal
-from cairn.models import AgentMessage, DaemonRequest
+from cairn.protocol.agent import AgentMessage
+from cairn.protocol.daemon import DaemonRequest
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models

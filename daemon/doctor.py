@@ -11,7 +11,7 @@ from cairn.brokerclient import call_broker
 from cairn.daemon.views import is_admin, run_units, visible_run
 from cairn.errors import CairnError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
-from cairn.models import Intent
+from cairn.protocol.broker import Intent
 from cairn.systemd import Systemd
 
 

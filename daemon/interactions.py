@@ -21,7 +21,6 @@ from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
-from cairn.models import DaemonRequest
 from cairn.policy import (
     RequestExpired,
     StaleRequest,
@@ -30,6 +29,7 @@ from cairn.policy import (
     load_policy,
     prepare_agent_operation,
 )
+from cairn.protocol.daemon import DaemonRequest
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models

@@ -20,7 +20,7 @@ from cairn import paths
 from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonReply, DaemonRequest, ErrorBody
+from cairn.protocol.daemon import DaemonReply, DaemonRequest, ErrorBody
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ from typing import Any
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
 from cairn.journal import Journal, OpRow
-from cairn.models import CallRequest, CallResult, DaemonRequest, StartWorkflow
 from cairn.proc import make_env
+from cairn.protocol.control import CallRequest, CallResult, StartWorkflow
+from cairn.protocol.daemon import DaemonRequest
 from cairn.workflow import runtime
 from cairn.workflow.review import Review, review_source
 

@@ -13,7 +13,7 @@ import typer
 
 from cairn import paths
 from cairn.errors import CairnError
-from cairn.models import DaemonReply, DaemonRequest
+from cairn.protocol.daemon import DaemonReply, DaemonRequest
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:

@@ -17,7 +17,8 @@ from cairn.errors import JournalError, NotFound
 from cairn.journal.rows import EventRow, OpRow, RunRow
 from cairn.journal.schema import SCHEMA_VERSION
 from cairn.journal.store import Clock, Store
-from cairn.models import Intent, LaunchDescription
+from cairn.protocol.broker import Intent
+from cairn.protocol.launch import LaunchDescription
 
 
 class JournalReader(Store):

@@ -47,7 +47,7 @@ from cairn.daemon.schedules.views import OCCURRENCE_LIMIT, view
 from cairn.errors import UsageError
 from cairn.journal import Journal
 from cairn.journal.store import Clock
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import DaemonRequest
 
 __all__ = [
     "COUNTED_STATES",

@@ -34,7 +34,8 @@ from cairn.daemon.schedules.store import (
 from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound, ValidationFailed
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, Frozen
+from cairn.protocol.base import Frozen
+from cairn.protocol.daemon import DaemonRequest
 from cairn.schedules import (
     ACTIVE_RUN_STATES,
     DEFAULT_MACHINE_LIMIT,

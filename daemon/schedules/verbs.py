@@ -25,7 +25,7 @@ from cairn.daemon.schedules.views import (
 )
 from cairn.errors import NotFound, PermissionDenied, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import DaemonRequest
 from cairn.schedules import (
     CHALLENGE_RE,
     Action,

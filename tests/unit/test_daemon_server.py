@@ -14,7 +14,7 @@ import pytest
 from cairn import paths
 from cairn.daemon import server, views
 from cairn.errors import UsageError
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import DaemonRequest
 
 RUN_ID = "flow_" + "0" * 32
 

@@ -16,8 +16,9 @@ from cairn.coordinator.core import Coordinator
 from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.policy import AlreadyAnswered, RequestExpired, RunEnded, StaleRequest
+from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
 SOURCE = '''

@@ -21,7 +21,8 @@ import pytest
 from cairn.daemon import schedules as daemon_schedules
 from cairn.errors import NotFound, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, LaunchDescription, ProjectSpec
+from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.schedules import (
     AdmissionFacts,
     ScheduleSpec,

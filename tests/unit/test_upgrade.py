@@ -13,7 +13,9 @@ from cairn import paths
 from cairn.daemon.upgrade import upgrade
 from cairn.errors import CairnError
 from cairn.journal import Journal
-from cairn.models import CallRequest, DaemonRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.protocol.control import CallRequest
+from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
 RUN = "flow_" + "cd" * 16
