@@ -4,9 +4,13 @@ per message, tagged by ``type``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.errors import CairnError
 from cairn.protocol.base import Frozen, ScopeId
 
 
@@ -61,3 +65,35 @@ class StartWorkflow(Frozen):
     filename: str
     args: dict[str, Any]
     answers: list[CallResult] = []
+
+
+# What the control worker writes, dispatched on ``type``: a call to answer, a join of a
+# fork's lanes, or the workflow's end. (What it reads is not tagged by position: the first
+# line is a StartWorkflow, every later one a CallResult.)
+WorkerMessage = Annotated[
+    CallRequest | JoinRequest | WorkflowReturn | WorkflowFailure, Field(discriminator="type")
+]
+WORKER_MESSAGE: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)
+
+
+class UnknownWorkerMessage(CairnError):
+    """A line from the control worker whose ``type`` is none of its messages."""
+
+
+# pydantic's first error when the line is not one of the tagged messages at all.
+_NOT_A_MESSAGE = ("union_tag_invalid", "union_tag_not_found", "model_attributes_type")
+
+
+def parse_worker_message(line: str | bytes) -> WorkerMessage:
+    """One line the control worker wrote, as its message model. An unknown or missing
+    ``type`` is :class:`UnknownWorkerMessage`; a known message with bad fields is pydantic's
+    ValidationError."""
+    message = json.loads(line)
+    try:
+        return WORKER_MESSAGE.validate_python(message)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] in _NOT_A_MESSAGE:
+            raise UnknownWorkerMessage(
+                f"the control worker sent an unknown message: {message!r}"
+            ) from None
+        raise
