@@ -22,7 +22,7 @@ from cairn.capsule import current_release
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.journal import Journal
 from cairn.protocol.broker import Intent
-from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import LaunchDescription, Limits, ModelRoute, ProfileSpec, ProjectSpec
 from cairn.providers import load_providers
 from cairn.validation import first_error, invalid
@@ -185,7 +185,7 @@ def resolve_limits(overrides: dict[str, int]) -> Limits:
 
 def launch(
     journal: Journal,
-    request: DaemonRequest,
+    request: LaunchRequest,
     uid: int,
     fd: int | None,
     *,

@@ -22,12 +22,12 @@ from cairn.protocol.control import (
     WorkflowFailure,
     parse_worker_message,
 )
-from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.daemon import UpgradeRequest
 from cairn.workflow import runtime
 from cairn.workflow.review import Review, review_source
 
 
-def upgrade(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, Any]:
     run = visible_run(journal, request.run_id, uid)
     if request.source is None:
         raise UsageError("no new source given", hint="cairn upgrade RUN --to FILE.py")

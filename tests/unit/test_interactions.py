@@ -17,7 +17,7 @@ from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
 from cairn.journal import Journal
 from cairn.policy import AlreadyAnswered, RequestExpired, RunEnded, StaleRequest
-from cairn.protocol.daemon import DaemonRequest
+from cairn.protocol.daemon import DaemonRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
@@ -92,7 +92,7 @@ def replay_until_suspended(coord: Coordinator) -> interactions.RunSuspended:
 
 
 def request(op: str, **fields: object) -> DaemonRequest:
-    return DaemonRequest(op=op, run_id=RUN, **fields)  # type: ignore[arg-type]
+    return daemon_request(op, run_id=RUN, **fields)
 
 
 def ask_and_exit(root: Path) -> str:
