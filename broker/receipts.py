@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from cairn import paths
-from cairn.models import Intent, Receipt
+from cairn.protocol.broker import Intent, Receipt
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS receipts (

@@ -2,7 +2,7 @@
 
 Accepted only from root or the ``cairn`` user (SO_PEERCRED). The request line is read
 with a hard size limit and must match exactly; anything else is refused without reading
-further. The reply is one JSON line (:class:`cairn.models.BrokerReply`).
+further. The reply is one JSON line (:class:`cairn.protocol.broker.BrokerReply`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from collections import defaultdict
 
 from cairn.errors import CairnError
-from cairn.models import BrokerReply
+from cairn.protocol.broker import BrokerReply
 
 log = logging.getLogger(__name__)
 

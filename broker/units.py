@@ -21,7 +21,6 @@ from cairn import failpoints, paths, untrusted
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, StorageError, SystemdError
-from cairn.models import LaunchDescription
 from cairn.netpolicy import (
     NETWORK_MODES,
     PROXY_PORT,
@@ -29,6 +28,7 @@ from cairn.netpolicy import (
     is_allowlist_entry,
     proxy_environment,
 )
+from cairn.protocol.launch import LaunchDescription
 from cairn.settle_results import ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (

@@ -19,8 +19,9 @@ from cairn.errors import BrokerRefused, CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
-from cairn.models import VERB_OF_KIND, Intent, LaunchDescription, Receipt
 from cairn.operation_kinds import OperationKind
+from cairn.protocol.broker import VERB_OF_KIND, Intent, Receipt
+from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 
 from cairn import paths
 from cairn.errors import BrokerRefused, CairnError, Unavailable
-from cairn.models import BrokerReply, Verb
+from cairn.protocol.broker import BrokerReply, Verb
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,9 @@ layout under a temporary directory; production never sets it.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-RUN_ID_RE = re.compile(r"^flow_[0-9a-f]{32}$")
+from cairn.protocol.base import RUN_ID_RE as RUN_ID_RE
 
 
 def _root() -> Path:

@@ -36,7 +36,7 @@ from cairn.errors import AlreadyAnswered as AlreadyAnswered  # re-exported for c
 from cairn.errors import CairnError
 from cairn.errors import RunEnded as RunEnded
 from cairn.errors import StaleRequest as StaleRequest
-from cairn.models import LaunchDescription
+from cairn.protocol.launch import LaunchDescription
 from cairn.validation import first_error
 
 log = logging.getLogger(__name__)

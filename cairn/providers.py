@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cairn import paths
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
-from cairn.models import ModelRoute
+from cairn.protocol.launch import ModelRoute
 from cairn.validation import first_error, invalid
 
 KEY_LIMIT = 16 << 10

@@ -18,8 +18,9 @@ from pydantic import Field
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import UsageError
-from cairn.models import Frozen, ProfileSpec
 from cairn.proc import run
+from cairn.protocol.base import Frozen
+from cairn.protocol.launch import ProfileSpec
 
 SCHEDULE_ID_RE = re.compile(r"^[0-9a-f]{12}$")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"

@@ -39,10 +39,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from cairn.errors import UsageError
 from cairn.netpolicy import NetworkMode
-from cairn.paths import RUN_ID_RE
+from cairn.protocol.base import OP_ID_RE, RUN_ID_RE
 from cairn.systemd import Prop, validate_unit_name
 
-OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 BOUNDARY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LOG_FIELD_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")

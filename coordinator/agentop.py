@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from cairn import paths, untrusted
+from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
 from cairn.coordinator.base import RunBlocked
@@ -23,16 +24,10 @@ from cairn.coordinator.relay import ModelRelay
 from cairn.errors import CairnError, OperationError
 from cairn.fsutil import write_atomic
 from cairn.journal import OpRow
-from cairn.models import (
-    AgentInstruction,
-    AgentMessage,
-    Boundary,
-    CallRequest,
-    Receipt,
-    canonical_json,
-    sha256_hex,
-)
 from cairn.operations import AGENT
+from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
+from cairn.protocol.broker import Receipt
+from cairn.protocol.control import CallRequest
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
 

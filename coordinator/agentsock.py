@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from cairn.models import AgentInstruction, AgentMessage, AgentReply
+from cairn.protocol.agent import AgentInstruction, AgentMessage, AgentReply
 from cairn.validation import first_error
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,10 @@ from cairn.coordinator.relay import TokenBudget
 from cairn.errors import CairnError, Nondeterminism
 from cairn.failpoints import failpoint
 from cairn.journal import Journal, OpRow
-from cairn.models import CallRequest, Intent, LaunchDescription, Receipt, Verb
 from cairn.operations import spec_of
+from cairn.protocol.broker import Intent, Receipt, Verb
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription
 
 MAX_ATTEMPTS = 3
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes

@@ -45,7 +45,7 @@ from cairn.coordinator.replay import Replay
 from cairn.coordinator.settlement import Settlement
 from cairn.errors import CairnError, LeaseLost, SystemdError, Unavailable
 from cairn.journal import LEASE_TTL, TERMINAL_RUN_STATES, OpRow
-from cairn.models import LaunchDescription
+from cairn.protocol.launch import LaunchDescription
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models

@@ -17,8 +17,8 @@ from cairn.coordinator import interactions
 from cairn.coordinator.agentop import AgentOperations
 from cairn.coordinator.lanes import Lanes
 from cairn.journal import OpRow
-from cairn.models import CallRequest
 from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
+from cairn.protocol.control import CallRequest
 
 
 class Handlers(AgentOperations, Lanes):

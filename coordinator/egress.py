@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from cairn import journald, paths
 from cairn.errors import CairnError
 from cairn.journal.reader import JournalReader
-from cairn.models import LaunchDescription, ModelRoute
+from cairn.protocol.launch import LaunchDescription, ModelRoute
 from cairn.proxy import Allowlist, AllowlistProxy
 from cairn.sockets import notify_ready
 

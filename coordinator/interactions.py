@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
-from cairn.models import CallRequest
 from cairn.policy import (
     agent_capabilities,
     evaluate,
@@ -29,6 +28,7 @@ from cairn.policy import (
     load_policy,
     prepare_agent_operation,
 )
+from cairn.protocol.control import CallRequest
 
 if TYPE_CHECKING:
     from cairn.coordinator.base import CoordinatorBase

@@ -9,8 +9,8 @@ from typing import Any
 from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import Nondeterminism
 from cairn.journal import OpRow
-from cairn.models import CallRequest, JoinRequest
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
+from cairn.protocol.control import CallRequest, JoinRequest
 
 
 class Lanes(CoordinatorBase):

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from cairn.models import ModelRoute
+from cairn.protocol.launch import ModelRoute
 from cairn.providers import load_credential
 
 log = logging.getLogger(__name__)

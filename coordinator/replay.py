@@ -6,7 +6,6 @@ answered from the journal, any other is carried out by its kind."""
 from __future__ import annotations
 
 import functools
-import json
 import queue
 import threading
 from collections.abc import Callable
@@ -16,16 +15,17 @@ from cairn.coordinator import interactions
 from cairn.coordinator.dispatch import HANDLERS, Handlers
 from cairn.errors import CairnError, Nondeterminism, OperationError
 from cairn.journal import OpRow
-from cairn.models import (
+from cairn.operations import FORK_KINDS
+from cairn.proc import make_env
+from cairn.protocol.control import (
     CallRequest,
     CallResult,
     JoinRequest,
     StartWorkflow,
     WorkflowFailure,
     WorkflowReturn,
+    parse_worker_message,
 )
-from cairn.operations import FORK_KINDS
-from cairn.proc import make_env
 from cairn.workflow import runtime
 
 
@@ -86,9 +86,9 @@ class Replay(Handlers):
         def read_worker(stream: IO[str]) -> None:
             try:
                 for line in stream:
-                    message = json.loads(line)
-                    if message.get("type") == "call":
-                        call = CallRequest.model_validate(message)
+                    message = parse_worker_message(line)
+                    if isinstance(message, CallRequest):
+                        call = message
                         done = self.committed.get((call.scope, call.seq))
                         with lock:
                             predecessor = last_in_scope.get(call.scope)
@@ -134,19 +134,14 @@ class Replay(Handlers):
                     call, predecessor = item
                     self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
                     continue
-                message = item
-                if message.get("type") == "return":
-                    output = WorkflowReturn.model_validate(message).output
-                    self.models[self.review["workflow"]["output"]].model_validate(output)
-                    return output
-                if message.get("type") == "failure":
-                    failure = WorkflowFailure.model_validate(message)
-                    raise CairnError(f"workflow raised {failure.kind}: {failure.error}")
-                if message.get("type") == "join":
-                    join = JoinRequest.model_validate(message)
-                    self.dispatch(events, join, functools.partial(self.join, join))
-                    continue
-                raise CairnError(f"the control worker sent an unknown message: {message!r}")
+                match item:  # every message but a call (the reader answers those)
+                    case WorkflowReturn(output=output):
+                        self.models[self.review["workflow"]["output"]].model_validate(output)
+                        return output
+                    case WorkflowFailure(kind=kind, error=error):
+                        raise CairnError(f"workflow raised {kind}: {error}")
+                    case JoinRequest() as join:
+                        self.dispatch(events, join, functools.partial(self.join, join))
         finally:
             if worker.poll() is None:
                 worker.kill()

@@ -7,7 +7,7 @@ from typing import Any
 
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
 from cairn.errors import BrokerRefused
-from cairn.models import Receipt
+from cairn.protocol.broker import Receipt
 
 
 class Settlement(CoordinatorBase):

@@ -10,19 +10,20 @@ from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
 from cairn.journal import Journal
-from cairn.models import AgentMessage, DaemonRequest
+from cairn.protocol.agent import AgentMessage
+from cairn.protocol.daemon import ReconcileRequest, RetryRequest
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
 
 
-def decide(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int) -> dict[str, Any]:
     """Settle an uncertain operation from a result the person vouches for, or retry it."""
     run = visible_run(journal, request.run_id, uid)
     if not request.op_id:
         raise UsageError("no operation given", hint="see the blocked operation in 'cairn show'")
     op = journal.get_op_by_id(run.run_id, request.op_id)
-    if request.op == "retry" or request.no_effect:
+    if isinstance(request, RetryRequest) or request.no_effect:
         journal.resolve_uncertain(run.run_id, op.op_id, decision="retry", actor_uid=uid)
     else:
         if request.result is None:

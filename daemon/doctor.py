@@ -11,8 +11,8 @@ from cairn.brokerclient import call_broker
 from cairn.daemon.views import is_admin, run_units, visible_run
 from cairn.errors import CairnError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
-from cairn.models import Intent
 from cairn.operations import BOUNDARY_KINDS
+from cairn.protocol.broker import Intent
 from cairn.systemd import Systemd
 
 

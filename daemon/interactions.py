@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,7 +22,6 @@ from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
-from cairn.models import DaemonRequest
 from cairn.policy import (
     RequestExpired,
     StaleRequest,
@@ -30,6 +30,20 @@ from cairn.policy import (
     load_policy,
     prepare_agent_operation,
 )
+from cairn.protocol.daemon import (
+    AnswerRequest,
+    ApprovalDecision,
+    ApproveRequest,
+    CancelRequest,
+    ControlRequest,
+    InboxRequest,
+    OpRequest,
+    PauseRequest,
+    RejectRequest,
+    ResumeRequest,
+    StopRequest,
+    WatchRequest,
+)
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
@@ -37,7 +51,6 @@ from cairn.workflow.schema import build_models
 log = logging.getLogger(__name__)
 
 WATCH_BATCH = 500
-OPS = ("inbox", "answer", "approve", "reject", "pause", "resume", "stop", "cancel", "watch")
 
 
 class PolicyDenies(CairnError):
@@ -46,21 +59,30 @@ class PolicyDenies(CairnError):
     code = "denied"
 
 
-def dispatch(journal: Journal, request: DaemonRequest, uid: int) -> Any:
-    if request.op == "inbox":
-        return inbox(journal, uid, request.all_users)
-    if request.op == "watch":
-        return watch(journal, request, uid)
+def dispatch(journal: Journal, request: OpRequest, uid: int) -> Any:
+    route = ROUTES.get(request.op)
+    if route is None or not isinstance(request, route[0]):
+        raise UsageError(f"unknown request {request.op}")
+    return route[1](journal, request, uid)
+
+
+def _inbox(journal: Journal, request: InboxRequest, uid: int) -> Any:
+    return inbox(journal, uid, request.all_users)
+
+
+def _answer(journal: Journal, request: AnswerRequest, uid: int) -> Any:
+    return answer(journal, visible_run(journal, request.run_id, uid).run_id, request, uid)
+
+
+def _decide(journal: Journal, request: ApprovalDecision, uid: int) -> Any:
+    return decide(journal, visible_run(journal, request.run_id, uid).run_id, request, uid)
+
+
+def _control(journal: Journal, request: ControlRequest, uid: int) -> Any:
     run_id = visible_run(journal, request.run_id, uid).run_id
-    if request.op == "answer":
-        return answer(journal, run_id, request, uid)
-    if request.op in ("approve", "reject"):
-        return decide(journal, run_id, request, uid)
-    if request.op in ("pause", "resume", "stop", "cancel"):
-        outcome, wake = journal.request_control(run_id, request.op, actor_uid=uid)
-        return {"run_id": run_id, "action": request.op, "outcome": outcome,
-                "woken": wake and start_coordinator(journal, run_id)}
-    raise UsageError(f"unknown request {request.op}")
+    outcome, wake = journal.request_control(run_id, request.op, actor_uid=uid)
+    return {"run_id": run_id, "action": request.op, "outcome": outcome,
+            "woken": wake and start_coordinator(journal, run_id)}
 
 
 def start_coordinator(journal: Journal, run_id: str) -> bool:
@@ -83,7 +105,7 @@ def inbox(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
 # --- answers ------------------------------------------------------------------------
 
 
-def answer(journal: Journal, run_id: str, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> dict[str, Any]:
     if not request.challenge:
         raise UsageError("an answer needs --challenge sha256:… (see 'cairn inbox')")
     if request.answer is None:
@@ -132,7 +154,7 @@ def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text:
 # --- approvals ----------------------------------------------------------------------
 
 
-def decide(journal: Journal, run_id: str, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def decide(journal: Journal, run_id: str, request: ApprovalDecision, uid: int) -> dict[str, Any]:
     """Approve or reject one approval request. An approval must name the fingerprint the
     person saw; the operation is prepared again and must be the same, and the current
     policy must still permit it."""
@@ -190,7 +212,7 @@ def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str
 # --- watch --------------------------------------------------------------------------
 
 
-def watch(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
     """The run's state and its events after ``cursor``, rebuilt from the journal; a
     watcher polls with the last cursor it saw."""
     run = visible_run(journal, request.run_id, uid)
@@ -216,3 +238,18 @@ def watch(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
         "more": len(events) == WATCH_BATCH,
         "waiting": waiting,
     }
+
+
+# op -> (request model, handler) of the requests of people in the loop
+ROUTES: dict[str, tuple[type[OpRequest], Callable[[Journal, Any, int], Any]]] = {
+    "inbox": (InboxRequest, _inbox),
+    "answer": (AnswerRequest, _answer),
+    "approve": (ApproveRequest, _decide),
+    "reject": (RejectRequest, _decide),
+    "pause": (PauseRequest, _control),
+    "resume": (ResumeRequest, _control),
+    "stop": (StopRequest, _control),
+    "cancel": (CancelRequest, _control),
+    "watch": (WatchRequest, watch),
+}
+MODELS = {op: model for op, (model, _handler) in ROUTES.items()}

@@ -21,15 +21,9 @@ from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.journal import Journal
-from cairn.models import (
-    DaemonRequest,
-    Intent,
-    LaunchDescription,
-    Limits,
-    ModelRoute,
-    ProfileSpec,
-    ProjectSpec,
-)
+from cairn.protocol.broker import Intent
+from cairn.protocol.daemon import LaunchRequest
+from cairn.protocol.launch import LaunchDescription, Limits, ModelRoute, ProfileSpec, ProjectSpec
 from cairn.providers import load_providers
 from cairn.validation import first_error, invalid
 from cairn.workflow.review import Review, review_source
@@ -191,7 +185,7 @@ def resolve_limits(overrides: dict[str, int]) -> Limits:
 
 def launch(
     journal: Journal,
-    request: DaemonRequest,
+    request: LaunchRequest,
     uid: int,
     fd: int | None,
     *,

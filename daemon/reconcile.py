@@ -12,7 +12,7 @@ import logging
 from cairn.brokerclient import call_broker
 from cairn.errors import CairnError
 from cairn.journal import Journal
-from cairn.models import Intent
+from cairn.protocol.broker import Intent
 from cairn.systemd import Systemd
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +21,22 @@ from cairn import paths
 from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonReply, DaemonRequest, ErrorBody
+from cairn.protocol.daemon import (
+    DAEMON_REQUEST,
+    DaemonReply,
+    DiffRequest,
+    DoctorRequest,
+    ErrorBody,
+    LaunchRequest,
+    LogsRequest,
+    OpRequest,
+    PingRequest,
+    PsRequest,
+    ReconcileRequest,
+    RetryRequest,
+    ShowRequest,
+    UpgradeRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,32 +64,14 @@ def receive(conn: socket.socket) -> tuple[bytes, int | None]:
     return data, fd
 
 
-def dispatch(request: DaemonRequest, uid: int, fd: int | None) -> Any:
+def dispatch(request: OpRequest, uid: int, fd: int | None) -> Any:
+    """Answer ``request`` with the handler of its op."""
+    route = ROUTES.get(request.op)
+    if route is None or not isinstance(request, route[0]):
+        raise unknown_op(request.op)
     journal = Journal(paths.journal_path(), create=True)
     try:
-        if request.op == "ping":
-            return {"uid": uid, "admin": views.is_admin(uid)}
-        if request.op.startswith("schedule-"):
-            return schedules.dispatch(journal, request, uid, fd)
-        if request.op in interactions.OPS:
-            return interactions.dispatch(journal, request, uid)
-        if request.op == "launch":
-            return launch.launch(journal, request, uid, fd)
-        if request.op == "upgrade":
-            return upgrade.upgrade(journal, request, uid)
-        if request.op == "doctor":
-            return doctor.doctor(journal, request.run_id, uid)
-        if request.op in ("reconcile", "retry"):
-            return decisions.decide(journal, request, uid)
-        if request.op == "ps":
-            return views.ps(journal, uid, request.all_users)
-        if request.op == "show":
-            return views.show(journal, request.run_id, uid)
-        if request.op == "logs":
-            return views.logs(journal, request.run_id, uid)
-        if request.op == "diff":
-            return views.diff(journal, request.run_id, uid)
-        raise unknown_op(request.op)
+        return route[1](journal, request, uid, fd)
     finally:
         journal.close()
 
@@ -87,6 +85,92 @@ def unknown_op(op: object) -> UsageError:
     )
 
 
+def parse(raw: bytes) -> OpRequest:
+    """The request model of one request line; a request cairnd cannot read is a
+    UsageError (an unknown op says so, with a hint)."""
+    try:
+        request: OpRequest = DAEMON_REQUEST.validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "union_tag_invalid":
+            given = first["input"]
+            raise unknown_op(given.get("op") if isinstance(given, dict) else None) from None
+        where: tuple[int | str, ...]
+        if first["type"] == "union_tag_not_found":
+            where, message = ("op",), "Field required"
+        else:  # inside the op's model: its location starts with the op's tag
+            where, message = tuple(first["loc"][1:]), first["msg"]
+        raise UsageError(f"malformed request: {where}: {message}") from None
+    return request
+
+
+# --- handlers: op -> (model, handler) -------------------------------------------------
+
+Handler = Callable[[Journal, Any, int, int | None], Any]
+
+
+def _ping(_journal: Journal, _request: PingRequest, uid: int, _fd: int | None) -> Any:
+    return {"uid": uid, "admin": views.is_admin(uid)}
+
+
+def _launch(journal: Journal, request: LaunchRequest, uid: int, fd: int | None) -> Any:
+    return launch.launch(journal, request, uid, fd)
+
+
+def _upgrade(journal: Journal, request: UpgradeRequest, uid: int, _fd: int | None) -> Any:
+    return upgrade.upgrade(journal, request, uid)
+
+
+def _doctor(journal: Journal, request: DoctorRequest, uid: int, _fd: int | None) -> Any:
+    return doctor.doctor(journal, request.run_id, uid)
+
+
+def _decide(
+    journal: Journal, request: ReconcileRequest | RetryRequest, uid: int, _fd: int | None
+) -> Any:
+    return decisions.decide(journal, request, uid)
+
+
+def _ps(journal: Journal, request: PsRequest, uid: int, _fd: int | None) -> Any:
+    return views.ps(journal, uid, request.all_users)
+
+
+def _show(journal: Journal, request: ShowRequest, uid: int, _fd: int | None) -> Any:
+    return views.show(journal, request.run_id, uid)
+
+
+def _logs(journal: Journal, request: LogsRequest, uid: int, _fd: int | None) -> Any:
+    return views.logs(journal, request.run_id, uid)
+
+
+def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> Any:
+    return views.diff(journal, request.run_id, uid)
+
+
+def _person(journal: Journal, request: OpRequest, uid: int, _fd: int | None) -> Any:
+    return interactions.dispatch(journal, request, uid)
+
+
+def _schedule(journal: Journal, request: OpRequest, uid: int, fd: int | None) -> Any:
+    return schedules.dispatch(journal, request, uid, fd)
+
+
+ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
+    "ping": (PingRequest, _ping),
+    "launch": (LaunchRequest, _launch),
+    "upgrade": (UpgradeRequest, _upgrade),
+    "doctor": (DoctorRequest, _doctor),
+    "reconcile": (ReconcileRequest, _decide),
+    "retry": (RetryRequest, _decide),
+    "ps": (PsRequest, _ps),
+    "show": (ShowRequest, _show),
+    "logs": (LogsRequest, _logs),
+    "diff": (DiffRequest, _diff),
+    **{op: (model, _person) for op, model in interactions.MODELS.items()},
+    **{op: (model, _schedule) for op, model in schedules.MODELS.items()},
+}
+
+
 def handle(conn: socket.socket) -> None:
     with conn:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -94,17 +178,12 @@ def handle(conn: socket.socket) -> None:
         fd: int | None = None
         try:
             raw, fd = receive(conn)
-            request = DaemonRequest.model_validate_json(raw)
-            reply = DaemonReply(ok=True, result=dispatch(request, uid, fd))
-        except ValidationError as exc:
+            reply = DaemonReply(ok=True, result=dispatch(parse(raw), uid, fd))
+        except ValidationError as exc:  # a handler's own validation
             first = exc.errors()[0]
-            if first["loc"] == ("op",) and first["type"] == "literal_error":
-                error = unknown_op(first["input"])
-                body = ErrorBody(code=error.code, message=error.message, hint=error.hint)
-            else:
-                body = ErrorBody(
-                    code="usage", message=f"malformed request: {first['loc']}: {first['msg']}"
-                )
+            body = ErrorBody(
+                code="usage", message=f"malformed request: {first['loc']}: {first['msg']}"
+            )
             reply = DaemonReply(ok=False, error=body)
         except CairnError as exc:
             reply = DaemonReply(

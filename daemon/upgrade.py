@@ -8,20 +8,27 @@ may the run move, and the move is recorded in the journal.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
 from cairn.journal import Journal, OpRow
-from cairn.models import CallRequest, CallResult, DaemonRequest, StartWorkflow
 from cairn.operations import OperationKind
 from cairn.proc import make_env
+from cairn.protocol.control import (
+    CallRequest,
+    CallResult,
+    StartWorkflow,
+    UnknownWorkerMessage,
+    WorkflowFailure,
+    parse_worker_message,
+)
+from cairn.protocol.daemon import UpgradeRequest
 from cairn.workflow import runtime
 from cairn.workflow.review import Review, review_source
 
 
-def upgrade(journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, Any]:
     run = visible_run(journal, request.run_id, uid)
     if request.source is None:
         raise UsageError("no new source given", hint="cairn upgrade RUN --to FILE.py")
@@ -84,17 +91,23 @@ def dry_run(
             line = worker.stdout.readline()
             if not line:
                 break
-            message = json.loads(line)
-            if message.get("type") != "call":
-                if message.get("type") == "failure":
+            try:
+                message = parse_worker_message(line)
+            except UnknownWorkerMessage:
+                break
+            match message:
+                case CallRequest():
+                    call = message
+                case WorkflowFailure(kind=kind, error=error):
                     divergence = {
                         "op_id": "-",
                         "field": "workflow",
                         "expected": "the committed calls",
-                        "actual": f"{message['kind']}: {message['error']}",
+                        "actual": f"{kind}: {error}",
                     }
-                break
-            call = CallRequest.model_validate(message)
+                    break
+                case _:  # the workflow returned or forked: nothing more to compare
+                    break
             op = committed.get((call.scope, call.seq))
             if op is None:
                 break  # the frontier: everything after it runs fresh on the new source

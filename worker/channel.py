@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from cairn.errors import CairnError, ValidationFailed
-from cairn.models import AgentInstruction, AgentMessage, AgentReply
+from cairn.protocol.agent import AgentInstruction, AgentMessage, AgentReply
 
 log = logging.getLogger(__name__)
 

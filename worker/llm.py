@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import CairnError
-from cairn.models import AgentInstruction
+from cairn.protocol.agent import AgentInstruction
 from cairn.worker.channel import AgentChannel
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import CairnError
-from cairn.models import AgentInstruction, ScriptStep
+from cairn.protocol.agent import AgentInstruction
+from cairn.protocol.launch import ScriptStep
 from cairn.worker.channel import AgentChannel
 from cairn.worker.llm import MODEL_SOCKET, run_llm
 from cairn.worker.shim import TcpShim

@@ -13,7 +13,7 @@ import typer
 
 from cairn import paths
 from cairn.errors import CairnError
-from cairn.models import DaemonReply, DaemonRequest
+from cairn.protocol.daemon import DaemonReply, OpRequest, request_line
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
@@ -23,9 +23,9 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def request(op: str, *, fd: int | None = None, **fields: Any) -> Any:
+def request(body: OpRequest, *, fd: int | None = None) -> Any:
     """Send one request to cairnd and return its result (errors become CairnError)."""
-    message = DaemonRequest(op=op, **fields).model_dump_json().encode() + b"\n"  # type: ignore[arg-type]
+    message = request_line(body)
     path = str(paths.daemon_socket())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:

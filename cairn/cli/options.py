@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from cairn.errors import UsageError
-from cairn.models import ProfileSpec
+from cairn.protocol.launch import ProfileSpec
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN")]

@@ -14,6 +14,18 @@ import typer
 
 from cairn.cli.client import emit, fail, request
 from cairn.cli.options import JsonFlag, RunArg
+from cairn.protocol.daemon import (
+    AnswerRequest,
+    ApproveRequest,
+    CancelRequest,
+    ControlRequest,
+    InboxRequest,
+    PauseRequest,
+    RejectRequest,
+    ResumeRequest,
+    StopRequest,
+    WatchRequest,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +50,7 @@ def inbox(
     json_out: JsonFlag = False,
 ) -> None:
     """Questions and approval requests waiting for you."""
-    items = request("inbox", all_users=all_users)
+    items = request(InboxRequest(all_users=all_users))
     if json_out:
         emit(items)
         return
@@ -64,7 +76,7 @@ def answer(
             text = file.read_text()
         except OSError as exc:
             fail(f"cannot read {file}: {exc.strerror}", code=2)
-    out = request("answer", run_id=run_id, challenge=challenge, answer=text)
+    out = request(AnswerRequest(run_id=run_id, challenge=challenge, answer=text))
     if out["outcome"] == "duplicate":
         typer.echo(f"{out['op_id']} already has this answer; nothing changed")
     else:
@@ -78,7 +90,7 @@ def approve(
     fingerprint: Annotated[str, typer.Option(help="The fingerprint of the request you looked at.")],
 ) -> None:
     """Approve one prepared operation (checked again against the current policy)."""
-    out = request("approve", run_id=run_id, request_id=request_id, fingerprint=fingerprint)
+    out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
     typer.echo(f"{out['request_id']} approved; {out['run_id']} resumes")
 
 
@@ -88,33 +100,33 @@ def reject(
     reason: Annotated[str, typer.Option(help="Why (recorded with the decision).")] = "",
 ) -> None:
     """Reject one prepared operation: it does not run."""
-    out = request("reject", run_id=run_id, request_id=request_id, reason=reason)
+    out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
     typer.echo(f"{out['request_id']} rejected; the operation does not run")
 
 
-def _control(action: str, run_id: str) -> None:
-    out = request(action, run_id=run_id)
+def _control(action: type[ControlRequest], run_id: str) -> None:
+    out = request(action(run_id=run_id))
     typer.echo(f"{out['run_id']}: {out['outcome']}")
 
 
 def pause(run_id: RunArg) -> None:
     """Pause at the next safe point; nothing of the run keeps running meanwhile."""
-    _control("pause", run_id)
+    _control(PauseRequest, run_id)
 
 
 def resume(run_id: RunArg) -> None:
     """Resume a paused run (or withdraw a pause not yet honoured)."""
-    _control("resume", run_id)
+    _control(ResumeRequest, run_id)
 
 
 def stop(run_id: RunArg) -> None:
     """Start no new operations; running agents finish; then the run ends stopped."""
-    _control("stop", run_id)
+    _control(StopRequest, run_id)
 
 
 def cancel(run_id: RunArg) -> None:
     """Cancel the run: nothing new starts, waiting requests are withdrawn."""
-    _control("cancel", run_id)
+    _control(CancelRequest, run_id)
 
 
 def watch(
@@ -127,7 +139,7 @@ def watch(
     shown_waiting: list[dict[str, Any]] = []
     try:
         while True:
-            data = request("watch", run_id=run_id, cursor=cursor)
+            data = request(WatchRequest(run_id=run_id, cursor=cursor))
             for event in data["events"]:
                 typer.echo(json.dumps(event) if json_out else render_event(event))
             cursor = data["cursor"]

@@ -14,6 +14,18 @@ import typer
 
 from cairn.cli.client import emit, fail, request
 from cairn.cli.options import JsonFlag, load_scripted, parse_limits
+from cairn.protocol.daemon import (
+    DiffRequest,
+    DoctorRequest,
+    LaunchRequest,
+    LogsRequest,
+    PsRequest,
+    ReconcileRequest,
+    RetryRequest,
+    ShowRequest,
+    UpgradeRequest,
+)
+from cairn.protocol.launch import ProfileSpec
 
 
 def register(app: typer.Typer) -> None:
@@ -87,15 +99,19 @@ def launch(
         fail(f"project {root} is not readable by you", code=2)
     try:
         result = request(
-            "launch",
+            LaunchRequest(
+                definition=definition,
+                source=source,
+                confirm=confirm,
+                limits=parse_limits(limit),
+                args=parsed,
+                project=os.path.normpath(str(root)),
+                scripted={
+                    name: ProfileSpec.model_validate(spec)
+                    for name, spec in load_scripted(scripted).items()
+                },
+            ),
             fd=fd,
-            definition=definition,
-            source=source,
-            confirm=confirm,
-            limits=parse_limits(limit),
-            args=parsed,
-            project=os.path.normpath(str(root)),
-            scripted=load_scripted(scripted),
         )
     finally:
         os.close(fd)
@@ -112,7 +128,7 @@ def ps(
     json_out: JsonFlag = False,
 ) -> None:
     """List runs: state, definition, current operation."""
-    runs = request("ps", all_users=all_users)
+    runs = request(PsRequest(all_users=all_users))
     if json_out:
         emit(runs)
         return
@@ -134,7 +150,7 @@ def ps(
 
 def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run."""
-    data = request("show", run_id=run_id)
+    data = request(ShowRequest(run_id=run_id))
     if json_out:
         emit(data)
         return
@@ -213,7 +229,7 @@ def reconcile(
             fail(f"{result} is not JSON: {exc.msg} at line {exc.lineno}", code=2)
         if not isinstance(data, dict):
             fail(f"{result} must hold a JSON object", code=2)
-    out = request("reconcile", run_id=run_id, op_id=op_id, result=data, no_effect=no_effect)
+    out = request(ReconcileRequest(run_id=run_id, op_id=op_id, result=data, no_effect=no_effect))
     typer.echo(f"{out['op_id']} decided; {out['run_id']} resumes")
 
 
@@ -222,7 +238,7 @@ def retry(
     op_id: Annotated[str, typer.Argument(metavar="OP")],
 ) -> None:
     """Run an uncertain operation again (its effects may then happen twice)."""
-    out = request("retry", run_id=run_id, op_id=op_id)
+    out = request(RetryRequest(run_id=run_id, op_id=op_id))
     typer.echo(f"{out['op_id']} will be retried; {out['run_id']} resumes")
 
 
@@ -238,7 +254,7 @@ def upgrade(
         source = to.read_text()
     except OSError as exc:
         fail(f"cannot read {to}: {exc.strerror}", code=2)
-    data = request("upgrade", run_id=run_id, source=source, dry_run=dry_run, confirm=confirm)
+    data = request(UpgradeRequest(run_id=run_id, source=source, dry_run=dry_run, confirm=confirm))
     if json_out:
         emit(data)
         return
@@ -263,7 +279,7 @@ def doctor(
     json_out: JsonFlag = False,
 ) -> None:
     """Cross-check journal, snapshots, units and receipts; report contradictions."""
-    data = request("doctor", run_id=run_id)
+    data = request(DoctorRequest(run_id=run_id))
     if json_out:
         emit(data)
     else:
@@ -279,12 +295,12 @@ def doctor(
 def logs(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set)."""
-    typer.echo(request("logs", run_id=run_id), nl=False)
+    typer.echo(request(LogsRequest(run_id=run_id)), nl=False)
 
 
 def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
     """What the run applied (or refused) in the live project."""
-    data = request("diff", run_id=run_id)
+    data = request(DiffRequest(run_id=run_id))
     if json_out:
         emit(data)
         return

@@ -28,6 +28,19 @@ from cairn.cli.timers import (
     timer_state,
 )
 from cairn.errors import CairnError, UsageError
+from cairn.protocol.daemon import (
+    ScheduleConfirmRequest,
+    ScheduleCreateRequest,
+    ScheduleDeleteRequest,
+    ScheduleFireRequest,
+    ScheduleInboxRequest,
+    ScheduleInspectRequest,
+    ScheduleListRequest,
+    SchedulePauseRequest,
+    ScheduleReconcileRequest,
+    ScheduleResumeRequest,
+    ScheduleRunNowRequest,
+)
 from cairn.schedules import SCHEDULE_ID_RE, timer_name
 
 schedule_app = typer.Typer(
@@ -113,23 +126,24 @@ def create(
     fd = _open_project(project)
     try:
         result = request(
-            "schedule-create",
+            ScheduleCreateRequest(
+                project=os.path.normpath(str(project.expanduser().absolute())),
+                schedule={
+                    "name": name,
+                    "definition": definition,
+                    "args": parsed,
+                    "calendar": calendar,
+                    "timezone": timezone,
+                    "catch_up": catch_up,
+                    "max_runs": max_runs,
+                    "valid_until": valid_until,
+                    "min_spacing": min_spacing,
+                    "overlap": overlap,
+                    "scripted": load_scripted(scripted),
+                    "replace": replace,
+                },
+            ),
             fd=fd,
-            project=os.path.normpath(str(project.expanduser().absolute())),
-            schedule={
-                "name": name,
-                "definition": definition,
-                "args": parsed,
-                "calendar": calendar,
-                "timezone": timezone,
-                "catch_up": catch_up,
-                "max_runs": max_runs,
-                "valid_until": valid_until,
-                "min_spacing": min_spacing,
-                "overlap": overlap,
-                "scripted": load_scripted(scripted),
-                "replace": replace,
-            },
         )
     finally:
         os.close(fd)
@@ -146,7 +160,7 @@ def confirm(
     json_out: JsonFlag = False,
 ) -> None:
     """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
-    result = request("schedule-confirm", challenge=challenge, schedule={"action": action})
+    result = request(ScheduleConfirmRequest(challenge=challenge, schedule={"action": action}))
     if json_out:
         emit(result)
         return
@@ -158,10 +172,10 @@ def confirm(
 def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Check the schedule once more and install its user timer."""
     _check_id(schedule_id)
-    current = request("schedule-inspect", schedule_id=schedule_id)
+    current = request(ScheduleInspectRequest(schedule_id=schedule_id))
     fd = _open_project(current["project"])
     try:
-        result = request("schedule-resume", fd=fd, schedule_id=schedule_id)
+        result = request(ScheduleResumeRequest(schedule_id=schedule_id), fd=fd)
     finally:
         os.close(fd)
     install_timer(schedule_id, result["timer"])
@@ -174,9 +188,14 @@ def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
         typer.echo(f"note: {linger_hint()}", err=True)
 
 
-def _stop(schedule_id: str, op: str, verb: str, json_out: bool) -> None:
+def _stop(
+    schedule_id: str,
+    kind: type[SchedulePauseRequest | ScheduleDeleteRequest],
+    verb: str,
+    json_out: bool,
+) -> None:
     _check_id(schedule_id)
-    result = request(op, schedule_id=schedule_id)
+    result = request(kind(schedule_id=schedule_id))
     remove_timer(schedule_id)
     if json_out:
         emit(result)
@@ -187,19 +206,19 @@ def _stop(schedule_id: str, op: str, verb: str, json_out: bool) -> None:
 @schedule_app.command("pause")
 def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Refuse future occurrences and remove the timer."""
-    _stop(schedule_id, "schedule-pause", "paused", json_out)
+    _stop(schedule_id, SchedulePauseRequest, "paused", json_out)
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Delete the schedule (future launches only) and its timer."""
-    _stop(schedule_id, "schedule-delete", "deleted", json_out)
+    _stop(schedule_id, ScheduleDeleteRequest, "deleted", json_out)
 
 
 @schedule_app.command("list")
 def list_(json_out: JsonFlag = False) -> None:
     """Your schedules: state, calendar, lease used."""
-    views = request("schedule-list")
+    views = request(ScheduleListRequest())
     if json_out:
         emit(views)
         return
@@ -218,7 +237,7 @@ def list_(json_out: JsonFlag = False) -> None:
 def inspect(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Everything about one schedule, with its recent occurrences."""
     _check_id(schedule_id)
-    v = request("schedule-inspect", schedule_id=schedule_id)
+    v = request(ScheduleInspectRequest(schedule_id=schedule_id))
     if json_out:
         emit(v)
         return
@@ -249,11 +268,15 @@ def inspect(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 
 def _admit(
-    op: str, schedule_id: str, *, occurrence: str | None = None, wait: bool = True
+    kind: type[ScheduleFireRequest | ScheduleRunNowRequest],
+    schedule_id: str,
+    *,
+    occurrence: str | None = None,
+    wait: bool = True,
 ) -> dict[str, Any]:
     """Ask cairnd to admit one occurrence, proving access to the project with an open
     directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
-    current = request("schedule-inspect", schedule_id=schedule_id)
+    current = request(ScheduleInspectRequest(schedule_id=schedule_id))
     while True:
         try:
             fd: int | None = _open_project(current["project"])
@@ -262,7 +285,7 @@ def _admit(
             fd = None
         try:
             result: dict[str, Any] = request(
-                op, fd=fd, schedule_id=schedule_id, occurrence=occurrence
+                kind(schedule_id=schedule_id, occurrence=occurrence), fd=fd
             )
         finally:
             if fd is not None:
@@ -287,7 +310,7 @@ def _report(result: dict[str, Any]) -> str:
 def fire(schedule_id: IdArg) -> None:
     """Run by cairn-schedule@ID.service when the timer elapses: ask for one occurrence."""
     _check_id(schedule_id)
-    result = _admit("schedule-fire", schedule_id)
+    result = _admit(ScheduleFireRequest, schedule_id)
     typer.echo(_report(result))
     if result["outcome"] == "launch-failed":
         raise typer.Exit(1)
@@ -297,7 +320,7 @@ def fire(schedule_id: IdArg) -> None:
 def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """One occurrence now, under the same lease, spacing, overlap and machine limits."""
     _check_id(schedule_id)
-    result = _admit("schedule-run-now", schedule_id)
+    result = _admit(ScheduleRunNowRequest, schedule_id)
     if json_out:
         emit(result)
     elif result["outcome"] == "launched":
@@ -309,7 +332,7 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 @schedule_app.command("inbox")
 def inbox(json_out: JsonFlag = False) -> None:
     """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
-    items = request("schedule-inbox")
+    items = request(ScheduleInboxRequest())
     if json_out:
         emit(items)
         return
@@ -325,7 +348,7 @@ def inbox(json_out: JsonFlag = False) -> None:
 def doctor_report() -> dict[str, Any]:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
-    views = request("schedule-list")
+    views = request(ScheduleListRequest())
     problems: list[str] = []
     linger = linger_enabled()
     if not linger:
@@ -402,7 +425,7 @@ def doctor(json_out: JsonFlag = False) -> None:
 def reconcile() -> None:
     """Repair timers and half-prepared occurrences (run at user-manager start by
     cairn-schedule-reconcile.service); retry queued occurrences once."""
-    result = request("schedule-reconcile")
+    result = request(ScheduleReconcileRequest())
     for line in apply_timers(result["schedules"]):
         typer.echo(line)
     if result["repaired"]:
@@ -410,7 +433,7 @@ def reconcile() -> None:
     for queued in result["queued"]:
         try:
             retried = _admit(
-                "schedule-fire", queued["schedule_id"], occurrence=queued["key"], wait=False
+                ScheduleFireRequest, queued["schedule_id"], occurrence=queued["key"], wait=False
             )
         except CairnError as exc:
             typer.echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)

@@ -17,7 +17,8 @@ from cairn.canonical import canonical_json
 from cairn.errors import IllegalTransition, NotFound, UsageError
 from cairn.journal.rows import OpRow, OpState, dumps
 from cairn.journal.writes import Writes
-from cairn.models import CallRequest, Intent
+from cairn.protocol.broker import Intent
+from cairn.protocol.control import CallRequest
 
 OP_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "requested": frozenset(

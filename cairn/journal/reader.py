@@ -16,7 +16,8 @@ from typing import Any
 from cairn.errors import JournalError, NotFound
 from cairn.journal.rows import EventRow, OpRow, RunRow
 from cairn.journal.store import SCHEMA_VERSION, Clock, Store
-from cairn.models import Intent, LaunchDescription
+from cairn.protocol.broker import Intent
+from cairn.protocol.launch import LaunchDescription
 
 
 class JournalReader(Store):

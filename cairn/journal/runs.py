@@ -10,7 +10,8 @@ from cairn.errors import Busy, NotFound, UsageError
 from cairn.journal.rows import RunState, dumps
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
-from cairn.models import Intent, LaunchDescription
+from cairn.protocol.broker import Intent
+from cairn.protocol.launch import LaunchDescription
 
 
 class Runs(Writes):

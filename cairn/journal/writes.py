@@ -13,7 +13,7 @@ from cairn.canonical import canonical_json
 from cairn.errors import LeaseLost, NotFound
 from cairn.journal.reader import JournalReader
 from cairn.journal.store import LEASE_TTL
-from cairn.models import VERB_OF_KIND, Intent
+from cairn.protocol.broker import VERB_OF_KIND, Intent
 
 
 class Writes(JournalReader):

@@ -3,7 +3,7 @@
 It runs as a child of the coordinator with no journal, no sockets and no files (it
 sandboxes itself before reading anything: :mod:`cairn.workflow.sandbox`): it reads
 JSON lines on stdin and writes JSON lines on stdout. Every ``flow.*`` call becomes a
-:class:`~cairn.models.CallRequest`; the coordinator answers it from the journal or by
+:class:`~cairn.protocol.control.CallRequest`; the coordinator answers it from the journal or by
 carrying out the effect, and the worker resumes the coroutine with the answer. The
 coroutine is driven by hand (no event loop), so replay is deterministic.
 """
@@ -22,8 +22,9 @@ from typing import IO, Any, TypeVar
 
 from pydantic import BaseModel
 
-from cairn.models import (
-    LANE_KEY_RE,
+from cairn.operations import OperationKind, agent, ask, fork, repeat_until, unroll
+from cairn.protocol.base import LANE_KEY_RE
+from cairn.protocol.control import (
     CallRequest,
     CallResult,
     JoinRequest,
@@ -31,7 +32,6 @@ from cairn.models import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.operations import OperationKind, agent, ask, fork, repeat_until, unroll
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
 
 M = TypeVar("M", bound=Model)

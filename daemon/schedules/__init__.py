@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cairn.daemon.schedules.admission import (
@@ -47,7 +48,20 @@ from cairn.daemon.schedules.views import OCCURRENCE_LIMIT, view
 from cairn.errors import UsageError
 from cairn.journal import Journal
 from cairn.journal.store import Clock
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import (
+    OpRequest,
+    ScheduleConfirmRequest,
+    ScheduleCreateRequest,
+    ScheduleDeleteRequest,
+    ScheduleFireRequest,
+    ScheduleInboxRequest,
+    ScheduleInspectRequest,
+    ScheduleListRequest,
+    SchedulePauseRequest,
+    ScheduleReconcileRequest,
+    ScheduleResumeRequest,
+    ScheduleRunNowRequest,
+)
 
 __all__ = [
     "COUNTED_STATES",
@@ -80,7 +94,7 @@ __all__ = [
 
 def dispatch(
     journal: Journal,
-    request: DaemonRequest,
+    request: OpRequest,
     uid: int,
     fd: int | None,
     *,
@@ -88,31 +102,62 @@ def dispatch(
 ) -> Any:
     """Handle one ``schedule-*`` request for the caller ``uid``; ``clock`` is the time the
     schedule store stamps and decides with."""
+    route = ROUTES.get(request.op)
+    if route is None or not isinstance(request, route[0]):
+        raise UsageError(f"unknown schedule operation {request.op}")
     store = Store(store_path(), clock=clock)
     try:
-        op = request.op
-        if op == "schedule-create":
-            return create(store, request, uid, fd)
-        if op == "schedule-confirm":
-            return confirm(store, request, uid)
-        if op == "schedule-resume":
-            return resume(store, journal, request, uid, fd)
-        if op == "schedule-pause":
-            return set_status(store, request, uid, "paused")
-        if op == "schedule-delete":
-            return set_status(store, request, uid, "deleted")
-        if op == "schedule-list":
-            return list_schedules(store, journal, uid)
-        if op == "schedule-inspect":
-            return inspect(store, journal, request, uid)
-        if op == "schedule-fire":
-            return admit(store, journal, request, uid, fd, "timer")
-        if op == "schedule-run-now":
-            return admit(store, journal, request, uid, fd, "run-now")
-        if op == "schedule-inbox":
-            return inbox(store, journal, uid)
-        if op == "schedule-reconcile":
-            return reconcile(store, journal, uid)
-        raise UsageError(f"unknown schedule operation {op}")
+        return route[1](store, journal, request, uid, fd)
     finally:
         store.close()
+
+
+_Handler = Callable[[Store, Journal, Any, int, int | None], Any]
+
+# op -> (request model, handler) of the schedule requests
+ROUTES: dict[str, tuple[type[OpRequest], _Handler]] = {
+    "schedule-create": (
+        ScheduleCreateRequest,
+        lambda store, _journal, request, uid, fd: create(store, request, uid, fd),
+    ),
+    "schedule-confirm": (
+        ScheduleConfirmRequest,
+        lambda store, _journal, request, uid, _fd: confirm(store, request, uid),
+    ),
+    "schedule-resume": (ScheduleResumeRequest, resume),
+    "schedule-pause": (
+        SchedulePauseRequest,
+        lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "paused"),
+    ),
+    "schedule-delete": (
+        ScheduleDeleteRequest,
+        lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "deleted"),
+    ),
+    "schedule-list": (
+        ScheduleListRequest,
+        lambda store, journal, _request, uid, _fd: list_schedules(store, journal, uid),
+    ),
+    "schedule-inspect": (
+        ScheduleInspectRequest,
+        lambda store, journal, request, uid, _fd: inspect(store, journal, request, uid),
+    ),
+    "schedule-fire": (
+        ScheduleFireRequest,
+        lambda store, journal, request, uid, fd: admit(store, journal, request, uid, fd, "timer"),
+    ),
+    "schedule-run-now": (
+        ScheduleRunNowRequest,
+        lambda store, journal, request, uid, fd: admit(
+            store, journal, request, uid, fd, "run-now"
+        ),
+    ),
+    "schedule-inbox": (
+        ScheduleInboxRequest,
+        lambda store, journal, _request, uid, _fd: inbox(store, journal, uid),
+    ),
+    "schedule-reconcile": (
+        ScheduleReconcileRequest,
+        lambda store, journal, _request, uid, _fd: reconcile(store, journal, uid),
+    ),
+}
+MODELS = {op: model for op, (model, _handler) in ROUTES.items()}

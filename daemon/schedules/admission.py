@@ -34,7 +34,8 @@ from cairn.daemon.schedules.store import (
 from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound, ValidationFailed
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, Frozen
+from cairn.protocol.base import Frozen
+from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
 from cairn.schedules import (
     ACTIVE_RUN_STATES,
     DEFAULT_MACHINE_LIMIT,
@@ -236,7 +237,7 @@ def _facts(
 def admit(
     store: Store,
     journal: Journal,
-    request: DaemonRequest,
+    request: ScheduleAdmission,
     uid: int,
     fd: int | None,
     trigger: Trigger,
@@ -347,8 +348,7 @@ def admit(
                 decision.outcome, decision.outcome
             )
             return {**result, "outcome": outcome, "reason": decision.reason}
-        launch_request = DaemonRequest(
-            op="launch",
+        launch_request = LaunchRequest(
             definition=spec.definition,
             args=spec.args,
             project=spec.project,

@@ -25,7 +25,11 @@ from cairn.daemon.schedules.views import (
 )
 from cairn.errors import NotFound, PermissionDenied, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import (
+    ScheduleConfirmRequest,
+    ScheduleCreateRequest,
+    ScheduleRequest,
+)
 from cairn.schedules import (
     CHALLENGE_RE,
     Action,
@@ -46,7 +50,9 @@ from cairn.workflow.review import review_source
 log = logging.getLogger(__name__)
 
 
-def create(store: Store, request: DaemonRequest, uid: int, fd: int | None) -> dict[str, Any]:
+def create(
+    store: Store, request: ScheduleCreateRequest, uid: int, fd: int | None
+) -> dict[str, Any]:
     """Store a new schedule (or a new revision of one) paused, with its review challenge."""
     try:
         body = ScheduleCreate.model_validate(request.schedule)
@@ -133,7 +139,7 @@ def create(store: Store, request: DaemonRequest, uid: int, fd: int | None) -> di
     }
 
 
-def confirm(store: Store, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def confirm(store: Store, request: ScheduleConfirmRequest, uid: int) -> dict[str, Any]:
     """Accept the revision whose challenge the person typed; it stays paused."""
     action = ScheduleConfirm.model_validate(request.schedule).action
     challenge = request.challenge or ""
@@ -175,7 +181,7 @@ def confirm(store: Store, request: DaemonRequest, uid: int) -> dict[str, Any]:
 
 
 def resume(
-    store: Store, journal: Journal, request: DaemonRequest, uid: int, fd: int | None
+    store: Store, journal: Journal, request: ScheduleRequest, uid: int, fd: int | None
 ) -> dict[str, Any]:
     """Check the confirmed revision once more and enable future occurrences."""
     with schedule_lock(request.schedule_id or ""):
@@ -216,7 +222,7 @@ def resume(
 
 
 def set_status(
-    store: Store, request: DaemonRequest, uid: int, status: Literal["paused", "deleted"]
+    store: Store, request: ScheduleRequest, uid: int, status: Literal["paused", "deleted"]
 ) -> dict[str, Any]:
     """Pause or delete: future occurrences are refused; runs already created continue."""
     with schedule_lock(request.schedule_id or ""):
@@ -237,7 +243,7 @@ def list_schedules(store: Store, journal: Journal, uid: int) -> list[dict[str, A
     return [view(store, row) for row in store.owned_by(uid)]
 
 
-def inspect(store: Store, journal: Journal, request: DaemonRequest, uid: int) -> dict[str, Any]:
+def inspect(store: Store, journal: Journal, request: ScheduleRequest, uid: int) -> dict[str, Any]:
     sync_outcomes(store, journal)
     row = store.owned(request.schedule_id, uid)
     spec = store.spec(row.schedule_id, row.revision)

@@ -20,17 +20,11 @@ from typing import Any
 
 from measure import Cell, Stopwatch, collect
 
+from cairn.canonical import canonical_json
 from cairn.journal import Journal
-from cairn.models import (
-    CallRequest,
-    CallResult,
-    LaunchDescription,
-    ProjectSpec,
-    StartWorkflow,
-    WorkflowReturn,
-    canonical_json,
-)
 from cairn.proc import make_env
+from cairn.protocol.control import CallRequest, CallResult, StartWorkflow, WorkflowReturn
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.workflow import runtime
 from cairn.workflow.review import review_source
 

@@ -30,16 +30,12 @@ from synth import Editor, build_project
 
 from cairn import paths, proc
 from cairn.broker.receipts import ReceiptStore
+from cairn.canonical import canonical_json, sha256_hex
 from cairn.journal import Journal
-from cairn.models import (
-    Boundary,
-    CallRequest,
-    Intent,
-    LaunchDescription,
-    ProjectSpec,
-    canonical_json,
-    sha256_hex,
-)
+from cairn.protocol.agent import Boundary
+from cairn.protocol.broker import Intent
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.storage import Pool, SubvolumeReceipt

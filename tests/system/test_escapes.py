@@ -583,7 +583,7 @@ raise RuntimeError(json.dumps(r))
 
 SPAWN_WORKER = """
 import sys
-from cairn.models import StartWorkflow
+from cairn.protocol.control import StartWorkflow
 from cairn.proc import make_env
 from cairn.workflow import runtime
 w = runtime.spawn(make_env())

@@ -56,8 +56,8 @@ def test_built_capsule_holds_the_worker_closure_and_verifies(release: Path) -> N
         "lib/cairn/worker/__main__.py",
         "lib/cairn/worker/channel.py",
         "lib/cairn/worker/profiles.py",
-        "lib/cairn/models.py",
-        "lib/cairn/paths.py",
+        "lib/cairn/protocol/agent.py",
+        "lib/cairn/protocol/base.py",
         "lib/cairn/errors.py",
         "lib/cairn/journald.py",
         "lib/cairn/builtin/workflows/implement.py",
@@ -97,9 +97,9 @@ def test_one_changed_byte_is_refused(release: Path) -> None:
     [
         ("extra-module", "lib/cairn/worker/extra.py is not in the manifest"),
         ("bytecode", "__pycache__ is not in the manifest|__pycache__/.*not in the manifest"),
-        ("missing", "lib/cairn/paths.py is missing"),
+        ("missing", "lib/cairn/protocol/base.py is missing"),
         ("symlink", "lib/cairn/evil.py is not a regular file"),
-        ("group-writable", "lib/cairn/models.py is writable by group or others"),
+        ("group-writable", "lib/cairn/protocol/agent.py is writable by group or others"),
         ("manifest", "manifest.json does not match the capsule's hash"),
         ("other-key", "signature is not valid under the release key"),
     ],
@@ -110,13 +110,13 @@ def test_tampering_is_refused(release: Path, change: str, message: str) -> None:
         (lib / "worker" / "extra.py").write_text("print('not reviewed')\n")
     elif change == "bytecode":
         (lib / "__pycache__").mkdir()
-        (lib / "__pycache__" / "models.cpython-313.pyc").write_bytes(b"\0" * 16)
+        (lib / "__pycache__" / "paths.cpython-313.pyc").write_bytes(b"\0" * 16)
     elif change == "missing":
-        (lib / "paths.py").unlink()
+        (lib / "protocol" / "base.py").unlink()
     elif change == "symlink":
         (lib / "evil.py").symlink_to("/etc/passwd")
     elif change == "group-writable":
-        (lib / "models.py").chmod(0o664)
+        (lib / "protocol" / "agent.py").chmod(0o664)
     elif change == "manifest":
         manifest = release / capsule.MANIFEST
         manifest.write_bytes(
@@ -149,9 +149,11 @@ def test_broker_refuses_a_tampered_installed_capsule(
     )
     assert broker_capsule.verified_capsule("f" * 64).hash == release.name
 
-    installed = lib / "releases" / release.name / "lib" / "cairn" / "models.py"
+    installed = lib / "releases" / release.name / "lib" / "cairn" / "protocol" / "agent.py"
     installed.write_bytes(installed.read_bytes() + b"#")
-    with pytest.raises(BrokerRefused, match="sealed release refused: .*models.py does not match"):
+    with pytest.raises(
+        BrokerRefused, match="sealed release refused: .*protocol/agent.py does not match"
+    ):
         broker_capsule.verified_capsule(release.name)
 
     (lib / "releases" / "current").unlink()
@@ -163,8 +165,8 @@ def test_broker_refuses_a_tampered_installed_capsule(
 def test_launcher_imports_cairn_only_from_the_capsule(release: Path) -> None:
     main = release / "lib" / "cairn" / "worker" / "__main__.py"
     main.write_text(
-        "import cairn, cairn.models, cairn.worker.channel\n"
-        "print(cairn.__file__)\nprint(cairn.models.__file__)\n"
+        "import cairn, cairn.protocol.agent, cairn.worker.channel\n"
+        "print(cairn.__file__)\nprint(cairn.protocol.agent.__file__)\n"
         "print(cairn.worker.channel.__file__)\n"
     )
     # The agent unit runs /usr/bin/python3 -I -B; the interpreter of this test session

@@ -8,7 +8,7 @@ import sys
 from importlib import resources
 from typing import Any
 
-from cairn.models import CallRequest, CallResult, StartWorkflow
+from cairn.protocol.control import CallRequest, CallResult, StartWorkflow
 from cairn.workflow.review import review_source
 
 SOURCE = (resources.files("cairn.builtin") / "workflows" / "implement.py").read_text()

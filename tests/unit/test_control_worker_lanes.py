@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from cairn.models import CallResult, StartWorkflow
+from cairn.protocol.control import CallResult, StartWorkflow
 from cairn.workflow.review import review_source
 
 LANES = """

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from cairn.models import CallRequest, CallResult, StartWorkflow
 from cairn.proc import make_env
+from cairn.protocol.control import CallRequest, CallResult, StartWorkflow
 from cairn.workflow import runtime, sandbox
 
 ARCH = os.uname().machine

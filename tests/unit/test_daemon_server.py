@@ -14,7 +14,7 @@ import pytest
 from cairn import paths
 from cairn.daemon import server, views
 from cairn.errors import UsageError
-from cairn.models import DaemonRequest
+from cairn.protocol.daemon import DiffRequest, ShowRequest
 
 RUN_ID = "flow_" + "0" * 32
 
@@ -51,7 +51,7 @@ def test_an_op_without_a_handler_is_not_answered_as_diff(monkeypatch: pytest.Mon
     monkeypatch.setattr(views, "diff", diff)
     # an op the request model knows but dispatch does not (as when one is added to the
     # model and not to the dispatch)
-    request = DaemonRequest.model_construct(op="frobnicate", run_id=RUN_ID)
+    request = ShowRequest.model_construct(op="frobnicate", run_id=RUN_ID)
     with pytest.raises(UsageError, match="cairnd does not know the request 'frobnicate'"):
         server.dispatch(request, os.getuid(), None)
 
@@ -64,7 +64,7 @@ def test_diff_is_still_diff(monkeypatch: pytest.MonkeyPatch) -> None:
         return {"diff": "answered"}
 
     monkeypatch.setattr(views, "diff", diff)
-    request = DaemonRequest(op="diff", run_id=RUN_ID)
+    request = DiffRequest(run_id=RUN_ID)
     assert server.dispatch(request, 1000, None) == {"diff": "answered"}
     assert seen == [(RUN_ID, 1000)]
 

@@ -8,6 +8,7 @@ a staged copy of that layout, the way ``tests/typecheck.sh`` stages it for mypy.
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import shutil
@@ -94,6 +95,24 @@ def test_import_linter_contracts_hold(installed_layout: Path) -> None:
     proc = _run_in(installed_layout, [_lint_imports(), "--config", str(config), "--no-cache"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout, proc.stdout
+
+
+# What cairn.protocol may import besides the standard library and pydantic.
+PROTOCOL_MAY_IMPORT = {"cairn.protocol", "cairn.errors", "cairn.canonical", "cairn.operation_kinds"}
+
+
+def test_protocol_contract_forbids_every_other_module() -> None:
+    """The protocol contract lists every other top-level module of the installed layout,
+    so a module added later is forbidden to the protocols too, not silently allowed."""
+    config = configparser.ConfigParser()
+    config.read(REPO / ".importlinter")
+    listed = set(config["importlinter:contract:protocol"]["forbidden_modules"].split())
+    top_level = {
+        f"cairn.{p.stem if p.suffix == '.py' else p.name}"
+        for p in (REPO / "cairn").iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()
+    } | {f"cairn.{process}" for process in PROCESSES}
+    assert listed == top_level - PROTOCOL_MAY_IMPORT
 
 
 def _module_file(stage: Path, module: str) -> Path:

@@ -16,8 +16,9 @@ from cairn.coordinator.core import Coordinator
 from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.policy import AlreadyAnswered, RequestExpired, RunEnded, StaleRequest
+from cairn.protocol.daemon import DaemonRequest, daemon_request
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
 SOURCE = '''
@@ -91,7 +92,7 @@ def replay_until_suspended(coord: Coordinator) -> interactions.RunSuspended:
 
 
 def request(op: str, **fields: object) -> DaemonRequest:
-    return DaemonRequest(op=op, run_id=RUN, **fields)  # type: ignore[arg-type]
+    return daemon_request(op, run_id=RUN, **fields)
 
 
 def ask_and_exit(root: Path) -> str:

@@ -10,7 +10,9 @@ import pytest
 
 from cairn.errors import Busy, LeaseLost, NotFound
 from cairn.journal import SCHEMA_VERSION, Journal
-from cairn.models import CallRequest, Intent, LaunchDescription, ProjectSpec
+from cairn.protocol.broker import Intent
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
 RUN = "flow_" + "0" * 31 + "1"
 

@@ -22,7 +22,9 @@ from cairn.journal import (
     OpState,
     check_op_transition,
 )
-from cairn.models import CallRequest, Intent, LaunchDescription, ProjectSpec
+from cairn.protocol.broker import Intent
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
 RUN = "flow_" + "0" * 31 + "7"
 STATES: tuple[str, ...] = get_args(OpState)

@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn.coordinator.agentsock import AgentSocket
 from cairn.coordinator.relay import ModelRelay, TokenBudget, TranscriptEntry
-from cairn.models import AgentInstruction, ModelRoute, ProfileSpec
 from cairn.proc import run
+from cairn.protocol.agent import AgentInstruction
+from cairn.protocol.launch import ModelRoute, ProfileSpec
 from cairn.worker.tools import Toolbox, schema_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))

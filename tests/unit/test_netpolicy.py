@@ -16,7 +16,7 @@ import pytest
 from cairn import netpolicy, workflow
 from cairn.broker import units
 from cairn.errors import BrokerRefused
-from cairn.models import LaunchDescription, ProjectSpec
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.proxy import Allowlist
 from cairn.unitprops import AgentUnitSpec
 from cairn.workflow.review import AgentEntry, ReviewRejected, review_source

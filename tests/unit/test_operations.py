@@ -19,7 +19,6 @@ import cairn.operations
 from cairn import operation_kinds
 from cairn.broker import verbs
 from cairn.coordinator.dispatch import HANDLERS, Handlers
-from cairn.models import CallRequest
 from cairn.operation_kinds import OperationKind
 from cairn.operations import (
     ALL_KINDS,
@@ -36,6 +35,7 @@ from cairn.operations import (
     unroll,
 )
 from cairn.operations.spec import OperationSpec
+from cairn.protocol.control import CallRequest
 from cairn.workflow.review import FLOW_KINDS
 
 # Modules of the package that define the spec type rather than a kind.

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from cairn.models import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.policy import (
     Policy,
     PolicyError,
@@ -17,6 +16,7 @@ from cairn.policy import (
     load_policy,
     prepare_agent_operation,
 )
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 
 RUN = "flow_" + "0" * 31 + "7"
 AGENT = {"profile": "test:fetch", "access": "write", "network": "host", "output": "Report",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.models import ProfileSpec
+from cairn.protocol.launch import ProfileSpec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "docs/examples/profiles.d").glob("*.toml"))
 

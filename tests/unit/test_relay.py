@@ -21,7 +21,7 @@ from cairn.coordinator.relay import (
     usage_of,
 )
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
-from cairn.models import ModelRoute
+from cairn.protocol.launch import ModelRoute
 from cairn.providers import load_credential, load_providers
 from cairn.worker.llm import _UnixConnection
 

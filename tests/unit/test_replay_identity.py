@@ -14,7 +14,8 @@ from cairn.coordinator.core import Coordinator, holder_is_dead, lease_holder
 from cairn.daemon.views import show
 from cairn.errors import Busy, Nondeterminism
 from cairn.journal import Journal
-from cairn.models import CallRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
 RUN = "flow_" + "ab" * 16

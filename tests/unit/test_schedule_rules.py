@@ -21,7 +21,8 @@ import pytest
 from cairn.daemon import schedules as daemon_schedules
 from cairn.errors import NotFound, UsageError
 from cairn.journal import Journal
-from cairn.models import DaemonRequest, LaunchDescription, ProjectSpec
+from cairn.protocol.daemon import DaemonRequest, daemon_request
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.schedules import (
     AdmissionFacts,
     ScheduleSpec,
@@ -258,7 +259,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
 
 
 def _request(op: str, **fields: Any) -> DaemonRequest:
-    return DaemonRequest(op=op, **fields)  # type: ignore[arg-type]
+    return daemon_request(op, **fields)
 
 
 def _create(host: dict[str, Any], **changes: Any) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from cairn.broker import units
 from cairn.coordinator.core import Coordinator
 from cairn.errors import CairnError, OperationError, SystemdError
 from cairn.journal import Journal, OpRow
-from cairn.models import CallRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.settle_diff import unified_diff
 from cairn.unitprops import RECORD_SERVICE_RESULT, SERVICE_RESULT_FILE
 from cairn.worker.__main__ import write_result

@@ -13,7 +13,9 @@ from cairn import paths
 from cairn.daemon.upgrade import upgrade
 from cairn.errors import CairnError
 from cairn.journal import Journal
-from cairn.models import CallRequest, DaemonRequest, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.protocol.control import CallRequest
+from cairn.protocol.daemon import UpgradeRequest
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
 RUN = "flow_" + "cd" * 16
@@ -51,9 +53,8 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Journal:
     return j
 
 
-def request(source: str, *, dry_run: bool, confirm: str | None = None) -> DaemonRequest:
-    return DaemonRequest(op="upgrade", run_id=RUN, source=source, dry_run=dry_run,
-                         confirm=confirm)
+def request(source: str, *, dry_run: bool, confirm: str | None = None) -> UpgradeRequest:
+    return UpgradeRequest(run_id=RUN, source=source, dry_run=dry_run, confirm=confirm)
 
 
 def test_moved_call_is_clean_and_upgrade_records_new_locations(journal: Journal) -> None:

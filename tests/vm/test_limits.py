@@ -2,7 +2,7 @@
 
 Driven through the cairn CLI as alice inside a QEMU/TCG VM; the host side only reads what
 the VM's kernel and systemd report (cgroup files, the journal). The limits checked are the
-launch description's defaults (:class:`cairn.models.Limits`), as every run gets them.
+launch description's defaults (:class:`cairn.protocol.launch.Limits`), as every run gets them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from cairn.models import Limits
+from cairn.protocol.launch import Limits
 
 if TYPE_CHECKING:
     from machine import VirtualMachine

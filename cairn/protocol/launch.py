@@ -1,0 +1,130 @@
+"""The launch description: everything a run is recovered from, frozen when it is launched
+(written by the daemon into the journal, read by the coordinator and the root broker).
+Its :meth:`LaunchDescription.launch_hash` is over its canonical JSON, so field names,
+order and defaults are part of the format."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from cairn.canonical import canonical_json, sha256_hex
+from cairn.protocol.base import Frozen, RunId
+
+
+class ScriptStep(Frozen):
+    """One deterministic step of a ``scripted`` agent, executed inside /workspace."""
+
+    action: Literal["write", "append", "delete", "mkdir", "symlink", "chmod", "sleep", "run"]
+    path: str = ""
+    content: str = ""
+    target: str = ""
+    mode: int | None = None
+    seconds: float = 0.0
+    argv: list[str] = []
+
+    @field_validator("path", "target")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("script paths are relative to /workspace and may not contain '..'")
+        return value
+
+
+class ModelRoute(Frozen):
+    """Where the model relay sends an agent's requests, frozen at launch.
+
+    ``credential`` names a systemd credential of the coordinator (never the key itself);
+    empty means the provider takes no key.
+    """
+
+    provider: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")
+    base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    model: str = Field(min_length=1, max_length=200)
+    credential: str = Field(default="", pattern=r"^([A-Za-z0-9_.-]{1,100})?$")
+    auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z]{0,32}$")
+    max_tokens_per_call: int = Field(default=8192, ge=1)
+    timeout_sec: float = Field(default=300.0, gt=0)
+
+
+class ProfileSpec(Frozen):
+    """How an agent profile runs, resolved and frozen at launch.
+
+    ``llm`` profiles carry their system prompt and name a route of the launch
+    description (``provider``); ``command`` profiles may name one to reach the relay.
+    """
+
+    name: str
+    kind: Literal["scripted", "command", "llm"]
+    steps: list[ScriptStep] = []
+    output: dict[str, Any] = {}
+    handoff: str = ""
+    argv: list[str] = []
+    provider: str = ""
+    system_prompt: str = ""
+    max_steps: int = Field(default=60, ge=1, le=1000)
+    max_corrections: int = Field(default=3, ge=0, le=20)
+    bash_timeout_sec: float = Field(default=120.0, gt=0, le=3600)
+    tool_output_limit: int = Field(default=16_384, ge=256, le=1 << 20)
+
+
+class Limits(Frozen):
+    """Per-agent unit limits and per-run budgets, frozen at launch."""
+
+    memory_max: int = Field(default=2 << 30, ge=16 << 20)
+    tasks_max: int = Field(default=512, ge=8)
+    cpu_quota_percent: int = Field(default=100, ge=1)
+    runtime_max_sec: int = Field(default=3600, ge=1)
+    io_weight: int = Field(default=100, ge=1, le=10_000)
+    model_tokens: int = Field(default=2_000_000, ge=0)
+    max_agent_ops: int = Field(default=200, ge=1)
+    max_concurrent_agents: int = Field(default=8, ge=1)
+    max_agent_seconds: int = Field(default=24 * 3600, ge=1)
+
+
+class ProjectSpec(Frozen):
+    """The live project and how Q is made from it."""
+
+    root: str
+    owner_uid: int
+    on_pool_fs: bool
+    subvolume: str | None = None
+    subpath: str = ""
+
+
+class SettlementPolicySpec(Frozen):
+    write_paths: list[str] = ["**"]
+    allow_git_internals: bool = False
+    max_file_bytes: int = 64 << 20
+    max_total_bytes: int = 1 << 30
+
+
+class LaunchDescription(Frozen):
+    """Everything a run is recovered from. Never re-read from live configuration."""
+
+    run_id: RunId
+    owner_uid: int
+    owner_gid: int
+    owner_name: str
+    definition: str
+    source: str
+    source_filename: str
+    review_hash: str
+    review: dict[str, Any]
+    args: dict[str, Any]
+    project: ProjectSpec
+    profiles: dict[str, ProfileSpec]
+    routes: dict[str, ModelRoute] = {}
+    # The schedule revision that admitted this run ({id, name, revision, occurrence}); None
+    # for a run a person launched directly.
+    schedule: dict[str, Any] | None = None
+    limits: Limits = Limits()
+    policy: SettlementPolicySpec = SettlementPolicySpec()
+    cairn_version: str
+    created_at: float
+    capsule_hash: str | None = None  # the sealed release installed at launch
+
+    def launch_hash(self) -> str:
+        return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))

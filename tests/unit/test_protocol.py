@@ -1,0 +1,110 @@
+"""The wire protocols: per-op daemon requests keep the request line cairn has always sent,
+and the tagged unions dispatch every message they declare."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from cairn.daemon import server
+from cairn.errors import UsageError
+from cairn.protocol.control import (
+    CallRequest,
+    JoinRequest,
+    UnknownWorkerMessage,
+    WorkflowFailure,
+    WorkflowReturn,
+    parse_worker_message,
+)
+from cairn.protocol.daemon import (
+    DAEMON_REQUEST,
+    ENVELOPE,
+    DaemonRequest,
+    LaunchRequest,
+    OpRequest,
+    ShowRequest,
+    daemon_request,
+    request_line,
+)
+from cairn.protocol.launch import ProfileSpec
+
+RUN_ID = "flow_" + "0" * 32
+
+# The line the one request model of earlier versions sent for `cairn show RUN`.
+SHOW_LINE = (
+    b'{"op":"show","definition":null,"args":{},"project":null,"run_id":"' + RUN_ID.encode()
+    + b'","scripted":{},"all_users":false,"source":null,"confirm":null,"limits":{},'
+    b'"op_id":null,"result":null,"no_effect":false,"dry_run":false,"schedule_id":null,'
+    b'"schedule":{},"challenge":null,"occurrence":null,"answer":null,"request_id":null,'
+    b'"fingerprint":null,"reason":"","cursor":0}\n'
+)
+
+
+def _members() -> list[type[OpRequest]]:
+    union = typing.get_args(DaemonRequest)[0]
+    return list(typing.get_args(union))
+
+
+def test_request_line_is_the_envelope_cairn_always_sent() -> None:
+    assert request_line(ShowRequest(run_id=RUN_ID)) == SHOW_LINE
+    assert DAEMON_REQUEST.validate_json(SHOW_LINE) == ShowRequest(run_id=RUN_ID)
+
+
+def test_launch_line_keeps_envelope_order_and_values() -> None:
+    profile = ProfileSpec(name="p", kind="scripted")
+    line = request_line(
+        LaunchRequest(definition="builtin:implement", args={"x": 1.5}, scripted={"p": profile})
+    )
+    assert line.startswith(b'{"op":"launch","definition":"builtin:implement","args":{"x":1.5}')
+    parsed = DAEMON_REQUEST.validate_json(line)
+    assert isinstance(parsed, LaunchRequest) and parsed.scripted == {"p": profile}
+
+
+def test_every_op_has_one_model_and_one_route() -> None:
+    ops = [typing.get_args(m.model_fields["op"].annotation)[0] for m in _members()]
+    assert len(ops) == len(set(ops)) == len(server.ROUTES)
+    for model, op in zip(_members(), ops, strict=True):
+        assert server.ROUTES[op][0] is model
+        assert set(model.model_fields) - {"op"} <= set(ENVELOPE), model
+        assert type(daemon_request(op)) is model
+
+
+def test_an_unused_key_is_dropped_only_at_its_default() -> None:
+    assert daemon_request("show", run_id=RUN_ID, all_users=False, cursor=0) == ShowRequest(
+        run_id=RUN_ID
+    )
+    with pytest.raises(ValidationError) as caught:
+        daemon_request("show", run_id=RUN_ID, all_users=True)
+    assert caught.value.errors()[0]["loc"] == ("show", "all_users")
+
+
+def test_parse_reports_unknown_and_missing_ops_as_usage_errors() -> None:
+    with pytest.raises(UsageError, match="cairnd does not know the request 'frobnicate'"):
+        server.parse(b'{"op": "frobnicate"}\n')
+    with pytest.raises(UsageError, match=r"malformed request: \('op',\): Field required"):
+        server.parse(b'{"run_id": "x"}\n')
+    with pytest.raises(UsageError, match=r"malformed request: \('cursor',\)"):
+        server.parse(b'{"op": "watch", "cursor": "later"}\n')
+
+
+@pytest.mark.parametrize(
+    ("line", "model"),
+    [
+        ('{"type":"call","scope":"root","seq":1,"kind":"agent","request":{},"location":"f:1:1"}',
+         CallRequest),
+        ('{"type":"join","scope":"root","seq":2,"outcomes":{}}', JoinRequest),
+        ('{"type":"return","output":{"a":1}}', WorkflowReturn),
+        ('{"type":"failure","error":"boom","kind":"RuntimeError"}', WorkflowFailure),
+    ],
+)
+def test_worker_messages_parse_to_their_model(line: str, model: type[object]) -> None:
+    assert type(parse_worker_message(line)) is model
+
+
+def test_an_unknown_worker_message_is_named() -> None:
+    with pytest.raises(UnknownWorkerMessage, match="unknown message: {'type': 'dance'}"):
+        parse_worker_message('{"type": "dance"}')
+    with pytest.raises(ValidationError):  # a known message with bad fields
+        parse_worker_message('{"type": "return"}')
