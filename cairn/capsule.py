@@ -1,5 +1,6 @@
-"""The sealed release capsule: manifest format, hashing, signing and verification
-(ARCHITECTURE §14). Shared by the builder (``sealed-release/build.py``) and the broker.
+"""The sealed release capsule: manifest format, hashing and verification
+(ARCHITECTURE §14). Shared by the builder (``sealed-release/build.py``, which signs
+through :mod:`cairn.capsule_build`) and the broker.
 
 A capsule is a directory ``releases/<hash>/`` holding the worker runtime, built-in
 workflows and profiles, plus two files that are not listed in the manifest:
@@ -21,13 +22,12 @@ import json
 import os
 import re
 import stat
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,7 +41,6 @@ HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
 
 VERITY_BLOCK = 4096
-_SHA256_SIZE = 32
 
 
 class CapsuleInvalid(CairnError):
@@ -95,55 +94,6 @@ class Manifest(BaseModel):
 def release_hash(manifest_bytes: bytes) -> str:
     """The capsule's name: the SHA-256 of its manifest."""
     return hashlib.sha256(manifest_bytes).hexdigest()
-
-
-def fsverity_digest(data: bytes) -> str:
-    """The fs-verity file digest (``FS_IOC_MEASURE_VERITY``) of ``data`` for SHA-256,
-    4096-byte blocks and no salt, computed in user space."""
-    hashes_per_block = VERITY_BLOCK // _SHA256_SIZE
-    if data:
-        level = b"".join(
-            hashlib.sha256(data[i : i + VERITY_BLOCK].ljust(VERITY_BLOCK, b"\0")).digest()
-            for i in range(0, len(data), VERITY_BLOCK)
-        )
-        while len(level) > _SHA256_SIZE:
-            level = b"".join(
-                hashlib.sha256(level[i : i + VERITY_BLOCK].ljust(VERITY_BLOCK, b"\0")).digest()
-                for i in range(0, len(level), hashes_per_block * _SHA256_SIZE)
-            )
-        root = level
-    else:
-        root = b"\0" * _SHA256_SIZE
-    descriptor = struct.pack(
-        "<BBBBIQ64s32s144s",
-        1,  # version
-        1,  # FS_VERITY_HASH_ALG_SHA256
-        VERITY_BLOCK.bit_length() - 1,
-        0,  # salt size
-        0,
-        len(data),
-        root,
-        b"",
-        b"",
-    )
-    return hashlib.sha256(descriptor).hexdigest()
-
-
-def describe_file(root: Path, rel: str) -> CapsuleFile:
-    path = root / rel
-    data = path.read_bytes()
-    executable = bool(path.stat().st_mode & stat.S_IXUSR)
-    return CapsuleFile(
-        path=rel,
-        size=len(data),
-        mode=0o755 if executable else 0o644,
-        sha256=hashlib.sha256(data).hexdigest(),
-        fsverity=fsverity_digest(data),
-    )
-
-
-def sign(manifest_bytes: bytes, key: Ed25519PrivateKey) -> bytes:
-    return key.sign(manifest_bytes)
 
 
 def load_public_key(pem: bytes) -> Ed25519PublicKey:

@@ -567,20 +567,6 @@ class Systemd:
                 return
             raise SystemdError(f"stopping {name} failed: {e.detail}") from e
 
-    def ref(self, name: str) -> bool:
-        """Pin a loaded unit to this connection (after a restart); False if it is gone."""
-        validate_unit_name(name)
-        path = self._unit_path(name)
-        if path is None:
-            return False
-        try:
-            self._call(DBusAddress(path, bus_name=SD_BUS_NAME, interface=UNIT_IF), "Ref")
-        except DBusCallFailed as e:
-            if e.dbus_name == NO_SUCH_UNIT:
-                return False
-            raise SystemdError(f"Ref({name}) failed: {e.detail}") from e
-        return True
-
     def unref(self, name: str) -> None:
         """Drop this connection's pin on ``name`` so systemd may collect it; stop watching it."""
         validate_unit_name(name)

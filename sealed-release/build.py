@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.serialization import (  # noqa: E402
     load_pem_private_key,
 )
 
-from cairn import capsule  # noqa: E402
+from cairn import capsule, capsule_build  # noqa: E402
 
 ROOT_MODULE = "cairn.worker"
 DATA_PACKAGES = ("cairn.builtin",)
@@ -194,12 +194,12 @@ def build(source: Path, out: Path, key_file: Path | None) -> str:
     listed = sorted([*files, capsule.WORKER_ENTRY])
     manifest = capsule.Manifest(
         cairn_version=tree.version,
-        files=[capsule.describe_file(staging, rel) for rel in listed],
+        files=[capsule_build.describe_file(staging, rel) for rel in listed],
     )
     manifest_bytes = manifest.canonical_bytes()
     key = load_or_make_key(key_file, out)
     (staging / capsule.MANIFEST).write_bytes(manifest_bytes)
-    (staging / capsule.SIGNATURE).write_bytes(capsule.sign(manifest_bytes, key))
+    (staging / capsule.SIGNATURE).write_bytes(capsule_build.sign(manifest_bytes, key))
     name = capsule.release_hash(manifest_bytes)
     final = releases / name
     if final.exists():

@@ -4,7 +4,8 @@ One home per concern:
 
 - :mod:`~cairn.journal.schema`: the tables, versioned migrations;
 - :mod:`~cairn.journal.rows`: run and operation states, the rows read back;
-- :mod:`~cairn.journal.store`: the connection, migration, transactions, clock, lease TTL;
+- :mod:`~cairn.journal.store`: the connection, clock, lease TTL, schema version;
+- :mod:`~cairn.journal.transactions`: transactions and migrations, for writers only;
 - :mod:`~cairn.journal.reader`: :class:`JournalReader`, read-only and never migrating —
   the only part the root broker opens;
 - :mod:`~cairn.journal.writes`: fencing, events, intents and receipts;

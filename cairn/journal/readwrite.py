@@ -11,6 +11,7 @@ from cairn.journal.people import People
 from cairn.journal.runs import Runs
 from cairn.journal.schema import MIGRATIONS
 from cairn.journal.store import Clock, Store
+from cairn.journal.transactions import migrate
 
 
 class Journal(Runs, Operations, People):
@@ -29,6 +30,6 @@ class Journal(Runs, Operations, People):
         create: bool = False,
         clock: Clock = time.time,
     ) -> None:
-        Store.__init__(
-            self, path, readonly=readonly, create=create, clock=clock, migrations=MIGRATIONS
-        )
+        Store.__init__(self, path, readonly=readonly, create=create, clock=clock)
+        if not readonly:
+            migrate(self.db, MIGRATIONS, label="journal")

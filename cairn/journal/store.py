@@ -1,5 +1,6 @@
-"""The connection under every journal: opening, migrating, transactions, the clock;
-and the transaction and migration helpers any Cairn SQLite store can use.
+"""The connection under every journal: opening it, the clock, the lease TTL and the
+schema version this code speaks. Transactions and migrations are
+:mod:`cairn.journal.transactions`, which only writers load.
 
 One database in WAL mode with ``synchronous=FULL`` and foreign keys on. Every multi-row
 change is one ``BEGIN IMMEDIATE`` transaction. Writes on behalf of a coordinator carry its
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -28,39 +28,6 @@ SCHEMA_VERSION = 2
 Clock = Callable[[], float]
 
 
-@contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One ``BEGIN IMMEDIATE`` transaction on an autocommit connection
-    (``isolation_level=None``); commits on success, rolls back on any error."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    else:
-        db.execute("COMMIT")
-
-
-def migrate(db: sqlite3.Connection, migrations: Mapping[int, str], *, label: str) -> None:
-    """Bring a database to the newest of ``migrations`` (version → SQL statements), in one
-    transaction, recording each version in ``PRAGMA user_version``. A database newer than
-    the code is refused; one another connection migrated meanwhile is left as it is."""
-    latest = max(migrations)
-    with transaction(db):
-        current = db.execute("PRAGMA user_version").fetchone()[0]
-        if current > latest:
-            raise JournalError(
-                f"{label} schema {current} is newer than this cairn ({latest})",
-                hint="upgrade the cairn package",
-            )
-        for version in range(current + 1, latest + 1):
-            for statement in migrations[version].split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version={version}")
-
-
 class Store:
     """A connection to the journal. Not thread-safe: one per thread.
 
@@ -75,7 +42,6 @@ class Store:
         readonly: bool = False,
         create: bool = False,
         clock: Clock = time.time,
-        migrations: Mapping[int, str] | None = None,
     ) -> None:
         self.path = path
         self.clock = clock
@@ -95,8 +61,6 @@ class Store:
         if not readonly:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
-            if migrations is not None:
-                migrate(self.db, migrations, label="journal")
 
     def close(self) -> None:
         self.db.close()
@@ -109,7 +73,3 @@ class Store:
 
     def schema_version(self) -> int:
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
-
-    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; commits on success, rolls back on error."""
-        return transaction(self.db)

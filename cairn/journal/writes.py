@@ -7,17 +7,23 @@ token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews th
 from __future__ import annotations
 
 import sqlite3
+from contextlib import AbstractContextManager
 from typing import Any
 
 from cairn.canonical import canonical_json
 from cairn.errors import LeaseLost, NotFound
 from cairn.journal.reader import JournalReader
 from cairn.journal.store import LEASE_TTL
+from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
 
 
 class Writes(JournalReader):
     """The base of the read-write journal's parts (runs, operations, people)."""
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; commits on success, rolls back on error."""
+        return transaction(self.db)
 
     def _fence(
         self, db: sqlite3.Connection, run_id: str, token: int, ttl: float = LEASE_TTL

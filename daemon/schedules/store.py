@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from cairn import paths
 from cairn.errors import JournalError, NotFound, UsageError
-from cairn.journal.store import Clock, migrate, transaction
+from cairn.journal.store import Clock
+from cairn.journal.transactions import migrate, transaction
 from cairn.schedules import SCHEDULE_ID_RE, ScheduleSpec, Status
 
 Trigger = Literal["timer", "run-now"]

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from cairn import capsule
+from cairn import capsule, capsule_build
 from cairn.broker import capsule as broker_capsule
 from cairn.errors import BrokerRefused
 from cairn.proc import run
@@ -187,7 +187,7 @@ def test_fsverity_digest_matches_fsverity_utils(tmp_path: Path, size: int) -> No
     path = tmp_path / "f"
     path.write_bytes(data)
     out = run([tool, "digest", "--hash-alg=sha256", "--block-size=4096", path]).stdout.decode()
-    assert out.split()[0] == "sha256:" + capsule.fsverity_digest(data)
+    assert out.split()[0] == "sha256:" + capsule_build.fsverity_digest(data)
 
 
 def test_manifest_rejects_paths_outside_the_capsule() -> None:

@@ -1,0 +1,44 @@
+"""The transaction and migration helpers any Cairn SQLite store uses (the journal's
+writers, the schedule store). Readers never need them: the root broker's read-only journal
+connection does not load this module."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from cairn.errors import JournalError
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on an autocommit connection
+    (``isolation_level=None``); commits on success, rolls back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    else:
+        db.execute("COMMIT")
+
+
+def migrate(db: sqlite3.Connection, migrations: Mapping[int, str], *, label: str) -> None:
+    """Bring a database to the newest of ``migrations`` (version → SQL statements), in one
+    transaction, recording each version in ``PRAGMA user_version``. A database newer than
+    the code is refused; one another connection migrated meanwhile is left as it is."""
+    latest = max(migrations)
+    with transaction(db):
+        current = db.execute("PRAGMA user_version").fetchone()[0]
+        if current > latest:
+            raise JournalError(
+                f"{label} schema {current} is newer than this cairn ({latest})",
+                hint="upgrade the cairn package",
+            )
+        for version in range(current + 1, latest + 1):
+            for statement in migrations[version].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={version}")
