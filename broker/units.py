@@ -20,9 +20,14 @@ from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.models import LaunchDescription
-from cairn.netpolicy import NETWORK_MODES, NetworkMode, is_allowlist_entry
+from cairn.netpolicy import (
+    NETWORK_MODES,
+    PROXY_PORT,
+    NetworkMode,
+    is_allowlist_entry,
+    proxy_environment,
+)
 from cairn.proc import run
-from cairn.proxy import PROXY_PORT, proxy_environment
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,

@@ -47,3 +47,19 @@ def is_allowlist_entry(entry: object) -> TypeGuard[str]:
         return False
     port = match["port"]
     return port is None or 1 <= int(port) <= MAX_PORT
+
+
+PROXY_PORT = 3128  # the allowlist proxy's port inside the run's namespace, on its loopback
+
+
+def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
+    """What an allowlist agent's tools read to find the proxy (:mod:`cairn.proxy`)."""
+    url = f"http://127.0.0.1:{port}"
+    return {
+        "HTTPS_PROXY": url,
+        "HTTP_PROXY": url,
+        "https_proxy": url,
+        "http_proxy": url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }

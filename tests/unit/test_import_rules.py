@@ -27,7 +27,7 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # lazily) and the packages above each module, excluding imports made only for type
 # checking. The figure when this test was written; it may only go down. Issue 17's target
 # is 2,500 lines.
-BROKER_CLOSURE_CEILING = 5_897
+BROKER_CLOSURE_CEILING = 5_738
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
