@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,12 @@ from cairn.models import ProfileSpec
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN")]
+
+
+def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
+    """Add ``commands`` to ``app`` as top-level commands, in the order help lists them."""
+    for command in commands:
+        app.command()(command)
 
 
 def parse_limits(specs: list[str]) -> dict[str, int]:

@@ -6,31 +6,18 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, RunArg
+from cairn.cli.options import JsonFlag, RunArg, add_commands
 
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    commands: tuple[Callable[..., None], ...] = (
-        inbox,
-        answer,
-        approve,
-        reject,
-        pause,
-        resume,
-        stop,
-        cancel,
-        watch,
-    )
-    for command in commands:
-        app.command()(command)
+    add_commands(app, inbox, answer, approve, reject, pause, resume, stop, cancel, watch)
 
 
 def inbox(

@@ -6,31 +6,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, load_scripted, parse_limits
+from cairn.cli.options import JsonFlag, add_commands, load_scripted, parse_limits
 
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    commands: tuple[Callable[..., None], ...] = (
-        launch,
-        ps,
-        show,
-        reconcile,
-        retry,
-        upgrade,
-        doctor,
-        logs,
-        diff,
-    )
-    for command in commands:
-        app.command()(command)
+    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff)
 
 
 def _age(ts: float) -> str:
