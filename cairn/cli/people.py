@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, RunArg, add_commands
+from cairn.cli.client import fail, request
+from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty
 
 
 def register(app: typer.Typer) -> None:
@@ -26,11 +26,7 @@ def inbox(
 ) -> None:
     """Questions and approval requests waiting for you."""
     items = request("inbox", all_users=all_users)
-    if json_out:
-        emit(items)
-        return
-    if not items:
-        typer.echo("nothing waits for you")
+    if emit_or_empty(items, json_out, empty="nothing waits for you"):
         return
     for item in items:
         typer.echo(render_item(item))

@@ -12,7 +12,13 @@ from typing import Annotated
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, add_commands, load_scripted, parse_limits
+from cairn.cli.options import (
+    JsonFlag,
+    add_commands,
+    emit_or_empty,
+    load_scripted,
+    parse_limits,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -100,11 +106,7 @@ def ps(
 ) -> None:
     """List runs: state, definition, current operation."""
     runs = request("ps", all_users=all_users)
-    if json_out:
-        emit(runs)
-        return
-    if not runs:
-        typer.echo("no runs")
+    if emit_or_empty(runs, json_out, empty="no runs"):
         return
     typer.echo(
         f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} {'SETTLEMENT':<24} STARTED"
