@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 from cairn import journald
-from cairn.sockets import ThreadedServer, relay, systemd_listener
+from cairn.sockets import ThreadedServer, bridge, systemd_listener
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class AllowlistProxy(ThreadedServer):
                     client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 else:
                     upstream.sendall(forward)
-                relay(client, upstream)
+                bridge(client, upstream)
 
 
 def _destination(method: str, target: str, head: bytes) -> tuple[str, int, bytes | None]:

@@ -106,7 +106,7 @@ class ThreadedServer:
                 self._open -= 1
 
 
-def relay(near: socket.socket, far: socket.socket) -> None:
+def bridge(near: socket.socket, far: socket.socket) -> None:
     """Copy bytes both ways between two connected sockets until each side has ended."""
     back = threading.Thread(target=pump, args=(far, near), daemon=True)
     back.start()

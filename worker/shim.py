@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from cairn.sockets import ThreadedServer, relay
+from cairn.sockets import ThreadedServer, bridge
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,6 @@ class TcpShim(ThreadedServer):
             upstream.close()
             client.close()
             return
-        relay(client, upstream)
+        bridge(client, upstream)
         client.close()
         upstream.close()
