@@ -49,11 +49,11 @@ def is_allowlist_entry(entry: object) -> TypeGuard[str]:
     return port is None or 1 <= int(port) <= MAX_PORT
 
 
-PROXY_PORT = 3128  # inside the run's namespace, on its loopback
+PROXY_PORT = 3128  # the allowlist proxy's port inside the run's namespace, on its loopback
 
 
 def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
-    """What an allowlist agent's tools read to find the proxy."""
+    """What an allowlist agent's tools read to find the proxy (:mod:`cairn.proxy`)."""
     url = f"http://127.0.0.1:{port}"
     return {
         "HTTPS_PROXY": url,

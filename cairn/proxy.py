@@ -18,16 +18,14 @@ import argparse
 import logging
 import socket
 import sys
-import threading
 from collections.abc import Callable
 
 from cairn import journald
-from cairn.sockets import systemd_listener
+from cairn.sockets import ThreadedServer, bridge, systemd_listener
 
 log = logging.getLogger(__name__)
 
 HEAD_LIMIT = 16 << 10
-CHUNK = 65536
 CONNECT_TIMEOUT = 15.0
 DEFAULT_PORTS = (80, 443)
 IDLE_EXIT = 300.0
@@ -70,62 +68,18 @@ class Allowlist:
         return port in DEFAULT_PORTS and any(host.endswith(s) for s in self.suffixes)
 
 
-class AllowlistProxy:
+class AllowlistProxy(ThreadedServer):
     """Serve ``listener`` until :meth:`close`; every connection gets its own thread."""
 
     def __init__(
         self, listener: socket.socket, allow: Allowlist, resolve: Resolver = _system_resolve
     ) -> None:
-        self.listener = listener
+        super().__init__(listener, "allowlist-proxy")
         self.allow = allow
         self.resolve = resolve
         self.refused: list[str] = []
-        self._lock = threading.Lock()
-        self._open = 0
-        self._thread = threading.Thread(target=self._accept, name="allowlist-proxy", daemon=True)
 
-    def start(self) -> AllowlistProxy:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
-        self._thread.join(timeout=5)
-
-    def serve_forever(self, idle_exit: float | None = None) -> None:
-        """Serve until the listener closes or, with ``idle_exit``, until that many seconds
-        pass with no connection open (systemd's socket starts us again on the next one)."""
-        self._accept(idle_exit)
-
-    def _accept(self, idle_exit: float | None = None) -> None:
-        self.listener.settimeout(idle_exit)
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except TimeoutError:
-                with self._lock:
-                    if self._open == 0:
-                        return
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            threading.Thread(target=self._serve_one, args=(client,), daemon=True).start()
-
-    def _serve_one(self, client: socket.socket) -> None:
-        with self._lock:
-            self._open += 1
-        try:
-            self._handle(client)
-        finally:
-            with self._lock:
-                self._open -= 1
-
-    def _handle(self, client: socket.socket) -> None:
+    def handle(self, client: socket.socket) -> None:
         with client:
             client.settimeout(CONNECT_TIMEOUT)
             head = _read_head(client)
@@ -162,10 +116,7 @@ class AllowlistProxy:
                     client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 else:
                     upstream.sendall(forward)
-                back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-                back.start()
-                _pipe(client, upstream)
-                back.join()
+                bridge(client, upstream)
 
 
 def _destination(method: str, target: str, head: bytes) -> tuple[str, int, bytes | None]:
@@ -201,18 +152,6 @@ def _status(client: socket.socket, code: int, reason: str) -> None:
         client.sendall(
             f"HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
         )
-    except OSError:
-        pass
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while chunk := src.recv(CHUNK):
-            dst.sendall(chunk)
-    except OSError:
-        pass
-    try:
-        dst.shutdown(socket.SHUT_WR)
     except OSError:
         pass
 

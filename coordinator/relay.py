@@ -313,17 +313,19 @@ class ModelRelay:
         body = self._read_body(handler)
         if body is None:
             return
+        # Every reply below goes out only after its call is counted and recorded, so whoever
+        # reads the usage or the transcript after a reply finds the call there.
         remaining = self.budget.remaining()
         if remaining == 0:
             with self._lock:
                 self._counts["refused"] += 1
             log.warning("relay refused a model call: the run's token budget is spent")
+            self._record(api_path, 429, started, False, body, None, {}, False, "budget spent")
             handler._reply_error(
                 429,
                 "insufficient_quota",
                 f"the run's model token budget ({self.budget.limit}) is spent; finish now",
             )
-            self._record(api_path, 429, started, False, body, None, {}, False, "budget spent")
             return
         self._shape_request(body, api_path, limit_field, remaining)
         stream = bool(body.get("stream"))
@@ -340,8 +342,8 @@ class ModelRelay:
             with self._lock:
                 self._counts["failed"] += 1
             message = f"provider {self.route.provider} is unreachable: {exc}"
-            handler._reply_error(502, "upstream_unreachable", message)
             self._record(api_path, 502, started, stream, body, None, {}, False, message)
+            handler._reply_error(502, "upstream_unreachable", message)
             return
         # The client sees the last byte only after the call is metered and recorded, so
         # whoever reads the usage after a reply finds this call in it.
@@ -363,9 +365,9 @@ class ModelRelay:
                 self._counts["failed"] += 1
             handler.close_connection = True
             message = f"relay interrupted: {exc}"
+            self._record(api_path, response.status, started, stream, body, None, {}, False, message)
             if not streamed:
                 handler._reply_error(502, "upstream_failed", message)
-            self._record(api_path, response.status, started, stream, body, None, {}, False, message)
             return
         finally:
             conn.close()

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from cairn.cli.client import emit
 from cairn.errors import UsageError
 from cairn.protocol.launch import ProfileSpec
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN")]
+
+
+def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
+    """With ``--json`` print ``items`` as JSON; without it print ``empty`` when there are
+    none. True when that is all a listing command has to print."""
+    if json_out:
+        emit(items)
+        return True
+    if not items:
+        typer.echo(empty)
+        return True
+    return False
+
+
+def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
+    """Add ``commands`` to ``app`` as top-level commands, in the order help lists them."""
+    for command in commands:
+        app.command()(command)
 
 
 def parse_limits(specs: list[str]) -> dict[str, int]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, RunArg
+from cairn.cli.client import fail, request
+from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty
 from cairn.protocol.daemon import (
     AnswerRequest,
     ApproveRequest,
@@ -30,19 +29,7 @@ from cairn.protocol.daemon import (
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    commands: tuple[Callable[..., None], ...] = (
-        inbox,
-        answer,
-        approve,
-        reject,
-        pause,
-        resume,
-        stop,
-        cancel,
-        watch,
-    )
-    for command in commands:
-        app.command()(command)
+    add_commands(app, inbox, answer, approve, reject, pause, resume, stop, cancel, watch)
 
 
 def inbox(
@@ -51,11 +38,7 @@ def inbox(
 ) -> None:
     """Questions and approval requests waiting for you."""
     items = request(InboxRequest(all_users=all_users))
-    if json_out:
-        emit(items)
-        return
-    if not items:
-        typer.echo("nothing waits for you")
+    if emit_or_empty(items, json_out, empty="nothing waits for you"):
         return
     for item in items:
         typer.echo(render_item(item))

@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, load_scripted, parse_limits
+from cairn.cli.options import (
+    JsonFlag,
+    add_commands,
+    emit_or_empty,
+    load_scripted,
+    parse_limits,
+)
 from cairn.protocol.daemon import (
     DiffRequest,
     DoctorRequest,
@@ -30,19 +35,7 @@ from cairn.protocol.launch import ProfileSpec
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    commands: tuple[Callable[..., None], ...] = (
-        launch,
-        ps,
-        show,
-        reconcile,
-        retry,
-        upgrade,
-        doctor,
-        logs,
-        diff,
-    )
-    for command in commands:
-        app.command()(command)
+    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff)
 
 
 def _age(ts: float) -> str:
@@ -129,11 +122,7 @@ def ps(
 ) -> None:
     """List runs: state, definition, current operation."""
     runs = request(PsRequest(all_users=all_users))
-    if json_out:
-        emit(runs)
-        return
-    if not runs:
-        typer.echo("no runs")
+    if emit_or_empty(runs, json_out, empty="no runs"):
         return
     typer.echo(
         f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} {'SETTLEMENT':<24} STARTED"

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, load_scripted
+from cairn.cli.options import JsonFlag, emit_or_empty, load_scripted
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -219,11 +219,7 @@ def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 def list_(json_out: JsonFlag = False) -> None:
     """Your schedules: state, calendar, lease used."""
     views = request(ScheduleListRequest())
-    if json_out:
-        emit(views)
-        return
-    if not views:
-        typer.echo("no schedules")
+    if emit_or_empty(views, json_out, empty="no schedules"):
         return
     for v in views:
         status = v["status"] + (" (awaiting confirmation)" if v["awaiting_confirmation"] else "")
@@ -333,11 +329,8 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 def inbox(json_out: JsonFlag = False) -> None:
     """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
     items = request(ScheduleInboxRequest())
-    if json_out:
-        emit(items)
+    if emit_or_empty(items, json_out, empty="inbox empty"):
         return
-    if not items:
-        typer.echo("inbox empty")
     for item in items:
         typer.echo(
             f"{item['at']}  {item['name']} ({item['schedule_id']})  {item['kind']}: "

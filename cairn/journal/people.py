@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -17,6 +17,8 @@ from cairn.canonical import canonical_json
 from cairn.errors import AlreadyAnswered, NotFound, RunEnded, StaleRequest, UsageError
 from cairn.journal.rows import TERMINAL_RUN_STATES, ControlAction, RunState, loads
 from cairn.journal.writes import Writes
+
+_Row = TypeVar("_Row", "QuestionRow", "ApprovalRow")
 
 
 class People(Writes):
@@ -60,16 +62,15 @@ class People(Writes):
         return found
 
     def question(self, run_id: str, op_id: str) -> QuestionRow | None:
-        row = self.db.execute(
-            "SELECT * FROM interactions WHERE run_id=? AND op_id=?", (run_id, op_id)
-        ).fetchone()
-        return None if row is None else QuestionRow.from_row(row)
+        found = self._select(
+            QuestionRow, "SELECT * FROM interactions WHERE run_id=? AND op_id=?", (run_id, op_id)
+        )
+        return found[0] if found else None
 
     def questions(self, run_id: str) -> list[QuestionRow]:
-        rows = self.db.execute(
-            "SELECT * FROM interactions WHERE run_id=? ORDER BY created_at", (run_id,)
-        ).fetchall()
-        return [QuestionRow.from_row(r) for r in rows]
+        return self._select(
+            QuestionRow, "SELECT * FROM interactions WHERE run_id=? ORDER BY created_at", (run_id,)
+        )
 
     def answer_question(
         self, run_id: str, *, challenge: str, answer: Any, actor_uid: int
@@ -160,16 +161,21 @@ class People(Writes):
         return found
 
     def approval(self, run_id: str, request_id: str) -> ApprovalRow | None:
-        row = self.db.execute(
-            "SELECT * FROM approvals WHERE run_id=? AND request_id=?", (run_id, request_id)
-        ).fetchone()
-        return None if row is None else ApprovalRow.from_row(row)
+        found = self._select(
+            ApprovalRow,
+            "SELECT * FROM approvals WHERE run_id=? AND request_id=?",
+            (run_id, request_id),
+        )
+        return found[0] if found else None
 
     def approvals(self, run_id: str) -> list[ApprovalRow]:
-        rows = self.db.execute(
-            "SELECT * FROM approvals WHERE run_id=? ORDER BY created_at", (run_id,)
-        ).fetchall()
-        return [ApprovalRow.from_row(r) for r in rows]
+        return self._select(
+            ApprovalRow, "SELECT * FROM approvals WHERE run_id=? ORDER BY created_at", (run_id,)
+        )
+
+    def _select(self, model: type[_Row], sql: str, args: tuple[str, ...]) -> list[_Row]:
+        """The rows ``sql`` selects (``SELECT *`` from ``model``'s table) as ``model``."""
+        return [model.from_row(r) for r in self.db.execute(sql, args).fetchall()]
 
     def decide_approval(
         self,

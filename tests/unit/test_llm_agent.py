@@ -82,7 +82,10 @@ def test_paths_stay_inside_the_workspace(toolbox: Toolbox, tmp_path: Path) -> No
 def test_bash_has_a_timeout_and_an_output_cap(toolbox: Toolbox) -> None:
     assert toolbox.call("bash", {"command": "cat a.txt | wc -l"}) == "exit status 0\n4\n"
     assert toolbox.call("bash", {"command": "exit 3"}).startswith("exit status 3")
-    slow = toolbox.call("bash", {"command": "echo started; sleep 30", "timeout": 1})
+    # Blocks until the timeout: a FIFO that nothing ever opens for writing.
+    slow = toolbox.call(
+        "bash", {"command": "echo started; mkfifo never; read -r line < never", "timeout": 1}
+    )
     assert slow.startswith("timed out after 1s")
     big = toolbox.call("bash", {"command": "head -c 100000 /dev/zero | tr '\\0' x"})
     assert len(big) < 1100 and "characters cut" in big
