@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cairn import proc
 from cairn.errors import NotFound, ProcessFailed, StorageError, UsageError
+from cairn.protocol.broker import SubvolumeReceipt as SubvolumeReceipt
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +39,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 SettlementName = Literal["P", "C", "F"]
-
-
-class SubvolumeReceipt(BaseModel):
-    """What the broker records for a subvolume it made; later operations are checked
-    against it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    subvol_id: int
-    uuid: str
-    fsid: str
-    read_only: bool
-    generation: int
 
 
 class LoopPool(BaseModel):

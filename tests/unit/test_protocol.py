@@ -3,6 +3,7 @@ and the tagged unions dispatch every message they declare."""
 
 from __future__ import annotations
 
+import json
 import typing
 
 import pytest
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 
 from cairn.daemon import server
 from cairn.errors import UsageError
+from cairn.protocol.broker import BODY_OF_KIND, Checkpointed, Forked, IntentKind, Receipt
 from cairn.protocol.control import (
     CallRequest,
     JoinRequest,
@@ -108,3 +110,79 @@ def test_an_unknown_worker_message_is_named() -> None:
         parse_worker_message('{"type": "dance"}')
     with pytest.raises(ValidationError):  # a known message with bad fields
         parse_worker_message('{"type": "return"}')
+
+
+# --- receipt bodies -------------------------------------------------------------------
+
+SUBVOLUME = {
+    "path": "/pool/runs/r/q",
+    "subvol_id": 256,
+    "uuid": "u",
+    "fsid": "f",
+    "read_only": True,
+    "generation": 7,
+}
+
+
+def test_every_intent_kind_has_a_receipt_body() -> None:
+    assert set(BODY_OF_KIND) == set(typing.get_args(IntentKind))
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        ("prepare-q", {"q": SUBVOLUME, "subpath": "sub", "imported": False, "project_ino": 9}),
+        (
+            "prepare-q",
+            {
+                "q": SUBVOLUME,
+                "subpath": "",
+                "imported": True,
+                "import": {"unit": "cairn-import-r.service", "stats": {"files": 3}},
+                "project_ino": 9,
+            },
+        ),
+        ("fork", {"s": SUBVOLUME, "op_id": "root-2", "lanes": {"a": {"w": SUBVOLUME}}}),
+        ("verify-storage", {"problems": ["x"], "checked": 4}),
+        ("verify-storage", {"problems": [], "checked": 0, "deleted": True}),
+        (
+            "start-agent",
+            {
+                "unit": "u.service",
+                "invocation_id": "i",
+                "control_group": "/cg",
+                "attempt": 1,
+                "capsule": "c",
+                "op_id": "root-1",
+            },
+        ),
+        ("stop-agent", {"unit": "u.service", "stopped": True, "result_file": False}),
+        (
+            "settle-candidate",
+            {
+                "accepted": ["a"],
+                "refused": [{"path": "b", "reason": "outside write_paths"}],
+                "bytes_accepted": 3,
+                "f": SUBVOLUME,
+                "c": SUBVOLUME,
+                "inventories_equal": False,
+                "diff": "",
+            },
+        ),
+        ("delete-run", {"deleted": ["/pool/runs/r"], "proxy_removed": True}),
+    ],
+)
+def test_a_receipt_body_keeps_its_json(kind: str, data: dict[str, object]) -> None:
+    body = BODY_OF_KIND[kind].model_validate(data)
+    assert json.dumps(body.wire()) == json.dumps(data)  # same keys, same order
+    receipt = Receipt(intent_id=kind, run_id=RUN_ID, kind=kind, data=data, at=1.0)  # type: ignore[arg-type]
+    assert receipt.body(BODY_OF_KIND[kind]) == body
+
+
+def test_subvolumes_of_a_fork_include_its_lanes() -> None:
+    forked = Forked.model_validate(
+        {"s": SUBVOLUME, "op_id": "root-2", "lanes": {"a": {"w": {**SUBVOLUME, "uuid": "v"}}}}
+    )
+    assert [s.uuid for s in forked.subvolumes()] == ["u", "v"]
+    with pytest.raises(TypeError):
+        Receipt(intent_id="f", run_id=RUN_ID, kind="fork", data={}, at=1.0).body(Checkpointed)
