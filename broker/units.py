@@ -21,7 +21,7 @@ from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, SystemdError
 from cairn.netpolicy import NETWORK_MODES, NetworkMode, is_allowlist_entry
 from cairn.proc import run
-from cairn.protocol.broker import AgentStarted, AgentStopped
+from cairn.protocol.broker import AgentStarted, AgentStopped, ApplyResult
 from cairn.protocol.launch import LaunchDescription
 from cairn.proxy import PROXY_PORT, proxy_environment
 from cairn.systemd import Systemd, cgroup_is_empty
@@ -329,8 +329,6 @@ def run_apply(
 ) -> dict[str, Any]:
     """Apply F to the live project as its owner with the three-way check; return the
     unit's name and invocation ID with the apply result."""
-    from cairn.settle import ApplyResult
-
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     # work/ is the owner's: replace, never write through, whatever an earlier attempt left

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
+from cairn.protocol.broker import ApplyConflict, ApplyResult
 from cairn.settle_candidate import (
     TMP_PREFIX,
     CandidateReport,
@@ -82,13 +83,6 @@ class EntryState(BaseModel):
     target: str = ""
 
 
-class ApplyConflict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    reason: str
-
-
 class PathPlan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -126,15 +120,6 @@ class ApplyReceipt(BaseModel):
     action: Literal["written", "deleted", "already"]
     f: EntryState
     at: float
-
-
-class ApplyResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    status: Literal["applied", "conflict", "noop"]
-    applied: list[str] = []
-    already_applied: list[str] = []
-    conflicts: list[ApplyConflict] = []
 
 
 # -- inventories ------------------------------------------------------------------------

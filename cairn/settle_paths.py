@@ -12,6 +12,7 @@ import stat
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.errors import UsageError
+from cairn.protocol.broker import RefusedPath as RefusedPath
 
 # A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
 # directory with this inode number (BTRFS_EMPTY_SUBVOL_DIR_OBJECTID); in a live subvolume
@@ -30,13 +31,6 @@ class SettlementPolicy(BaseModel):
     allow_git_internals: bool = False
     max_file_bytes: int = Field(default=64 << 20, ge=0)
     max_total_bytes: int = Field(default=1 << 30, ge=0)
-
-
-class RefusedPath(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    reason: str
 
 
 def check_relative(path: str) -> list[str]:

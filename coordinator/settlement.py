@@ -32,8 +32,8 @@ class Settlement(CoordinatorBase):
             settlement["apply"] = {"applied": [], "already_applied": [], "conflicts": []}
         else:
             applied = self.apply_proposal().body(ApplyDone)
-            settlement["apply"] = applied.result
-            settlement["status"] = applied.result["status"]
+            settlement["apply"] = applied.result.model_dump(mode="json")
+            settlement["status"] = applied.result.status
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
         self.event("settled", status=settlement["status"], refused=len(built.refused))
         return settlement

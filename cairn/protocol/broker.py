@@ -72,6 +72,28 @@ class SubvolumeReceipt(Frozen):
     generation: int
 
 
+# --- settlement: what the candidate refused and what the apply unit did ---------------
+
+
+class RefusedPath(Frozen):
+    path: str
+    reason: str
+
+
+class ApplyConflict(Frozen):
+    path: str
+    reason: str
+
+
+class ApplyResult(Frozen):
+    """The apply unit's result.json."""
+
+    status: Literal["applied", "conflict", "noop"]
+    applied: list[str] = []
+    already_applied: list[str] = []
+    conflicts: list[ApplyConflict] = []
+
+
 # --- receipt bodies: what each intent kind did --------------------------------------
 # Field names and order are the receipt's JSON; a key some receipts leave out is listed in
 # ``optional_keys`` and left out when it is None. Keys added after a kind's first version
@@ -181,7 +203,7 @@ class CandidateBuilt(ReceiptBody):
     reason), F, and the diff of the accepted paths."""
 
     accepted: list[str]
-    refused: list[dict[str, Any]]
+    refused: list[RefusedPath]
     bytes_accepted: int
     f: SubvolumeReceipt
     c: SubvolumeReceipt
@@ -190,11 +212,11 @@ class CandidateBuilt(ReceiptBody):
 
 
 class ApplyDone(ReceiptBody):
-    """start-apply: the apply unit and its result (cairn.settle.ApplyResult)."""
+    """start-apply: the apply unit and its result."""
 
     unit: str
     invocation_id: str
-    result: dict[str, Any]
+    result: ApplyResult
 
 
 class RunDeleted(ReceiptBody):
