@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from typing import Any
 
 from cairn import paths
-from cairn.protocol.broker import Intent, Receipt
+from cairn.protocol.broker import BODY_OF_KIND, Intent, Receipt, ReceiptBody
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS receipts (
@@ -47,12 +46,14 @@ class ReceiptStore:
         ).fetchall()
         return [Receipt.model_validate_json(r[0]) for r in rows]
 
-    def put(self, intent: Intent, data: dict[str, Any]) -> Receipt:
+    def put(self, intent: Intent, body: ReceiptBody) -> Receipt:
+        if type(body) is not BODY_OF_KIND[intent.kind]:
+            raise TypeError(f"a {intent.kind} receipt has no {type(body).__name__} body")
         receipt = Receipt(
             intent_id=intent.intent_id,
             run_id=intent.run_id,
             kind=intent.kind,
-            data=data,
+            data=body.wire(),
             at=time.time(),
         )
         self.db.execute(
@@ -60,7 +61,3 @@ class ReceiptStore:
             (intent.intent_id, intent.run_id, intent.kind, receipt.model_dump_json(), receipt.at),
         )
         return receipt
-
-    def body(self, run_id: str, intent_id: str) -> dict[str, Any] | None:
-        receipt = self.get(run_id, intent_id)
-        return None if receipt is None else receipt.data

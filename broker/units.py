@@ -28,8 +28,14 @@ from cairn.netpolicy import (
     is_allowlist_entry,
     proxy_environment,
 )
+from cairn.protocol.broker import (
+    AgentStarted,
+    AgentStopped,
+    ApplyResult,
+    CandidateFailure,
+    CandidateResult,
+)
 from cairn.protocol.launch import LaunchDescription
-from cairn.settle_results import ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -149,7 +155,7 @@ def start_agent(
     workspace: Path,
     checkpoints: dict[str, Path],
     scratch: Path,
-) -> dict[str, Any]:
+) -> AgentStarted:
     """Start one agent attempt as the run owner inside its mount namespace.
 
     If the attempt's unit already exists (the broker died after starting it, before its
@@ -208,13 +214,14 @@ def start_agent(
         else:
             log.warning("adopting %s, started before a broker restart", name)
         state_now = sd.unit_state(name)
-    return {
-        "unit": name,
-        "invocation_id": state_now.invocation_id if state_now else "",
-        "control_group": state_now.control_group if state_now else "",
-        "attempt": attempt,
-        "capsule": release.hash,
-    }
+    return AgentStarted(
+        unit=name,
+        invocation_id=state_now.invocation_id if state_now else "",
+        control_group=state_now.control_group if state_now else "",
+        attempt=attempt,
+        capsule=release.hash,
+        op_id=op_id,
+    )
 
 
 def _model_relay(desc: LaunchDescription, op_id: str) -> dict[str, Any]:
@@ -241,7 +248,7 @@ def _failpoint_env() -> dict[str, str]:
     return {failpoints.ENV: value} if value else {}
 
 
-def stop_agent(desc: LaunchDescription, op_id: str, attempt: int) -> dict[str, Any]:
+def stop_agent(desc: LaunchDescription, op_id: str, attempt: int) -> AgentStopped:
     """Stop one agent attempt (a cancelled run or lane) and wait until its cgroup is empty;
     say whether it had written its result first."""
     name = agent_unit_name(desc.run_id, op_id, attempt)
@@ -260,7 +267,9 @@ def stop_agent(desc: LaunchDescription, op_id: str, attempt: int) -> dict[str, A
                 time.sleep(0.2)
     if not cgroup_is_empty(control_group):
         raise BrokerRefused(f"{name} left processes in {control_group}")
-    return {"unit": name, "stopped": True, "result_file": result_file_written(desc, op_id, attempt)}
+    return AgentStopped(
+        unit=name, stopped=True, result_file=result_file_written(desc, op_id, attempt)
+    )
 
 
 def result_file_written(desc: LaunchDescription, op_id: str, attempt: int) -> bool:

@@ -10,7 +10,6 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from cairn import paths, storage
 from cairn.broker import units
@@ -20,7 +19,27 @@ from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.operation_kinds import OperationKind
-from cairn.protocol.broker import VERB_OF_KIND, Intent, Receipt
+from cairn.protocol.broker import (
+    VERB_OF_KIND,
+    AgentStarted,
+    AgentStopped,
+    ApplyDone,
+    B,
+    CandidateBuilt,
+    Checkpointed,
+    CoordinatorStarted,
+    Forked,
+    ForkLane,
+    Intent,
+    ProposalFrozen,
+    QPrepared,
+    Receipt,
+    ReceiptBody,
+    RunDeleted,
+    StorageVerified,
+    WCreated,
+    WDropped,
+)
 from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)
@@ -48,11 +67,11 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
             done = store.get(run_id, intent.intent_id)
             if done is None:
                 try:
-                    data = execute(intent, desc, journal, store)
+                    body = execute(intent, desc, journal, store)
                 except units.ChannelNotReady as exc:
                     log.info("%s left pending: %s", intent.intent_id, exc)
                     continue
-                done = store.put(intent, data)
+                done = store.put(intent, body)
                 log.info("%s %s done", intent.kind, intent.intent_id)
             receipts.append(done)
         return receipts
@@ -63,7 +82,7 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
 
 def execute(
     intent: Intent, desc: LaunchDescription, journal: JournalReader, store: ReceiptStore
-) -> dict[str, Any]:
+) -> ReceiptBody:
     handler = HANDLERS[intent.kind]
     return handler(Context(intent, desc, journal, store))
 
@@ -84,11 +103,12 @@ class Context:
     def pool(self) -> storage.Pool:
         return storage.Pool.open(paths.pool_dir())
 
-    def receipt(self, intent_id: str) -> dict[str, Any]:
-        body = self.store.body(self.run_id, intent_id)
-        if body is None:
+    def receipt(self, intent_id: str, model: type[B]) -> B:
+        """The body of this run's receipt ``intent_id``, which must have been done."""
+        receipt = self.store.get(self.run_id, intent_id)
+        if receipt is None:
             raise BrokerRefused(f"{self.intent.intent_id} needs {intent_id}, which was not done")
-        return body
+        return receipt.body(model)
 
     def require_op(self) -> str:
         """The intent's operation must exist in the journal for this run."""
@@ -100,7 +120,7 @@ class Context:
         return op.op_id
 
     def subpath(self) -> str:
-        return str(self.receipt("prepare-q").get("subpath", ""))
+        return self.receipt("prepare-q", QPrepared).subpath
 
 
 def check_generation(intent: Intent) -> None:
@@ -111,7 +131,7 @@ def check_generation(intent: Intent) -> None:
 # --- storage-v1 ----------------------------------------------------------------------
 
 
-def prepare_q(ctx: Context) -> dict[str, Any]:
+def prepare_q(ctx: Context) -> QPrepared:
     """Q: a snapshot of the project's subvolume when it lives on the pool's filesystem,
     otherwise an import made by a unit that runs as the project's owner."""
     pool = ctx.pool()
@@ -127,25 +147,16 @@ def prepare_q(ctx: Context) -> dict[str, Any]:
     if storage.is_same_filesystem(project, pool.root):
         subvolume, subpath = storage.containing_subvolume(project)
         receipt = pool.snapshot(subvolume, q, read_only=True)
-        return {
-            "q": receipt.model_dump(),
-            "subpath": str(subpath),
-            "imported": False,
-            "project_ino": st.st_ino,
-        }
+        return QPrepared(q=receipt, subpath=str(subpath), imported=False, project_ino=st.st_ino)
     staging = pool.q_import_path(ctx.run_id)
     pool.create_subvolume(staging)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
     stats = units.run_import(ctx.desc, project, staging)
     receipt = pool.snapshot(staging, q, read_only=True)
     pool.delete(staging, pool.receipt(staging))
-    return {
-        "q": receipt.model_dump(),
-        "subpath": "",
-        "imported": True,
-        "import": stats,
-        "project_ino": st.st_ino,
-    }
+    return QPrepared(
+        q=receipt, subpath="", imported=True, project_ino=st.st_ino, **{"import": stats}
+    )
 
 
 def check_project(project: Path, desc: LaunchDescription) -> os.stat_result:
@@ -163,47 +174,47 @@ def check_project(project: Path, desc: LaunchDescription) -> os.stat_result:
     return st
 
 
-def create_w(ctx: Context) -> dict[str, Any]:
+def create_w(ctx: Context) -> WCreated:
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     if ctx.intent.from_checkpoint:
         source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
-        pool.verify(
-            source, _receipt_model(ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}")["s"])
-        )
+        pool.verify(source, ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}", Checkpointed).s)
     else:
         source = pool.q_path(ctx.run_id)
-        pool.verify(source, _receipt_model(ctx.receipt("prepare-q")["q"]))
+        pool.verify(source, ctx.receipt("prepare-q", QPrepared).q)
     w.parent.mkdir(parents=True, exist_ok=True)
     receipt = pool.snapshot(source, w, read_only=False)
     os.chown(w, ctx.desc.owner_uid, ctx.desc.owner_gid)
-    return {"w": receipt.model_dump()}
+    return WCreated(w=receipt)
 
 
-def checkpoint(ctx: Context) -> dict[str, Any]:
+def checkpoint(ctx: Context) -> Checkpointed:
     """S of W after the agent's unit is gone and its cgroup is empty (QUIESCE proven here,
     not taken on the coordinator's word)."""
     check_generation(ctx.intent)
     op_id = ctx.require_op()
     started = [
-        r
-        for r in ctx.store.for_run(ctx.run_id)
-        if r.kind == "start-agent" and r.data.get("op_id") == op_id
+        body
+        for body in (
+            r.body(AgentStarted) for r in ctx.store.for_run(ctx.run_id) if r.kind == "start-agent"
+        )
+        if body.op_id == op_id
     ]
     if not started:
         raise BrokerRefused(f"no agent unit was started for {op_id}")
-    units.require_quiesced(started[-1].data["unit"], started[-1].data.get("control_group", ""))
+    units.require_quiesced(started[-1].unit, started[-1].control_group)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     s = pool.checkpoint_path(ctx.run_id, op_id)
     s.parent.mkdir(parents=True, exist_ok=True)
     receipt = pool.snapshot(w, s, read_only=True)
     failpoint("broker-after-snapshot", paths.run_state_dir(ctx.run_id))
-    return {"s": receipt.model_dump(), "op_id": op_id}
+    return Checkpointed(s=receipt, op_id=op_id)
 
 
-def fork(ctx: Context) -> dict[str, Any]:
+def fork(ctx: Context) -> Forked:
     """S of the parent's W at the fork, then one writable W per lane made from it."""
     check_generation(ctx.intent)
     if ctx.intent.op_id is None or not ctx.intent.lanes:
@@ -218,71 +229,62 @@ def fork(ctx: Context) -> dict[str, Any]:
     s = pool.checkpoint_path(ctx.run_id, op.op_id)
     s.parent.mkdir(parents=True, exist_ok=True)
     s_receipt = pool.snapshot(w, s, read_only=True)
-    lanes: dict[str, Any] = {}
+    lanes: dict[str, ForkLane] = {}
     for key in ctx.intent.lanes:
         lane_w = pool.w_path(ctx.run_id, f"{op.op_id}-{key}", 1)
         lane_w.parent.mkdir(parents=True, exist_ok=True)
         receipt = pool.snapshot(s, lane_w, read_only=False)
         os.chown(lane_w, ctx.desc.owner_uid, ctx.desc.owner_gid)
-        lanes[key] = {"w": receipt.model_dump()}
-    return {"s": s_receipt.model_dump(), "op_id": op.op_id, "lanes": lanes}
+        lanes[key] = ForkLane(w=receipt)
+    return Forked(s=s_receipt, op_id=op.op_id, lanes=lanes)
 
 
-def drop_w(ctx: Context) -> dict[str, Any]:
+def drop_w(ctx: Context) -> WDropped:
     """Delete a W generation replaced by a restore or clean retry."""
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
-    created = ctx.store.body(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
-    if created is not None:
-        created = created["w"]
-    else:  # a lane's first W comes from its fork
+    made = ctx.store.get(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
+    created = None if made is None else made.body(WCreated).w
+    if created is None:  # a lane's first W comes from its fork
         for receipt in ctx.store.for_run(ctx.run_id):
-            for key, lane in (
-                receipt.data.get("lanes", {}).items() if receipt.kind == "fork" else ()
-            ):
-                if f"{receipt.data['op_id']}-{key}" == ctx.intent.scope:
-                    created = lane["w"]
+            if receipt.kind != "fork":
+                continue
+            forked = receipt.body(Forked)
+            for key, lane in forked.lanes.items():
+                if f"{forked.op_id}-{key}" == ctx.intent.scope:
+                    created = lane.w
     if created is None:
         raise BrokerRefused(f"no receipt for W.{ctx.intent.generation} of {ctx.intent.scope}")
-    pool.delete(w, _receipt_model(created))
-    return {"deleted": str(w)}
+    pool.delete(w, created)
+    return WDropped(deleted=str(w))
 
 
-def freeze_proposal(ctx: Context) -> dict[str, Any]:
+def freeze_proposal(ctx: Context) -> ProposalFrozen:
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, "root", ctx.intent.generation)
     receipt = pool.snapshot(w, pool.settlement_path(ctx.run_id, "P"), read_only=True)
-    return {"p": receipt.model_dump()}
+    return ProposalFrozen(p=receipt)
 
 
-def settle_candidate(ctx: Context) -> dict[str, Any]:
+def settle_candidate(ctx: Context) -> CandidateBuilt:
     """C = Q + the allowed changes of P, built by the owner's candidate unit from the
     kernel's change stream; F = frozen C. Root only snapshots and passes bytes on."""
     pool = ctx.pool()
     q = pool.q_path(ctx.run_id)
     p = pool.settlement_path(ctx.run_id, "P")
-    pool.verify(p, _receipt_model(ctx.receipt("freeze-proposal")["p"]))
+    pool.verify(p, ctx.receipt("freeze-proposal", ProposalFrozen).p)
     stream = storage.metadata_stream(q, p)
     c = pool.settlement_path(ctx.run_id, "C")
     c_receipt = pool.snapshot(q, c, read_only=False)
     work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
     unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
     f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
-    data: dict[str, Any] = result.model_dump(mode="json", exclude={"inventories_equal", "diff"})
-    data["f"] = f_receipt.model_dump()
-    data["c"] = c_receipt.model_dump()
-    data["inventories_equal"] = result.inventories_equal
-    data["diff"] = result.diff
-    return {**unit, **data}
+    return CandidateBuilt(**unit, **result.model_dump(), f=f_receipt, c=c_receipt)
 
 
-def _receipt_model(data: dict[str, Any]) -> storage.SubvolumeReceipt:
-    return storage.SubvolumeReceipt.model_validate(data)
-
-
-def verify_storage(ctx: Context) -> dict[str, Any]:
+def verify_storage(ctx: Context) -> StorageVerified:
     """Cross-check the run's subvolumes against the receipts: every recorded subvolume
     still there and still itself, nothing on disk that no receipt explains, a checkpoint
     for every committed agent operation."""
@@ -291,15 +293,11 @@ def verify_storage(ctx: Context) -> dict[str, Any]:
     dropped: set[Path] = set()
     for receipt in ctx.store.for_run(ctx.run_id):
         if receipt.kind == "drop-w":
-            dropped.add(Path(receipt.data["deleted"]))
+            dropped.add(Path(receipt.body(WDropped).deleted))
         if receipt.kind == "delete-run":
-            return {"problems": [], "checked": 0, "deleted": True}
-        holders = [receipt.data, *receipt.data.get("lanes", {}).values()]
-        for holder in holders:
-            for key in ("q", "w", "s", "p", "c", "f"):
-                if key in holder:
-                    rec = _receipt_model(holder[key])
-                    expected[Path(rec.path)] = rec
+            return StorageVerified(problems=[], checked=0, deleted=True)
+        for rec in receipt.typed_body().subvolumes():
+            expected[Path(rec.path)] = rec
     problems: list[str] = []
     for path, rec in sorted(expected.items()):
         if path in dropped:
@@ -315,7 +313,9 @@ def verify_storage(ctx: Context) -> dict[str, Any]:
         if path not in expected and path != pool.q_import_path(ctx.run_id):
             problems.append(f"subvolume {path} has no receipt")
     checkpoints = {
-        r.data.get("op_id") for r in ctx.store.for_run(ctx.run_id) if r.kind == "checkpoint"
+        r.body(Checkpointed).op_id
+        for r in ctx.store.for_run(ctx.run_id)
+        if r.kind == "checkpoint"
     }
     for op in ctx.journal.list_ops(ctx.run_id):
         if (
@@ -324,31 +324,32 @@ def verify_storage(ctx: Context) -> dict[str, Any]:
             and (op.op_id not in checkpoints)
         ):
             problems.append(f"{op.op_id} is {op.state} but has no checkpoint receipt")
-    return {"problems": problems, "checked": len(expected)}
+    return StorageVerified(problems=problems, checked=len(expected))
 
 
 # --- launch-v1 -----------------------------------------------------------------------
 
 
-def start_coordinator(ctx: Context) -> dict[str, Any]:
+def start_coordinator(ctx: Context) -> CoordinatorStarted:
     name = f"cairn-coordinator@{ctx.run_id}.service"
     units.start_unit(name)
-    return {"unit": name}
+    return CoordinatorStarted(unit=name)
 
 
-def start_agent(ctx: Context) -> dict[str, Any]:
+def start_agent(ctx: Context) -> AgentStarted:
     check_generation(ctx.intent)
     op_id = ctx.require_op()
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     workspace = w / ctx.subpath() if ctx.subpath() else w
     checkpoints = {
-        r.data["op_id"]: pool.checkpoint_path(ctx.run_id, r.data["op_id"])
-        for r in ctx.store.for_run(ctx.run_id)
-        if r.kind == "checkpoint"
+        done.op_id: pool.checkpoint_path(ctx.run_id, done.op_id)
+        for done in (
+            r.body(Checkpointed) for r in ctx.store.for_run(ctx.run_id) if r.kind == "checkpoint"
+        )
     }
     op = ctx.journal.get_op_by_id(ctx.run_id, op_id)
-    data = units.start_agent(
+    return units.start_agent(
         ctx.desc,
         op_id,
         units.agent_network(ctx.desc, op.request.get("descriptor")),
@@ -357,40 +358,40 @@ def start_agent(ctx: Context) -> dict[str, Any]:
         checkpoints,
         pool.run_dir(ctx.run_id) / "scratch" / op_id,
     )
-    return {**data, "op_id": op_id}
 
 
-def stop_agent(ctx: Context) -> dict[str, Any]:
+def stop_agent(ctx: Context) -> AgentStopped:
     check_generation(ctx.intent)
     op_id = ctx.require_op()
     return units.stop_agent(ctx.desc, op_id, ctx.intent.attempt)
 
 
-def start_apply(ctx: Context) -> dict[str, Any]:
-    candidate = ctx.receipt("settle-candidate")
+def start_apply(ctx: Context) -> ApplyDone:
+    candidate = ctx.receipt("settle-candidate", CandidateBuilt)
     pool = ctx.pool()
     check_project(Path(ctx.desc.project.root), ctx.desc)
-    return units.run_apply(
+    done = units.run_apply(
         ctx.desc,
         ctx.intent.attempt,
         pool.q_path(ctx.run_id),
         pool.settlement_path(ctx.run_id, "F"),
         ctx.subpath(),
-        list(candidate["accepted"]),
+        list(candidate.accepted),
         pool.run_dir(ctx.run_id) / "scratch" / "apply",
     )
+    return ApplyDone.model_validate(done)
 
 
 # --- delete-v1 -----------------------------------------------------------------------
 
 
-def delete_run(ctx: Context) -> dict[str, Any]:
+def delete_run(ctx: Context) -> RunDeleted:
     run = ctx.journal.get_run(ctx.run_id)
     if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
     proxy = units.remove_proxy(ctx.run_id)
     deleted = ctx.pool().delete_run(ctx.run_id)
-    return {"deleted": [str(p) for p in deleted], "proxy_removed": proxy}
+    return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy)
 
 
 HANDLERS = {

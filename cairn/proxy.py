@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable
 
 from cairn import journald
-from cairn.sockets import ThreadedServer, bridge, systemd_listener
+from cairn.forwarding import ThreadedServer, bridge
+from cairn.sockets import systemd_listener
 
 log = logging.getLogger(__name__)
 

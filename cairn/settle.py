@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
+from cairn.protocol.broker import ApplyConflict, ApplyResult, CandidateReport, RefusedPath
 from cairn.settle_candidate import (
     TMP_PREFIX,
     build_candidate,
@@ -43,7 +44,6 @@ from cairn.settle_paths import (
     glob_regex,
     parent,
 )
-from cairn.settle_results import ApplyConflict, ApplyResult, CandidateReport, RefusedPath
 
 __all__ = [
     "ApplyConflict",

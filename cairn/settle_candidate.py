@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.errors import StorageError
+from cairn.protocol.broker import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
@@ -35,7 +36,6 @@ from cairn.settle_paths import (
     is_nested_subvolume,
     policy_reason,
 )
-from cairn.settle_results import CandidateReport, RefusedPath
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Literal
 
 import btrfsutil
-from pydantic import BaseModel, ConfigDict
 
 from cairn import proc
 from cairn.errors import NotFound, ProcessFailed, StorageError, UsageError
+from cairn.protocol.broker import SubvolumeReceipt as SubvolumeReceipt
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +40,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 SettlementName = Literal["P", "C", "F"]
 
 
-class SubvolumeReceipt(BaseModel):
-    """What the broker records for a subvolume it made; later operations are checked
-    against it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    subvol_id: int
-    uuid: str
-    fsid: str
-    read_only: bool
-    generation: int
 
 
 def filesystem_uuid(path: Path) -> str:

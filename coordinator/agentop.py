@@ -26,7 +26,7 @@ from cairn.fsutil import write_atomic
 from cairn.journal import OpRow
 from cairn.operations import AGENT
 from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
-from cairn.protocol.broker import Receipt
+from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
@@ -282,7 +282,8 @@ class AgentOperations(Recovery, Lanes):
             if r["intent_id"] == f"start-agent.{op.op_id}.{op.attempt}"
         ]
         boundary = self.materialize(
-            op, call, finish, starts[0]["data"] if starts else {}, checkpoint
+            op, call, finish, AgentStarted.model_validate(starts[0]["data"]) if starts else None,
+            checkpoint,
         )
         self.failpoint("after-materialize")
         started_at = float(starts[0]["at"]) if starts else time.time()
@@ -350,7 +351,7 @@ class AgentOperations(Recovery, Lanes):
             for op, stopped in zip(running, receipts, strict=True):
                 if op.op_id == sock.instruction.op_id and sock.finished.is_set():
                     continue
-                if not stopped.data["result_file"]:
+                if not stopped.body(AgentStopped).result_file:
                     self.journal.update_op(
                         self.run_id,
                         op.op_id,
@@ -403,7 +404,7 @@ class AgentOperations(Recovery, Lanes):
         op: OpRow,
         call: CallRequest,
         finish: AgentMessage,
-        start: dict[str, Any],
+        start: AgentStarted | None,
         checkpoint: Receipt,
     ) -> Path:
         finish_json = canonical_json(finish.model_dump(mode="json"))
@@ -421,8 +422,8 @@ class AgentOperations(Recovery, Lanes):
             finish_sha256=sha256_hex(finish_json),
             handoff=finish.handoff,
             notes=sorted(p.name for p in notes_file.iterdir()) if notes_file.exists() else [],
-            unit=start.get("unit", ""),
-            invocation_id=start.get("invocation_id", ""),
+            unit=start.unit if start else "",
+            invocation_id=start.invocation_id if start else "",
             checkpoint=checkpoint.data,
             predecessor=op.predecessor,
             usage=self.usage.get(op.op_id, {}),

@@ -45,6 +45,7 @@ from cairn.coordinator.replay import Replay
 from cairn.coordinator.settlement import Settlement
 from cairn.errors import CairnError, LeaseLost, SystemdError, Unavailable
 from cairn.journal import LEASE_TTL, TERMINAL_RUN_STATES, OpRow
+from cairn.protocol.broker import StorageVerified
 from cairn.protocol.launch import LaunchDescription
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.review import Review, review_source
@@ -212,7 +213,7 @@ class Coordinator(Replay, Settlement, Lease):
         (report,) = self.broker(
             "storage-v1", [self.intent("verify-storage", f"verify-storage.{self.token}")]
         )
-        problems = report.data["problems"]
+        problems = report.body(StorageVerified).problems
         if problems:
             raise RunBlocked(
                 f"storage integrity: {'; '.join(problems[:3])}",

@@ -7,7 +7,7 @@ from typing import Any
 
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
 from cairn.errors import BrokerRefused
-from cairn.protocol.broker import Receipt
+from cairn.protocol.broker import ApplyDone, CandidateBuilt, Receipt
 
 
 class Settlement(CoordinatorBase):
@@ -25,17 +25,17 @@ class Settlement(CoordinatorBase):
                 self.intent("settle-candidate", "settle-candidate"),
             ],
         )
-        report = candidate.data
-        settlement: dict[str, Any] = {"candidate": report}
-        if not report["accepted"]:
-            settlement["status"] = "noop" if report.get("inventories_equal") else "refused"
+        built = candidate.body(CandidateBuilt)
+        settlement: dict[str, Any] = {"candidate": candidate.data}
+        if not built.accepted:
+            settlement["status"] = "noop" if built.inventories_equal else "refused"
             settlement["apply"] = {"applied": [], "already_applied": [], "conflicts": []}
         else:
-            applied = self.apply_proposal()
-            settlement["apply"] = applied.data["result"]
-            settlement["status"] = applied.data["result"]["status"]
+            applied = self.apply_proposal().body(ApplyDone)
+            settlement["apply"] = applied.result.model_dump(mode="json")
+            settlement["status"] = applied.result.status
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
-        self.event("settled", status=settlement["status"], refused=len(report["refused"]))
+        self.event("settled", status=settlement["status"], refused=len(built.refused))
         return settlement
 
     def apply_proposal(self) -> Receipt:

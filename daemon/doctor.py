@@ -12,7 +12,7 @@ from cairn.daemon.views import is_admin, run_units, visible_run
 from cairn.errors import CairnError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.operations import BOUNDARY_KINDS
-from cairn.protocol.broker import Intent
+from cairn.protocol.broker import Intent, StorageVerified
 from cairn.systemd import Systemd
 
 
@@ -38,7 +38,7 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
             journal.add_intents(run.run_id, [intent], token=None)
             reply = call_broker("storage-v1", run.run_id, timeout=300)
             (verified,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
-            problems += verified.data["problems"]
+            problems += verified.body(StorageVerified).problems
         except CairnError as exc:
             problems.append(f"storage not verified: {exc}")
     with Systemd() as sd:

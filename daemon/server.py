@@ -22,7 +22,6 @@ from cairn.daemon import decisions, doctor, interactions, launch, schedules, upg
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
 from cairn.protocol.daemon import (
-    DAEMON_REQUEST,
     DaemonReply,
     DiffRequest,
     DoctorRequest,
@@ -33,6 +32,7 @@ from cairn.protocol.daemon import (
     PingRequest,
     PsRequest,
     ReconcileRequest,
+    RequestEnvelope,
     RetryRequest,
     ShowRequest,
     UpgradeRequest,
@@ -89,18 +89,13 @@ def parse(raw: bytes) -> OpRequest:
     """The request model of one request line; a request cairnd cannot read is a
     UsageError (an unknown op says so, with a hint)."""
     try:
-        request: OpRequest = DAEMON_REQUEST.validate_json(raw)
+        envelope = RequestEnvelope.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        if first["type"] == "union_tag_invalid":
-            given = first["input"]
-            raise unknown_op(given.get("op") if isinstance(given, dict) else None) from None
-        where: tuple[int | str, ...]
-        if first["type"] == "union_tag_not_found":
-            where, message = ("op",), "Field required"
-        else:  # inside the op's model: its location starts with the op's tag
-            where, message = tuple(first["loc"][1:]), first["msg"]
-        raise UsageError(f"malformed request: {where}: {message}") from None
+        if first["loc"] == ("op",) and first["type"] == "unknown_op":
+            raise unknown_op(first["input"]) from None
+        raise UsageError(f"malformed request: {first['loc']}: {first['msg']}") from None
+    request: OpRequest = envelope.request()
     return request
 
 

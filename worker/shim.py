@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from cairn.sockets import ThreadedServer, bridge
+from cairn.forwarding import ThreadedServer, bridge
 
 log = logging.getLogger(__name__)
 

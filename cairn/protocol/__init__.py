@@ -1,14 +1,4 @@
-"""The wire protocols of cairn, one module per boundary.
-
-- :mod:`.launch`: the launch description a run is recovered from (daemon → journal →
-  coordinator, broker).
-- :mod:`.broker`: intents, receipts and the broker's reply (daemon/coordinator ⇄ root broker).
-- :mod:`.daemon`: requests and replies on cairnd's socket (CLI ⇄ daemon).
-- :mod:`.control`: the control worker's pipe (control worker ⇄ coordinator or upgrade).
-- :mod:`.agent`: the agent socket and ``boundary.json`` (agent worker ⇄ coordinator).
-- :mod:`.base`: the frozen base model and the identifier patterns they share.
-
-These modules import only the standard library, pydantic, :mod:`cairn.errors` and
-:mod:`cairn.canonical` (checked by ``.importlinter``), so any process may load the one it
-speaks without pulling in the rest of cairn. This package's ``__init__`` imports nothing.
-"""
+"""The wire protocols, one module per boundary: ``launch`` (the launch description),
+``broker``, ``daemon``, ``control`` (the control worker's pipe) and ``agent``, over
+``base``. They import only the standard library, pydantic, cairn.errors and cairn.canonical
+(.importlinter), so a process loads just the protocols it speaks."""

@@ -1,11 +1,12 @@
 """The root broker's protocol: the intents the daemon and a coordinator record for it, the
-receipts it keeps of what it did, and its one-line reply on the broker socket."""
+receipts it keeps of what it did (with one body model per intent kind), and its one-line
+reply on the broker socket."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
 
@@ -59,14 +60,262 @@ class Intent(Frozen):
     lanes: list[LaneKey] = []
 
 
+class SubvolumeReceipt(Frozen):
+    """What the broker records for a subvolume it made; later operations are checked
+    against it."""
+
+    path: str
+    subvol_id: int
+    uuid: str
+    fsid: str
+    read_only: bool
+    generation: int
+
+
+# --- settlement: the owner's candidate and apply units report to the broker -----------
+# Written by a process of the run's owner and read by root through cairn.untrusted, so
+# only normalized project-relative paths, bounded lists and a bounded diff are admitted.
+
+MAX_PATHS = 1_000_000
+MAX_REASON = 4096
+DIFF_LIMIT = 256 << 10
+# A diff stops once past DIFF_LIMIT: at most one more path's text (both sides of it
+# bounded by DIFF_LIMIT) and a closing line.
+_DIFF_MAX = 4 * DIFF_LIMIT
+
+
+def _relative(path: str) -> str:
+    parts = path.split("/")
+    if (
+        not path
+        or len(path) > 4096
+        or path.startswith("/")
+        or "\0" in path
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValueError(f"{path[:200]!r} is not a normalized path inside the project")
+    return path
+
+
+ProjectPath = Annotated[str, AfterValidator(_relative)]
+Paths = Annotated[list[ProjectPath], Field(max_length=MAX_PATHS)]
+Reason = Annotated[str, Field(max_length=MAX_REASON)]
+
+
+class RefusedPath(Frozen):
+    path: ProjectPath
+    reason: Reason
+
+
+class CandidateReport(Frozen):
+    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
+
+    accepted: Paths
+    refused: Annotated[list[RefusedPath], Field(max_length=MAX_PATHS)]
+    bytes_accepted: int = Field(ge=0)
+
+
+class CandidateResult(CandidateReport):
+    """The candidate unit's result.json: the report, whether Q and P hold the same tree
+    (asked only when nothing was accepted) and the unified diff of what was."""
+
+    inventories_equal: bool
+    diff: str = Field(max_length=_DIFF_MAX)
+
+
+class CandidateFailure(Frozen):
+    """The candidate unit's failure.json: why it could not build C (it then exits 1)."""
+
+    message: Reason
+    hint: Reason = ""
+
+
+class ApplyConflict(Frozen):
+    path: ProjectPath
+    reason: Reason
+
+
+class ApplyResult(Frozen):
+    """The apply unit's result.json."""
+
+    status: Literal["applied", "conflict", "noop"]
+    applied: Paths = []
+    already_applied: Paths = []
+    conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
+
+
+# --- receipt bodies: what each intent kind did --------------------------------------
+# Field names and order are the receipt's JSON; a key some receipts leave out is listed in
+# ``optional_keys`` and left out when it is None. Keys added after a kind's first version
+# have defaults, so receipts an earlier broker wrote still read.
+
+
+class ReceiptBody(Frozen):
+    optional_keys: ClassVar[tuple[str, ...]] = ()
+
+    def wire(self) -> dict[str, Any]:
+        """The body as the receipt's ``data``."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for key in self.optional_keys:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def subvolumes(self) -> list[SubvolumeReceipt]:
+        """Every subvolume this receipt records (``verify-storage`` checks them)."""
+        return [
+            value
+            for value in (getattr(self, name) for name in type(self).model_fields)
+            if isinstance(value, SubvolumeReceipt)
+        ]
+
+
+class CoordinatorStarted(ReceiptBody):
+    unit: str
+
+
+class QPrepared(ReceiptBody):
+    """prepare-q: Q, snapshotted from the project's subvolume or made by an import unit
+    (``import``: that unit and its statistics)."""
+
+    optional_keys = ("import",)
+
+    q: SubvolumeReceipt
+    subpath: str
+    imported: bool
+    import_: dict[str, Any] | None = Field(default=None, alias="import")
+    project_ino: int
+
+
+class WCreated(ReceiptBody):
+    w: SubvolumeReceipt
+
+
+class WDropped(ReceiptBody):
+    deleted: str
+
+
+class ForkLane(Frozen):
+    w: SubvolumeReceipt
+
+
+class Forked(ReceiptBody):
+    """fork: S of the parent's W, and one W per lane key."""
+
+    s: SubvolumeReceipt
+    op_id: str
+    lanes: dict[str, ForkLane]
+
+    def subvolumes(self) -> list[SubvolumeReceipt]:
+        return [self.s, *(lane.w for lane in self.lanes.values())]
+
+
+class StorageVerified(ReceiptBody):
+    """verify-storage (``deleted`` once the run's storage is gone)."""
+
+    optional_keys = ("deleted",)
+
+    problems: list[str]
+    checked: int
+    deleted: bool | None = None
+
+
+class AgentStarted(ReceiptBody):
+    unit: str
+    invocation_id: str
+    control_group: str
+    attempt: int
+    capsule: str = ""
+    op_id: str
+
+
+class AgentStopped(ReceiptBody):
+    """stop-agent: ``result_file`` says whether the agent had written its result."""
+
+    unit: str
+    stopped: bool = True
+    result_file: bool = False
+
+
+class Checkpointed(ReceiptBody):
+    """checkpoint: S of the operation's W."""
+
+    s: SubvolumeReceipt
+    op_id: str
+
+
+class ProposalFrozen(ReceiptBody):
+    p: SubvolumeReceipt
+
+
+class CandidateBuilt(ReceiptBody):
+    """settle-candidate: the candidate unit that built C, what went into C and what did
+    not (``refused``: path and reason), F, and the diff of the accepted paths."""
+
+    optional_keys = ("unit", "invocation_id")
+
+    unit: str | None = None
+    invocation_id: str | None = None
+    accepted: list[str]
+    refused: list[RefusedPath]
+    bytes_accepted: int
+    f: SubvolumeReceipt
+    c: SubvolumeReceipt
+    inventories_equal: bool = False
+    diff: str
+
+
+class ApplyDone(ReceiptBody):
+    """start-apply: the apply unit and its result."""
+
+    unit: str
+    invocation_id: str
+    result: ApplyResult
+
+
+class RunDeleted(ReceiptBody):
+    deleted: list[str]
+    proxy_removed: bool = False
+
+
+BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
+    "start-coordinator": CoordinatorStarted,
+    "prepare-q": QPrepared,
+    "create-w": WCreated,
+    "drop-w": WDropped,
+    "fork": Forked,
+    "verify-storage": StorageVerified,
+    "start-agent": AgentStarted,
+    "stop-agent": AgentStopped,
+    "checkpoint": Checkpointed,
+    "freeze-proposal": ProposalFrozen,
+    "settle-candidate": CandidateBuilt,
+    "start-apply": ApplyDone,
+    "delete-run": RunDeleted,
+}
+
+B = TypeVar("B", bound=ReceiptBody)
+
+
 class Receipt(Frozen):
-    """The broker's record that an intent was carried out."""
+    """The broker's record that an intent was carried out; ``data`` is the body of its
+    kind (:data:`BODY_OF_KIND`) as JSON."""
 
     intent_id: str
     run_id: RunId
     kind: IntentKind
     data: dict[str, Any]
     at: float
+
+    def body(self, model: type[B]) -> B:
+        """``data`` as ``model``, which must be the body of this receipt's kind."""
+        if BODY_OF_KIND[self.kind] is not model:
+            raise TypeError(f"a {self.kind} receipt has no {model.__name__} body")
+        return model.model_validate(self.data)
+
+    def typed_body(self) -> ReceiptBody:
+        """``data`` as the body model of this receipt's kind."""
+        return BODY_OF_KIND[self.kind].model_validate(self.data)
 
 
 class BrokerReply(Frozen):

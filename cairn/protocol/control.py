@@ -69,8 +69,8 @@ class StartWorkflow(Frozen):
 
 
 # What the control worker writes, dispatched on ``type``: a call to answer, a join of a
-# fork's lanes, or the workflow's end. (What it reads is not tagged by position: the first
-# line is a StartWorkflow, every later one a CallResult.)
+# fork's lanes, or the workflow's end. (What it reads is told apart by position, not by
+# tag: the first line is a StartWorkflow, every later one a CallResult.)
 WorkerMessage = Annotated[
     CallRequest | JoinRequest | WorkflowReturn | WorkflowFailure, Field(discriminator="type")
 ]

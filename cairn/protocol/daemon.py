@@ -1,64 +1,29 @@
 """cairnd's socket: one request line from the CLI, one reply line back.
 
 A request is one model per ``op`` (:data:`DaemonRequest`, a union discriminated on ``op``);
-ops of the same shape share a base class. On the wire a request is the *envelope* cairn
-has always sent: every request key, the ones an op does not use at their defaults
-(:func:`request_line`). cairnd drops those unused keys again when they are at their
-default, so a CLI of an earlier version is understood; any other key an op does not take
-is a malformed request.
+ops of the same shape share a base class. On the wire a request is the one *envelope*
+cairn has always sent (:class:`RequestEnvelope`): every request key, typed, the ones an op
+does not use at their defaults. cairnd reads the envelope and builds the op's model from
+it (:meth:`RequestEnvelope.request`), so the line, what is accepted and every error
+are what they were before requests had a model per op.
 """
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, model_validator
+from pydantic import Field, TypeAdapter, field_validator
+from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen
 from cairn.protocol.launch import ProfileSpec
-
-# Every key of the request envelope at its default, in wire order (after ``op``).
-ENVELOPE: dict[str, Any] = {
-    "definition": None,
-    "args": {},
-    "project": None,
-    "run_id": None,
-    "scripted": {},
-    "all_users": False,
-    "source": None,
-    "confirm": None,
-    "limits": {},
-    "op_id": None,
-    "result": None,
-    "no_effect": False,
-    "dry_run": False,
-    "schedule_id": None,
-    "schedule": {},
-    "challenge": None,
-    "occurrence": None,
-    "answer": None,
-    "request_id": None,
-    "fingerprint": None,
-    "reason": "",
-    "cursor": 0,
-}
 
 
 class OpRequest(Frozen):
     """What every request has: its ``op``, the tag the daemon dispatches on."""
 
     op: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_unused_envelope_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        return {
-            key: value
-            for key, value in data.items()
-            if key in cls.model_fields or key not in ENVELOPE or value != ENVELOPE[key]
-        }
 
 
 # --- runs ---------------------------------------------------------------------------
@@ -306,19 +271,66 @@ DaemonRequest = Annotated[
 DAEMON_REQUEST: TypeAdapter[DaemonRequest] = TypeAdapter(DaemonRequest)
 
 
+MODEL_OF_OP: dict[str, type[OpRequest]] = {
+    typing.get_args(model.model_fields["op"].annotation)[0]: model
+    for model in typing.get_args(typing.get_args(DaemonRequest)[0])
+}
+
+
 def daemon_request(op: str, **fields: Any) -> DaemonRequest:
-    """The request model of ``op`` with ``fields`` (validated as cairnd validates it)."""
+    """The request model of ``op`` with ``fields`` (only the op's own)."""
     return DAEMON_REQUEST.validate_python({"op": op, **fields})
 
 
+class RequestEnvelope(Frozen):
+    """The request line: every op's keys, each typed. ``op`` comes first and must be one
+    cairnd knows (else the error's type is ``unknown_op``)."""
+
+    op: Any
+    definition: str | None = None
+    args: dict[str, Any] = {}
+    project: str | None = None
+    run_id: str | None = None
+    scripted: dict[str, ProfileSpec] = {}
+    all_users: bool = False
+    source: str | None = None
+    confirm: str | None = None
+    limits: dict[str, int] = {}
+    op_id: str | None = None
+    result: dict[str, Any] | None = None
+    no_effect: bool = False
+    dry_run: bool = False
+    schedule_id: str | None = None
+    schedule: dict[str, Any] = {}
+    challenge: str | None = None
+    occurrence: str | None = None
+    answer: str | None = None
+    request_id: str | None = None
+    fingerprint: str | None = None
+    reason: str = ""
+    cursor: int = 0
+
+    @field_validator("op")
+    @classmethod
+    def _known(cls, op: Any) -> str:
+        if not (isinstance(op, str) and op in MODEL_OF_OP):
+            raise PydanticCustomError("unknown_op", "no request {op!r}", {"op": op})
+        return op
+
+    @classmethod
+    def of(cls, request: OpRequest) -> RequestEnvelope:
+        return cls.model_validate(request.model_dump())
+
+    def request(self) -> DaemonRequest:
+        """The op's model, from the keys it takes (the others are not its business)."""
+        model = MODEL_OF_OP[self.op]
+        fields = {name: getattr(self, name) for name in model.model_fields}
+        return DAEMON_REQUEST.validate_python(fields)
+
+
 def request_line(request: OpRequest) -> bytes:
-    """The request as it goes on the socket: the envelope, with this op's fields set, as
-    one JSON line."""
-    envelope = {"op": request.op, **ENVELOPE, **request.model_dump(exclude={"op"})}
-    return _ENVELOPE_JSON.dump_json(envelope) + b"\n"
-
-
-_ENVELOPE_JSON: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+    """The request as it goes on the socket: its envelope as one JSON line."""
+    return RequestEnvelope.of(request).model_dump_json().encode() + b"\n"
 
 
 # --- replies ------------------------------------------------------------------------

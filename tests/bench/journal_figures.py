@@ -8,7 +8,6 @@ predecessor) it makes after a crash.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sqlite3
@@ -23,7 +22,13 @@ from measure import Cell, Stopwatch, collect
 from cairn.canonical import canonical_json
 from cairn.journal import Journal
 from cairn.proc import make_env
-from cairn.protocol.control import CallRequest, CallResult, StartWorkflow, WorkflowReturn
+from cairn.protocol.control import (
+    CallRequest,
+    CallResult,
+    StartWorkflow,
+    WorkflowReturn,
+    parse_worker_message,
+)
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.workflow import runtime
 from cairn.workflow.review import review_source
@@ -230,16 +235,15 @@ def _drive_worker(desc: LaunchDescription, answer: Any) -> dict[str, Any]:
             line = worker.stdout.readline()
             if not line:
                 raise AssertionError(f"control worker exited ({worker.wait()})")
-            message = json.loads(line)
-            if message.get("type") == "return":
-                output = WorkflowReturn.model_validate(message).output
-                worker.stdin.close()
-                worker.wait(timeout=30)
-                return output
-            if message.get("type") == "failure":
-                raise AssertionError(f"workflow failed: {message}")
-            call = CallRequest.model_validate(message)
-            value = answer(call)
+            match parse_worker_message(line):
+                case WorkflowReturn(output=output):
+                    worker.stdin.close()
+                    worker.wait(timeout=30)
+                    return output
+                case CallRequest() as call:
+                    value = answer(call)
+                case message:
+                    raise AssertionError(f"workflow failed or forked: {message}")
             worker.stdin.write(CallResult(seq=call.seq, value=value).model_dump_json() + "\n")
             worker.stdin.flush()
     finally:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cairn.protocol.broker import CandidateFailure, CandidateResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
-from cairn.settle_results import CandidateFailure, CandidateResult
 from cairn.storage import Pool, metadata_stream
 
 pytestmark = pytest.mark.btrfs

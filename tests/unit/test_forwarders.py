@@ -1,4 +1,4 @@
-"""The two byte forwarders over one threaded server and pump (:mod:`cairn.sockets`): the
+"""The two byte forwarders over one threaded server and pump (:mod:`cairn.forwarding`): the
 allowlist proxy and the agent worker's model shim, on loopback and a Unix socket."""
 
 from __future__ import annotations

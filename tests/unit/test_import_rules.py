@@ -26,9 +26,10 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # broker loads: cairn.broker.__main__ and cairn.broker.verbs with everything they import,
 # transitively, including imports inside functions and the packages above each module,
 # excluding imports made only for type checking. It may only go down: 5,897 when this
-# test was written, 3,680 once the owner's candidate unit took settlement out of the
-# broker. Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_680
+# test was written, 3,571 once the owner's candidate unit took settlement out of the
+# broker and the journal's writers, migrations, capsule signing and the forwarders left
+# its imports. Issue 17's target is 2,500 lines.
+BROKER_CLOSURE_CEILING = 3_571
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).

@@ -9,7 +9,9 @@ runs of one shape in two places (or two places of one file that do not overlap) 
 A run that repeats itself is a table or a list of declarations, not a block of logic: one
 whose statements have fewer than four different shapes (the syscall table and the BPF
 programs of ``cairn/workflow/sandbox.py``, where every row is part of one statement; the
-exception classes of ``cairn/errors.py``; a model's field list) does not count.
+exception classes of ``cairn/errors.py``; a model's field list), or one made only of
+declarations (class headers, docstrings, annotated fields, names bound to a literal: the
+one model per daemon op of ``cairn/protocol/daemon.py``), does not count.
 """
 
 from __future__ import annotations
@@ -66,16 +68,37 @@ def _shape(token: tokenize.TokenInfo) -> str:
     return token.string
 
 
-def shaped_lines(source: str) -> list[tuple[int, str, bool]]:
-    """(line number, shape, whether a statement starts there) of every line that counts."""
+_LITERALS = {tokenize.STRING, tokenize.NUMBER}
+
+
+def _declares(statement: list[tokenize.TokenInfo]) -> bool:
+    """A class header, a docstring, an annotated field or a name bound to a literal."""
+    first = statement[0]
+    if first.string == "class" or (len(statement) == 1 and first.type == tokenize.STRING):
+        return True
+    if first.type != tokenize.NAME or len(statement) < 3:
+        return False
+    if statement[1].string == ":":
+        return True
+    return statement[1].string == "=" and all(
+        t.type in _LITERALS or t.string in ("True", "False", "None", "-") for t in statement[2:]
+    )
+
+
+def shaped_lines(source: str) -> list[tuple[int, str, bool, bool]]:
+    """(line number, shape, whether a statement starts there, whether that statement only
+    declares) of every line that counts."""
     shapes: dict[int, list[str]] = defaultdict(list)
     starts: set[int] = set()
+    declarations: set[int] = set()
     statement: list[tokenize.TokenInfo] = []
     fstring_depth = 0
 
     def flush() -> None:
         if statement and statement[0].string not in ("import", "from"):
             starts.add(statement[0].start[0])
+            if _declares(statement):
+                declarations.add(statement[0].start[0])
             for token in statement:
                 shapes[token.start[0]].append(_shape(token))
         statement.clear()
@@ -97,7 +120,7 @@ def shaped_lines(source: str) -> list[tuple[int, str, bool]]:
             statement.append(token)
     flush()
     return [
-        (number, " ".join(parts), number in starts)
+        (number, " ".join(parts), number in starts, number in declarations)
         for number, parts in sorted(shapes.items())
         if any(part[0].isalnum() or part[0] in "\"'_" for part in parts)
     ]
@@ -110,8 +133,10 @@ def repeated_blocks(files: dict[str, str]) -> list[str]:
         lines = shaped_lines(source)
         for i in range(len(lines) - WINDOW + 1):
             window = lines[i : i + WINDOW]
-            shape = tuple(text for _, text, _ in window)
-            if len({text for _, text, start in window if start}) < MIN_SHAPES:
+            shape = tuple(text for _, text, _, _ in window)
+            if len({text for _, text, start, _ in window if start}) < MIN_SHAPES:
+                continue
+            if all(declares for _, _, start, declares in window if start):
                 continue
             places[shape].append((name, window[0][0], window[-1][0]))
     pairs: dict[tuple[str, str], tuple[str, str]] = {}
@@ -148,9 +173,17 @@ def test_the_checker_sees_a_renamed_copy_and_passes_over_tables() -> None:
     )
     renamed = body.replace("total", "acc").replace("'neither'", "'other'").replace("3", "7")
     table = "T = (\n" + "".join(f"    ('n{i}', {i}, {i + 1}),\n" for i in range(30)) + ")\n"
+    models = "".join(
+        f'class R{i}(Base):\n    """Doc."""\n\n    op: Literal["r{i}"] = "r{i}"\n'
+        f"    n{i}: int | None = None\n    flag = True\n"
+        for i in range(6)
+    )
     found = repeated_blocks({"a.py": "import os\n" + body, "b.py": renamed, "t.py": table})
     assert found == ["a.py:2-12 ~ b.py:1-11"], found
     assert repeated_blocks({"a.py": body, "t.py": table + table}) == []
+    assert repeated_blocks({"m.py": models, "n.py": models}) == []  # declarations only
+    with_logic = models.replace("    flag = True\n", "    flag = check(x)\n")
+    assert repeated_blocks({"m.py": with_logic, "n.py": with_logic}) != []
 
 
 def test_no_block_of_ten_lines_stands_twice_outside_the_tests() -> None:

@@ -1,0 +1,200 @@
+"""The broker's storage and launch handlers over a stand-in pool: each receipt body goes
+into the receipt store as the JSON the broker has always recorded, and later handlers read
+what earlier ones recorded (Q, W, S, a fork's lanes) through the typed bodies."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cairn import paths, storage
+from cairn.broker import units, verbs
+from cairn.broker.receipts import ReceiptStore
+from cairn.protocol.broker import Intent, SubvolumeReceipt
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
+
+RUN = "flow_" + "1" * 32
+
+
+class FakePool:
+    """Subvolumes as directories, each with the receipt a snapshot returned."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: dict[Path, SubvolumeReceipt] = {}
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def q_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "Q"
+
+    def q_import_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "Q.import"
+
+    def w_path(self, run_id: str, scope: str, generation: int) -> Path:
+        return self.run_dir(run_id) / "W" / f"{scope}.{generation}"
+
+    def checkpoint_path(self, run_id: str, op_id: str) -> Path:
+        return self.run_dir(run_id) / "S" / op_id
+
+    def settlement_path(self, run_id: str, name: str) -> Path:
+        return self.run_dir(run_id) / name
+
+    def snapshot(self, source: Path, target: Path, *, read_only: bool) -> SubvolumeReceipt:
+        target.mkdir(parents=True)
+        receipt = SubvolumeReceipt(
+            path=str(target),
+            subvol_id=256 + len(self.made),
+            uuid=f"uuid-{len(self.made)}",
+            fsid="fsid",
+            read_only=read_only,
+            generation=7,
+        )
+        self.made[target] = receipt
+        return receipt
+
+    def verify(self, path: Path, expected: SubvolumeReceipt) -> SubvolumeReceipt:
+        assert self.made[Path(path)] == expected
+        return expected
+
+    def delete(self, path: Path, expected: SubvolumeReceipt) -> None:
+        self.verify(path, expected)
+        del self.made[path]
+        path.rmdir()
+
+    def run_subvolumes(self, run_id: str) -> list[Path]:
+        return sorted(self.made)
+
+
+class FakeJournal:
+    def __init__(self, ops: dict[str, Any]) -> None:
+        self.ops = ops
+
+    def get_op_by_id(self, run_id: str, op_id: str) -> Any:
+        return self.ops[op_id]
+
+    def list_ops(self, run_id: str) -> list[Any]:
+        return list(self.ops.values())
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path / "host"))
+    project = tmp_path / "project"
+    project.mkdir()
+    pool = FakePool(tmp_path / "pool")
+    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+    monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: True)
+    monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
+    monkeypatch.setattr(units, "require_quiesced", lambda unit, cgroup: None)
+    monkeypatch.setattr(units, "start_unit", lambda name: None)
+    monkeypatch.setattr(verbs, "failpoint", lambda *args: None)
+    paths.broker_db_path().parent.mkdir(parents=True)
+    desc = LaunchDescription(
+        run_id=RUN,
+        owner_uid=os.getuid(),
+        owner_gid=os.getgid(),
+        owner_name="owner",
+        definition="builtin:implement",
+        source="",
+        source_filename="implement.py",
+        review_hash="sha256:" + "a" * 64,
+        review={},
+        args={},
+        project=ProjectSpec(root=str(project), owner_uid=os.getuid(), on_pool_fs=True),
+        profiles={},
+        cairn_version="test",
+        created_at=1.0,
+    )
+    ops = {
+        "root-1": SimpleNamespace(
+            op_id="root-1", kind="agent", scope="root", state="committed", request={}
+        ),
+        "root-2": SimpleNamespace(
+            op_id="root-2", kind="parallel", scope="root", state="started",
+            request={"lanes": ["a", "b"]},
+        ),
+    }
+    store = ReceiptStore()
+    yield {"desc": desc, "journal": FakeJournal(ops), "store": store, "pool": pool}
+    store.close()
+
+
+def _do(host: dict[str, Any], intent_id: str, kind: str, **fields: Any) -> dict[str, Any]:
+    intent = Intent(intent_id=intent_id, run_id=RUN, kind=kind, **fields)  # type: ignore[arg-type]
+    body = verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    receipt = host["store"].put(intent, body)
+    stored = host["store"].get(RUN, intent_id)
+    assert stored is not None and stored.data == receipt.data
+    data: dict[str, Any] = json.loads(json.dumps(receipt.data))
+    return data
+
+
+def _sub(pool: FakePool, path: Path) -> dict[str, Any]:
+    return pool.made[path].model_dump()
+
+
+def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> None:
+    pool: FakePool = host["pool"]
+    run = pool.run_dir(RUN)
+
+    q = _do(host, "prepare-q", "prepare-q")
+    assert list(q) == ["q", "subpath", "imported", "project_ino"]
+    assert q["q"] == _sub(pool, run / "Q") and q["subpath"] == "sub" and not q["imported"]
+
+    w = _do(host, "create-w.root.1", "create-w")
+    assert w == {"w": _sub(pool, run / "W" / "root.1")}
+
+    host["store"].put(
+        Intent(intent_id="start-agent.root-1.1", run_id=RUN, kind="start-agent", op_id="root-1"),
+        units.AgentStarted(
+            unit="u.service", invocation_id="i", control_group="/cg", attempt=1, capsule="c",
+            op_id="root-1",
+        ),
+    )
+    s = _do(host, "checkpoint.root-1", "checkpoint", op_id="root-1")
+    assert s == {"s": _sub(pool, run / "S" / "root-1"), "op_id": "root-1"}
+
+    fork = _do(host, "fork.root-2", "fork", op_id="root-2", lanes=["a", "b"])
+    assert list(fork) == ["s", "op_id", "lanes"] and fork["op_id"] == "root-2"
+    assert fork["lanes"] == {
+        key: {"w": _sub(pool, run / "W" / f"root-2-{key}.1")} for key in ("a", "b")
+    }
+
+    # a lane's W comes from its fork; root's W.1 from its create-w receipt
+    lane = _do(host, "drop-w.root-2-a.1", "drop-w", scope="root-2-a", generation=1)
+    assert lane == {"deleted": str(run / "W" / "root-2-a.1")}
+    again = _do(host, "create-w.root.2", "create-w", generation=2, from_checkpoint="root-1")
+    assert again == {"w": _sub(pool, run / "W" / "root.2")}
+    dropped = _do(host, "drop-w.root.1", "drop-w", generation=1)
+    assert dropped == {"deleted": str(run / "W" / "root.1")}
+
+    p = _do(host, "freeze-proposal", "freeze-proposal", generation=2)
+    assert p == {"p": _sub(pool, run / "P")}
+
+    # every subvolume a receipt records, the dropped ones included (not checked on disk)
+    assert _do(host, "verify-storage.1", "verify-storage") == {"problems": [], "checked": 8}
+    w2 = pool.made[run / "W" / "root.2"]
+    (run / "W" / "root.2").rmdir()
+    report = _do(host, "verify-storage.2", "verify-storage")
+    assert report["problems"] == [f"missing subvolume {w2.path} (uuid {w2.uuid})"]
+
+
+def test_start_coordinator_receipt(host: dict[str, Any]) -> None:
+    assert _do(host, "start-coordinator", "start-coordinator") == {
+        "unit": f"cairn-coordinator@{RUN}.service"
+    }
+
+
+def test_a_body_of_another_kind_is_refused(host: dict[str, Any]) -> None:
+    intent = Intent(intent_id="drop-w.root.1", run_id=RUN, kind="drop-w")
+    with pytest.raises(TypeError, match="a drop-w receipt has no WCreated body"):
+        host["store"].put(intent, verbs.WCreated(w=SubvolumeReceipt(
+            path="/x", subvol_id=1, uuid="u", fsid="f", read_only=False, generation=1)))
