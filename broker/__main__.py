@@ -6,6 +6,7 @@ import logging
 
 from cairn import journald, paths
 from cairn.broker.server import BrokerServer
+from cairn.broker.verbs import carry_out
 from cairn.sockets import listener
 
 
@@ -13,7 +14,7 @@ def main() -> None:
     journald.setup_logging()
     sock = listener(paths.broker_socket(), 0o660)
     logging.getLogger("cairn.broker").info("broker ready")
-    BrokerServer(sock).serve_forever()
+    BrokerServer(sock, carry_out).serve_forever()
 
 
 if __name__ == "__main__":

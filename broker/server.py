@@ -14,14 +14,18 @@ import socket
 import struct
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 from cairn.errors import CairnError
-from cairn.protocol.broker import BrokerReply
+from cairn.protocol.broker import BrokerReply, Receipt
 
 log = logging.getLogger(__name__)
 
 REQUEST_RE = re.compile(rb"^(launch-v1|storage-v1|delete-v1) (flow_[0-9a-f]{32})\n$")
 MAX_REQUEST = 64
+
+# What the server runs for one request: carry out the verb's pending intents for the run.
+CarryOut = Callable[[str, str], list[Receipt]]
 
 
 def allowed_uids() -> set[int]:
@@ -50,8 +54,9 @@ def read_request(conn: socket.socket) -> tuple[str, str] | None:
 class BrokerServer:
     """Serve connections; one thread each, one lock per run so a run's verbs serialize."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, carry_out: CarryOut) -> None:
         self.listener = listener
+        self.carry_out = carry_out
         self.locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self.uids = allowed_uids()
 
@@ -61,8 +66,6 @@ class BrokerServer:
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
     def handle(self, conn: socket.socket) -> None:
-        from cairn.broker.verbs import carry_out
-
         with conn:
             conn.settimeout(10)
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -98,7 +101,7 @@ class BrokerServer:
             log.info("%s %s from uid %d", verb, run_id, uid)
             with self.locks[run_id]:
                 try:
-                    receipts = carry_out(verb, run_id)
+                    receipts = self.carry_out(verb, run_id)
                     self.reply(conn, BrokerReply(ok=True, receipts=receipts))
                 except CairnError as exc:
                     log.error("%s %s: %s", verb, run_id, exc)

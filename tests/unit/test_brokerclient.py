@@ -15,6 +15,7 @@ import pytest
 
 from cairn import cli, paths
 from cairn.broker.server import BrokerServer
+from cairn.broker.verbs import carry_out
 from cairn.brokerclient import call_broker
 from cairn.daemon import server as daemon_server
 from cairn.errors import BrokerRefused
@@ -34,7 +35,7 @@ def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BrokerSe
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(str(path))
         listener.listen(1)
-        server = BrokerServer(listener)
+        server = BrokerServer(listener, carry_out)
         server.uids = {os.getuid()}
 
         def serve_one() -> None:

@@ -1,4 +1,5 @@
 """Import rules over the installed layout: the import-linter contracts of ``.importlinter``,
+no import cycle anywhere,
 and the size of what the root broker imports.
 
 ``broker/`` is ``cairn.broker`` only once installed (``package-dir`` in pyproject.toml), and
@@ -65,6 +66,50 @@ else:
 """
 
 
+# Run in the staged layout: print every import cycle (a strongly connected set of modules,
+# imports inside functions included, type-checking imports not) as a JSON list.
+_CYCLES = """
+import json, sys
+import grimp
+
+graph = grimp.build_graph("cairn", cache_dir=None, exclude_type_checking_imports=True)
+order, low, stack, on_stack, cycles = {}, {}, [], set(), []
+for root in sorted(graph.modules):
+    if root in order:
+        continue
+    work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+    order[root] = low[root] = len(order)
+    stack.append(root)
+    on_stack.add(root)
+    while work:
+        module, children = work[-1]
+        child = next(children, None)
+        if child is not None:
+            if child not in order:
+                order[child] = low[child] = len(order)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+            elif child in on_stack:
+                low[module] = min(low[module], order[child])
+            continue
+        work.pop()
+        if work:
+            low[work[-1][0]] = min(low[work[-1][0]], low[module])
+        if low[module] == order[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                cycles.append(sorted(members))
+print(json.dumps(cycles))
+"""
+
+
 @pytest.fixture(scope="module")
 def installed_layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """cairn/ with the process folders inside it, as the package installs them."""
@@ -100,6 +145,25 @@ def test_import_linter_contracts_hold(installed_layout: Path) -> None:
 
 # What cairn.protocol may import besides the standard library and pydantic.
 PROTOCOL_MAY_IMPORT = {"cairn.protocol", "cairn.errors", "cairn.canonical", "cairn.operation_kinds"}
+
+
+def test_no_import_cycles_anywhere(installed_layout: Path) -> None:
+    proc = _run_in(installed_layout, [sys.executable, "-c", _CYCLES])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+def test_the_cycle_finder_finds_one(tmp_path: Path) -> None:
+    package = tmp_path / "cairn"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from cairn import b\n")
+    (package / "b.py").write_text("def f():\n    from cairn import c\n")
+    (package / "c.py").write_text("import cairn.a\n")
+    (package / "d.py").write_text("from cairn import a\n")
+    proc = _run_in(tmp_path, [sys.executable, "-c", _CYCLES])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [["cairn.a", "cairn.b", "cairn.c"]]
 
 
 def test_protocol_contract_forbids_every_other_module() -> None:
