@@ -1,6 +1,5 @@
 """Import rules over the installed layout: the import-linter contracts of ``.importlinter``,
-no import cycle anywhere,
-and the size of what the root broker imports.
+no import cycle anywhere, and the size of what the root broker imports.
 
 ``broker/`` is ``cairn.broker`` only once installed (``package-dir`` in pyproject.toml), and
 import-linter finds a package's modules by walking its directory, so both checks run over
