@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,3 +215,19 @@ def test_broker_imports_stay_small(installed_layout: Path) -> None:
     if isinstance(loaded, dict):
         pytest.skip(f"cannot import the broker here to cross-check: {loaded['missing']} missing")
     assert set(loaded) <= closure, f"imported but not seen statically: {set(loaded) - closure}"
+
+
+def test_every_package_is_installed() -> None:
+    """Each package folder (an ``__init__.py``) of the library and the processes is listed
+    in pyproject.toml's ``packages``: one left out installs without it, and only the
+    package tests would notice."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {name: REPO / folder for name, folder in config["package-dir"].items()}
+    found = set()
+    for name, folder in roots.items():
+        for init in folder.rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == set(config["packages"]), sorted(found ^ set(config["packages"]))
