@@ -322,6 +322,7 @@ def test_the_cli_passes_what_was_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     assert [(b.op, b.run_id) for b in sent] == [("diff", "3fa9")]
     result = CliRunner().invoke(app, ["diff", "@last"])
+    assert result.exit_code == 0, result.output
     assert sent[-1].run_id == "@last"
 
 
