@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from cairn import paths
 from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
+from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
 from cairn.protocol.daemon import (
@@ -34,6 +35,7 @@ from cairn.protocol.daemon import (
     ReconcileRequest,
     RequestEnvelope,
     RetryRequest,
+    RunRequest,
     ShowRequest,
     UpgradeRequest,
 )
@@ -65,12 +67,17 @@ def receive(conn: socket.socket) -> tuple[bytes, int | None]:
 
 
 def dispatch(request: OpRequest, uid: int, fd: int | None) -> Any:
-    """Answer ``request`` with the handler of its op."""
+    """Answer ``request`` with the handler of its op. A run named by a prefix or ``@last``
+    is resolved here, for every op, so a handler only ever sees a full run ID."""
     route = ROUTES.get(request.op)
     if route is None or not isinstance(request, route[0]):
         raise unknown_op(request.op)
     journal = Journal(paths.journal_path(), create=True)
     try:
+        if isinstance(request, RunRequest) and request.run_id is not None:
+            request = request.model_copy(
+                update={"run_id": resolve_run(journal, uid, request.run_id)}
+            )
         return route[1](journal, request, uid, fd)
     finally:
         journal.close()
@@ -94,6 +101,8 @@ def parse(raw: bytes) -> OpRequest:
         first = exc.errors()[0]
         if first["loc"] == ("op",) and first["type"] == "unknown_op":
             raise unknown_op(first["input"]) from None
+        if first["type"] == "run_ref":
+            raise UsageError(first["msg"], hint="list your runs with 'cairn ps'") from None
         raise UsageError(f"malformed request: {first['loc']}: {first['msg']}") from None
     request: OpRequest = envelope.request()
     return request

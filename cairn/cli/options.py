@@ -11,10 +11,21 @@ import typer
 
 from cairn.cli.client import emit
 from cairn.errors import UsageError
+from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
 from cairn.protocol.launch import ProfileSpec
 
+
+def check_run_ref(ref: str | None) -> str | None:
+    """A RUN argument as typed, refused at once when it cannot name a run (cairnd checks
+    it again and resolves a prefix or ``@last`` among the runs the caller may see)."""
+    problem = None if ref is None else run_ref_problem(ref)
+    if problem is not None:
+        raise typer.BadParameter(problem)
+    return ref
+
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref)]
 
 
 def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:

@@ -123,6 +123,7 @@ def watch(
     try:
         while True:
             data = request(WatchRequest(run_id=run_id, cursor=cursor))
+            run_id = data["run_id"]  # a prefix or @last names this run from now on
             for event in data["events"]:
                 typer.echo(json.dumps(event) if json_out else render_event(event))
             cursor = data["cursor"]

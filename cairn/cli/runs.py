@@ -14,12 +14,15 @@ import typer
 from cairn.cli.client import emit, fail, request
 from cairn.cli.options import (
     JsonFlag,
+    RunArg,
     add_commands,
+    check_run_ref,
     emit_or_empty,
     load_scripted,
     parse_limits,
 )
 from cairn.protocol.daemon import (
+    RUN_REF_HELP,
     DiffRequest,
     DoctorRequest,
     LaunchRequest,
@@ -137,7 +140,7 @@ def ps(
         )
 
 
-def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
+def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run."""
     data = request(ShowRequest(run_id=run_id))
     if json_out:
@@ -196,7 +199,7 @@ def show(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFl
 
 
 def reconcile(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     op_id: Annotated[str, typer.Argument(metavar="OP")],
     result: Annotated[
         Path | None, typer.Option(help="JSON file: the operation's output (as it happened).")
@@ -223,7 +226,7 @@ def reconcile(
 
 
 def retry(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     op_id: Annotated[str, typer.Argument(metavar="OP")],
 ) -> None:
     """Run an uncertain operation again (its effects may then happen twice)."""
@@ -232,7 +235,7 @@ def retry(
 
 
 def upgrade(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     to: Annotated[Path, typer.Option("--to", help="The new workflow source FILE.py.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only check; change nothing.")] = False,
     confirm: Annotated[str | None, typer.Option(help="The new source's review hash.")] = None,
@@ -264,7 +267,14 @@ def upgrade(
 
 
 def doctor(
-    run_id: Annotated[str | None, typer.Argument(metavar="[RUN]")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[RUN]",
+            help=RUN_REF_HELP + " Without it, every run you may see.",
+            callback=check_run_ref,
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Cross-check journal, snapshots, units and receipts; report contradictions."""
@@ -281,13 +291,13 @@ def doctor(
         raise typer.Exit(1)
 
 
-def logs(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+def logs(run_id: RunArg) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set)."""
     typer.echo(request(LogsRequest(run_id=run_id)), nl=False)
 
 
-def diff(run_id: Annotated[str, typer.Argument(metavar="RUN")], json_out: JsonFlag = False) -> None:
+def diff(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """What the run applied (or refused) in the live project."""
     data = request(DiffRequest(run_id=run_id))
     if json_out:

@@ -1,10 +1,11 @@
-"""Runs and their lease: creating a run, moving its state, the fencing lease a coordinator
-holds while it writes, and moving a resting run to new reviewed source."""
+"""Runs and their lease: creating a run, moving its state, finding one by a prefix of its
+ID or as its owner's newest, the fencing lease a coordinator holds while it writes, and
+moving a resting run to new reviewed source."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from cairn.errors import Busy, NotFound, UsageError
 from cairn.journal.rows import RunState, dumps
@@ -12,6 +13,16 @@ from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.launch import LaunchDescription
+
+
+class RunMatch(NamedTuple):
+    """What a person needs to tell runs apart: one run a prefix of its ID matched."""
+
+    run_id: str
+    owner_uid: int
+    definition: str
+    state: str
+    created_at: float
 
 
 class Runs(Writes):
@@ -65,6 +76,35 @@ class Runs(Writes):
                 (dumps(settlement), self.clock(), run_id),
             )
             self._event(db, run_id, "settlement", {"status": settlement.get("status")})
+
+    # --- finding a run by a short name -----------------------------------------------
+
+    def runs_with_prefix(self, prefix: str, *, owner_uid: int | None, limit: int) -> list[RunMatch]:
+        """At most ``limit`` runs whose ID starts with ``prefix`` (``flow_`` and some hex
+        digits), of ``owner_uid`` (None: anyone's), in ID order: a range on the primary
+        key, so it reads only the matching rows however many runs the journal holds."""
+        if not prefix:
+            raise UsageError("an empty run prefix matches every run")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        # The unary + keeps SQLite on the primary key's range rather than on the owner
+        # index, which would read every run of the owner.
+        rows = self.db.execute(
+            "SELECT run_id, owner_uid, definition, state, created_at FROM runs"
+            " WHERE run_id >= ? AND run_id < ? AND (? IS NULL OR +owner_uid = ?)"
+            " ORDER BY run_id LIMIT ?",
+            (prefix, upper, owner_uid, owner_uid, limit),
+        ).fetchall()
+        return [RunMatch(*row) for row in rows]
+
+    def latest_run_id(self, owner_uid: int) -> str | None:
+        """The ID of ``owner_uid``'s most recently created run (the last one recorded, of
+        two created at the same time), if any."""
+        row = self.db.execute(
+            "SELECT run_id FROM runs WHERE owner_uid = ?"
+            " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (owner_uid,),
+        ).fetchone()
+        return None if row is None else str(row["run_id"])
 
     # --- lease ----------------------------------------------------------------------
 

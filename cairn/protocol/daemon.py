@@ -10,14 +10,56 @@ are what they were before requests had a model per op.
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen
 from cairn.protocol.launch import ProfileSpec
+
+# --- naming a run -----------------------------------------------------------------
+
+# How a request names a run: its ID (``flow_`` and 32 hex digits), a prefix of it of at
+# least MIN_RUN_PREFIX hex digits with or without ``flow_``, or ``@last`` (the caller's
+# newest run). cairnd resolves it, among the runs the caller may see, before any handler.
+MIN_RUN_PREFIX = 4
+LAST_RUN = "@last"
+RUN_REF_RE = re.compile(rf"^(?:{LAST_RUN}|(?:flow_)?[0-9a-f]{{{MIN_RUN_PREFIX},32}})$")
+RUN_REF_HELP = (
+    f"The run: its ID, a unique prefix of it (at least {MIN_RUN_PREFIX} hex digits, "
+    f"with or without flow_), or {LAST_RUN} for your newest run."
+)
+
+
+def run_ref_problem(ref: str) -> str | None:
+    """Why ``ref`` cannot name a run (one line), or None when it can."""
+    if RUN_REF_RE.fullmatch(ref):
+        return None
+    if not ref:
+        return "no run given"
+    shown = repr(ref if len(ref) <= 40 else ref[:40] + "…")
+    if re.fullmatch(rf"(?:flow_)?[0-9a-f]{{0,{MIN_RUN_PREFIX - 1}}}", ref):
+        return (
+            f"run prefix {shown} is too short: give at least {MIN_RUN_PREFIX} hex digits "
+            f"of the run ID, or {LAST_RUN}"
+        )
+    return (
+        f"{shown} does not name a run: give its ID (flow_ and 32 lowercase hex digits), "
+        f"a unique prefix of at least {MIN_RUN_PREFIX} hex digits, or {LAST_RUN}"
+    )
+
+
+def _run_ref(ref: str | None) -> str | None:
+    problem = None if ref is None else run_ref_problem(ref)
+    if problem is not None:
+        raise PydanticCustomError("run_ref", "{problem}", {"problem": problem})
+    return ref
+
+
+RunRef = Annotated[str | None, AfterValidator(_run_ref)]
 
 
 class OpRequest(Frozen):
@@ -58,9 +100,10 @@ class PsRequest(ListRequest):
 
 
 class RunRequest(OpRequest):
-    """A request about one run."""
+    """A request about one run; ``run_id`` names it as a person may (:data:`RunRef`) and
+    holds the full ID once cairnd has resolved it."""
 
-    run_id: str | None = None
+    run_id: RunRef = None
 
 
 class ShowRequest(RunRequest):
@@ -290,7 +333,7 @@ class RequestEnvelope(Frozen):
     definition: str | None = None
     args: dict[str, Any] = {}
     project: str | None = None
-    run_id: str | None = None
+    run_id: RunRef = None
     scripted: dict[str, ProfileSpec] = {}
     all_users: bool = False
     source: str | None = None
