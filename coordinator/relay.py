@@ -537,7 +537,7 @@ class ModelRelay:
     ) -> None:
         with self._lock:
             self._seq += 1
-            self._counts["retries"] += attempt > 1
+            self._counts["retries"] += int(attempt > 1)
             entry = TranscriptEntry(
                 seq=self._seq,
                 at=time.time(),

@@ -154,6 +154,9 @@ class RelayClient:
 
 def _final_or_retryable(reply: _Reply) -> str:
     """Describe a failed reply that may succeed later; raise for one that cannot."""
+    if reply.status == 200:
+        raise CairnError("the model relay answered HTTP 200 without a JSON object: "
+                         f"{reply.raw[:200]!r}")
     code, message = reply.error
     if reply.status == 429 and code == QUOTA_CODE:
         if reply.headers.get(REFUSED_HEADER.lower()) == "budget":
@@ -162,9 +165,6 @@ def _final_or_retryable(reply: _Reply) -> str:
         raise CairnError(f"the provider refused the model call for its quota: {message}",
                          hint="check the provider account's quota and billing")
     described = f"HTTP {reply.status}: {message}"
-    if reply.status == 200:
-        raise CairnError("the model relay answered HTTP 200 without a JSON object: "
-                         f"{reply.raw[:200]!r}")
     if not retryable_status(reply.status, code):
         raise CairnError(f"model call refused with {described}",
                          hint="a request the provider will not accept as sent; see the "

@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 
 RETRY_STATUSES = frozenset({408, 429})
@@ -52,8 +53,8 @@ def retry_after(headers: dict[str, str], now: float) -> float | None:
             when = parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError):
             return None
-        if when.tzinfo is None:  # RFC 9110 dates are GMT; be lenient about a missing zone
-            return None
+        if when.tzinfo is None:  # "-0000" or no zone: HTTP dates are GMT anyway
+            when = when.replace(tzinfo=UTC)
         return max(0.0, when.timestamp() - now)
     return seconds if 0 <= seconds < float("inf") else None
 

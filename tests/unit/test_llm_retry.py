@@ -219,6 +219,7 @@ def test_the_relay_passes_status_and_pacing_headers_through(setup: Any) -> None:
     ({"retry-after": "nan"}, None),
     ({"retry-after": formatdate(NOW + 90, usegmt=True)}, 90.0),
     ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),
+    ({"retry-after": formatdate(NOW + 5)}, 5.0),  # "-0000": GMT all the same
     ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
     ({"retry-after-ms": "x", "retry-after": "9"}, 9.0),
 ])
