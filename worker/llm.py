@@ -76,13 +76,14 @@ class _Reply:
 
     @property
     def error(self) -> tuple[str | None, str]:
-        """(error code, message) of an error reply."""
+        """(error code, message cut to 300 characters) of an error reply."""
         error = (self.body or {}).get("error")
+        code: Any = None
         if isinstance(error, dict):
             code = error.get("code") or error.get("type")
-            message = error.get("message")
-            return (str(code) if code else None), str(message or self.raw[:200])
-        return None, str(error or self.raw[:200])
+            error = error.get("message")
+        message = str(error) if error else self.raw[:300].decode(errors="replace")
+        return (str(code) if code else None), message[:300]
 
 
 class RelayClient:

@@ -21,7 +21,7 @@ import pytest
 from cairn.coordinator.relay import ModelRelay, TokenBudget, TranscriptEntry
 from cairn.errors import CairnError
 from cairn.protocol.launch import ModelRoute, ProfileSpec
-from cairn.worker.llm import BudgetSpent, RelayClient, _UnixConnection
+from cairn.worker.llm import BudgetSpent, RelayClient, _Reply, _UnixConnection
 from cairn.worker.retry import Backoff, retry_after, retryable_status
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -248,3 +248,12 @@ def test_the_profile_bounds_the_attempts() -> None:
         ProfileSpec(name="p", kind="llm", model_attempts=0)
     with pytest.raises(ValueError):
         ProfileSpec(name="p", kind="llm", model_retry_cap_sec=3600)
+
+
+def test_error_messages_from_json_or_plain_bodies() -> None:
+    html = b"<html>503 Service Unavailable</html>" + b" " * 1000
+    assert _Reply(503, None, html, {}).error == (None, html[:300].decode())
+    body = {"error": {"message": "overloaded " * 100, "type": "overloaded_error"}}
+    code, message = _Reply(529, body, b"", {}).error
+    assert code == "overloaded_error" and len(message) == 300
+    assert _Reply(500, {"error": "boom"}, b"", {}).error == (None, "boom")
