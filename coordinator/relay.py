@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER
 from cairn.protocol.launch import ModelRoute
 from cairn.providers import load_credential
 
@@ -44,6 +45,9 @@ OUTPUT_LIMIT_FIELD = {
     "/messages": "max_tokens",
 }
 FORWARDED_HEADERS = ("accept", "anthropic-version", "anthropic-beta", "openai-beta")
+# Provider reply headers a client needs to pace itself, passed back unchanged.
+RETURNED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
+RETURNED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 INPUT_FIELDS = ("prompt_tokens", "input_tokens")
 OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
 
@@ -85,6 +89,8 @@ class TranscriptEntry(BaseModel):
     usage: dict[str, int] = {}
     usage_estimated: bool = False
     error: str | None = None
+    # The agent's try of this call (its X-Cairn-Attempt header): 2 and up are retries.
+    attempt: int = 1
 
 
 def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) -> dict[str, Any]:
@@ -175,16 +181,26 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path.rstrip("/")
         return path[3:] if path.startswith("/v1/") else path
 
-    def _reply_json(self, status: int, body: Any) -> None:
+    def _reply_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(raw)
 
-    def _reply_error(self, status: int, code: str, message: str) -> None:
-        self._reply_json(status, {"error": {"message": message, "type": code, "code": code}})
+    def _reply_error(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        body = {"error": {"message": message, "type": code, "code": code}}
+        self._reply_json(status, body, headers)
+
+    def _attempt(self) -> int:
+        """The client's try of this call, as it says (1 if it says nothing sensible)."""
+        value = self.headers.get(MODEL_ATTEMPT_HEADER, "1").strip()
+        return int(value) if value.isdigit() and 1 <= int(value) <= 1000 else 1
 
 
 class EgressConnection(http.client.HTTPConnection):
@@ -244,7 +260,7 @@ class ModelRelay:
         self._key = ""
         self._lock = threading.Lock()
         self._seq = 0
-        self._counts = {"requests": 0, "refused": 0, "failed": 0}
+        self._counts = {"requests": 0, "refused": 0, "failed": 0, "retries": 0}
         self._tokens = {"input": 0, "output": 0, "estimated": 0}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -313,6 +329,7 @@ class ModelRelay:
         body = self._read_body(handler)
         if body is None:
             return
+        attempt = handler._attempt()
         # Every reply below goes out only after its call is counted and recorded, so whoever
         # reads the usage or the transcript after a reply finds the call there.
         remaining = self.budget.remaining()
@@ -320,11 +337,14 @@ class ModelRelay:
             with self._lock:
                 self._counts["refused"] += 1
             log.warning("relay refused a model call: the run's token budget is spent")
-            self._record(api_path, 429, started, False, body, None, {}, False, "budget spent")
+            self._record(
+                api_path, 429, started, False, body, None, {}, False, "budget spent", attempt
+            )
             handler._reply_error(
                 429,
                 "insufficient_quota",
                 f"the run's model token budget ({self.budget.limit}) is spent; finish now",
+                {REFUSED_HEADER: "budget"},
             )
             return
         self._shape_request(body, api_path, limit_field, remaining)
@@ -342,7 +362,7 @@ class ModelRelay:
             with self._lock:
                 self._counts["failed"] += 1
             message = f"provider {self.route.provider} is unreachable: {exc}"
-            self._record(api_path, 502, started, stream, body, None, {}, False, message)
+            self._record(api_path, 502, started, stream, body, None, {}, False, message, attempt)
             handler._reply_error(502, "upstream_unreachable", message)
             return
         # The client sees the last byte only after the call is metered and recorded, so
@@ -365,7 +385,9 @@ class ModelRelay:
                 self._counts["failed"] += 1
             handler.close_connection = True
             message = f"relay interrupted: {exc}"
-            self._record(api_path, response.status, started, stream, body, None, {}, False, message)
+            self._record(
+                api_path, response.status, started, stream, body, None, {}, False, message, attempt
+            )
             if not streamed:
                 handler._reply_error(502, "upstream_failed", message)
             return
@@ -382,7 +404,8 @@ class ModelRelay:
             for key, value in usage.items():
                 self._tokens[key] += value
         self._record(
-            api_path, response.status, started, stream, body, recorded, usage, estimated, None
+            api_path, response.status, started, stream, body, recorded, usage, estimated, None,
+            attempt,
         )
         if streamed:
             handler.wfile.write(tail)
@@ -391,6 +414,8 @@ class ModelRelay:
         handler.send_response(response.status)
         handler.send_header("Content-Type", response.getheader("Content-Type", "application/json"))
         handler.send_header("Content-Length", str(len(raw)))
+        for header, text in _returned_headers(response):
+            handler.send_header(header, text)
         handler.end_headers()
         handler.wfile.write(raw)
 
@@ -468,6 +493,8 @@ class ModelRelay:
         handler.send_header("Content-Type", response.getheader("Content-Type", ""))
         handler.send_header("Cache-Control", "no-cache")
         handler.send_header("Connection", "close")
+        for header, text in _returned_headers(response):
+            handler.send_header(header, text)
         handler.end_headers()
         handler.close_connection = True
         usage: dict[str, int] = {}
@@ -506,9 +533,11 @@ class ModelRelay:
         usage: dict[str, int],
         estimated: bool,
         error: str | None,
+        attempt: int,
     ) -> None:
         with self._lock:
             self._seq += 1
+            self._counts["retries"] += int(attempt > 1)
             entry = TranscriptEntry(
                 seq=self._seq,
                 at=time.time(),
@@ -521,12 +550,22 @@ class ModelRelay:
                 usage=usage,
                 usage_estimated=estimated,
                 error=error,
+                attempt=attempt,
             )
             line = entry.model_dump_json()
             if self._key:
                 line = line.replace(self._key, "[credential]")
             with open(self.transcript, "a") as fh:
                 fh.write(line + "\n")
+
+
+def _returned_headers(response: http.client.HTTPResponse) -> list[tuple[str, str]]:
+    """The provider's pacing headers (Retry-After, rate-limit state), to pass back."""
+    return [
+        (name, value)
+        for name, value in response.getheaders()
+        if name.lower() in RETURNED_HEADERS or name.lower().startswith(RETURNED_PREFIXES)
+    ]
 
 
 def _json_or_text(raw: bytes) -> Any:

@@ -4,7 +4,10 @@ The agent talks chat-completions to ``/run/cairn/model.sock`` (the coordinator's
 no key and no network here), runs the tools of :mod:`cairn.worker.tools` in /workspace
 and ends when the model calls ``finish_work(output, handoff)`` with an output that fits
 the descriptor's schema. Replies without a tool call, unparsable arguments and invalid
-output get a correction; more than ``max_corrections`` of them end the agent.
+output get a correction; more than ``max_corrections`` of them end the agent. A model call
+answered 429, 408 or 5xx, or cut off at the relay socket, is repeated after a wait
+(``Retry-After`` or capped exponential backoff, :mod:`cairn.worker.retry`) up to the
+profile's ``model_attempts``; each repeat is a note and is numbered in the transcript.
 """
 
 from __future__ import annotations
@@ -14,21 +17,21 @@ import json
 import logging
 import os
 import socket
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cairn.errors import CairnError
-from cairn.protocol.agent import AgentInstruction
+from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
 from cairn.worker.channel import AgentChannel
+from cairn.worker.retry import QUOTA_CODE, Backoff, retry_after, retryable_status
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
 
 log = logging.getLogger(__name__)
 
 MODEL_SOCKET = "/run/cairn/agent/model.sock"
 RESPONSE_LIMIT = 32 << 20
-RETRIES = 3
-RETRY_DELAY_SEC = 2.0
 
 ENVIRONMENT = """\
 You work inside a sandbox. The project is in /workspace (your working directory); your
@@ -64,45 +67,110 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class RelayClient:
-    """chat-completions over the model socket."""
+@dataclass
+class _Reply:
+    status: int
+    body: dict[str, Any] | None
+    raw: bytes
+    headers: dict[str, str]
 
-    def __init__(self, path: str = MODEL_SOCKET, *, timeout: float = 600.0) -> None:
+    @property
+    def error(self) -> tuple[str | None, str]:
+        """(error code, message cut to 300 characters) of an error reply."""
+        error = (self.body or {}).get("error")
+        code: Any = None
+        if isinstance(error, dict):
+            code = error.get("code") or error.get("type")
+            error = error.get("message")
+        message = str(error) if error else self.raw[:300].decode(errors="replace")
+        return (str(code) if code else None), message[:300]
+
+
+class RelayClient:
+    """chat-completions over the model socket, repeating a call while the answer says it
+    may succeed later (:mod:`cairn.worker.retry`)."""
+
+    def __init__(
+        self,
+        path: str = MODEL_SOCKET,
+        *,
+        timeout: float = 600.0,
+        backoff: Backoff | None = None,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = path
         self.timeout = timeout
+        self.backoff = backoff or Backoff()
+        self.on_retry = on_retry
+        self.retries = 0  # over every call of this client
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-        """One non-streaming completion; retries unreachable/5xx replies a few times."""
+        """One non-streaming completion."""
         body = json.dumps({"messages": messages, "tools": tools, "tool_choice": "auto"}).encode()
+        backoff = self.backoff
         last = ""
-        for attempt in range(RETRIES):
-            if attempt:
-                time.sleep(RETRY_DELAY_SEC * attempt)
-            conn = _UnixConnection(self.path, self.timeout)
+        for attempt in range(1, backoff.attempts + 1):
             try:
-                conn.request("POST", "/v1/chat/completions", body=body,
-                             headers={"Content-Type": "application/json"})
-                response = conn.getresponse()
-                raw = response.read(RESPONSE_LIMIT)
+                reply = self._post(body, attempt)
+            except (ConnectionError, FileNotFoundError) as exc:
+                # The coordinator restarting: its relay socket is gone or drops the call.
+                last = f"the model relay at {self.path} is unreachable ({exc})"
+                advised = None
             except (OSError, http.client.HTTPException) as exc:
-                last = f"cannot reach the model relay at {self.path}: {exc}"
-                continue
-            finally:
-                conn.close()
-            reply = _json_object(raw)
-            if response.status == 200 and reply is not None:
-                return reply
-            error = (reply or {}).get("error") or {}
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            if response.status == 429 and isinstance(error, dict) and (
-                error.get("code") == "insufficient_quota"
-            ):
-                raise BudgetSpent(f"model call refused: {message}",
-                                  hint="raise limits.model_tokens or shorten the task")
-            last = f"model call failed with HTTP {response.status}: {message or raw[:200]!r}"
-            if response.status < 500:
+                raise CairnError(f"model call failed at the relay {self.path}: {exc}") from exc
+            else:
+                if reply.status == 200 and reply.body is not None:
+                    return reply.body
+                last = _final_or_retryable(reply)
+                advised = retry_after(reply.headers, backoff.now())
+            if attempt == backoff.attempts:
                 break
-        raise CairnError(last)
+            delay = backoff.delay(attempt, advised)
+            self.retries += 1
+            note = (f"model call: {last}; retry {attempt} of {backoff.attempts - 1} "
+                    f"in {delay:.1f}s")
+            log.warning("%s", note)
+            if self.on_retry is not None:
+                self.on_retry(note)
+            backoff.wait(delay)
+        raise CairnError(
+            f"model call failed {backoff.attempts} times; the last: {last}",
+            hint="the provider keeps refusing or failing; try later, or raise "
+            "model_attempts / model_retry_cap_sec of the profile",
+        )
+
+    def _post(self, body: bytes, attempt: int) -> _Reply:
+        conn = _UnixConnection(self.path, self.timeout)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=body,
+                         headers={"Content-Type": "application/json",
+                                  MODEL_ATTEMPT_HEADER: str(attempt)})
+            response = conn.getresponse()
+            raw = response.read(RESPONSE_LIMIT)
+            headers = {k.lower(): v for k, v in response.getheaders()}
+        finally:
+            conn.close()
+        return _Reply(response.status, _json_object(raw), raw, headers)
+
+
+def _final_or_retryable(reply: _Reply) -> str:
+    """Describe a failed reply that may succeed later; raise for one that cannot."""
+    if reply.status == 200:
+        raise CairnError("the model relay answered HTTP 200 without a JSON object: "
+                         f"{reply.raw[:200]!r}")
+    code, message = reply.error
+    if reply.status == 429 and code == QUOTA_CODE:
+        if reply.headers.get(REFUSED_HEADER.lower()) == "budget":
+            raise BudgetSpent(f"model call refused: {message}",
+                              hint="raise limits.model_tokens or shorten the task")
+        raise CairnError(f"the provider refused the model call for its quota: {message}",
+                         hint="check the provider account's quota and billing")
+    described = f"HTTP {reply.status}: {message}"
+    if not retryable_status(reply.status, code):
+        raise CairnError(f"model call refused with {described}",
+                         hint="a request the provider will not accept as sent; see the "
+                         "operation's transcript.jsonl")
+    return described
 
 
 def tool_definitions(output_schema: dict[str, Any]) -> list[dict[str, Any]]:
@@ -131,7 +199,11 @@ def run_llm(
 ) -> tuple[dict[str, Any], str]:
     """Run the agent loop; return (output, handoff) for finish_work."""
     profile = instruction.profile
-    client = client or RelayClient(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET))
+    client = client or RelayClient(
+        os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET),
+        backoff=Backoff(attempts=profile.model_attempts, cap=profile.model_retry_cap_sec),
+        on_retry=channel.note,
+    )
     toolbox = Toolbox(workspace, note=channel.note, bash_timeout=profile.bash_timeout_sec,
                       output_limit=profile.tool_output_limit)
     tools = tool_definitions(instruction.output_schema)

@@ -8,6 +8,12 @@ from typing import Any, Literal
 from cairn.protocol.base import Frozen, OpId, RunId, ScopeId
 from cairn.protocol.launch import ProfileSpec
 
+# Headers of the model relay (``/run/cairn/model.sock``): the ``llm`` agent numbers the
+# tries of one call (1 for the first; the relay records it in the transcript), and the
+# relay marks a refusal for the run's token budget with ``X-Cairn-Refused: budget``.
+MODEL_ATTEMPT_HEADER = "X-Cairn-Attempt"
+REFUSED_HEADER = "X-Cairn-Refused"
+
 
 class AgentInstruction(Frozen):
     run_id: RunId

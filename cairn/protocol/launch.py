@@ -33,11 +33,8 @@ class ScriptStep(Frozen):
 
 
 class ModelRoute(Frozen):
-    """Where the model relay sends an agent's requests, frozen at launch.
-
-    ``credential`` names a systemd credential of the coordinator (never the key itself);
-    empty means the provider takes no key.
-    """
+    """Where the model relay sends an agent's requests, frozen at launch. ``credential``
+    names a systemd credential of the coordinator (never the key); empty: no key."""
 
     provider: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")
     base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
@@ -54,6 +51,7 @@ class ProfileSpec(Frozen):
 
     ``llm`` profiles carry their system prompt and name a route of the launch
     description (``provider``); ``command`` profiles may name one to reach the relay.
+    ``model_attempts`` and ``model_retry_cap_sec``: :mod:`cairn.worker.retry`.
     """
 
     name: str
@@ -68,6 +66,8 @@ class ProfileSpec(Frozen):
     max_corrections: int = Field(default=3, ge=0, le=20)
     bash_timeout_sec: float = Field(default=120.0, gt=0, le=3600)
     tool_output_limit: int = Field(default=16_384, ge=256, le=1 << 20)
+    model_attempts: int = Field(default=5, ge=1, le=20)
+    model_retry_cap_sec: float = Field(default=60.0, gt=0, le=600)
 
 
 class Limits(Frozen):

@@ -2,9 +2,11 @@
 
 Tests start it on a loopback address (``FakeProvider(turns).start()``), point a model route
 at ``provider.base_url`` and read back what arrived in ``provider.requests``. Each turn is
-either text or a list of tool calls; ``stream=True`` requests get server-sent events with
-a final usage chunk when the client asks for one. Usage counts are deterministic: prompt
-tokens are the request's JSON size / 4, completion tokens are the turn's ``tokens``.
+either text or a list of tool calls, or an error reply in its place in the order
+(``Turn(status=429, headers={"Retry-After": "3"})``); ``stream=True`` requests get
+server-sent events with a final usage chunk when the client asks for one. Usage counts are
+deterministic: prompt tokens are the request's JSON size / 4, completion tokens are the
+turn's ``tokens``.
 
 Run as a script (``python3 fake_provider.py PORT SCRIPT.json [KEY]``) it serves until killed,
 for use inside a test machine.
@@ -29,6 +31,9 @@ class Turn:
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     tokens: int = 10
     raw_arguments: str | None = None  # sent verbatim instead of the JSON of the first call
+    status: int = 200  # anything else answers with an error body instead of a message
+    headers: dict[str, str] = field(default_factory=dict)
+    error: dict[str, Any] | None = None  # the error object; a generic one if None
 
     def message(self, index: int) -> dict[str, Any]:
         calls = []
@@ -120,6 +125,11 @@ class FakeProvider:
             self._send_json(handler, 404, {"error": {"message": "not found"}})
             return
         index, turn = self._next_turn(received)
+        if turn.status != 200:
+            error = turn.error or {"message": f"scripted HTTP {turn.status}",
+                                   "type": "scripted_error", "code": None}
+            self._send_json(handler, turn.status, {"error": error}, turn.headers)
+            return
         usage = {
             "prompt_tokens": len(raw) // 4,
             "completion_tokens": turn.tokens,
@@ -140,11 +150,14 @@ class FakeProvider:
         })
 
     @staticmethod
-    def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+    def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any,
+                   headers: dict[str, str] | None = None) -> None:
         raw = json.dumps(body).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(raw)))
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
         handler.end_headers()
         handler.wfile.write(raw)
 
@@ -180,7 +193,8 @@ def turns_from_json(data: list[dict[str, Any]]) -> list[Turn]:
     return [
         Turn(content=t.get("content"),
              tool_calls=[(c["name"], c["arguments"]) for c in t.get("tool_calls", [])],
-             tokens=int(t.get("tokens", 10)))
+             tokens=int(t.get("tokens", 10)), status=int(t.get("status", 200)),
+             headers=dict(t.get("headers", {})), error=t.get("error"))
         for t in data
     ]
 

@@ -297,6 +297,35 @@ def test_a_spent_budget_stops_the_agent_cleanly(harness_factory: Any) -> None:
     assert h.budget.exhausted
 
 
+def test_rate_limits_and_server_errors_are_retried_and_noted(harness_factory: Any) -> None:
+    now = {"Retry-After": "0"}  # the worker really waits; the wait itself is unit-tested
+    turns = [
+        Turn(status=429, headers=now, error={"message": "slow down", "type": "rate_limit_error",
+                                             "code": None}),
+        Turn(status=500, headers=now),
+        Turn(tool_calls=[_call("finish_work", output=GOOD, handoff="")]),
+    ]
+    h: Harness = harness_factory(turns, LLM.model_copy(update={"model_attempts": 3}))
+    code, stderr = h.run_worker()
+    assert code == 0, stderr
+    assert h.sock.finish is not None and h.sock.finish.output == GOOD
+    assert len(h.notes) == 2
+    assert "HTTP 429: slow down; retry 1 of 2 in 0.0s" in h.notes[0]
+    assert "HTTP 500" in h.notes[1] and "retry 2 of 2" in h.notes[1]
+    entries = [TranscriptEntry.model_validate_json(line)
+               for line in h.transcript.read_text().splitlines()]
+    assert [(e.status, e.attempt) for e in entries] == [(429, 1), (500, 2), (200, 3)]
+    assert h.relay.usage["retries"] == 2
+
+
+def test_spent_attempts_end_the_agent_naming_the_last_status(harness_factory: Any) -> None:
+    turns = [Turn(status=503, headers={"Retry-After": "0"})]
+    h: Harness = harness_factory(turns, LLM.model_copy(update={"model_attempts": 2}))
+    code, stderr = h.run_worker()
+    assert code == 1
+    assert "model call failed 2 times; the last: HTTP 503" in stderr
+    assert h.sock.finish is None
+    assert len(h.provider.requests) == 2
 
 
 def test_command_profile_reaches_the_relay_through_the_shim(
