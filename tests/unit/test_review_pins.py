@@ -73,7 +73,10 @@ REJECTED = {
     "bad_itertools_count": "da9e7fa07e7ce37b",
     "bad_model_body": "5ae7bdf3d0264978",
     "bad_model_constraint_type": "254955930b30db62",
-    "bad_model_field_kw": "2623dd86f5cf53df",
+    # Changed when default_factory became supported: the fixture's keyword was
+    # default_factory=list (now accepted), it is alias= now, and the message lists
+    # default_factory among the keywords to use.
+    "bad_model_field_kw": "5a6d9be34dfc634f",
     "bad_model_field_name": "980e32d93f4dfb61",
     "bad_model_field_v1": "29d1c2f2fcc92234",
     "bad_model_type": "737aaa9efb05a820",
