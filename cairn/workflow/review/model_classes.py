@@ -188,7 +188,7 @@ def extract_factory(state: ReviewState, node: ast.expr) -> FactorySpec:
         node,
         "model-field",
         f"Field(default_factory={ast.unparse(node)}) is not allowed; default_factory takes "
-        "only list, dict, set or a Model class declared above in this module, by bare name",
+        "only list, dict or a Model class declared above in this module, by bare name",
     )
 
 
@@ -207,6 +207,8 @@ def check_factory(state: ReviewState, call: ast.Call, field: FieldSpec) -> None:
     if not fits:
         suggestion = {"list": "list", "dict": "dict", "model": base.model}.get(base.kind)
         fix = f"use default_factory={suggestion}" if suggestion else "use a literal default"
+        if factory.kind == "set":
+            fix = "workflow models have no set type; use a list[...] field and default_factory=list"
         raise Reject(
             node,
             "model-field",
