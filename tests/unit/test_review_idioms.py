@@ -6,6 +6,7 @@ positions or names. The refusals beside them live in the ``bad_factory_*`` and
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from cairn.workflow.schema import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "workflows"
+GUIDE = Path(__file__).parents[2] / "docs" / "writing-workflows.md"
 IDIOMS = (FIXTURES / "good_idioms.py").read_text()
 BUILTIN = Path(__file__).parents[2] / "cairn" / "builtin" / "workflows"
 
@@ -217,6 +219,7 @@ def test_a_literal_format_is_accepted_wherever_it_stands() -> None:
         "x = [s for s in ('{}'.format(i) for i in range(3))]",
         "x = (lambda v: '{v}'.format(v=v))(1)",
         "x = '{}'.format",
+        "x = '{a}{b!r}'.format(**{'a': 1, 'b': 2})",
     ]
     for line in lines:
         review_source(with_line(line), filename="wf.py")
@@ -234,3 +237,11 @@ def test_the_idioms_run_in_the_control_worker() -> None:
         "summary": "0|[]",
         "lines": ["== (1) ==", "[    ship]", "{literal} done"],
     }}
+
+
+def test_the_guide_example_passes_review() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    assert blocks, "docs/writing-workflows.md shows no python example"
+    result = review_source(blocks[0], filename="guide.py")
+    fields = {f.name: f for f in result.models["Task"].fields}
+    assert fields["limits"].default_factory == FactorySpec(kind="model", model="Limits")
