@@ -11,10 +11,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from cairn.errors import UsageError
 from cairn.netpolicy import NETWORK_MODES, NetworkMode
+from cairn.workflow.schema import MODEL_CONFIG
 
 __all__ = [
     "RUNTIME_API_VERSION",
@@ -37,7 +38,7 @@ ACCESS_MODES: tuple[Access, ...] = ("read", "write")
 class Model(BaseModel):
     """Base of every typed value in a workflow: closed (extra fields refused) and frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = MODEL_CONFIG
 
 
 class OperationFailed(Exception):  # noqa: N818 - named for what workflow code catches

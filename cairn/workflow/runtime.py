@@ -280,6 +280,10 @@ def load_workflow(source: str, filename: str) -> tuple[types.ModuleType, Any]:
     """Execute reviewed source as a module and return it with its workflow function."""
     module = types.ModuleType("cairn_workflow_source")
     module.__file__ = filename
+    # Pydantic resolves postponed annotations (``from __future__ import annotations``)
+    # through ``sys.modules[cls.__module__]``: without this entry a model whose field
+    # names another model of the module cannot validate anything.
+    sys.modules[module.__name__] = module
     code = compile(source, filename, "exec", dont_inherit=True)
     exec(code, module.__dict__)
     functions = [

@@ -4,7 +4,9 @@ Review turns every ``class X(Model)`` of a workflow module into a :class:`ModelS
 :func:`build_models` rebuilds real pydantic models from those specs, so the daemon and the
 coordinator validate arguments, answers and agent outputs without executing workflow
 source. For the supported subset the rebuilt models enforce exactly what the source's own
-classes enforce: same field order, annotations, defaults, constraints and configuration.
+classes enforce: same field order, annotations, defaults (a literal, or a fresh value from
+``default_factory`` of ``list``, ``dict``, ``set`` or a model of the module), constraints
+and configuration.
 """
 
 from __future__ import annotations
@@ -13,14 +15,43 @@ import logging
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from cairn.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
 
-MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
+
+def show_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Show the value a ``default_factory`` field starts with as its JSON Schema
+    ``default``: ``[]`` for ``list`` and ``set``, ``{}`` for ``dict``, the model's own
+    defaults for a model class. (Pydantic leaves such a field without a default.)"""
+    properties = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        factory, prop = info.default_factory, properties.get(name)
+        if factory is None or prop is None:
+            continue
+        if factory in (list, set):
+            prop["default"] = []
+        elif factory is dict:
+            prop["default"] = {}
+        elif isinstance(factory, type) and issubclass(factory, BaseModel):
+            try:
+                prop["default"] = factory().model_dump(mode="json")
+            except pydantic.ValidationError:
+                continue  # review refuses such a factory; nothing sensible to show
+
+
+MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, json_schema_extra=show_factory_defaults)
 """The configuration of every workflow model, in source (``Model``) and rebuilt alike."""
+
+FACTORY_BUILTINS: dict[str, type] = {"list": list, "dict": dict, "set": set}
 
 LiteralValue = str | int | bool | None
 
@@ -66,22 +97,49 @@ class TypeSpec(_Frozen):
         return f"{inner} | None"
 
 
+class FactorySpec(_Frozen):
+    """A ``default_factory``: ``list``, ``dict``, ``set`` or ``model`` (a model of the
+    module, named by ``model``, all of whose fields have defaults)."""
+
+    kind: Literal["list", "dict", "set", "model"]
+    model: str | None = None
+
+    def render(self) -> str:
+        """The call that makes the fresh default, as a person would write it."""
+        return f"{self.model if self.kind == 'model' else self.kind}()"
+
+
 class FieldSpec(_Frozen):
-    """One field: its annotation, its default (when it has one) and its constraints."""
+    """One field: its annotation, its default (when it has one) and its constraints.
+
+    A field has a literal ``default`` (``has_default``), a ``default_factory`` or neither.
+    """
 
     name: str
     type: TypeSpec
     has_default: bool = False
     default: JsonValue = None
+    default_factory: FactorySpec | None = None
     constraints: dict[str, str | int | float] = {}
     description: str | None = None
     title: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_factory(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A field without a factory serializes as it did before factories existed, so the
+        # manifest, and with it every review_hash a person confirmed, stays the same.
+        data = handler(self)
+        if self.default_factory is None and isinstance(data, dict):
+            data.pop("default_factory", None)
+        return data
 
     def render(self) -> str:
         """``name: type = default  (constraint=value, ...)``."""
         text = f"{self.name}: {self.type.render()}"
         if self.has_default:
             text += f" = {self.default!r}"
+        elif self.default_factory is not None:
+            text += f" = {self.default_factory.render()}"
         if self.constraints:
             text += "  (" + ", ".join(f"{k}={v!r}" for k, v in self.constraints.items()) + ")"
         return text
@@ -111,7 +169,7 @@ def build_models(specs: dict[str, ModelSpec]) -> dict[str, type[BaseModel]]:
         fields: dict[str, Any] = {}
         for field in spec.fields:
             annotation = _annotation(field.type, built, owner=name)
-            fields[field.name] = (annotation, _field_info(field))
+            fields[field.name] = (annotation, _field_info(field, built, owner=name))
         built[name] = pydantic.create_model(
             name,
             __config__=MODEL_CONFIG,
@@ -156,12 +214,31 @@ def _annotation(spec: TypeSpec, built: dict[str, type[BaseModel]], *, owner: str
     return item | None
 
 
-def _field_info(field: FieldSpec) -> Any:
+def _field_info(field: FieldSpec, built: dict[str, type[BaseModel]], *, owner: str) -> Any:
     kwargs: dict[str, Any] = dict(field.constraints)
     if field.description is not None:
         kwargs["description"] = field.description
     if field.title is not None:
         kwargs["title"] = field.title
+    factory = field.default_factory
+    if factory is not None:
+        if field.has_default:
+            raise ValidationFailed(
+                f"model {owner}: field {field.name!r} has both a default and a "
+                "default_factory; rebuild the specs from a fresh review"
+            )
+        return pydantic.Field(default_factory=_factory(factory, built, owner=owner), **kwargs)
     if field.has_default:
         return pydantic.Field(field.default, **kwargs)
     return pydantic.Field(**kwargs)
+
+
+def _factory(spec: FactorySpec, built: dict[str, type[BaseModel]], *, owner: str) -> Any:
+    if spec.kind != "model":
+        return FACTORY_BUILTINS[spec.kind]
+    if spec.model not in built:
+        raise ValidationFailed(
+            f"model {owner}: default_factory {spec.model!r} is not a model declared "
+            "before it; declare referenced models first"
+        )
+    return built[spec.model]

@@ -91,3 +91,39 @@ def test_invalid_answer_fails_the_workflow_closed() -> None:
 def test_arguments_are_validated_in_the_worker_too() -> None:
     calls, end = drive(SOURCE, {"objective": ""}, [])
     assert calls == [] and end["type"] == "failure"
+
+
+POSTPONED = """
+from __future__ import annotations
+
+from cairn.workflow import Model, agent, workflow
+
+
+class Inner(Model):
+    width: int = 8
+
+
+class Goal(Model):
+    goal: str
+    inner: Inner | None = None
+
+
+class Note(Model):
+    text: str
+
+
+plan = agent(profile="builtin:planner", output=Note)
+
+
+@workflow(description="postponed annotations", input=Goal, output=Note)
+async def run(flow, args: Goal) -> Note:
+    first = await flow.agent(plan, prompt=f"{args.goal} {args.inner}")
+    return first.output
+"""
+
+
+def test_postponed_annotations_naming_another_model_resolve() -> None:
+    calls, end = drive(POSTPONED, {"goal": "g", "inner": {"width": 3}},
+                       [answer("text", "ok", "root-1")])
+    assert [c.request["prompt"] for c in calls] == ["g width=3"]
+    assert end == {"type": "return", "output": {"text": "ok"}}

@@ -24,6 +24,8 @@ FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "workflows"
 PASSED = {
     "cairn/builtin/workflows/implement.py":
         "sha256:2dd94c1000f26fb6947e962eed648abff0201040d9be5f4a084bb4315b6d8733",
+    "tests/unit/fixtures/workflows/good_idioms.py":
+        "sha256:864ed08d1d47e32aa5ac85d7d0a7460d4a7c10e6a431fbbd294afbad1de5de5e",
     "tests/unit/fixtures/workflows/good_multi.py":
         "sha256:0f5fe611c20bb886a4fb5571d3f495d3344b760b909a6e2f9a7b8f99d31c705c",
     "tests/system/data/command_client.py":
@@ -54,12 +56,18 @@ REJECTED = {
     "bad_eval": "031bba9b8a956d88",
     "bad_except_base": "7e2ef6dfa848a8d1",
     "bad_except_unknown": "2fad72a4ac60a9ce",
+    "bad_factory_elsewhere": "d5e1b295e44f35e1",
+    "bad_factory_fit": "f7d3bd9011aac10a",
+    "bad_factory_lambda": "8a08ca541a6e24ac",
     "bad_finally_return": "558c7cadd2a02782",
     "bad_flow_ask_schema": "e1b4d1210deb3aa8",
     "bad_flow_descriptor_var": "d8935a7fe8cbfd42",
     "bad_flow_escape": "abbc7717e6611780",
     "bad_flow_unknown": "ff8f54a9e738c833",
     "bad_format": "73ebe8615ab9ef84",
+    "bad_format_attribute": "b0710ae2a2658d17",
+    "bad_format_index": "9f527080438a8bb1",
+    "bad_format_nested": "0fe3614eb45b6be6",
     "bad_frame": "fa65f8e6bfd27d06",
     "bad_getattr": "db98a035e3ed6314",
     "bad_global": "b31f0e6be22fa802",
@@ -73,7 +81,10 @@ REJECTED = {
     "bad_itertools_count": "da9e7fa07e7ce37b",
     "bad_model_body": "5ae7bdf3d0264978",
     "bad_model_constraint_type": "254955930b30db62",
-    "bad_model_field_kw": "2623dd86f5cf53df",
+    # Changed when default_factory became supported: the fixture's keyword was
+    # default_factory=list (now accepted), it is alias= now, and the message lists
+    # default_factory among the keywords to use.
+    "bad_model_field_kw": "5a6d9be34dfc634f",
     "bad_model_field_name": "980e32d93f4dfb61",
     "bad_model_field_v1": "29d1c2f2fcc92234",
     "bad_model_type": "737aaa9efb05a820",

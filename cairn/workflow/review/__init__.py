@@ -22,7 +22,10 @@ Decisions that the rules below encode:
   and cancel signals (``BaseException``) always pass through; ``finally`` may not
   ``return``/``break``/``continue``, which would swallow them too.
 - Decorators: only ``@workflow(...)`` on the workflow function; classes: only
-  module-level ``class X(Model)`` with fields from the closed annotation set.
+  module-level ``class X(Model)`` with fields from the closed annotation set. A field's
+  ``default_factory`` is ``list``, ``dict`` or a model of the module, fitting its type.
+- ``.format`` only on a string literal whose fields are plain positions or names
+  (``.attr`` and ``[key]`` in a field reach attributes); ``format_map`` never.
 - The ``flow`` object (the workflow function's first parameter) is used only as
   ``flow.<operation>(...)`` or passed to a function of the module whose parameter has the
   same name, so every call site is visible here.
@@ -40,6 +43,7 @@ Where each rule group lives in this package:
   :mod:`cairn.netpolicy`);
 - :mod:`~cairn.workflow.review.bindings`: no reserved name is rebound;
 - :mod:`~cairn.workflow.review.statements`: every statement and expression;
+- :mod:`~cairn.workflow.review.formats`: ``.format`` on a literal string, field by field;
 - :mod:`~cairn.workflow.review.calls`: ``flow.*`` call sites and their capabilities;
 - :mod:`~cairn.workflow.review.manifest`: the result, its hash and its text;
 - :mod:`~cairn.workflow.review.state` and :mod:`~cairn.workflow.review.nodes`: what the

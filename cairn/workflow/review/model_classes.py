@@ -1,5 +1,7 @@
 """Model classes: ``class X(Model)`` bodies become :class:`~cairn.workflow.schema.ModelSpec`
-with fields from the closed annotation set and literal ``Field(...)`` constraints."""
+with fields from the closed annotation set and literal ``Field(...)`` constraints; a
+``default_factory`` is ``list``, ``dict``, ``set`` or a model of the module, and fits the
+field's type."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from cairn.workflow.review.bindings import bound_names
 from cairn.workflow.review.nodes import Reject, is_api_call, literal
 from cairn.workflow.review.state import ReviewState
 from cairn.workflow.schema import (
+    FACTORY_BUILTINS,
     FIELD_CONSTRAINTS,
     FIELD_DOC_KEYWORDS,
     LENGTH_CONSTRAINTS,
     NUMBER_CONSTRAINTS,
     TEXT_CONSTRAINTS,
+    FactorySpec,
     FieldSpec,
     ModelSpec,
     TypeSpec,
@@ -77,16 +82,19 @@ def extract_field(state: ReviewState, model: str, stmt: ast.stmt) -> FieldSpec:
         pass
     elif is_api_call(value, "Field"):
         assert isinstance(value, ast.Call)
-        spec.update(extract_field_call(value))
+        spec.update(extract_field_call(state, value))
     else:
         spec["has_default"] = True
         spec["default"] = literal(value)
     field = FieldSpec(**spec)
     check_constraints(stmt, field)
+    if field.default_factory is not None:
+        assert isinstance(value, ast.Call)
+        check_factory(state, value, field)
     return field
 
 
-def extract_field_call(call: ast.Call) -> dict[str, Any]:
+def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
     out: dict[str, Any] = {}
     constraints: dict[str, Any] = {}
     if len(call.args) > 1 or any(isinstance(a, ast.Starred) for a in call.args):
@@ -114,6 +122,8 @@ def extract_field_call(call: ast.Call) -> dict[str, Any]:
         if kw.arg == "default":
             out["has_default"] = True
             out["default"] = literal(kw.value)
+        elif kw.arg == "default_factory":
+            out["default_factory"] = extract_factory(state, kw.value)
         elif kw.arg in FIELD_CONSTRAINTS:
             value = literal(kw.value)
             valid = (
@@ -142,7 +152,9 @@ def extract_field_call(call: ast.Call) -> dict[str, Any]:
                 raise Reject(kw.value, "model-field", f"Field({kw.arg}=) needs a string")
             out[kw.arg] = value
         else:
-            allowed = ", ".join(("default", *FIELD_CONSTRAINTS, *FIELD_DOC_KEYWORDS))
+            allowed = ", ".join(
+                ("default", "default_factory", *FIELD_CONSTRAINTS, *FIELD_DOC_KEYWORDS)
+            )
             raise Reject(
                 kw.value,
                 "model-field",
@@ -150,6 +162,72 @@ def extract_field_call(call: ast.Call) -> dict[str, Any]:
             )
     out["constraints"] = constraints
     return out
+
+
+def extract_factory(state: ReviewState, node: ast.expr) -> FactorySpec:
+    """``default_factory=``: the bare name ``list``, ``dict``, ``set`` or of a model declared
+    above; nothing else is called, so nothing else may be named."""
+    if isinstance(node, ast.Name) and node.id in state.models:
+        return FactorySpec(kind="model", model=node.id)
+    if isinstance(node, ast.Name) and node.id in FACTORY_BUILTINS:
+        rebound = (
+            node.id in state.modules
+            or node.id in state.members
+            or node.id in state.api
+            or any(name == node.id for _, name in bound_names(state.tree))
+        )
+        if rebound:
+            raise Reject(
+                node,
+                "model-field",
+                f"Field(default_factory={node.id}) needs the builtin {node.id!r}, which this "
+                "module rebinds; rename that binding",
+            )
+        return FactorySpec(kind=node.id)  # type: ignore[arg-type]
+    raise Reject(
+        node,
+        "model-field",
+        f"Field(default_factory={ast.unparse(node)}) is not allowed; default_factory takes "
+        "only list, dict or a Model class declared above in this module, by bare name",
+    )
+
+
+def check_factory(state: ReviewState, call: ast.Call, field: FieldSpec) -> None:
+    """The factory's value fits the field's type, and is the field's only default."""
+    factory = field.default_factory
+    assert factory is not None
+    node = next(kw.value for kw in call.keywords if kw.arg == "default_factory")
+    if field.has_default:
+        raise Reject(node, "model-field", "Field() takes a default or a default_factory, not both")
+    base = field.type
+    while base.kind == "optional" and base.item is not None:
+        base = base.item
+    name = factory.model if factory.kind == "model" else factory.kind
+    fits = base.kind == factory.kind and (factory.kind != "model" or base.model == factory.model)
+    if not fits:
+        suggestion = {"list": "list", "dict": "dict", "model": base.model}.get(base.kind)
+        fix = f"use default_factory={suggestion}" if suggestion else "use a literal default"
+        if factory.kind == "set":
+            fix = "workflow models have no set type; use a list[...] field and default_factory=list"
+        raise Reject(
+            node,
+            "model-field",
+            f"Field(default_factory={name}) makes a {name}, which does not fit "
+            f"{field.type.render()!r}; {fix}",
+        )
+    if factory.kind == "model":
+        required = [f.name for f in state.models[str(name)].fields if not has_default(f)]
+        if required:
+            raise Reject(
+                node,
+                "model-field",
+                f"Field(default_factory={name}) needs every field of {name!r} to have a "
+                f"default (without one: {', '.join(required)})",
+            )
+
+
+def has_default(field: FieldSpec) -> bool:
+    return field.has_default or field.default_factory is not None
 
 
 def check_constraints(node: ast.AST, field: FieldSpec) -> None:

@@ -1,6 +1,7 @@
 """Every statement and expression: loops, scopes, ``try``, decorators, forbidden names,
 dunder and introspection access, module members; ``flow`` uses go to
-:mod:`cairn.workflow.review.calls`."""
+:mod:`cairn.workflow.review.calls`, ``.format`` on a literal string to
+:mod:`cairn.workflow.review.formats`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 from collections.abc import Iterable
 
 from cairn.workflow.review.calls import visit_flow_use
+from cairn.workflow.review.formats import literal_format_refusal
 from cairn.workflow.review.nodes import is_dunder, param_names
 from cairn.workflow.review.state import Context, ReviewState
 from cairn.workflow.review.subset import (
@@ -244,6 +246,11 @@ def visit_attribute(state: ReviewState, node: ast.Attribute) -> None:
             f"attribute {attr!r} is not allowed in a workflow "
             "(double-underscore names reach interpreter internals)",
         )
+    elif attr == "format" and is_literal_string(node.value):
+        assert isinstance(node.value, ast.Constant)
+        reason = literal_format_refusal(str(node.value.value))
+        if reason:
+            state.reject(node, "format", reason)
     elif attr in INTROSPECTION_ATTRIBUTES or attr.startswith(INTROSPECTION_PREFIXES):
         if attr in ("format", "format_map"):
             state.reject(
@@ -264,6 +271,10 @@ def visit_attribute(state: ReviewState, node: ast.Attribute) -> None:
         reason = member_refusal(module, attr)
         if reason:
             state.reject(node, "module-member", f"'{module}.{attr}' {reason}")
+
+
+def is_literal_string(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
 def visit_call(state: ReviewState, node: ast.Call) -> None:
