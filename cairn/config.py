@@ -146,9 +146,10 @@ class Problems:
         at: tuple[str, ...] = (),
     ) -> M | None:
         """``data`` (the table at key path ``at`` of ``file``) validated as ``model``, or
-        None with every schema error recorded."""
+        None with every schema error recorded. Strict: TOML has types, so ``"60"`` where a
+        number belongs is an error, not 60."""
         try:
-            return model.model_validate(data)
+            return model.model_validate(data, strict=True)
         except ValidationError as exc:
             self.invalid(file, exc, fix=fix, at=at)
             return None

@@ -182,6 +182,15 @@ def test_two_bad_profiles_are_one_error_naming_both_files_and_the_field(etc: Pat
     assert "TOML syntax" in hint and "docs/agents.md" in hint
 
 
+def test_a_profile_value_of_the_wrong_toml_type_is_not_converted(etc: Path) -> None:
+    (etc / "profiles.d" / "claude.toml").write_text('kind = "command"\nargv = ["/bin/true"]\n')
+    codex = etc / "profiles.d" / "codex.toml"
+    codex.write_text('kind = "command"\nargv = ["/bin/true"]\nmax_steps = "5"\n')
+    with pytest.raises(ConfigError) as caught:
+        resolve_profiles(review_source(TWO_AGENTS, filename="two.py"), {})
+    assert caught.value.message == f"{codex}: max_steps: Input should be a valid integer (got '5')"
+
+
 def test_problems_of_the_policy_and_the_profiles_come_together(etc: Path) -> None:
     _bad_profiles(etc)
     (etc / "policy.toml").write_text('default = "allw"\n')
