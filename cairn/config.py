@@ -103,8 +103,8 @@ class Problems:
     def __init__(self) -> None:
         self.items: list[Problem] = []
 
-    def __bool__(self) -> bool:
-        return bool(self.items)
+    def __len__(self) -> int:
+        return len(self.items)
 
     def add(self, file: Path, where: str, message: str, fix: str = "") -> None:
         self.items.append(Problem(file, where, message, fix))
@@ -117,7 +117,7 @@ class Problems:
             return None
         except OSError as exc:
             self.add(file, "", f"cannot be read: {exc.strerror}",
-                     "check the file's permissions (cairnd reads it as its own user)")
+                     "make it readable by the user cairn, as which Cairn's services read it")
             return None
         try:
             text = raw.decode("utf-8")
@@ -163,7 +163,7 @@ class Problems:
 
     def load(self, file: Path, model: type[M], *, fix: str = "") -> M | None:
         """``file`` read and validated as ``model``; None if it is missing or has problems
-        (compare with :meth:`__bool__` to tell them apart)."""
+        (compare ``len()`` before and after to tell them apart)."""
         data = self.toml(file)
         return None if data is None else self.model(file, model, data, fix=fix)
 

@@ -120,11 +120,11 @@ def load_policy(path: Path | None = None, *, problems: Problems | None = None) -
     there for the caller to raise with those of the files it loads with this one (and the
     policy that allows nothing is returned)."""
     found = Problems() if problems is None else problems
-    before = len(found.items)
+    before = len(found)
     loaded = found.load(path or policy_path(), Policy, fix=POLICY_FIX)
     if problems is None:
         found.check(PolicyError)
-    if len(found.items) != before:
+    if len(found) != before:
         return Policy(default="deny")
     return loaded or Policy()
 

@@ -91,7 +91,7 @@ def load_providers(path: Path | None = None, *, problems: Problems | None = None
     the problems of the files it loads with this one."""
     found = Problems() if problems is None else problems
     file = path or providers_path()
-    before = len(found.items)
+    before = len(found)
     data = found.toml(file)
     loaded = None if data is None else found.model(file, ProvidersFile, data, fix=PROVIDERS_FIX)
     if loaded is not None and loaded.default and loaded.default not in loaded.providers:
@@ -108,7 +108,7 @@ def load_providers(path: Path | None = None, *, problems: Problems | None = None
                     fix=PROVIDERS_FIX, at=("providers", name))
     if problems is None:
         found.check()
-    return loaded if loaded is not None and len(found.items) == before else ProvidersFile()
+    return loaded if loaded is not None and len(found) == before else ProvidersFile()
 
 
 def load_credential(route: ModelRoute, directory: str | None = None) -> str:

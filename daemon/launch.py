@@ -146,9 +146,9 @@ def resolve_profiles(
             raise UsageError(f"invalid profile name {name!r}")
         file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
         builtin_prompts[name] = builtin_profile_prompt(name)
-        before = len(found.items)
+        before = len(found)
         data = found.toml(file)
-        if data is None and len(found.items) == before:  # the file is missing
+        if data is None and len(found) == before:  # the file is missing
             if builtin_prompts[name] is None:
                 raise NotFound(
                     f"profile {name} is not configured on this host",
