@@ -83,7 +83,7 @@ def model_socket_path(run_id: str, op_id: str) -> Path:
 
 
 def config_dir() -> Path:
-    """/etc/cairn: host policy, pools, providers."""
+    """/etc/cairn: policy, providers, profiles, schedule limits (read by cairn.config)."""
     return _p("etc/cairn")
 
 

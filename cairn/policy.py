@@ -24,30 +24,33 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.config import ConfigError, Problems
 from cairn.errors import AlreadyAnswered as AlreadyAnswered  # re-exported for cairnd and tests
 from cairn.errors import CairnError
 from cairn.errors import RunEnded as RunEnded
 from cairn.errors import StaleRequest as StaleRequest
 from cairn.protocol.launch import LaunchDescription
-from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
 
 Decision = Literal["allow", "deny", "require_approval"]
 STRICTNESS: dict[Decision, int] = {"allow": 0, "require_approval": 1, "deny": 2}
 DEFAULT_DEADLINE_SEC = 86_400
+POLICY_FIX = (
+    "decisions are allow, deny or require_approval; the keys are default, "
+    "approval_deadline_sec, [capabilities] and [definitions.NAME.capabilities]"
+)
 
 
-class PolicyError(CairnError):
-    """The host policy file is malformed."""
+class PolicyError(ConfigError):
+    """The host policy file is malformed: every problem, each with its line or field."""
 
     code = "policy"
 
@@ -59,15 +62,16 @@ class RequestExpired(CairnError):
 
 
 class _Rules(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     capabilities: dict[str, Decision] = {}
 
 
 class Policy(BaseModel):
-    """The parsed host policy."""
+    """The parsed host policy. Strict: a value of the wrong TOML type (``"60"`` for a
+    number) is refused, not converted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     default: Decision = "allow"
     approval_deadline_sec: int = Field(default=DEFAULT_DEADLINE_SEC, ge=1)
@@ -110,26 +114,19 @@ def policy_path() -> Path:
     return paths.config_dir() / "policy.toml"
 
 
-def load_policy(path: Path | None = None) -> Policy:
-    """The host policy; a missing file means every capability is allowed."""
-    path = path or policy_path()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return Policy()
-    except OSError as exc:
-        raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        data = tomllib.loads(raw.decode())
-        return Policy.model_validate(data)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"{path} is not valid TOML: {exc}", hint="fix the file") from exc
-    except ValidationError as exc:
-        where, message = first_error(exc)
-        raise PolicyError(
-            f"{path}: {where}: {message}",
-            hint="decisions are allow, deny or require_approval",
-        ) from exc
+def load_policy(path: Path | None = None, *, problems: Problems | None = None) -> Policy:
+    """The host policy; a missing file means every capability is allowed. Every problem of
+    the file is raised together as a :class:`PolicyError`, or, given ``problems``, recorded
+    there for the caller to raise with those of the files it loads with this one (and the
+    policy that allows nothing is returned)."""
+    found = Problems() if problems is None else problems
+    before = len(found)
+    loaded = found.load(path or policy_path(), Policy, fix=POLICY_FIX)
+    if problems is None:
+        found.check(PolicyError)
+    if len(found) != before:
+        return Policy(default="deny")
+    return loaded or Policy()
 
 
 def evaluate(policy: Policy, capabilities: list[str], desc: LaunchDescription) -> Evaluation:

@@ -18,23 +18,28 @@ never in the agent's mount namespace, environment or launch description.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn import paths
+from cairn.config import ConfigError, Problems
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
 from cairn.protocol.launch import ModelRoute
-from cairn.validation import first_error, invalid
 
 KEY_LIMIT = 16 << 10
+
+
+PROVIDERS_FIX = (
+    "a [providers.NAME] table has base_url, model and optionally credential, auth_header, "
+    "auth_scheme, max_tokens_per_call, timeout_sec (see docs/agents.md)"
+)
 
 
 class ProviderEntry(BaseModel):
     """One ``[providers.NAME]`` table."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     base_url: str
     model: str
@@ -48,16 +53,10 @@ class ProviderEntry(BaseModel):
 class ProvidersFile(BaseModel):
     """The whole of ``providers.toml``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     default: str = ""
     providers: dict[str, ProviderEntry] = {}
-
-    @model_validator(mode="after")
-    def _default_exists(self) -> ProvidersFile:
-        if self.default and self.default not in self.providers:
-            raise ValueError(f"default provider {self.default!r} has no [providers] table")
-        return self
 
     def route(self, name: str = "") -> ModelRoute:
         """The frozen route of provider ``name`` (the default when empty)."""
@@ -75,31 +74,41 @@ class ProvidersFile(BaseModel):
             )
         try:
             return ModelRoute(provider=chosen, **entry.model_dump())
-        except ValidationError as exc:
-            where, message = first_error(exc)
-            raise ValidationFailed(
-                f"{providers_path()}: providers.{chosen}.{where}: {message}"
-            ) from exc
+        except ValidationError as exc:  # checked when loaded; this is for one built in code
+            problems = Problems()
+            problems.invalid(providers_path(), exc, fix=PROVIDERS_FIX, at=("providers", chosen))
+            raise ConfigError(problems.items) from exc
 
 
 def providers_path() -> Path:
     return paths.config_dir() / "providers.toml"
 
 
-def load_providers(path: Path | None = None) -> ProvidersFile:
-    """Parse ``providers.toml``; a missing file means no providers."""
+def load_providers(path: Path | None = None, *, problems: Problems | None = None) -> ProvidersFile:
+    """Parse ``providers.toml``; a missing file means no providers. Every problem of the
+    file is raised together as a :class:`cairn.config.ConfigError`, or, given
+    ``problems``, recorded there (and no providers returned) for the caller to raise with
+    the problems of the files it loads with this one."""
+    found = Problems() if problems is None else problems
     file = path or providers_path()
-    try:
-        with open(file, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        return ProvidersFile()
-    except tomllib.TOMLDecodeError as exc:
-        raise ValidationFailed(f"{file} is not valid TOML: {exc}") from exc
-    try:
-        return ProvidersFile.model_validate(data)
-    except ValidationError as exc:
-        raise invalid(exc, str(file), top="file") from exc
+    before = len(found)
+    data = found.toml(file)
+    loaded = None if data is None else found.model(file, ProvidersFile, data, fix=PROVIDERS_FIX)
+    if loaded is not None and loaded.default and loaded.default not in loaded.providers:
+        found.add(file, "default", f"default provider {loaded.default!r} has no "
+                  f"[providers.{loaded.default}] table", PROVIDERS_FIX)
+    tables = (data or {}).get("providers")
+    for name, table in tables.items() if isinstance(tables, dict) else ():
+        # what a route must be, for every table, found now rather than at its first use
+        try:
+            entry = ProviderEntry.model_validate(table)
+        except ValidationError:
+            continue  # recorded above, as part of the file
+        found.model(file, ModelRoute, {**entry.model_dump(), "provider": name},
+                    fix=PROVIDERS_FIX, at=("providers", name))
+    if problems is None:
+        found.check()
+    return loaded if loaded is not None and len(found) == before else ProvidersFile()
 
 
 def load_credential(route: ModelRoute, directory: str | None = None) -> str:

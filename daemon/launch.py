@@ -9,7 +9,6 @@ import re
 import secrets
 import stat
 import time
-import tomllib
 from importlib import resources
 from typing import Any
 
@@ -19,8 +18,10 @@ import cairn
 from cairn import paths
 from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
+from cairn.config import Problems
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.journal import Journal
+from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import LaunchDescription, Limits, ModelRoute, ProfileSpec, ProjectSpec
@@ -108,13 +109,28 @@ def builtin_profile_prompt(name: str) -> str | None:
     return file.read_text() if file.is_file() else None
 
 
-def resolve_profiles(review: Review, scripted: dict[str, ProfileSpec]) -> dict[str, ProfileSpec]:
+PROFILE_FIX = (
+    "a profile has kind (command, llm or scripted) and, as its kind needs, argv, provider, "
+    "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
+    "(see docs/agents.md and docs/examples/profiles.d)"
+)
+
+
+def resolve_profiles(
+    review: Review, scripted: dict[str, ProfileSpec], *, problems: Problems | None = None
+) -> dict[str, ProfileSpec]:
     """Freeze every profile the workflow's agents name: a scripted profile the caller
     supplied, the host's ``/etc/cairn/profiles.d/<name>.toml``, or a builtin ``llm``
     profile on the host's default model provider. ``llm`` profiles are frozen with their
-    system prompt and provider name."""
-    providers = load_providers()
-    resolved: dict[str, ProfileSpec] = {}
+    system prompt and provider name.
+
+    ``providers.toml`` and every profile file are read before anything is refused, so the
+    problems of all of them (with those already in ``problems``) come as one
+    :class:`cairn.config.ConfigError`."""
+    found = Problems() if problems is None else problems
+    providers = load_providers(problems=found)
+    read: dict[str, ProfileSpec] = {}
+    builtin_prompts: dict[str, str | None] = {}
     for name in sorted({a.profile for a in review.agents.values()}):
         if name in scripted:
             profile = scripted[name]
@@ -124,34 +140,36 @@ def resolve_profiles(review: Review, scripted: dict[str, ProfileSpec]) -> dict[s
                     hint="command profiles are configured by the administrator in "
                     "/etc/cairn/profiles.d/",
                 )
-            resolved[name] = profile.model_copy(update={"name": name})
+            read[name] = profile.model_copy(update={"name": name})
             continue
         if not PROFILE_FILE_RE.match(name):
             raise UsageError(f"invalid profile name {name!r}")
         file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
-        builtin_prompt = builtin_profile_prompt(name)
-        if file.exists():
-            with open(file, "rb") as fh:
-                data = tomllib.load(fh)
-        elif builtin_prompt is not None:
+        builtin_prompts[name] = builtin_profile_prompt(name)
+        before = len(found)
+        data = found.toml(file)
+        if data is None and len(found) == before:  # the file is missing
+            if builtin_prompts[name] is None:
+                raise NotFound(
+                    f"profile {name} is not configured on this host",
+                    hint=f"pass --scripted {name}=FILE.json, or configure {file}",
+                )
             data = {"kind": "llm"}
-        else:
-            raise NotFound(
-                f"profile {name} is not configured on this host",
-                hint=f"pass --scripted {name}=FILE.json, or configure {file}",
-            )
-        try:
-            profile = ProfileSpec.model_validate({**data, "name": name})
-        except ValidationError as exc:
-            raise ValidationFailed(f"{file}: {exc.errors()[0]['msg']}") from exc
+        if data is not None:
+            checked = found.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+            if checked is not None:
+                read[name] = checked
+    found.check()
+    resolved: dict[str, ProfileSpec] = {}
+    for name, profile in read.items():
         if profile.kind == "llm":
             profile = profile.model_copy(
                 update={
                     "provider": profile.provider or providers.route().provider,
-                    "system_prompt": profile.system_prompt or builtin_prompt or "",
+                    "system_prompt": profile.system_prompt or builtin_prompts.get(name) or "",
                 }
             )
-        if profile.provider:
+        if profile.provider and name not in scripted:
             providers.route(profile.provider)  # fail at launch, not when the agent starts
         resolved[name] = profile
     unknown = sorted(set(scripted) - set(resolved))
@@ -210,7 +228,9 @@ def launch(
         review = review_source(source, filename=filename)
     args = validate_args(review, request.args)
     project = check_project(request.project, fd, uid)
-    profiles = resolve_profiles(review, request.scripted)
+    config = Problems()
+    load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
+    profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
         user = pwd.getpwuid(uid)
     except KeyError as exc:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import tomllib
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field
 
 from cairn import paths
+from cairn.config import load_file
 from cairn.daemon import launch
 from cairn.daemon.schedules.store import (
     COUNTED_STATES,
@@ -32,7 +32,7 @@ from cairn.daemon.schedules.store import (
     schedule_lock,
 )
 from cairn.daemon.schedules.views import occurrence_view
-from cairn.errors import CairnError, NotFound, ValidationFailed
+from cairn.errors import CairnError, NotFound
 from cairn.journal import Journal
 from cairn.protocol.base import Frozen
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
@@ -56,20 +56,21 @@ _machine_lock = threading.Lock()
 class HostScheduleConfig(Frozen):
     """``/etc/cairn/schedules.toml``."""
 
+    model_config = ConfigDict(strict=True)
+
     max_active_scheduled_runs: int = Field(default=DEFAULT_MACHINE_LIMIT, ge=0)
 
 
 def host_config() -> HostScheduleConfig:
-    file = paths.config_dir() / "schedules.toml"
-    if not file.exists():
-        return HostScheduleConfig()
-    try:
-        with open(file, "rb") as fh:
-            return HostScheduleConfig.model_validate(tomllib.load(fh))
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise ValidationFailed(
-            f"{file} is invalid: {exc}", hint="fix it or remove it to use the defaults"
-        ) from exc
+    """The host's schedule settings; every problem of the file raised as one
+    :class:`cairn.config.ConfigError`."""
+    loaded = load_file(
+        paths.config_dir() / "schedules.toml",
+        HostScheduleConfig,
+        fix="its only key is max_active_scheduled_runs, a whole number (0 admits no "
+        "scheduled run); fix the file or remove it to use the defaults",
+    )
+    return loaded or HostScheduleConfig()
 
 
 def _active(state: str | None) -> bool:

@@ -16,7 +16,7 @@ from cairn.coordinator.core import Coordinator
 from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
 from cairn.journal import Journal
-from cairn.policy import AlreadyAnswered, RequestExpired, RunEnded, StaleRequest
+from cairn.policy import AlreadyAnswered, PolicyError, RequestExpired, RunEnded, StaleRequest
 from cairn.protocol.daemon import DaemonRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
@@ -222,6 +222,21 @@ def test_approval_refused_when_policy_now_denies_or_fingerprint_is_stale(root: P
     with pytest.raises(CairnError, match="OperationFailed: .*rejected by uid 1001: not today"):
         coord.replay()
     assert coord.journal.get_op_by_id(RUN, "root-2").state == "not-started"
+
+
+def test_an_invalid_policy_refuses_approvals_and_dispatch_naming_the_field(root: Path) -> None:
+    coord, req, print_ = wait_for_approval(root, 'default = "require_approval"\n')
+    set_policy(root, 'default = "allw"\n')
+    named = r"policy.toml: default: Input should be 'allow', 'deny' or 'require_approval'"
+    with journal_of(root) as journal:
+        with pytest.raises(PolicyError, match=named) as caught:
+            people.decide(journal, RUN, request("approve", request_id=req,
+                                                fingerprint=print_), OWNER)
+        assert caught.value.code == "policy"
+        assert journal.approval(RUN, req).state == "waiting"  # type: ignore[union-attr]
+    coord = incarnation()
+    with pytest.raises(PolicyError, match=named):  # the coordinator's run then fails with it
+        coord.replay()
 
 
 def test_approval_after_deadline_is_refused_and_recorded_expired(root: Path) -> None:

@@ -20,7 +20,7 @@ def test_the_documented_agent_clis_have_examples() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_profile_is_valid(path: Path) -> None:
     data = tomllib.loads(path.read_text())
-    profile = ProfileSpec.model_validate({**data, "name": path.stem})
+    profile = ProfileSpec.model_validate({**data, "name": path.stem}, strict=True)
     assert profile.provider, "every example reaches a model through the relay"
     if profile.kind == "command":
         assert profile.argv[0].startswith("/"), "command argv starts with an absolute path"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cairn.config import ConfigError
 from cairn.coordinator.relay import (
     ModelRelay,
     TokenBudget,
@@ -245,11 +246,11 @@ def test_providers_file(tmp_path: Path) -> None:
     with pytest.raises(NotFound, match="not configured"):
         load_providers(file).route("openai")
     file.write_text('default = "x"\n')
-    with pytest.raises(ValidationFailed, match="default provider"):
+    with pytest.raises(ConfigError, match=r"providers.toml: default: default provider 'x'"):
         load_providers(file)
     file.write_text('[providers.bad]\nbase_url = "ftp://h"\nmodel = "m"\n')
-    with pytest.raises(ValidationFailed, match="base_url"):
-        load_providers(file).route("bad")
+    with pytest.raises(ConfigError, match=r"providers\.bad\.base_url: .*got 'ftp://h'"):
+        load_providers(file)
 
 
 def test_usage_shapes_and_metadata_export() -> None:
