@@ -401,7 +401,8 @@ def run_candidate(
     untrusted.write_new(work, "policy.json", policy, mode=0o644, **owner)
     for stale in ("result.json", "failure.json"):
         (work / stale).unlink(missing_ok=True)
-    argv = ["--q", "/q", "--p", "/p", "--c", "/c", "--subpath", subpath, "--work", "/candidate"]
+    # --subpath=VALUE: a project directory may be named like an option ("-x")
+    argv = ["--q", "/q", "--p", "/p", "--c", "/c", f"--subpath={subpath}", "--work", "/candidate"]
     spec = HelperUnitSpec(
         description=f"Cairn candidate of run {desc.run_id}",
         uid=desc.owner_uid,

@@ -45,14 +45,18 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResul
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cairn.worker.candidate", description=__doc__)
     parser.add_argument("--q", type=Path, required=True, help="the run's start snapshot")
     parser.add_argument("--p", type=Path, required=True, help="the agent's proposal")
     parser.add_argument("--c", type=Path, required=True, help="the candidate to bring up")
     parser.add_argument("--subpath", default="", help="the project inside the subvolumes")
     parser.add_argument("--work", type=Path, required=True, help="stream, policy, results")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     journald.setup_logging()
     try:
         result = build(args.q, args.p, args.c, args.subpath, args.work)

@@ -33,6 +33,7 @@ from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.settle_diff import unified_diff
 from cairn.unitprops import RECORD_SERVICE_RESULT, SERVICE_RESULT_FILE
+from cairn.worker import candidate
 from cairn.worker.__main__ import write_result
 from cairn.workflow.review import review_source
 
@@ -651,6 +652,25 @@ def test_run_candidate_refuses_a_result_naming_paths_outside_the_project(
     no_units.append(lambda: plant(work, "result.json", "own", host, body))
     with pytest.raises(CairnError, match="invalid result"):
         run_candidate(desc, host, work)
+
+
+def test_run_candidate_passes_an_option_like_subpath_whole(
+    desc: LaunchDescription, host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    seen: list[list[str]] = []
+
+    def unit(spec: Any, name: str, timeout: float) -> dict[str, Any]:
+        seen.append(spec.exec_argv)
+        plant(work, "result.json", "own", host, json.dumps(CANDIDATE))
+        return {"unit": name, "invocation_id": "x"}
+
+    monkeypatch.setattr(units, "run_helper", unit)
+    units.run_candidate(desc, host / "q", host / "p", host / "c", "-x/proj", b"s", work)
+    module = seen[0].index("cairn.worker.candidate")
+    args = candidate.parse_args(seen[0][module + 1 :])
+    assert args.subpath == "-x/proj" and str(args.work) == "/candidate"
 
 
 @pytest.mark.parametrize("planted", ["own", "symlink", None])
