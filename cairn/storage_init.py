@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -13,11 +12,11 @@ from pydantic import BaseModel, ConfigDict
 from cairn import proc
 from cairn.errors import StorageError, UsageError
 from cairn.proc import run
+from cairn.sizes import parse_size
 from cairn.storage import filesystem_uuid
 
 log = logging.getLogger(__name__)
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
 def init_loop_storage(image: Path, size: str, mountpoint: Path) -> tuple[LoopPool, str]:
@@ -54,15 +53,6 @@ class LoopPool(BaseModel):
     size_bytes: int
     fsid: str
     device: str
-
-
-def parse_size(text: str) -> int:
-    """``"8G"``, ``"512M"``, ``"1073741824"`` → bytes (binary multiples)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise UsageError(f"cannot read size {text!r}", hint="write it like 8G, 512M or 1073741824")
-    shift = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
-    return int(m.group(1)) << shift
 
 
 def _mounted_source(mountpoint: Path) -> str | None:

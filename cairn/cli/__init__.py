@@ -10,6 +10,8 @@ share. This module only assembles them, and none of them imports it.
 from __future__ import annotations
 
 import sys
+from importlib import metadata
+from typing import Annotated
 
 import typer
 
@@ -34,6 +36,35 @@ people.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
+
+
+def version() -> str:
+    """The installed package's version ("unknown" when run from a tree not installed)."""
+    try:
+        return metadata.version("cairn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"cairn {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Run reviewed, durable AI-agent workflows on systemd and Btrfs."""
 
 
 def main() -> None:

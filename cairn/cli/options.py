@@ -13,6 +13,7 @@ from cairn.cli.client import emit
 from cairn.errors import UsageError
 from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
 from cairn.protocol.launch import ProfileSpec
+from cairn.sizes import parse_size
 
 
 def check_run_ref(ref: str | None) -> str | None:
@@ -46,14 +47,25 @@ def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
         app.command()(command)
 
 
+# Limits counted in bytes: their values may be written as sizes (2G, 512M).
+BYTE_LIMITS = frozenset({"memory_max"})
+
+
 def parse_limits(specs: list[str]) -> dict[str, int]:
-    """``--limit NAME=NUMBER`` options as a mapping."""
+    """``--limit NAME=NUMBER`` options as a mapping (``NAME=SIZE`` for a byte limit)."""
     limits: dict[str, int] = {}
     for spec in specs:
         name, sep, value = spec.partition("=")
+        name = name.strip()
+        if sep and name in BYTE_LIMITS and value.strip():
+            limits[name] = parse_size(value)
+            continue
         if not sep or not value.strip().isdigit():
-            raise UsageError(f"--limit takes NAME=NUMBER, got {spec!r}")
-        limits[name.strip()] = int(value)
+            raise UsageError(
+                f"--limit takes NAME=NUMBER, got {spec!r}",
+                hint="sizes such as 2G are for memory_max only",
+            )
+        limits[name] = int(value)
     return limits
 
 

@@ -51,8 +51,11 @@ def _age(ts: float) -> str:
 
 def launch(
     definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
-    project: Annotated[Path, typer.Option(help="The project directory (yours).")],
     args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
+    project: Annotated[
+        Path,
+        typer.Option(help="The project directory (yours).", show_default="the current directory"),
+    ] = Path("."),
     scripted: Annotated[
         list[str],
         typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
@@ -63,7 +66,10 @@ def launch(
     ] = None,
     limit: Annotated[
         list[str],
-        typer.Option(help="NAME=NUMBER: a unit limit or run budget, e.g. max_agent_ops=20."),
+        typer.Option(
+            help="NAME=NUMBER: a unit limit or run budget, e.g. max_agent_ops=20 "
+            "(memory_max takes a size: 2G, 512M)."
+        ),
     ] = [],  # noqa: B006 - typer reads the default
     json_out: JsonFlag = False,
 ) -> None:
