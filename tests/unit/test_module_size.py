@@ -7,35 +7,18 @@ asks for the entry to be removed, so the list only shrinks).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from project_sources import REPO, python_sources
 
-REPO = Path(__file__).resolve().parents[2]
 LIMIT = 800
 
 CEILINGS: dict[str, int] = {}
 
-# Not project source: the tests, build output, virtual environments, caches.
-_SKIP_TOP = {"tests", "build", "dist", "prebuilt"}
-
 
 def _modules() -> dict[str, int]:
-    found: dict[str, int] = {}
-    for folder, dirs, files in os.walk(REPO):
-        rel = Path(folder).relative_to(REPO)
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if not d.startswith(".")
-            and d != "__pycache__"
-            and not d.endswith(".egg-info")
-            and not (rel == Path(".") and d in _SKIP_TOP)
-        )
-        for name in files:
-            if name.endswith(".py"):
-                path = Path(folder, name)
-                found[path.relative_to(REPO).as_posix()] = len(path.read_bytes().splitlines())
-    return found
+    return {
+        path.relative_to(REPO).as_posix(): len(path.read_bytes().splitlines())
+        for path in python_sources()
+    }
 
 
 def test_no_module_over_800_lines() -> None:

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import io
 import keyword
-import os
 import tokenize
 from collections import defaultdict
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from project_sources import REPO, python_sources
+
 WINDOW = 10
 MIN_SHAPES = 4
 
-# Not project source: the tests, build output, virtual environments, caches.
-_SKIP_TOP = {"tests", "build", "dist", "prebuilt"}
 _SKIP_TOKENS = {
     tokenize.COMMENT,
     tokenize.NL,
@@ -40,22 +37,6 @@ _SKIP_TOKENS = {
 }
 _FSTRING_START = getattr(tokenize, "FSTRING_START", None)  # Python 3.12 and later
 _FSTRING_END = getattr(tokenize, "FSTRING_END", None)
-
-
-def _sources() -> list[Path]:
-    found = []
-    for folder, dirs, files in os.walk(REPO):
-        rel = Path(folder).relative_to(REPO)
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if not d.startswith(".")
-            and d != "__pycache__"
-            and not d.endswith(".egg-info")
-            and not (rel == Path(".") and d in _SKIP_TOP)
-        )
-        found += [Path(folder, name) for name in sorted(files) if name.endswith(".py")]
-    return found
 
 
 def _shape(token: tokenize.TokenInfo) -> str:
@@ -187,7 +168,7 @@ def test_the_checker_sees_a_renamed_copy_and_passes_over_tables() -> None:
 
 
 def test_no_block_of_ten_lines_stands_twice_outside_the_tests() -> None:
-    files = {path.relative_to(REPO).as_posix(): path.read_text() for path in _sources()}
+    files = {path.relative_to(REPO).as_posix(): path.read_text() for path in python_sources()}
     assert "cairn/sockets.py" in files  # the walk sees the library
     found = repeated_blocks(files)
     assert not found, (
