@@ -523,7 +523,13 @@ class FilesystemReader:
         stack = [""]
         while stack:
             sub = stack.pop()
-            with os.scandir(top / sub if sub else top) as it:
+            try:
+                it = os.scandir(top / sub if sub else top)
+            except PermissionError:
+                # The owner's unit cannot list it: the settlement refuses that directory
+                # by name (settle_paths.entry_reason), and with it what it holds.
+                continue
+            with it:
                 for entry in it:
                     child = _join(sub, entry.name)
                     yield child

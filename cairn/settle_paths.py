@@ -168,6 +168,11 @@ def entry_reason(path: str, st: os.stat_result, target: str, policy: SettlementP
             return reason
     if stat.S_ISREG(mode) and st.st_size > policy.max_file_bytes:
         return f"file is larger than {policy.max_file_bytes} bytes"
+    # The candidate and apply units run as the owner, who cannot read past these modes:
+    # one such entry is refused by name instead of failing the whole settlement.
+    needed = stat.S_IRUSR | (stat.S_IXUSR if stat.S_ISDIR(mode) else 0)
+    if not stat.S_ISLNK(mode) and st.st_uid == os.geteuid() and mode & needed != needed:
+        return f"not readable by its owner (mode {stat.S_IMODE(mode):04o})"
     return ""
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def agent(w: Path) -> None:
 
 
 class Settlement:
-    def __init__(self, pool: Pool, run_id: str) -> None:
+    def __init__(self, pool: Pool, run_id: str, also: Callable[[Path], None] = agent) -> None:
         live = pool.root / "live"
         pool.create_subvolume(live)
         proj = live / "proj"
@@ -63,6 +64,8 @@ class Settlement:
         w = pool.w_path(run_id, "root", 1)
         pool.snapshot(self.q, w, read_only=False)
         agent(w)
+        if also is not agent:
+            also(w / "proj")
         self.p = pool.settlement_path(run_id, "P")
         pool.snapshot(w, self.p, read_only=True)
         self.c = pool.settlement_path(run_id, "C")
@@ -122,3 +125,29 @@ def test_a_candidate_the_owner_cannot_write_fails_whole(settlement: Settlement) 
     assert not (s.work / "result.json").exists()
     failure = CandidateFailure.model_validate(json.loads((s.work / "failure.json").read_text()))
     assert "in the candidate" in failure.message and "Permission denied" in failure.message
+
+
+def unreadable(proj: Path) -> None:
+    """The agent takes the owner's read permission from a new file and a new directory."""
+    (proj / "src" / "locked.py").write_text("x\n")
+    (proj / "src" / "shut").mkdir()
+    (proj / "src" / "shut" / "inner.py").write_text("y\n")
+    for path in (proj / "src" / "locked.py", proj / "src" / "shut", proj / "src/shut/inner.py"):
+        os.lchown(path, OWNER, OWNER)
+    os.chmod(proj / "src" / "locked.py", 0o044)
+    os.chmod(proj / "src" / "shut", 0o300)
+
+
+def test_an_entry_the_owner_cannot_read_is_refused_by_name(pool: Pool, run_id: str) -> None:
+    """Taking away its own read permission does not let an agent fail the owner's
+    candidate unit: those entries are refused by name and the rest goes into C."""
+    s = Settlement(pool, run_id, also=unreadable)
+    done = s.run_as_owner()
+    assert done.returncode == 0, done.stderr
+    result = CandidateResult.model_validate_json((s.work / "result.json").read_bytes())
+    refused = {r.path: r.reason for r in result.refused}
+    assert refused["src/locked.py"] == "not readable by its owner (mode 0044)"
+    assert refused["src/shut"] == "not readable by its owner (mode 0300)"
+    assert "src/shut/inner.py" in refused
+    assert "src/app.py" in result.accepted and "src/new.py" in result.accepted
+    assert not (s.c / "proj" / "src" / "locked.py").exists()

@@ -463,6 +463,40 @@ def test_a_result_file_symlink_to_another_users_run_is_not_followed(
     assert not [e for e in data["events"] if e["event"] == "result-file-used"]
 
 
+def test_another_users_run_is_never_named_by_prefix_or_at_last(
+    booted: Machine, bobs_run: tuple[str, str]
+) -> None:
+    """A unique prefix of bob's run ID, typed by alice, names nothing; her @last is hers."""
+    bob_run, secret = bobs_run
+    prefix = bob_run.removeprefix("flow_")[:8]
+    assert bob_run in cairn(booted, "show", prefix, "--json", user="bob")
+    proc = booted.exec(["cairn", "show", prefix, "--json"], user="alice", check=False)
+    assert proc.returncode != 0
+    assert f"no run {prefix}" in proc.stderr.decode()
+    assert secret.encode() not in proc.stdout + proc.stderr
+    mine = booted.exec(["cairn", "show", "@last", "--json"], user="alice", check=False)
+    assert secret.encode() not in mine.stdout + mine.stderr
+    if mine.returncode == 0:
+        assert json.loads(mine.stdout)["run"]["run_id"] != bob_run
+
+
+def test_an_entry_the_agent_made_unreadable_is_refused_by_name(booted: Machine) -> None:
+    """An agent that takes its own read permission away cannot fail the owner's candidate
+    unit: that file is refused by name and the rest is applied."""
+    steps = [
+        {"action": "write", "path": "src/locked.py", "content": "x\n"},
+        {"action": "run", "argv": ["chmod", "000", "src/locked.py"]},
+        {"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"},
+    ]
+    project, run_id, data = run_script(booted, steps, "locked")
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    refused = data["settlement"]["candidate"]["refused"]
+    assert refused == [{"path": "src/locked.py", "reason": "not readable by its owner (mode 0000)"}]
+    assert data["settlement_summary"]["label"] == "applied, 1 refused"
+    assert booted.exec(["test", "-e", f"{project}/src/locked.py"], check=False).returncode != 0
+    assert b"- locked" in booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout
+
+
 def test_a_fifo_result_file_does_not_hang_the_run(booted: Machine) -> None:
     steps = [
         {"action": "run", "argv": ["mkfifo", "/outputs/finish.json"]},
