@@ -13,7 +13,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -339,9 +339,11 @@ def run_apply(
     subpath: str,
     accepted: list[str],
     work: Path,
+    step: Literal["apply", "revert"] = "apply",
 ) -> dict[str, Any]:
     """Apply F to the live project as its owner with the three-way check; return the
-    unit's name and invocation ID with the apply result."""
+    unit's name and invocation ID with the apply result. A revert passes F as ``q`` and Q
+    as ``f``: the same check then writes Q back where the live project still holds F."""
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     # work/ is the owner's: replace, never write through, whatever an earlier attempt left
@@ -349,7 +351,7 @@ def run_apply(
     untrusted.write_new(work, "plan.json", plan, mode=0o644, uid=desc.owner_uid, gid=desc.owner_gid)
     (work / "result.json").unlink(missing_ok=True)
     spec = HelperUnitSpec(
-        description=f"Cairn apply of run {desc.run_id}",
+        description=f"Cairn {step} of run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
         exec_argv=_module_argv(
@@ -379,7 +381,7 @@ def run_apply(
         runtime_max_sec=int(APPLY_TIMEOUT),
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    unit = run_helper(spec, f"cairn-apply-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
+    unit = run_helper(spec, f"cairn-{step}-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
     result = ApplyResult.model_validate_json(raw)
     return {**unit, "result": result.model_dump(mode="json")}

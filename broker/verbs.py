@@ -382,6 +382,32 @@ def start_apply(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
+def start_revert(ctx: Context) -> ApplyDone:
+    """Undo the run's apply: the apply unit with F as the base and Q as the target, over
+    the paths the candidate accepted, so only paths still holding F go back to Q."""
+    run = ctx.journal.get_run(ctx.run_id)
+    if run.state not in TERMINAL_RUN_STATES:
+        raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only a finished run is reverted")
+    candidate = ctx.receipt("settle-candidate", CandidateBuilt)
+    ctx.receipt("start-apply.1", ApplyDone)
+    pool = ctx.pool()
+    f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
+    if not (f.is_dir() and q.is_dir()):
+        raise BrokerRefused(f"the snapshots of {ctx.run_id} were deleted; it cannot be reverted")
+    check_project(Path(ctx.desc.project.root), ctx.desc)
+    done = units.run_apply(
+        ctx.desc,
+        ctx.intent.attempt,
+        f,
+        q,
+        ctx.subpath(),
+        list(candidate.accepted),
+        pool.run_dir(ctx.run_id) / "scratch" / "revert",
+        step="revert",
+    )
+    return ApplyDone.model_validate(done)
+
+
 # --- delete-v1 -----------------------------------------------------------------------
 
 
@@ -407,5 +433,6 @@ HANDLERS = {
     "start-agent": start_agent,
     "stop-agent": stop_agent,
     "start-apply": start_apply,
+    "start-revert": start_revert,
     "delete-run": delete_run,
 }

@@ -21,7 +21,7 @@ def _paths(n: int) -> str:
 
 def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
     """``{status, label, complete, accepted, applied, already_applied, refused,
-    conflicts}`` of a settlement record; None when the run has none (yet)."""
+    conflicts, reverted}`` of a settlement record; None when the run has none (yet)."""
     if not settlement:
         return None
     status = str(settlement.get("status", "not settled"))
@@ -40,6 +40,11 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
         label = "no changes" + tail
     else:
         label = status + tail
+    revert = settlement.get("revert") or {}
+    if revert.get("status") == "conflict":
+        label += ", revert refused"
+    elif revert:
+        label += ", reverted"
     return {
         "status": status,
         "label": label,
@@ -49,4 +54,5 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
         "already_applied": _count(result, "already_applied"),
         "refused": refused,
         "conflicts": conflicts,
+        "reverted": bool(revert) and revert.get("status") != "conflict",
     }

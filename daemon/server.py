@@ -18,7 +18,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from cairn import paths
-from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
+from cairn.daemon import (
+    decisions,
+    doctor,
+    interactions,
+    launch,
+    revert,
+    schedules,
+    upgrade,
+    views,
+)
 from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
@@ -35,6 +44,7 @@ from cairn.protocol.daemon import (
     ReconcileRequest,
     RequestEnvelope,
     RetryRequest,
+    RevertRequest,
     RunRequest,
     ShowRequest,
     UpgradeRequest,
@@ -129,6 +139,10 @@ def _doctor(journal: Journal, request: DoctorRequest, uid: int, _fd: int | None)
     return doctor.doctor(journal, request.run_id, uid)
 
 
+def _revert(journal: Journal, request: RevertRequest, uid: int, _fd: int | None) -> Any:
+    return revert.revert(journal, request.run_id, uid)
+
+
 def _decide(
     journal: Journal, request: ReconcileRequest | RetryRequest, uid: int, _fd: int | None
 ) -> Any:
@@ -164,6 +178,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "launch": (LaunchRequest, _launch),
     "upgrade": (UpgradeRequest, _upgrade),
     "doctor": (DoctorRequest, _doctor),
+    "revert": (RevertRequest, _revert),
     "reconcile": (ReconcileRequest, _decide),
     "retry": (RetryRequest, _decide),
     "ps": (PsRequest, _ps),

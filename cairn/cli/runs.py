@@ -1,5 +1,5 @@
 """``cairn`` commands about runs: launch, ps, show, reconcile, retry, upgrade, doctor,
-logs and diff. Added to the main app by :func:`register`."""
+logs, diff and revert. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from cairn.protocol.daemon import (
     PsRequest,
     ReconcileRequest,
     RetryRequest,
+    RevertRequest,
     ShowRequest,
     UpgradeRequest,
 )
@@ -38,7 +39,7 @@ from cairn.protocol.launch import ProfileSpec
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff)
+    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff, revert)
 
 
 def _age(ts: float) -> str:
@@ -316,3 +317,21 @@ def diff(run_id: RunArg, json_out: JsonFlag = False) -> None:
     for refused in data.get("refused", []):
         typer.echo(f"# refused by policy: {refused['path']} ({refused['reason']})")
     typer.echo(data.get("diff", ""), nl=False)
+
+
+def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
+    """Undo what a finished run applied: every path still as the run left it gets its
+    content from before the run back. Nothing is written if any path changed since."""
+    data = request(RevertRequest(run_id=run_id))
+    if json_out:
+        emit(data)
+    elif data["status"] == "conflict":
+        typer.echo(f"{data['run_id']}: not reverted, nothing written")
+        for conflict in data["conflicts"]:
+            typer.echo(f"  conflict: {conflict['path']} ({conflict['reason']})")
+    elif data["applied"]:
+        typer.echo(f"{data['run_id']}: reverted {len(data['applied'])} path(s)")
+    else:
+        typer.echo(f"{data['run_id']}: already reverted; nothing to do")
+    if data["status"] == "conflict":
+        raise typer.Exit(1)

@@ -4,6 +4,7 @@ moving a resting run to new reviewed source."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -76,6 +77,24 @@ class Runs(Writes):
                 (dumps(settlement), self.clock(), run_id),
             )
             self._event(db, run_id, "settlement", {"status": settlement.get("status")})
+
+    def record_revert(self, run_id: str, result: dict[str, Any], *, actor_uid: int) -> None:
+        """Keep the outcome of ``cairn revert`` in the finished run's settlement record
+        (``settlement["revert"]``) with a ``reverted`` event. The daemon writes it; a
+        finished run has no coordinator holding its lease."""
+        with self.transaction() as db:
+            row = db.execute("SELECT settlement FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None or row["settlement"] is None:
+                raise NotFound(f"run {run_id} has no settlement to revert")
+            settlement = json.loads(row["settlement"])
+            settlement["revert"] = {**result, "by_uid": actor_uid, "at": self.clock()}
+            db.execute(
+                "UPDATE runs SET settlement=?, updated_at=? WHERE run_id=?",
+                (dumps(settlement), self.clock(), run_id),
+            )
+            kinds = ("applied", "already_applied", "conflicts")
+            counts = {k: len(result.get(k) or []) for k in kinds}
+            self._event(db, run_id, "reverted", {"status": result.get("status"), **counts})
 
     # --- finding a run by a short name -----------------------------------------------
 

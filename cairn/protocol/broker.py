@@ -25,6 +25,7 @@ IntentKind = Literal[
     "freeze-proposal",
     "settle-candidate",
     "start-apply",
+    "start-revert",
     "delete-run",
 ]
 
@@ -33,6 +34,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "start-agent": "launch-v1",
     "stop-agent": "launch-v1",
     "start-apply": "launch-v1",
+    "start-revert": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
     "drop-w": "storage-v1",
@@ -266,7 +268,8 @@ class CandidateBuilt(ReceiptBody):
 
 
 class ApplyDone(ReceiptBody):
-    """start-apply: the apply unit and its result."""
+    """start-apply and start-revert: the apply unit and its result (a revert is an apply
+    from F back to Q)."""
 
     unit: str
     invocation_id: str
@@ -291,6 +294,7 @@ BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
     "freeze-proposal": ProposalFrozen,
     "settle-candidate": CandidateBuilt,
     "start-apply": ApplyDone,
+    "start-revert": ApplyDone,
     "delete-run": RunDeleted,
 }
 

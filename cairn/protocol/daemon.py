@@ -124,6 +124,12 @@ class DoctorRequest(RunRequest):
     op: Literal["doctor"] = "doctor"
 
 
+class RevertRequest(RunRequest):
+    """Undo a finished run's apply in the live project (three-way, F back to Q)."""
+
+    op: Literal["revert"] = "revert"
+
+
 class UpgradeRequest(RunRequest):
     """Move a waiting or blocked run to new ``source`` (or only try, ``dry_run``)."""
 
@@ -287,6 +293,7 @@ DaemonRequest = Annotated[
     | DiffRequest
     | DoctorRequest
     | UpgradeRequest
+    | RevertRequest
     | RetryRequest
     | ReconcileRequest
     | InboxRequest

@@ -173,6 +173,38 @@ def test_a_persons_edit_is_a_conflict_and_nothing_is_written(
     assert not receipts.exists() or receipts.read_text() == ""
 
 
+def test_revert_is_the_apply_from_f_back_to_q(pool: Pool, run_id: str, tmp_path: Path) -> None:
+    """``cairn revert``: the apply with F as the base and Q as the target restores Q for
+    every applied path (a rename, a deletion, a new directory, a mode change), and a second
+    revert finds everything already reverted."""
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    assert apply(q, f, live, accepted, tmp_path / "apply.jsonl").status == "applied"
+    undone = apply(f, q, live, accepted, tmp_path / "revert.jsonl")
+    assert undone.status == "applied" and not undone.conflicts
+    assert sorted(undone.applied) == sorted(accepted)
+    assert inventories_equal(q, live)
+    assert (live / "old.txt").read_text() == "old\n"
+    assert not (live / "src" / "pkg").exists()
+    assert stat.S_IMODE(os.lstat(live / "src" / "util.py").st_mode) != 0o755
+    again = apply(f, q, live, accepted, tmp_path / "revert.jsonl")
+    assert again.applied == [] and sorted(again.already_applied) == sorted(accepted)
+
+
+def test_revert_after_a_persons_edit_names_it_and_writes_nothing(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    assert apply(q, f, live, accepted, tmp_path / "apply.jsonl").status == "applied"
+    (live / "src" / "new.py").write_text("the person kept working on it\n")
+    before = pool.snapshot(live, pool.root / "live-before", read_only=True)
+    undone = apply(f, q, live, accepted, tmp_path / "revert.jsonl")
+    assert undone.status == "conflict" and undone.applied == []
+    assert [c.path for c in undone.conflicts] == ["src/new.py"]
+    assert inventories_equal(Path(before.path), live)
+
+
 def test_live_symlink_never_redirects_a_write(pool: Pool, run_id: str, tmp_path: Path) -> None:
     live = live_project(pool)
     q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())

@@ -38,4 +38,4 @@ def test_labels() -> None:
     out = summary(record("applied", 3, 2, applied=3))
     assert out == {"status": "applied", "label": "applied, 2 refused", "complete": False,
                    "accepted": 3, "applied": 3, "already_applied": 0, "refused": 2,
-                   "conflicts": 0}
+                   "conflicts": 0, "reverted": False}

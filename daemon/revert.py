@@ -1,0 +1,49 @@
+"""`cairn revert RUN`: undo a finished run's apply in the live project.
+
+A revert is the apply run backwards: F is the base and Q the target, over the paths the
+candidate accepted. A path that still holds F gets Q back, a path that already holds Q is
+left alone, and any other live state is a named conflict; with a conflict nothing is
+written. The broker's apply unit does the work as the project's owner
+(``start-revert`` under ``launch-v1``); each attempt is a new intent, so a revert that
+met a conflict can be tried again once the person has sorted the file out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cairn.brokerclient import call_broker
+from cairn.daemon.views import visible_run
+from cairn.errors import UsageError
+from cairn.journal import TERMINAL_RUN_STATES, Journal
+from cairn.protocol.broker import ApplyDone, Intent
+
+
+def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+    run = visible_run(journal, run_id, uid)
+    if run.state not in TERMINAL_RUN_STATES:
+        raise UsageError(
+            f"run {run.run_id} is {run.state}; only a finished run can be reverted",
+            hint=f"wait for it to finish, or stop it with 'cairn stop {run.run_id}'",
+        )
+    applied = (run.settlement or {}).get("apply") or {}
+    if not (applied.get("applied") or applied.get("already_applied")):
+        raise UsageError(
+            f"run {run.run_id} applied nothing to the live project; there is nothing to revert",
+            hint=f"see its settlement with 'cairn diff {run.run_id}'",
+        )
+    receipts = journal.receipts(run.run_id)
+    attempt = 1 + sum(1 for r in receipts if r["kind"] == "start-revert")
+    intent = Intent(
+        intent_id=f"start-revert.{attempt}",
+        run_id=run.run_id,
+        kind="start-revert",
+        attempt=attempt,
+    )
+    journal.add_intents(run.run_id, [intent], token=None)
+    reply = call_broker("launch-v1", run.run_id, timeout=3600)
+    journal.record_receipts(run.run_id, [r.model_dump(mode="json") for r in reply.receipts])
+    (receipt,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
+    result = receipt.body(ApplyDone).result.model_dump(mode="json")
+    journal.record_revert(run.run_id, result, actor_uid=uid)
+    return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit, **result}
