@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# ``--apply ask``: the proposal waits for the owner as an approval request of this ID,
+# recorded against no operation (the settlement is not one).
+APPLY_REQUEST_ID = "apply"
+SETTLEMENT_OP = "settlement"
+
 
 def _count(holder: dict[str, Any], key: str) -> int:
     value = holder.get(key)
@@ -38,6 +43,10 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
         label = f"conflict, {_paths(conflicts)}{tail}"
     elif status == "noop":
         label = "no changes" + tail
+    elif status == "waiting":
+        label = f"waiting for 'cairn apply', {_paths(_count(candidate, 'accepted'))}{tail}"
+    elif status == "held":
+        label = f"held, {_paths(_count(candidate, 'accepted'))} not applied{tail}"
     else:
         label = status + tail
     revert = settlement.get("revert") or {}

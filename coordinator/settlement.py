@@ -3,15 +3,24 @@ and apply F to the live project, each step a broker receipt."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from cairn.canonical import sha256_hex
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
+from cairn.coordinator.interactions import RunSuspended
 from cairn.errors import BrokerRefused
+from cairn.policy import fingerprint, load_policy
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, Receipt
+from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
 
 class Settlement(CoordinatorBase):
     """P → changes → C → F → live."""
+
+    @staticmethod
+    def nothing_applied() -> dict[str, list[str]]:
+        return {"applied": [], "already_applied": [], "conflicts": []}
 
     def needs_settlement(self) -> bool:
         return any(a["access"] == "write" for a in self.review["agents"].values())
@@ -27,9 +36,12 @@ class Settlement(CoordinatorBase):
         )
         built = candidate.body(CandidateBuilt)
         settlement: dict[str, Any] = {"candidate": candidate.data}
+        held = self.held_back(built, settlement) if built.accepted else None
         if not built.accepted:
             settlement["status"] = "noop" if built.inventories_equal else "refused"
-            settlement["apply"] = {"applied": [], "already_applied": [], "conflicts": []}
+            settlement["apply"] = self.nothing_applied()
+        elif held is not None:
+            settlement.update(status="held", held=held, apply=self.nothing_applied())
         else:
             applied = self.apply_proposal().body(ApplyDone)
             settlement["apply"] = applied.result.model_dump(mode="json")
@@ -37,6 +49,48 @@ class Settlement(CoordinatorBase):
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
         self.event("settled", status=settlement["status"], refused=len(built.refused))
         return settlement
+
+    def held_back(self, built: CandidateBuilt, settlement: dict[str, Any]) -> str | None:
+        """Why F stays out of the live project, or None to apply it now. With ``--apply
+        ask`` the proposal becomes an approval request and the run waits, with no process
+        of it alive, until the owner decides (``cairn apply`` approves it); meanwhile the
+        settlement record says ``waiting``, so ``cairn diff`` shows what would be written."""
+        mode = self.desc.apply_mode
+        if mode == "auto":
+            return None
+        if mode == "never":
+            return "launched with --apply never"
+        request = self.journal.approval(self.run_id, APPLY_REQUEST_ID)
+        if request is None:
+            prepared = {
+                "kind": "apply",
+                "run_id": self.run_id,
+                "project": self.desc.project.root,
+                "accepted": sorted(built.accepted),
+                "refused": len(built.refused),
+                "f": built.f.uuid,
+                "diff_sha256": sha256_hex(built.diff.encode()),
+            }
+            request = self.journal.open_approval(
+                self.run_id,
+                token=self.token,
+                request_id=APPLY_REQUEST_ID,
+                op_id=SETTLEMENT_OP,
+                attempt=1,
+                prepared=prepared,
+                fingerprint=fingerprint(prepared),
+                evaluation={"decision": "ask", "reasons": ["launched with --apply ask"]},
+                deadline=time.time() + load_policy().approval_deadline_sec,
+            )
+        if request.state == "waiting":
+            waiting = {**settlement, "status": "waiting", "apply": self.nothing_applied()}
+            self.journal.set_settlement(self.run_id, waiting, token=self.token)
+            raise RunSuspended("the proposal waits for 'cairn apply'", state="waiting")
+        if request.state == "approved":
+            return None
+        who = f" by uid {request.actor_uid}" if request.actor_uid is not None else ""
+        why = f": {request.reason}" if request.reason else ""
+        return f"apply {request.state}{who}{why}"
 
     def apply_proposal(self) -> Receipt:
         """Run the apply unit; an interrupted apply is simply run again (it resumes from

@@ -32,6 +32,7 @@ from cairn.policy import (
 )
 from cairn.protocol.daemon import (
     AnswerRequest,
+    ApplyRequest,
     ApprovalDecision,
     ApproveRequest,
     CancelRequest,
@@ -44,6 +45,7 @@ from cairn.protocol.daemon import (
     StopRequest,
     WatchRequest,
 )
+from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
@@ -76,6 +78,21 @@ def _answer(journal: Journal, request: AnswerRequest, uid: int) -> Any:
 
 def _decide(journal: Journal, request: ApprovalDecision, uid: int) -> Any:
     return decide(journal, visible_run(journal, request.run_id, uid).run_id, request, uid)
+
+
+def _apply(journal: Journal, request: ApplyRequest, uid: int) -> Any:
+    """``cairn apply``: approve the run's held proposal as it stands (F is immutable)."""
+    run_id = visible_run(journal, request.run_id, uid).run_id
+    held = journal.approval(run_id, APPLY_REQUEST_ID)
+    if held is None:
+        raise UsageError(
+            f"{run_id} has no proposal waiting to be applied",
+            hint="only a run launched with '--apply ask' waits for 'cairn apply'",
+        )
+    approval = ApproveRequest(
+        run_id=run_id, request_id=APPLY_REQUEST_ID, fingerprint=held.fingerprint
+    )
+    return decide(journal, run_id, approval, uid)
 
 
 def _control(journal: Journal, request: ControlRequest, uid: int) -> Any:
@@ -167,7 +184,7 @@ def decide(journal: Journal, run_id: str, request: ApprovalDecision, uid: int) -
     if request.op == "approve":
         if not request.fingerprint:
             raise UsageError("approve needs --fingerprint sha256:… (see 'cairn inbox')")
-        if row.state == "waiting":
+        if row.state == "waiting" and row.op_id != SETTLEMENT_OP:
             check_still_permitted(journal, run_id, row.op_id, row.fingerprint)
     state, wake = journal.decide_approval(
         run_id,
@@ -246,6 +263,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Callable[[Journal, Any, int], Any]]] = 
     "answer": (AnswerRequest, _answer),
     "approve": (ApproveRequest, _decide),
     "reject": (RejectRequest, _decide),
+    "apply": (ApplyRequest, _apply),
     "pause": (PauseRequest, _control),
     "resume": (ResumeRequest, _control),
     "stop": (StopRequest, _control),

@@ -24,7 +24,14 @@ from cairn.journal import Journal
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
-from cairn.protocol.launch import LaunchDescription, Limits, ModelRoute, ProfileSpec, ProjectSpec
+from cairn.protocol.launch import (
+    LaunchDescription,
+    Limits,
+    ModelRoute,
+    ProfileSpec,
+    ProjectSpec,
+    SettlementPolicySpec,
+)
 from cairn.providers import load_providers
 from cairn.validation import first_error, invalid
 from cairn.workflow.review import Review, review_source
@@ -257,6 +264,8 @@ def launch(
         created_at=time.time(),
         schedule=schedule,
         capsule_hash=current_release(paths.release_dir()),
+        apply_mode=request.apply_mode,
+        policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
     )
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])

@@ -1,5 +1,5 @@
-"""``cairn`` commands for people in the loop: inbox, answer, approve, reject, pause,
-resume, stop, cancel and watch. Added to the main app by :func:`register`."""
+"""``cairn`` commands for people in the loop: inbox, answer, approve, reject, apply,
+pause, resume, stop, cancel and watch. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from cairn.cli.client import fail, request
 from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty
 from cairn.protocol.daemon import (
     AnswerRequest,
+    ApplyRequest,
     ApproveRequest,
     CancelRequest,
     ControlRequest,
@@ -29,7 +30,9 @@ from cairn.protocol.daemon import (
 
 def register(app: typer.Typer) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    add_commands(app, inbox, answer, approve, reject, pause, resume, stop, cancel, watch)
+    add_commands(
+        app, inbox, answer, approve, reject, apply, pause, resume, stop, cancel, watch
+    )
 
 
 def inbox(
@@ -85,6 +88,13 @@ def reject(
     """Reject one prepared operation: it does not run."""
     out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
     typer.echo(f"{out['request_id']} rejected; the operation does not run")
+
+
+def apply(run_id: RunArg) -> None:
+    """Settle a run launched with --apply ask: its proposal (see 'cairn diff RUN') goes
+    to the live project with the three-way check."""
+    out = request(ApplyRequest(run_id=run_id))
+    typer.echo(f"{out['run_id']}: proposal approved; it is applied now")
 
 
 def _control(action: type[ControlRequest], run_id: str) -> None:
@@ -151,6 +161,14 @@ def render_item(item: dict[str, Any]) -> str:
         )
     prepared = item["prepared"]
     deadline = datetime.datetime.fromtimestamp(item["deadline"]).strftime("%Y-%m-%d %H:%M")
+    if prepared.get("kind") == "apply":
+        return (
+            f"{run} proposal waits to be applied: {len(prepared['accepted'])} path(s) into "
+            f"{prepared['project']}; until {deadline}\n"
+            f"  cairn diff {run}\n"
+            f"  cairn apply {run}\n"
+            f"  cairn reject {run} {item['request_id']} --reason …"
+        )
     needs = ", ".join(
         c for c, d in item["evaluation"]["capabilities"].items() if d == "require_approval"
     )
@@ -170,6 +188,8 @@ def render_waiting(run_id: str, item: dict[str, Any]) -> str:
             f"{item['op_id']} asks: {item['question']} "
             f"(cairn answer {run_id} --challenge {item['challenge']} VALUE)"
         )
+    if item["request_id"] == "apply":
+        return f"the proposal waits to be applied (cairn diff {run_id}; cairn apply {run_id})"
     return (
         f"{item['request_id']} needs approval "
         f"(cairn approve {run_id} {item['request_id']} --fingerprint {item['fingerprint']})"

@@ -3,6 +3,7 @@ logs, diff and revert. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -35,6 +36,14 @@ from cairn.protocol.daemon import (
     UpgradeRequest,
 )
 from cairn.protocol.launch import ProfileSpec
+
+
+class ApplyModeOption(enum.StrEnum):
+    """``cairn launch --apply`` (:data:`cairn.protocol.launch.ApplyMode`)."""
+
+    auto = "auto"
+    ask = "ask"
+    never = "never"
 
 
 def register(app: typer.Typer) -> None:
@@ -72,6 +81,14 @@ def launch(
             "(memory_max takes a size: 2G, 512M)."
         ),
     ] = [],  # noqa: B006 - typer reads the default
+    apply_mode: Annotated[
+        ApplyModeOption,
+        typer.Option(
+            "--apply",
+            help="auto: settle into the project at once; ask: wait for 'cairn apply RUN'; "
+            "never: keep the proposal for 'cairn diff RUN --patch'.",
+        ),
+    ] = ApplyModeOption.auto,
     json_out: JsonFlag = False,
 ) -> None:
     """Launch a workflow run on a project (a builtin:NAME, or a reviewed FILE.py)."""
@@ -107,6 +124,7 @@ def launch(
                 source=source,
                 confirm=confirm,
                 limits=parse_limits(limit),
+                apply_mode=apply_mode.value,
                 args=parsed,
                 project=os.path.normpath(str(root)),
                 scripted={
@@ -304,11 +322,24 @@ def logs(run_id: RunArg) -> None:
     typer.echo(request(LogsRequest(run_id=run_id)), nl=False)
 
 
-def diff(run_id: RunArg, json_out: JsonFlag = False) -> None:
+def diff(
+    run_id: RunArg,
+    patch: Annotated[
+        bool,
+        typer.Option(
+            "--patch",
+            help="Only the unified diff of the accepted paths, for 'git apply' or 'patch -p1'.",
+        ),
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
     """What the run applied (or refused) in the live project."""
     data = request(DiffRequest(run_id=run_id))
     if json_out:
         emit(data)
+        return
+    if patch:
+        typer.echo(data.get("diff", ""), nl=False)
         return
     typer.echo(f"# {data['run_id']}: {(data.get('summary') or {}).get('label', data['status'])}")
     apply = data.get("apply") or {}

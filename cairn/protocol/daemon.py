@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen
-from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.launch import ApplyMode, ProfileSpec
 
 # --- naming a run -----------------------------------------------------------------
 
@@ -87,6 +87,7 @@ class LaunchRequest(OpRequest):
     source: str | None = None
     confirm: str | None = None
     limits: dict[str, int] = {}
+    apply_mode: ApplyMode = "auto"
 
 
 class ListRequest(OpRequest):
@@ -188,6 +189,13 @@ class ApproveRequest(ApprovalDecision):
 
 class RejectRequest(ApprovalDecision):
     op: Literal["reject"] = "reject"
+
+
+class ApplyRequest(RunRequest):
+    """Approve the held proposal of a run launched with ``--apply ask``: F, frozen and
+    shown by ``cairn diff``, goes to the live project."""
+
+    op: Literal["apply"] = "apply"
 
 
 class PauseRequest(RunRequest):
@@ -300,6 +308,7 @@ DaemonRequest = Annotated[
     | AnswerRequest
     | ApproveRequest
     | RejectRequest
+    | ApplyRequest
     | PauseRequest
     | ResumeRequest
     | StopRequest
@@ -333,8 +342,10 @@ def daemon_request(op: str, **fields: Any) -> DaemonRequest:
 
 
 class RequestEnvelope(Frozen):
-    """The request line: every op's keys, each typed. ``op`` comes first and must be one
-    cairnd knows (else the error's type is ``unknown_op``)."""
+    """What cairnd reads from a request line: every op's keys, each typed and optional, so
+    both the op's own keys (what :func:`request_line` sends) and the all-keys line of
+    earlier versions parse. ``op`` comes first and must be one cairnd knows (else the
+    error's type is ``unknown_op``)."""
 
     op: Any
     definition: str | None = None
@@ -346,6 +357,7 @@ class RequestEnvelope(Frozen):
     source: str | None = None
     confirm: str | None = None
     limits: dict[str, int] = {}
+    apply_mode: ApplyMode = "auto"
     op_id: str | None = None
     result: dict[str, Any] | None = None
     no_effect: bool = False
@@ -367,10 +379,6 @@ class RequestEnvelope(Frozen):
             raise PydanticCustomError("unknown_op", "no request {op!r}", {"op": op})
         return op
 
-    @classmethod
-    def of(cls, request: OpRequest) -> RequestEnvelope:
-        return cls.model_validate(request.model_dump())
-
     def request(self) -> DaemonRequest:
         """The op's model, from the keys it takes (the others are not its business)."""
         model = MODEL_OF_OP[self.op]
@@ -379,8 +387,9 @@ class RequestEnvelope(Frozen):
 
 
 def request_line(request: OpRequest) -> bytes:
-    """The request as it goes on the socket: its envelope as one JSON line."""
-    return RequestEnvelope.of(request).model_dump_json().encode() + b"\n"
+    """The request as it goes on the socket: the op's own keys as one JSON line (adding a
+    key to one op changes only that op's line)."""
+    return request.model_dump_json().encode() + b"\n"
 
 
 # --- replies ------------------------------------------------------------------------

@@ -12,6 +12,10 @@ from pydantic import Field, field_validator
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.protocol.base import Frozen, RunId
 
+# When the verified proposal F reaches the live project: at once (``auto``), after the
+# owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
+ApplyMode = Literal["auto", "ask", "never"]
+
 
 class ScriptStep(Frozen):
     """One deterministic step of a ``scripted`` agent, executed inside /workspace."""
@@ -125,6 +129,7 @@ class LaunchDescription(Frozen):
     cairn_version: str
     created_at: float
     capsule_hash: str | None = None  # the sealed release installed at launch
+    apply_mode: ApplyMode = "auto"
 
     def launch_hash(self) -> str:
         return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))

@@ -7,7 +7,7 @@ review (:mod:`cairn.workflow.review`) checks that the source keeps to that rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -74,6 +74,7 @@ class WorkflowSpec:
     description: str
     input: type[Model]
     output: type[Model]
+    write_paths: tuple[str, ...] | None = None
 
 
 WorkflowFunction = Callable[..., Coroutine[Any, Any, Any]]
@@ -106,12 +107,24 @@ def agent(
     )
 
 
-def workflow(*, description: str, input: type[Model], output: type[Model]) -> Callable[[F], F]:
-    """Mark the module's one workflow function; records a :class:`WorkflowSpec` on it."""
+def workflow(
+    *,
+    description: str,
+    input: type[Model],
+    output: type[Model],
+    write_paths: Sequence[str] | None = None,
+) -> Callable[[F], F]:
+    """Mark the module's one workflow function; records a :class:`WorkflowSpec` on it.
+    ``write_paths``: the project globs its proposal may change (the review checks them;
+    settlement refuses any other path)."""
 
     def mark(function: F) -> F:
         spec = WorkflowSpec(
-            function=function.__name__, description=description, input=input, output=output
+            function=function.__name__,
+            description=description,
+            input=input,
+            output=output,
+            write_paths=None if write_paths is None else tuple(write_paths),
         )
         setattr(function, "__cairn_workflow__", spec)  # noqa: B010 - attribute on a callable
         return function

@@ -1,16 +1,22 @@
-"""`cairn revert`: a finished run's apply undone in the live project, three-way, as the
-project's owner, in a booted machine."""
+"""When a run's proposal reaches the live project, and how it is taken back, in a booted
+machine: `cairn launch --apply ask|never`, `cairn apply`, `cairn diff --patch` and
+`cairn revert` (three-way, as the project's owner)."""
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from machine import Machine
-from test_escapes import cairn, fresh_project, run_script, tree
+from test_escapes import cairn, finished, fresh_project, run_script, tree
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +77,94 @@ def test_another_user_cannot_revert_a_run(booted: Machine) -> None:
     assert proc.returncode != 0
     assert f"no run {run_id}" in proc.stderr.decode()
     assert tree(booted, project) == applied
+
+
+def launch_held(machine: Machine, project: str, mode: str) -> str:
+    script = {"steps": STEPS, "output": {"summary": "{prompt}"}, "handoff": "done"}
+    path = f"/home/alice/agent-{secrets.token_hex(4)}.json"
+    machine.exec(["tee", path], user="alice", input=json.dumps(script).encode())
+    out = cairn(
+        machine, "launch", "builtin:implement", "--project", project, "--apply", mode,
+        "--args", json.dumps({"objective": f"held {mode}"}),
+        "--scripted", f"builtin:implementer={path}",
+    )
+    return out.strip().splitlines()[-1]
+
+
+def wait_until(machine: Machine, run_id: str, states: tuple[str, ...]) -> dict[str, Any]:
+    deadline = time.monotonic() + 240
+    while True:
+        data = json.loads(cairn(machine, "show", run_id, "--json"))
+        if data["run"]["state"] in states:
+            return data
+        if time.monotonic() > deadline or finished(data):
+            pytest.fail(f"{run_id} is {data['run']['state']}, not {states}: {data['run']['error']}")
+        time.sleep(0.5)
+
+
+def test_apply_ask_waits_with_nothing_running_and_applies_on_cairn_apply(
+    booted: Machine,
+) -> None:
+    project = fresh_project(booted, "alice")
+    before = tree(booted, project)
+    run_id = launch_held(booted, project, "ask")
+    waiting = wait_until(booted, run_id, ("waiting",))
+    assert waiting["settlement_summary"]["label"] == "waiting for 'cairn apply', 2 paths"
+    assert tree(booted, project) == before
+    active = booted.exec(
+        ["systemctl", "is-active", f"cairn-coordinator@{run_id}.service"], check=False
+    ).stdout.decode().strip()
+    assert active in ("inactive", "failed"), active
+    inbox = cairn(booted, "inbox")
+    assert f"{run_id} proposal waits to be applied: 2 path(s)" in inbox
+    assert f"cairn apply {run_id}" in inbox
+    assert "+- held ask" in cairn(booted, "diff", run_id, "--patch")
+
+    assert "proposal approved" in cairn(booted, "apply", run_id)
+    data = wait_until(booted, run_id, ("succeeded", "failed"))
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["settlement"]["status"] == "applied"
+    assert "- held ask" in booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout.decode()
+    assert cairn(booted, "inbox").strip() in ("", "nothing waits for you")
+
+
+def test_apply_never_keeps_the_proposal_for_a_patch(booted: Machine) -> None:
+    project = fresh_project(booted, "alice")
+    before = tree(booted, project)
+    run_id = launch_held(booted, project, "never")
+    data = wait_until(booted, run_id, ("succeeded", "failed"))
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["settlement"]["status"] == "held"
+    assert data["settlement_summary"]["label"] == "held, 2 paths not applied"
+    assert tree(booted, project) == before
+    patch = cairn(booted, "diff", run_id, "--patch")
+    assert patch.startswith("--- a/")
+    assert "+++ b/src/added.py" in patch and "+- held never" in patch
+    proc = booted.exec(["cairn", "apply", run_id], user="alice", check=False)
+    assert proc.returncode != 0 and "no proposal waiting" in proc.stderr.decode()
+
+
+def test_declared_write_paths_keep_every_other_path_out(booted: Machine) -> None:
+    """A workflow that declares write_paths=["src/**"]: its agent's change to CHANGELOG.md
+    is refused by name in the settlement and never reaches the project."""
+    source = (REPO / "cairn" / "builtin" / "workflows" / "implement.py").read_text()
+    source = source.replace("@workflow(", '@workflow(write_paths=["src/**"], ', 1)
+    path = "/home/alice/src_only.py"
+    booted.exec(["tee", path], user="alice", input=source.encode())
+    review = cairn(booted, "workflow", "review", path)
+    assert "write paths   src/**" in review
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    project = fresh_project(booted, "alice")
+    script = {"steps": STEPS, "output": {"summary": "{prompt}"}, "handoff": "done"}
+    booted.exec(["tee", "/home/alice/src-only.json"], user="alice",
+                input=json.dumps(script).encode())
+    out = cairn(booted, "launch", path, "--confirm", review_hash, "--project", project,
+                "--args", json.dumps({"objective": "src only"}),
+                "--scripted", "builtin:implementer=/home/alice/src-only.json")
+    run_id = out.strip().splitlines()[-1]
+    data = wait_until(booted, run_id, ("succeeded", "failed"))
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    refused = data["settlement"]["candidate"]["refused"]
+    assert refused == [{"path": "CHANGELOG.md", "reason": "outside the write paths"}]
+    assert data["settlement"]["apply"]["applied"] == ["src/added.py"]
+    assert booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"

@@ -50,9 +50,11 @@ def _members() -> list[type[OpRequest]]:
     return list(typing.get_args(union))
 
 
-def test_request_line_is_the_envelope_cairn_always_sent() -> None:
-    assert request_line(ShowRequest(run_id=RUN_ID)) == SHOW_LINE
-    assert server.parse(SHOW_LINE) == ShowRequest(run_id=RUN_ID)
+def test_request_line_holds_the_ops_own_keys_and_the_old_line_still_parses() -> None:
+    line = request_line(ShowRequest(run_id=RUN_ID))
+    assert line == b'{"op":"show","run_id":"' + RUN_ID.encode() + b'"}\n'
+    assert server.parse(line) == ShowRequest(run_id=RUN_ID)
+    assert server.parse(SHOW_LINE) == ShowRequest(run_id=RUN_ID)  # a CLI of before
 
 
 def test_launch_line_keeps_envelope_order_and_values() -> None:

@@ -252,3 +252,40 @@ def test_render_review_lists_calls_and_ends_with_the_hash() -> None:
     assert f"  line {call.line}  agent  implement  [profile:builtin:implementer, write]" in lines
     assert "description   Implement one reviewed objective." in lines
     assert "  objective: str  (min_length=1, max_length=20000)" in lines
+
+
+WRITE_PATHS_SOURCE = (BUILTIN / "implement.py").read_text()
+
+
+def with_write_paths(literal: str) -> str:
+    marker = "@workflow("
+    assert marker in WRITE_PATHS_SOURCE
+    return WRITE_PATHS_SOURCE.replace(marker, f"{marker}write_paths={literal}, ", 1)
+
+
+def test_declared_write_paths_are_reviewed_into_the_manifest() -> None:
+    review = review_source(with_write_paths('["src/**", "docs/*.md"]'), filename="wf.py")
+    assert review.workflow.write_paths == ["src/**", "docs/*.md"]
+    assert review.manifest()["workflow"]["write_paths"] == ["src/**", "docs/*.md"]
+    assert "write paths   src/**, docs/*.md" in render_review(review)
+    undeclared = review_source(WRITE_PATHS_SOURCE, filename="wf.py")
+    assert "write_paths" not in undeclared.manifest()["workflow"]  # older hashes stand
+    assert Review.model_validate_json(review.model_dump_json()) == review
+
+
+@pytest.mark.parametrize(
+    ("literal", "reason"),
+    [
+        ('"src/**"', "write_paths= must be a literal list of project-relative globs"),
+        ("[]", "write_paths= must be a literal list of project-relative globs"),
+        ("[name]", "write_paths= must be a literal list of project-relative globs"),
+        ('["../etc/**"]', "glob '../etc/**' is not a normalized path inside the project"),
+        ('["/etc/**"]', "glob '/etc/**' is not a normalized path inside the project"),
+        ('["src//x"]', "glob 'src//x' is not a normalized path inside the project"),
+        ('["src/[z-a]"]', "glob 'src/[z-a]' is not a valid glob: bad character range"),
+    ],
+)
+def test_bad_write_paths_are_refused_with_the_reason(literal: str, reason: str) -> None:
+    error = reject(with_write_paths(literal))
+    assert reason in error.message
+    assert [v.rule for v in error.violations] == ["workflow"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from cairn.canonical import canonical_json
 from cairn.errors import ReviewError
@@ -53,12 +53,23 @@ class ReviewRejected(ReviewError):
 
 
 class WorkflowEntry(_Frozen):
-    """The ``@workflow`` function: its name, description and input/output model names."""
+    """The ``@workflow`` function: its name, description and input/output model names, and
+    the project paths its proposal may change (``write_paths``; None: not declared, so
+    any path the host policy allows)."""
 
     function: str
     description: str
     input: str
     output: str
+    write_paths: list[str] | None = None
+
+    @model_serializer(mode="wrap")
+    def _undeclared_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An undeclared ``write_paths`` is not written, so older reviews keep their hash."""
+        data: dict[str, Any] = handler(self)
+        if data.get("write_paths") is None:
+            data.pop("write_paths", None)
+        return data
 
 
 class AgentEntry(_Frozen):
@@ -118,6 +129,7 @@ def render_review(review: Review) -> str:
     lines = [
         f"workflow      {wf.function}  ({review.filename})",
         f"description   {wf.description}",
+        *([f"write paths   {', '.join(wf.write_paths)}"] if wf.write_paths else []),
         f"api           {review.api_version}",
         f"input         {wf.input}",
         *_render_fields(review.models, wf.input),

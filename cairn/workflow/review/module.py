@@ -4,7 +4,9 @@ descriptor or the ``@workflow`` function."""
 from __future__ import annotations
 
 import ast
+import re
 
+from cairn.settle_paths import glob_regex
 from cairn.workflow.review.agents import review_agent
 from cairn.workflow.review.manifest import WorkflowEntry
 from cairn.workflow.review.model_classes import review_model_class
@@ -135,8 +137,14 @@ def review_workflow_function(state: ReviewState, fn: ast.AsyncFunctionDef) -> bo
         )
         return True
     values: dict[str, str] = {}
+    write_paths: list[str] | None = None
     for kw in decorator.keywords:
-        if kw.arg == "description":
+        if kw.arg == "write_paths":
+            write_paths, problem = write_paths_of(kw.value)
+            if problem:
+                state.reject(kw.value, "workflow", problem)
+                return True
+        elif kw.arg == "description":
             if not (
                 isinstance(kw.value, ast.Constant)
                 and isinstance(kw.value.value, str)
@@ -160,7 +168,8 @@ def review_workflow_function(state: ReviewState, fn: ast.AsyncFunctionDef) -> bo
             state.reject(
                 kw.value if kw.arg is None else kw,
                 "workflow",
-                f"@workflow takes description, input and output, not {kw.arg or '**'}",
+                f"@workflow takes description, input, output and write_paths, "
+                f"not {kw.arg or '**'}",
             )
             return True
     if decorator.args or set(values) != {"description", "input", "output"}:
@@ -170,6 +179,40 @@ def review_workflow_function(state: ReviewState, fn: ast.AsyncFunctionDef) -> bo
             "@workflow needs keyword arguments description=, input= and output=",
         )
         return True
-    state.workflow = WorkflowEntry(function=fn.name, **values)
+    state.workflow = WorkflowEntry(function=fn.name, write_paths=write_paths, **values)
     state.flow = positional_names(args)[0]
     return True
+
+
+MAX_WRITE_PATHS = 64
+
+
+def write_paths_of(node: ast.expr) -> tuple[list[str] | None, str]:
+    """``write_paths=`` of ``@workflow``: a literal list or tuple of project-relative globs
+    (``*``, ``?``, ``[…]`` within a segment, ``**`` for any depth). Returns the globs, or
+    the reason they are refused."""
+    usage = "write_paths= must be a literal list of project-relative globs, e.g. ['src/**']"
+    if not isinstance(node, ast.List | ast.Tuple) or not node.elts:
+        return None, usage
+    if len(node.elts) > MAX_WRITE_PATHS:
+        return None, f"write_paths= takes at most {MAX_WRITE_PATHS} globs"
+    globs: list[str] = []
+    for element in node.elts:
+        if not (isinstance(element, ast.Constant) and isinstance(element.value, str)):
+            return None, usage
+        glob = element.value
+        segments = glob.split("/")
+        if (
+            not glob
+            or len(glob) > 256
+            or "\0" in glob
+            or "\\" in glob
+            or any(s in ("", ".", "..") for s in segments)
+        ):
+            return None, f"write_paths= glob {glob!r} is not a normalized path inside the project"
+        try:
+            glob_regex(glob)
+        except re.error as exc:
+            return None, f"write_paths= glob {glob!r} is not a valid glob: {exc.msg}"
+        globs.append(glob)
+    return globs, ""
