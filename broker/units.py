@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from cairn import failpoints, paths, untrusted
+from cairn import failpoints, paths, proc, untrusted
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, StorageError, SystemdError
@@ -29,14 +29,16 @@ from cairn.netpolicy import (
     proxy_environment,
 )
 from cairn.protocol.broker import (
+    CHECK_OUTPUT_LIMIT,
     AgentStarted,
     AgentStopped,
     ApplyResult,
     CandidateFailure,
     CandidateResult,
+    CheckResult,
 )
-from cairn.protocol.launch import LaunchDescription
-from cairn.systemd import Systemd, cgroup_is_empty
+from cairn.protocol.launch import LaunchDescription, VerifierSpec
+from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
     AgentUnitSpec,
@@ -291,19 +293,63 @@ def require_quiesced(unit: str, control_group: str) -> None:
         raise BrokerRefused(f"{unit} left processes in {control_group}; no checkpoint yet")
 
 
-def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
-    """Start a helper unit and wait until it is gone; return its final state."""
+def _run_to_end(spec: HelperUnitSpec, name: str, timeout: float) -> UnitState:
     with Systemd() as sd:
         job = sd.start_transient_service(name, helper_unit_properties(spec))
         sd.wait_started(job)
         state = sd.wait_inactive(name, timeout)
         sd.unref(name)
+    return state
+
+
+def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+    """Start a helper unit and wait until it is gone; return its final state."""
+    state = _run_to_end(spec, name, timeout)
     if state.result != "success":
         raise SystemdError(
             f"{name} failed ({state.result}, status {state.exec_main_status})",
             hint=f"see 'journalctl -u {name}'",
         )
     return {"unit": name, "invocation_id": state.invocation_id}
+
+
+def run_check(
+    desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
+) -> CheckResult:
+    """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
+    F) as the project's owner, without network, and wait for it. Pass or fail comes from
+    systemd (the exit status of the administrator's argv), the output from the journal by
+    the unit's own invocation, never from a file the check could write."""
+    spec = HelperUnitSpec(
+        description=f"Cairn check {verifier.name} of run {desc.run_id}",
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=verifier.argv,
+        binds=[(str(workspace), "/workspace")],
+        working_directory="/workspace",
+        environment=verifier.environment,
+        memory_max=desc.limits.memory_max,
+        tasks_max=512,
+        cpu_quota_percent=100 * max(1, os.cpu_count() or 1),
+        runtime_max_sec=verifier.timeout_sec,
+        log_fields={"CAIRN_RUN": desc.run_id},
+    )
+    name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
+    state = _run_to_end(spec, name, verifier.timeout_sec + 60)
+    output = proc.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
+         f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],
+        check=False,
+    ).stdout.decode(errors="replace")
+    return CheckResult(
+        name=verifier.name,
+        unit=name,
+        invocation_id=state.invocation_id,
+        passed=state.result == "success",
+        result=state.result,
+        exit_status=state.exec_main_status,
+        output=output[-CHECK_OUTPUT_LIMIT:],
+    )
 
 
 def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[str, Any]:

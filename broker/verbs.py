@@ -27,11 +27,13 @@ from cairn.protocol.broker import (
     B,
     CandidateBuilt,
     Checkpointed,
+    CheckResult,
     CoordinatorStarted,
     Forked,
     ForkLane,
     Intent,
     ProposalFrozen,
+    ProposalVerified,
     QPrepared,
     Receipt,
     ReceiptBody,
@@ -408,6 +410,27 @@ def start_revert(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
+def verify_proposal(ctx: Context) -> ProposalVerified:
+    """Run the host's checks frozen in the launch description, each over a fresh writable
+    snapshot of F that is deleted afterwards; stop at the first that fails."""
+    ctx.receipt("settle-candidate", CandidateBuilt)
+    pool = ctx.pool()
+    f = pool.settlement_path(ctx.run_id, "F")
+    workspace = pool.run_dir(ctx.run_id) / "verify"
+    checks: list[CheckResult] = []
+    for verifier in ctx.desc.verifiers:
+        if storage.is_subvolume(workspace):  # left by a crash: a check may have changed it
+            pool.delete(workspace, pool.receipt(workspace))
+        made = pool.snapshot(f, workspace, read_only=False)
+        try:
+            checks.append(units.run_check(ctx.desc, verifier, workspace, ctx.intent.attempt))
+        finally:
+            pool.delete(workspace, made)
+        if not checks[-1].passed:
+            break
+    return ProposalVerified(checks=checks, passed=all(c.passed for c in checks))
+
+
 # --- delete-v1 -----------------------------------------------------------------------
 
 
@@ -434,5 +457,6 @@ HANDLERS = {
     "stop-agent": stop_agent,
     "start-apply": start_apply,
     "start-revert": start_revert,
+    "verify-proposal": verify_proposal,
     "delete-run": delete_run,
 }

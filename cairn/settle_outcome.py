@@ -43,6 +43,11 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
         label = f"conflict, {_paths(conflicts)}{tail}"
     elif status == "noop":
         label = "no changes" + tail
+    elif status == "verification-failed":
+        failed = [c for c in (settlement.get("verification") or {}).get("checks", [])
+                  if not c.get("passed")]
+        name = failed[0].get("name", "?") if failed else "?"
+        label = f"check {name} failed, none applied{tail}"
     elif status == "waiting":
         label = f"waiting for 'cairn apply', {_paths(_count(candidate, 'accepted'))}{tail}"
     elif status == "held":

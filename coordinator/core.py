@@ -161,7 +161,18 @@ class Coordinator(Replay, Settlement, Lease):
             shutil.rmtree(paths.agent_socket_dir(self.run_id), ignore_errors=True)
 
     def finish_run(self, output: dict[str, Any], settlement: dict[str, Any] | None) -> None:
-        if settlement is not None and settlement["status"] == "conflict":
+        if settlement is not None and settlement["status"] == "verification-failed":
+            (check,) = [c for c in settlement["verification"]["checks"] if not c["passed"]]
+            self.journal.set_run_state(
+                self.run_id,
+                "failed",
+                token=self.token,
+                output=output,
+                error=f"proposal not applied: check {check['name']} failed "
+                f"({check['result']}, exit status {check['exit_status']}); "
+                f"see 'cairn show {self.run_id}'",
+            )
+        elif settlement is not None and settlement["status"] == "conflict":
             conflicts = [c["path"] for c in settlement["apply"]["conflicts"]]
             self.journal.set_run_state(
                 self.run_id,

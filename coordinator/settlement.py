@@ -11,7 +11,7 @@ from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
 from cairn.coordinator.interactions import RunSuspended
 from cairn.errors import BrokerRefused
 from cairn.policy import fingerprint, load_policy
-from cairn.protocol.broker import ApplyDone, CandidateBuilt, Receipt
+from cairn.protocol.broker import ApplyDone, CandidateBuilt, ProposalVerified, Receipt
 from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
 
@@ -36,10 +36,16 @@ class Settlement(CoordinatorBase):
         )
         built = candidate.body(CandidateBuilt)
         settlement: dict[str, Any] = {"candidate": candidate.data}
-        held = self.held_back(built, settlement) if built.accepted else None
+        verified = self.verify_proposal() if built.accepted and self.desc.verifiers else None
+        if verified is not None:
+            settlement["verification"] = verified.model_dump(mode="json")
+        failed = verified is not None and not verified.passed
+        held = self.held_back(built, settlement) if built.accepted and not failed else None
         if not built.accepted:
             settlement["status"] = "noop" if built.inventories_equal else "refused"
             settlement["apply"] = self.nothing_applied()
+        elif failed:
+            settlement.update(status="verification-failed", apply=self.nothing_applied())
         elif held is not None:
             settlement.update(status="held", held=held, apply=self.nothing_applied())
         else:
@@ -49,6 +55,15 @@ class Settlement(CoordinatorBase):
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
         self.event("settled", status=settlement["status"], refused=len(built.refused))
         return settlement
+
+    def verify_proposal(self) -> ProposalVerified:
+        """The host's checks of F (frozen at launch), before anything is applied or asked."""
+        (verified,) = self.broker("launch-v1", [self.intent("verify-proposal", "verify-proposal")])
+        result = verified.body(ProposalVerified)
+        for check in result.checks:
+            self.event("proposal-checked", check=check.name, passed=check.passed,
+                       result=check.result, exit_status=check.exit_status)
+        return result
 
     def held_back(self, built: CandidateBuilt, settlement: dict[str, Any]) -> str | None:
         """Why F stays out of the live project, or None to apply it now. With ``--apply

@@ -34,6 +34,7 @@ from cairn.protocol.launch import (
 )
 from cairn.providers import load_providers
 from cairn.validation import first_error, invalid
+from cairn.verifiers import matching_verifiers
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
@@ -237,6 +238,7 @@ def launch(
     project = check_project(request.project, fd, uid)
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
+    verifiers = matching_verifiers(project.root, request.definition, config)
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
         user = pwd.getpwuid(uid)
@@ -265,6 +267,7 @@ def launch(
         schedule=schedule,
         capsule_hash=current_release(paths.release_dir()),
         apply_mode=request.apply_mode,
+        verifiers=verifiers,
         policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
     )
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")

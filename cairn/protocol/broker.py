@@ -26,6 +26,7 @@ IntentKind = Literal[
     "settle-candidate",
     "start-apply",
     "start-revert",
+    "verify-proposal",
     "delete-run",
 ]
 
@@ -35,6 +36,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "stop-agent": "launch-v1",
     "start-apply": "launch-v1",
     "start-revert": "launch-v1",
+    "verify-proposal": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
     "drop-w": "storage-v1",
@@ -267,6 +269,29 @@ class CandidateBuilt(ReceiptBody):
     diff: str
 
 
+CHECK_OUTPUT_LIMIT = 16 << 10
+
+
+class CheckResult(Frozen):
+    """One verifier's run over a snapshot of F: its unit, how it ended (systemd's result
+    and the exit status) and the tail of what it printed."""
+
+    name: str
+    unit: str
+    invocation_id: str
+    passed: bool
+    result: str
+    exit_status: int
+    output: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
+
+
+class ProposalVerified(ReceiptBody):
+    """verify-proposal: the host's checks of F, in order, up to the first that failed."""
+
+    checks: list[CheckResult]
+    passed: bool
+
+
 class ApplyDone(ReceiptBody):
     """start-apply and start-revert: the apply unit and its result (a revert is an apply
     from F back to Q)."""
@@ -295,6 +320,7 @@ BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
     "settle-candidate": CandidateBuilt,
     "start-apply": ApplyDone,
     "start-revert": ApplyDone,
+    "verify-proposal": ProposalVerified,
     "delete-run": RunDeleted,
 }
 

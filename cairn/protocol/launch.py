@@ -5,6 +5,7 @@ order and defaults are part of the format."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -105,6 +106,20 @@ class SettlementPolicySpec(Frozen):
     max_total_bytes: int = 1 << 30
 
 
+VERIFIER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class VerifierSpec(Frozen):
+    """A host-configured check of the proposal (``/etc/cairn/verifiers.d/NAME.toml``),
+    frozen at launch; see :mod:`cairn.verifiers`."""
+
+    name: str = Field(pattern=VERIFIER_NAME_RE.pattern)
+    argv: list[str] = Field(min_length=1)
+    timeout_sec: int = Field(ge=1, le=86_400)
+    environment: dict[str, str] = {}
+    config_sha256: str
+
+
 class LaunchDescription(Frozen):
     """Everything a run is recovered from. Never re-read from live configuration."""
 
@@ -130,6 +145,7 @@ class LaunchDescription(Frozen):
     created_at: float
     capsule_hash: str | None = None  # the sealed release installed at launch
     apply_mode: ApplyMode = "auto"
+    verifiers: list[VerifierSpec] = []
 
     def launch_hash(self) -> str:
         return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))

