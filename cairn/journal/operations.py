@@ -82,6 +82,12 @@ def check_op_transition(op_id: str, current: str, new: str) -> None:
 
 
 class Operations(Writes):
+    def get_op(self, run_id: str, scope: str, seq: int) -> OpRow | None:
+        row = self.db.execute(
+            "SELECT * FROM operations WHERE run_id=? AND scope=? AND seq=?", (run_id, scope, seq)
+        ).fetchone()
+        return None if row is None else OpRow.from_row(row)
+
     def record_requested(
         self, call: CallRequest, *, run_id: str, op_id: str, predecessor: str | None, token: int
     ) -> OpRow:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from cairn.errors import Busy, NotFound, UsageError
-from cairn.journal.rows import RunState, dumps
+from cairn.journal.rows import RunRow, RunState, dumps
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
@@ -95,6 +95,20 @@ class Runs(Writes):
             kinds = ("applied", "already_applied", "conflicts")
             counts = {k: len(result.get(k) or []) for k in kinds}
             self._event(db, run_id, "reverted", {"status": result.get("status"), **counts})
+
+    # --- listing runs -----------------------------------------------------------------
+
+    def list_runs(self, owner_uid: int | None = None, limit: int = 200) -> list[RunRow]:
+        if owner_uid is None:
+            rows = self.db.execute(
+                "SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
+        else:
+            rows = self.db.execute(
+                "SELECT * FROM runs WHERE owner_uid=? ORDER BY created_at DESC LIMIT ?",
+                (owner_uid, limit),
+            ).fetchall()
+        return [RunRow.from_row(r) for r in rows]
 
     # --- finding a run by a short name -----------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What every writer of the journal shares: lease fencing, events, intents and receipts.
+"""What every writer of the journal shares: lease fencing, events, intents and receipts,
+and reading events and receipts back.
 
 Writes on behalf of a coordinator carry its lease token: :meth:`Writes._fence` refuses a
 token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews the lease.
@@ -6,6 +7,7 @@ token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews th
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import AbstractContextManager
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 from cairn.canonical import canonical_json
 from cairn.errors import LeaseLost, NotFound
 from cairn.journal.reader import JournalReader
+from cairn.journal.rows import EventRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
@@ -47,6 +50,13 @@ class Writes(JournalReader):
     ) -> None:
         with self.transaction() as db:
             self._event(db, run_id, event, data or {}, scope, op_id)
+
+    def events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRow]:
+        rows = self.db.execute(
+            "SELECT * FROM events WHERE run_id=? AND cursor>? ORDER BY cursor LIMIT ?",
+            (run_id, after, limit),
+        ).fetchall()
+        return [EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows]
 
     def _event(
         self,
@@ -94,3 +104,9 @@ class Writes(JournalReader):
                     "INSERT OR IGNORE INTO receipts (intent_id, run_id, body, at) VALUES (?,?,?,?)",
                     (receipt["intent_id"], run_id, canonical_json(receipt), receipt["at"]),
                 )
+
+    def receipts(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT body FROM receipts WHERE run_id=? ORDER BY at", (run_id,)
+        ).fetchall()
+        return [json.loads(r["body"]) for r in rows]
