@@ -10,6 +10,7 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cairn import paths, storage
 from cairn.broker import units
@@ -18,7 +19,6 @@ from cairn.errors import BrokerRefused, CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
-from cairn.operation_kinds import OperationKind
 from cairn.protocol.broker import (
     VERB_OF_KIND,
     AgentStarted,
@@ -43,6 +43,9 @@ from cairn.protocol.broker import (
     WDropped,
 )
 from cairn.protocol.launch import LaunchDescription
+
+if TYPE_CHECKING:  # a type only: root loads no code it does not run
+    from cairn.operation_kinds import OperationKind
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,11 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # test was written, 3,571 once the owner's candidate unit took settlement out of the
 # broker and the journal's writers, migrations, capsule signing and the forwarders left
 # its imports, 3,529 once the reader kept only what the broker reads (listing runs, one
-# operation by its sequence number, events and receipts moved to the writers' parts).
-# Revert, checks of the proposal and --apply
-# added their receipts and launch fields. Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_580
+# operation by its sequence number, events and receipts moved to the writers' parts),
+# less the operation-kind literal once imported for type checking only; revert, checks of
+# the proposal and --apply then added their receipts and launch fields.
+# Issue 17's target is 2,500 lines.
+BROKER_CLOSURE_CEILING = 3_570
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
