@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import configparser
+import json
 import subprocess
 from pathlib import Path
 
@@ -18,6 +21,16 @@ SHIPPED_UNITS = (
     "cairn-coordinator@.service",
 )
 RUN_ID = "flow_" + "0" * 32
+REPO = Path(__file__).resolve().parents[2]
+
+# Import the installed broker the way its unit starts it (python3 -I) and print every
+# cairn module that loaded, with the length of its source file.
+BROKER_IMPORTS = """
+import json, sys
+import cairn.broker.__main__, cairn.broker.verbs
+loaded = {n: m.__file__ for n, m in sys.modules.items() if n == "cairn" or n.startswith("cairn.")}
+print(json.dumps({n: len(open(f).read().splitlines()) for n, f in loaded.items()}))
+"""
 
 
 def _out(result: subprocess.CompletedProcess[bytes]) -> str:
@@ -97,6 +110,32 @@ def test_users_can_use_the_package_but_not_the_broker(machine: Machine) -> None:
     )
     broker = machine.exec(["python3", "-c", connect, "/run/cairn/broker.sock"], user="alice")
     assert _out(broker) == "denied"
+
+
+def _broker_closure_ceiling() -> int:
+    """``BROKER_CLOSURE_CEILING`` of the unit tier, which measures the source tree."""
+    tree = ast.parse((REPO / "tests" / "unit" / "test_import_rules.py").read_text())
+    for node in tree.body:
+        names = [getattr(t, "id", None) for t in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and names == ["BROKER_CLOSURE_CEILING"]:
+            return int(ast.literal_eval(node.value))
+    raise AssertionError("tests/unit/test_import_rules.py has no BROKER_CLOSURE_CEILING")
+
+
+def test_the_installed_broker_loads_only_what_was_measured(machine: Machine) -> None:
+    """What root runs from the package is what the unit tier measured from the tree: none of
+    the modules the broker's import contract forbids, and no more lines of library code
+    than the ceiling."""
+    loaded = json.loads(_out(machine.exec(["/usr/bin/python3", "-I", "-c", BROKER_IMPORTS])))
+    assert "cairn.broker.verbs" in loaded and "cairn.journal.reader" in loaded
+    contract = configparser.ConfigParser()
+    contract.read(REPO / ".importlinter")
+    forbidden = contract["importlinter:contract:broker"]["forbidden_modules"].split()
+    assert not [m for m in loaded for f in forbidden if m == f or m.startswith(f + ".")]
+    library = sum(
+        n for m, n in loaded.items() if m != "cairn.broker" and not m.startswith("cairn.broker.")
+    )
+    assert 0 < library <= _broker_closure_ceiling()
 
 
 def test_bound_pool_is_btrfs_inside(machine: Machine) -> None:
