@@ -17,7 +17,7 @@ from cairn import untrusted
 from cairn.definitions.files import check_name, read_record, read_source, trust_path, write_record
 from cairn.definitions.user import check_confirm
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
-from cairn.protocol.definitions import TrustedProject, TrustFile, trust_hash
+from cairn.protocol.definitions import NAME_RE, TrustedProject, TrustFile, trust_hash
 from cairn.workflow.review import Review, review_source
 
 WORKFLOWS = ".cairn/workflows"
@@ -46,9 +46,10 @@ def open_project(root: str) -> Iterator[int]:
         os.close(fd)
 
 
-def definition_names(project_fd: int, root: str) -> list[str]:
+def definition_names(project_fd: int, root: str, *, strict: bool = True) -> list[str]:
     """The names of the ``*.py`` files in ``.cairn/workflows/`` (no link followed on the
-    way); a file whose stem cannot name a definition is refused."""
+    way); a file whose stem cannot name a definition is refused (left out unless
+    ``strict``)."""
     try:
         cairn_fd = os.open(".cairn", _DIR_NOFOLLOW, dir_fd=project_fd)
         try:
@@ -63,7 +64,9 @@ def definition_names(project_fd: int, root: str) -> list[str]:
         files = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
     finally:
         os.close(folder)
-    return [check_name(n[:-3], "project") for n in files]
+    if strict:
+        return [check_name(n[:-3], "project") for n in files]
+    return [n[:-3] for n in files if NAME_RE.match(n[:-3])]
 
 
 def read_definition(project_fd: int, root: str, name: str) -> str:
@@ -175,7 +178,7 @@ def project_status(record: TrustedProject) -> dict[str, tuple[Status, str]]:
     found: dict[str, tuple[Status, str]] = {}
     try:
         with open_project(record.root) as fd:
-            names = set(definition_names(fd, record.root))
+            names = set(definition_names(fd, record.root, strict=False))
             for name in sorted(names | set(record.definitions)):
                 if name not in names:
                     found[name] = ("missing", record.definitions[name])
@@ -190,6 +193,6 @@ def project_status(record: TrustedProject) -> dict[str, tuple[Status, str]]:
                     "untrusted" if trusted is None else "trusted" if trusted == now else "changed"
                 )
                 found[name] = (status, now)
-    except NotFound:
+    except CairnError:  # the project is gone or its definitions folder unreadable
         return {name: ("missing", h) for name, h in record.definitions.items()}
     return found

@@ -334,6 +334,39 @@ def test_a_project_definition_that_is_a_link_is_refused(
     assert error.message == f"{target}: a symbolic link on the way; not followed"
 
 
+def test_list_shows_what_became_of_a_trusted_projects_definitions(
+    config: Path, project: Path
+) -> None:
+    trust.trust(str(project), project_hash(project))
+    folder = project / ".cairn" / "workflows"
+    (folder / "Not A Name.py").write_text(SOURCE)  # cannot name a definition: left out
+    (folder / "more.py").write_text(SOURCE)
+    statuses = {r["definition"]: r["status"] for r in resolve.listing()}
+    assert statuses == {
+        "builtin:implement": "builtin",
+        "project:more": "untrusted",
+        "project:tidy": "trusted",
+    }
+    (folder / "tidy.py").unlink()
+    assert {r["definition"]: r["status"] for r in resolve.listing()}["project:tidy"] == "missing"
+    error = refused(UsageError, trust.trust, str(project), project_hash(project))
+    assert error.message == "project:Not A Name is not a definition name"
+
+
+def test_a_project_without_definitions_cannot_be_trusted(config: Path, tmp_path: Path) -> None:
+    error = refused(NotFound, trust.trust, str(tmp_path), project_hash(tmp_path))
+    assert error.message == f"{tmp_path} has no definitions in .cairn/workflows/"
+
+
+def test_untrust_forgets_the_decision(config: Path, project: Path) -> None:
+    trust.trust(str(project), project_hash(project))
+    result = CliRunner().invoke(app, ["project", "untrust", str(project)])
+    assert result.exit_code == 0, result.output
+    refused(PermissionDenied, launch_project, project)
+    error = refused(NotFound, trust.untrust, str(project))
+    assert error.message == f"{project} is not trusted"
+
+
 # --- what cairn launch sends, and what cairnd accepts ---------------------------------------
 
 
@@ -390,4 +423,17 @@ def test_cairnd_never_reads_user_or_project_definitions_itself() -> None:
     error = refused(UsageError, daemon_launch.resolve_definition, "user:fix-flaky")
     assert error.message == (
         "user:fix-flaky: cairnd does not read user: or project: definitions itself"
+    )
+
+
+def test_a_confirmation_given_with_a_named_definition_must_be_its_hash(
+    config: Path, wf: Path, project: Path, sent: list[LaunchRequest]
+) -> None:
+    user.install(wf, review_hash(SOURCE))
+    other = review_hash(CHANGED)
+    argv = ["launch", "user:fix-flaky", "--project", str(project), "--confirm", other]
+    result = CliRunner().invoke(app, argv)
+    assert isinstance(result.exception, PermissionDenied) and sent == []
+    assert result.exception.message == (
+        f"user:fix-flaky has review hash {review_hash(SOURCE)}, not the confirmed {other}"
     )
