@@ -21,7 +21,7 @@ from cairn.definitions.files import (
     write_record,
 )
 from cairn.errors import NotFound, PermissionDenied, UsageError
-from cairn.protocol.definitions import HASH_RE, InstalledDefinition
+from cairn.protocol.definitions import HASH_RE, NAME_RE, InstalledDefinition
 from cairn.workflow.review import Review, render_review, review_source
 
 DRAFT_TEMPLATE = '''\
@@ -132,7 +132,7 @@ def all_installed() -> list[InstalledDefinition]:
     if not folder.is_dir():
         return []
     names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
-    found = [find_installed(name) for name in names if not name.startswith(".")]
+    found = [find_installed(name) for name in names if NAME_RE.match(name)]
     return [record for record in found if record is not None]
 
 
