@@ -212,6 +212,8 @@ def test_expose_pins_the_installed_hash_and_a_reinstall_makes_it_stale(
     result = CliRunner().invoke(app, ["workflow", "expose", "user:fix-flaky"])
     assert result.exit_code == 0, result.output
     assert registry.exposed_hashes() == {"user:fix-flaky": review_hash(SOURCE)}
+    shown = CliRunner().invoke(app, ["workflow", "list"]).output.splitlines()
+    assert f"user:fix-flaky     {review_hash(SOURCE)}  installed  exposed=yes  {wf}" in shown
     wf.write_text(CHANGED)
     user.install(wf, review_hash(CHANGED), replace=True)
     row = next(r for r in resolve.listing() if r["definition"] == "user:fix-flaky")
