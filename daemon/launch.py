@@ -19,11 +19,13 @@ from cairn import paths
 from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
+from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.journal import Journal
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
+from cairn.protocol.definitions import DEFINITION_RE
 from cairn.protocol.launch import (
     LaunchDescription,
     Limits,
@@ -38,36 +40,36 @@ from cairn.verifiers import matching_verifiers
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
-BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
 PROFILE_FILE_RE = re.compile(r"^[a-z0-9:_-]{1,80}$")
-
-
-def builtin_names() -> list[str]:
-    folder = resources.files("cairn.builtin") / "workflows"
-    return sorted(p.name[:-3] for p in folder.iterdir() if p.name.endswith(".py"))
+PROFILE_BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
 
 
 def resolve_definition(definition: str) -> tuple[str, str]:
-    """Return (source, filename) of a definition; only ``builtin:`` in this version."""
-    match = BUILTIN_RE.match(definition)
-    if match is None:
-        if definition.startswith(("user:", "project:")):
+    """Return (source, filename) of a definition cairnd reads itself: ``builtin:`` only.
+    ``user:`` and ``project:`` definitions live where cairnd does not read (the person's
+    config, the project): the client sends their source with the confirmed hash."""
+    match = DEFINITION_RE.match(definition)
+    if match is None or match.group(1) != "builtin":
+        if match is not None:
             raise UsageError(
-                f"{definition}: user: and project: definitions are not supported yet",
-                hint=f"builtin definitions: {', '.join(builtin_names())}",
+                f"{definition}: cairnd does not read user: or project: definitions itself",
+                hint="'cairn launch' sends their source; schedules take builtin: definitions "
+                "in this version",
             )
         raise NotFound(
             f"unknown definition {definition!r}",
             hint=f"builtin definitions: {', '.join('builtin:' + n for n in builtin_names())}",
         )
-    name = match.group(1)
-    file = resources.files("cairn.builtin") / "workflows" / f"{name.replace('-', '_')}.py"
-    if not file.is_file():
-        raise NotFound(
-            f"unknown definition {definition!r}",
-            hint=f"builtin definitions: {', '.join('builtin:' + n for n in builtin_names())}",
-        )
-    return file.read_text(), f"{name}.py"
+    return builtin_source(match.group(2))
+
+
+def source_filename(definition: str) -> str:
+    """The file name sent source is reviewed under: ``NAME.py`` of a ``user:`` or
+    ``project:`` definition, a workflow file's own basename otherwise."""
+    match = DEFINITION_RE.match(definition)
+    if match is not None and match.group(1) != "builtin":
+        return f"{match.group(2)}.py"
+    return file_definition_name(definition)
 
 
 def file_definition_name(definition: str) -> str:
@@ -76,6 +78,20 @@ def file_definition_name(definition: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,80}\.py", name):
         raise UsageError(f"{definition!r} is not a workflow file name (NAME.py)")
     return name
+
+
+def unconfirmed(definition: str, filename: str, review_hash: str) -> PermissionDenied:
+    """Sent source whose review hash is not the one the person confirmed."""
+    if DEFINITION_RE.match(definition):
+        return PermissionDenied(
+            f"{definition} does not match its confirmed hash: its review hash is {review_hash}",
+            hint="it changed while it was being launched; launch it again",
+        )
+    return PermissionDenied(
+        f"{filename} is not confirmed: its review hash is {review_hash}",
+        hint=f"read 'cairn workflow review {definition}', then launch with "
+        f"--confirm {review_hash}",
+    )
 
 
 def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +126,7 @@ def check_project(path: str | None, fd: int | None, uid: int) -> ProjectSpec:
 
 def builtin_profile_prompt(name: str) -> str | None:
     """The system prompt of ``builtin:NAME`` shipped with Cairn, if there is one."""
-    match = BUILTIN_RE.match(name)
+    match = PROFILE_BUILTIN_RE.match(name)
     if match is None:
         return None
     file = resources.files("cairn.builtin") / "profiles" / f"{match.group(1)}.md"
@@ -223,14 +239,10 @@ def launch(
     if not request.definition:
         raise UsageError("no definition given", hint="e.g. cairn launch builtin:implement")
     if request.source is not None:
-        source, filename = request.source, file_definition_name(request.definition)
+        source, filename = request.source, source_filename(request.definition)
         review = review_source(source, filename=filename)
         if request.confirm != review.review_hash:
-            raise PermissionDenied(
-                f"{filename} is not confirmed: its review hash is {review.review_hash}",
-                hint=f"read 'cairn workflow review {request.definition}', then launch with "
-                f"--confirm {review.review_hash}",
-            )
+            raise unconfirmed(request.definition, filename, review.review_hash)
     else:
         source, filename = resolve_definition(request.definition)
         review = review_source(source, filename=filename)

@@ -1,10 +1,10 @@
 """The ``cairn`` command. It talks only to cairnd (:mod:`cairn.cli.client`); it never
-touches the journal or storage (except ``storage init`` and ``workflow review``, which are
-local by nature).
+touches the journal or storage (except ``storage init``, which is local by nature).
+``workflow`` and ``project`` keep the person's own definitions in their config, locally.
 
 One module per concern: ``runs`` and ``people`` add top-level commands, ``storage``,
-``workflow`` and ``schedule`` are sub-apps; ``client`` and ``options`` are what they
-share. This module only assembles them, and none of them imports it.
+``workflow``, ``schedule`` and ``project`` are sub-apps; ``client`` and ``options`` are
+what they share. This module only assembles them, and none of them imports it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.project import project_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -36,6 +37,7 @@ people.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(project_app, name="project")
 
 
 def version() -> str:

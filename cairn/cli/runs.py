@@ -22,6 +22,8 @@ from cairn.cli.options import (
     load_scripted,
     parse_limits,
 )
+from cairn.definitions.resolve import for_launch, refuse_draft_file
+from cairn.errors import PermissionDenied
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -91,9 +93,11 @@ def launch(
     ] = ApplyModeOption.auto,
     json_out: JsonFlag = False,
 ) -> None:
-    """Launch a workflow run on a project (a builtin:NAME, or a reviewed FILE.py)."""
+    """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
+    project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
     source = None
     if definition.endswith(".py"):
+        refuse_draft_file(Path(definition), "launched")
         try:
             source = Path(definition).read_text()
         except OSError as exc:
@@ -118,6 +122,8 @@ def launch(
     except PermissionError:
         fail(f"project {root} is not readable by you", code=2)
     try:
+        if definition.startswith(("user:", "project:")):
+            source, confirm = _pinned(definition, confirm, fd, os.path.normpath(str(root)))
         result = request(
             LaunchRequest(
                 definition=definition,
@@ -140,6 +146,18 @@ def launch(
         emit(result)
     else:
         typer.echo(result["run_id"])
+
+
+def _pinned(definition: str, confirm: str | None, fd: int, root: str) -> tuple[str, str]:
+    """(source, review hash) of a user: or project: definition as installed or trusted;
+    a --confirm given with it must be that hash."""
+    source, review_hash = for_launch(definition, fd, root)
+    if confirm is not None and confirm != review_hash:
+        raise PermissionDenied(
+            f"{definition} has review hash {review_hash}, not the confirmed {confirm}",
+            hint="launch it without --confirm: its install or trust decision confirms it",
+        )
+    return source, review_hash
 
 
 def ps(

@@ -9,6 +9,7 @@ import pwd
 from pathlib import Path
 from typing import Any
 
+from cairn import userpaths
 from cairn.fsutil import write_atomic
 from cairn.proc import run
 from cairn.schedules import SCHEDULE_ID_RE, timer_name
@@ -18,9 +19,7 @@ TIMER_FILE_RE_PREFIX = "cairn-schedule@"
 
 def user_unit_dir() -> Path:
     """Where user unit files live and survive reboots: ``~/.config/systemd/user``."""
-    config = os.environ.get("XDG_CONFIG_HOME")
-    base = Path(config) if config else Path(pwd.getpwuid(os.getuid()).pw_dir) / ".config"
-    return base / "systemd" / "user"
+    return userpaths.config_home() / "systemd" / "user"
 
 
 def timer_path(schedule_id: str) -> Path:

@@ -1,17 +1,54 @@
-"""``cairn workflow``: workflow definitions. ``review`` is local: it reads the file and
-reviews it statically, never runs it and never asks cairnd."""
+"""``cairn workflow``: workflow definitions. Everything here is local: it reads and writes
+the person's own files (``$XDG_CONFIG_HOME/cairn/``, :mod:`cairn.definitions`), reviews
+statically, never runs a workflow and never asks cairnd."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
+from typing import Annotated
 
+import click
 import typer
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import JsonFlag
+from cairn.cli.options import JsonFlag, emit_or_empty
+from cairn.definitions import registry, resolve, user
+from cairn.errors import UsageError
 from cairn.workflow.review import render_review, review_source
 
 workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
+
+ConfirmOption = Annotated[
+    str, typer.Option(help="The review hash you confirmed (sha256:…, from 'workflow review').")
+]
+
+
+def _user_name(definition: str) -> str:
+    namespace, name = resolve.split(definition)
+    if namespace != "user":
+        raise UsageError(f"{definition} is not a user: definition", hint="name it user:NAME")
+    return name
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+@workflow_app.command("draft")
+def workflow_draft(name: str) -> None:
+    """Start (or reopen) an inert draft NAME.py in your config; opened in $EDITOR on a
+    terminal, its path printed otherwise. A draft is never listed, launched or exposed."""
+    path = user.create_draft(name)
+    editor = os.environ.get("EDITOR", "").strip()
+    if editor and sys.stdin.isatty() and sys.stdout.isatty():
+        try:  # the CLI framework's editor launcher: $EDITOR may hold arguments, as in git
+            typer.edit(filename=str(path), editor=editor)
+        except click.ClickException as exc:
+            fail(f"{exc.message}; the draft is {path}")
+    typer.echo(str(path))
 
 
 @workflow_app.command("review")
@@ -26,3 +63,102 @@ def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
         emit(review.model_dump(mode="json"))
     else:
         typer.echo(render_review(review))
+
+
+@workflow_app.command("install")
+def workflow_install(
+    file: Path,
+    confirm: ConfirmOption,
+    name: Annotated[str | None, typer.Option(help="Install as user:NAME.")] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace an installed definition of that name.")
+    ] = False,
+) -> None:
+    """Install a reviewed FILE.py as user:NAME (NAME: the file's stem) if its review hash
+    is the one you confirmed."""
+    record = user.install(file, confirm, name=name, replace=replace)
+    typer.echo(f"installed user:{record.name}  {record.review_hash}")
+
+
+@workflow_app.command("list")
+def workflow_list(json_out: JsonFlag = False) -> None:
+    """Definitions: builtin, installed user: and project: of trusted projects (drafts are
+    not listed: they cannot be launched)."""
+    rows = resolve.listing()
+    if emit_or_empty(rows, json_out, empty="no definitions"):
+        return
+    width = max(len(r["definition"]) for r in rows)
+    for row in rows:
+        extra = "  ".join(
+            part
+            for part in (
+                row["status"],
+                f"exposed={row['exposed']}" if row["exposed"] else "",
+                row["where"],
+            )
+            if part
+        )
+        typer.echo(f"{row['definition']:<{width}}  {row['review_hash'] or '-':<71}  {extra}")
+
+
+@workflow_app.command("show")
+def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
+    """An installed user:NAME: its manifest, hash, when and by whom it was installed, and
+    its source."""
+    record = user.installed(_user_name(definition), purpose="shown")
+    review = user.checked_review(record)
+    if json_out:
+        emit({**record.model_dump(mode="json"), "review": review.model_dump(mode="json")})
+        return
+    typer.echo(f"definition    user:{record.name}")
+    typer.echo(f"installed     {_when(record.installed_at)} by {record.installed_by}")
+    typer.echo(f"from          {record.installed_from}")
+    typer.echo(render_review(review))
+    typer.echo("source")
+    for line in record.source.splitlines():
+        typer.echo(f"  {line}")
+
+
+@workflow_app.command("diff")
+def workflow_diff(definition: str, file: Path) -> None:
+    """What installing FILE over user:NAME would change in its manifest."""
+    record = user.installed(_user_name(definition), purpose="compared")
+    new_hash, lines = user.manifest_diff(record, file)
+    if new_hash == record.review_hash:
+        typer.echo(f"no change: {file} is user:{record.name} as installed ({new_hash})")
+        return
+    typer.echo(f"review hash   {record.review_hash} -> {new_hash}")
+    if not lines:
+        typer.echo("manifest unchanged; only the source differs")
+    for line in lines:
+        typer.echo(line)
+    typer.echo(
+        f"to install it: cairn workflow install {file} --name {record.name} --replace "
+        f"--confirm {new_hash}"
+    )
+
+
+@workflow_app.command("remove")
+def workflow_remove(definition: str) -> None:
+    """Remove an installed user:NAME (and its exposure, if it was exposed)."""
+    name = _user_name(definition)
+    registry.load_registry()  # a malformed registry refuses before anything is removed
+    record = user.remove(name)
+    registry.unexpose(f"user:{name}", missing_ok=True)
+    typer.echo(f"removed user:{record.name}  {record.review_hash}")
+
+
+@workflow_app.command("expose")
+def workflow_expose(definition: str) -> None:
+    """Expose an installed user:NAME (or a builtin:NAME) to models, at its current
+    review hash."""
+    review_hash = resolve.exposable_hash(definition)
+    registry.expose(definition, review_hash)
+    typer.echo(f"exposed {definition}  {review_hash}")
+
+
+@workflow_app.command("unexpose")
+def workflow_unexpose(definition: str) -> None:
+    """Stop exposing a definition to models (a person can still launch it)."""
+    registry.unexpose(definition)
+    typer.echo(f"unexposed {definition}")

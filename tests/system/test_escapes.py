@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 from machine import Machine
+from test_definitions import SOURCE as TRUSTED_SOURCE
+from test_definitions import put, trust_project
 from test_end_to_end import cairn, finished, launch, make_project, show, wait_for, write_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -661,3 +663,22 @@ def test_hostile_code_in_the_control_worker_reaches_nothing(booted: Machine) -> 
     assert len(report) == 10
     allowed = {k: v for k, v in report.items() if v == "ALLOWED"}
     assert not allowed, report
+
+
+def test_a_trusted_project_definition_an_agent_rewrote_is_refused(booted: Machine) -> None:
+    """An agent can change a project, and its change is applied; it cannot change the
+    owner's trust decision, so the definition it rewrote no longer launches."""
+    project = fresh_project(booted)
+    definition = put(booted, f"{project}/.cairn/workflows/tidy.py", TRUSTED_SOURCE)
+    trust_project(booted, project)
+    steps = [{"action": "append", "path": ".cairn/workflows/tidy.py", "content": "# {prompt}\n"}]
+    _project, run_id, data = run_script(booted, steps, "rewritten by the agent", project=project)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert b"# rewritten by the agent\n" in booted.exec(["cat", definition]).stdout
+    proc = booted.exec(
+        ["cairn", "launch", "project:tidy", "--project", project], user="alice", check=False
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.decode().startswith(
+        f"cairn: project:tidy changed since {project} was trusted (review hash now sha256:"
+    ), proc.stderr.decode()

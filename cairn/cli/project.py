@@ -1,0 +1,51 @@
+"""``cairn project``: the person's trust decisions about projects' own definitions
+(``PROJECT/.cairn/workflows/``). Local, like ``cairn workflow``: cairnd never reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cairn.definitions import trust
+from cairn.protocol.definitions import trust_hash
+from cairn.workflow.review import render_review
+
+project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
+
+
+@project_app.command("trust")
+def project_trust(
+    path: Annotated[Path, typer.Argument(help="The project directory.")],
+    confirm: Annotated[
+        str | None,
+        typer.Option(help="The trust hash you confirmed (printed without --confirm)."),
+    ] = None,
+) -> None:
+    """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
+    trust hash. With it: trust them as they are now (a definition that changes later is
+    refused until you confirm again)."""
+    root = trust.project_root(path)
+    if confirm is not None:
+        record = trust.trust(root, confirm)
+        names = ", ".join(f"project:{n}" for n in record.definitions)
+        typer.echo(f"trusted {root}: {names}")
+        return
+    with trust.open_project(root) as fd:
+        reviews = trust.review_project(fd, root)
+    for name, review in reviews.items():
+        typer.echo(f"== project:{name}")
+        typer.echo(render_review(review))
+        typer.echo("")
+    expected = trust_hash(root, {n: r.review_hash for n, r in reviews.items()})
+    typer.echo(f"trust_hash: {expected}")
+    typer.echo(f"to trust them: cairn project trust {root} --confirm {expected}")
+
+
+@project_app.command("untrust")
+def project_untrust(path: Path) -> None:
+    """Forget the trust decision for PATH: its project: definitions cannot be launched."""
+    root = trust.project_root(path)
+    trust.untrust(root)
+    typer.echo(f"untrusted {root}")
