@@ -94,8 +94,8 @@ class OperationSpec:
     - ``is_marker``: no effect; committed at once as ``{"marked": kind}`` so views and
       replay see it.
     - ``leaves_boundary``: it commits an agent boundary with a checkpoint of W.
-    - ``carried_out``: ``False`` for a kind the review accepts but this version refuses
-      at run time (no coordinator handler).
+    - ``carried_out``: ``False`` for a kind this release has no coordinator handler for;
+      the review refuses its calls.
     """
 
     kind: OperationKind
