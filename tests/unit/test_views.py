@@ -69,8 +69,7 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Journal
 
 def insert_op(
     journal: Journal, scope: str, seq: int, kind: str, request: dict[str, Any], *,
-    state: str = "committed", predecessor: str | None = None, created: float = 10.0,
-    updated: float = 11.0,
+    state: str = "committed", predecessor: str | None = None,
 ) -> str:
     """An operation row written by hand, as a damaged or foreign journal could hold it."""
     op_id = f"{scope}-{seq}"
@@ -79,7 +78,7 @@ def insert_op(
         " source_location, predecessor, state, created_at, updated_at)"
         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (RUN, scope, seq, op_id, kind, canonical_json(request), "sha256:0", "wf.py:9:5",
-         predecessor, state, created, updated),
+         predecessor, state, 10.0, 11.0),
     )
     return op_id
 
@@ -223,17 +222,25 @@ def test_items_out_of_order_or_outside_the_list_withhold_that_worklist(journal: 
 
 
 def test_an_operation_finished_before_it_started_is_reported(journal: Journal) -> None:
-    backwards = insert_op(journal, "root", 1, "agent", {"prompt": "p"},
-                          created=50.0, updated=40.0)
-    early = insert_op(journal, "root", 2, "agent", {"prompt": "q"}, predecessor=backwards)
-    insert_event(journal, "op-committed", early, {})
-    insert_event(journal, "op-requested", early, {"kind": "agent"})
+    fine = insert_op(journal, "root", 1, "agent", {"prompt": "p"})
+    insert_event(journal, "op-requested", fine, {"kind": "agent"})
+    insert_event(journal, "op-committed", fine, {})
+    early = insert_op(journal, "root", 2, "agent", {"prompt": "q"}, predecessor=fine)
+    committed = insert_event(journal, "op-committed", early, {})
+    requested = insert_event(journal, "op-requested", early, {"kind": "agent"})
+    never = insert_op(journal, "root", 3, "agent", {"prompt": "r"}, predecessor=early)
+    insert_event(journal, "op-failed", never, {})
     view = show(journal)
     assert codes(view) == [
-        ("finished-before-started", backwards),
         ("finished-before-started", early),
+        ("finished-before-started", never),
     ]
-    assert "reached a final state at event" in view["integrity"]["issues"][1]["message"]
+    messages = [i["message"] for i in view["integrity"]["issues"]]
+    assert messages == [
+        f"{early} reached a final state at event {committed} before it was requested at "
+        f"event {requested}",
+        f"{never} reached a final state at event {requested + 1} before it was requested",
+    ]
 
 
 def test_a_child_of_a_missing_parent_is_reported(journal: Journal) -> None:
