@@ -2,8 +2,9 @@
 
 The kinds themselves (review rule, request, views, flags) live in
 :mod:`cairn.operations`; a kind that needs the coordinator to act gets one entry here, a
-method of :class:`Handlers`. A kind with no entry (reviewed but not carried out by this
-version) fails the run with "not supported". Each handler takes the journalled operation
+method of :class:`Handlers`. A kind with no entry is one this release does not carry out:
+the review refuses it, and a run reviewed by another version that makes it fails with "not
+supported". Each handler takes the journalled operation
 (not yet committed) and the call, and returns its result and whether it was committed
 just now (a fork is answered by its join, so it never is).
 """

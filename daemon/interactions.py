@@ -22,6 +22,7 @@ from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
+from cairn.journal.snapshot import read_snapshot
 from cairn.policy import (
     RequestExpired,
     StaleRequest,
@@ -230,8 +231,14 @@ def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str
 
 
 def watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
-    """The run's state and its events after ``cursor``, rebuilt from the journal; a
-    watcher polls with the last cursor it saw."""
+    """The run's state and its events after ``cursor``, rebuilt from one read snapshot of
+    the journal (the state never runs ahead of the events); a watcher polls with the last
+    cursor it saw."""
+    with read_snapshot(journal):
+        return _watch(journal, request, uid)
+
+
+def _watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
     run = visible_run(journal, request.run_id, uid)
     events = journal.events(run.run_id, after=request.cursor, limit=WATCH_BATCH)
     waiting = [

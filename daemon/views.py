@@ -8,9 +8,10 @@ from typing import Any
 
 from cairn.errors import NotFound
 from cairn.journal import Journal, RunRow
-from cairn.operations.unroll import worklists
+from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.settle_outcome import summary as settlement_summary
+from cairn.views.run import run_units, run_view
 
 ADMIN_GROUP = "cairn-admin"
 LOG_LINES = 2000
@@ -51,30 +52,13 @@ def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
     return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
 
 
-def _divergence(events: list[Any]) -> dict[str, Any] | None:
-    """The journal's and the replay's view of the call where replay diverged, if it did."""
-    for event in reversed(events):
-        if event.event == "replay-diverged":
-            return {"op_id": event.op_id, **event.data}
-    return None
-
-
-def run_units(receipts: list[dict[str, Any]]) -> list[str]:
-    """Every unit the broker started for the run, in order (import, agents, candidate,
-    apply)."""
-    names: list[str] = []
-    for receipt in receipts:
-        data = receipt.get("data", {})
-        for holder in (data, data.get("import") or {}):
-            unit = holder.get("unit")
-            if isinstance(unit, str) and unit not in names:
-                names.append(unit)
-    return names
-
-
 def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
     owner = None if (all_users and is_admin(uid)) else uid
-    runs = journal.list_runs(owner)
+    with read_snapshot(journal):
+        return _ps_rows(journal, journal.list_runs(owner))
+
+
+def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
     return [
         {
             "run_id": r.run_id,
@@ -91,38 +75,9 @@ def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
 
 
 def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
-    row = visible_run(journal, run_id, uid)
-    ops = journal.list_ops(row.run_id)
-    receipts = journal.receipts(row.run_id)
-    events = journal.events(row.run_id)
-    return {
-        "run": row.model_dump(exclude={"lease_holder", "lease_expires"}),
-        "operations": [
-            {
-                "op_id": o.op_id,
-                "scope": o.scope,
-                "seq": o.seq,
-                "kind": o.kind,
-                "state": o.state,
-                "attempt": o.attempt,
-                "location": o.source_location,
-                "request": o.request,
-                "output": (o.result or {}).get("output"),
-                "handoff": (o.result or {}).get("handoff"),
-                "checkpoint": o.checkpoint,
-                "error": o.error,
-            }
-            for o in ops
-        ],
-        "units": run_units(receipts),
-        "settlement": row.settlement,
-        "settlement_summary": settlement_summary(row.settlement),
-        "schedule": journal.launch_description(row.run_id).schedule,
-        "worklists": worklists(ops),
-        "divergence": _divergence(events),
-        "events": [e.model_dump() for e in events[-50:]],
-        "events_omitted": max(0, len(events) - 50),
-    }
+    """The run's view (:func:`cairn.views.run.run_view`), read from one snapshot."""
+    with read_snapshot(journal):
+        return run_view(journal, visible_run(journal, run_id, uid))
 
 
 def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:

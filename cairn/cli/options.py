@@ -87,3 +87,19 @@ def load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
             {"kind": "scripted", **data, "name": name}
         ).model_dump()
     return scripted
+
+
+def render_waiting(run_id: str, item: dict[str, Any]) -> str:
+    """One line for what a run waits on: a question or an approval request, and the
+    command that answers it (``cairn watch`` and ``cairn show``)."""
+    if item["kind"] == "question":
+        return (
+            f"{item['op_id']} asks: {item['question']} "
+            f"(cairn answer {run_id} --challenge {item['challenge']} VALUE)"
+        )
+    if item["request_id"] == "apply":
+        return f"the proposal waits to be applied (cairn diff {run_id}; cairn apply {run_id})"
+    return (
+        f"{item['request_id']} needs approval "
+        f"(cairn approve {run_id} {item['request_id']} --fingerprint {item['fingerprint']})"
+    )

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import fail, request
-from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty
+from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty, render_waiting
 from cairn.protocol.daemon import (
     AnswerRequest,
     ApplyRequest,
@@ -179,20 +179,6 @@ def render_item(item: dict[str, Any]) -> str:
         f"  prompt: {prepared['prompt'][:200]}\n"
         f"  cairn approve {run} {item['request_id']} --fingerprint {item['fingerprint']}\n"
         f"  cairn reject {run} {item['request_id']} --reason …"
-    )
-
-
-def render_waiting(run_id: str, item: dict[str, Any]) -> str:
-    if item["kind"] == "question":
-        return (
-            f"{item['op_id']} asks: {item['question']} "
-            f"(cairn answer {run_id} --challenge {item['challenge']} VALUE)"
-        )
-    if item["request_id"] == "apply":
-        return f"the proposal waits to be applied (cairn diff {run_id}; cairn apply {run_id})"
-    return (
-        f"{item['request_id']} needs approval "
-        f"(cairn approve {run_id} {item['request_id']} --fingerprint {item['fingerprint']})"
     )
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,7 @@ from cairn.cli.options import (
     emit_or_empty,
     load_scripted,
     parse_limits,
+    render_waiting,
 )
 from cairn.definitions.resolve import for_launch, refuse_draft_file
 from cairn.errors import PermissionDenied
@@ -194,6 +195,7 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     typer.echo(f"project {run['project']}")
     if run.get("error"):
         typer.echo(f"error: {run['error']}")
+    _echo_integrity(data.get("integrity") or {})
     typer.echo("operations:")
     for op in data["operations"]:
         cp = (op.get("checkpoint") or {}).get("s", {})
@@ -217,6 +219,10 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
         for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
             typer.echo(f"  {symbols[item_state]} {item}")
+    question = data.get("question")
+    if question:
+        more = f" (and {question['also_waiting']} more)" if question["also_waiting"] else ""
+        typer.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
     divergence = data.get("divergence")
     if divergence:
         typer.echo(f"replay diverged at {divergence['op_id']} ({', '.join(divergence['fields'])}):")
@@ -239,6 +245,22 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         typer.echo(f"output: {json.dumps(run['output'])}")
     if data["units"]:
         typer.echo("units: " + " ".join(data["units"]))
+    latest = data.get("latest_event")
+    if latest:
+        typer.echo(f"events: {data['events_shown']} (--json lists them); latest "
+                   f"#{latest['cursor']} {latest['event']}"
+                   + (f" {latest['op_id']}" if latest.get("op_id") else ""))
+
+
+def _echo_integrity(integrity: dict[str, Any]) -> None:
+    """Contradictions first: what follows is built only from the records that agree."""
+    issues = integrity.get("issues", [])
+    if not issues:
+        return
+    typer.echo(f"integrity: {len(issues)} contradiction(s) in the journal; nothing below is "
+               "built on them ('cairn doctor' cross-checks the run)")
+    for issue in issues:
+        typer.echo(f"  ! {issue['code']}: {issue['message']}")
 
 
 def reconcile(

@@ -62,6 +62,8 @@ MARKER_KINDS: tuple[OperationKind, ...] = tuple(k for k, s in KINDS.items() if s
 BOUNDARY_KINDS: tuple[OperationKind, ...] = tuple(
     k for k, s in KINDS.items() if s.leaves_boundary
 )
+AVAILABLE_KINDS: tuple[OperationKind, ...] = tuple(k for k, s in KINDS.items() if s.carried_out)
+"""The kinds this release carries out: the only ones the review accepts."""
 
 
 def is_kind(name: str) -> TypeGuard[OperationKind]:
@@ -77,6 +79,7 @@ def spec_of(kind: OperationKind) -> OperationSpec:
 __all__ = [
     "AGENT",
     "ALL_KINDS",
+    "AVAILABLE_KINDS",
     "BOUNDARY_KINDS",
     "FORK_KINDS",
     "KINDS",

@@ -1,7 +1,7 @@
 """``flow.measure_proposal(...)``: measure W with an evaluator (ARCHITECTURE §4.1).
 
-Review: the site needs ``evaluator``. This version reviews the call but has no
-coordinator handler: a run that makes it fails with "not supported".
+Review: the site would need ``evaluator``. This release has no coordinator handler for
+it, so the review refuses the call (``carried_out=False``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``flow.settle_experiment(...)``: accept or reject a measured proposal (ARCHITECTURE §4.1).
 
-This version reviews the call (it needs no capability) but has no coordinator handler:
-a run that makes it fails with "not supported".
+This release has no coordinator handler for it, so the review refuses the call
+(``carried_out=False``).
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ class OperationRecord(Protocol):
     """One journalled operation, as views read it."""
 
     @property
+    def op_id(self) -> str: ...
+
+    @property
     def scope(self) -> str: ...
 
     @property
@@ -56,6 +59,17 @@ class OperationRecord(Protocol):
 
     @property
     def request(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """Journal records a view cannot reconcile: ``code`` names the kind of contradiction,
+    ``op_id`` the operation it was found at (``None``: the run), ``message`` says what
+    the records claim. A view reports it and builds nothing on those records."""
+
+    code: str
+    op_id: str | None
+    message: str
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,8 @@ class OperationSpec:
     - ``is_marker``: no effect; committed at once as ``{"marked": kind}`` so views and
       replay see it.
     - ``leaves_boundary``: it commits an agent boundary with a checkpoint of W.
-    - ``carried_out``: ``False`` for a kind the review accepts but this version refuses
-      at run time (no coordinator handler).
+    - ``carried_out``: ``False`` for a kind this release has no coordinator handler for;
+      the review refuses its calls.
     """
 
     kind: OperationKind

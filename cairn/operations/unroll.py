@@ -4,7 +4,8 @@ Both are markers (no effect): ``unroll`` declares the worklist (its title and it
 labels), then one ``item`` per item marks it active and a last ``item`` marks the list
 done; ``flow.item`` on its own marks one active key. The per-item markers are made at
 the ``flow.unroll`` call site, so they belong to its reviewed site. Views rebuild each
-worklist from these markers alone (:func:`worklists`, shown by ``cairn show``).
+worklist from these markers alone (:func:`worklists`, shown by ``cairn show``) and
+report markers that contradict it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cairn.operations.spec import OperationRecord, OperationSpec
+from cairn.operations.spec import Contradiction, OperationRecord, OperationSpec
 
 LABEL_LIMIT = 120
 
@@ -47,10 +48,16 @@ def done_request(worklist: str, count: int) -> dict[str, Any]:
     return {"worklist": worklist, "index": count, "label": "", "done": True}
 
 
-def worklists(ops: Iterable[OperationRecord]) -> list[dict[str, Any]]:
-    """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone: each item
-    done, active or still to come."""
+def worklists(
+    ops: Iterable[OperationRecord],
+) -> tuple[list[dict[str, Any]], list[Contradiction]]:
+    """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone (each item
+    done, active or still to come), and the markers that contradict them: an item of a
+    worklist no ``unroll`` declared before it in its scope, or one out of its order (the
+    runtime marks items 0, 1, … then done, once each). A contradicted worklist is left
+    out rather than guessed at."""
     lists: list[dict[str, Any]] = []
+    problems: list[Contradiction] = []
     revisions: dict[tuple[str, str], int] = {}
     for op in sorted(ops, key=lambda o: (o.scope, o.seq)):
         if op.kind == "unroll":
@@ -65,25 +72,57 @@ def worklists(ops: Iterable[OperationRecord]) -> list[dict[str, Any]]:
                     "done": 0,
                     "active": None,
                     "complete": False,
+                    "contradicted": False,
                 }
             )
         elif op.kind == "item" and op.request.get("worklist"):
-            owners = [
-                w for w in lists if w["scope"] == op.scope and w["title"] == op.request["worklist"]
-            ]
+            title, index = op.request["worklist"], op.request.get("index")
+            owners = [w for w in lists if w["scope"] == op.scope and w["title"] == title]
             if not owners:
+                problems.append(
+                    Contradiction(
+                        "item-without-unroll",
+                        op.op_id,
+                        f"{op.op_id} marks item {index} of worklist {title!r}, which no "
+                        f"flow.unroll of scope {op.scope} declared before it",
+                    )
+                )
                 continue
             current = owners[-1]
-            if op.request.get("done"):
+            expected = 0 if current["active"] is None else current["active"] + 1
+            if current["complete"] or index != expected:
+                problems.append(
+                    Contradiction(
+                        "item-out-of-order",
+                        op.op_id,
+                        f"{op.op_id} marks item {index} of worklist {title!r} "
+                        f"r{current['revision']}, where the journal's markers lead to "
+                        + ("no further item (it is done)" if current["complete"]
+                           else f"item {expected}"),
+                    )
+                )
+                current["contradicted"] = True
+            elif op.request.get("done") and index == len(current["items"]):
                 current.update(done=len(current["items"]), active=None, complete=True)
+            elif index < len(current["items"]):
+                current.update(done=index, active=index)
             else:
-                current.update(done=op.request["index"], active=op.request["index"])
-    for w in lists:
+                problems.append(
+                    Contradiction(
+                        "item-outside-worklist",
+                        op.op_id,
+                        f"{op.op_id} marks item {index} of worklist {title!r} "
+                        f"r{current['revision']}, which has {len(current['items'])} items",
+                    )
+                )
+                current["contradicted"] = True
+    shown = [w for w in lists if not w.pop("contradicted")]
+    for w in shown:
         w["states"] = [
             "done" if i < w["done"] else "active" if i == w["active"] else "waiting"
             for i in range(len(w["items"]))
         ]
-    return lists
+    return shown, problems
 
 
 SPECS = (

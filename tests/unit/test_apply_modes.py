@@ -11,6 +11,7 @@ from test_interactions import OWNER, RUN, SOURCE, incarnation, journal_of, reque
 
 from cairn.coordinator import interactions
 from cairn.daemon import interactions as people
+from cairn.daemon import views
 from cairn.errors import UsageError
 from cairn.protocol.broker import CandidateBuilt, SubvolumeReceipt
 from cairn.protocol.launch import ApplyMode, LaunchDescription, ProfileSpec, ProjectSpec
@@ -72,6 +73,9 @@ def test_ask_waits_then_cairn_apply_lets_it_through(root: Path) -> None:
         assert item["request_id"] == APPLY_REQUEST_ID
         assert item["prepared"]["accepted"] == ["CHANGELOG.md", "src/new.py"]
         assert journal.waiting_for_people(OWNER + 1) == []
+        view = views.show(journal, RUN, OWNER)
+        assert view["integrity"]["issues"] == []  # the settlement is no operation, yet no lie
+        assert view["question"]["request_id"] == APPLY_REQUEST_ID
         journal.request_control(RUN, "pause", actor_uid=OWNER)  # keep the broker out of it
         out = people.dispatch(journal, request("apply"), OWNER)
         assert out["outcome"] == "approved"

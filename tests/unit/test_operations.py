@@ -22,6 +22,7 @@ from cairn.coordinator.dispatch import HANDLERS, Handlers
 from cairn.operation_kinds import OperationKind
 from cairn.operations import (
     ALL_KINDS,
+    AVAILABLE_KINDS,
     BOUNDARY_KINDS,
     FORK_KINDS,
     KINDS,
@@ -36,7 +37,8 @@ from cairn.operations import (
 )
 from cairn.operations.spec import OperationSpec
 from cairn.protocol.control import CallRequest
-from cairn.workflow.review import FLOW_KINDS
+from cairn.workflow.review import FLOW_KINDS, ReviewRejected, review_source
+from cairn.workflow.runtime import Flow
 
 # Modules of the package that define the spec type rather than a kind.
 _NOT_KINDS = {"spec"}
@@ -70,7 +72,8 @@ def test_every_module_is_registered() -> None:
 
 def test_registry_follows_the_literal() -> None:
     assert tuple(KINDS) == ALL_KINDS == get_args(OperationKind)
-    assert FLOW_KINDS == ALL_KINDS  # the review's list, in its order
+    assert set(FLOW_KINDS) <= set(ALL_KINDS)
+    assert FLOW_KINDS == tuple(k for k in ALL_KINDS if k in FLOW_KINDS)  # the literal's order
     for kind, spec in KINDS.items():
         assert spec.kind == kind and spec_of(kind) is spec
         assert spec.summary
@@ -108,6 +111,69 @@ def test_every_carried_out_kind_has_one_coordinator_handler() -> None:
         assert HANDLERS[kind] is Handlers.answer_fork
     for kind in MARKER_KINDS:
         assert HANDLERS[kind] is Handlers.answer_marker
+
+
+# One call of every kind, as a workflow would write it (a new kind needs its example).
+CALL_OF_KIND: dict[str, str] = {
+    "agent": "await flow.agent(worker, prompt=args.text)",
+    "parallel": 'await flow.parallel({"a": lambda: flow.agent(worker, prompt="a")})',
+    "map": "await flow.map([args.text], lambda t: flow.agent(worker, prompt=t))",
+    "unroll": 'await flow.unroll([args.text], lambda t: flow.agent(worker, prompt=t), title="P")',
+    "item": 'await flow.item("k", lambda: flow.agent(worker, prompt="k"))',
+    "ask": 'await flow.ask("Ship it?")',
+    "measure_proposal": 'await flow.measure_proposal("bench", ["runtime"], {"samples": 3}, [])',
+    "settle_experiment": 'await flow.settle_experiment(None, "accept", "faster")',
+    "repeat_until": (
+        "await flow.repeat_until(lambda: flow.agent(worker, prompt=args.text), "
+        "lambda r: True, 3)"
+    ),
+}
+
+WORKFLOW = """
+from cairn.workflow import Field, Model, agent, workflow
+
+
+class Task(Model):
+    text: str = Field(min_length=1)
+
+
+class Done(Model):
+    summary: str
+
+
+worker = agent(profile="builtin:implementer", output=Done)
+
+
+@workflow(description="One call.", input=Task, output=Done)
+async def run(flow, args: Task) -> Done:
+    CALL
+    return Done(summary="ok")
+"""
+
+
+def _review_accepts(kind: str) -> bool:
+    try:
+        review = review_source(WORKFLOW.replace("CALL", CALL_OF_KIND[kind]), filename="wf.py")
+    except ReviewRejected as error:
+        (violation,) = [v for v in error.violations if f"flow.{kind}" in v.message]
+        assert violation.message.startswith(
+            f"flow.{kind}(...) is not available in this release of cairn; use one of "
+        )
+        assert error.message.count("\n") == 0
+        return False
+    assert kind in {c.kind for c in review.calls}
+    return True
+
+
+def test_review_accepts_exactly_the_kinds_the_runtime_carries_out() -> None:
+    """A reviewed workflow can always run: every kind the review lets through has a
+    coordinator handler and a method of the control worker's ``flow``, and every other
+    kind is refused by name."""
+    assert set(CALL_OF_KIND) == set(ALL_KINDS)
+    accepted = {kind for kind in ALL_KINDS if _review_accepts(kind)}
+    assert accepted == set(HANDLERS) == set(FLOW_KINDS) == set(AVAILABLE_KINDS)
+    assert {"measure_proposal", "settle_experiment"}.isdisjoint(accepted)
+    assert all(callable(getattr(Flow, kind, None)) for kind in accepted)
 
 
 def test_requests_keep_their_shape() -> None:

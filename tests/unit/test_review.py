@@ -180,12 +180,11 @@ def test_multi_call_manifest() -> None:
     review = review_source((FIXTURES / "good_multi.py").read_text(), filename="good_multi.py")
     kinds = [c.kind for c in review.calls]
     assert kinds == ["agent", "agent", "parallel", "agent", "map", "agent", "unroll", "item",
-                     "ask", "measure_proposal", "settle_experiment", "repeat_until"]
+                     "ask", "agent", "repeat_until"]
     assert [c.line for c in review.calls] == sorted(c.line for c in review.calls)
     by_kind = {c.kind: c for c in review.calls}
     assert by_kind["ask"].capabilities == ["human"]
     assert by_kind["ask"].answer_schema == "Approval"
-    assert by_kind["measure_proposal"].capabilities == ["evaluator"]
     assert by_kind["parallel"].descriptor is None and by_kind["parallel"].capabilities == []
     assert sorted({c.descriptor for c in review.calls if c.kind == "agent"}) == [
         "implementer", "planner", "researcher"]
@@ -193,7 +192,7 @@ def test_multi_call_manifest() -> None:
     assert all(c.capabilities == ["network:allowlist", "profile:user:researcher"]
                for c in research)
     assert review.capabilities == [
-        "evaluator", "human", "network:allowlist", "profile:builtin:implementer",
+        "human", "network:allowlist", "profile:builtin:implementer",
         "profile:builtin:planner", "profile:user:researcher", "write"]
     assert review.agents["researcher"].allowlist == ("docs.python.org", "*.debian.org")
     assert list(review.models) == ["Point", "Plan", "Verdict", "Approval", "Report"]

@@ -7,12 +7,14 @@ from __future__ import annotations
 import ast
 
 from cairn.operation_kinds import OperationKind
-from cairn.operations import ALL_KINDS, is_kind, spec_of
+from cairn.operations import AVAILABLE_KINDS, is_kind, spec_of
 from cairn.workflow.review.manifest import CallSite
 from cairn.workflow.review.nodes import param_names, position_of, positional_names
 from cairn.workflow.review.state import ReviewState
 
-FLOW_KINDS = ALL_KINDS
+FLOW_KINDS = AVAILABLE_KINDS
+"""The ``flow.<kind>`` calls the review accepts: exactly the kinds the coordinator carries
+out, so a reviewed workflow never stops at run time on an operation it may not make."""
 
 
 def visit_flow_use(state: ReviewState, node: ast.Name, parent: ast.AST | None) -> None:
@@ -72,7 +74,16 @@ def takes_flow(
 
 def record_call(state: ReviewState, call: ast.Call, kind: OperationKind) -> None:
     """Add one call site with its descriptor, answer schema and capabilities, as the
-    kind's review rule (:mod:`cairn.operations`) finds them."""
+    kind's review rule (:mod:`cairn.operations`) finds them; refuse a kind this release
+    does not carry out (its ``carried_out`` flag)."""
+    if kind not in FLOW_KINDS:
+        state.reject(
+            call,
+            "flow",
+            f"flow.{kind}(...) is not available in this release of cairn; "
+            f"use one of {', '.join(FLOW_KINDS)}",
+        )
+        return
     line, col = position_of(call)
     facts = spec_of(kind).review(state, call)
     if facts is None:

@@ -1,0 +1,117 @@
+"""What ``cairn show`` says about one run, built from one read snapshot of the journal.
+
+:func:`run_view` reads every record it uses inside the caller's
+:func:`~cairn.journal.snapshot.read_snapshot`, bounds the events it lists (saying how
+many it left out) yet always names the latest event and the latest replay divergence, and
+fails closed: records that contradict each other are listed under ``integrity`` and no
+facet is built on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from cairn.errors import JournalError
+from cairn.journal import Journal, RunRow
+from cairn.journal.people import ApprovalRow, QuestionRow
+from cairn.journal.snapshot import event_window, op_event_spans, readable_ops
+from cairn.operations.spec import Contradiction
+from cairn.operations.unroll import worklists
+from cairn.settle_outcome import summary as settlement_summary
+from cairn.views import integrity
+
+# How many of a run's events a view lists: its first ones (how it began) and its last.
+FIRST_EVENTS = 25
+LAST_EVENTS = 75
+
+
+def run_units(receipts: list[dict[str, Any]]) -> list[str]:
+    """Every unit the broker started for the run, in order (import, agents, candidate,
+    apply)."""
+    names: list[str] = []
+    for receipt in receipts:
+        data = receipt.get("data", {})
+        for holder in (data, data.get("import") or {}):
+            unit = holder.get("unit")
+            if isinstance(unit, str) and unit not in names:
+                names.append(unit)
+    return names
+
+
+def question_facet(
+    questions: list[QuestionRow], approvals: list[ApprovalRow]
+) -> dict[str, Any] | None:
+    """The run's current open question or approval request (the oldest waiting one), and
+    how many more wait behind it; ``None`` when nothing waits for a person."""
+    waiting = sorted(
+        [
+            (q.created_at, {"kind": "question", "op_id": q.op_id, "question": q.question,
+                            "schema": q.schema_name, "challenge": q.challenge})
+            for q in questions
+            if q.state == "waiting"
+        ]
+        + [
+            (a.created_at, {"kind": "approval", "op_id": a.op_id, "request_id": a.request_id,
+                            "fingerprint": a.fingerprint, "deadline": a.deadline})
+            for a in approvals
+            if a.state == "waiting"
+        ],
+        key=lambda pair: pair[0],
+    )
+    if not waiting:
+        return None
+    return {**waiting[0][1], "also_waiting": len(waiting) - 1}
+
+
+def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
+    """The show view of ``row``'s run; call inside one read snapshot of ``journal``."""
+    if not journal.db.in_transaction:
+        raise JournalError("a run view is built inside one read snapshot of the journal")
+    run_id = row.run_id
+    ops, unreadable = readable_ops(journal, run_id)
+    events = event_window(journal, run_id, head=FIRST_EVENTS, tail=LAST_EVENTS)
+    questions, approvals = journal.questions(run_id), journal.approvals(run_id)
+    lists, list_problems = worklists(ops)
+    problems: list[Contradiction] = [
+        *integrity.unreadable_records([*unreadable, *events.unreadable]),
+        *integrity.operation_order(ops, op_event_spans(journal, run_id)),
+        *integrity.lineage(ops),
+        *integrity.open_requests(ops, questions, approvals),
+        *list_problems,
+    ]
+    divergence = events.divergence
+    return {
+        "run": row.model_dump(exclude={"lease_holder", "lease_expires"}),
+        "operations": [
+            {
+                "op_id": o.op_id,
+                "scope": o.scope,
+                "seq": o.seq,
+                "kind": o.kind,
+                "state": o.state,
+                "attempt": o.attempt,
+                "location": o.source_location,
+                "request": o.request,
+                "output": (o.result or {}).get("output"),
+                "handoff": (o.result or {}).get("handoff"),
+                "checkpoint": o.checkpoint,
+                "error": o.error,
+            }
+            for o in ops
+        ],
+        "units": run_units(journal.receipts(run_id)),
+        "settlement": row.settlement,
+        "settlement_summary": settlement_summary(row.settlement),
+        "schedule": journal.launch_description(run_id).schedule,
+        "worklists": lists,
+        "question": question_facet(questions, approvals),
+        "divergence": None if divergence is None else {"op_id": divergence.op_id,
+                                                       **divergence.data},
+        "integrity": {"ok": not problems, "issues": [asdict(p) for p in problems]},
+        "latest_event": None if events.latest is None else events.latest.model_dump(),
+        "events": [e.model_dump() for e in (*events.head, *events.tail)],
+        "events_total": events.total,
+        "events_omitted": events.omitted,
+        "events_shown": events.statement(),
+    }
