@@ -426,7 +426,8 @@ def verify_proposal(ctx: Context) -> ProposalVerified:
             pool.delete(workspace, pool.receipt(workspace))
         made = pool.snapshot(f, workspace, read_only=False)
         try:
-            checks.append(units.run_check(ctx.desc, verifier, workspace, ctx.intent.attempt))
+            project = workspace / ctx.subpath() if ctx.subpath() else workspace
+            checks.append(units.run_check(ctx.desc, verifier, project, ctx.intent.attempt))
         finally:
             pool.delete(workspace, made)
         if not checks[-1].passed:

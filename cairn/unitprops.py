@@ -251,6 +251,18 @@ def _bind(src: str, dst: str) -> tuple[str, str, bool, int]:
     return (src, dst, False, MS_REC)
 
 
+def _bind_props(
+    binds: list[tuple[str, str, bool, int]], read_only: list[tuple[str, str, bool, int]]
+) -> list[Prop]:
+    """BindPaths= and BindReadOnlyPaths=, each only when it has entries: systemd keeps
+    both in one list, and an empty assignment of either empties that whole list (a check
+    with no read-only bind would otherwise start with its workspace unbound)."""
+    return [
+        *([("BindPaths", "a(ssbt)", binds)] if binds else []),
+        *([("BindReadOnlyPaths", "a(ssbt)", read_only)] if read_only else []),
+    ]
+
+
 def _exec_props(argv: list[str], description: str, slice_: str) -> list[Prop]:
     return [
         ("Description", "s", description),
@@ -402,8 +414,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
         *_hardening_props(spec.hidden_paths, PRIVATE_TMPFS),
         *_agent_isolation_props(),
         *_network_props(spec.network, spec.join_unit, spec.loopback_tcp),
-        ("BindPaths", "a(ssbt)", binds),
-        ("BindReadOnlyPaths", "a(ssbt)", ro_binds),
+        *_bind_props(binds, ro_binds),
         # How the unit ended, for the coordinator: a collected unit's Result is gone,
         # and "oom-kill" or "timeout" must reach the person as the limit that was hit.
         # no-env-expand: the shell, not systemd, reads $SERVICE_RESULT and friends.
@@ -461,6 +472,7 @@ def helper_unit_properties(spec: HelperUnitSpec) -> list[Prop]:
         *_limit_props(spec),
         *_hardening_props(spec.hidden_paths, PRIVATE_TMPFS),
         *_network_props("none"),
-        ("BindPaths", "a(ssbt)", [_bind(s, d) for s, d in spec.binds]),
-        ("BindReadOnlyPaths", "a(ssbt)", [_bind(s, d) for s, d in spec.read_only_binds]),
+        *_bind_props(
+            [_bind(s, d) for s, d in spec.binds], [_bind(s, d) for s, d in spec.read_only_binds]
+        ),
     ]

@@ -309,3 +309,14 @@ def test_agent_properties_marshal_as_start_transient_unit() -> None:
     parsed = Message.from_buffer(data)  # round-trip through the wire format
     assert [name for name, _v in parsed.body[2]] == [name for name, _s, _v in props]
     assert dict(parsed.body[2])["CPUQuotaPerSecUSec"] == ("t", 1_500_000)
+
+
+def test_an_empty_bind_list_is_never_sent() -> None:
+    """systemd keeps BindPaths= and BindReadOnlyPaths= in one list and empties it on an
+    empty assignment of either: a unit with only writable binds must not send the other."""
+    only_rw = as_dict(helper_unit_properties(helper_spec(read_only_binds=[])))
+    assert "BindReadOnlyPaths" not in only_rw
+    assert binds(only_rw, "BindPaths") == {"/live/0": ("/home/alice/project", False, MS_REC)}
+    only_ro = as_dict(helper_unit_properties(helper_spec(binds=[])))
+    assert "BindPaths" not in only_ro
+    assert list(binds(only_ro, "BindReadOnlyPaths")) == ["/final/0"]
