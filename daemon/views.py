@@ -122,6 +122,10 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         "divergence": _divergence(events),
         "events": [e.model_dump() for e in events[-50:]],
         "events_omitted": max(0, len(events) - 50),
+        "progress": {
+            phase: {**e.data, "at": e.at}
+            for phase, e in journal.latest_progress(row.run_id).items()
+        },
     }
 
 

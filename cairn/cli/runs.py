@@ -21,6 +21,7 @@ from cairn.cli.options import (
     load_scripted,
     parse_limits,
 )
+from cairn.cli.watchview import progress_lines
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -200,6 +201,8 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
             typer.echo(f"  refused: {refused['path']} ({refused['reason']})")
     if run.get("output"):
         typer.echo(f"output: {json.dumps(run['output'])}")
+    for line in progress_lines(data.get("progress") or {}):
+        typer.echo(line)
     if data["units"]:
         typer.echo("units: " + " ".join(data["units"]))
 

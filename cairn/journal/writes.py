@@ -6,6 +6,7 @@ token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews th
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import AbstractContextManager
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from cairn.canonical import canonical_json
 from cairn.errors import LeaseLost, NotFound
 from cairn.journal.reader import JournalReader
+from cairn.journal.rows import EventRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
@@ -61,6 +63,19 @@ class Writes(JournalReader):
             "INSERT INTO events (run_id, scope, op_id, event, data, at) VALUES (?,?,?,?,?,?)",
             (run_id, scope, op_id, event, canonical_json(data), self.clock()),
         )
+
+    def latest_progress(self, run_id: str) -> dict[str, EventRow]:
+        """The newest ``progress`` event of each phase of the run, by phase."""
+        rows = self.db.execute(
+            "SELECT e.* FROM events e JOIN (SELECT max(cursor) AS cursor FROM events"
+            " WHERE run_id=? AND event='progress' GROUP BY json_extract(data, '$.phase'))"
+            " latest ON e.cursor = latest.cursor ORDER BY e.cursor",
+            (run_id,),
+        ).fetchall()
+        events = [
+            EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows
+        ]
+        return {str(e.data.get("phase")): e for e in events}
 
     # --- intents and receipts -------------------------------------------------------
 
