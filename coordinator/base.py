@@ -132,17 +132,19 @@ class CoordinatorBase:
             lambda data: self.journal.append_event(self.run_id, "progress", data),
         )
 
-    def note_recorder(self, op_id: str) -> Callable[[str], None]:
+    def note_recorder(self, op_id: str) -> Callable[[str], str | None]:
         """Record an agent's notes as ``agent-note`` events (journal and journald), each
-        cut to size and rate-limited; a dropped note is counted in the next one."""
+        cut to size and rate-limited; a dropped note is counted in the next one. The
+        recorder returns the text recorded, None for a dropped note."""
         gate = NoteGate()
 
-        def record(text: str) -> None:
+        def record(text: str) -> str | None:
             admitted = gate.admit(text)
             if admitted is None:
-                return
+                return None
             self.event("agent-note", op_id=op_id, text=admitted)
             data = {"text": admitted, "dropped": gate.dropped}
             self.journal.append_event(self.run_id, "agent-note", data, op_id=op_id)
+            return admitted
 
         return record

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.notify import notify_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -36,6 +37,7 @@ people.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(notify_app, name="notify")
 
 
 def version() -> str:

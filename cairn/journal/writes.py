@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -72,10 +73,28 @@ class Writes(JournalReader):
             " latest ON e.cursor = latest.cursor ORDER BY e.cursor",
             (run_id,),
         ).fetchall()
-        events = [
-            EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows
-        ]
+        events = _event_rows(rows)
         return {str(e.data.get("phase")): e for e in events}
+
+    def last_event_cursor(self) -> int:
+        """The cursor of the newest event of any run (0 without any)."""
+        return int(self.db.execute("SELECT coalesce(max(cursor), 0) FROM events").fetchone()[0])
+
+    def owner_events(
+        self, owner_uid: int, names: Collection[str], after: int, limit: int
+    ) -> tuple[list[EventRow], int]:
+        """Events named in ``names`` of ``owner_uid``'s runs after cursor ``after``, at most
+        ``limit``, and the cursor to continue from (past every event seen so far)."""
+        top = self.last_event_cursor()
+        marks = ",".join("?" * len(names))
+        rows = self.db.execute(
+            "SELECT e.* FROM events e JOIN runs r ON r.run_id = e.run_id"
+            f" WHERE r.owner_uid=? AND e.cursor>? AND e.cursor<=? AND e.event IN ({marks})"
+            " ORDER BY e.cursor LIMIT ?",
+            (owner_uid, after, top, *names, limit),
+        ).fetchall()
+        events = _event_rows(rows)
+        return events, events[-1].cursor if len(events) == limit else max(top, after)
 
     # --- intents and receipts -------------------------------------------------------
 
@@ -109,3 +128,7 @@ class Writes(JournalReader):
                     "INSERT OR IGNORE INTO receipts (intent_id, run_id, body, at) VALUES (?,?,?,?)",
                     (receipt["intent_id"], run_id, canonical_json(receipt), receipt["at"]),
                 )
+
+
+def _event_rows(rows: list[sqlite3.Row]) -> list[EventRow]:
+    return [EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows]

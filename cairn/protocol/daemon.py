@@ -210,6 +210,14 @@ class WatchRequest(RunRequest):
     cursor: int = 0
 
 
+class NotificationsRequest(OpRequest):
+    """Notifications of the caller's runs after ``cursor``; a negative cursor asks only for
+    the cursor to start from now."""
+
+    op: Literal["notifications"] = "notifications"
+    cursor: int = -1
+
+
 # --- schedules ----------------------------------------------------------------------
 
 
@@ -298,6 +306,7 @@ DaemonRequest = Annotated[
     | StopRequest
     | CancelRequest
     | WatchRequest
+    | NotificationsRequest
     | ScheduleCreateRequest
     | ScheduleConfirmRequest
     | ScheduleResumeRequest
