@@ -308,16 +308,17 @@ def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any
 
 def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
     """The bind of the run's ``progress/<phase>`` directory at ``/progress`` when the
-    coordinator prepared one (a real directory, reached without following a link);
-    otherwise none, and the helper reports no progress."""
-    base = paths.run_state_dir(run_id)
+    coordinator prepared one (a directory of the coordinator's user, reached from the
+    state directory without following a link); otherwise none, and the helper reports
+    no progress."""
+    rel = f"runs/{run_id}/progress/{phase}"
     try:
-        st = untrusted.lstat(base, f"progress/{phase}")
+        st = untrusted.lstat(paths.state_dir(), rel)
     except untrusted.UntrustedFileError:
         return []
-    if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in allowed_uids():
         return []
-    return [(str(base / "progress" / phase), "/progress")]
+    return [(str(paths.state_dir() / rel), "/progress")]
 
 
 def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[str, Any]:

@@ -222,3 +222,31 @@ def test_show_finds_the_latest_report_of_each_phase(tmp_path: Path) -> None:
     assert sorted(latest) == ["apply", "import"]
     assert latest["import"].data["done"] == 3 and latest["apply"].data["done"] == 5
     assert journal.latest_progress("flow_" + "c" * 32) == {}
+
+
+def test_the_broker_binds_only_the_coordinators_progress_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if ME != 0:
+        pytest.skip("needs root to make a directory of another owner")
+    from cairn.broker.units import progress_bind
+
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    run = "flow_" + "d" * 32
+    runs = tmp_path / "var/lib/cairn/runs"
+    assert progress_bind(run, "import") == []  # the coordinator prepared none
+    directory = prepare_progress_dir(runs / run, "import")
+    assert progress_bind(run, "import") == [(str(directory), "/progress")]
+    os.chown(directory, 65534, 65534)  # not the coordinator's (nor root's)
+    assert progress_bind(run, "import") == []
+    directory.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    directory.symlink_to(elsewhere)  # a link is never followed into a bind
+    assert progress_bind(run, "import") == []
+    directory.unlink()
+    (runs / "other").mkdir()
+    (runs / run).rename(runs / "other" / run)
+    (runs / run).symlink_to(runs / "other" / run)  # nor a link above it
+    prepare_progress_dir(runs / "other" / run, "apply")
+    assert progress_bind(run, "apply") == []
