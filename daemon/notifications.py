@@ -13,38 +13,35 @@ from cairn.protocol.notify import EVENT_OF_KIND, NotifyBatch, NotifyEvent, Waiti
 BATCH = 100
 
 
-def waiting_items(journal: Journal, run_id: str) -> list[WaitingItem]:
-    """The questions and approval requests the run waits for now."""
-    questions = [
-        WaitingItem(
+def waiting_item(journal: Journal, event: EventRow) -> WaitingItem | None:
+    """The question or approval request that ``event`` opened, with the command that
+    answers it."""
+    run_id = event.run_id
+    if event.event == "question-asked" and event.op_id is not None:
+        question = journal.question(run_id, event.op_id)
+        if question is None:
+            return None
+        return WaitingItem(
             kind="question",
-            op_id=q.op_id,
-            question=q.question,
-            command=f"cairn answer {run_id} --challenge {q.challenge} VALUE",
+            op_id=question.op_id,
+            question=question.question,
+            command=f"cairn answer {run_id} --challenge {question.challenge} VALUE",
         )
-        for q in journal.questions(run_id)
-        if q.state == "waiting"
-    ]
-    approvals = [
-        WaitingItem(
-            kind="approval",
-            op_id=a.op_id,
-            request_id=a.request_id,
-            command=f"cairn approve {run_id} {a.request_id} --fingerprint {a.fingerprint}",
-        )
-        for a in journal.approvals(run_id)
-        if a.state == "waiting"
-    ]
-    return questions + approvals
+    approval = journal.approval(run_id, str(event.data.get("request_id")))
+    if approval is None:
+        return None
+    command = f"cairn approve {run_id} {approval.request_id} --fingerprint {approval.fingerprint}"
+    return WaitingItem(
+        kind="approval", op_id=approval.op_id, request_id=approval.request_id, command=command
+    )
 
 
 def notify_event(journal: Journal, event: EventRow) -> NotifyEvent:
     run = journal.get_run(event.run_id)
     kind = EVENT_OF_KIND[event.event]
-    waiting = waiting_items(journal, run.run_id) if kind == "waiting" else []
+    item = waiting_item(journal, event) if kind == "waiting" else None
     if kind == "waiting":
-        first = waiting[0] if waiting else None
-        what = (first.question or f"approval {first.request_id}") if first else "a person"
+        what = (item.question or f"approval {item.request_id}") if item else "a person"
         summary = f"{run.run_id} waits for you: {what}"
     elif kind == "failed":
         summary = f"{run.run_id} failed: {run.error or 'see cairn show'}"
@@ -58,7 +55,7 @@ def notify_event(journal: Journal, event: EventRow) -> NotifyEvent:
         definition=run.definition,
         state=run.state,
         error=run.error,
-        waiting=waiting,
+        waiting=[item] if item else [],
         summary=summary[:500],
     )
 

@@ -125,6 +125,7 @@ def watch(
     out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)
     try:
         while True:
+            polled = time.monotonic()
             data = request(WatchRequest(run_id=run_id, cursor=cursor))
             run_id = data["run_id"]  # a prefix or @last names this run from now on
             for event in data["events"]:
@@ -142,7 +143,7 @@ def watch(
             if data["finished"]:
                 out.line(completion_line(data))
                 raise typer.Exit(0 if data["state"] == "succeeded" else 1)
-            time.sleep(interval)
+            time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 NotifyKind = Literal["waiting", "failed", "succeeded"]
 NOTIFY_VERSION: Literal[1] = 1
 
-# The journal event each notification comes from.
+# The journal events notifications come from: each question and each approval request
+# the moment it opens (also while other lanes of the run go on), and the run's end.
 EVENT_OF_KIND: dict[str, NotifyKind] = {
-    "run-waiting": "waiting",
+    "question-asked": "waiting",
+    "approval-requested": "waiting",
     "run-failed": "failed",
     "run-succeeded": "succeeded",
 }

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from test_interactions import OWNER, RUN, ask_and_exit, create_run, incarnation, journal_of, root
+from test_interactions import (
+    OWNER,
+    RUN,
+    ask_and_exit,
+    create_run,
+    incarnation,
+    journal_of,
+    root,
+    wait_for_approval,
+)
 
 from cairn import proc
 from cairn.daemon.notifications import notifications
@@ -286,3 +295,19 @@ def test_follow_starts_from_now_then_runs_hooks_for_each_new_event(
     assert [argv[-1] for argv in started] == [str(hooks / "h")]
     second = runner.invoke(app, ["notify", "follow", "--once"])
     assert second.exit_code == 0 and asked[2:] == [9] and len(started) == 1
+
+
+def test_an_approval_request_notifies_waiting_with_its_command(root: Path) -> None:
+    with journal_of(root) as journal:
+        start = journal.last_event_cursor()
+    _coord, request_id, fingerprint = wait_for_approval(root, 'default = "require_approval"\n')
+    with journal_of(root) as journal:
+        batch = NotifyBatch.model_validate(
+            notifications(journal, NotificationsRequest(cursor=start), OWNER)
+        )
+    question, approval = batch.events  # one for the question, one for the approval
+    assert question.event == approval.event == "waiting"
+    (item,) = approval.waiting
+    assert item.kind == "approval" and item.request_id == request_id
+    assert item.command == f"cairn approve {RUN} {request_id} --fingerprint {fingerprint}"
+    assert approval.summary == f"{RUN} waits for you: approval {request_id}"
