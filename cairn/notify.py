@@ -1,6 +1,7 @@
 """Notification hooks: executables in ``~/.config/cairn/notify.d/`` (the user's) and
 ``/etc/cairn/notify.d/`` (the host's), each run as a transient unit of the *user's own*
-systemd manager with one :class:`~cairn.protocol.notify.NotifyEvent` as JSON on stdin.
+systemd manager (started over its D-Bus) with one
+:class:`~cairn.protocol.notify.NotifyEvent` as JSON on stdin.
 
 A hook runs with the user's rights, so only files the user (or, in the host directory,
 root) controls are run: a hook is refused when it is a symbolic link, not a regular file,
@@ -10,7 +11,6 @@ those faults. Nothing here ever runs as root.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import pwd
@@ -25,6 +25,7 @@ from cairn import paths
 from cairn.errors import CairnError, UsageError
 from cairn.fsutil import write_atomic
 from cairn.protocol.notify import NotifyEvent
+from cairn.systemd import Prop
 
 log = logging.getLogger(__name__)
 
@@ -117,25 +118,19 @@ def discover_hooks(dirs: Sequence[HookDir]) -> Hooks:
     return Hooks(run=run, refused=refused)
 
 
-def hook_unit_argv(hook: Path, event: NotifyEvent, unit: str) -> list[str]:
-    """``systemd-run --user`` for one hook: a transient unit of the user's manager, the
-    event on stdin, output to the user's journal, ended after :data:`HOOK_TIMEOUT_SEC`."""
-    stdin = base64.b64encode(event.model_dump_json().encode()).decode()
+def hook_unit_properties(hook: Path, event: NotifyEvent) -> list[Prop]:
+    """The transient unit of one hook in the user's manager: the event on stdin (passed
+    over D-Bus, never in an argv other users could read), output to the user's journal,
+    ended after :data:`HOOK_TIMEOUT_SEC`, collected when done."""
     return [
-        "systemd-run",
-        "--user",
-        "--quiet",
-        "--collect",
-        "--no-block",
-        f"--unit={unit}",
-        f"--description=Cairn notification hook {hook.name} ({event.event} {event.run_id})",
-        f"--property=StandardInputData={stdin}",
-        "--property=StandardOutput=journal",
-        f"--property=RuntimeMaxSec={HOOK_TIMEOUT_SEC}",
-        f"--setenv=CAIRN_NOTIFY_EVENT={event.event}",
-        f"--setenv=CAIRN_RUN={event.run_id}",
-        "--",
-        str(hook),
+        ("Description", "s", f"Cairn notification hook {hook.name} ({event.event} {event.run_id})"),
+        ("ExecStart", "a(sasb)", [(str(hook), [str(hook)], False)]),
+        ("StandardInput", "s", "data"),
+        ("StandardInputData", "ay", event.model_dump_json().encode()),
+        ("StandardOutput", "s", "journal"),
+        ("RuntimeMaxUSec", "t", HOOK_TIMEOUT_SEC * 1_000_000),
+        ("CollectMode", "s", "inactive-or-failed"),
+        ("Environment", "as", [f"CAIRN_NOTIFY_EVENT={event.event}", f"CAIRN_RUN={event.run_id}"]),
     ]
 
 
@@ -143,16 +138,16 @@ def hook_unit_name(event: NotifyEvent, index: int) -> str:
     return f"{UNIT_PREFIX}{event.cursor}-{index}-{secrets.token_hex(3)}.service"
 
 
+StartUnit = Callable[[str, list[Prop]], None]
+"""Start a transient service (name, properties) in the caller's own user manager."""
+
+
 def run_hooks(
-    event: NotifyEvent,
-    hooks: Sequence[Path],
-    start: Callable[[list[str]], None],
-    *,
-    euid: int | None = None,
+    event: NotifyEvent, hooks: Sequence[Path], start: StartUnit, *, euid: int | None = None
 ) -> list[str]:
-    """Start every hook for ``event`` through ``start(argv)`` (the caller's way of running
-    ``systemd-run --user``); the unit names started. Refused outright as root: a user's
-    hook never runs with root's rights."""
+    """Start every hook for ``event`` through ``start`` (the caller's own user manager);
+    the unit names started. Refused outright as root: a user's hook never runs with
+    root's rights."""
     if (os.geteuid() if euid is None else euid) == 0:
         raise UsageError(
             "notification hooks never run as root",
@@ -161,14 +156,12 @@ def run_hooks(
     units = []
     for index, hook in enumerate(hooks):
         unit = hook_unit_name(event, index)
-        start(hook_unit_argv(hook, event, unit))
+        start(unit, hook_unit_properties(hook, event))
         units.append(unit)
     return units
 
 
-def deliver(
-    event: NotifyEvent, dirs: Sequence[HookDir], start: Callable[[list[str]], None]
-) -> list[str]:
+def deliver(event: NotifyEvent, dirs: Sequence[HookDir], start: StartUnit) -> list[str]:
     """Run the hooks of ``dirs`` (found again for every event, so a new hook counts at
     once) for ``event``; refused files and hooks that could not be started are logged,
     never fatal. The unit names started."""

@@ -22,9 +22,9 @@ from cairn.notify import (
     load_cursor,
     save_cursor,
 )
-from cairn.proc import run
 from cairn.protocol.daemon import NotificationsRequest
 from cairn.protocol.notify import NotifyBatch, NotifyEvent
+from cairn.systemd import Prop, Systemd
 
 notify_app = typer.Typer(
     help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
@@ -32,9 +32,10 @@ notify_app = typer.Typer(
 )
 
 
-def start_user_unit(argv: list[str]) -> None:
-    """Run ``systemd-run --user …`` against the caller's own manager."""
-    run(argv, env=user_manager_env(), timeout=60)
+def start_user_unit(name: str, props: list[Prop]) -> None:
+    """Start transient service ``name`` in the caller's own manager, over its bus."""
+    with Systemd(user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]) as manager:
+        manager.start_transient_service(name, props)
 
 
 def _poll(cursor: int) -> NotifyBatch:

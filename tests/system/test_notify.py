@@ -56,11 +56,12 @@ HOOKS = "/home/alice/.config/cairn/notify.d"
 # Records the event, who ran it and under which unit.
 RECORD = """#!/bin/sh
 set -eu
-cat > "$HOME/notified-$CAIRN_NOTIFY_EVENT-$CAIRN_RUN.json"
-{ id -u; cat /proc/self/cgroup; } > "$HOME/notified-$CAIRN_NOTIFY_EVENT-$CAIRN_RUN.who"
+out=/home/alice/notified-$CAIRN_NOTIFY_EVENT-$CAIRN_RUN
+cat > "$out.json"
+{ id -u; cat /proc/self/cgroup; } > "$out.who"
 """
 UNSAFE = """#!/bin/sh
-touch "$HOME/unsafe-hook-ran"
+touch /home/alice/unsafe-hook-ran
 """
 ALICE_UID = 1001
 

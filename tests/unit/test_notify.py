@@ -7,7 +7,6 @@ Runs as root (files of other owners); the cases that need root skip otherwise.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import stat
@@ -34,13 +33,14 @@ from cairn.notify import (
     cursor_path,
     deliver,
     discover_hooks,
-    hook_unit_argv,
+    hook_unit_properties,
     load_cursor,
     run_hooks,
     save_cursor,
 )
 from cairn.protocol.daemon import NotificationsRequest, RequestEnvelope, daemon_request
 from cairn.protocol.notify import NotifyBatch, NotifyEvent
+from cairn.systemd import Prop
 
 __all__ = ["root"]  # the fixture, shared with test_interactions
 REPO = Path(__file__).resolve().parents[2]
@@ -133,22 +133,37 @@ def test_user_hooks_come_before_the_hosts(tmp_path: Path) -> None:
 def test_a_hook_is_a_user_unit_with_the_event_on_stdin() -> None:
     sample = event()
     path = "/home/a/.config/cairn/notify.d/x"
-    argv = hook_unit_argv(Path(path), sample, "cairn-notify-7.service")
-    assert argv[:2] == ["systemd-run", "--user"] and argv[-2:] == ["--", path]
-    assert "--unit=cairn-notify-7.service" in argv
-    (stdin,) = [a.split("=", 2)[2] for a in argv if a.startswith("--property=StandardInputData=")]
-    assert NotifyEvent.model_validate_json(base64.b64decode(stdin)) == sample
-    assert "--property=RuntimeMaxSec=120" in argv and "--setenv=CAIRN_NOTIFY_EVENT=waiting" in argv
+    props = {name: value for name, _sig, value in hook_unit_properties(Path(path), sample)}
+    assert props["ExecStart"] == [(path, [path], False)]
+    assert props["StandardInput"] == "data"
+    assert NotifyEvent.model_validate_json(props["StandardInputData"]) == sample
+    assert props["RuntimeMaxUSec"] == 120_000_000
+    assert props["Environment"] == ["CAIRN_NOTIFY_EVENT=waiting", f"CAIRN_RUN={RUN}"]
+    # no user, group or privilege property: the user's own manager runs it as the user
+    assert not {"User", "Group", "DynamicUser", "AmbientCapabilities"} & set(props)
+
+
+class Started:
+    """Stands in for the user manager: the units it was asked to start."""
+
+    def __init__(self) -> None:
+        self.units: list[tuple[str, list[Prop]]] = []
+
+    def __call__(self, name: str, props: list[Prop]) -> None:
+        self.units.append((name, props))
+
+    def hooks(self) -> list[str]:
+        return [dict((n, v) for n, _s, v in props)["ExecStart"][0][0] for _u, props in self.units]
 
 
 def test_hooks_never_run_as_root(hooks_dir: Path) -> None:
-    started: list[list[str]] = []
+    started = Started()
     with pytest.raises(UsageError, match="never run as root"):
-        run_hooks(event(), [hook(hooks_dir, "h")], started.append, euid=0)
-    assert started == []
-    units = run_hooks(event(), [hook(hooks_dir, "h")], started.append, euid=1000)
+        run_hooks(event(), [hook(hooks_dir, "h")], started, euid=0)
+    assert started.units == []
+    units = run_hooks(event(), [hook(hooks_dir, "h")], started, euid=1000)
     assert len(units) == 1 and units[0].startswith("cairn-notify-7-0-")
-    assert started[0][-1] == str(hooks_dir / "h")
+    assert started.units[0][0] == units[0] and started.hooks() == [str(hooks_dir / "h")]
 
 
 def test_deliver_runs_each_safe_hook_and_skips_the_rest(
@@ -157,9 +172,9 @@ def test_deliver_runs_each_safe_hook_and_skips_the_rest(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     hook(hooks_dir, "a")
     hook(hooks_dir, "b", 0o777)
-    started: list[list[str]] = []
-    units = deliver(event(), [HookDir(path=hooks_dir, owner=ME)], started.append)
-    assert len(units) == 1 and [argv[-1] for argv in started] == [str(hooks_dir / "a")]
+    started = Started()
+    units = deliver(event(), [HookDir(path=hooks_dir, owner=ME)], started)
+    assert len(units) == 1 and started.hooks() == [str(hooks_dir / "a")]
 
 
 def test_the_cursor_survives_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,16 +300,16 @@ def test_follow_starts_from_now_then_runs_hooks_for_each_new_event(
         asked.append(body.cursor)
         return answers[body.cursor].model_dump(mode="json")
 
-    started: list[list[str]] = []
+    started = Started()
     monkeypatch.setattr(cli_notify, "request", fake_request)
-    monkeypatch.setattr(cli_notify, "start_user_unit", started.append)
+    monkeypatch.setattr(cli_notify, "start_user_unit", started)
     runner = CliRunner()
     first = runner.invoke(app, ["notify", "follow", "--once"])
     assert first.exit_code == 0, first.output
     assert asked == [-1, 6] and "waiting " + RUN + ": 1 hooks started" in first.output
-    assert [argv[-1] for argv in started] == [str(hooks / "h")]
+    assert started.hooks() == [str(hooks / "h")]
     second = runner.invoke(app, ["notify", "follow", "--once"])
-    assert second.exit_code == 0 and asked[2:] == [9] and len(started) == 1
+    assert second.exit_code == 0 and asked[2:] == [9] and len(started.units) == 1
 
 
 def test_an_approval_request_notifies_waiting_with_its_command(root: Path) -> None:
