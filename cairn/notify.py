@@ -100,14 +100,21 @@ def discover_hooks(dirs: Sequence[HookDir]) -> Hooks:
         except FileNotFoundError:
             continue
         problem = unsafe(st, hook_dir.owner, "directory")
+        try:
+            names = sorted(os.listdir(hook_dir.path)) if problem is None else []
+        except OSError as exc:
+            problem = f"cannot be listed: {exc.strerror}"
         if problem is not None:
             refused.append(Refused(path=hook_dir.path, reason=problem))
             continue
-        for name in sorted(os.listdir(hook_dir.path)):
+        for name in names:
             if name.startswith(".") or name.endswith("~"):
                 continue
             path = hook_dir.path / name
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # removed meanwhile
             problem = unsafe(st, hook_dir.owner, "regular file")
             if problem is None and not st.st_mode & stat.S_IXUSR:
                 problem = "not executable (chmod u+x)"

@@ -250,3 +250,38 @@ def test_the_broker_binds_only_the_coordinators_progress_directory(
     (runs / run).symlink_to(runs / "other" / run)  # nor a link above it
     prepare_progress_dir(runs / "other" / run, "apply")
     assert progress_bind(run, "apply") == []
+
+
+def test_the_agent_socket_keeps_only_admitted_notes_and_at_most_max_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import BaseModel
+
+    from cairn.coordinator import agentsock
+    from cairn.protocol.agent import AgentInstruction
+    from cairn.protocol.launch import ProfileSpec
+
+    class Out(BaseModel):
+        summary: str
+
+    monkeypatch.setattr(agentsock, "MAX_NOTES", 3)
+    gate = NoteGate(rate=0.0, burst=4, clock=FakeClock())
+    instruction = AgentInstruction(
+        run_id="flow_" + "0" * 32, op_id="op-1", attempt=1, prompt="p", title="t",
+        descriptor="d", output_schema=Out.model_json_schema(),
+        profile=ProfileSpec(name="test:x", kind="scripted"),
+    )
+    sock = agentsock.AgentSocket(
+        tmp_path / "op-1.sock", owner_uid=ME, instruction=instruction, output_model=Out,
+        on_note=gate.admit,
+    )
+    try:
+        for i in range(6):
+            reply = sock._answer(json.dumps({"type": "note", "text": f"n{i}"}).encode())
+            assert reply.ok
+        forged = sock._answer(b'{"type": "note", "text": "x", "event": "run-succeeded"}')
+        assert not forged.ok and "malformed" in (forged.error or "")
+    finally:
+        sock.close()
+    assert sock.notes == ["n0", "n1", "n2"]  # four admitted, three kept
+    assert gate.dropped == 2
