@@ -674,3 +674,25 @@ def test_an_agent_flooding_notes_is_bounded_and_cannot_drive_the_terminal(
     boundary = booted.exec(["cat", f"/var/lib/cairn/runs/{run_id}/boundaries/root-1/boundary.json"])
     kept = json.loads(boundary.stdout)["notes"]
     assert len(kept) == len(notes) and all(len(note) <= 2000 for note in kept)
+
+
+NOTIFICATIONS = (
+    "import json\n"
+    "from cairn.cli.client import request\n"
+    "from cairn.protocol.daemon import NotificationsRequest\n"
+    "print(json.dumps(request(NotificationsRequest(cursor=0))))\n"
+)
+
+
+def test_notifications_of_another_users_runs_never_reach_the_caller(
+    booted: Machine, victim: str
+) -> None:
+    """cairnd answers the notifier by the socket's peer credentials: asked from the very
+    first event, alice gets her finished run and bob gets nothing of it."""
+
+    def events_of(user: str) -> list[dict[str, Any]]:
+        out = booted.exec(["/usr/bin/python3", "-I", "-c", NOTIFICATIONS], user=user)
+        return list(json.loads(out.stdout)["events"])
+
+    assert [e["event"] for e in events_of("alice") if e["run_id"] == victim] == ["succeeded"]
+    assert [e for e in events_of("bob") if e["run_id"] == victim] == []
