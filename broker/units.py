@@ -351,20 +351,36 @@ def run_check(
         output=output[-CHECK_OUTPUT_LIMIT:],
     )
 
+def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
+    """The bind of the run's ``progress/<phase>`` directory at ``/progress`` when the
+    coordinator prepared one (a directory of the coordinator's user, reached from the
+    state directory without following a link); otherwise none, and the helper reports
+    no progress."""
+    rel = f"runs/{run_id}/progress/{phase}"
+    try:
+        st = untrusted.lstat(paths.state_dir(), rel)
+    except untrusted.UntrustedFileError:
+        return []
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in allowed_uids():
+        return []
+    return [(str(paths.state_dir() / rel), "/progress")]
+
 
 def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[str, Any]:
     """Copy the project into ``staging`` as its owner (never capturing what they can't read)."""
     result_dir = staging.parent / "import-result"
     result_dir.mkdir(exist_ok=True)
     os.chown(result_dir, desc.owner_uid, desc.owner_gid)
+    progress = progress_bind(desc.run_id, "import")
+    argv = ["/source", "/target", "--stats", "/result/stats.json"]
     spec = HelperUnitSpec(
         description=f"Cairn import of {project} for run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
         exec_argv=_module_argv(
-            "cairn.importer", "/source", "/target", "--stats", "/result/stats.json"
+            "cairn.importer", *argv, *(["--progress", "/progress"] if progress else [])
         ),
-        binds=[(str(staging), "/target"), (str(result_dir), "/result")],
+        binds=[(str(staging), "/target"), (str(result_dir), "/result"), *progress],
         read_only_binds=[(str(project), "/source")],
         memory_max=desc.limits.memory_max,
         tasks_max=64,
@@ -396,6 +412,7 @@ def run_apply(
     plan = json.dumps(accepted).encode()
     untrusted.write_new(work, "plan.json", plan, mode=0o644, uid=desc.owner_uid, gid=desc.owner_gid)
     (work / "result.json").unlink(missing_ok=True)
+    progress = progress_bind(desc.run_id, "apply")
     spec = HelperUnitSpec(
         description=f"Cairn {step} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -414,9 +431,10 @@ def run_apply(
             "/apply/receipts.jsonl",
             "--result",
             "/apply/result.json",
+            *(["--progress", "/progress"] if progress else []),
         ),
         environment=_failpoint_env(),
-        binds=[(desc.project.root, "/live"), (str(work), "/apply")],
+        binds=[(desc.project.root, "/live"), (str(work), "/apply"), *progress],
         read_only_binds=[
             (str(q / subpath) if subpath else str(q), "/q"),
             (str(f / subpath) if subpath else str(f), "/f"),

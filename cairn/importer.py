@@ -16,16 +16,18 @@ import logging
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from cairn.errors import CairnError, UsageError
+from cairn.progress import WRITE_INTERVAL, Clock, ProgressWriter, Throttle
+from cairn.protocol.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
-PROGRESS_EVERY = 1000
 MAX_LISTED = 1000
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
@@ -104,13 +106,42 @@ def _finish_entry(src_st: os.stat_result, dst: Path) -> None:
     os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
 
 
+def count_tree(src: Path) -> tuple[int, int]:
+    """Entries below ``src`` and bytes of its regular files (a hard-linked file once):
+    the totals progress is reported against. Unreadable directories count as one entry."""
+    entries = nbytes = 0
+    seen: set[tuple[int, int]] = set()
+    stack = [src]
+    while stack:
+        try:
+            listing = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in listing:
+            entries += 1
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(Path(entry.path))
+            elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                if st.st_nlink > 1:
+                    seen.add((st.st_dev, st.st_ino))
+                nbytes += st.st_size
+    return entries, nbytes
+
+
 def copy_tree(
-    src: Path, dst: Path, *, progress: Callable[[int, int], None] | None = None
+    src: Path,
+    dst: Path,
+    *,
+    progress: Callable[[ProgressReport], None] | None = None,
+    interval: float = WRITE_INTERVAL,
+    clock: Clock = time.monotonic,
 ) -> ImportStats:
     """Copy the tree at ``src`` into the existing empty directory ``dst``.
 
-    ``progress(entries_done, bytes_done)`` is called about every ``PROGRESS_EVERY``
-    entries and once at the end.
+    With ``progress``, the totals are counted first; then ``progress(report)`` is called
+    with entries and bytes done of those totals at most every ``interval`` seconds of
+    ``clock`` (checked after every entry), and once at the end.
     """
     src = src.resolve(strict=True)
     dst = dst.resolve(strict=True)
@@ -124,6 +155,15 @@ def copy_tree(
     stats = ImportStats()
     links: dict[tuple[int, int], Path] = {}
     done = 0
+    total, bytes_total = count_tree(src) if progress is not None else (0, 0)
+    throttle = Throttle(interval, clock)
+    throttle.ready()  # the first report comes after one interval, not at entry one
+
+    def report() -> ProgressReport:
+        return ProgressReport(
+            done=done, total=max(total, done), bytes_done=stats.bytes,
+            bytes_total=max(bytes_total, stats.bytes),
+        )
     # Directories get their modes and times after their contents (a read-only directory
     # could not be filled, and filling one moves its mtime), deepest first.
     finish: list[tuple[os.stat_result, Path]] = []
@@ -132,8 +172,8 @@ def copy_tree(
     def tick() -> None:
         nonlocal done
         done += 1
-        if progress is not None and done % PROGRESS_EVERY == 0:
-            progress(done, stats.bytes)
+        if progress is not None and throttle.ready():
+            progress(report())
 
     root_st = os.lstat(src)
     finish.append((root_st, dst))
@@ -155,6 +195,7 @@ def copy_tree(
                 if not os.access(spath, os.R_OK | os.X_OK, follow_symlinks=False):
                     stats.unreadable += 1
                     stats.skip(erel, "directory not readable")
+                    tick()
                     continue
                 os.mkdir(dpath, 0o700)
                 _copy_xattrs(spath, dpath, erel, stats)
@@ -177,6 +218,7 @@ def copy_tree(
                 except PermissionError:
                     stats.unreadable += 1
                     stats.skip(erel, "file not readable")
+                    tick()
                     continue
                 try:
                     dfd = os.open(dpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -194,25 +236,34 @@ def copy_tree(
             else:
                 stats.skipped_special += 1
                 stats.skip(erel, "socket, device or fifo not imported")
-                continue
             tick()
     for st, path in reversed(finish):
         _finish_entry(st, path)
     if progress is not None:
-        progress(done, stats.bytes)
+        progress(report())
     return stats
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -I -m cairn.importer SRC DST``: progress on stderr, stats JSON on stdout."""
+    """``python3 -I -m cairn.importer SRC DST``: progress on stderr (and in
+    ``--progress DIR``), stats JSON on stdout."""
     parser = argparse.ArgumentParser(prog="cairn.importer", description=__doc__)
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)
     parser.add_argument("--stats", type=Path, help="also write the stats JSON to this file")
+    parser.add_argument("--progress", type=Path, help="keep DIR/progress.json current")
     args = parser.parse_args(argv)
+    writer = ProgressWriter(args.progress, interval=0) if args.progress else None
 
-    def report(entries: int, nbytes: int) -> None:
-        print(f"imported {entries} entries, {nbytes} bytes", file=sys.stderr, flush=True)
+    def report(progress: ProgressReport) -> None:
+        print(
+            f"imported {progress.done}/{progress.total} entries, "
+            f"{progress.bytes_done}/{progress.bytes_total} bytes",
+            file=sys.stderr,
+            flush=True,
+        )
+        if writer is not None:
+            writer.report(progress)
 
     try:
         stats = copy_tree(args.src, args.dst, progress=report)

@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
@@ -539,12 +539,20 @@ def _remove_stale_temps(live: Path, paths: list[str]) -> None:
             continue
 
 
-def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> ApplyResult:
+def apply(
+    q: Path,
+    f: Path,
+    live: Path,
+    paths: list[str],
+    receipts: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> ApplyResult:
     """Settle F into ``live`` for ``paths`` with the three-way check (see module doc).
 
     Every path is checked before any is written; with a conflict nothing is written.
     Each settled path appends an fsync'd receipt line, so a crashed apply can run again:
-    paths already written then compare equal to F and are skipped.
+    paths already written then compare equal to F and are skipped. ``progress(done,
+    total)`` is called after each written or deleted path (the caller throttles).
     """
     for path in paths:
         check_relative(path)
@@ -578,11 +586,15 @@ def apply(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> App
                 if p.f.kind == "absent":
                     log_.add(p.path, "deleted", p.f)
                     applied.append(p.path)
+                    if progress is not None:
+                        progress(len(applied), len(writes))
             for p in placements:
                 before = EntryState(kind="absent") if _needs_removal(p) else p.q
                 _place_live(f, live, p, before)
                 log_.add(p.path, "written", p.f)
                 applied.append(p.path)
+                if progress is not None:
+                    progress(len(applied), len(writes))
                 failpoint("mid-apply", receipts.parent)
         except _Raced as raced:
             log.warning("apply into %s: %s changed during the apply; stopped", live, raced.path)

@@ -180,7 +180,7 @@ class AgentOperations(Recovery, Lanes):
                 owner_uid=self.desc.owner_uid,
                 instruction=instruction,
                 output_model=output_model,
-                on_note=lambda text: self.event("agent-note", op_id=op.op_id, text=text),
+                on_note=self.note_recorder(op.op_id),
             )
         except BaseException:
             if relay is not None:

@@ -23,6 +23,7 @@ from cairn.validation import first_error
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 8 << 20
+MAX_NOTES = 500  # kept for boundary.json; ``on_note`` already cut and rate-limited them
 
 
 class AgentSocket:
@@ -35,7 +36,7 @@ class AgentSocket:
         owner_uid: int,
         instruction: AgentInstruction,
         output_model: type[BaseModel],
-        on_note: Callable[[str], None],
+        on_note: Callable[[str], str | None],
     ) -> None:
         self.path = path
         self.owner_uid = owner_uid
@@ -94,8 +95,9 @@ class AgentSocket:
         if message.type == "hello":
             return AgentReply(ok=True, instruction=self.instruction)
         if message.type in ("note", "progress"):
-            self.notes.append(message.text)
-            self.on_note(message.text)
+            admitted = self.on_note(message.text)
+            if admitted is not None and len(self.notes) < MAX_NOTES:
+                self.notes.append(admitted)
             return AgentReply(ok=True)
         if self.finished.is_set():
             if message == self.finish:

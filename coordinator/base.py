@@ -11,6 +11,7 @@ sets up. Each concern is a mixin over it — :mod:`~cairn.coordinator.lease`,
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from cairn.errors import CairnError, Nondeterminism
 from cairn.failpoints import failpoint
 from cairn.journal import Journal, OpRow
 from cairn.operations import spec_of
+from cairn.progress import NoteGate, ProgressRelay, prepare_progress_dir
 from cairn.protocol.broker import Intent, Receipt, Verb
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.progress import ProgressPhase
 
 MAX_ATTEMPTS = 3
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
@@ -117,3 +120,31 @@ class CoordinatorBase:
 
     def outputs_dir(self, op_id: str, attempt: int) -> Path:
         return self.state_dir / "ops" / op_id / f"outputs.{attempt}"
+
+    def progress_relay(self, phase: ProgressPhase) -> ProgressRelay:
+        """A fresh progress directory for the phase's helper, relayed into the journal as
+        ``progress`` events while the returned context is open."""
+        directory = prepare_progress_dir(self.state_dir, phase)
+        return ProgressRelay(
+            directory,
+            phase,
+            self.desc.owner_uid,
+            lambda data: self.journal.append_event(self.run_id, "progress", data),
+        )
+
+    def note_recorder(self, op_id: str) -> Callable[[str], str | None]:
+        """Record an agent's notes as ``agent-note`` events (journal and journald), each
+        cut to size and rate-limited; a dropped note is counted in the next one. The
+        recorder returns the text recorded, None for a dropped note."""
+        gate = NoteGate()
+
+        def record(text: str) -> str | None:
+            admitted = gate.admit(text)
+            if admitted is None:
+                return None
+            self.event("agent-note", op_id=op_id, text=admitted)
+            data = {"text": admitted, "dropped": gate.dropped}
+            self.journal.append_event(self.run_id, "agent-note", data, op_id=op_id)
+            return admitted
+
+        return record

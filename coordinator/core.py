@@ -204,13 +204,14 @@ class Coordinator(Replay, Settlement, Lease):
 
     def prepare_storage(self) -> None:
         """Q and the first W, plus whatever storage intents a crash left pending."""
-        self.broker(
-            "storage-v1",
-            [
-                self.intent("prepare-q", "prepare-q"),
-                self.intent("create-w", "create-w.root.1", scope="root", generation=1),
-            ],
-        )
+        with self.progress_relay("import"):
+            self.broker(
+                "storage-v1",
+                [
+                    self.intent("prepare-q", "prepare-q"),
+                    self.intent("create-w", "create-w.root.1", scope="root", generation=1),
+                ],
+            )
         for intent in self.journal.intents(self.run_id, "storage-v1"):
             if intent.kind == "create-w":
                 self.w_gen[intent.scope] = max(self.w_gen.get(intent.scope, 0), intent.generation)

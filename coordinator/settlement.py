@@ -113,7 +113,8 @@ class Settlement(CoordinatorBase):
         intent = self.intent("start-apply", "start-apply.1")
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                (applied,) = self.broker("launch-v1", [intent], queued=attempt > 1)
+                with self.progress_relay("apply"):
+                    (applied,) = self.broker("launch-v1", [intent], queued=attempt > 1)
                 return applied
             except BrokerRefused as exc:
                 if attempt == MAX_ATTEMPTS:

@@ -28,6 +28,7 @@ from cairn.daemon import (
     upgrade,
     views,
 )
+from cairn.daemon.notifications import handle as _notifications
 from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
@@ -38,6 +39,7 @@ from cairn.protocol.daemon import (
     ErrorBody,
     LaunchRequest,
     LogsRequest,
+    NotificationsRequest,
     OpRequest,
     PingRequest,
     PsRequest,
@@ -185,6 +187,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "show": (ShowRequest, _show),
     "logs": (LogsRequest, _logs),
     "diff": (DiffRequest, _diff),
+    "notifications": (NotificationsRequest, _notifications),
     **{op: (model, _person) for op, model in interactions.MODELS.items()},
     **{op: (model, _schedule) for op, model in schedules.MODELS.items()},
 }

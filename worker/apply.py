@@ -19,6 +19,8 @@ from pydantic import TypeAdapter, ValidationError
 from cairn import journald, settle
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
+from cairn.progress import ProgressWriter
+from cairn.protocol.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", type=Path, required=True, help="JSON list of paths")
     parser.add_argument("--receipts", type=Path, required=True, help="JSONL receipts file")
     parser.add_argument("--result", type=Path, required=True, help="where to write the result")
+    parser.add_argument("--progress", type=Path, help="keep DIR/progress.json current")
     args = parser.parse_args(argv)
     journald.setup_logging()
+    writer = ProgressWriter(args.progress) if args.progress else None
+
+    def report(done: int, total: int) -> None:
+        if writer is not None:
+            progress = ProgressReport(done=done, total=total)
+            if done == total:
+                writer.final(progress)
+            else:
+                writer.report(progress)
+
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
-        result = settle.apply(args.q, args.f, args.live, paths, args.receipts)
+        result = settle.apply(args.q, args.f, args.live, paths, args.receipts, report)
         data = json.loads(result.model_dump_json())
         write_atomic(args.result, json.dumps(data, indent=2, sort_keys=True) + "\n")
     except (CairnError, OSError, ValidationError) as exc:

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.notify import notify_app
 from cairn.cli.project import project_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
@@ -38,6 +39,7 @@ app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(project_app, name="project")
+app.add_typer(notify_app, name="notify")
 
 
 def version() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ import typer
 
 from cairn.cli.client import fail, request
 from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty, render_waiting
+from cairn.cli.watchview import EventPrinter
 from cairn.protocol.daemon import (
     AnswerRequest,
     ApplyRequest,
@@ -130,23 +132,28 @@ def watch(
     """Follow a run live (rebuilt from the journal); one line when it ends."""
     cursor = 0
     shown_waiting: list[dict[str, Any]] = []
+    out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)
     try:
         while True:
+            polled = time.monotonic()
             data = request(WatchRequest(run_id=run_id, cursor=cursor))
             run_id = data["run_id"]  # a prefix or @last names this run from now on
             for event in data["events"]:
-                typer.echo(json.dumps(event) if json_out else render_event(event))
+                if json_out:
+                    out.line(json.dumps(event))
+                else:
+                    out.event(event)
             cursor = data["cursor"]
             if data["more"]:
                 continue
             if data["waiting"] != shown_waiting:
                 shown_waiting = data["waiting"]
                 for item in shown_waiting:
-                    typer.echo(f"waiting: {render_waiting(data['run_id'], item)}")
+                    out.line(f"waiting: {render_waiting(data['run_id'], item)}")
             if data["finished"]:
-                typer.echo(completion_line(data))
+                out.line(completion_line(data))
                 raise typer.Exit(0 if data["state"] == "succeeded" else 1)
-            time.sleep(interval)
+            time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

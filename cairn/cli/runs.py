@@ -23,6 +23,7 @@ from cairn.cli.options import (
     parse_limits,
     render_waiting,
 )
+from cairn.cli.watchview import progress_lines
 from cairn.definitions.resolve import for_launch, refuse_draft_file
 from cairn.errors import PermissionDenied
 from cairn.protocol.daemon import (
@@ -243,6 +244,8 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
             typer.echo(f"  refused: {refused['path']} ({refused['reason']})")
     if run.get("output"):
         typer.echo(f"output: {json.dumps(run['output'])}")
+    for line in progress_lines(data.get("progress") or {}):
+        typer.echo(line)
     if data["units"]:
         typer.echo("units: " + " ".join(data["units"]))
     latest = data.get("latest_event")

@@ -36,6 +36,11 @@ def _user_env() -> dict[str, str]:
     }
 
 
+def user_manager_env() -> dict[str, str]:
+    """The environment that reaches the caller's own systemd manager."""
+    return _user_env()
+
+
 def systemctl_user(*args: str, check: bool = True) -> str:
     proc = run(["systemctl", "--user", *args], env=_user_env(), check=check, timeout=60)
     return proc.stdout.decode(errors="replace")

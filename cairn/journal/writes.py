@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -72,6 +73,37 @@ class Writes(JournalReader):
             (run_id, scope, op_id, event, canonical_json(data), self.clock()),
         )
 
+    def latest_progress(self, run_id: str) -> dict[str, EventRow]:
+        """The newest ``progress`` event of each phase of the run, by phase."""
+        rows = self.db.execute(
+            "SELECT e.* FROM events e JOIN (SELECT max(cursor) AS cursor FROM events"
+            " WHERE run_id=? AND event='progress' GROUP BY json_extract(data, '$.phase'))"
+            " latest ON e.cursor = latest.cursor ORDER BY e.cursor",
+            (run_id,),
+        ).fetchall()
+        events = _event_rows(rows)
+        return {str(e.data.get("phase")): e for e in events}
+
+    def last_event_cursor(self) -> int:
+        """The cursor of the newest event of any run (0 without any)."""
+        return int(self.db.execute("SELECT coalesce(max(cursor), 0) FROM events").fetchone()[0])
+
+    def owner_events(
+        self, owner_uid: int, names: Collection[str], after: int, limit: int
+    ) -> tuple[list[EventRow], int]:
+        """Events named in ``names`` of ``owner_uid``'s runs after cursor ``after``, at most
+        ``limit``, and the cursor to continue from (past every event seen so far)."""
+        top = self.last_event_cursor()
+        marks = ",".join("?" * len(names))
+        rows = self.db.execute(
+            "SELECT e.* FROM events e JOIN runs r ON r.run_id = e.run_id"
+            f" WHERE r.owner_uid=? AND e.cursor>? AND e.cursor<=? AND e.event IN ({marks})"
+            " ORDER BY e.cursor LIMIT ?",
+            (owner_uid, after, top, *names, limit),
+        ).fetchall()
+        events = _event_rows(rows)
+        return events, events[-1].cursor if len(events) == limit else max(top, after)
+
     # --- intents and receipts -------------------------------------------------------
 
     def add_intents(self, run_id: str, intents: list[Intent], *, token: int | None) -> None:
@@ -110,3 +142,7 @@ class Writes(JournalReader):
             "SELECT body FROM receipts WHERE run_id=? ORDER BY at", (run_id,)
         ).fetchall()
         return [json.loads(r["body"]) for r in rows]
+
+
+def _event_rows(rows: list[sqlite3.Row]) -> list[EventRow]:
+    return [EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows]

@@ -224,6 +224,14 @@ class WatchRequest(RunRequest):
     cursor: int = 0
 
 
+class NotificationsRequest(OpRequest):
+    """Notifications of the caller's runs after ``cursor``; a negative cursor asks only for
+    the cursor to start from now."""
+
+    op: Literal["notifications"] = "notifications"
+    cursor: int = -1
+
+
 # --- schedules ----------------------------------------------------------------------
 
 
@@ -314,6 +322,7 @@ DaemonRequest = Annotated[
     | StopRequest
     | CancelRequest
     | WatchRequest
+    | NotificationsRequest
     | ScheduleCreateRequest
     | ScheduleConfirmRequest
     | ScheduleResumeRequest

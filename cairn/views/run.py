@@ -114,4 +114,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         "events_total": events.total,
         "events_omitted": events.omitted,
         "events_shown": events.statement(),
+        "progress": {
+            phase: {**e.data, "at": e.at} for phase, e in journal.latest_progress(run_id).items()
+        },
     }

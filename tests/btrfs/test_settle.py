@@ -141,9 +141,12 @@ def test_apply_clean_then_already_applied(pool: Pool, run_id: str, tmp_path: Pat
     assert set(accepted) >= {"src/app.py", "src/new.py", "src/pkg", "src/pkg/mod.py",
                              "old.txt", "docs/guide.md", "docs/manual.md", "src/util.py"}
     receipts = tmp_path / "receipts.jsonl"
-    result = apply(q, f, live, accepted, receipts)
+    progress: list[tuple[int, int]] = []
+    result = apply(q, f, live, accepted, receipts, lambda n, total: progress.append((n, total)))
     assert result.status == "applied" and not result.conflicts
     assert sorted(result.applied) == sorted(accepted)
+    # one report per written or deleted path, counting up to all of them
+    assert progress == [(n, len(accepted)) for n in range(1, len(accepted) + 1)]
     assert inventories_equal(f, live)
     assert stat.S_IMODE(os.lstat(live / "src" / "util.py").st_mode) == 0o755
     lines = [json.loads(line) for line in receipts.read_text().splitlines()]

@@ -682,3 +682,73 @@ def test_a_trusted_project_definition_an_agent_rewrote_is_refused(booted: Machin
     assert proc.stderr.decode().startswith(
         f"cairn: project:tidy changed since {project} was trusted (review hash now sha256:"
     ), proc.stderr.decode()
+
+
+# Runs in the agent unit: 300 notes as fast as the socket takes them, each 100 KB with a
+# terminal escape sequence, one message that claims to be another event, and, once the
+# rate allows again, one more note.
+NOTE_FLOOD = r"""
+import json, socket, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("/run/cairn/agent/agent.sock")
+f = s.makefile("rwb")
+for i in range(300):
+    text = "\x1b]0;owned\x07\x1b[2J" + str(i) + "x" * 100_000
+    f.write(json.dumps({"type": "note", "text": text}).encode() + b"\n")
+    f.flush()
+    f.readline()
+forged = {"type": "progress", "text": "x", "event": "run-succeeded", "phase": "apply"}
+f.write(json.dumps(forged).encode() + b"\n")
+f.flush()
+f.readline()
+time.sleep(1.5)
+f.write(json.dumps({"type": "note", "text": "after the flood"}).encode() + b"\n")
+f.flush()
+f.readline()
+"""
+
+
+def test_an_agent_flooding_notes_is_bounded_and_cannot_drive_the_terminal(
+    booted: Machine,
+) -> None:
+    steps = [{"action": "run", "argv": ["/usr/bin/python3", "-I", "-c", NOTE_FLOOD]}]
+    _project, run_id, data = run_script(booted, steps, "flood")
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    watched = booted.exec(["cairn", "watch", run_id], user="alice", timeout=120).stdout
+    assert b"\x1b" not in watched and b"\x07" not in watched
+    notes = [line for line in watched.decode().splitlines() if " note " in line]
+    # a burst of five, then two a second: far fewer than 300, each at most 2,000 chars
+    assert 5 <= len(notes) < 150, len(notes)
+    assert all(len(line) < 2200 for line in notes)
+    (after,) = [line for line in notes if "after the flood" in line]
+    assert "notes dropped so far" in after
+    events = json.loads(cairn(booted, "show", run_id, "--json"))["events"]
+    # the message that claimed to be another event was refused as malformed
+    assert len([e for e in events if e["event"] == "run-succeeded"]) == 1
+    assert [e for e in events if e["event"] == "progress"] == []
+    boundary = booted.exec(["cat", f"/var/lib/cairn/runs/{run_id}/boundaries/root-1/boundary.json"])
+    kept = json.loads(boundary.stdout)["notes"]
+    assert len(kept) == len(notes) and all(len(note) <= 2000 for note in kept)
+
+
+NOTIFICATIONS = (
+    "import json\n"
+    "from cairn.cli.client import request\n"
+    "from cairn.protocol.daemon import NotificationsRequest\n"
+    "print(json.dumps(request(NotificationsRequest(cursor=0))))\n"
+)
+
+
+def test_notifications_of_another_users_runs_never_reach_the_caller(
+    booted: Machine, victim: str
+) -> None:
+    """cairnd answers the notifier by the socket's peer credentials: asked from the very
+    first event, alice gets her finished run and bob gets nothing of it."""
+
+    def events_of(user: str) -> list[dict[str, Any]]:
+        out = booted.exec(["/usr/bin/python3", "-I", "-c", NOTIFICATIONS], user=user)
+        return list(json.loads(out.stdout)["events"])
+
+    state = json.loads(cairn(booted, "show", victim, "--json"))["run"]["state"]
+    assert [e["event"] for e in events_of("alice") if e["run_id"] == victim] == [state]
+    assert [e for e in events_of("bob") if e["run_id"] == victim] == []

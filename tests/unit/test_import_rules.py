@@ -34,7 +34,7 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # less the operation-kind literal once imported for type checking only; revert, checks of
 # the proposal and --apply then added their receipts and launch fields.
 # Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_570
+BROKER_CLOSURE_CEILING = 3_582
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).

@@ -1,0 +1,114 @@
+"""``cairn notify``: run the caller's notification hooks (:mod:`cairn.notify`) when their
+runs start waiting for a person, fail or succeed. ``follow`` is what the user unit
+``cairn-notify.service`` runs; ``list`` shows which hooks would run and which are
+refused; ``test`` sends a sample event to them."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Annotated
+
+import typer
+
+from cairn.cli.client import request
+from cairn.cli.timers import user_manager_env
+from cairn.errors import CairnError
+from cairn.notify import (
+    cursor_path,
+    deliver,
+    discover_hooks,
+    hook_dirs,
+    load_cursor,
+    save_cursor,
+)
+from cairn.protocol.daemon import NotificationsRequest
+from cairn.protocol.notify import NotifyBatch, NotifyEvent
+from cairn.systemd import Prop, Systemd
+
+notify_app = typer.Typer(
+    help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
+    no_args_is_help=True,
+)
+
+
+def start_user_unit(name: str, props: list[Prop]) -> None:
+    """Start transient service ``name`` in the caller's own manager, over its bus."""
+    with Systemd(user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]) as manager:
+        manager.start_transient_service(name, props)
+
+
+def _poll(cursor: int) -> NotifyBatch:
+    return NotifyBatch.model_validate(request(NotificationsRequest(cursor=cursor)))
+
+
+@notify_app.command()
+def follow(
+    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Handle what is new, then exit.")] = False,
+) -> None:
+    """Run your hooks for each of your runs that waits for you, fails or succeeds."""
+    uid = os.getuid()
+    state = cursor_path(uid)
+    cursor = load_cursor(state)
+    if cursor is None:  # first start: from now on, not the whole history
+        cursor = _poll(-1).cursor
+        save_cursor(state, cursor)
+    while True:
+        try:
+            batch = _poll(cursor)
+        except CairnError as exc:
+            typer.echo(f"cairn notify: {exc.message}", err=True)
+            if once:
+                raise typer.Exit(1) from None
+            time.sleep(interval)
+            continue
+        for event in batch.events:
+            units = deliver(event, hook_dirs(uid), start_user_unit)
+            typer.echo(f"{event.event} {event.run_id}: {len(units)} hooks started")
+            save_cursor(state, event.cursor)
+        if batch.cursor != cursor:
+            cursor = batch.cursor
+            save_cursor(state, cursor)
+        if once and not batch.more:
+            return
+        if not batch.more:
+            time.sleep(interval)
+
+
+@notify_app.command("list")
+def list_hooks() -> None:
+    """The hooks that would run, in order, and the files refused with why."""
+    hooks = discover_hooks(hook_dirs(os.getuid()))
+    for hook in hooks.run:
+        typer.echo(f"runs     {hook}")
+    for refused in hooks.refused:
+        typer.echo(f"refused  {refused.path}: {refused.reason}")
+    if not hooks.run and not hooks.refused:
+        typer.echo("no hooks (put executables in ~/.config/cairn/notify.d)")
+
+
+@notify_app.command()
+def test(
+    event: Annotated[str, typer.Option(help="waiting, failed or succeeded.")] = "succeeded",
+) -> None:
+    """Send a sample event (run ``flow_000…``) to every hook."""
+    if event not in ("waiting", "failed", "succeeded"):
+        typer.echo("cairn: --event must be waiting, failed or succeeded", err=True)
+        raise typer.Exit(2)
+    sample = NotifyEvent.model_validate(
+        {
+            "event": event,
+            "cursor": 1,
+            "at": time.time(),
+            "run_id": "flow_" + "0" * 32,
+            "definition": "builtin:implement",
+            "state": "waiting" if event == "waiting" else event,
+            "summary": f"a test notification ({event})",
+        }
+    )
+    units = deliver(sample, hook_dirs(os.getuid()), start_user_unit)
+    for unit in units:
+        typer.echo(f"started {unit} (journalctl --user -u {unit})")
+    if not units:
+        typer.echo("no hooks ran; see 'cairn notify list'")
