@@ -21,6 +21,7 @@ from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
+from cairn.hostconfig import check_profile, profile_file
 from cairn.journal import Journal
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
@@ -112,13 +113,6 @@ def builtin_profile_prompt(name: str) -> str | None:
     return file.read_text() if file.is_file() else None
 
 
-PROFILE_FIX = (
-    "a profile has kind (command, llm or scripted) and, as its kind needs, argv, provider, "
-    "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
-    "(see docs/agents.md and docs/examples/profiles.d)"
-)
-
-
 def resolve_profiles(
     review: Review, scripted: dict[str, ProfileSpec], *, problems: Problems | None = None
 ) -> dict[str, ProfileSpec]:
@@ -147,7 +141,7 @@ def resolve_profiles(
             continue
         if not PROFILE_FILE_RE.match(name):
             raise UsageError(f"invalid profile name {name!r}")
-        file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
+        file = profile_file(name)
         builtin_prompts[name] = builtin_profile_prompt(name)
         before = len(found)
         data = found.toml(file)
@@ -159,7 +153,7 @@ def resolve_profiles(
                 )
             data = {"kind": "llm"}
         if data is not None:
-            checked = found.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+            checked = check_profile(found, file, data, name)
             if checked is not None:
                 read[name] = checked
     found.check()

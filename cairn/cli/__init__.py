@@ -3,7 +3,7 @@ touches the journal or storage (except ``storage init`` and ``workflow review``,
 local by nature).
 
 One module per concern: ``runs`` and ``people`` add top-level commands, ``storage``,
-``workflow`` and ``schedule`` are sub-apps; ``client`` and ``options`` are what they
+``workflow``, ``schedule`` and ``config`` are sub-apps; ``client`` and ``options`` are what they
 share. This module only assembles them, and none of them imports it.
 """
 
@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.config import config_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -36,6 +37,7 @@ people.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(config_app, name="config")
 
 
 def version() -> str:
