@@ -7,7 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,8 @@ from cairn.cli.options import (
     load_scripted,
     parse_limits,
 )
+from cairn.errors import Unavailable
+from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -30,6 +32,7 @@ from cairn.protocol.daemon import (
     PsRequest,
     ReconcileRequest,
     RetryRequest,
+    ScheduleListRequest,
     ShowRequest,
     UpgradeRequest,
 )
@@ -283,11 +286,15 @@ def doctor(
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Cross-check journal, snapshots, units and receipts; report contradictions."""
-    data = request(DoctorRequest(run_id=run_id))
+    """Check the host (sockets, pool, free space, release, config, providers, credentials,
+    linger) and cross-check each run's journal, snapshots, units and receipts; exit 1 on
+    any failure. With RUN, only that run."""
+    data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor()
     if json_out:
         emit(data)
     else:
+        for check in data["host"]:
+            typer.echo(HostCheck.model_validate(check).line())
         for run in data["runs"]:
             mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
             typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
@@ -295,6 +302,25 @@ def doctor(
                 typer.echo(f"  - {problem}")
     if data["problems"]:
         raise typer.Exit(1)
+
+
+def host_doctor() -> dict[str, Any]:
+    """cairnd's report with the checks only the caller can make added: the credential
+    stores (as root) and the caller's linger. Without cairnd, say so, as a failed check."""
+    try:
+        data: dict[str, Any] = request(DoctorRequest())
+    except Unavailable as exc:
+        down = HostCheck(check="cairnd", status="fail", detail=exc.message,
+                         fix="sudo systemctl enable --now cairn.socket")
+        return {"host": [down.model_dump()], "credentials": {}, "runs": [], "problems": 1}
+    schedules = sum(1 for view in request(ScheduleListRequest()) if view.get("timer"))
+    local = [
+        *credential_checks(data.get("credentials", {}), credential_stores()),
+        linger_check(schedules),
+    ]
+    data["host"] = [*data.get("host", []), *(c.model_dump() for c in local)]
+    data["problems"] += sum(1 for c in local if c.status == "fail")
+    return data
 
 
 def logs(run_id: RunArg) -> None:
