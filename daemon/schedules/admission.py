@@ -345,8 +345,10 @@ def admit(
             )["launch_hash"]
         except CairnError as exc:
             try:
-                journal.get_run(run_id)
+                run_state: str | None = journal.get_run(run_id).state
             except NotFound:
+                run_state = None
+            if run_state in (None, "failed"):  # refused before its run existed, or failed at launch
                 record_launch_failure(store, row, spec, key, run_id, exc.message)
                 return {**result, "outcome": "launch-failed", "reason": exc.message}
             log.warning("schedule %s: run %s created, then: %s", row.schedule_id, run_id, exc)
