@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from cairn import paths
+from cairn.cli import app
+from cairn.cli import people as people_cli
 from cairn.daemon import launch, reconcile
 from cairn.errors import BrokerRefused, CairnError, RunEnded, Unavailable
 from cairn.journal import Journal
@@ -250,3 +253,18 @@ def test_pause_and_resume_of_a_pending_run_nothing_took(
     assert journal.request_control(run_id, "pause", actor_uid=OWNER) == ("paused", False)
     assert journal.request_control(run_id, "resume", actor_uid=OWNER) == ("resumed", True)
     assert journal.get_run(run_id).state == "pending"
+
+
+def test_the_command_says_whether_the_cancel_is_done_or_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_id = "flow_" + "ab" * 16
+    for outcome, said in (
+        ("cancelled", f"{run_id}: cancelled\n"),
+        ("cancel requested", f"{run_id}: cancel requested (its coordinator acts on it at the "
+         f"next safe point; follow with 'cairn watch {run_id}')\n"),
+    ):
+        monkeypatch.setattr(people_cli, "request", lambda body, o=outcome: {
+            "run_id": run_id, "action": "cancel", "outcome": o, "woken": False})
+        result = CliRunner().invoke(app, ["cancel", run_id])
+        assert result.exit_code == 0 and result.output == said
