@@ -43,22 +43,25 @@ UNFINISHED_LAUNCH = (
 )
 
 
-def launch_unfinished(journal: Journal, run: RunRow) -> bool:
-    """A run no coordinator ever took, without the receipt of its launch's
-    ``start-coordinator``: its launch was cut short, so nobody was told it started."""
-    if run.state != "pending" or run.lease_token != 0:
+def launch_unfinished(journal: Journal, run: RunRow, *, created_before: float) -> bool:
+    """A run an earlier cairnd recorded (before ``created_before``, when this one started)
+    that no coordinator ever took, without the receipt of its launch's
+    ``start-coordinator``: its launch was cut short, so nobody was told it started. (A
+    run this cairnd is launching right now looks the same, so it is never judged.)"""
+    if run.state != "pending" or run.lease_token != 0 or run.created_at >= created_before:
         return False
     return not any(r.get("intent_id") == "start-coordinator" for r in journal.receipts(run.run_id))
 
 
-def reconcile(journal: Journal) -> list[str]:
-    """Start the coordinator of every run that should be active and has none; return them."""
+def reconcile(journal: Journal, *, started_at: float) -> list[str]:
+    """Start the coordinator of every run that should be active and has none; return them.
+    ``started_at``: when this cairnd started, before it took any request."""
     restarted: list[str] = []
     with Systemd() as sd:
         for run in journal.list_runs(None, limit=100_000):
             if run.state not in ACTIVE_STATES:
                 continue
-            if launch_unfinished(journal, run):
+            if launch_unfinished(journal, run, created_before=started_at):
                 journal.fail_unstarted_run(run.run_id, UNFINISHED_LAUNCH)
                 log.error("%s: %s", run.run_id, UNFINISHED_LAUNCH)
                 continue

@@ -177,15 +177,20 @@ def test_a_started_launch_keeps_its_receipt_and_a_cut_short_one_is_failed_at_boo
     result = launch_as_owner(journal, host)
     assert started == [result["run_id"]]
     run = only_run(journal)
-    assert not reconcile.launch_unfinished(journal, run)
+    later = time.time() + 1  # a cairnd started after this launch
+    assert not reconcile.launch_unfinished(journal, run, created_before=later)
     # the same run as cairnd would leave it had it stopped between recording the run and
     # hearing from the broker: no receipt
     journal.db.execute("DELETE FROM receipts WHERE run_id=?", (run.run_id,))
     journal.db.commit()
-    assert reconcile.launch_unfinished(journal, journal.get_run(run.run_id))
+    assert reconcile.launch_unfinished(journal, journal.get_run(run.run_id), created_before=later)
+    # ...unless it is this cairnd's own launch, still on its way to the broker
+    assert not reconcile.launch_unfinished(
+        journal, journal.get_run(run.run_id), created_before=run.created_at)
     # a run a coordinator once took is not the launch's to judge
     journal.acquire_lease(run.run_id, "coordinator:1")
-    assert not reconcile.launch_unfinished(journal, journal.get_run(run.run_id))
+    assert not reconcile.launch_unfinished(journal, journal.get_run(run.run_id),
+                                           created_before=later)
 
 
 def test_the_reconciler_fails_a_cut_short_launch_and_starts_nothing(
@@ -211,7 +216,14 @@ def test_the_reconciler_fails_a_cut_short_launch_and_starts_nothing(
     restarted: list[str] = []
     monkeypatch.setattr(reconcile, "Systemd", NoUnits)
     monkeypatch.setattr(reconcile, "call_broker", broker_that_starts(restarted))
-    assert reconcile.reconcile(journal) == []
+    # cairnd was started by this very launch (socket activation): the run is its own
+    assert reconcile.reconcile(journal, started_at=run.created_at) == [run.run_id]
+    assert restarted == [run.run_id] and journal.get_run(run.run_id).state == "pending"
+    # a later cairnd finds the launch cut short
+    restarted.clear()
+    journal.db.execute("DELETE FROM receipts WHERE run_id=?", (run.run_id,))
+    journal.db.commit()
+    assert reconcile.reconcile(journal, started_at=time.time() + 1) == []
     assert restarted == []
     after = journal.get_run(run.run_id)
     assert after.state == "failed" and after.error == reconcile.UNFINISHED_LAUNCH
