@@ -47,8 +47,12 @@ def host_checks() -> tuple[list[HostCheck], dict[str, str]]:
         state = sd.unit_state(unit)
         return None if state is None else state.active_state
 
-    with Systemd() as sd:
-        checks = hostcheck.socket_checks(active_state)
+    try:
+        with Systemd() as sd:
+            checks = hostcheck.socket_checks(active_state)
+    except CairnError as exc:
+        checks = [HostCheck(check="systemd", status="fail", detail=f"cannot ask systemd: {exc}",
+                            fix="journalctl -u cairn.service shows why")]
     checks += hostcheck.pool_checks(paths.pool_dir())
     checks.append(hostcheck.release_check(paths.release_dir(), hostcheck.release_key()))
     checks.append(hostcheck.config_check())

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from cairn import hostcheck, paths
 from cairn.cli import app, runs
 from cairn.daemon import doctor
-from cairn.errors import Unavailable
+from cairn.errors import SystemdError, Unavailable
 from cairn.journal import Journal
 from cairn.proc import run
 
@@ -235,3 +235,15 @@ def test_without_cairnd_the_command_says_so_as_a_failed_check(
         "fail  cairnd: cannot reach cairnd at /run/cairn/cairnd.sock: No such file; "
         "fix: sudo systemctl enable --now cairn.socket\n"
     )
+
+
+def test_without_systemd_the_other_host_checks_still_run(
+    host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_bus() -> Any:
+        raise SystemdError("cannot connect to the system bus")
+
+    monkeypatch.setattr(doctor, "Systemd", no_bus)
+    checks, _ = doctor.host_checks()
+    assert checks[0].line().startswith("fail  systemd: cannot ask systemd: cannot connect")
+    assert [c.check for c in checks[1:3]] == ["pool", "release"]
