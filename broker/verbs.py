@@ -336,6 +336,9 @@ def verify_storage(ctx: Context) -> StorageVerified:
 
 
 def start_coordinator(ctx: Context) -> CoordinatorStarted:
+    run = ctx.journal.get_run(ctx.run_id)
+    if run.state in TERMINAL_RUN_STATES:  # e.g. failed at launch: never started later
+        raise BrokerRefused(f"run {ctx.run_id} is {run.state}; its coordinator is not started")
     name = f"cairn-coordinator@{ctx.run_id}.service"
     units.start_unit(name)
     return CoordinatorStarted(unit=name)

@@ -14,9 +14,11 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
+from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.config import Problems, load_file
 from cairn.errors import UsageError
 from cairn.proc import run
 from cairn.protocol.base import Frozen
@@ -316,3 +318,27 @@ def decide(spec: ScheduleSpec, facts: AdmissionFacts) -> Decision:
             reason=f"machine-wide limit of {facts.machine_limit} active scheduled runs reached",
         )
     return Decision(outcome="admit", reason="admitted")
+
+
+class HostScheduleConfig(Frozen):
+    """``/etc/cairn/schedules.toml``."""
+
+    model_config = ConfigDict(strict=True)
+
+    max_active_scheduled_runs: int = Field(default=DEFAULT_MACHINE_LIMIT, ge=0)
+
+
+SCHEDULES_FIX = (
+    "its only key is max_active_scheduled_runs, a whole number (0 admits no scheduled run); "
+    "fix the file or remove it to use the defaults"
+)
+
+
+def host_config(*, problems: Problems | None = None) -> HostScheduleConfig:
+    """The host's schedule settings; every problem of the file raised as one
+    :class:`cairn.config.ConfigError`, or, given ``problems``, recorded there (and the
+    defaults returned)."""
+    file = paths.config_dir() / "schedules.toml"
+    if problems is not None:
+        return problems.load(file, HostScheduleConfig, fix=SCHEDULES_FIX) or HostScheduleConfig()
+    return load_file(file, HostScheduleConfig, fix=SCHEDULES_FIX) or HostScheduleConfig()

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from cairn import journald, paths
-from cairn.errors import Busy, CairnError
+from cairn.errors import Busy, CairnError, RunEnded
 
 
 def main() -> None:
@@ -18,7 +18,7 @@ def main() -> None:
 
     try:
         sys.exit(Coordinator(sys.argv[1]).run())
-    except Busy as exc:
+    except (Busy, RunEnded) as exc:  # held by another, or ended before it could start
         logging.getLogger("cairn.coordinator").warning("%s", exc)
         sys.exit(0)
     except CairnError as exc:

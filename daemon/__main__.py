@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from cairn import journald, paths
 from cairn.daemon.reconcile import reconcile
@@ -15,17 +16,18 @@ from cairn.sockets import listener
 
 def main() -> None:
     journald.setup_logging()
+    started_at = time.time()  # before any request: runs launched from now on are ours
     Journal(paths.journal_path(), create=True).close()  # create or migrate the schema
     sock = listener(paths.daemon_socket(), 0o666)
-    threading.Thread(target=reconcile_at_start, daemon=True).start()
+    threading.Thread(target=reconcile_at_start, args=(started_at,), daemon=True).start()
     logging.getLogger("cairn.daemon").info("cairnd ready")
     serve(sock)
 
 
-def reconcile_at_start() -> None:
+def reconcile_at_start(started_at: float) -> None:
     journal = Journal(paths.journal_path())
     try:
-        reconcile(journal)
+        reconcile(journal, started_at=started_at)
     except CairnError as exc:
         logging.getLogger("cairn.daemon").error("reconciler: %s", exc)
     finally:

@@ -1,15 +1,18 @@
-"""`cairn doctor`: cross-check the four authorities of each run — journal rows, Btrfs
-subvolumes (through the broker, against its receipts), systemd units and settlement
-receipts — and report every contradiction. It repairs nothing."""
+"""`cairn doctor`: the host checks cairnd can see (:mod:`cairn.hostcheck`), and a
+cross-check of the four authorities of each run — journal rows, Btrfs subvolumes (through
+the broker, against its receipts), systemd units and settlement receipts — reporting every
+contradiction. It repairs nothing."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from cairn import hostcheck, paths
 from cairn.brokerclient import call_broker
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError
+from cairn.hostcheck import HostCheck
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import Intent, StorageVerified
@@ -18,12 +21,44 @@ from cairn.views.run import run_units
 
 
 def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+    """One run's cross-checks; without ``run_id``, the host's checks that cairnd can see
+    (``host``, with ``credentials``: the names the CLI looks for as root) and every run the
+    caller may see. ``problems`` counts run problems and failed host checks."""
     if run_id:
         runs = [visible_run(journal, run_id, uid)]
+        host: list[HostCheck] = []
+        credentials: dict[str, str] = {}
     else:
         runs = journal.list_runs(None if is_admin(uid) else uid)
+        host, credentials = host_checks()
     report = [check_run(journal, run) for run in runs]
-    return {"runs": report, "problems": sum(len(r["problems"]) for r in report)}
+    failed = sum(1 for c in host if c.status == "fail")
+    return {
+        "host": [c.model_dump() for c in host],
+        "credentials": credentials,
+        "runs": report,
+        "problems": failed + sum(len(r["problems"]) for r in report),
+    }
+
+
+def host_checks() -> tuple[list[HostCheck], dict[str, str]]:
+    """What cairnd can see of the host, as the user ``cairn``: sockets, pool and free
+    space, the sealed release, ``/etc/cairn``, providers by name (never contacted)."""
+    def active_state(unit: str) -> str | None:
+        state = sd.unit_state(unit)
+        return None if state is None else state.active_state
+
+    try:
+        with Systemd() as sd:
+            checks = hostcheck.socket_checks(active_state)
+    except CairnError as exc:
+        checks = [HostCheck(check="systemd", status="fail", detail=f"cannot ask systemd: {exc}",
+                            fix="journalctl -u cairn.service shows why")]
+    checks += hostcheck.pool_checks(paths.pool_dir())
+    checks.append(hostcheck.release_check(paths.release_dir(), hostcheck.release_key()))
+    checks.append(hostcheck.config_check())
+    providers, credentials = hostcheck.provider_checks()
+    return checks + providers, credentials
 
 
 def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:

@@ -3,6 +3,7 @@ description, record the run and ask the broker to start its coordinator."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import re
@@ -20,7 +21,8 @@ from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
 from cairn.definitions.builtin import builtin_names, builtin_source
-from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
+from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
+from cairn.hostconfig import check_profile, profile_file
 from cairn.journal import Journal
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
@@ -42,6 +44,8 @@ from cairn.workflow.schema import build_models
 
 PROFILE_FILE_RE = re.compile(r"^[a-z0-9:_-]{1,80}$")
 PROFILE_BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
+
+log = logging.getLogger(__name__)
 
 
 def resolve_definition(definition: str) -> tuple[str, str]:
@@ -133,13 +137,6 @@ def builtin_profile_prompt(name: str) -> str | None:
     return file.read_text() if file.is_file() else None
 
 
-PROFILE_FIX = (
-    "a profile has kind (command, llm or scripted) and, as its kind needs, argv, provider, "
-    "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
-    "(see docs/agents.md and docs/examples/profiles.d)"
-)
-
-
 def resolve_profiles(
     review: Review, scripted: dict[str, ProfileSpec], *, problems: Problems | None = None
 ) -> dict[str, ProfileSpec]:
@@ -168,7 +165,7 @@ def resolve_profiles(
             continue
         if not PROFILE_FILE_RE.match(name):
             raise UsageError(f"invalid profile name {name!r}")
-        file = paths.config_dir() / "profiles.d" / f"{name.replace(':', '-')}.toml"
+        file = profile_file(name)
         builtin_prompts[name] = builtin_profile_prompt(name)
         before = len(found)
         data = found.toml(file)
@@ -180,7 +177,7 @@ def resolve_profiles(
                 )
             data = {"kind": "llm"}
         if data is not None:
-            checked = found.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+            checked = check_profile(found, file, data, name)
             if checked is not None:
                 read[name] = checked
     found.check()
@@ -284,5 +281,26 @@ def launch(
     )
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])
-    call_broker("launch-v1", run_id, timeout=120)
+    start_or_fail(journal, run_id)
     return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}
+
+
+def start_or_fail(journal: Journal, run_id: str) -> None:
+    """Have the broker start the new run's coordinator, or end the run ``failed`` with the
+    reason, so a launch is all or nothing: a run its launch could not start is never
+    started later (the boot reconciler starts only ``pending`` and ``running`` runs, and
+    fails one whose launch left no receipt). A coordinator that took the run all the same
+    (the reply was lost) keeps it."""
+    try:
+        reply = call_broker("launch-v1", run_id, timeout=120)
+    except CairnError as exc:
+        reason = f"the launch could not start the run: {exc.message}"
+        if not journal.fail_unstarted_run(run_id, reason):
+            log.warning("%s: the broker answered %s, but its coordinator runs", run_id, exc)
+            return
+        log.error("%s failed at launch: %s", run_id, exc.message)
+        exc.message = f"{exc.message} (run {run_id} is recorded failed and will not start)"
+        raise
+    # The receipt is the launch's durable "done": the boot reconciler fails a run that
+    # never got one (cairnd stopped mid-launch) instead of starting it.
+    journal.record_receipts(run_id, [r.model_dump(mode="json") for r in reply.receipts])

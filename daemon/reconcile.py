@@ -1,6 +1,8 @@
 """Boot-time reconciler: runs that should be active get their coordinator back.
 
-Waiting, blocked and finished runs stay as they are. Half-done broker intents need no
+Waiting, blocked and finished runs stay as they are. A run whose launch never finished
+(no coordinator took it, and the launch recorded no receipt) ends ``failed``: a launch is
+all or nothing. Half-done broker intents need no
 special care here: the restarted coordinator repeats its verbs, and the broker finishes
 each intent exactly once by its receipts.
 """
@@ -11,7 +13,7 @@ import logging
 
 from cairn.brokerclient import call_broker
 from cairn.errors import CairnError
-from cairn.journal import Journal
+from cairn.journal import Journal, RunRow
 from cairn.protocol.broker import Intent
 from cairn.systemd import Systemd
 
@@ -35,12 +37,33 @@ def restart_coordinator(journal: Journal, run_id: str) -> str:
     return intent.intent_id
 
 
-def reconcile(journal: Journal) -> list[str]:
-    """Start the coordinator of every run that should be active and has none; return them."""
+UNFINISHED_LAUNCH = (
+    "the launch did not finish (cairnd stopped before the broker started the run); "
+    "launch it again"
+)
+
+
+def launch_unfinished(journal: Journal, run: RunRow, *, created_before: float) -> bool:
+    """A run an earlier cairnd recorded (before ``created_before``, when this one started)
+    that no coordinator ever took, without the receipt of its launch's
+    ``start-coordinator``: its launch was cut short, so nobody was told it started. (A
+    run this cairnd is launching right now looks the same, so it is never judged.)"""
+    if run.state != "pending" or run.lease_token != 0 or run.created_at >= created_before:
+        return False
+    return not any(r.get("intent_id") == "start-coordinator" for r in journal.receipts(run.run_id))
+
+
+def reconcile(journal: Journal, *, started_at: float) -> list[str]:
+    """Start the coordinator of every run that should be active and has none; return them.
+    ``started_at``: when this cairnd started, before it took any request."""
     restarted: list[str] = []
     with Systemd() as sd:
         for run in journal.list_runs(None, limit=100_000):
             if run.state not in ACTIVE_STATES:
+                continue
+            if launch_unfinished(journal, run, created_before=started_at):
+                journal.fail_unstarted_run(run.run_id, UNFINISHED_LAUNCH)
+                log.error("%s: %s", run.run_id, UNFINISHED_LAUNCH)
                 continue
             state = sd.unit_state(coordinator_unit(run.run_id))
             if state is not None and state.active_state in ("active", "activating", "reloading"):

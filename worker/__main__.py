@@ -39,6 +39,10 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["agent-result"]:  # a command profile's wrapper, not the worker
+        from cairn.worker.agent_result import main as agent_result
+
+        sys.exit(agent_result(sys.argv[2:]))
     signal.signal(signal.SIGTERM, _terminate)
     journald.setup_logging()
     socket_path = os.environ.get("CAIRN_AGENT_SOCKET", "/run/cairn/agent/agent.sock")

@@ -94,6 +94,8 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         "HOME": os.environ.get("HOME", "/state"),
         "LANG": "C.UTF-8",
         "CAIRN_PROMPT": instruction.prompt,
+        # what the answer must fit (read by the agent-result wrapper, cairn.worker.agent_result)
+        "CAIRN_OUTPUT_SCHEMA": json.dumps(instruction.output_schema),
         **{k: os.environ[k] for k in PASSED_ENV if k in os.environ and k != "HOME"},
     }
     model_socket = os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)

@@ -3,8 +3,9 @@ touches the journal or storage (except ``storage init``, which is local by natur
 ``workflow`` and ``project`` keep the person's own definitions in their config, locally.
 
 One module per concern: ``runs`` and ``people`` add top-level commands, ``storage``,
-``workflow``, ``schedule`` and ``project`` are sub-apps; ``client`` and ``options`` are
-what they share. This module only assembles them, and none of them imports it.
+``workflow``, ``schedule``, ``project``, ``notify`` and ``config`` are sub-apps; ``client``
+and ``options`` are what they share. This module only assembles them, and none of them
+imports it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
 from cairn.cli.project import project_app
 from cairn.cli.schedule import schedule_app
@@ -40,6 +42,7 @@ app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(project_app, name="project")
 app.add_typer(notify_app, name="notify")
+app.add_typer(config_app, name="config")
 
 
 def version() -> str:

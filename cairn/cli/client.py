@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import typer
 
 from cairn import paths
-from cairn.errors import CairnError
+from cairn.errors import CairnError, Unavailable
 from cairn.protocol.daemon import DaemonReply, OpRequest, request_line
 
 
@@ -31,7 +31,7 @@ def request(body: OpRequest, *, fd: int | None = None) -> Any:
         try:
             sock.connect(path)
         except OSError as exc:
-            raise CairnError(
+            raise Unavailable(
                 f"cannot reach cairnd at {path}: {exc.strerror}",
                 hint="is the cairn package installed and cairn.socket active?",
             ) from exc

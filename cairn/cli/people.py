@@ -101,7 +101,13 @@ def apply(run_id: RunArg) -> None:
 
 def _control(action: type[ControlRequest], run_id: str) -> None:
     out = request(action(run_id=run_id))
-    typer.echo(f"{out['run_id']}: {out['outcome']}")
+    later = (
+        f" (its coordinator acts on it at the next safe point; follow with 'cairn watch "
+        f"{out['run_id']}')"
+        if out["outcome"].endswith("requested")
+        else ""
+    )
+    typer.echo(f"{out['run_id']}: {out['outcome']}{later}")
 
 
 def pause(run_id: RunArg) -> None:
@@ -120,7 +126,8 @@ def stop(run_id: RunArg) -> None:
 
 
 def cancel(run_id: RunArg) -> None:
-    """Cancel the run: nothing new starts, waiting requests are withdrawn."""
+    """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
+    withdrawn (at once when no coordinator holds the run, else at its next safe point)."""
     _control(CancelRequest, run_id)
 
 

@@ -25,7 +25,8 @@ from cairn.cli.options import (
 )
 from cairn.cli.watchview import progress_lines
 from cairn.definitions.resolve import for_launch, refuse_draft_file
-from cairn.errors import PermissionDenied
+from cairn.errors import PermissionDenied, Unavailable
+from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -36,6 +37,7 @@ from cairn.protocol.daemon import (
     ReconcileRequest,
     RetryRequest,
     RevertRequest,
+    ScheduleListRequest,
     ShowRequest,
     UpgradeRequest,
 )
@@ -345,11 +347,15 @@ def doctor(
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Cross-check journal, snapshots, units and receipts; report contradictions."""
-    data = request(DoctorRequest(run_id=run_id))
+    """Check the host (sockets, pool, free space, release, config, providers, credentials,
+    linger) and cross-check each run's journal, snapshots, units and receipts; exit 1 on
+    any failure. With RUN, only that run."""
+    data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor()
     if json_out:
         emit(data)
     else:
+        for check in data["host"]:
+            typer.echo(HostCheck.model_validate(check).line())
         for run in data["runs"]:
             mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
             typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
@@ -357,6 +363,25 @@ def doctor(
                 typer.echo(f"  - {problem}")
     if data["problems"]:
         raise typer.Exit(1)
+
+
+def host_doctor() -> dict[str, Any]:
+    """cairnd's report with the checks only the caller can make added: the credential
+    stores (as root) and the caller's linger. Without cairnd, say so, as a failed check."""
+    try:
+        data: dict[str, Any] = request(DoctorRequest())
+    except Unavailable as exc:
+        down = HostCheck(check="cairnd", status="fail", detail=exc.message,
+                         fix="sudo systemctl enable --now cairn.socket")
+        return {"host": [down.model_dump()], "credentials": {}, "runs": [], "problems": 1}
+    schedules = sum(1 for view in request(ScheduleListRequest()) if view.get("timer"))
+    local = [
+        *credential_checks(data.get("credentials", {}), credential_stores()),
+        linger_check(schedules),
+    ]
+    data["host"] = [*data.get("host", []), *(c.model_dump() for c in local)]
+    data["problems"] += sum(1 for c in local if c.status == "fail")
+    return data
 
 
 def logs(run_id: RunArg) -> None:

@@ -235,9 +235,10 @@ class People(Writes):
     def request_control(
         self, run_id: str, action: ControlAction, *, actor_uid: int
     ) -> tuple[str, bool]:
-        """Record pause/resume/stop/cancel. An active run gets a durable row its
-        coordinator honours at its next safe point; a run no process holds (waiting,
-        paused, blocked) changes at once. Returns (what happened, wake)."""
+        """Record pause/resume/stop/cancel. A run a coordinator holds (see
+        :meth:`_held`) gets a durable row its coordinator honours at its next safe point;
+        a run no process holds (waiting, paused, blocked, or pending and never taken)
+        changes at once. Returns (what happened, wake)."""
         with self.transaction() as db:
             run = self._people_run(db, run_id)
             state = run["state"]
@@ -246,7 +247,7 @@ class People(Writes):
                     f"{run_id} already {state}" + (f": {run['error']}" if run["error"] else ""),
                     hint=f"see 'cairn show {run_id}'",
                 )
-            active = state in ("pending", "running")
+            active = self._held(db, run_id, state)
             pending = {
                 r["action"]
                 for r in db.execute(
@@ -349,6 +350,26 @@ class People(Writes):
                 }
             )
         return items
+
+    def _held(self, db: sqlite3.Connection, run_id: str, state: str) -> bool:
+        """Whether a coordinator holds the run or acts for it, so that a control request
+        must wait for its next safe point: a ``running`` run, or a ``pending`` one whose
+        lease is held or that has an operation under way. A ``pending`` run without
+        either (its launch or wake-up has not reached a coordinator) is held by nobody: a
+        coordinator that starts later finds it ended and refuses to take its lease."""
+        if state != "pending":
+            return state == "running"
+        lease = db.execute(
+            "SELECT lease_holder, lease_expires FROM runs WHERE run_id=?", (run_id,)
+        ).fetchone()
+        if lease["lease_holder"] and lease["lease_expires"] > self.clock():
+            return True
+        under_way = db.execute(
+            "SELECT 1 FROM operations WHERE run_id=? AND state IN ('started', 'uncertain')"
+            " LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        return under_way is not None
 
     @staticmethod
     def _people_run(db: sqlite3.Connection, run_id: str) -> sqlite3.Row:

@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from cairn.errors import Busy, NotFound, UsageError
-from cairn.journal.rows import RunRow, RunState, dumps
+from cairn.errors import Busy, NotFound, RunEnded, UsageError
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow, RunState, dumps
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
@@ -68,6 +68,25 @@ class Runs(Writes):
                 (state, dumps(output), error, self.clock(), run_id),
             )
             self._event(db, run_id, f"run-{state}", {"error": error} if error else {})
+
+    def fail_unstarted_run(self, run_id: str, error: str) -> bool:
+        """End a run no coordinator ever took (``pending``, no lease ever acquired) as
+        ``failed`` with ``error``: a launch that could not start it leaves nothing behind
+        to start later. False when a coordinator took the run meanwhile (it is started)."""
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT state, lease_token FROM runs WHERE run_id=?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            if row["state"] != "pending" or row["lease_token"] != 0:
+                return False
+            db.execute(
+                "UPDATE runs SET state='failed', error=?, updated_at=? WHERE run_id=?",
+                (error, self.clock(), run_id),
+            )
+            self._event(db, run_id, "run-failed", {"error": error, "by": "launch"})
+            return True
 
     def set_settlement(self, run_id: str, settlement: dict[str, Any], *, token: int) -> None:
         with self.transaction() as db:
@@ -157,11 +176,13 @@ class Runs(Writes):
         now = self.clock()
         with self.transaction() as db:
             row = db.execute(
-                "SELECT lease_holder, lease_token, lease_expires FROM runs WHERE run_id=?",
+                "SELECT state, lease_holder, lease_token, lease_expires FROM runs WHERE run_id=?",
                 (run_id,),
             ).fetchone()
             if row is None:
                 raise NotFound(f"no run {run_id}")
+            if row["state"] in TERMINAL_RUN_STATES:
+                raise RunEnded(f"run {run_id} is {row['state']}; nothing to start")
             held = row["lease_holder"]
             if held and held != holder and row["lease_expires"] > now and not holder_is_dead(held):
                 raise Busy(

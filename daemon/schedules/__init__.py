@@ -17,9 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn.daemon.schedules.admission import (
-    HostScheduleConfig,
     admit,
-    host_config,
     repair_half_prepared,
     sync_outcomes,
 )
@@ -62,6 +60,7 @@ from cairn.protocol.daemon import (
     ScheduleResumeRequest,
     ScheduleRunNowRequest,
 )
+from cairn.schedules import HostScheduleConfig, host_config
 
 __all__ = [
     "COUNTED_STATES",

@@ -18,10 +18,6 @@ import secrets
 import threading
 from typing import Any
 
-from pydantic import ConfigDict, Field
-
-from cairn import paths
-from cairn.config import load_file
 from cairn.daemon import launch
 from cairn.daemon.schedules.store import (
     COUNTED_STATES,
@@ -34,15 +30,14 @@ from cairn.daemon.schedules.store import (
 from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound
 from cairn.journal import Journal
-from cairn.protocol.base import Frozen
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
 from cairn.schedules import (
     ACTIVE_RUN_STATES,
-    DEFAULT_MACHINE_LIMIT,
     AdmissionFacts,
     ScheduleSpec,
     decide,
     format_instant,
+    host_config,
     latest_elapse,
     project_identity,
 )
@@ -51,26 +46,6 @@ from cairn.workflow.review import review_source
 log = logging.getLogger(__name__)
 
 _machine_lock = threading.Lock()
-
-
-class HostScheduleConfig(Frozen):
-    """``/etc/cairn/schedules.toml``."""
-
-    model_config = ConfigDict(strict=True)
-
-    max_active_scheduled_runs: int = Field(default=DEFAULT_MACHINE_LIMIT, ge=0)
-
-
-def host_config() -> HostScheduleConfig:
-    """The host's schedule settings; every problem of the file raised as one
-    :class:`cairn.config.ConfigError`."""
-    loaded = load_file(
-        paths.config_dir() / "schedules.toml",
-        HostScheduleConfig,
-        fix="its only key is max_active_scheduled_runs, a whole number (0 admits no "
-        "scheduled run); fix the file or remove it to use the defaults",
-    )
-    return loaded or HostScheduleConfig()
 
 
 def _active(state: str | None) -> bool:
@@ -370,8 +345,10 @@ def admit(
             )["launch_hash"]
         except CairnError as exc:
             try:
-                journal.get_run(run_id)
+                run_state: str | None = journal.get_run(run_id).state
             except NotFound:
+                run_state = None
+            if run_state in (None, "failed"):  # refused before its run existed, or failed at launch
                 record_launch_failure(store, row, spec, key, run_id, exc.message)
                 return {**result, "outcome": "launch-failed", "reason": exc.message}
             log.warning("schedule %s: run %s created, then: %s", row.schedule_id, run_id, exc)

@@ -16,6 +16,7 @@ import pytest
 from cairn import paths, storage
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
+from cairn.errors import BrokerRefused
 from cairn.protocol.broker import Intent, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
@@ -76,6 +77,10 @@ class FakePool:
 class FakeJournal:
     def __init__(self, ops: dict[str, Any]) -> None:
         self.ops = ops
+        self.state = "pending"
+
+    def get_run(self, run_id: str) -> Any:
+        return SimpleNamespace(run_id=run_id, state=self.state)
 
     def get_op_by_id(self, run_id: str, op_id: str) -> Any:
         return self.ops[op_id]
@@ -191,6 +196,18 @@ def test_start_coordinator_receipt(host: dict[str, Any]) -> None:
     assert _do(host, "start-coordinator", "start-coordinator") == {
         "unit": f"cairn-coordinator@{RUN}.service"
     }
+
+
+def test_the_coordinator_of_an_ended_run_is_never_started(
+    host: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(units, "start_unit", started.append)
+    host["journal"].state = "failed"  # e.g. its launch could not start it
+    with pytest.raises(BrokerRefused, match=f"run {RUN} is failed; its coordinator is not"):
+        _do(host, "start-coordinator.2", "start-coordinator")
+    assert started == []
+    assert host["store"].get(RUN, "start-coordinator.2") is None
 
 
 def test_a_body_of_another_kind_is_refused(host: dict[str, Any]) -> None:

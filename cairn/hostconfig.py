@@ -1,0 +1,62 @@
+"""Every configuration file of the host (``/etc/cairn``) checked at once, each by the
+loader that reads it for real: ``providers.toml`` (:mod:`cairn.providers`),
+``policy.toml`` (:mod:`cairn.policy`), ``schedules.toml`` (:mod:`cairn.schedules`) and
+every agent profile in ``profiles.d/`` (read here, for launches too). ``cairn config
+check`` runs it as the caller; ``cairn doctor`` has cairnd run it as the user ``cairn``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cairn import paths
+from cairn.config import Problem, Problems
+from cairn.policy import load_policy
+from cairn.protocol.launch import ProfileSpec
+from cairn.providers import load_providers
+from cairn.schedules import host_config
+
+PROFILE_FIX = (
+    "a profile has kind (command, llm or scripted) and, as its kind needs, argv, provider, "
+    "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
+    "(see docs/agents.md and docs/examples/profiles.d)"
+)
+KNOWN_FILES = ("providers.toml", "policy.toml", "schedules.toml")
+UNKNOWN_FIX = (
+    f"Cairn reads {', '.join(KNOWN_FILES)} and profiles.d/*.toml here; rename or remove it"
+)
+
+
+def profiles_dir() -> Path:
+    return paths.config_dir() / "profiles.d"
+
+
+def profile_file(name: str) -> Path:
+    """Where the host's profile ``name`` lives (``:`` is ``-`` in the file name)."""
+    return profiles_dir() / f"{name.replace(':', '-')}.toml"
+
+
+def check_profile(
+    problems: Problems, file: Path, data: dict[str, Any], name: str
+) -> ProfileSpec | None:
+    """The table read from ``file`` as profile ``name``, or None with its problems
+    recorded."""
+    return problems.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+
+
+def check_host_config() -> list[Problem]:
+    """Every problem of every configuration file in ``/etc/cairn``, in file order; an
+    empty list when all of them (or their absence: the defaults) are fine."""
+    found = Problems()
+    load_providers(problems=found)
+    load_policy(problems=found)
+    host_config(problems=found)
+    for file in sorted(profiles_dir().glob("*.toml")):
+        data = found.toml(file)
+        if data is not None:
+            check_profile(found, file, data, file.stem)
+    for file in sorted(paths.config_dir().glob("*.toml")):
+        if file.name not in KNOWN_FILES:
+            found.add(file, "", "not a file Cairn reads", UNKNOWN_FIX)
+    return found.items
