@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 from cairn.brokerclient import call_broker
-from cairn.daemon.views import is_admin, run_units, visible_run
+from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import Intent, StorageVerified
+from cairn.runlogs import run_units
 from cairn.systemd import Systemd
 
 

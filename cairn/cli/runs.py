@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli.client import emit, fail, request
+from cairn.cli.logs import logs
 from cairn.cli.options import (
     JsonFlag,
     RunArg,
@@ -26,7 +27,6 @@ from cairn.protocol.daemon import (
     DiffRequest,
     DoctorRequest,
     LaunchRequest,
-    LogsRequest,
     PsRequest,
     ReconcileRequest,
     RetryRequest,
@@ -295,12 +295,6 @@ def doctor(
                 typer.echo(f"  - {problem}")
     if data["problems"]:
         raise typer.Exit(1)
-
-
-def logs(run_id: RunArg) -> None:
-    """The systemd journal of every unit of a run (matched by unit, never by a field
-    a process could set)."""
-    typer.echo(request(LogsRequest(run_id=run_id)), nl=False)
 
 
 def diff(run_id: RunArg, json_out: JsonFlag = False) -> None:

@@ -1,0 +1,110 @@
+"""The CLI as a person at a shell uses it, in a booted machine with the package installed:
+``cairn logs -f`` following a run, shell completion offering the caller's runs, and old
+command names still working beside the new ones."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from machine import Machine
+from test_end_to_end import cairn, finished, show, wait_for
+
+LATE_SECONDS = 8
+
+
+@pytest.fixture(scope="module")
+def booted(deb: Path) -> Iterator[Machine]:
+    with Machine(deb, with_pool=True) as machine:
+        yield machine
+
+
+def new_project(machine: Machine, user: str = "alice") -> str:
+    project = f"/home/{user}/p-{secrets.token_hex(4)}"
+    machine.exec(["mkdir", "-p", project], user=user)
+    machine.exec(["tee", f"{project}/CHANGELOG.md"], user=user, input=b"# Changelog\n")
+    return project
+
+
+def launch_script(machine: Machine, steps: list[dict[str, object]], user: str = "alice") -> str:
+    """Launch builtin:implement with a scripted agent doing ``steps``; its run ID."""
+    path = f"/home/{user}/agent-{secrets.token_hex(4)}.json"
+    script = {"steps": steps, "output": {"summary": "done"}, "handoff": ""}
+    machine.exec(["tee", path], user=user, input=json.dumps(script).encode())
+    out = cairn(
+        machine, "launch", "builtin:implement", "--project", new_project(machine, user),
+        "--args", json.dumps({"objective": "cli"}), "--scripted",
+        f"builtin:implementer={path}", user=user,
+    )
+    return out.strip().splitlines()[-1]
+
+
+def in_journal(machine: Machine, message: str) -> bool:
+    out = machine.exec(["journalctl", "--no-pager", "-o", "cat", f"MESSAGE={message}"])
+    return message in out.stdout.decode()
+
+
+def wait_exited(machine: Machine, unit: str, timeout: float) -> str:
+    """The SubState of a RemainAfterExit unit once its process has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = machine.exec(["systemctl", "show", "-p", "SubState", "--value", unit])
+        sub = state.stdout.decode().strip()
+        if sub in ("exited", "failed"):
+            return sub
+        assert time.monotonic() < deadline, f"{unit} still {sub}"
+        time.sleep(0.5)
+
+
+def test_logs_follow_sees_a_line_written_after_it_started(booted: Machine) -> None:
+    token = secrets.token_hex(6)
+    late = f"LATE-{token}"
+    run_id = launch_script(booted, [
+        {"action": "sleep", "seconds": LATE_SECONDS},
+        {"action": "run", "argv": ["echo", late]},
+    ])
+    unit = f"logs-follow-{token}.service"
+    out = f"/tmp/logs-follow-{token}.out"
+    booted.exec([
+        "systemd-run", f"--unit={unit}", "--uid=alice", "-p", "RemainAfterExit=yes",
+        "-p", f"StandardOutput=file:{out}", "-p", f"StandardError=file:{out}.err",
+        "cairn", "logs", "-f", "-o", "cat", run_id,
+    ])
+    # The follower runs, and the line it must see is not written yet.
+    assert booted.exec(["systemctl", "is-active", unit]).stdout.strip() == b"active"
+    assert not in_journal(booted, late)
+
+    data = wait_for(booted, run_id, finished, timeout=240)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert in_journal(booted, late)
+    # It ends by itself once the run has ended, with exit status 0.
+    assert wait_exited(booted, unit, timeout=60) == "exited"
+    status = booted.exec(["systemctl", "show", "-p", "ExecMainStatus", "--value", unit])
+    assert status.stdout.strip() == b"0", booted.exec(["cat", f"{out}.err"]).stdout
+    followed = booted.exec(["cat", out]).stdout.decode().splitlines()
+    assert followed.count(late) == 1, followed
+    # and every line it printed is one the run's units logged
+    once = set(cairn(booted, "logs", "-o", "cat", "-n", "10000", run_id).splitlines())
+    assert set(followed) <= once, set(followed) - once
+    booted.exec(["systemctl", "stop", unit])
+
+
+def test_logs_filters_by_priority_and_prints_journal_json(booted: Machine) -> None:
+    run_id = launch_script(booted, [{"action": "run", "argv": ["/bin/false"]}])
+    data = wait_for(booted, run_id, finished, timeout=240)
+    assert data["run"]["state"] == "failed"
+    errors = cairn(booted, "logs", "-p", "err", "-o", "json", run_id).splitlines()
+    entries = [json.loads(line) for line in errors]
+    assert entries and all(int(e["PRIORITY"]) <= 3 for e in entries)
+    units = set(show(booted, run_id)["units"]) | {f"cairn-coordinator@{run_id}.service"}
+    assert all(e.get("_SYSTEMD_UNIT") in units or e.get("_PID") == "1" for e in entries)
+    bad = booted.exec(["cairn", "logs", "-p", "loud", run_id], user="alice", check=False)
+    assert bad.returncode == 2 and b"not a syslog level" in bad.stderr
+    since = booted.exec(["cairn", "logs", "--since", "not a time", run_id], user="alice",
+                        check=False)
+    assert since.returncode == 2
+    assert b"is not a time journalctl can read" in since.stderr
