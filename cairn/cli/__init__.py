@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli import people, runs
+from cairn.cli.options import CairnGroup
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -25,6 +26,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="cairn",
+    cls=CairnGroup,
     help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
     no_args_is_help=True,
     add_completion=False,

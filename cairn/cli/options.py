@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from cairn.cli.client import emit
 from cairn.errors import UsageError
@@ -23,6 +25,34 @@ def check_run_ref(ref: str | None) -> str | None:
     if problem is not None:
         raise typer.BadParameter(problem)
     return ref
+
+
+class CairnGroup(TyperGroup):
+    """The ``cairn`` command group: help shows a default only where there is one to show
+    (never ``[default: None]``) and marks a required parameter once, with its ``*``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        quiet_defaults(self)
+
+
+def quiet_defaults(command: click.Command) -> None:
+    """No ``[default: …]`` in help for a parameter that is required or defaults to None,
+    in ``command`` and every command under it."""
+    for param in command.params:
+        if param.required or param.default is None:
+            param.show_default = False  # type: ignore[attr-defined]  # click.Option and typer's
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            quiet_defaults(sub)
+
+
+try:  # only when typer renders help with rich
+    from typer import rich_utils
+
+    rich_utils.REQUIRED_LONG_STRING = ""  # the "*" column already says it
+except ImportError:  # pragma: no cover - rich is optional
+    pass
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
