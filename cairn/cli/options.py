@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,20 @@ def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
     """Add ``commands`` to ``app`` as top-level commands, in the order help lists them."""
     for command in commands:
         app.command()(command)
+
+
+def renamed(command: Callable[..., None], old: str, new: str) -> Callable[..., None]:
+    """``command`` under its ``old`` name: it works as before and says on stderr what it
+    is called now (register it hidden; the old name goes in a later release)."""
+
+    @functools.wraps(command)
+    def alias(*args: Any, **kwargs: Any) -> None:
+        typer.echo(
+            f"cairn: '{old}' is now '{new}'; the old name goes in a later release", err=True
+        )
+        command(*args, **kwargs)
+
+    return alias
 
 
 # Limits counted in bytes: their values may be written as sizes (2G, 512M).

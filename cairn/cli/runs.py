@@ -1,4 +1,4 @@
-"""``cairn`` commands about runs: launch, ps, show, reconcile, retry, upgrade, doctor,
+"""``cairn`` commands about runs: launch, list (ps), show, reconcile, retry, upgrade, doctor,
 logs and diff. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
@@ -37,8 +37,12 @@ from cairn.protocol.launch import ProfileSpec
 
 
 def register(app: typer.Typer) -> None:
-    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff)
+    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them.
+    ``ps`` is ``list`` by its familiar short name."""
+    add_commands(app, launch)
+    app.command("list")(list_runs)
+    app.command("ps", hidden=True, help="The same as 'cairn list'.")(list_runs)
+    add_commands(app, show, reconcile, retry, upgrade, doctor, logs, diff)
 
 
 def _age(ts: float) -> str:
@@ -123,13 +127,13 @@ def launch(
         typer.echo(result["run_id"])
 
 
-def ps(
+def list_runs(
     all_users: Annotated[
         bool, typer.Option("--all", help="All users' runs (cairn-admin).")
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """List runs: state, definition, current operation."""
+    """List runs: state, definition, current operation (also: cairn ps)."""
     runs = request(PsRequest(all_users=all_users))
     if emit_or_empty(runs, json_out, empty="no runs"):
         return

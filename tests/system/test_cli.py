@@ -108,3 +108,24 @@ def test_logs_filters_by_priority_and_prints_journal_json(booted: Machine) -> No
                         check=False)
     assert since.returncode == 2
     assert b"is not a time journalctl can read" in since.stderr
+
+
+def test_new_and_old_command_names_both_work(booted: Machine) -> None:
+    run_id = launch_script(booted, [])
+    wait_for(booted, run_id, finished, timeout=240)
+    listed = json.loads(cairn(booted, "list", "--json"))
+    assert run_id in [r["run_id"] for r in listed]
+    assert json.loads(cairn(booted, "ps", "--json")) == listed
+    booted.enable_user_manager("alice")
+    for old, new, args in (("inspect", "show", ["0123456789ab"]), ("reconcile", "repair", [])):
+        now = booted.exec(["cairn", "schedule", new, *args], user="alice", check=False)
+        before = booted.exec(["cairn", "schedule", old, *args], user="alice", check=False)
+        assert (now.returncode, now.stdout) == (before.returncode, before.stdout), old
+        assert f"'schedule {old}' is now 'schedule {new}'".encode() in before.stderr
+        assert b"is now" not in now.stderr
+    # the user manager's repair at start runs under the new name and succeeds
+    unit = "cairn-schedule-reconcile.service"
+    booted.exec(["systemctl", "--user", "-M", "alice@", "restart", unit])
+    shown = booted.exec(["systemctl", "--user", "-M", "alice@", "show", "-p", "Result",
+                         "-p", "ExecMain", unit]).stdout.decode()
+    assert "Result=success" in shown
