@@ -17,6 +17,7 @@ from pydantic import ValidationError
 import cairn
 from cairn import paths
 from cairn.brokerclient import call_broker
+from cairn.builtin import workflow_names as builtin_names
 from cairn.capsule import current_release
 from cairn.config import Problems
 from cairn.errors import NotFound, PermissionDenied, UsageError, ValidationFailed
@@ -32,11 +33,6 @@ from cairn.workflow.schema import build_models
 
 BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
 PROFILE_FILE_RE = re.compile(r"^[a-z0-9:_-]{1,80}$")
-
-
-def builtin_names() -> list[str]:
-    folder = resources.files("cairn.builtin") / "workflows"
-    return sorted(p.name[:-3] for p in folder.iterdir() if p.name.endswith(".py"))
 
 
 def resolve_definition(definition: str) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cairn.cli import people, runs
+from cairn.cli import completion, people, runs
 from cairn.cli.options import CairnGroup
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
@@ -38,6 +38,7 @@ people.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")
+completion.register(app)
 
 
 def version() -> str:

@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperGroup
 
 from cairn.cli.client import emit
+from cairn.cli.completion import definition_candidates, run_candidates
 from cairn.errors import UsageError
 from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
 from cairn.protocol.launch import ProfileSpec
@@ -57,7 +58,19 @@ except ImportError:  # pragma: no cover - rich is optional
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref)]
+RunArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref, autocompletion=run_candidates
+    ),
+]
+DefinitionArg = Annotated[
+    str,
+    typer.Argument(
+        help="e.g. builtin:implement, or a reviewed FILE.py",
+        autocompletion=definition_candidates,
+    ),
+]
 
 
 def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:

@@ -12,8 +12,10 @@ from typing import Annotated
 import typer
 
 from cairn.cli.client import emit, fail, request
+from cairn.cli.completion import run_candidates
 from cairn.cli.logs import logs
 from cairn.cli.options import (
+    DefinitionArg,
     JsonFlag,
     RunArg,
     add_commands,
@@ -54,7 +56,7 @@ def _age(ts: float) -> str:
 
 
 def launch(
-    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    definition: DefinitionArg,
     args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
     project: Annotated[
         Path,
@@ -283,6 +285,7 @@ def doctor(
             metavar="[RUN]",
             help=RUN_REF_HELP + " Without it, every run you may see.",
             callback=check_run_ref,
+            autocompletion=run_candidates,
         ),
     ] = None,
     json_out: JsonFlag = False,

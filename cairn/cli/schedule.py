@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, emit_or_empty, load_scripted, renamed
+from cairn.cli.options import DefinitionArg, JsonFlag, emit_or_empty, load_scripted, renamed
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -93,7 +93,7 @@ def _print_review(result: dict[str, Any]) -> None:
 @schedule_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="A name for the schedule, e.g. nightly-review.")],
-    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    definition: DefinitionArg,
     project: Annotated[Path, typer.Option(help="The project directory (yours).")],
     calendar: Annotated[str, typer.Option(help="systemd calendar, e.g. '*-*-* 09:00:00'.")],
     timezone: Annotated[str, typer.Option(help="Timezone of the calendar, e.g. UTC.")],
