@@ -126,6 +126,53 @@ def test_new_and_old_command_names_both_work(booted: Machine) -> None:
     # the user manager's repair at start runs under the new name and succeeds
     unit = "cairn-schedule-reconcile.service"
     booted.exec(["systemctl", "--user", "-M", "alice@", "restart", unit])
-    shown = booted.exec(["systemctl", "--user", "-M", "alice@", "show", "-p", "Result",
-                         "-p", "ExecMain", unit]).stdout.decode()
-    assert "Result=success" in shown
+    shown = booted.exec(["systemctl", "--user", "-M", "alice@", "show", "-p", "Result", unit])
+    assert shown.stdout.decode().strip() == "Result=success"
+
+
+# -- shell completion ------------------------------------------------------------------
+
+COMPLETIONS = {
+    "bash": "/usr/share/bash-completion/completions/cairn",
+    "zsh": "/usr/share/zsh/vendor-completions/_cairn",
+    "fish": "/usr/share/fish/vendor_completions.d/cairn.fish",
+}
+
+
+def bash_complete(machine: Machine, line: str, user: str = "alice") -> list[str]:
+    """What the installed bash script offers for ``line`` (the cursor at its end)."""
+    script = (
+        f"source {COMPLETIONS['bash']}\n"
+        f"COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}; _cairn\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    out = machine.exec(["bash", "--norc", "-c", script], user=user)
+    return out.stdout.decode().splitlines()
+
+
+def test_the_package_ships_completion_for_three_shells(booted: Machine) -> None:
+    for shell, path in COMPLETIONS.items():
+        text = booted.exec(["cat", path]).stdout.decode()
+        assert "cairn __complete --" in text, shell
+
+
+def test_completion_offers_the_callers_live_run_ids(booted: Machine) -> None:
+    run_id = launch_script(booted, [{"action": "sleep", "seconds": 30}])
+    short = run_id.removeprefix("flow_")[:8]
+    offered = bash_complete(booted, "cairn show ")
+    assert "@last" in offered
+    assert any(run_id.removeprefix("flow_").startswith(o) and len(o) >= 8 for o in offered)
+    assert [o for o in bash_complete(booted, f"cairn logs -f {short[:5]}")
+            if run_id.removeprefix("flow_").startswith(o)]
+    assert bash_complete(booted, f"cairn cancel {run_id[:10]}") == [run_id]
+    # the short ID it offers names the run
+    (offered_id,) = [o for o in offered if run_id.removeprefix("flow_").startswith(o)]
+    assert show(booted, offered_id)["run"]["run_id"] == run_id
+    # another user is never offered alice's run
+    assert not [o for o in bash_complete(booted, "cairn show ", user="bob")
+                if run_id.removeprefix("flow_").startswith(o)]
+    # commands, options and definitions
+    assert bash_complete(booted, "cairn sched") == ["schedule"]
+    assert "--follow" in bash_complete(booted, "cairn logs --f")
+    assert bash_complete(booted, "cairn launch builtin:imp") == ["implement"]
+    cairn(booted, "cancel", run_id)
