@@ -90,7 +90,8 @@ def logs(
             metavar="N",
             min=0,
             max=MAX_LOG_LINES,
-            help=f"The last N entries (default {DEFAULT_LINES}; {FOLLOW_LINES} with -f).",
+            help=f"The last N entries (default {DEFAULT_LINES}; {FOLLOW_LINES} with -f "
+            "and no --since).",
             show_default=False,
         ),
     ] = None,
@@ -103,7 +104,7 @@ def logs(
             "since": since,
             "priority": priority,
             "output": output,
-            "lines": lines if lines is not None else (FOLLOW_LINES if follow else DEFAULT_LINES),
+            "lines": lines if lines is not None else default_lines(follow, since),
         }
     )
     if not follow:
@@ -113,6 +114,12 @@ def logs(
         follow_logs(first, ask=request, show=lambda text: typer.echo(text, nl=False))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def default_lines(follow: bool, since: str | None) -> int:
+    """Entries shown without -n: the last :data:`DEFAULT_LINES`; following, the last
+    :data:`FOLLOW_LINES` as journalctl -f does, unless --since asks for more."""
+    return FOLLOW_LINES if follow and since is None else DEFAULT_LINES
 
 
 def follow_logs(

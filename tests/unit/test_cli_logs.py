@@ -301,3 +301,9 @@ def test_ctrl_c_while_following_exits_130(monkeypatch: pytest.MonkeyPatch) -> No
     result = CliRunner().invoke(app, ["logs", "3fa9", "-f"])
     assert result.exit_code == 130
     assert result.output == "a\n"
+
+
+def test_following_shows_ten_old_entries_unless_since_asks_for_more() -> None:
+    assert cli_logs.default_lines(follow=True, since=None) == cli_logs.FOLLOW_LINES == 10
+    assert cli_logs.default_lines(follow=True, since="today") == cli_logs.DEFAULT_LINES
+    assert cli_logs.default_lines(follow=False, since=None) == cli_logs.DEFAULT_LINES == 2000
