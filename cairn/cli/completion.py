@@ -5,8 +5,8 @@ The scripts (``packaging/completions/``) run the hidden command
 and the word being completed. It answers one candidate a line, ``VALUE<TAB>DESCRIPTION``,
 or ``:file`` when the shell should complete a file name itself. Commands and options come
 from the CLI's own definition (click's completion over the typer app), so they never
-drift from it; run IDs come from cairnd (the runs the caller may see), definitions from
-the installed builtins. Nothing here reaches further than the local daemon socket.
+drift from it; run IDs and schedule IDs come from cairnd (what the caller may see),
+definitions from the installed builtins. Nothing here reaches further than the local daemon socket.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from click.shell_completion import ShellComplete
 from cairn.builtin import workflow_names
 from cairn.cli.client import request
 from cairn.errors import CairnError
-from cairn.protocol.daemon import LAST_RUN, PsRequest
+from cairn.protocol.daemon import LAST_RUN, PsRequest, ScheduleListRequest
 
 # Run IDs are offered by a unique prefix of at least this many hex digits (git's habit).
 SHORT_ID = 8
@@ -72,6 +72,19 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
         if value.startswith(incomplete):
             offered.append((value, f"{run['state']} {run['definition']}"))
     return offered
+
+
+def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:
+    """The caller's schedules (from cairnd), each with its name and status."""
+    try:
+        schedules = request(ScheduleListRequest(), timeout=DAEMON_TIMEOUT)
+    except (CairnError, OSError):
+        return []
+    return [
+        (s["schedule_id"], f"{s['name']} {s['status']}")
+        for s in schedules
+        if s["schedule_id"].startswith(incomplete)
+    ]
 
 
 def definition_candidates(incomplete: str) -> list[tuple[str, str]]:

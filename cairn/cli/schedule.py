@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import emit, fail, request
+from cairn.cli.completion import schedule_candidates
 from cairn.cli.options import DefinitionArg, JsonFlag, emit_or_empty, load_scripted, renamed
 from cairn.cli.timers import (
     apply_timers,
@@ -48,7 +49,10 @@ schedule_app = typer.Typer(
     no_args_is_help=True,
 )
 
-IdArg = Annotated[str, typer.Argument(metavar="ID", help="The schedule ID.")]
+IdArg = Annotated[
+    str,
+    typer.Argument(metavar="ID", help="The schedule ID.", autocompletion=schedule_candidates),
+]
 QUEUE_POLL_SEC = 5.0
 
 

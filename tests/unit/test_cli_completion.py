@@ -35,10 +35,12 @@ def run(run_id: str, created_at: float, state: str = "running") -> dict[str, Any
 
 
 class FakeDaemon:
-    """Answers every request on the daemon socket with ``runs``; records what it was asked."""
+    """Answers the daemon socket as cairnd would: its schedules to a schedule listing, its
+    runs to anything else; records what it was asked."""
 
     def __init__(self, path: Path, runs: list[dict[str, Any]]) -> None:
         self.runs = runs
+        self.schedules = [{"schedule_id": "0123456789ab", "name": "nightly", "status": "enabled"}]
         self.asked: list[bytes] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
@@ -60,7 +62,8 @@ class FakeDaemon:
                         break
                     line += chunk
                 self.asked.append(line)
-                conn.sendall(DaemonReply(ok=True, result=self.runs).model_dump_json().encode())
+                result = self.schedules if b'"op":"schedule-list"' in line else self.runs
+                conn.sendall(DaemonReply(ok=True, result=result).model_dump_json().encode())
 
     def close(self) -> None:
         self.listener.close()
@@ -120,6 +123,11 @@ def test_live_run_ids_come_from_cairnd_by_short_id(daemon: FakeDaemon) -> None:
     # once flow_ is typed, the full ID
     assert values(["cairn", "watch", "flow_3fa9c0d1"]) == [LIVE]
     assert values(["cairn", "doctor", "@"]) == ["@last"]
+
+
+def test_schedule_ids_come_from_cairnd(daemon: FakeDaemon) -> None:
+    assert complete(ROOT, ["cairn", "schedule", "show", ""]) == ["0123456789ab\tnightly enabled"]
+    assert complete(ROOT, ["cairn", "schedule", "pause", "9"]) == []
 
 
 def test_through_the_hidden_command(daemon: FakeDaemon) -> None:
