@@ -119,7 +119,7 @@ def render_timer(schedule_id: str, revision: int, spec: ScheduleSpec) -> str:
     name): no source, arguments, paths or executable choice."""
     return (
         "# Written by cairn for one schedule; 'cairn schedule doctor' checks it and\n"
-        "# 'cairn schedule reconcile' rewrites it. Edit the schedule, not this file.\n"
+        "# 'cairn schedule repair' rewrites it. Edit the schedule, not this file.\n"
         "[Unit]\n"
         f"Description=Cairn schedule {spec.name} ({schedule_id}, revision {revision})\n"
         "\n"

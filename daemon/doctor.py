@@ -16,8 +16,8 @@ from cairn.hostcheck import HostCheck
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import Intent, StorageVerified
+from cairn.runlogs import run_units
 from cairn.systemd import Systemd
-from cairn.views.run import run_units
 
 
 def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:

@@ -160,7 +160,7 @@ def _show(journal: Journal, request: ShowRequest, uid: int, _fd: int | None) -> 
 
 
 def _logs(journal: Journal, request: LogsRequest, uid: int, _fd: int | None) -> Any:
-    return views.logs(journal, request.run_id, uid)
+    return views.logs(journal, request, uid)
 
 
 def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> Any:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import grp
-import re
 from typing import Any
 
-from cairn.errors import NotFound
-from cairn.journal import Journal, RunRow
+from cairn.errors import CairnError, NotFound, UsageError
+from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
+from cairn.protocol.daemon import LogsRequest
+from cairn.runlogs import journalctl_argv, log_units, split_cursor
 from cairn.settle_outcome import summary as settlement_summary
-from cairn.views.run import run_units, run_view
+from cairn.views.run import run_view
 
 ADMIN_GROUP = "cairn-admin"
-LOG_LINES = 2000
+LOG_TIMEOUT = 60.0
 
 
 def is_admin(uid: int) -> bool:
@@ -80,49 +81,33 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         return run_view(journal, visible_run(journal, run_id, uid))
 
 
-def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:
-    """The systemd units whose journal entries belong to the run: its coordinator and
-    egress, and every unit the broker started for it whose name carries the run ID."""
-    units = [f"cairn-coordinator@{run_id}.service", f"cairn-egress@{run_id}.service"]
-    for unit in run_units(receipts):
-        if not _run_unit_re(run_id).fullmatch(unit):
-            continue
-        # A socket unit's entries come from the service it activates.
-        for name in (unit, unit.removesuffix(".socket") + ".service"):
-            if name not in units:
-                units.append(name)
-    return units
-
-
-def _run_unit_re(run_id: str) -> re.Pattern[str]:
-    return re.compile(rf"cairn-[a-z]+-{run_id}(-[a-z0-9-]+)?\.(service|socket)")
-
-
-def journal_matches(units: list[str]) -> list[str]:
-    """journalctl matches on fields only journald and PID 1 set, never on a field a
-    client can send (``CAIRN_RUN=`` is set by any process that writes to the journal):
-    what the run's units logged, or PID 1 logged about them."""
-    own = [f"_SYSTEMD_UNIT={u}" for u in units]
-    about = ["_PID=1", *(f"UNIT={u}" for u in units)]
-    return [*own, "+", *about]
-
-
-def logs(journal: Journal, run_id: str | None, uid: int) -> str:
-    row = visible_run(journal, run_id, uid)
+def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:
+    """What the run's units logged, as journalctl formats it, with the cursor to follow
+    from and whether the run has ended (``cairn logs -f`` stops then)."""
+    row = visible_run(journal, request.run_id, uid)
     units = log_units(row.run_id, journal.receipts(row.run_id))
-    proc = run(
-        [
-            "journalctl",
-            "--no-pager",
-            "-o",
-            "short-iso",
-            "-n",
-            str(LOG_LINES),
-            *journal_matches(units),
-        ],
-        check=False,
-    )
-    return proc.stdout.decode(errors="replace")
+    proc = run(journalctl_argv(units, request), check=False, timeout=LOG_TIMEOUT)
+    if proc.returncode != 0:
+        raise journalctl_failed(proc.stderr.decode(errors="replace"), request)
+    text, cursor = split_cursor(proc.stdout.decode(errors="replace"), request)
+    return {
+        "run_id": row.run_id,
+        "state": row.state,
+        "finished": row.state in TERMINAL_RUN_STATES,
+        "text": text,
+        "cursor": cursor,
+    }
+
+
+def journalctl_failed(stderr: str, request: LogsRequest) -> CairnError:
+    """journalctl's refusal as one line; a time it cannot read is the caller's mistake."""
+    last = (stderr.strip().splitlines() or ["journalctl failed"])[-1]
+    if request.since is not None and "timestamp" in last.lower():
+        return UsageError(
+            f"--since {request.since!r} is not a time journalctl can read",
+            hint="e.g. --since '1 hour ago', --since today, --since '2026-01-02 10:00'",
+        )
+    return CairnError(f"journalctl: {last}", hint="see 'journalctl -u cairn.service'")
 
 
 def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:

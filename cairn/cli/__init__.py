@@ -16,9 +16,10 @@ from typing import Annotated
 
 import typer
 
-from cairn.cli import people, runs
+from cairn.cli import completion, people, runs
 from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
+from cairn.cli.options import CairnGroup
 from cairn.cli.project import project_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
@@ -29,6 +30,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="cairn",
+    cls=CairnGroup,
     help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
     no_args_is_help=True,
     add_completion=False,
@@ -43,6 +45,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(project_app, name="project")
 app.add_typer(notify_app, name="notify")
 app.add_typer(config_app, name="config")
+completion.register(app)
 
 
 def version() -> str:

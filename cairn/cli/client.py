@@ -23,11 +23,13 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def request(body: OpRequest, *, fd: int | None = None) -> Any:
-    """Send one request to cairnd and return its result (errors become CairnError)."""
+def request(body: OpRequest, *, fd: int | None = None, timeout: float | None = None) -> Any:
+    """Send one request to cairnd and return its result (errors become CairnError).
+    ``timeout`` bounds each socket operation (an OSError when it runs out)."""
     message = request_line(body)
     path = str(paths.daemon_socket())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
         try:
             sock.connect(path)
         except OSError as exc:

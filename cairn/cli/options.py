@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from cairn.cli.client import emit
+from cairn.cli.completion import definition_candidates, run_candidates
 from cairn.errors import UsageError
 from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
 from cairn.protocol.launch import ProfileSpec
@@ -25,8 +29,48 @@ def check_run_ref(ref: str | None) -> str | None:
     return ref
 
 
+class CairnGroup(TyperGroup):
+    """The ``cairn`` command group: help shows a default only where there is one to show
+    (never ``[default: None]``) and marks a required parameter once, with its ``*``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        quiet_defaults(self)
+
+
+def quiet_defaults(command: click.Command) -> None:
+    """No ``[default: …]`` in help for a parameter that is required or defaults to None,
+    in ``command`` and every command under it."""
+    for param in command.params:
+        if param.required or param.default is None:
+            param.show_default = False  # type: ignore[attr-defined]  # click.Option and typer's
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            quiet_defaults(sub)
+
+
+try:  # only when typer renders help with rich
+    from typer import rich_utils
+
+    rich_utils.REQUIRED_LONG_STRING = ""  # the "*" column already says it
+except ImportError:  # pragma: no cover - rich is optional
+    pass
+
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref)]
+RunArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref, autocompletion=run_candidates
+    ),
+]
+DefinitionArg = Annotated[
+    str,
+    typer.Argument(
+        help="e.g. builtin:implement, or a reviewed FILE.py",
+        autocompletion=definition_candidates,
+    ),
+]
 
 
 def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
@@ -45,6 +89,20 @@ def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
     """Add ``commands`` to ``app`` as top-level commands, in the order help lists them."""
     for command in commands:
         app.command()(command)
+
+
+def renamed(command: Callable[..., None], old: str, new: str) -> Callable[..., None]:
+    """``command`` under its ``old`` name: it works as before and says on stderr what it
+    is called now (register it hidden; the old name goes in a later release)."""
+
+    @functools.wraps(command)
+    def alias(*args: Any, **kwargs: Any) -> None:
+        typer.echo(
+            f"cairn: '{old}' is now '{new}'; the old name goes in a later release", err=True
+        )
+        command(*args, **kwargs)
+
+    return alias
 
 
 # Limits counted in bytes: their values may be written as sizes (2G, 512M).

@@ -1,4 +1,4 @@
-"""``cairn`` commands about runs: launch, ps, show, reconcile, retry, upgrade, doctor,
+"""``cairn`` commands about runs: launch, list (ps), show, reconcile, retry, upgrade, doctor,
 logs, diff and revert. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import emit, fail, request
+from cairn.cli.completion import run_candidates
+from cairn.cli.logs import logs
 from cairn.cli.options import (
+    DefinitionArg,
     JsonFlag,
     RunArg,
     add_commands,
@@ -32,7 +35,6 @@ from cairn.protocol.daemon import (
     DiffRequest,
     DoctorRequest,
     LaunchRequest,
-    LogsRequest,
     PsRequest,
     ReconcileRequest,
     RetryRequest,
@@ -53,8 +55,12 @@ class ApplyModeOption(enum.StrEnum):
 
 
 def register(app: typer.Typer) -> None:
-    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
-    add_commands(app, launch, ps, show, reconcile, retry, upgrade, doctor, logs, diff, revert)
+    """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them.
+    ``ps`` is ``list`` by its familiar short name."""
+    add_commands(app, launch)
+    app.command("list")(list_runs)
+    app.command("ps", hidden=True, help="The same as 'cairn list'.")(list_runs)
+    add_commands(app, show, reconcile, retry, upgrade, doctor, logs, diff, revert)
 
 
 def _age(ts: float) -> str:
@@ -66,7 +72,7 @@ def _age(ts: float) -> str:
 
 
 def launch(
-    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    definition: DefinitionArg,
     args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
     project: Annotated[
         Path,
@@ -164,13 +170,13 @@ def _pinned(definition: str, confirm: str | None, fd: int, root: str) -> tuple[s
     return source, review_hash
 
 
-def ps(
+def list_runs(
     all_users: Annotated[
         bool, typer.Option("--all", help="All users' runs (cairn-admin).")
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """List runs: state, definition, current operation."""
+    """List runs: state, definition, current operation (also: cairn ps)."""
     runs = request(PsRequest(all_users=all_users))
     if emit_or_empty(runs, json_out, empty="no runs"):
         return
@@ -343,6 +349,7 @@ def doctor(
             metavar="[RUN]",
             help=RUN_REF_HELP + " Without it, every run you may see.",
             callback=check_run_ref,
+            autocompletion=run_candidates,
         ),
     ] = None,
     json_out: JsonFlag = False,
@@ -382,12 +389,6 @@ def host_doctor() -> dict[str, Any]:
     data["host"] = [*data.get("host", []), *(c.model_dump() for c in local)]
     data["problems"] += sum(1 for c in local if c.status == "fail")
     return data
-
-
-def logs(run_id: RunArg) -> None:
-    """The systemd journal of every unit of a run (matched by unit, never by a field
-    a process could set)."""
-    typer.echo(request(LogsRequest(run_id=run_id)), nl=False)
 
 
 def diff(

@@ -16,7 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, emit_or_empty, load_scripted
+from cairn.cli.completion import schedule_candidates
+from cairn.cli.options import DefinitionArg, JsonFlag, emit_or_empty, load_scripted, renamed
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -48,7 +49,10 @@ schedule_app = typer.Typer(
     no_args_is_help=True,
 )
 
-IdArg = Annotated[str, typer.Argument(metavar="ID", help="The schedule ID.")]
+IdArg = Annotated[
+    str,
+    typer.Argument(metavar="ID", help="The schedule ID.", autocompletion=schedule_candidates),
+]
 QUEUE_POLL_SEC = 5.0
 
 
@@ -93,7 +97,7 @@ def _print_review(result: dict[str, Any]) -> None:
 @schedule_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="A name for the schedule, e.g. nightly-review.")],
-    definition: Annotated[str, typer.Argument(help="e.g. builtin:implement")],
+    definition: DefinitionArg,
     project: Annotated[Path, typer.Option(help="The project directory (yours).")],
     calendar: Annotated[str, typer.Option(help="systemd calendar, e.g. '*-*-* 09:00:00'.")],
     timezone: Annotated[str, typer.Option(help="Timezone of the calendar, e.g. UTC.")],
@@ -229,8 +233,8 @@ def list_(json_out: JsonFlag = False) -> None:
         )
 
 
-@schedule_app.command("inspect")
-def inspect(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+@schedule_app.command("show")
+def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Everything about one schedule, with its recent occurrences."""
     _check_id(schedule_id)
     v = request(ScheduleInspectRequest(schedule_id=schedule_id))
@@ -409,13 +413,13 @@ def doctor(json_out: JsonFlag = False) -> None:
         for problem in report["problems"]:
             typer.echo(f"problem: {problem}")
         if report["problems"]:
-            typer.echo("repair with: cairn schedule reconcile")
+            typer.echo("repair with: cairn schedule repair")
     if report["problems"]:
         raise typer.Exit(1)
 
 
-@schedule_app.command("reconcile")
-def reconcile() -> None:
+@schedule_app.command("repair")
+def repair() -> None:
     """Repair timers and half-prepared occurrences (run at user-manager start by
     cairn-schedule-reconcile.service); retry queued occurrences once."""
     result = request(ScheduleReconcileRequest())
@@ -432,3 +436,12 @@ def reconcile() -> None:
             typer.echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
             continue
         typer.echo(_report(retried))
+
+
+# The names of an earlier release, hidden; each says what it is called now.
+schedule_app.command("inspect", hidden=True)(
+    renamed(show, "schedule inspect", "schedule show")
+)
+schedule_app.command("reconcile", hidden=True)(
+    renamed(repair, "schedule reconcile", "schedule repair")
+)

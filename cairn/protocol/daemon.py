@@ -111,8 +111,81 @@ class ShowRequest(RunRequest):
     op: Literal["show"] = "show"
 
 
+# --- reading a run's journal ----------------------------------------------------------
+
+# The output formats of journalctl that ``cairn logs -o`` passes on (export is binary).
+LogOutput = Literal[
+    "short",
+    "short-full",
+    "short-iso",
+    "short-iso-precise",
+    "short-precise",
+    "short-monotonic",
+    "short-unix",
+    "with-unit",
+    "verbose",
+    "cat",
+    "json",
+    "json-pretty",
+    "json-seq",
+    "json-sse",
+]
+LOG_OUTPUTS: tuple[str, ...] = typing.get_args(LogOutput)
+LOG_PRIORITIES = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
+_LEVEL = rf"(?:{'|'.join(LOG_PRIORITIES)}|[0-7])"
+LOG_PRIORITY_RE = re.compile(rf"^{_LEVEL}(?:\.\.{_LEVEL})?$")
+# A journald cursor as journalctl prints it (s=…;i=…;b=…;m=…;t=…;x=…).
+LOG_CURSOR_RE = re.compile(r"^[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,9}$")
+MAX_LOG_SINCE = 64
+MAX_LOG_LINES = 10_000
+
+
+def log_priority_problem(value: str) -> str | None:
+    """Why ``value`` is not a journal priority or range (one line), or None."""
+    if LOG_PRIORITY_RE.fullmatch(value):
+        return None
+    return (
+        f"priority {value[:40]!r} is not a syslog level: give one of "
+        f"{', '.join(LOG_PRIORITIES)} (or 0-7), or a range such as err..warning"
+    )
+
+
+def log_since_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a ``--since`` time for journalctl (one line), or None.
+    Whether journalctl can read it as a time is journalctl's to say."""
+    if 0 < len(value) <= MAX_LOG_SINCE and value.isprintable():
+        return None
+    return f"--since takes a time of at most {MAX_LOG_SINCE} printable characters"
+
+
+def _checked(
+    problem_of: typing.Callable[[str], str | None],
+) -> typing.Callable[[str | None], str | None]:
+    def check(value: str | None) -> str | None:
+        problem = None if value is None else problem_of(value)
+        if problem is not None:
+            raise PydanticCustomError("log_query", "{problem}", {"problem": problem})
+        return value
+
+    return check
+
+
+LogPriority = Annotated[str | None, AfterValidator(_checked(log_priority_problem))]
+LogSince = Annotated[str | None, AfterValidator(_checked(log_since_problem))]
+LogCursor = Annotated[str | None, Field(pattern=LOG_CURSOR_RE.pattern)]
+LogLines = Annotated[int | None, Field(ge=0, le=MAX_LOG_LINES)]
+
+
 class LogsRequest(RunRequest):
+    """The journal of a run's units: the last ``lines`` entries (all without it), or,
+    when following, the entries after ``after_cursor``, the last one the reader has."""
+
     op: Literal["logs"] = "logs"
+    since: LogSince = None
+    priority: LogPriority = None
+    output: LogOutput = "short-iso"
+    lines: LogLines = None
+    after_cursor: LogCursor = None
 
 
 class DiffRequest(RunRequest):
@@ -380,6 +453,11 @@ class RequestEnvelope(Frozen):
     fingerprint: str | None = None
     reason: str = ""
     cursor: int = 0
+    since: LogSince = None
+    priority: LogPriority = None
+    output: LogOutput = "short-iso"
+    lines: LogLines = None
+    after_cursor: LogCursor = None
 
     @field_validator("op")
     @classmethod
@@ -393,6 +471,11 @@ class RequestEnvelope(Frozen):
         model = MODEL_OF_OP[self.op]
         fields = {name: getattr(self, name) for name in model.model_fields}
         return DAEMON_REQUEST.validate_python(fields)
+
+
+# Keys added to the envelope after its line was fixed: left out while at their defaults,
+# so every request that does not use them goes on the socket exactly as it always did.
+LATER_KEYS = ("since", "priority", "output", "lines", "after_cursor")
 
 
 def request_line(request: OpRequest) -> bytes:

@@ -18,25 +18,13 @@ from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
+from cairn.runlogs import run_units
 from cairn.settle_outcome import summary as settlement_summary
 from cairn.views import integrity
 
 # How many of a run's events a view lists: its first ones (how it began) and its last.
 FIRST_EVENTS = 25
 LAST_EVENTS = 75
-
-
-def run_units(receipts: list[dict[str, Any]]) -> list[str]:
-    """Every unit the broker started for the run, in order (import, agents, candidate,
-    apply)."""
-    names: list[str] = []
-    for receipt in receipts:
-        data = receipt.get("data", {})
-        for holder in (data, data.get("import") or {}):
-            unit = holder.get("unit")
-            if isinstance(unit, str) and unit not in names:
-                names.append(unit)
-    return names
 
 
 def question_facet(

@@ -333,6 +333,34 @@ def test_forged_lines_of_another_user_never_appear_in_cairn_logs(
     assert "cairn-agent[" in logs and "boundary-committed" in logs, logs[-2000:]
 
 
+def test_forged_fields_select_nothing_whatever_cairn_logs_is_asked(
+    booted: Machine, victim: str
+) -> None:
+    """Bob sends what the trusted matches look for, as plain fields: the victim's
+    CAIRN_RUN=, UNIT= of its coordinator (only PID 1's counts), a _SYSTEMD_UNIT= (journald
+    drops fields a client starts with '_'), at priority err; and a line that looks like
+    journalctl's cursor. No filter or format of cairn logs shows any of it."""
+    token = secrets.token_hex(6)
+    unit = f"cairn-coordinator@{victim}.service"
+    booted.exec(
+        ["logger", "--journald"], user="bob",
+        input=(
+            f"MESSAGE=FORGED-FIELDS-{token}\nCAIRN_RUN={victim}\nUNIT={unit}\n"
+            f"_SYSTEMD_UNIT={unit}\nOBJECT_SYSTEMD_UNIT={unit}\nPRIORITY=3\n"
+        ).encode(),
+    )
+    booted.exec(["logger", "--", f"-- cursor: s=0;i=1 FORGED-FIELDS-{token}"], user="bob")
+    deadline = time.monotonic() + 10
+    while f"FORGED-FIELDS-{token}" not in booted.journal(run_id=victim):
+        assert time.monotonic() < deadline, "journald did not take the forged entry"
+        time.sleep(0.2)
+    for options in ([], ["-o", "json"], ["-p", "err"], ["-o", "cat", "-n", "10000"],
+                    ["--since", "1 hour ago", "-o", "verbose"]):
+        shown = cairn(booted, "logs", *options, victim)
+        assert f"FORGED-FIELDS-{token}" not in shown, options
+    assert "boundary-committed" in cairn(booted, "logs", "-o", "cat", victim)
+
+
 def test_cairn_logs_show_the_runs_own_units_by_trusted_fields(
     booted: Machine, probe: dict[str, Any]
 ) -> None:

@@ -65,7 +65,7 @@ def enable(machine: Machine, name: str, script: str, **options: str) -> str:
 
 
 def inspect(machine: Machine, schedule_id: str) -> dict[str, Any]:
-    return json.loads(cairn(machine, "schedule", "inspect", schedule_id, "--json"))  # type: ignore[no-any-return]
+    return json.loads(cairn(machine, "schedule", "show", schedule_id, "--json"))  # type: ignore[no-any-return]
 
 
 def run_state(machine: Machine, run_id: str) -> str:

@@ -1,0 +1,132 @@
+"""Shell completion: what the shipped bash, zsh and fish scripts ask ``cairn`` for.
+
+The scripts (``packaging/completions/``) run the hidden command
+``cairn __complete -- WORD… CURRENT`` with the words of the command line before the cursor
+and the word being completed. It answers one candidate a line, ``VALUE<TAB>DESCRIPTION``,
+or ``:file`` when the shell should complete a file name itself. Commands and options come
+from the CLI's own definition (click's completion over the typer app), so they never
+drift from it; run IDs and schedule IDs come from cairnd (what the caller may see),
+definitions from the installed builtins. Nothing here reaches further than the local daemon socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated
+
+import click
+import typer
+from click.shell_completion import ShellComplete
+
+from cairn.cli.client import request
+from cairn.definitions.builtin import builtin_names
+from cairn.errors import CairnError
+from cairn.protocol.daemon import LAST_RUN, PsRequest, ScheduleListRequest
+
+# Run IDs are offered by a unique prefix of at least this many hex digits (git's habit).
+SHORT_ID = 8
+# A completion waits at most this long for cairnd: a slow daemon must not hang a shell.
+DAEMON_TIMEOUT = 2.0
+FILE = ":file"
+# The description that marks "and file names too" in a parameter's own completion.
+FILES_TOO = "\x1efiles"
+
+
+def short_ids(run_ids: Iterable[str]) -> dict[str, str]:
+    """Each run ID's shortest unique prefix among ``run_ids`` (at least :data:`SHORT_ID`
+    hex digits, without ``flow_``)."""
+    hexes = sorted({run_id.removeprefix("flow_") for run_id in run_ids})
+
+    def common(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    short: dict[str, str] = {}
+    for i, hex_digits in enumerate(hexes):
+        shared = max(
+            common(hex_digits, hexes[i - 1]) if i > 0 else 0,
+            common(hex_digits, hexes[i + 1]) if i + 1 < len(hexes) else 0,
+        )
+        short["flow_" + hex_digits] = hex_digits[: max(SHORT_ID, shared + 1)]
+    return short
+
+
+def run_candidates(incomplete: str) -> list[tuple[str, str]]:
+    """Runs to offer for a RUN being typed: ``@last``, then the caller's runs by short ID
+    (by full ID once ``flow_`` is typed), newest first, each with state and definition."""
+    offered: list[tuple[str, str]] = []
+    if LAST_RUN.startswith(incomplete):
+        offered.append((LAST_RUN, "your newest run"))
+    if incomplete.startswith("@"):
+        return offered
+    try:
+        runs = request(PsRequest(all_users=True), timeout=DAEMON_TIMEOUT)
+    except (CairnError, OSError):
+        return offered
+    short = short_ids(r["run_id"] for r in runs)
+    full = incomplete.startswith("flow_")
+    for run in sorted(runs, key=lambda r: r["created_at"], reverse=True):
+        value = run["run_id"] if full else short[run["run_id"]]
+        if value.startswith(incomplete):
+            offered.append((value, f"{run['state']} {run['definition']}"))
+    return offered
+
+
+def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:
+    """The caller's schedules (from cairnd), each with its name and status."""
+    try:
+        schedules = request(ScheduleListRequest(), timeout=DAEMON_TIMEOUT)
+    except (CairnError, OSError):
+        return []
+    return [
+        (s["schedule_id"], f"{s['name']} {s['status']}")
+        for s in schedules
+        if s["schedule_id"].startswith(incomplete)
+    ]
+
+
+def definition_candidates(incomplete: str) -> list[tuple[str, str]]:
+    """``builtin:NAME`` of the installed workflows, and workflow files (FILE.py)."""
+    offered = [(f"builtin:{name}", "builtin workflow") for name in builtin_names()]
+    return [*offered, (incomplete, FILES_TOO)]
+
+
+def lines(items: Iterable[click.shell_completion.CompletionItem]) -> list[str]:
+    """The answer to the scripts: ``VALUE<TAB>DESCRIPTION`` or :data:`FILE`, once each."""
+    out: list[str] = []
+    for item in items:
+        if item.type in ("file", "dir") or item.help == FILES_TOO:
+            line = FILE
+        else:
+            line = f"{item.value}\t{' '.join((item.help or '').split())}"
+        if line not in out:
+            out.append(line)
+    return out
+
+
+def complete(root: click.Command, words: list[str]) -> list[str]:
+    """The candidates for the last of ``words`` (the command line up to the cursor, the
+    program's name first)."""
+    args, incomplete = words[1:-1], words[-1] if len(words) > 1 else ""
+    shell = ShellComplete(root, {}, "cairn", "_CAIRN_COMPLETE")
+    return lines(shell.get_completions(args, incomplete))
+
+
+def complete_command(
+    ctx: typer.Context,
+    words: Annotated[list[str] | None, typer.Argument()] = None,
+) -> None:
+    """Completion candidates for the shell scripts (``cairn __complete -- WORD…``)."""
+    for line in complete(ctx.find_root().command, words or ["cairn"]):
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the hidden ``__complete`` command to ``app`` (the main ``cairn`` app)."""
+    app.command(
+        "__complete",
+        hidden=True,
+        context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    )(complete_command)

@@ -1,0 +1,162 @@
+"""``cairn logs``: the journal of every unit of a run, as journalctl prints it, once or
+followed (``-f``). cairnd reads the journal (:mod:`cairn.runlogs`), so what a person sees
+is selected by fields journald and PID 1 set, never by what a process wrote."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from cairn.cli.client import request
+from cairn.cli.options import RunArg
+from cairn.protocol.daemon import (
+    LOG_OUTPUTS,
+    MAX_LOG_LINES,
+    LogsRequest,
+    log_priority_problem,
+    log_since_problem,
+)
+
+# Entries shown without -n: everything would be unbounded for a long run.
+DEFAULT_LINES = 2000
+# Entries shown before following, as journalctl -f does.
+FOLLOW_LINES = 10
+FOLLOW_INTERVAL = 0.5
+
+
+def _check(problem_of: Callable[[str], str | None]) -> Callable[[str | None], str | None]:
+    def check(value: str | None) -> str | None:
+        problem = None if value is None else problem_of(value)
+        if problem is not None:
+            raise typer.BadParameter(problem)
+        return value
+
+    return check
+
+
+def _check_output(value: str) -> str:
+    if value not in LOG_OUTPUTS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_OUTPUTS)}")
+    return value
+
+
+def logs(
+    run_id: RunArg,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f",
+            help="Keep printing new entries; ends when the run has ended (exit 0) or "
+            "on Ctrl-C (exit 130).",
+        ),
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHEN",
+            help="Entries from this time on, as journalctl reads it: '1 hour ago', "
+            "today, '2026-01-02 10:00'.",
+            callback=_check(log_since_problem),
+            show_default=False,
+        ),
+    ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority", "-p",
+            metavar="PRIO",
+            help="Only this level and more severe (err, warning, … or 0-7), or a range "
+            "such as err..warning.",
+            callback=_check(log_priority_problem),
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output", "-o",
+            metavar="FORMAT",
+            help=f"journalctl's format: {', '.join(LOG_OUTPUTS)}.",
+            callback=_check_output,
+        ),
+    ] = "short-iso",
+    lines: Annotated[
+        int | None,
+        typer.Option(
+            "--lines", "-n",
+            metavar="N",
+            min=0,
+            max=MAX_LOG_LINES,
+            help=f"The last N entries (default {DEFAULT_LINES}; {FOLLOW_LINES} with -f "
+            "and no --since).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """The systemd journal of every unit of a run (matched by unit, never by a field
+    a process could set)."""
+    first = LogsRequest.model_validate(
+        {
+            "run_id": run_id,
+            "since": since,
+            "priority": priority,
+            "output": output,
+            "lines": lines if lines is not None else default_lines(follow, since),
+        }
+    )
+    if not follow:
+        typer.echo(request(first)["text"], nl=False)
+        return
+    try:
+        follow_logs(first, ask=request, show=lambda text: typer.echo(text, nl=False))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def default_lines(follow: bool, since: str | None) -> int:
+    """Entries shown without -n: the last :data:`DEFAULT_LINES`; following, the last
+    :data:`FOLLOW_LINES` as journalctl -f does, unless --since asks for more."""
+    return FOLLOW_LINES if follow and since is None else DEFAULT_LINES
+
+
+def follow_logs(
+    first: LogsRequest,
+    *,
+    ask: Callable[[LogsRequest], Any],
+    show: Callable[[str], None],
+    pause: Callable[[float], None] = time.sleep,
+    interval: float = FOLLOW_INTERVAL,
+) -> None:
+    """Print ``first``'s entries, then every entry after the last one printed, until the
+    run has ended and a further ``interval`` brought nothing (its units' last lines, such
+    as PID 1's "Deactivated successfully", come after the run's state changed).
+
+    Asks again at once while entries keep coming, else after ``interval``."""
+    query = first
+    quiet_since_end = 0
+    while True:
+        reply = ask(query)
+        show(reply["text"])
+        cursor = reply["cursor"] or query.after_cursor
+        advanced = cursor is not None and cursor != query.after_cursor
+        if cursor is not None:
+            query = LogsRequest(
+                run_id=reply["run_id"],
+                priority=query.priority,
+                output=query.output,
+                after_cursor=cursor,
+            )
+        else:
+            # Nothing matched yet: from now on every entry is new, so ask for all of them.
+            query = query.model_copy(update={"run_id": reply["run_id"], "lines": None})
+        if advanced:
+            quiet_since_end = 0
+            continue
+        if reply["finished"]:
+            quiet_since_end += 1
+            if quiet_since_end > 1:
+                return
+        pause(interval)

@@ -1,0 +1,178 @@
+"""The CLI as a person at a shell uses it, in a booted machine with the package installed:
+``cairn logs -f`` following a run, shell completion offering the caller's runs, and old
+command names still working beside the new ones."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from machine import Machine
+from test_end_to_end import cairn, finished, show, wait_for
+
+LATE_SECONDS = 8
+
+
+@pytest.fixture(scope="module")
+def booted(deb: Path) -> Iterator[Machine]:
+    with Machine(deb, with_pool=True) as machine:
+        yield machine
+
+
+def new_project(machine: Machine, user: str = "alice") -> str:
+    project = f"/home/{user}/p-{secrets.token_hex(4)}"
+    machine.exec(["mkdir", "-p", project], user=user)
+    machine.exec(["tee", f"{project}/CHANGELOG.md"], user=user, input=b"# Changelog\n")
+    return project
+
+
+def launch_script(machine: Machine, steps: list[dict[str, object]], user: str = "alice") -> str:
+    """Launch builtin:implement with a scripted agent doing ``steps``; its run ID."""
+    path = f"/home/{user}/agent-{secrets.token_hex(4)}.json"
+    script = {"steps": steps, "output": {"summary": "done"}, "handoff": ""}
+    machine.exec(["tee", path], user=user, input=json.dumps(script).encode())
+    out = cairn(
+        machine, "launch", "builtin:implement", "--project", new_project(machine, user),
+        "--args", json.dumps({"objective": "cli"}), "--scripted",
+        f"builtin:implementer={path}", user=user,
+    )
+    return out.strip().splitlines()[-1]
+
+
+def in_journal(machine: Machine, message: str) -> bool:
+    out = machine.exec(["journalctl", "--no-pager", "-o", "cat", f"MESSAGE={message}"])
+    return message in out.stdout.decode()
+
+
+def wait_exited(machine: Machine, unit: str, timeout: float) -> str:
+    """The SubState of a RemainAfterExit unit once its process has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = machine.exec(["systemctl", "show", "-p", "SubState", "--value", unit])
+        sub = state.stdout.decode().strip()
+        if sub in ("exited", "failed"):
+            return sub
+        assert time.monotonic() < deadline, f"{unit} still {sub}"
+        time.sleep(0.5)
+
+
+def test_logs_follow_sees_a_line_written_after_it_started(booted: Machine) -> None:
+    token = secrets.token_hex(6)
+    late = f"LATE-{token}"
+    run_id = launch_script(booted, [
+        {"action": "sleep", "seconds": LATE_SECONDS},
+        {"action": "run", "argv": ["echo", late]},
+    ])
+    unit = f"logs-follow-{token}.service"
+    out = f"/tmp/logs-follow-{token}.out"
+    booted.exec([
+        "systemd-run", f"--unit={unit}", "--uid=alice", "-p", "RemainAfterExit=yes",
+        "-p", f"StandardOutput=file:{out}", "-p", f"StandardError=file:{out}.err",
+        "cairn", "logs", "-f", "-o", "cat", run_id,
+    ])
+    # The follower runs, and the line it must see is not written yet.
+    assert booted.exec(["systemctl", "is-active", unit]).stdout.strip() == b"active"
+    assert not in_journal(booted, late)
+
+    data = wait_for(booted, run_id, finished, timeout=240)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert in_journal(booted, late)
+    # It ends by itself once the run has ended, with exit status 0.
+    assert wait_exited(booted, unit, timeout=60) == "exited"
+    status = booted.exec(["systemctl", "show", "-p", "ExecMainStatus", "--value", unit])
+    assert status.stdout.strip() == b"0", booted.exec(["cat", f"{out}.err"]).stdout
+    followed = booted.exec(["cat", out]).stdout.decode().splitlines()
+    assert followed.count(late) == 1, followed
+    # and every line it printed is one the run's units logged
+    once = set(cairn(booted, "logs", "-o", "cat", "-n", "10000", run_id).splitlines())
+    assert set(followed) <= once, set(followed) - once
+    booted.exec(["systemctl", "stop", unit])
+
+
+def test_logs_filters_by_priority_and_prints_journal_json(booted: Machine) -> None:
+    run_id = launch_script(booted, [{"action": "run", "argv": ["/bin/false"]}])
+    data = wait_for(booted, run_id, finished, timeout=240)
+    assert data["run"]["state"] == "failed"
+    errors = cairn(booted, "logs", "-p", "err", "-o", "json", run_id).splitlines()
+    entries = [json.loads(line) for line in errors]
+    assert entries and all(int(e["PRIORITY"]) <= 3 for e in entries)
+    units = set(show(booted, run_id)["units"]) | {f"cairn-coordinator@{run_id}.service"}
+    assert all(e.get("_SYSTEMD_UNIT") in units or e.get("_PID") == "1" for e in entries)
+    bad = booted.exec(["cairn", "logs", "-p", "loud", run_id], user="alice", check=False)
+    assert bad.returncode == 2 and b"not a syslog level" in bad.stderr
+    since = booted.exec(["cairn", "logs", "--since", "not a time", run_id], user="alice",
+                        check=False)
+    assert since.returncode == 2
+    assert b"is not a time journalctl can read" in since.stderr
+
+
+def test_new_and_old_command_names_both_work(booted: Machine) -> None:
+    run_id = launch_script(booted, [])
+    wait_for(booted, run_id, finished, timeout=240)
+    listed = json.loads(cairn(booted, "list", "--json"))
+    assert run_id in [r["run_id"] for r in listed]
+    assert json.loads(cairn(booted, "ps", "--json")) == listed
+    booted.enable_user_manager("alice")
+    for old, new, args in (("inspect", "show", ["0123456789ab"]), ("reconcile", "repair", [])):
+        now = booted.exec(["cairn", "schedule", new, *args], user="alice", check=False)
+        before = booted.exec(["cairn", "schedule", old, *args], user="alice", check=False)
+        assert (now.returncode, now.stdout) == (before.returncode, before.stdout), old
+        assert f"'schedule {old}' is now 'schedule {new}'".encode() in before.stderr
+        assert b"is now" not in now.stderr
+    # the user manager's repair at start runs under the new name and succeeds
+    unit = "cairn-schedule-reconcile.service"
+    booted.exec(["systemctl", "--user", "-M", "alice@", "restart", unit])
+    shown = booted.exec(["systemctl", "--user", "-M", "alice@", "show", "-p", "Result", unit])
+    assert shown.stdout.decode().strip() == "Result=success"
+
+
+# -- shell completion ------------------------------------------------------------------
+
+COMPLETIONS = {
+    "bash": "/usr/share/bash-completion/completions/cairn",
+    "zsh": "/usr/share/zsh/vendor-completions/_cairn",
+    "fish": "/usr/share/fish/vendor_completions.d/cairn.fish",
+}
+
+
+def bash_complete(machine: Machine, line: str, user: str = "alice") -> list[str]:
+    """What the installed bash script offers for ``line`` (the cursor at its end)."""
+    script = (
+        f"source {COMPLETIONS['bash']}\n"
+        f"COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}; _cairn\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    out = machine.exec(["bash", "--norc", "-c", script], user=user)
+    return out.stdout.decode().splitlines()
+
+
+def test_the_package_ships_completion_for_three_shells(booted: Machine) -> None:
+    for shell, path in COMPLETIONS.items():
+        text = booted.exec(["cat", path]).stdout.decode()
+        assert "cairn __complete --" in text, shell
+
+
+def test_completion_offers_the_callers_live_run_ids(booted: Machine) -> None:
+    run_id = launch_script(booted, [{"action": "sleep", "seconds": 30}])
+    short = run_id.removeprefix("flow_")[:8]
+    offered = bash_complete(booted, "cairn show ")
+    assert "@last" in offered
+    assert any(run_id.removeprefix("flow_").startswith(o) and len(o) >= 8 for o in offered)
+    assert [o for o in bash_complete(booted, f"cairn logs -f {short[:5]}")
+            if run_id.removeprefix("flow_").startswith(o)]
+    assert bash_complete(booted, f"cairn cancel {run_id[:10]}") == [run_id]
+    # the short ID it offers names the run
+    (offered_id,) = [o for o in offered if run_id.removeprefix("flow_").startswith(o)]
+    assert show(booted, offered_id)["run"]["run_id"] == run_id
+    # another user is never offered alice's run
+    assert not [o for o in bash_complete(booted, "cairn show ", user="bob")
+                if run_id.removeprefix("flow_").startswith(o)]
+    # commands, options and definitions
+    assert bash_complete(booted, "cairn sched") == ["schedule"]
+    assert "--follow" in bash_complete(booted, "cairn logs --f")
+    assert bash_complete(booted, "cairn launch builtin:imp") == ["implement"]
+    cairn(booted, "cancel", run_id)

@@ -1,0 +1,44 @@
+"""Help text says what a person needs: a default only where there is one, a required
+parameter marked once (its ``*``), on every command and sub-command."""
+
+from __future__ import annotations
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cairn.cli import app
+
+
+def command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every visible command under ``command``, as the words that name it."""
+    found = [path]
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            if not sub.hidden:
+                found += command_paths(sub, (*path, name))
+    return found
+
+
+PATHS = command_paths(typer.main.get_command(app))
+
+
+def test_every_command_is_checked() -> None:
+    assert {("launch",), ("logs",), ("schedule", "create"), ("storage", "init")} <= set(PATHS)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=" ".join)
+def test_help_has_no_default_none_and_no_required_noise(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    assert "[default: None]" not in result.output
+    assert "[required]" not in result.output
+
+
+def test_real_defaults_and_required_marks_still_show() -> None:
+    launch = CliRunner().invoke(app, ["launch", "--help"], terminal_width=100).output
+    assert "[default: {}]" in launch and "(the current directory)" in launch
+    assert "*    definition" in launch
+    logs = CliRunner().invoke(app, ["logs", "--help"], terminal_width=100).output
+    assert "[default: short-iso]" in logs

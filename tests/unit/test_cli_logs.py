@@ -1,0 +1,309 @@
+"""``cairn logs``: the journalctl command line cairnd builds (trusted fields only, every
+value one word), the cursor it follows from, the CLI's checks of -p/-o/--since, and -f
+on an injected clock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cairn import paths
+from cairn.cli import app
+from cairn.cli import logs as cli_logs
+from cairn.daemon import server, views
+from cairn.errors import CairnError, UsageError
+from cairn.journal import Journal
+from cairn.protocol.daemon import LogsRequest, daemon_request, request_line
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
+from cairn.runlogs import FOLLOW_BATCH, journalctl_argv, log_units, split_cursor
+from cairn.workflow.review import review_source
+
+RUN = "flow_" + "3fa9" + "0" * 28
+OTHER = "flow_" + "7b21" + "0" * 28
+CURSOR = "s=0123abcd;i=1f;b=89ef;m=2a;t=5f00;x=77"
+LATER = "s=0123abcd;i=20;b=89ef;m=2b;t=5f01;x=78"
+UNITS = [f"cairn-coordinator@{RUN}.service", f"cairn-agent-{RUN}-root-1-1.service"]
+
+
+def query(**fields: Any) -> LogsRequest:
+    return LogsRequest.model_validate({"run_id": RUN, **fields})
+
+
+# --- the command line ---------------------------------------------------------------
+
+
+def test_matches_are_the_units_own_entries_or_pid1_about_them() -> None:
+    argv = journalctl_argv(UNITS, query(lines=2000))
+    assert argv[:5] == ["journalctl", "--no-pager", "--quiet", "--show-cursor",
+                        "--output=short-iso"]
+    assert "--lines=2000" in argv
+    plus = argv.index("+")
+    assert argv[plus - 2:] == [
+        f"_SYSTEMD_UNIT={UNITS[0]}", f"_SYSTEMD_UNIT={UNITS[1]}", "+",
+        "_PID=1", f"UNIT={UNITS[0]}", f"UNIT={UNITS[1]}",
+    ]
+    # nothing an agent could send selects an entry
+    assert not [a for a in argv if a.startswith(("CAIRN_", "MESSAGE", "SYSLOG_IDENTIFIER"))]
+
+
+def test_every_choice_is_one_option_word_before_the_matches() -> None:
+    argv = journalctl_argv(
+        UNITS, query(since="--file=/etc/shadow", priority="err..warning", output="json", lines=5)
+    )
+    assert "--since=--file=/etc/shadow" in argv
+    assert "--priority=err..warning" in argv and "--output=json" in argv
+    assert "--file=/etc/shadow" not in argv
+    assert argv.index("--lines=5") < argv.index(f"_SYSTEMD_UNIT={UNITS[0]}")
+
+
+def test_following_reads_forward_from_the_cursor_in_batches() -> None:
+    argv = journalctl_argv(UNITS, query(after_cursor=CURSOR, since="today", priority="3"))
+    assert f"--after-cursor={CURSOR}" in argv and f"--lines={FOLLOW_BATCH}" in argv
+    assert "--priority=3" in argv
+    # the cursor, not the time, says where to go on
+    assert not [a for a in argv if a.startswith("--since")]
+
+
+def test_without_lines_every_entry_and_none_of_the_old_ones_still_has_a_cursor() -> None:
+    assert not [a for a in journalctl_argv(UNITS, query()) if a.startswith("--lines")]
+    assert "--lines=1" in journalctl_argv(UNITS, query(lines=0))
+    out = f"2026-01-02T10:00:00+0000 host cairn-agent[7]: old\n-- cursor: {CURSOR}\n"
+    assert split_cursor(out, query(lines=0)) == ("", CURSOR)
+
+
+def test_log_units_are_the_runs_own_by_name() -> None:
+    receipts = [
+        {"data": {"unit": f"cairn-agent-{RUN}-root-1-1.service"}},
+        {"data": {"import": {"unit": f"cairn-import-{RUN}.service"}}},
+        {"data": {"unit": f"cairn-proxy-{RUN}.socket"}},
+        {"data": {"unit": f"cairn-agent-{OTHER}-root-1-1.service"}},
+        {"data": {"unit": "sshd.service"}},
+    ]
+    assert log_units(RUN, receipts) == [
+        f"cairn-coordinator@{RUN}.service", f"cairn-egress@{RUN}.service",
+        f"cairn-agent-{RUN}-root-1-1.service", f"cairn-import-{RUN}.service",
+        f"cairn-proxy-{RUN}.socket", f"cairn-proxy-{RUN}.service",
+    ]
+
+
+# --- the cursor ---------------------------------------------------------------------
+
+
+def test_the_cursor_is_journalctls_last_line_only() -> None:
+    forged = "-- cursor: s=ffff;i=1"
+    out = f"a: {forged}\n{forged}\nb: last\n-- cursor: {CURSOR}\n"
+    text, cursor = split_cursor(out, query(after_cursor=LATER))
+    assert cursor == CURSOR
+    assert text == f"a: {forged}\n{forged}\nb: last\n"
+
+
+@pytest.mark.parametrize("out", ["", "a: line\n", "a: x\n-- cursor: s=1;i=2 --file=/x\n"])
+def test_no_cursor_unless_journalctl_printed_a_well_formed_one(out: str) -> None:
+    assert split_cursor(out, query()) == (out, None)
+
+
+# --- what cairnd answers --------------------------------------------------------------
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Journal]:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    paths.journal_path().parent.mkdir(parents=True)
+    source = (
+        "from cairn.workflow import Model, workflow\n\n"
+        "class Goal(Model):\n    goal: str\n\n"
+        '@workflow(description="d", input=Goal, output=Goal)\n'
+        "async def run(flow, args: Goal) -> Goal:\n    return args\n"
+    )
+    review = review_source(source, filename="wf.py")
+    with Journal(paths.journal_path(), create=True) as journal:
+        journal.create_run(
+            LaunchDescription(
+                run_id=RUN, owner_uid=1001, owner_gid=1001, owner_name="alice",
+                definition="builtin:implement", source=source, source_filename="wf.py",
+                review_hash=review.review_hash, review=review.model_dump(mode="json"),
+                args={"goal": "g"},
+                project=ProjectSpec(root="/home/alice/p", owner_uid=1001, on_pool_fs=False),
+                profiles={}, cairn_version="0", created_at=1.0,
+            ),
+            intents=[],
+        )
+        yield journal
+
+
+def fake_journalctl(
+    monkeypatch: pytest.MonkeyPatch, stdout: str, stderr: str = "", returncode: int = 0
+) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **_kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, returncode, stdout.encode(), stderr.encode())
+
+    monkeypatch.setattr(views, "run", run)
+    return calls
+
+
+def test_cairnd_answers_entries_cursor_and_whether_the_run_ended(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_journalctl(monkeypatch, f"x cairn-agent[7]: hello\n-- cursor: {CURSOR}\n")
+    request = server.parse(request_line(daemon_request("logs", run_id="3fa9", priority="err")))
+    reply = server.dispatch(request, 1001, None)
+    assert reply == {"run_id": RUN, "state": "pending", "finished": False,
+                     "text": "x cairn-agent[7]: hello\n", "cursor": CURSOR}
+    (argv,) = calls
+    assert "--priority=err" in argv and f"_SYSTEMD_UNIT=cairn-coordinator@{RUN}.service" in argv
+
+
+def test_another_users_run_is_never_read(journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_journalctl(monkeypatch, "")
+    with pytest.raises(CairnError, match=f"no run {RUN}"):
+        server.dispatch(daemon_request("logs", run_id=RUN), 1002, None)
+    assert calls == []
+
+
+def test_a_time_journalctl_cannot_read_is_a_usage_error(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_journalctl(monkeypatch, "", 'Failed to parse timestamp: soon-ish\n', returncode=1)
+    with pytest.raises(UsageError, match="'soon-ish' is not a time journalctl can read") as err:
+        views.logs(journal, query(since="soon-ish"), 1001)
+    assert err.value.hint is not None and "1 hour ago" in err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("priority", "loud", "is not a syslog level"), ("output", "export", "output"),
+     ("after_cursor", "s=1;--x", "after_cursor"), ("lines", 10_001, "lines")],
+)
+def test_the_socket_refuses_a_bad_query(field: str, value: Any, message: str) -> None:
+    line = json.dumps({"op": "logs", "run_id": RUN, field: value}).encode() + b"\n"
+    with pytest.raises(UsageError, match=message):
+        server.parse(line)
+
+
+# --- the CLI --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-p", "loud"], "priority 'loud' is not a syslog level"),
+        (["--priority", "8"], "priority '8' is not a syslog level"),
+        (["-o", "export"], "'export' is not one of short, short-full"),
+        (["--output", "pretty"], "'pretty' is not one of"),
+        (["--since", "x\ty"], "--since takes a time of at most 64 printable characters"),
+        (["-n", "-3"], "-3 is not in the range"),
+    ],
+)
+def test_bad_options_are_one_line_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    monkeypatch.setattr(cli_logs, "request", lambda *_a, **_k: pytest.fail("asked cairnd"))
+    result = CliRunner().invoke(app, ["logs", "3fa9", *argv], terminal_width=200)
+    assert result.exit_code == 2
+    assert message in plain(result.output)
+
+
+def test_logs_prints_the_last_entries_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[LogsRequest] = []
+
+    def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
+        sent.append(body)
+        return {"run_id": RUN, "text": "one\ntwo\n", "cursor": CURSOR, "finished": True}
+
+    monkeypatch.setattr(cli_logs, "request", request)
+    result = CliRunner().invoke(app, ["logs", "@last", "-p", "warning", "-o", "cat"])
+    assert result.exit_code == 0, result.output
+    assert result.output == "one\ntwo\n"
+    assert [(b.run_id, b.lines, b.priority, b.output) for b in sent] == [
+        ("@last", cli_logs.DEFAULT_LINES, "warning", "cat")
+    ]
+
+
+def plain(output: str) -> str:
+    """The CLI's output without the frame the terminal library draws around an error."""
+    return " ".join(output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+
+
+class Replies:
+    """cairnd's answers in order; records what was asked and every pause."""
+
+    def __init__(self, *replies: dict[str, Any]) -> None:
+        self.replies = list(replies)
+        self.asked: list[LogsRequest] = []
+        self.pauses: list[float] = []
+        self.shown: list[str] = []
+
+    def ask(self, request: LogsRequest) -> dict[str, Any]:
+        self.asked.append(request)
+        return {"run_id": RUN, "finished": False, **self.replies.pop(0)}
+
+
+def test_follow_prints_what_comes_after_it_started_and_ends_after_the_run() -> None:
+    replies = Replies(
+        {"text": "old\n", "cursor": CURSOR},
+        {"text": "", "cursor": CURSOR},
+        {"text": "new\n", "cursor": LATER},
+        {"text": "", "cursor": LATER, "finished": True},
+        {"text": "Deactivated\n", "cursor": "s=1;i=30"},
+        {"text": "", "cursor": "s=1;i=30", "finished": True},
+        {"text": "", "cursor": "s=1;i=30", "finished": True},
+    )
+    cli_logs.follow_logs(
+        query(lines=10, since="today", priority="err"), ask=replies.ask,
+        show=replies.shown.append, pause=replies.pauses.append, interval=0.5,
+    )
+    assert "".join(replies.shown) == "old\nnew\nDeactivated\n"
+    assert replies.replies == []
+    first, *rest = replies.asked
+    assert (first.lines, first.since, first.after_cursor) == (10, "today", None)
+    assert [r.after_cursor for r in rest] == [CURSOR, CURSOR, LATER, LATER, "s=1;i=30",
+                                              "s=1;i=30"]
+    assert all(r.priority == "err" and r.since is None and r.lines is None for r in rest)
+    # asked again at once after new entries, after a pause otherwise
+    assert replies.pauses == [0.5, 0.5, 0.5]
+
+
+def test_follow_before_anything_was_logged_asks_for_everything_new() -> None:
+    replies = Replies(
+        {"text": "", "cursor": None},
+        {"text": "first\n", "cursor": CURSOR},
+        {"text": "", "cursor": CURSOR, "finished": True},
+        {"text": "", "cursor": CURSOR, "finished": True},
+    )
+    cli_logs.follow_logs(
+        query(lines=10), ask=replies.ask, show=replies.shown.append,
+        pause=replies.pauses.append,
+    )
+    assert "".join(replies.shown) == "first\n"
+    assert [(r.lines, r.after_cursor) for r in replies.asked] == [
+        (10, None), (None, None), (None, CURSOR), (None, CURSOR)
+    ]
+
+
+def test_ctrl_c_while_following_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([{"run_id": RUN, "text": "a\n", "cursor": CURSOR, "finished": False}])
+
+    def request(_body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
+        for answer in answers:
+            return answer
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_logs, "request", request)
+    result = CliRunner().invoke(app, ["logs", "3fa9", "-f"])
+    assert result.exit_code == 130
+    assert result.output == "a\n"
+
+
+def test_following_shows_ten_old_entries_unless_since_asks_for_more() -> None:
+    assert cli_logs.default_lines(follow=True, since=None) == cli_logs.FOLLOW_LINES == 10
+    assert cli_logs.default_lines(follow=True, since="today") == cli_logs.DEFAULT_LINES
+    assert cli_logs.default_lines(follow=False, since=None) == cli_logs.DEFAULT_LINES == 2000
