@@ -473,11 +473,6 @@ class RequestEnvelope(Frozen):
         return DAEMON_REQUEST.validate_python(fields)
 
 
-# Keys added to the envelope after its line was fixed: left out while at their defaults,
-# so every request that does not use them goes on the socket exactly as it always did.
-LATER_KEYS = ("since", "priority", "output", "lines", "after_cursor")
-
-
 def request_line(request: OpRequest) -> bytes:
     """The request as it goes on the socket: the op's own keys as one JSON line (adding a
     key to one op changes only that op's line)."""
