@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import cairn
-from cairn import paths
+from cairn import paths, retention
 from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
@@ -230,6 +230,7 @@ def launch(
     project = check_project(request.project, fd, uid)
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
+    retention.load_policy(problems=config)
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
         user = pwd.getpwuid(uid)
@@ -258,6 +259,7 @@ def launch(
         schedule=schedule,
         capsule_hash=current_release(paths.release_dir()),
     )
+    retention.admit("launch")  # a full pool refuses the launch before the run exists
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])
     call_broker("launch-v1", run_id, timeout=120)

@@ -18,7 +18,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from cairn import paths
-from cairn.daemon import decisions, doctor, interactions, launch, schedules, upgrade, views
+from cairn.daemon import (
+    decisions,
+    doctor,
+    interactions,
+    launch,
+    lifecycle,
+    schedules,
+    upgrade,
+    views,
+)
 from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
@@ -31,12 +40,15 @@ from cairn.protocol.daemon import (
     LogsRequest,
     OpRequest,
     PingRequest,
+    PruneRequest,
     PsRequest,
     ReconcileRequest,
     RequestEnvelope,
     RetryRequest,
+    RmRequest,
     RunRequest,
     ShowRequest,
+    StorageDfRequest,
     UpgradeRequest,
 )
 
@@ -151,6 +163,18 @@ def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> 
     return views.diff(journal, request.run_id, uid)
 
 
+def _df(journal: Journal, request: StorageDfRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.df(journal, request, uid)
+
+
+def _rm(journal: Journal, request: RmRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.rm(journal, request, uid)
+
+
+def _prune(journal: Journal, request: PruneRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.prune(journal, request, uid)
+
+
 def _person(journal: Journal, request: OpRequest, uid: int, _fd: int | None) -> Any:
     return interactions.dispatch(journal, request, uid)
 
@@ -170,6 +194,9 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "show": (ShowRequest, _show),
     "logs": (LogsRequest, _logs),
     "diff": (DiffRequest, _diff),
+    "storage-df": (StorageDfRequest, _df),
+    "rm": (RmRequest, _rm),
+    "prune": (PruneRequest, _prune),
     **{op: (model, _person) for op, model in interactions.MODELS.items()},
     **{op: (model, _schedule) for op, model in schedules.MODELS.items()},
 }

@@ -72,6 +72,16 @@ def run_units(receipts: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+def storage_status(receipts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the run's storage was deleted (``cairn rm``, ``cairn prune``), when, and how
+    many subvolumes went; the journal rows and receipts stay."""
+    for receipt in receipts:
+        if receipt.get("kind") == "delete-run":
+            deleted = receipt.get("data", {}).get("deleted", [])
+            return {"deleted": True, "deleted_at": receipt.get("at"), "subvolumes": len(deleted)}
+    return {"deleted": False, "deleted_at": None, "subvolumes": 0}
+
+
 def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
     owner = None if (all_users and is_admin(uid)) else uid
     runs = journal.list_runs(owner)
@@ -115,6 +125,7 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
             for o in ops
         ],
         "units": run_units(receipts),
+        "storage": storage_status(receipts),
         "settlement": row.settlement,
         "settlement_summary": settlement_summary(row.settlement),
         "schedule": journal.launch_description(row.run_id).schedule,

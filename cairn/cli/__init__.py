@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cairn.cli import people, runs
+from cairn.cli import people, runs, storage
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -33,6 +33,7 @@ app = typer.Typer(
 # Typer lists a group's own commands first, then its sub-apps, each in the order added.
 runs.register(app)
 people.register(app)
+storage.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")

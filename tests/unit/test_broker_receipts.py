@@ -16,10 +16,12 @@ import pytest
 from cairn import paths, storage
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
+from cairn.errors import BrokerRefused
 from cairn.protocol.broker import Intent, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
 RUN = "flow_" + "1" * 32
+QGROUP = (1 << 48) | 0x111111111111
 
 
 class FakePool:
@@ -28,6 +30,10 @@ class FakePool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.made: dict[Path, SubvolumeReceipt] = {}
+        self.qgroups: dict[Path, int | None] = {}
+
+    def ensure_run_qgroup(self, run_id: str) -> int | None:
+        return QGROUP  # as if the host had quotas on
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
@@ -47,8 +53,11 @@ class FakePool:
     def settlement_path(self, run_id: str, name: str) -> Path:
         return self.run_dir(run_id) / name
 
-    def snapshot(self, source: Path, target: Path, *, read_only: bool) -> SubvolumeReceipt:
+    def snapshot(
+        self, source: Path, target: Path, *, read_only: bool, qgroup: int | None = None
+    ) -> SubvolumeReceipt:
         target.mkdir(parents=True)
+        self.qgroups[target] = qgroup
         receipt = SubvolumeReceipt(
             path=str(target),
             subvol_id=256 + len(self.made),
@@ -72,10 +81,19 @@ class FakePool:
     def run_subvolumes(self, run_id: str) -> list[Path]:
         return sorted(self.made)
 
+    def delete_run(self, run_id: str) -> list[str]:
+        gone = [str(path) for path in sorted(self.made, reverse=True)]
+        self.made.clear()
+        return gone
+
 
 class FakeJournal:
     def __init__(self, ops: dict[str, Any]) -> None:
         self.ops = ops
+        self.run = SimpleNamespace(state="succeeded", settlement=None)
+
+    def get_run(self, run_id: str) -> Any:
+        return self.run
 
     def get_op_by_id(self, run_id: str, op_id: str) -> Any:
         return self.ops[op_id]
@@ -95,6 +113,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
     monkeypatch.setattr(units, "require_quiesced", lambda unit, cgroup: None)
     monkeypatch.setattr(units, "start_unit", lambda name: None)
+    monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
     monkeypatch.setattr(verbs, "failpoint", lambda *args: None)
     paths.broker_db_path().parent.mkdir(parents=True)
     desc = LaunchDescription(
@@ -185,6 +204,60 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     (run / "W" / "root.2").rmdir()
     report = _do(host, "verify-storage.2", "verify-storage")
     assert report["problems"] == [f"missing subvolume {w2.path} (uuid {w2.uuid})"]
+    # with quotas on, every subvolume of the run is made in the run's qgroup
+    assert set(pool.qgroups.values()) == {QGROUP}
+
+
+def test_delete_takes_a_finished_runs_storage_and_is_then_recorded(
+    host: dict[str, Any]
+) -> None:
+    pool: FakePool = host["pool"]
+    _do(host, "prepare-q", "prepare-q")
+    _do(host, "create-w.root.1", "create-w")
+    done = _do(host, "delete-run", "delete-run")
+    assert sorted(done["deleted"]) == sorted(
+        str(pool.run_dir(RUN) / rel) for rel in ("Q", "W/root.1")
+    )
+    assert pool.made == {}
+    assert _do(host, "verify-storage.3", "verify-storage")["deleted"] is True
+
+
+@pytest.mark.parametrize("state", ["running", "waiting", "paused", "blocked", "pending"])
+def test_delete_refuses_a_run_that_is_not_finished(host: dict[str, Any], state: str) -> None:
+    host["journal"].run.state = state
+    _do(host, "prepare-q", "prepare-q")
+    intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
+    with pytest.raises(BrokerRefused, match=f"is {state}; only finished runs are deleted"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    assert host["pool"].made  # nothing deleted
+
+
+def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) -> None:
+    _do(host, "prepare-q", "prepare-q")
+    _do(host, "create-w.root.1", "create-w")
+    _do(host, "freeze-proposal", "freeze-proposal", generation=1)
+    intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
+    with pytest.raises(BrokerRefused, match="never settled"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    host["journal"].run.settlement = {"status": "applied"}
+    assert verbs.execute(intent, host["desc"], host["journal"], host["store"]).deleted
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"intent_id": "delete-run.2"},
+        {"op_id": "root-1"},
+        {"scope": "root-2-a"},
+        {"generation": 2},
+        {"lanes": ["a"]},
+        {"from_checkpoint": "root-1"},
+    ],
+)
+def test_delete_takes_nothing_but_the_run(host: dict[str, Any], fields: dict[str, Any]) -> None:
+    intent = Intent(**{"intent_id": "delete-run", "run_id": RUN, "kind": "delete-run", **fields})
+    with pytest.raises(BrokerRefused, match="a delete names only the run"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
 
 
 def test_start_coordinator_receipt(host: dict[str, Any]) -> None:

@@ -43,6 +43,8 @@ SHOW_LINE = (
     b'"schedule":{},"challenge":null,"occurrence":null,"answer":null,"request_id":null,'
     b'"fingerprint":null,"reason":"","cursor":0}\n'
 )
+# Keys added since (`cairn prune`), at the end and at their defaults for every other op.
+ADDED_KEYS = b',"older_than":null,"keep":null}\n'
 
 
 def _members() -> list[type[OpRequest]]:
@@ -51,7 +53,7 @@ def _members() -> list[type[OpRequest]]:
 
 
 def test_request_line_is_the_envelope_cairn_always_sent() -> None:
-    assert request_line(ShowRequest(run_id=RUN_ID)) == SHOW_LINE
+    assert request_line(ShowRequest(run_id=RUN_ID)) == SHOW_LINE[: -len(b"}\n")] + ADDED_KEYS
     assert server.parse(SHOW_LINE) == ShowRequest(run_id=RUN_ID)
 
 
