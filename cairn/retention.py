@@ -61,7 +61,7 @@ def policy_file() -> Path:
 def load_policy(problems: Problems | None = None) -> StoragePolicy:
     """The host's storage policy (defaults when the file is missing); its problems are
     recorded in ``problems``, or raised as one ``ConfigError`` without it."""
-    fix = f"see docs/storage.md for the fields of {POLICY_FILE}"
+    fix = 'its fields: keep_days = 14, keep_per_user = 20, reserve = "1G" (see cairn(1))'
     if problems is None:
         return load_file(policy_file(), StoragePolicy, fix=fix) or StoragePolicy()
     return problems.load(policy_file(), StoragePolicy, fix=fix) or StoragePolicy()
