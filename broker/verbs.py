@@ -104,7 +104,13 @@ class Context:
         return storage.Pool.open(paths.pool_dir())
 
     def qgroup(self) -> int | None:
-        """The run's level-1 qgroup when the host has quotas on (never turned on here)."""
+        """The run's level-1 qgroup where the host has quotas on (never turned on here)
+        and the run's storage is its own, Q an import. A run whose Q snapshots a project
+        on the pool's filesystem shares that project's extents: inheriting its snapshots
+        into a qgroup of their own would leave the host's quota data inconsistent."""
+        prepared = self.store.get(self.run_id, "prepare-q")
+        if prepared is None or not prepared.body(QPrepared).imported:
+            return None
         return self.pool().ensure_run_qgroup(self.run_id)
 
     def receipt(self, intent_id: str, model: type[B]) -> B:
@@ -150,13 +156,14 @@ def prepare_q(ctx: Context) -> QPrepared:
     q = pool.q_path(ctx.run_id)
     if storage.is_same_filesystem(project, pool.root):
         subvolume, subpath = storage.containing_subvolume(project)
-        receipt = pool.snapshot(subvolume, q, read_only=True, qgroup=ctx.qgroup())
+        receipt = pool.snapshot(subvolume, q, read_only=True)
         return QPrepared(q=receipt, subpath=str(subpath), imported=False, project_ino=st.st_ino)
     staging = pool.q_import_path(ctx.run_id)
-    pool.create_subvolume(staging, qgroup=ctx.qgroup())
+    qgroup = pool.ensure_run_qgroup(ctx.run_id)
+    pool.create_subvolume(staging, qgroup=qgroup)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
     stats = units.run_import(ctx.desc, project, staging)
-    receipt = pool.snapshot(staging, q, read_only=True, qgroup=ctx.qgroup())
+    receipt = pool.snapshot(staging, q, read_only=True, qgroup=qgroup)
     pool.delete(staging, pool.receipt(staging))
     return QPrepared(
         q=receipt, subpath="", imported=True, project_ino=st.st_ino, **{"import": stats}
@@ -303,7 +310,9 @@ def verify_storage(ctx: Context) -> StorageVerified:
         if receipt.kind == "drop-w":
             dropped.add(Path(receipt.body(WDropped).deleted))
         if receipt.kind == "delete-run":
-            return StorageVerified(problems=[], checked=0, deleted=True)
+            left = [f"subvolume {p} outlived the run's deletion" for p in
+                    pool.run_subvolumes(ctx.run_id)]
+            return StorageVerified(problems=left, checked=0, deleted=True)
         for rec in receipt.typed_body().subvolumes():
             expected[Path(rec.path)] = rec
     problems: list[str] = []

@@ -179,7 +179,11 @@ def test_below_the_reserve_a_launch_is_refused_in_one_line(host: dict[str, Any])
     assert retention.admit("launch") > 1 << 20
 
 
-def test_with_quotas_on_df_reports_a_runs_exclusive_bytes(run_id: str) -> None:
+def test_with_quotas_on_an_imported_runs_storage_is_its_own_and_df_reports_it(
+    run_id: str,
+) -> None:
+    """As the broker makes an imported run's storage with quotas on: every subvolume in
+    the run's qgroup, and quota data stays consistent (snapshots are never refused)."""
     base = Path(tempfile.mkdtemp(prefix="cairn-retention-"))
     loop = None
     try:
@@ -189,12 +193,18 @@ def test_with_quotas_on_df_reports_a_runs_exclusive_bytes(run_id: str) -> None:
         proc.run(["btrfs", "quota", "enable", loop.mountpoint])
         proc.run(["btrfs", "quota", "rescan", "-w", loop.mountpoint])
         qid = pool.ensure_run_qgroup(run_id)
+        staging = pool.q_import_path(run_id)
+        pool.create_subvolume(staging, qgroup=qid)
+        (staging / "project-file").write_bytes(os.urandom(4 << 20))
+        pool.snapshot(staging, pool.q_path(run_id), read_only=True, qgroup=qid)
         w = pool.w_path(run_id, "root", 1)
-        pool.create_subvolume(w, qgroup=qid)
+        pool.snapshot(pool.q_path(run_id), w, read_only=False, qgroup=qid)
         (w / "blob").write_bytes(os.urandom(8 << 20))
         proc.run(["btrfs", "filesystem", "sync", loop.mountpoint])
+        pool.snapshot(w, pool.checkpoint_path(run_id, "root-1"), read_only=True, qgroup=qid)
+        assert pool.quota_problem() is None
         exclusive = retention.run_exclusive_bytes(pool, run_id)
-        assert exclusive is not None and exclusive >= 8 << 20
+        assert exclusive is not None and exclusive >= 12 << 20
         pool.delete_run(run_id)
     finally:
         if loop is not None:

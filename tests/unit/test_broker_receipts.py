@@ -35,6 +35,12 @@ class FakePool:
     def ensure_run_qgroup(self, run_id: str) -> int | None:
         return QGROUP  # as if the host had quotas on
 
+    def create_subvolume(self, target: Path, *, qgroup: int | None = None) -> SubvolumeReceipt:
+        return self.snapshot(target, target, read_only=False, qgroup=qgroup)
+
+    def receipt(self, path: Path) -> SubvolumeReceipt:
+        return self.made[path]
+
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
 
@@ -204,8 +210,24 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     (run / "W" / "root.2").rmdir()
     report = _do(host, "verify-storage.2", "verify-storage")
     assert report["problems"] == [f"missing subvolume {w2.path} (uuid {w2.uuid})"]
-    # with quotas on, every subvolume of the run is made in the run's qgroup
-    assert set(pool.qgroups.values()) == {QGROUP}
+    # Q snapshots the project's own subvolume: sharing its extents, no subvolume of the
+    # run goes into a qgroup of the run's (that would make quota data inconsistent)
+    assert set(pool.qgroups.values()) == {None}
+
+
+def test_an_imported_runs_subvolumes_all_go_into_its_qgroup(
+    host: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool: FakePool = host["pool"]
+    monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: False)
+    monkeypatch.setattr(units, "run_import", lambda desc, project, staging: {"files": 1})
+    monkeypatch.setattr(os, "chown", lambda *args: None)
+    q = _do(host, "prepare-q", "prepare-q")
+    assert q["imported"] is True
+    _do(host, "create-w.root.1", "create-w")
+    _do(host, "freeze-proposal", "freeze-proposal", generation=1)
+    made = {path.name: group for path, group in pool.qgroups.items()}
+    assert made == {"Q.import": QGROUP, "Q": QGROUP, "root.1": QGROUP, "P": QGROUP}
 
 
 def test_delete_takes_a_finished_runs_storage_and_is_then_recorded(
@@ -219,7 +241,13 @@ def test_delete_takes_a_finished_runs_storage_and_is_then_recorded(
         str(pool.run_dir(RUN) / rel) for rel in ("Q", "W/root.1")
     )
     assert pool.made == {}
-    assert _do(host, "verify-storage.3", "verify-storage")["deleted"] is True
+    assert _do(host, "verify-storage.3", "verify-storage") == {
+        "problems": [], "checked": 0, "deleted": True
+    }
+    leftover = pool.run_dir(RUN) / "W" / "root.9"
+    pool.snapshot(leftover, leftover, read_only=False)
+    report = _do(host, "verify-storage.4", "verify-storage")
+    assert report["problems"] == [f"subvolume {leftover} outlived the run's deletion"]
 
 
 @pytest.mark.parametrize("state", ["running", "waiting", "paused", "blocked", "pending"])
