@@ -1,7 +1,7 @@
 """Retention and reserves (ARCHITECTURE §6): the host's storage policy
 (``/etc/cairn/storage.toml``), which runs a rule deletes, and what the pool holds.
 
-Deleting itself is the broker's ``delete-v1`` (cairnd asks for it, ``daemon/storage.py``);
+Deleting itself is the broker's ``delete-v1`` (cairnd asks for it, ``daemon/lifecycle.py``);
 this module only decides. A run's storage is deleted only when the run is finished and
 settled: a run that is pending, running, waiting, paused or blocked, or whose frozen
 proposal was never settled, is always kept, whatever a rule says.
