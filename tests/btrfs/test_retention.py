@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,17 @@ import pytest
 from cairn import paths, proc, retention
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
+from cairn.coordinator.core import Coordinator
 from cairn.daemon import lifecycle, views
 from cairn.errors import BrokerRefused, StorageError, UsageError
 from cairn.journal import Journal
 from cairn.protocol.broker import BrokerReply, Intent
+from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
-from cairn.protocol.launch import LaunchDescription, ProjectSpec
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.storage import Pool, is_subvolume
 from cairn.storage_init import init_loop_pool, remove_loop_pool
+from cairn.workflow.review import review_source
 
 OWNER = 1001
 DATA = 64 << 20
@@ -211,3 +215,41 @@ def test_with_quotas_on_an_imported_runs_storage_is_its_own_and_df_reports_it(
             remove_loop_pool(loop)
         if not os.path.ismount(base / "mnt"):
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _coordinator(journal: Journal, run_id: str) -> Coordinator:
+    """A coordinator of a run of builtin:implement holding its lease, as at its start."""
+    source = (resources.files("cairn.builtin") / "workflows" / "implement.py").read_text()
+    review = review_source(source, filename="implement.py")
+    desc = LaunchDescription(
+        run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
+        definition="builtin:implement", source=source, source_filename="implement.py",
+        review_hash=review.review_hash, review=review.model_dump(mode="json"),
+        args={"objective": "x"},
+        project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=False),
+        profiles={"builtin:implementer": ProfileSpec(name="builtin:implementer",
+                                                     kind="scripted")},
+        cairn_version="0", created_at=1.0,
+    )
+    journal.create_run(desc, intents=[])
+    coordinator = Coordinator(run_id)
+    coordinator.token = coordinator.journal.acquire_lease(run_id, coordinator.holder)
+    return coordinator
+
+
+def test_below_the_reserve_a_runs_import_and_a_fork_are_refused_before_any_intent(
+    host: dict[str, Any], run_id: str
+) -> None:
+    retention.policy_file().write_text('reserve = "100G"\n')
+    coordinator = _coordinator(host["journal"], run_id)
+    with pytest.raises(StorageError, match="^the project's import or snapshot refused: "):
+        coordinator.prepare_storage()
+    coordinator.w_gen["root"] = 1
+    fork = CallRequest(scope="root", seq=1, kind="parallel", request={"lanes": ["a", "b"]},
+                       location="implement.py:1:1")
+    op = coordinator.journal.record_requested(fork, run_id=run_id, op_id="root-1",
+                                              predecessor=None, token=coordinator.token)
+    with pytest.raises(StorageError, match="^fork refused: .*'cairn prune'"):
+        coordinator.fork(op, fork)
+    assert host["journal"].intents(run_id) == []  # the broker was never asked
+    assert host["journal"].get_op_by_id(run_id, "root-1").state == "requested"
