@@ -15,7 +15,7 @@ from cairn import paths, retention, storage
 from cairn.brokerclient import call_broker
 from cairn.daemon.views import is_admin, storage_status, visible_run
 from cairn.errors import CairnError, PermissionDenied, UsageError
-from cairn.journal import Journal, RunRow
+from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.protocol.broker import Intent, RunDeleted
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
 
@@ -86,10 +86,11 @@ def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
     known = facts(journal, run)
     held = retention.held_because(known)
     if held is not None:
-        raise UsageError(
-            f"run {run.run_id} is kept: {held}",
-            hint=f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it",
-        )
+        if run.state in TERMINAL_RUN_STATES:  # finished, its proposal not settled
+            hint = f"'cairn show {run.run_id}' shows where its settlement stopped"
+        else:
+            hint = f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it"
+        raise UsageError(f"run {run.run_id} is kept: {held}", hint=hint)
     gone = known.storage_deleted or not known.has_storage
     result: dict[str, Any] = {"run_id": run.run_id, "already_gone": gone, "subvolumes": 0}
     if not gone and not request.dry_run:

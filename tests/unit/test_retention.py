@@ -218,6 +218,18 @@ def test_rm_refuses_a_running_run_in_one_line(journal: tuple[Journal, Clock]) ->
     assert "\n" not in caught.value.message and "cairn stop" in (caught.value.hint or "")
 
 
+def test_rm_refuses_a_finished_run_whose_proposal_was_never_settled(
+    journal: tuple[Journal, Clock]
+) -> None:
+    opened, _clock = journal
+    frozen = Intent(intent_id="freeze-proposal", run_id=rid(2), kind="freeze-proposal")
+    opened.add_intents(rid(2), [frozen], token=None)
+    with pytest.raises(UsageError) as caught:
+        lifecycle.rm(opened, RmRequest(run_id=rid(2)), ALICE)
+    assert caught.value.message == f"run {rid(2)} is kept: its proposal is not settled"
+    assert caught.value.hint == f"'cairn show {rid(2)}' shows where its settlement stopped"
+
+
 def test_rm_is_for_the_owner_only(journal: tuple[Journal, Clock]) -> None:
     with pytest.raises(NotFound):
         lifecycle.rm(journal[0], RmRequest(run_id=rid(4)), ALICE)
