@@ -108,6 +108,16 @@ class Context:
     def pool(self) -> storage.Pool:
         return storage.Pool.open(paths.pool_dir())
 
+    def qgroup(self) -> int | None:
+        """The run's level-1 qgroup where the host has quotas on (never turned on here)
+        and the run's storage is its own, Q an import. A run whose Q snapshots a project
+        on the pool's filesystem shares that project's extents: inheriting its snapshots
+        into a qgroup of their own would leave the host's quota data inconsistent."""
+        prepared = self.store.get(self.run_id, "prepare-q")
+        if prepared is None or not prepared.body(QPrepared).imported:
+            return None
+        return self.pool().ensure_run_qgroup(self.run_id)
+
     def receipt(self, intent_id: str, model: type[B]) -> B:
         """The body of this run's receipt ``intent_id``, which must have been done."""
         receipt = self.store.get(self.run_id, intent_id)
@@ -154,10 +164,11 @@ def prepare_q(ctx: Context) -> QPrepared:
         receipt = pool.snapshot(subvolume, q, read_only=True)
         return QPrepared(q=receipt, subpath=str(subpath), imported=False, project_ino=st.st_ino)
     staging = pool.q_import_path(ctx.run_id)
-    pool.create_subvolume(staging)
+    qgroup = pool.ensure_run_qgroup(ctx.run_id)
+    pool.create_subvolume(staging, qgroup=qgroup)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
     stats = units.run_import(ctx.desc, project, staging)
-    receipt = pool.snapshot(staging, q, read_only=True)
+    receipt = pool.snapshot(staging, q, read_only=True, qgroup=qgroup)
     pool.delete(staging, pool.receipt(staging))
     return QPrepared(
         q=receipt, subpath="", imported=True, project_ino=st.st_ino, **{"import": stats}
@@ -190,7 +201,7 @@ def create_w(ctx: Context) -> WCreated:
         source = pool.q_path(ctx.run_id)
         pool.verify(source, ctx.receipt("prepare-q", QPrepared).q)
     w.parent.mkdir(parents=True, exist_ok=True)
-    receipt = pool.snapshot(source, w, read_only=False)
+    receipt = pool.snapshot(source, w, read_only=False, qgroup=ctx.qgroup())
     os.chown(w, ctx.desc.owner_uid, ctx.desc.owner_gid)
     return WCreated(w=receipt)
 
@@ -214,7 +225,7 @@ def checkpoint(ctx: Context) -> Checkpointed:
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     s = pool.checkpoint_path(ctx.run_id, op_id)
     s.parent.mkdir(parents=True, exist_ok=True)
-    receipt = pool.snapshot(w, s, read_only=True)
+    receipt = pool.snapshot(w, s, read_only=True, qgroup=ctx.qgroup())
     failpoint("broker-after-snapshot", paths.run_state_dir(ctx.run_id))
     return Checkpointed(s=receipt, op_id=op_id)
 
@@ -233,12 +244,13 @@ def fork(ctx: Context) -> Forked:
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     s = pool.checkpoint_path(ctx.run_id, op.op_id)
     s.parent.mkdir(parents=True, exist_ok=True)
-    s_receipt = pool.snapshot(w, s, read_only=True)
+    qgroup = ctx.qgroup()
+    s_receipt = pool.snapshot(w, s, read_only=True, qgroup=qgroup)
     lanes: dict[str, ForkLane] = {}
     for key in ctx.intent.lanes:
         lane_w = pool.w_path(ctx.run_id, f"{op.op_id}-{key}", 1)
         lane_w.parent.mkdir(parents=True, exist_ok=True)
-        receipt = pool.snapshot(s, lane_w, read_only=False)
+        receipt = pool.snapshot(s, lane_w, read_only=False, qgroup=qgroup)
         os.chown(lane_w, ctx.desc.owner_uid, ctx.desc.owner_gid)
         lanes[key] = ForkLane(w=receipt)
     return Forked(s=s_receipt, op_id=op.op_id, lanes=lanes)
@@ -269,7 +281,8 @@ def freeze_proposal(ctx: Context) -> ProposalFrozen:
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, "root", ctx.intent.generation)
-    receipt = pool.snapshot(w, pool.settlement_path(ctx.run_id, "P"), read_only=True)
+    p = pool.settlement_path(ctx.run_id, "P")
+    receipt = pool.snapshot(w, p, read_only=True, qgroup=ctx.qgroup())
     return ProposalFrozen(p=receipt)
 
 
@@ -282,10 +295,12 @@ def settle_candidate(ctx: Context) -> CandidateBuilt:
     pool.verify(p, ctx.receipt("freeze-proposal", ProposalFrozen).p)
     stream = storage.metadata_stream(q, p)
     c = pool.settlement_path(ctx.run_id, "C")
-    c_receipt = pool.snapshot(q, c, read_only=False)
+    qgroup = ctx.qgroup()
+    c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
     work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
     unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
-    f_receipt = pool.snapshot(c, pool.settlement_path(ctx.run_id, "F"), read_only=True)
+    f = pool.settlement_path(ctx.run_id, "F")
+    f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
     return CandidateBuilt(**unit, **result.model_dump(), f=f_receipt, c=c_receipt)
 
 
@@ -300,7 +315,9 @@ def verify_storage(ctx: Context) -> StorageVerified:
         if receipt.kind == "drop-w":
             dropped.add(Path(receipt.body(WDropped).deleted))
         if receipt.kind == "delete-run":
-            return StorageVerified(problems=[], checked=0, deleted=True)
+            left = [f"subvolume {p} outlived the run's deletion" for p in
+                    pool.run_subvolumes(ctx.run_id)]
+            return StorageVerified(problems=left, checked=0, deleted=True)
         for rec in receipt.typed_body().subvolumes():
             expected[Path(rec.path)] = rec
     problems: list[str] = []
@@ -442,13 +459,32 @@ def verify_proposal(ctx: Context) -> ProposalVerified:
 
 
 def delete_run(ctx: Context) -> RunDeleted:
+    """Every subvolume of a finished, settled run (its qgroup too); journal rows and
+    receipts stay. The intent carries nothing but the run: anything else is refused."""
+    if ctx.intent.model_dump(exclude={"run_id"}) != DELETE_INTENT:
+        raise BrokerRefused(f"{ctx.intent.intent_id}: a delete names only the run")
     run = ctx.journal.get_run(ctx.run_id)
     if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
+    frozen = any(r.kind == "freeze-proposal" for r in ctx.store.for_run(ctx.run_id))
+    if frozen and run.settlement is None:
+        raise BrokerRefused(f"run {ctx.run_id} has a proposal that was never settled")
     proxy = units.remove_proxy(ctx.run_id)
     deleted = ctx.pool().delete_run(ctx.run_id)
     return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy)
 
+
+# The one delete-run intent a run may have (cairnd's, daemon/lifecycle.py), less its run.
+DELETE_INTENT: dict[str, object] = {
+    "intent_id": "delete-run",
+    "kind": "delete-run",
+    "scope": "root",
+    "op_id": None,
+    "generation": 1,
+    "attempt": 1,
+    "from_checkpoint": None,
+    "lanes": [],
+}
 
 HANDLERS = {
     "prepare-q": prepare_q,

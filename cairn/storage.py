@@ -396,8 +396,8 @@ def ensure_free_space(pool: Pool, reserve_bytes: int) -> int:
     if free < reserve_bytes:
         raise StorageError(
             f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
-            f"{reserve_bytes >> 20} MiB",
-            hint="delete finished runs or grow the pool",
+            f"{reserve_bytes >> 20} MiB; delete finished runs with 'cairn prune'",
+            hint="'cairn storage df' shows what each run holds; or grow the pool",
         )
     return free
 

@@ -24,7 +24,7 @@ import shutil
 import threading
 from typing import Any
 
-from cairn import paths
+from cairn import paths, retention
 from cairn.coordinator import interactions
 from cairn.coordinator.agentop import BudgetExhausted
 from cairn.coordinator.base import (
@@ -203,7 +203,10 @@ class Coordinator(Replay, Settlement, Lease):
     # --- storage --------------------------------------------------------------------
 
     def prepare_storage(self) -> None:
-        """Q and the first W, plus whatever storage intents a crash left pending."""
+        """Q and the first W, plus whatever storage intents a crash left pending. The
+        first time, the pool must have its reserve free (an import may copy the project)."""
+        if not self.journal.intents(self.run_id, "storage-v1"):
+            retention.admit("the project's import or snapshot")
         with self.progress_relay("import"):
             self.broker(
                 "storage-v1",

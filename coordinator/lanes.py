@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cairn import retention
 from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import Nondeterminism
 from cairn.journal import OpRow
@@ -29,6 +30,7 @@ class Lanes(CoordinatorBase):
             lanes=lanes,
         )
         if op.state == "requested":
+            retention.admit("fork")
             self.journal.update_op(
                 self.run_id,
                 op.op_id,

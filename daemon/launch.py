@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import cairn
-from cairn import paths
+from cairn import paths, retention
 from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
@@ -248,6 +248,7 @@ def launch(
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
     verifiers = matching_verifiers(project.root, request.definition, config)
+    retention.load_policy(problems=config)
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
         user = pwd.getpwuid(uid)
@@ -279,6 +280,7 @@ def launch(
         verifiers=verifiers,
         policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
     )
+    retention.admit("launch")  # a full pool refuses the launch before the run exists
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])
     start_or_fail(journal, run_id)

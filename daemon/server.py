@@ -23,6 +23,7 @@ from cairn.daemon import (
     doctor,
     interactions,
     launch,
+    lifecycle,
     revert,
     schedules,
     upgrade,
@@ -42,13 +43,16 @@ from cairn.protocol.daemon import (
     NotificationsRequest,
     OpRequest,
     PingRequest,
+    PruneRequest,
     PsRequest,
     ReconcileRequest,
     RequestEnvelope,
     RetryRequest,
     RevertRequest,
+    RmRequest,
     RunRequest,
     ShowRequest,
+    StorageDfRequest,
     UpgradeRequest,
 )
 
@@ -167,6 +171,18 @@ def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> 
     return views.diff(journal, request.run_id, uid)
 
 
+def _df(journal: Journal, request: StorageDfRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.df(journal, request, uid)
+
+
+def _rm(journal: Journal, request: RmRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.rm(journal, request, uid)
+
+
+def _prune(journal: Journal, request: PruneRequest, uid: int, _fd: int | None) -> Any:
+    return lifecycle.prune(journal, request, uid)
+
+
 def _person(journal: Journal, request: OpRequest, uid: int, _fd: int | None) -> Any:
     return interactions.dispatch(journal, request, uid)
 
@@ -188,6 +204,9 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "logs": (LogsRequest, _logs),
     "diff": (DiffRequest, _diff),
     "notifications": (NotificationsRequest, _notifications),
+    "storage-df": (StorageDfRequest, _df),
+    "rm": (RmRequest, _rm),
+    "prune": (PruneRequest, _prune),
     **{op: (model, _person) for op, model in interactions.MODELS.items()},
     **{op: (model, _schedule) for op, model in schedules.MODELS.items()},
 }

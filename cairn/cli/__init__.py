@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from cairn.cli import completion, people, runs
+from cairn.cli import completion, people, runs, storage
 from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
 from cairn.cli.options import CairnGroup
@@ -39,6 +39,7 @@ app = typer.Typer(
 # Typer lists a group's own commands first, then its sub-apps, each in the order added.
 runs.register(app)
 people.register(app)
+storage.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")

@@ -204,6 +204,13 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     typer.echo(f"project {run['project']}")
     if run.get("error"):
         typer.echo(f"error: {run['error']}")
+    gone = (data.get("storage") or {}).get("deleted", False)
+    if gone:
+        storage = data["storage"]
+        typer.echo(
+            f"storage: deleted {_age(storage['deleted_at'])} ({storage['subvolumes']} "
+            "subvolumes); what follows is the journal's record"
+        )
     _echo_integrity(data.get("integrity") or {})
     typer.echo("operations:")
     for op in data["operations"]:
@@ -214,7 +221,8 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         )
         if cp:
             typer.echo(
-                f"             checkpoint {cp.get('path')} (read-only, uuid {cp.get('uuid')})"
+                f"             checkpoint {cp.get('path')} "
+                + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
             )
         if op.get("output") is not None:
             typer.echo(f"             output {json.dumps(op['output'])}")

@@ -1,17 +1,28 @@
-"""``cairn storage``: storage pools. The work is in :mod:`cairn.storage_init`."""
+"""``cairn storage`` (storage pools: ``init``, ``df``) and the top-level ``cairn rm`` and
+``cairn prune``, which delete finished runs' storage. Making a pool is
+:mod:`cairn.storage_init`; what goes is decided by cairnd (``daemon/lifecycle.py``)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from cairn import paths
-from cairn.cli.client import fail
+from cairn.cli.client import emit, fail, request
+from cairn.cli.options import JsonFlag, add_commands, check_run_ref
+from cairn.protocol.daemon import RUN_REF_HELP, PruneRequest, RmRequest, StorageDfRequest
+from cairn.sizes import parse_age
 
 storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rm`` and ``prune`` to ``app`` (the main ``cairn`` app)."""
+    add_commands(app, rm, prune)
 
 
 @storage_app.command("init")
@@ -32,3 +43,117 @@ def storage_init(
     mountpoint = paths.pool_dir()
     _pool, unit = init_loop_storage(image, loop, mountpoint)
     typer.echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
+
+
+def human(size: int | None) -> str:
+    """Bytes as people read them (binary multiples); None is ``unknown``."""
+    if size is None:
+        return "unknown"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _ago(ts: float) -> str:
+    seconds = int(time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{max(seconds, 0)}s ago"
+
+
+@storage_app.command("df")
+def storage_df(
+    all_users: Annotated[
+        bool, typer.Option("--all", help="All users' runs (cairn-admin).")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Pool size, used, free and reserve; per run with storage: its exclusive bytes (only
+    where the host has Btrfs quotas on; otherwise unknown)."""
+    data = request(StorageDfRequest(all_users=all_users))
+    if json_out:
+        emit(data)
+        return
+    pool = data["pool"]
+    typer.echo(
+        f"pool {pool['root']}: size {human(pool['size'])}, used {human(pool['used'])}, "
+        f"free {human(pool['free'])}, reserve {human(pool['reserve'])}"
+    )
+    if not pool["quotas"]:
+        typer.echo("exclusive bytes per run: unknown (Btrfs quotas are off on this pool)")
+    if not data["runs"]:
+        typer.echo("no runs hold storage")
+        return
+    typer.echo(f"{'RUN':<38} {'STATE':<10} {'UPDATED':<10} {'EXCLUSIVE':<11} KEPT BECAUSE")
+    for run in data["runs"]:
+        typer.echo(
+            f"{run['run_id']:<38} {run['state']:<10} {_ago(run['finished_at']):<10} "
+            f"{human(run['exclusive']):<11} {run['held'] or '-'}"
+        )
+
+
+def rm(
+    run_ids: Annotated[
+        list[str],
+        typer.Argument(metavar="RUN...", help=RUN_REF_HELP, show_default=False),
+    ],
+    json_out: JsonFlag = False,
+) -> None:
+    """Delete finished runs' storage (Q, W, checkpoints, P, C, F); their journal rows and
+    receipts stay, so 'cairn show' still tells their history."""
+    for ref in run_ids:
+        check_run_ref(ref)
+    # Every run is checked before any is deleted: one that must stay deletes none.
+    for ref in run_ids:
+        request(RmRequest(run_id=ref, dry_run=True))
+    done = [request(RmRequest(run_id=ref)) for ref in run_ids]
+    if json_out:
+        emit(done)
+        return
+    for run in done:
+        if run["already_gone"]:
+            typer.echo(f"{run['run_id']}: storage already gone")
+        else:
+            typer.echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
+
+
+def prune(
+    older_than: Annotated[
+        str | None, typer.Option(help="Delete runs that finished longer ago: 14d, 12h, 2w.")
+    ] = None,
+    keep: Annotated[
+        int | None, typer.Option(min=0, help="Keep each user's newest N finished runs.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only print what would be deleted.")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Delete finished runs' storage by rule; without --older-than or --keep, by the host
+    policy (/etc/cairn/storage.toml). Running, waiting, blocked and unsettled runs stay."""
+    age = None if older_than is None else parse_age(older_than)
+    data = request(PruneRequest(older_than=age, keep=keep, dry_run=dry_run))
+    if json_out:
+        emit(data)
+    else:
+        _print_prune(data)
+    if data["failed"]:
+        raise typer.Exit(1)
+
+
+def _print_prune(data: dict[str, Any]) -> None:
+    rule = data["rule"]
+    if rule["older_than"] is None and rule["keep"] is None:
+        typer.echo("the rule deletes nothing (no keep_days or keep_per_user)")
+    if data["dry_run"]:
+        for run in data["delete"]:
+            typer.echo(f"would delete {run['run_id']}: {run['reason']}")
+    for run in data["deleted"]:
+        typer.echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
+    for run in data["failed"]:
+        typer.echo(f"not deleted {run['run_id']}: {run['error']}")
+    typer.echo(f"{len(data['kept'])} run(s) with storage kept")

@@ -305,6 +305,35 @@ class NotificationsRequest(OpRequest):
     cursor: int = -1
 
 
+# --- storage ------------------------------------------------------------------------
+
+
+class StorageDfRequest(ListRequest):
+    """The pool's size, use, free space and reserve, and the caller's runs that hold
+    storage (everyone's for an administrator's ``all_users``)."""
+
+    op: Literal["storage-df"] = "storage-df"
+
+
+class RmRequest(RunRequest):
+    """Delete the storage of the caller's finished run; ``dry_run`` only checks that it
+    may go."""
+
+    op: Literal["rm"] = "rm"
+    dry_run: bool = False
+
+
+class PruneRequest(OpRequest):
+    """Delete finished runs' storage by rule: finished more than ``older_than`` seconds
+    ago, or beyond the ``keep`` newest per user; with neither, by the host's storage
+    policy. ``dry_run`` only says what would go."""
+
+    op: Literal["prune"] = "prune"
+    older_than: int | None = Field(default=None, ge=0)
+    keep: int | None = Field(default=None, ge=0)
+    dry_run: bool = False
+
+
 # --- schedules ----------------------------------------------------------------------
 
 
@@ -396,6 +425,9 @@ DaemonRequest = Annotated[
     | CancelRequest
     | WatchRequest
     | NotificationsRequest
+    | StorageDfRequest
+    | RmRequest
+    | PruneRequest
     | ScheduleCreateRequest
     | ScheduleConfirmRequest
     | ScheduleResumeRequest
@@ -458,6 +490,8 @@ class RequestEnvelope(Frozen):
     output: LogOutput = "short-iso"
     lines: LogLines = None
     after_cursor: LogCursor = None
+    older_than: int | None = None
+    keep: int | None = None
 
     @field_validator("op")
     @classmethod

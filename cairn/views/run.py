@@ -27,6 +27,16 @@ FIRST_EVENTS = 25
 LAST_EVENTS = 75
 
 
+def storage_status(receipts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the run's storage was deleted (``cairn rm``, ``cairn prune``), when, and how
+    many subvolumes went; the journal rows and receipts stay."""
+    for receipt in receipts:
+        if receipt.get("kind") == "delete-run":
+            deleted = receipt.get("data", {}).get("deleted", [])
+            return {"deleted": True, "deleted_at": receipt.get("at"), "subvolumes": len(deleted)}
+    return {"deleted": False, "deleted_at": None, "subvolumes": 0}
+
+
 def question_facet(
     questions: list[QuestionRow], approvals: list[ApprovalRow]
 ) -> dict[str, Any] | None:
@@ -60,6 +70,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
     ops, unreadable = readable_ops(journal, run_id)
     events = event_window(journal, run_id, head=FIRST_EVENTS, tail=LAST_EVENTS)
     questions, approvals = journal.questions(run_id), journal.approvals(run_id)
+    receipts = journal.receipts(run_id)
     lists, list_problems = worklists(ops)
     problems: list[Contradiction] = [
         *integrity.unreadable_records([*unreadable, *events.unreadable]),
@@ -88,7 +99,8 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
             }
             for o in ops
         ],
-        "units": run_units(journal.receipts(run_id)),
+        "units": run_units(receipts),
+        "storage": storage_status(receipts),
         "settlement": row.settlement,
         "settlement_summary": settlement_summary(row.settlement),
         "schedule": journal.launch_description(run_id).schedule,

@@ -780,3 +780,48 @@ def test_notifications_of_another_users_runs_never_reach_the_caller(
     state = json.loads(cairn(booted, "show", victim, "--json"))["run"]["state"]
     assert [e["event"] for e in events_of("alice") if e["run_id"] == victim] == [state]
     assert [e for e in events_of("bob") if e["run_id"] == victim] == []
+
+
+# -- retention -------------------------------------------------------------------------
+
+
+def test_another_user_cannot_delete_a_run_by_id_or_prefix(
+    booted: Machine, bobs_run: tuple[str, str]
+) -> None:
+    bob_run, _secret = bobs_run
+    for ref in (bob_run, bob_run.removeprefix("flow_")[:8]):
+        proc = booted.exec(["cairn", "rm", ref], user="alice", check=False)
+        assert proc.returncode != 0
+        assert "no run" in proc.stderr.decode(), proc.stderr
+    would = booted.exec(["cairn", "prune", "--keep", "0", "--dry-run"], user="alice")
+    assert bob_run not in would.stdout.decode()
+    kept = booted.exec(["test", "-d", f"/var/lib/cairn/pool/runs/{bob_run}/checkpoints"],
+                       check=False)
+    assert kept.returncode == 0
+
+
+def test_deleting_a_run_follows_no_link_it_left_and_takes_its_own_subvolumes(
+    booted: Machine,
+) -> None:
+    precious = "/home/alice/precious.txt"
+    booted.exec(["tee", precious], user="alice", input=b"keep me\n")
+    steps = [
+        {"action": "run", "argv": ["ln", "-s", precious, "link"]},
+        {"action": "run", "argv": ["ln", "-s", "/home/alice", "/state/home"]},
+        {"action": "run", "argv": ["btrfs", "subvolume", "create", "nest"]},
+        {"action": "write", "path": "nest/f", "content": "x\n"},
+        {"action": "run", "argv": ["btrfs", "property", "set", "nest", "ro", "true"]},
+        {"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"},
+    ]
+    _project, run_id, data = run_script(booted, steps, "links and nests")
+    assert data["settlement"] is not None, data["run"]["error"]
+
+    out = cairn(booted, "rm", run_id)
+
+    assert out.startswith(f"deleted {run_id} ("), out
+    assert booted.exec(["cat", precious]).stdout == b"keep me\n"
+    assert booted.exec(["test", "-d", "/home/alice"], check=False).returncode == 0
+    listed = booted.exec(["btrfs", "subvolume", "list", "/var/lib/cairn/pool"]).stdout.decode()
+    assert run_id not in listed
+    gone = booted.exec(["test", "-e", f"/var/lib/cairn/pool/runs/{run_id}"], check=False)
+    assert gone.returncode != 0

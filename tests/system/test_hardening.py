@@ -34,6 +34,8 @@ SHIPPED_TARGETS = {
     "cairn-coordinator@.service": 1.0,
     # Network-scoped by design (the run's only way to its model providers).
     "cairn-egress@.service": 2.0,
+    # Root, so cairnd prunes every user's runs; it only talks to cairnd's socket.
+    "cairn-retention.service": 1.0,
 }
 TRANSIENT_TARGETS = {
     # The agent's score as of the sandbox issue: it may get better, never worse.

@@ -111,6 +111,11 @@ def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine)
     # cairnd starts at boot (its reconciler), enabled but never started by dpkg.
     assert sh(m, "systemctl", "is-enabled", "cairn.service") == "enabled"
     assert sh(m, "systemctl", "is-enabled", "cairn-broker.service") == "static"
+    # The retention timer (docs/storage.md) is enabled and waiting; its service runs only
+    # when it fires.
+    assert sh(m, "systemctl", "is-enabled", "cairn-retention.timer") == "enabled"
+    assert unit_state(m, "cairn-retention.timer") == "active"
+    assert sh(m, "systemctl", "is-enabled", "cairn-retention.service") == "static"
 
     assert json.loads(cairn(m, "ps", "--json")) == []
     assert unit_state(m, "cairn.service") == "active"

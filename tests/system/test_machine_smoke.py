@@ -19,6 +19,8 @@ SHIPPED_UNITS = (
     "cairn-broker.socket",
     "cairn-broker.service",
     "cairn-coordinator@.service",
+    "cairn-retention.service",
+    "cairn-retention.timer",
 )
 RUN_ID = "flow_" + "0" * 32
 REPO = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ from cairn.protocol.broker import Intent, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
 RUN = "flow_" + "1" * 32
+QGROUP = (1 << 48) | 0x111111111111
 
 
 class FakePool:
@@ -29,6 +30,16 @@ class FakePool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.made: dict[Path, SubvolumeReceipt] = {}
+        self.qgroups: dict[Path, int | None] = {}
+
+    def ensure_run_qgroup(self, run_id: str) -> int | None:
+        return QGROUP  # as if the host had quotas on
+
+    def create_subvolume(self, target: Path, *, qgroup: int | None = None) -> SubvolumeReceipt:
+        return self.snapshot(target, target, read_only=False, qgroup=qgroup)
+
+    def receipt(self, path: Path) -> SubvolumeReceipt:
+        return self.made[path]
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
@@ -48,8 +59,11 @@ class FakePool:
     def settlement_path(self, run_id: str, name: str) -> Path:
         return self.run_dir(run_id) / name
 
-    def snapshot(self, source: Path, target: Path, *, read_only: bool) -> SubvolumeReceipt:
+    def snapshot(
+        self, source: Path, target: Path, *, read_only: bool, qgroup: int | None = None
+    ) -> SubvolumeReceipt:
         target.mkdir(parents=True)
+        self.qgroups[target] = qgroup
         receipt = SubvolumeReceipt(
             path=str(target),
             subvol_id=256 + len(self.made),
@@ -73,14 +87,19 @@ class FakePool:
     def run_subvolumes(self, run_id: str) -> list[Path]:
         return sorted(self.made)
 
+    def delete_run(self, run_id: str) -> list[str]:
+        gone = [str(path) for path in sorted(self.made, reverse=True)]
+        self.made.clear()
+        return gone
+
 
 class FakeJournal:
     def __init__(self, ops: dict[str, Any]) -> None:
         self.ops = ops
-        self.state = "pending"
+        self.run = SimpleNamespace(state="pending", settlement=None)
 
     def get_run(self, run_id: str) -> Any:
-        return SimpleNamespace(run_id=run_id, state=self.state)
+        return self.run
 
     def get_op_by_id(self, run_id: str, op_id: str) -> Any:
         return self.ops[op_id]
@@ -100,6 +119,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
     monkeypatch.setattr(units, "require_quiesced", lambda unit, cgroup: None)
     monkeypatch.setattr(units, "start_unit", lambda name: None)
+    monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
     monkeypatch.setattr(verbs, "failpoint", lambda *args: None)
     paths.broker_db_path().parent.mkdir(parents=True)
     desc = LaunchDescription(
@@ -190,6 +210,84 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     (run / "W" / "root.2").rmdir()
     report = _do(host, "verify-storage.2", "verify-storage")
     assert report["problems"] == [f"missing subvolume {w2.path} (uuid {w2.uuid})"]
+    # Q snapshots the project's own subvolume: sharing its extents, no subvolume of the
+    # run goes into a qgroup of the run's (that would make quota data inconsistent)
+    assert set(pool.qgroups.values()) == {None}
+
+
+def test_an_imported_runs_subvolumes_all_go_into_its_qgroup(
+    host: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool: FakePool = host["pool"]
+    monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: False)
+    monkeypatch.setattr(units, "run_import", lambda desc, project, staging: {"files": 1})
+    monkeypatch.setattr(os, "chown", lambda *args: None)
+    q = _do(host, "prepare-q", "prepare-q")
+    assert q["imported"] is True
+    _do(host, "create-w.root.1", "create-w")
+    _do(host, "freeze-proposal", "freeze-proposal", generation=1)
+    made = {path.name: group for path, group in pool.qgroups.items()}
+    assert made == {"Q.import": QGROUP, "Q": QGROUP, "root.1": QGROUP, "P": QGROUP}
+
+
+def test_delete_takes_a_finished_runs_storage_and_is_then_recorded(
+    host: dict[str, Any]
+) -> None:
+    pool: FakePool = host["pool"]
+    _do(host, "prepare-q", "prepare-q")
+    _do(host, "create-w.root.1", "create-w")
+    host["journal"].run.state = "succeeded"
+    done = _do(host, "delete-run", "delete-run")
+    assert sorted(done["deleted"]) == sorted(
+        str(pool.run_dir(RUN) / rel) for rel in ("Q", "W/root.1")
+    )
+    assert pool.made == {}
+    assert _do(host, "verify-storage.3", "verify-storage") == {
+        "problems": [], "checked": 0, "deleted": True
+    }
+    leftover = pool.run_dir(RUN) / "W" / "root.9"
+    pool.snapshot(leftover, leftover, read_only=False)
+    report = _do(host, "verify-storage.4", "verify-storage")
+    assert report["problems"] == [f"subvolume {leftover} outlived the run's deletion"]
+
+
+@pytest.mark.parametrize("state", ["running", "waiting", "paused", "blocked", "pending"])
+def test_delete_refuses_a_run_that_is_not_finished(host: dict[str, Any], state: str) -> None:
+    host["journal"].run.state = state
+    _do(host, "prepare-q", "prepare-q")
+    intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
+    with pytest.raises(BrokerRefused, match=f"is {state}; only finished runs are deleted"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    assert host["pool"].made  # nothing deleted
+
+
+def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) -> None:
+    _do(host, "prepare-q", "prepare-q")
+    _do(host, "create-w.root.1", "create-w")
+    _do(host, "freeze-proposal", "freeze-proposal", generation=1)
+    host["journal"].run.state = "succeeded"
+    intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
+    with pytest.raises(BrokerRefused, match="never settled"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    host["journal"].run.settlement = {"status": "applied"}
+    assert verbs.execute(intent, host["desc"], host["journal"], host["store"]).deleted
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"intent_id": "delete-run.2"},
+        {"op_id": "root-1"},
+        {"scope": "root-2-a"},
+        {"generation": 2},
+        {"lanes": ["a"]},
+        {"from_checkpoint": "root-1"},
+    ],
+)
+def test_delete_takes_nothing_but_the_run(host: dict[str, Any], fields: dict[str, Any]) -> None:
+    intent = Intent(**{"intent_id": "delete-run", "run_id": RUN, "kind": "delete-run", **fields})
+    with pytest.raises(BrokerRefused, match="a delete names only the run"):
+        verbs.execute(intent, host["desc"], host["journal"], host["store"])
 
 
 def test_start_coordinator_receipt(host: dict[str, Any]) -> None:
@@ -203,7 +301,7 @@ def test_the_coordinator_of_an_ended_run_is_never_started(
 ) -> None:
     started: list[str] = []
     monkeypatch.setattr(units, "start_unit", started.append)
-    host["journal"].state = "failed"  # e.g. its launch could not start it
+    host["journal"].run.state = "failed"  # e.g. its launch could not start it
     with pytest.raises(BrokerRefused, match=f"run {RUN} is failed; its coordinator is not"):
         _do(host, "start-coordinator.2", "start-coordinator")
     assert started == []

@@ -43,6 +43,8 @@ SHOW_LINE = (
     b'"schedule":{},"challenge":null,"occurrence":null,"answer":null,"request_id":null,'
     b'"fingerprint":null,"reason":"","cursor":0}\n'
 )
+# Keys added since (`cairn prune`), at the end and at their defaults for every other op.
+ADDED_KEYS = b',"older_than":null,"keep":null}\n'
 
 
 def _members() -> list[type[OpRequest]]:

@@ -1,0 +1,195 @@
+"""Retention and reserves (ARCHITECTURE §6): the host's storage policy
+(``/etc/cairn/storage.toml``), which runs a rule deletes, and what the pool holds.
+
+Deleting itself is the broker's ``delete-v1`` (cairnd asks for it, ``daemon/lifecycle.py``);
+this module only decides. A run's storage is deleted only when the run is finished and
+settled: a run that is pending, running, waiting, paused or blocked, or whose frozen
+proposal was never settled, is always kept, whatever a rule says.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cairn import paths, storage
+from cairn.config import Problems, load_file
+from cairn.errors import StorageError, UsageError
+from cairn.journal.rows import TERMINAL_RUN_STATES
+from cairn.sizes import parse_size
+
+POLICY_FILE = "storage.toml"
+DEFAULT_RESERVE = "256M"
+
+
+class StoragePolicy(BaseModel):
+    """``/etc/cairn/storage.toml``. Without the file nothing is deleted by the timer and
+    launches keep the default reserve free."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keep_days: int | None = Field(default=None, ge=0)
+    keep_per_user: int | None = Field(default=None, ge=0)
+    reserve: str = DEFAULT_RESERVE
+
+    @field_validator("reserve")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        try:
+            parse_size(value)
+        except UsageError as exc:
+            raise ValueError(f"reserve must be a size like 1G or 512M, not {value!r}") from exc
+        return value
+
+    @property
+    def reserve_bytes(self) -> int:
+        return parse_size(self.reserve)
+
+    def rule(self) -> Rule:
+        """The policy as a deletion rule."""
+        older = None if self.keep_days is None else self.keep_days * 86400
+        return Rule(older_than=older, keep=self.keep_per_user)
+
+
+def policy_file() -> Path:
+    return paths.config_dir() / POLICY_FILE
+
+
+def load_policy(problems: Problems | None = None) -> StoragePolicy:
+    """The host's storage policy (defaults when the file is missing); its problems are
+    recorded in ``problems``, or raised as one ``ConfigError`` without it."""
+    fix = 'its fields: keep_days = 14, keep_per_user = 20, reserve = "1G" (see cairn(1))'
+    if problems is None:
+        return load_file(policy_file(), StoragePolicy, fix=fix) or StoragePolicy()
+    return problems.load(policy_file(), StoragePolicy, fix=fix) or StoragePolicy()
+
+
+# --- which runs go ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What retention needs to know of one run, read from the journal."""
+
+    run_id: str
+    owner_uid: int
+    state: str
+    finished_at: float
+    has_storage: bool
+    storage_deleted: bool
+    proposal_frozen: bool
+    settled: bool
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Delete a finished run's storage when it finished more than ``older_than`` seconds
+    ago, or when its owner has ``keep`` newer finished runs with storage; either is
+    enough. ``None`` leaves that part out."""
+
+    older_than: int | None = None
+    keep: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    run_id: str
+    owner_uid: int
+    delete: bool
+    reason: str
+
+
+def held_because(run: RunFacts) -> str | None:
+    """Why the run's storage must stay whatever a rule says, or None when it may go."""
+    if run.state not in TERMINAL_RUN_STATES:
+        return f"it is {run.state}; only finished runs are deleted"
+    if run.proposal_frozen and not run.settled:
+        return "its proposal is not settled"
+    return None
+
+
+def select(runs: list[RunFacts], rule: Rule, now: float) -> list[Verdict]:
+    """A verdict for every run that still has storage, newest first per owner."""
+    verdicts: list[Verdict] = []
+    kept_per_owner: dict[int, int] = {}
+    live = [r for r in runs if r.has_storage and not r.storage_deleted]
+    for run in sorted(live, key=lambda r: (r.owner_uid, -r.finished_at, r.run_id)):
+        held = held_because(run)
+        if held is not None:
+            verdicts.append(Verdict(run.run_id, run.owner_uid, False, held))
+            continue
+        newer = kept_per_owner.get(run.owner_uid, 0)
+        age = now - run.finished_at
+        if rule.keep is not None and newer >= rule.keep:
+            reason = f"its owner has {rule.keep} newer finished run(s)"
+            verdicts.append(Verdict(run.run_id, run.owner_uid, True, reason))
+        elif rule.older_than is not None and age > rule.older_than:
+            reason = f"finished {_age(age)} ago"
+            verdicts.append(Verdict(run.run_id, run.owner_uid, True, reason))
+        else:
+            kept_per_owner[run.owner_uid] = newer + 1
+            verdicts.append(Verdict(run.run_id, run.owner_uid, False, "within the rule"))
+    return verdicts
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+# --- what the pool holds ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    root: str
+    size: int
+    used: int
+    free: int
+    reserve: int
+    quotas: bool
+
+
+def pool_usage(pool: storage.Pool, reserve: int) -> PoolUsage:
+    """Size, used and free bytes of the pool's filesystem as ``statvfs`` reports them
+    (free is what an unprivileged writer may still use)."""
+    st = os.statvfs(pool.root)
+    return PoolUsage(
+        root=str(pool.root),
+        size=st.f_blocks * st.f_frsize,
+        used=(st.f_blocks - st.f_bfree) * st.f_frsize,
+        free=st.f_bavail * st.f_frsize,
+        reserve=reserve,
+        quotas=pool.quota_enabled(),
+    )
+
+
+def run_exclusive_bytes(pool: storage.Pool, run_id: str) -> int | None:
+    """Bytes only the run's subvolumes hold, from its level-1 qgroup in sysfs; None when
+    quotas are off or the run has no qgroup (quotas are never turned on for this)."""
+    if not pool.quota_enabled():
+        return None
+    qid = storage.run_qgroup_id(run_id)
+    name = f"{qid >> 48}_{qid & ((1 << 48) - 1)}"
+    try:
+        text = Path("/sys/fs/btrfs", pool.fsid, "qgroups", name, "exclusive").read_text()
+        return int(text.strip())
+    except (OSError, ValueError):
+        return None
+
+
+def admit(what: str) -> int:
+    """Refuse ``what`` (a launch, fork or import) with a one-line ``StorageError`` naming
+    the reserve, the free space and ``cairn prune`` when the pool is below the host's
+    reserve; returns the free bytes."""
+    policy = load_policy()
+    pool = storage.Pool.open(paths.pool_dir())
+    try:
+        return storage.ensure_free_space(pool, policy.reserve_bytes)
+    except StorageError as exc:
+        raise StorageError(f"{what} refused: {exc.message}", hint=exc.hint) from exc

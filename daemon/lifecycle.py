@@ -1,0 +1,133 @@
+"""cairnd's side of ``cairn storage df``, ``cairn rm`` and ``cairn prune``.
+
+Which runs go is :mod:`cairn.retention`'s decision; the deletion is the broker's
+``delete-v1`` (it re-checks that the run is finished and settled). Journal rows and
+receipts stay, so ``cairn show`` still tells a deleted run's history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cairn import paths, retention, storage
+from cairn.brokerclient import call_broker
+from cairn.daemon.views import is_admin, visible_run
+from cairn.errors import CairnError, PermissionDenied, UsageError
+from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
+from cairn.protocol.broker import Intent, RunDeleted
+from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
+from cairn.views.run import storage_status
+
+DELETE_INTENT = "delete-run"
+ALL_RUNS = 1_000_000
+
+
+def facts(journal: Journal, run: RunRow) -> retention.RunFacts:
+    """What retention needs of ``run``: its state, whether it ever asked for storage,
+    whether that is gone, and whether a frozen proposal still waits for settlement."""
+    intents = journal.intents(run.run_id)
+    return retention.RunFacts(
+        run_id=run.run_id,
+        owner_uid=run.owner_uid,
+        state=run.state,
+        finished_at=run.updated_at,
+        has_storage=any(i.kind == "prepare-q" for i in intents),
+        storage_deleted=storage_status(journal.receipts(run.run_id))["deleted"],
+        proposal_frozen=any(i.kind == "freeze-proposal" for i in intents),
+        settled=run.settlement is not None,
+    )
+
+
+def delete_storage(journal: Journal, run_id: str, uid: int) -> int:
+    """Have the broker delete the run's subvolumes; returns how many it deleted."""
+    intent = Intent(intent_id=DELETE_INTENT, run_id=run_id, kind="delete-run")
+    journal.add_intents(run_id, [intent], token=None)
+    reply = call_broker("delete-v1", run_id, timeout=600)
+    journal.record_receipts(run_id, [r.model_dump(mode="json") for r in reply.receipts])
+    (done,) = [r for r in reply.receipts if r.intent_id == DELETE_INTENT]
+    deleted = len(done.body(RunDeleted).deleted)
+    journal.append_event(run_id, "storage-deleted", {"subvolumes": deleted, "by_uid": uid})
+    return deleted
+
+
+def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
+    policy = retention.load_policy()
+    pool = storage.Pool.open(paths.pool_dir())
+    usage = retention.pool_usage(pool, policy.reserve_bytes)
+    owner = None if (request.all_users and is_admin(uid)) else uid
+    runs = []
+    for run in journal.list_runs(owner, limit=ALL_RUNS):
+        known = facts(journal, run)
+        if not known.has_storage or known.storage_deleted:
+            continue
+        runs.append(
+            {
+                "run_id": run.run_id,
+                "owner_uid": run.owner_uid,
+                "state": run.state,
+                "finished_at": run.updated_at,
+                "exclusive": retention.run_exclusive_bytes(pool, run.run_id),
+                "held": retention.held_because(known),
+            }
+        )
+    return {"pool": vars(usage), "runs": runs}
+
+
+def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
+    """Delete the storage of the caller's own finished, settled run (``dry_run``: only
+    check that it may go). Another user's run, or one that must stay, is refused."""
+    run = visible_run(journal, request.run_id, uid)
+    if run.owner_uid != uid:
+        raise PermissionDenied(
+            f"run {run.run_id} is not yours; only its owner deletes it",
+            hint="an administrator deletes by the host policy: 'cairn prune' as root",
+        )
+    known = facts(journal, run)
+    held = retention.held_because(known)
+    if held is not None:
+        if run.state in TERMINAL_RUN_STATES:  # finished, its proposal not settled
+            hint = f"'cairn show {run.run_id}' shows where its settlement stopped"
+        else:
+            hint = f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it"
+        raise UsageError(f"run {run.run_id} is kept: {held}", hint=hint)
+    gone = known.storage_deleted or not known.has_storage
+    result: dict[str, Any] = {"run_id": run.run_id, "already_gone": gone, "subvolumes": 0}
+    if not gone and not request.dry_run:
+        result["subvolumes"] = delete_storage(journal, run.run_id, uid)
+    return result
+
+
+def prune(
+    journal: Journal, request: PruneRequest, uid: int, *, clock: Callable[[], float] = time.time
+) -> dict[str, Any]:
+    """Delete finished runs' storage by the rule given, or (none given) by the host
+    policy. Root prunes
+    every user's runs (keeping each user's newest), anyone else only their own."""
+    if request.older_than is None and request.keep is None:
+        rule = retention.load_policy().rule()
+    else:
+        rule = retention.Rule(older_than=request.older_than, keep=request.keep)
+    owner = None if uid == 0 else uid
+    runs = [facts(journal, run) for run in journal.list_runs(owner, limit=ALL_RUNS)]
+    verdicts = retention.select(runs, rule, clock())
+    going = [v for v in verdicts if v.delete]
+    result: dict[str, Any] = {
+        "dry_run": request.dry_run,
+        "rule": {"older_than": rule.older_than, "keep": rule.keep},
+        "delete": [{"run_id": v.run_id, "reason": v.reason} for v in going],
+        "kept": [{"run_id": v.run_id, "reason": v.reason} for v in verdicts if not v.delete],
+        "deleted": [],
+        "failed": [],
+    }
+    if request.dry_run:
+        return result
+    for verdict in going:
+        try:
+            subvolumes = delete_storage(journal, verdict.run_id, uid)
+        except CairnError as exc:  # one run's refusal does not stop the others
+            result["failed"].append({"run_id": verdict.run_id, "error": exc.message})
+            continue
+        result["deleted"].append({"run_id": verdict.run_id, "subvolumes": subvolumes})
+    return result

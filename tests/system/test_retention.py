@@ -1,0 +1,168 @@
+"""Retention and reserves on a booted machine with a 2 GiB loop pool (docs/storage.md):
+a nightly-like loop of runs under a policy of 5 keeps free space stable, `cairn rm` of a
+running run is refused, `cairn show` of a deleted run still tells its history, and a pool
+filled to its reserve refuses the next launch in one line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from machine import Machine
+from test_end_to_end import (
+    SCRIPT,
+    cairn,
+    finished,
+    launch,
+    make_project,
+    show,
+    wait_for,
+    write_script,
+)
+
+POOL = "/var/lib/cairn/pool"
+MIB = 1 << 20
+BLOB_MIB = 16
+
+# Each run replaces blob.bin with BLOB_MIB MiB of fresh random bytes (new extents in W,
+# its checkpoint, P, C and F) and appends to the changelog.
+BLOB_SCRIPT = {
+    "steps": [
+        {
+            "action": "run",
+            "argv": ["dd", "if=/dev/urandom", "of=blob.bin", "bs=1M", f"count={BLOB_MIB}",
+                     "status=none"],
+        },
+        {"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"},
+    ],
+    "output": {"summary": "{prompt}"},
+    "handoff": "wrote blob.bin",
+}
+
+
+def settled_free(machine: Machine) -> int:
+    """The pool's free bytes once deleted subvolumes are cleaned up and committed."""
+    machine.exec(["btrfs", "subvolume", "sync", POOL], timeout=300)
+    machine.exec(["btrfs", "filesystem", "sync", POOL])
+    avail, block = machine.exec(["stat", "-f", "-c", "%a %S", POOL]).stdout.decode().split()
+    return int(avail) * int(block)
+
+
+def set_policy(machine: Machine, text: str) -> None:
+    machine.exec(["tee", "/etc/cairn/storage.toml"], input=text.encode())
+
+
+def df(machine: Machine) -> dict[str, Any]:
+    """``cairn storage df --all`` as root (the administrator's view)."""
+    out = machine.exec(["cairn", "storage", "df", "--all", "--json"]).stdout
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def test_a_loop_of_runs_under_retention_keeps_free_space_stable(machine: Machine) -> None:
+    set_policy(machine, "keep_per_user = 5\n")
+    project = make_project(machine)
+    script = write_script(machine, BLOB_SCRIPT)
+    runs: list[str] = []
+    free_after: dict[int, int] = {}
+    for night in range(1, 31):
+        run_id = launch(machine, project, script, f"night {night}")
+        data = wait_for(machine, run_id, finished, timeout=300)
+        assert data["run"]["state"] == "succeeded", data["run"]["error"]
+        runs.append(run_id)
+        # What the timer does each night: cairn prune as root, by the host policy.
+        machine.exec(["systemctl", "start", "cairn-retention.service"], timeout=300)
+        if night in (10, 30):
+            free_after[night] = settled_free(machine)
+
+    held = [r["run_id"] for r in df(machine)["runs"]]
+    assert sorted(held) == sorted(runs[-5:])
+    # 20 more runs wrote 20 x 16 MiB; without retention free space would have fallen by
+    # at least that much.
+    drift = abs(free_after[30] - free_after[10])
+    assert drift < 64 * MIB, (free_after, drift)
+    oldest = show(machine, runs[0])
+    assert oldest["storage"]["deleted"] is True and oldest["run"]["state"] == "succeeded"
+    log = machine.journal(unit="cairn-retention.service")
+    assert "deleted " + runs[0] in log, log[-3000:]
+
+
+def test_rm_of_a_running_run_is_refused_in_one_line(machine: Machine) -> None:
+    project = make_project(machine)
+    script = json.loads(SCRIPT)
+    script["steps"].insert(0, {"action": "sleep", "seconds": 60})
+    run_id = launch(machine, project, write_script(machine, script), "slow")
+    wait_for(machine, run_id, lambda d: any(o["state"] == "started" for o in d["operations"]))
+
+    refused = machine.exec(["cairn", "rm", run_id], user="alice", check=False)
+
+    assert refused.returncode == 2
+    lines = refused.stderr.decode().splitlines()
+    assert lines[0] == (
+        f"cairn: run {run_id} is kept: it is running; only finished runs are deleted"
+    ), lines
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert machine.exec(["test", "-d", f"{POOL}/runs/{run_id}/scopes/root/W.1"],
+                        check=False).returncode == 0
+    cairn(machine, "cancel", run_id)
+    wait_for(machine, run_id, finished, timeout=180)
+
+
+def test_show_of_a_deleted_run_tells_its_history_and_that_its_storage_is_gone(
+    machine: Machine,
+) -> None:
+    project = make_project(machine)
+    run_id = launch(machine, project, write_script(machine, SCRIPT), "add an entry")
+    before = wait_for(machine, run_id, finished)
+    assert before["run"]["state"] == "succeeded", before["run"]["error"]
+    checkpoint = before["operations"][0]["checkpoint"]["s"]["path"]
+
+    # bob may neither see nor delete it
+    other = machine.exec(["cairn", "rm", run_id], user="bob", check=False)
+    assert other.returncode != 0 and f"no run {run_id}" in other.stderr.decode()
+
+    out = cairn(machine, "rm", run_id)
+    assert out.startswith(f"deleted {run_id} (") and "subvolumes)" in out
+    assert machine.exec(["test", "-e", f"{POOL}/runs/{run_id}"], check=False).returncode != 0
+    assert machine.exec(["test", "-e", checkpoint], check=False).returncode != 0
+    listed = machine.exec(["btrfs", "subvolume", "list", POOL]).stdout.decode()
+    assert run_id not in listed
+
+    after = show(machine, run_id)
+    assert after["storage"]["deleted"] is True and after["storage"]["subvolumes"] >= 4
+    assert after["run"]["state"] == "succeeded"
+    assert [o["state"] for o in after["operations"]] == ["committed"]
+    assert after["settlement"]["status"] == "applied"
+    text = cairn(machine, "show", run_id)
+    assert "storage: deleted" in text and "(deleted)" in text
+    assert "+- add an entry" in cairn(machine, "diff", run_id)
+    assert "ok" in cairn(machine, "doctor", run_id)
+    assert cairn(machine, "rm", run_id).strip() == f"{run_id}: storage already gone"
+
+
+def test_a_pool_filled_to_its_reserve_refuses_the_next_launch(machine: Machine) -> None:
+    set_policy(machine, 'reserve = "256M"\n')
+    project = make_project(machine)
+    script = write_script(machine, SCRIPT)
+    free = settled_free(machine)
+    machine.exec(["fallocate", "-l", str(free - 128 * MIB), f"{POOL}/filler"])
+    assert settled_free(machine) < 256 * MIB
+
+    refused = machine.exec(
+        ["cairn", "launch", "builtin:implement", "--project", project,
+         "--args", json.dumps({"objective": "x"}),
+         "--scripted", f"builtin:implementer={script}"],
+        user="alice", check=False,
+    )
+
+    assert refused.returncode == 1
+    first = refused.stderr.decode().splitlines()[0]
+    assert first.startswith(f"cairn: launch refused: storage pool {POOL} has "), first
+    assert "MiB free, below the reserve of 256 MiB" in first
+    assert "delete finished runs with 'cairn prune'" in first
+    assert json.loads(cairn(machine, "ps", "--json")) == []  # no run was recorded
+
+    machine.exec(["rm", f"{POOL}/filler"])
+    settled_free(machine)
+    run_id = launch(machine, project, script, "after the filler")
+    assert wait_for(machine, run_id, finished)["run"]["state"] == "succeeded"
