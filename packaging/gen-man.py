@@ -15,8 +15,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
-
-import click
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = REPO / "docs" / "man"
@@ -67,11 +66,16 @@ def markdown_to_roff(markdown: str, commands: str) -> tuple[str, str, str]:
     return name, section, "\n".join(out) + "\n"
 
 
-def _walk(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:
-    found: list[tuple[list[str], click.Command]] = []
-    if isinstance(command, click.Group):
-        for sub_name in sorted(command.commands):
-            found.extend(_walk(command.commands[sub_name], [*path, sub_name]))
+def _walk(command: Any, path: list[str]) -> list[tuple[list[str], Any]]:
+    """Every visible leaf command under ``command`` (typer's click objects, reached through
+    typer so that click need not be imported: typer releases differ in how they ship it)."""
+    found: list[tuple[list[str], Any]] = []
+    if getattr(command, "hidden", False):
+        return found
+    subcommands = getattr(command, "commands", None)
+    if subcommands is not None:
+        for sub_name in sorted(subcommands):
+            found.extend(_walk(subcommands[sub_name], [*path, sub_name]))
     else:
         found.append((path, command))
     return found
@@ -86,7 +90,7 @@ def cli_commands() -> str:
     root = typer.main.get_command(app)
     parts: list[str] = []
     for path, command in _walk(root, []):
-        ctx = click.Context(command, info_name=" ".join(["cairn", *path]))
+        ctx = command.context_class(command, info_name=" ".join(["cairn", *path]))
         usage = " ".join(command.collect_usage_pieces(ctx))
         parts.append(f".SS {roff_text(' '.join(['cairn', *path]))}")
         parts.append(f".B {roff_text(' '.join(['cairn', *path]))}\n{roff_text(usage)}")

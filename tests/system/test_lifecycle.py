@@ -24,6 +24,7 @@ from cairn.proc import run
 REPO = Path(__file__).resolve().parents[2]
 CURRENT = "/usr/lib/cairn/releases/current"
 MAINTAINER_SCRIPTS = ("preinst", "postinst", "prerm", "postrm")
+LIBEXEC = ("cairnd", "cairn-broker", "cairn-coordinator", "cairn-egress", "cairn-worker")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +128,15 @@ def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine)
     )
     assert version == str(SCHEMA_VERSION)
 
+    # Only `cairn` is on PATH; the units start the internal programs from /usr/libexec/cairn.
+    assert sh(m, "sh", "-c", "command -v cairn") == "/usr/bin/cairn"
+    for program in LIBEXEC:
+        assert sh(m, "sh", "-c", f"command -v {program} || echo absent") == "absent", program
+        assert sh(m, "stat", "-c", "%U %a", f"/usr/libexec/cairn/{program}") == "root 755"
+    main_pid = unit_property(m, "cairn.service", "MainPID")
+    assert "/usr/libexec/cairn/cairnd" in sh(m, "cat", f"/proc/{main_pid}/cmdline")
+    assert exists(m, "/usr/share/doc/cairn/examples/changelog-agent.json")
+    assert exists(m, "/usr/share/doc/cairn/examples/profiles.d/claude.toml")
     for page in ("man1/cairn.1.gz", "man8/cairnd.8.gz", "man8/cairn-broker.8.gz"):
         assert exists(m, f"/usr/share/man/{page}"), page
     verified = sh(m, "python3", "-I", "-m", "cairn.broker.capsule", "verify")
