@@ -136,7 +136,15 @@ def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine)
     assert "/usr/libexec/cairn/cairnd" in sh(m, "cat", f"/proc/{main_pid}/cmdline")
     assert exists(m, "/usr/share/doc/cairn/examples/changelog-agent.json")
     assert exists(m, "/usr/share/doc/cairn/examples/profiles.d/claude.toml")
-    for page in ("man1/cairn.1.gz", "man8/cairnd.8.gz", "man8/cairn-broker.8.gz"):
+    for page in (
+        "man1/cairn.1.gz",
+        "man5/cairn-providers.toml.5.gz",
+        "man5/cairn-policy.toml.5.gz",
+        "man5/cairn-profiles.5.gz",
+        "man5/cairn-schedules.toml.5.gz",
+        "man8/cairnd.8.gz",
+        "man8/cairn-broker.8.gz",
+    ):
         assert exists(m, f"/usr/share/man/{page}"), page
     verified = sh(m, "python3", "-I", "-m", "cairn.broker.capsule", "verify")
     assert f"capsule {sh(m, 'readlink', CURRENT)} verified" in verified
