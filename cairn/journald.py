@@ -27,10 +27,10 @@ def _encode(key: str, value: str) -> bytes:
 
 
 def identifier() -> str:
-    """argv[0]'s name (``cairnd``), or ``cairn-coordinator`` for ``-m cairn.coordinator``."""
+    """argv[0]'s name (``cairnd``); ``cairn-proxy``, ``cairn-coordinator`` for ``-m``."""
     path = sys.argv[0] if sys.argv and sys.argv[0] else "cairn"
-    if os.path.basename(path) == "__main__.py":
-        return f"cairn-{os.path.basename(os.path.dirname(path))}"
+    if path.endswith(".py"):  # a module file, or a package's __main__.py
+        return "cairn-" + os.path.basename(path.removesuffix("/__main__.py").removesuffix(".py"))
     return os.path.basename(path)
 
 

@@ -4,9 +4,9 @@
 #   packaging/build-rpm.sh [--out DIR]
 #
 # Same copy (packaging/copy-tree.sh) and prebuild (signed capsule, man pages) as
-# build-deb.sh, packed as the spec's Source0. On a Fedora host this is plain rpmbuild; on
-# Debian (no Fedora macro sets) it loads packaging/rpm/macros.debian-shim and skips dependency checks
-# (--nodeps). See docs/packaging.md for what that verifies.
+# build-deb.sh, packed as the spec's Source0. On a Fedora host this is plain rpmbuild;
+# on Debian (no Fedora macro sets) it loads packaging/rpm/macros.debian-shim and skips
+# dependency checks (--nodeps). See docs/packaging.md for what that verifies.
 set -eu
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8
 unset PYTHONPATH PYTHONHOME VIRTUAL_ENV

@@ -166,5 +166,9 @@ def test_identifier_of_a_module_run_with_dash_m(monkeypatch: pytest.MonkeyPatch)
     main = "/usr/lib/python3/dist-packages/cairn/coordinator/__main__.py"
     monkeypatch.setattr(sys, "argv", [main])
     assert journald.identifier() == "cairn-coordinator"
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/python3/dist-packages/cairn/proxy.py", "x"])
+    assert journald.identifier() == "cairn-proxy"  # as its unit's SyslogIdentifier=
     monkeypatch.setattr(sys, "argv", ["/usr/bin/cairn"])
     assert journald.identifier() == "cairn"
+    monkeypatch.setattr(sys, "argv", ["/usr/libexec/cairn/cairn-egress", "flow_x"])
+    assert journald.identifier() == "cairn-egress"

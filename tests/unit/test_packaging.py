@@ -11,6 +11,7 @@ requirement, and the tested versions (the development venv's) satisfy the bounds
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 import tomllib
@@ -136,3 +137,53 @@ def test_every_import_is_stdlib_first_party_or_declared() -> None:
             if extra:
                 undeclared[str(path.relative_to(REPO))] = sorted(extra)
     assert undeclared == {}, f"imports of undeclared packages: {undeclared}"
+
+
+def _preset_enables(name: str) -> set[str]:
+    lines = (REPO / "packaging" / "presets" / name).read_text().splitlines()
+    words = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    assert all(w[0] == "enable" and len(w) == 2 for w in words), words
+    return {w[1] for w in words}
+
+
+def _debian_enabled_units() -> set[str]:
+    """Units the .deb's dh_installsystemd calls enable (those without --no-enable)."""
+    rules = (REPO / "packaging" / "debian" / "rules").read_text()
+    enabled = set()
+    for line in rules.splitlines():
+        words = line.split()
+        if words[:1] == ["dh_installsystemd"] and "--no-enable" not in words:
+            enabled |= {w for w in words[1:] if not w.startswith("-")}
+    return enabled
+
+
+def test_rpm_presets_enable_what_the_deb_enables() -> None:
+    system = _preset_enables("80-cairn.preset")
+    assert {"cairn.socket", "cairn-broker.socket"} <= system
+    assert system == _debian_enabled_units()
+    for unit in system:
+        assert "\n[Install]\n" in (REPO / "units" / unit).read_text(), unit
+    user = _preset_enables("80-cairn-user.preset")
+    # The .deb links the same user unit into default.target.wants.
+    assert user == {"cairn-schedule-reconcile.service"}
+    assert "WantedBy=default.target" in (REPO / "units" / "user" / next(iter(user))).read_text()
+    spec = SPEC.read_text()
+    assert "%systemd_post cairn.socket cairn-broker.socket cairn.service" in spec
+    assert "%systemd_user_post cairn-schedule-reconcile.service" in spec
+
+
+def test_spec_installs_every_unit_and_libexec_program() -> None:
+    spec = SPEC.read_text()
+    files = spec.split("%files", 1)[1]
+    for unit in sorted((REPO / "units").glob("*.s*")):
+        assert f"%{{_unitdir}}/{unit.name}" in files, unit.name
+    for unit in sorted((REPO / "units" / "user").glob("*.service")):
+        assert f"%{{_userunitdir}}/{unit.name}" in files, unit.name
+    for program in sorted((REPO / "packaging" / "libexec").iterdir()):
+        assert f"%{{_libexecdir}}/cairn/{program.name}" in files, program.name
+        assert program.stat().st_mode & 0o111, f"{program.name} is not executable"
+        text = program.read_text()
+        assert text.startswith("#!/usr/bin/python3 -I\n"), program.name
+        module = re.search(r"^from (\S+) import main$", text, re.MULTILINE)
+        assert module is not None, program.name
+        assert callable(importlib.import_module(module.group(1)).main), program.name
