@@ -187,3 +187,12 @@ def test_spec_installs_every_unit_and_libexec_program() -> None:
         module = re.search(r"^from (\S+) import main$", text, re.MULTILINE)
         assert module is not None, program.name
         assert callable(importlib.import_module(module.group(1)).main), program.name
+
+
+def test_units_start_the_installed_programs() -> None:
+    programs = {f"/usr/libexec/cairn/{p.name}" for p in (REPO / "packaging" / "libexec").iterdir()}
+    for unit in sorted((REPO / "units").rglob("*.service")):
+        starts = re.findall(r"^ExecStart=(\S+)", unit.read_text(), re.MULTILINE)
+        assert starts, unit.name
+        for program in starts:
+            assert program in programs | {"/usr/bin/cairn"}, f"{unit.name}: {program}"
