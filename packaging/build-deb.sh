@@ -3,11 +3,10 @@
 #
 #   packaging/build-deb.sh [--version V] [--out DIR]
 #
-# The copy holds the tracked files plus untracked files that are not ignored (so a build
-# works before commit), never build leftovers or the venv. debian/ comes from
-# packaging/debian. --version builds the same tree as version V (a changelog entry is
-# added in the copy only; the lifecycle tests use it for an upgrade). --out defaults to
-# packaging/out.
+# The copy is made by packaging/copy-tree.sh (a git checkout or a release tarball alike;
+# never build leftovers or the venv). debian/ comes from packaging/debian. --version
+# builds the same tree as version V (a changelog entry is added in the copy only; the
+# lifecycle tests use it for an upgrade). --out defaults to packaging/out.
 #
 # Before dpkg-buildpackage, packaging/prebuild.sh signs the sealed release capsule and
 # generates the man pages into prebuilt/ of the copy (see docs/packaging.md for why these
@@ -40,11 +39,8 @@ trap 'rm -rf "$work"' EXIT INT TERM
 src="$work/cairn"
 mkdir "$src"
 
-cd "$repo"
-git ls-files -z --cached --others --exclude-standard -- . ':!:packaging/debian' ':!:packaging/out' \
-	| xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh \
-	| tar --null --files-from=- -cf - \
-	| tar -xf - -C "$src"
+"$repo/packaging/copy-tree.sh" "$repo" "$src"
+rm -rf "$src/packaging/debian"
 cp -a "$repo/packaging/debian" "$src/debian"
 
 if [ -n "$new_version" ]; then

@@ -3,10 +3,10 @@
 #
 #   packaging/build-rpm.sh [--out DIR]
 #
-# Same copy and prebuild (signed capsule, man pages) as build-deb.sh, packed as the
-# spec's Source0. On a Fedora host this is plain rpmbuild; on Debian (no Fedora macro
-# sets) it loads packaging/rpm/macros.debian-shim and skips dependency checks
-# (--nodeps). See docs/packaging.md for what that verifies.
+# Same copy (packaging/copy-tree.sh) and prebuild (signed capsule, man pages) as
+# build-deb.sh, packed as the spec's Source0. On a Fedora host this is plain rpmbuild;
+# on Debian (no Fedora macro sets) it loads packaging/rpm/macros.debian-shim and skips
+# dependency checks (--nodeps). See docs/packaging.md for what that verifies.
 set -eu
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8
 unset PYTHONPATH PYTHONHOME VIRTUAL_ENV
@@ -32,11 +32,7 @@ trap 'rm -rf "$work"' EXIT INT TERM
 src="$work/cairn-$version"
 mkdir -p "$src" "$work/rpmbuild/SOURCES"
 
-cd "$repo"
-git ls-files -z --cached --others --exclude-standard -- . ':!:packaging/out' \
-	| xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh \
-	| tar --null --files-from=- -cf - \
-	| tar -xf - -C "$src"
+"$repo/packaging/copy-tree.sh" "$repo" "$src"
 "$repo/packaging/prebuild.sh" "$src" >"$work/prebuild.log" 2>&1 || {
 	cat "$work/prebuild.log" >&2
 	echo "build-rpm: prebuild (capsule, man pages) failed" >&2

@@ -3,7 +3,9 @@
 #   SRC/prebuilt/sealed-release/  the signed capsule (releases/<hash>, releases/current,
 #                              release-key.pub; a development key in release-key.pem
 #                              unless CAIRN_RELEASE_KEY names the project's key)
-#   SRC/prebuilt/man/             cairn.1, cairnd.8, cairn-broker.8
+#   SRC/prebuilt/man/             the man page sources with the CLI's commands expanded
+#                              (NAME.SECTION.md; the package builds render them with
+#                              packaging/render-man.sh)
 # Both import cairn (pydantic 2, typer, cryptography): the interpreter is
 # $CAIRN_BUILD_PYTHON, else /usr/bin/python3 when it has pydantic 2, else the
 # development venv (.venv) of this checkout.

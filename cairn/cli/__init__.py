@@ -10,6 +10,7 @@ imports it.
 
 from __future__ import annotations
 
+import signal
 import sys
 from importlib import metadata
 from typing import Annotated
@@ -78,9 +79,21 @@ def _options(
     """Run reviewed, durable AI-agent workflows on systemd and Btrfs."""
 
 
+class Interrupted(BaseException):
+    """Ctrl-C, raised past click (which would turn it into "Aborted!" and status 1)."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
 def main() -> None:
+    """Exit status: 0 success, 2 usage (or a refused request), 1 other error, 130 Ctrl-C."""
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
+    except Interrupted:
+        sys.exit(130)
     except CairnError as exc:
         typer.echo(f"cairn: {exc.message}", err=True)
         if exc.hint:

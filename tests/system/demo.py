@@ -53,14 +53,13 @@ def main() -> None:
         machine.exec(["mkdir", "-p", "/home/alice/src/demo"], user="alice")
         machine.exec(["tee", "/home/alice/src/demo/CHANGELOG.md"], user="alice",
                      input=b"# Changelog\n\n")
-        script = (REPO / "docs" / "examples" / "changelog-agent.json").read_bytes()
-        machine.exec(["tee", "/home/alice/changelog-agent.json"], user="alice", input=script)
-        show(machine, ["cat", "/home/alice/changelog-agent.json"])
+        example = "/usr/share/doc/cairn/examples/changelog-agent.json"
+        show(machine, ["cat", example])
         step("launch")
         run_id = show(machine, [
             "cairn", "launch", "builtin:implement", "--project", "/home/alice/src/demo",
             "--args", json.dumps({"objective": "add a CHANGELOG entry"}),
-            "--scripted", "builtin:implementer=/home/alice/changelog-agent.json",
+            "--scripted", f"builtin:implementer={example}",
         ]).strip()
         deadline = time.monotonic() + 300
         while True:

@@ -47,7 +47,7 @@ def test_fenced_coordinator_cannot_commit(machine: Machine) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.3)
     machine.exec(["systemctl", "kill", "--kill-whom=main", "--signal=SIGSTOP", unit])
-    coordinator = ["/usr/bin/python3", "-I", "-m", "cairn.coordinator", run_id]
+    coordinator = ["/usr/libexec/cairn/cairn-coordinator", run_id]
     second = machine.exec(["runuser", "-u", "cairn", "--", *coordinator], check=False, timeout=60)
     assert second.returncode == 0 and "is held by" in second.stderr.decode()
     time.sleep(65)  # the stopped coordinator's lease runs out

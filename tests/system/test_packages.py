@@ -1,0 +1,190 @@
+"""The packages as files, without booting a machine: lintian on the .deb, the RPM against
+the .deb (same programs, units, man pages, completions and examples; scriptlets that
+enable the sockets through presets; requirements), and both built from ``git archive``.
+
+Installing the RPM on Fedora is not possible from the development hosts (no Fedora
+mirror); docs/packaging.md lists what these checks cannot show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn.proc import run
+
+REPO = Path(__file__).resolve().parents[2]
+CAPSULE_DIR = re.compile(r"^/usr/lib/cairn/releases/[0-9a-f]{64}(?=/|$)")
+PYTHON_DIR = re.compile(r"^/usr/lib/python3[.0-9]*/(?:dist|site)-packages/")
+PACKAGE_METADATA = re.compile(r"\.(?:dist|egg)-info(?:/|$)|/__pycache__(?:/|$)")
+
+# What each package has that the other must not: Debian's changelog, copyright and
+# lintian overrides, and its enablement symlink for every user manager; Fedora's licence
+# directory and its presets (Fedora enables units through presets only).
+DEB_ONLY = {
+    "/usr/share/doc/cairn/changelog",
+    "/usr/share/doc/cairn/copyright",
+    "/usr/share/lintian/overrides/cairn",
+    "/usr/lib/systemd/user/default.target.wants/cairn-schedule-reconcile.service",
+}
+RPM_ONLY = {
+    "/usr/share/licenses/cairn/copyright",
+    "/usr/lib/systemd/system-preset/80-cairn.preset",
+    "/usr/lib/systemd/user-preset/80-cairn.preset",
+}
+PRESETS = {
+    "/usr/lib/systemd/system-preset/80-cairn.preset": "packaging/presets/80-cairn.preset",
+    "/usr/lib/systemd/user-preset/80-cairn.preset": "packaging/presets/80-cairn-user.preset",
+}
+
+
+def build_rpm(out: Path, repo: Path = REPO, env: dict[str, str] | None = None) -> str:
+    built = run([repo / "packaging" / "build-rpm.sh", "--out", out], env=env, timeout=900)
+    rpm = built.stdout.decode().strip().splitlines()[-1]
+    assert rpm.endswith(".noarch.rpm"), rpm
+    return rpm
+
+
+def _normal(path: str) -> str | None:
+    """A path comparable across the two packages, or None for package metadata."""
+    if PACKAGE_METADATA.search(path):
+        return None
+    path = PYTHON_DIR.sub("PYTHON/", path)
+    path = CAPSULE_DIR.sub("/usr/lib/cairn/releases/HASH", path)
+    # Debian compresses man pages and larger documents, Fedora's rpm only man pages.
+    compressed = path.startswith(("/usr/share/man/", "/usr/share/doc/"))
+    return path.removesuffix(".gz") if compressed else path
+
+
+def deb_files(deb: Path) -> set[str]:
+    """Files and symlinks of the .deb (directories left out)."""
+    found = set()
+    for line in run(["dpkg-deb", "-c", deb]).stdout.decode().splitlines():
+        mode, *_, entry = line.split(maxsplit=5)
+        if mode.startswith("d"):
+            continue
+        normal = _normal(entry.split(" -> ")[0].removeprefix("."))
+        if normal:
+            found.add(normal)
+    return found
+
+
+def rpm_files(rpm: str) -> set[str]:
+    query = run(["rpm", "-qp", "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]", rpm])
+    found = set()
+    for line in query.stdout.decode().splitlines():
+        mode, path = line.split(" ", 1)
+        normal = None if mode.startswith("d") else _normal(path)
+        if normal:
+            found.add(normal)
+    return found
+
+
+def rpm_scriptlets(rpm: str) -> dict[str, str]:
+    """``post``, ``preun``, ``postun`` (and any other) scriptlet bodies by name."""
+    text = run(["rpm", "-qp", "--scripts", rpm]).stdout.decode()
+    parts = re.split(r"^(\w+) scriptlet \(using [^)]*\):\n", text, flags=re.MULTILINE)
+    names = {"postinstall": "post", "preuninstall": "preun", "postuninstall": "postun"}
+    return {names.get(parts[i], parts[i]): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+@pytest.fixture(scope="module")
+def rpm(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if shutil.which("rpmbuild", path="/usr/bin:/bin") is None:
+        pytest.skip("rpmbuild is not installed (apt-get install rpm)")
+    return build_rpm(tmp_path_factory.mktemp("rpm"))
+
+
+def test_deb_is_lintian_clean_with_pedantic_tags(deb: Path) -> None:
+    if shutil.which("lintian", path="/usr/bin:/bin") is None:
+        pytest.skip("lintian is not installed (apt-get install lintian)")
+    proc = run(
+        ["lintian", "--no-cfg", "--pedantic", "--display-info", deb], check=False, timeout=300
+    )
+    report = (proc.stdout + proc.stderr).decode(errors="replace")
+    # Every remaining tag is overridden in debian/cairn.lintian-overrides, with its reason.
+    findings = [line for line in report.splitlines() if line[:2] in ("E:", "W:", "I:", "P:")]
+    assert findings == [], report
+
+
+def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
+    in_deb, in_rpm = deb_files(deb), rpm_files(rpm)
+    assert in_deb - in_rpm == DEB_ONLY
+    assert in_rpm - in_deb == RPM_ONLY
+    for expected in (
+        "/usr/bin/cairn",
+        "/usr/libexec/cairn/cairnd",
+        "/usr/libexec/cairn/cairn-broker",
+        "/usr/lib/systemd/user/cairn-schedule@.service",
+        "/usr/lib/systemd/user/cairn-schedule-reconcile.service",
+        "/usr/share/man/man1/cairn.1",
+        "/usr/share/doc/cairn/examples/changelog-agent.json",
+        "PYTHON/cairn/broker/capsule.py",
+        "/usr/lib/cairn/releases/HASH/manifest.sig",
+    ):
+        assert expected in in_rpm, expected
+    # Nothing internal on PATH, in either package.
+    assert {p for p in in_deb | in_rpm if p.startswith(("/usr/bin/", "/usr/sbin/"))} == {
+        "/usr/bin/cairn"
+    }
+    assert not any("release-key.pem" in p or "__pycache__" in p for p in in_rpm)
+
+
+def test_rpm_presets_enable_the_sockets(rpm: str) -> None:
+    query = run(["rpm", "-qp", "--qf", "[%{FILEDIGESTS} %{FILENAMES}\n]", rpm])
+    digests = dict(reversed(line.split(" ", 1)) for line in query.stdout.decode().splitlines())
+    for installed, source in PRESETS.items():
+        assert digests[installed] == hashlib.sha256((REPO / source).read_bytes()).hexdigest()
+
+    scripts = rpm_scriptlets(rpm)
+    assert "preset cairn.socket cairn-broker.socket cairn.service" in scripts["post"]
+    assert "preset --global cairn-schedule-reconcile.service" in scripts["post"]
+    assert "cairn.broker.capsule enable-verity" in scripts["post"]
+    assert "if [ $1 -eq 0 ]" in scripts["preun"]
+    assert "cairn-coordinator@*.service" in scripts["preun"]
+    assert "try-restart cairn.service cairn-broker.service" in scripts["postun"]
+    for body in scripts.values():
+        for word in ("sqlite", "journal.db", "user_version"):
+            assert word not in body
+
+
+def test_rpm_requirements(rpm: str) -> None:
+    requires = run(["rpm", "-qRp", rpm]).stdout.decode().splitlines()
+    for name in (
+        "python3-pydantic >= 2.10",
+        "python3-pydantic < 3",
+        "python3-typer >= 0.15",
+        "python3-typer < 0.16",
+        "python3-btrfsutil",
+        "python3-cryptography >= 38",
+        "python3-jeepney >= 0.8",
+        "btrfs-progs",
+        "systemd",
+        "dbus",
+    ):
+        assert name in requires, name
+
+
+def test_both_packages_build_from_git_archive(tmp_path: Path) -> None:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: there is no HEAD to archive")
+    source = tmp_path / "src"
+    source.mkdir()
+    archive = run(["git", "-C", REPO, "archive", "--format=tar", "HEAD"], timeout=120).stdout
+    run(["tar", "-x", "-C", source], input=archive)
+    assert not (source / ".git").exists()
+    # No development venv in a tarball: the build's Python is named.
+    env = {"CAIRN_BUILD_PYTHON": sys.executable}
+    built = run(
+        [source / "packaging" / "build-deb.sh", "--out", tmp_path / "out"], env=env, timeout=900
+    )
+    deb = Path(built.stdout.decode().strip().splitlines()[-1])
+    assert "/usr/libexec/cairn/cairnd" in deb_files(deb)
+    if shutil.which("rpmbuild", path="/usr/bin:/bin") is not None:
+        rpm = build_rpm(tmp_path / "out", source, env)
+        assert rpm_files(rpm) - RPM_ONLY == deb_files(deb) - DEB_ONLY
