@@ -17,12 +17,15 @@ from cairn.policy import Policy
 from cairn.proc import run
 from cairn.protocol.launch import ProfileSpec
 from cairn.providers import ProviderEntry, ProvidersFile
+from cairn.retention import StoragePolicy
 from cairn.schedules import HostScheduleConfig
+from cairn.verifiers import VerifierConfig, VerifierMatch
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = {
     "cairn.1", "cairnd.8", "cairn-broker.8", "cairn-providers.toml.5",
     "cairn-policy.toml.5", "cairn-profiles.5", "cairn-schedules.toml.5",
+    "cairn-storage.toml.5", "cairn-verifiers.5",
 }
 # Each file page and the models of the keys its file accepts.
 FILE_PAGES: dict[str, tuple[type[BaseModel], ...]] = {
@@ -30,6 +33,8 @@ FILE_PAGES: dict[str, tuple[type[BaseModel], ...]] = {
     "cairn-policy.toml.5": (Policy,),
     "cairn-profiles.5": (ProfileSpec,),
     "cairn-schedules.toml.5": (HostScheduleConfig,),
+    "cairn-storage.toml.5": (StoragePolicy,),
+    "cairn-verifiers.5": (VerifierConfig, VerifierMatch),
 }
 NOT_IN_A_FILE = {"name"}  # a profile's name is its file's name
 
