@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from machine import Machine
-from test_definitions import SOURCE as TRUSTED_SOURCE
-from test_definitions import put, trust_project
+from test_definitions_installed import SOURCE as TRUSTED_SOURCE
+from test_definitions_installed import put, trust_project
 from test_end_to_end import cairn, finished, launch, make_project, show, wait_for, write_script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -65,7 +65,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         'kind = "command"\nargv = ["/bin/true"]\n'
     )
     # No Btrfs pool here: the free-space admission before a launch is tested on a real
-    # pool in tests/btrfs/test_retention.py.
+    # pool in tests/btrfs/test_retention_pool.py.
     monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
     yield tmp_path
 

@@ -1,6 +1,6 @@
 """Retention: which finished runs a rule deletes (time injected), the host's storage policy
 file, and cairnd's ``rm``/``prune``/``show`` over a real journal. The deletion itself is the
-broker's (tests/btrfs/test_retention.py deletes on a real pool)."""
+broker's (tests/btrfs/test_retention_pool.py deletes on a real pool)."""
 
 from __future__ import annotations
 
