@@ -56,7 +56,20 @@ def holder_is_dead(run_id: str, holder: str) -> bool:
         return True
     except OSError:
         return False  # cannot tell: treat as alive, the lease expires on its own
-    return b"cairn.coordinator" not in cmdline or run_id.encode() not in cmdline
+    return not is_coordinator_cmdline(cmdline, run_id)
+
+
+def is_coordinator_cmdline(cmdline: bytes, run_id: str) -> bool:
+    """Whether ``/proc/PID/cmdline`` is ``run_id``'s coordinator: the installed program
+    (``/usr/libexec/cairn/cairn-coordinator RUN``, run by its interpreter) or the module
+    (``python3 -m cairn.coordinator RUN``)."""
+    argv = cmdline.rstrip(b"\0").split(b"\0")
+    if run_id.encode() not in argv:
+        return False
+    return any(
+        os.path.basename(arg) == b"cairn-coordinator" or arg == b"cairn.coordinator"
+        for arg in argv
+    )
 
 
 class Lease(CoordinatorBase):

@@ -15,6 +15,7 @@ import sys
 from importlib import metadata
 from typing import Annotated
 
+import click
 import typer
 
 from cairn.cli import completion, people, runs, storage
@@ -88,14 +89,26 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    """Exit status: 0 success, 2 usage (or a refused request), 1 other error, 130 Ctrl-C."""
+    """Exit status: 0 success, 2 usage (or a refused request), 1 other error, 130 Ctrl-C.
+    Every error is one line (``cairn: …``) with a ``hint:`` line, usage errors too."""
     signal.signal(signal.SIGINT, _on_sigint)
     try:
-        app()
+        status = app(standalone_mode=False)
     except Interrupted:
         sys.exit(130)
+    except click.UsageError as exc:
+        typer.echo(f"cairn: {exc.format_message()}", err=True)
+        if exc.ctx is not None:
+            typer.echo(f"hint: see '{exc.ctx.command_path} --help'", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        typer.echo(f"cairn: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(1)
     except CairnError as exc:
         typer.echo(f"cairn: {exc.message}", err=True)
         if exc.hint:
             typer.echo(f"hint: {exc.hint}", err=True)
         sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)
+    sys.exit(status if isinstance(status, int) else 0)

@@ -40,6 +40,7 @@ def test_doctor_checks_a_healthy_host_with_no_runs(machine: Machine) -> None:
 def test_a_broken_host_is_reported_with_the_fixes(machine: Machine) -> None:
     machine.exec(["systemctl", "stop", "cairn-broker.socket"])
     machine.exec(["tee", "/etc/cairn/policy.toml"], input=b'default = "allw"\n')
+    machine.exec(["mkdir", "-p", "/etc/cairn/profiles.d"])
     machine.exec(["tee", "/etc/cairn/profiles.d/tool.toml"], input=b'kind = "command"\n'
                  b'argv = ["/bin/true"]\nmax_steps = "many"\n')
     code, text = doctor(machine)

@@ -385,8 +385,10 @@ def test_coordinator_entries_carry_the_run_and_priorities(booted: Machine) -> No
         ["journalctl", "--no-pager", "-o", "json", "-u", unit, "-n", "20"]
     ).stdout.decode()
     entries = [json.loads(line) for line in fields.splitlines() if line.strip()]
-    stream = [e for e in entries if e.get("_TRANSPORT") == "stdout"]
-    assert stream and all(e.get("CAIRN_RUN") == run_id for e in stream)
+    # the coordinator's own records: journald's native protocol (or stdout where that is
+    # unreachable); LogExtraFields= tags both with the run
+    own = [e for e in entries if e.get("_TRANSPORT") in ("journal", "stdout")]
+    assert own and all(e.get("CAIRN_RUN") == run_id for e in own), own[-3:]
 
 
 # -- run IDs and per-run directories ---------------------------------------------------
@@ -748,15 +750,21 @@ def test_an_agent_flooding_notes_is_bounded_and_cannot_drive_the_terminal(
     # a burst of five, then two a second: far fewer than 300, each at most 2,000 chars
     assert 5 <= len(notes) < 150, len(notes)
     assert all(len(line) < 2200 for line in notes)
-    (after,) = [line for line in notes if "after the flood" in line]
+    # (the scripted agent's own "run …" note quotes the script, this text included)
+    afters = [line for line in notes if ": after the flood (" in line]
+    assert len(afters) == 1, afters
+    (after,) = afters
     assert "notes dropped so far" in after
     events = json.loads(cairn(booted, "show", run_id, "--json"))["events"]
     # the message that claimed to be another event was refused as malformed
     assert len([e for e in events if e["event"] == "run-succeeded"]) == 1
-    assert [e for e in events if e["event"] == "progress"] == []
-    boundary = booted.exec(["cat", f"/var/lib/cairn/runs/{run_id}/boundaries/root-1/boundary.json"])
-    kept = json.loads(boundary.stdout)["notes"]
-    assert len(kept) == len(notes) and all(len(note) <= 2000 for note in kept)
+    # progress comes only from the import helper (this run applies nothing); none of it
+    # carries what the forged message said
+    progress = [e["data"] for e in events if e["event"] == "progress"]
+    assert all(p["phase"] == "import" and not {"text", "event"} & set(p) for p in progress)
+    # the journal holds exactly the notes watch showed, each bounded
+    kept = [e["data"] for e in events if e["event"] == "agent-note"]
+    assert len(kept) == len(notes) and all(len(str(note)) <= 2200 for note in kept)
 
 
 NOTIFICATIONS = (

@@ -31,11 +31,15 @@ DEB_ONLY = {
     "/usr/share/doc/cairn/copyright",
     "/usr/share/lintian/overrides/cairn",
     "/usr/lib/systemd/user/default.target.wants/cairn-schedule-reconcile.service",
+    "/usr/lib/systemd/user/default.target.wants/cairn-notify.path",
+    # Debian's zsh reads vendor-completions, Fedora's site-functions.
+    "/usr/share/zsh/vendor-completions/_cairn",
 }
 RPM_ONLY = {
     "/usr/share/licenses/cairn/copyright",
     "/usr/lib/systemd/system-preset/80-cairn.preset",
     "/usr/lib/systemd/user-preset/80-cairn.preset",
+    "/usr/share/zsh/site-functions/_cairn",
 }
 PRESETS = {
     "/usr/lib/systemd/system-preset/80-cairn.preset": "packaging/presets/80-cairn.preset",

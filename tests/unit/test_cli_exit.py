@@ -35,3 +35,16 @@ def test_ctrl_c_exits_130_without_a_traceback() -> None:
 def test_a_usage_error_exits_2() -> None:
     proc = _cairn("launch", "--no-such-option")
     assert proc.returncode == 2, proc.stderr
+
+
+def test_a_usage_error_is_one_line_and_a_hint() -> None:
+    proc = _cairn("launch", "--no-such-option")
+    assert proc.stderr.splitlines() == [
+        "cairn: No such option: --no-such-option",
+        "hint: see 'cairn launch --help'",
+    ]
+    bad = _cairn("logs", "-p", "loud", "flow_0000")
+    assert bad.returncode == 2
+    first, hint = bad.stderr.splitlines()
+    assert first.startswith("cairn: Invalid value for '--priority' / '-p': priority 'loud' is not")
+    assert hint == "hint: see 'cairn logs --help'"

@@ -11,6 +11,7 @@ import pytest
 
 from cairn import paths
 from cairn.coordinator.core import Coordinator, holder_is_dead, lease_holder
+from cairn.coordinator.lease import is_coordinator_cmdline
 from cairn.daemon.views import show
 from cairn.errors import Busy, Nondeterminism
 from cairn.journal import Journal
@@ -85,6 +86,11 @@ def test_dead_holder_is_reclaimed_live_one_is_busy(coordinator: Coordinator) -> 
     assert holder_is_dead(RUN, f"{host_boot}:999999999")  # no such process
     assert holder_is_dead(RUN, f"{host_boot.split(':')[0]}:another-boot:1")
     assert not holder_is_dead(RUN, "other-host:boot:1")  # not ours to judge
+    installed = b"/usr/bin/python3\0-I\0/usr/libexec/cairn/cairn-coordinator\0" + RUN.encode()
+    assert is_coordinator_cmdline(installed + b"\0", RUN)
+    assert is_coordinator_cmdline(b"python3\0-m\0cairn.coordinator\0" + RUN.encode(), RUN)
+    assert not is_coordinator_cmdline(installed, "flow_" + "f" * 32)  # another run's
+    assert not is_coordinator_cmdline(b"sleep\0" + RUN.encode(), RUN)
     journal.db.execute("UPDATE runs SET lease_holder=? WHERE run_id=?",
                        (f"{host_boot}:999999999", RUN))
     token = journal.acquire_lease(RUN, "me", holder_is_dead=lambda h: holder_is_dead(RUN, h))
