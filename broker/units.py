@@ -32,6 +32,7 @@ from cairn.protocol.broker import (
     CHECK_OUTPUT_LIMIT,
     AgentStarted,
     AgentStopped,
+    AppliedCheck,
     ApplyResult,
     CandidateFailure,
     CandidateResult,
@@ -401,18 +402,25 @@ def run_apply(
     subpath: str,
     accepted: list[str],
     work: Path,
-    step: Literal["apply", "revert"] = "apply",
+    step: Literal["apply", "revert", "check-applied"] = "apply",
+    applied: Path | None = None,
 ) -> dict[str, Any]:
     """Apply F to the live project as its owner with the three-way check; return the
     unit's name and invocation ID with the apply result. A revert passes F as ``q`` and Q
-    as ``f``: the same check then writes Q back where the live project still holds F."""
+    as ``f``: the same check then writes Q back where the live project still holds F.
+    ``check-applied`` writes nothing: the live project is bound read-only and the result
+    (an ``AppliedCheck``) says what it holds at each accepted path and each path of the
+    apply's receipts in ``applied`` (the apply's work directory, read-only)."""
+    check = step == "check-applied"
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     # work/ is the owner's: replace, never write through, whatever an earlier attempt left
     plan = json.dumps(accepted).encode()
     untrusted.write_new(work, "plan.json", plan, mode=0o644, uid=desc.owner_uid, gid=desc.owner_gid)
     (work / "result.json").unlink(missing_ok=True)
-    progress = progress_bind(desc.run_id, "apply")
+    progress = [] if check else progress_bind(desc.run_id, "apply")
+    live = [(desc.project.root, "/live")]
+    receipts = "/applied/receipts.jsonl" if check else "/apply/receipts.jsonl"
     spec = HelperUnitSpec(
         description=f"Cairn {step} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -428,16 +436,19 @@ def run_apply(
             "--plan",
             "/apply/plan.json",
             "--receipts",
-            "/apply/receipts.jsonl",
+            receipts,
             "--result",
             "/apply/result.json",
             *(["--progress", "/progress"] if progress else []),
+            *(["--check"] if check else []),
         ),
         environment=_failpoint_env(),
-        binds=[(desc.project.root, "/live"), (str(work), "/apply"), *progress],
+        binds=[*([] if check else live), (str(work), "/apply"), *progress],
         read_only_binds=[
             (str(q / subpath) if subpath else str(q), "/q"),
             (str(f / subpath) if subpath else str(f), "/f"),
+            *(live if check else []),
+            *([(str(applied), "/applied")] if check and applied is not None else []),
         ],
         memory_max=desc.limits.memory_max,
         tasks_max=64,
@@ -447,7 +458,8 @@ def run_apply(
     )
     unit = run_helper(spec, f"cairn-{step}-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
-    result = ApplyResult.model_validate_json(raw)
+    model = AppliedCheck if check else ApplyResult
+    result = model.model_validate_json(raw)
     return {**unit, "result": result.model_dump(mode="json")}
 
 

@@ -23,6 +23,7 @@ from cairn.protocol.broker import (
     VERB_OF_KIND,
     AgentStarted,
     AgentStopped,
+    AppliedChecked,
     ApplyDone,
     B,
     CandidateBuilt,
@@ -433,6 +434,33 @@ def start_revert(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
+def check_applied(ctx: Context) -> AppliedChecked:
+    """For ``cairn doctor``: what the live project holds at every path the run's apply
+    wrote, read by a unit that runs as the project's owner and writes nothing."""
+    run = ctx.journal.get_run(ctx.run_id)
+    if run.state not in TERMINAL_RUN_STATES:
+        raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only a finished run is checked")
+    applied = ctx.receipt("start-apply.1", ApplyDone).result
+    pool = ctx.pool()
+    f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
+    if not (f.is_dir() and q.is_dir()):
+        raise BrokerRefused(f"the snapshots of {ctx.run_id} were deleted; it cannot be checked")
+    check_project(Path(ctx.desc.project.root), ctx.desc)
+    scratch = pool.run_dir(ctx.run_id) / "scratch"
+    done = units.run_apply(
+        ctx.desc,
+        ctx.intent.attempt,
+        q,
+        f,
+        ctx.subpath(),
+        sorted({*applied.applied, *applied.already_applied}),
+        scratch / "check-applied",
+        step="check-applied",
+        applied=(scratch / "apply") if (scratch / "apply").is_dir() else None,
+    )
+    return AppliedChecked.model_validate(done)
+
+
 def verify_proposal(ctx: Context) -> ProposalVerified:
     """Run the host's checks frozen in the launch description, each over a fresh writable
     snapshot of F that is deleted afterwards; stop at the first that fails."""
@@ -500,6 +528,7 @@ HANDLERS = {
     "stop-agent": stop_agent,
     "start-apply": start_apply,
     "start-revert": start_revert,
+    "check-applied": check_applied,
     "verify-proposal": verify_proposal,
     "delete-run": delete_run,
 }

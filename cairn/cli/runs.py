@@ -376,6 +376,16 @@ def doctor(
             typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
             for problem in run["problems"]:
                 typer.echo(f"  - {problem}")
+            for warning in run.get("warnings", []):
+                typer.echo(f"  warning: {warning}")
+            for note in run.get("notes", []):
+                typer.echo(f"  note: {note}")
+            if run.get("applied"):
+                counts = run["applied"]
+                typer.echo(
+                    f"  live project: {counts['as_applied']} path(s) as applied, "
+                    f"{counts['reverted']} reverted, {counts['changed']} changed since"
+                )
     if data["problems"]:
         raise typer.Exit(1)
 

@@ -26,6 +26,7 @@ IntentKind = Literal[
     "settle-candidate",
     "start-apply",
     "start-revert",
+    "check-applied",
     "verify-proposal",
     "delete-run",
 ]
@@ -36,6 +37,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "stop-agent": "launch-v1",
     "start-apply": "launch-v1",
     "start-revert": "launch-v1",
+    "check-applied": "launch-v1",
     "verify-proposal": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
@@ -146,6 +148,16 @@ class ApplyResult(Frozen):
     applied: Paths = []
     already_applied: Paths = []
     conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
+
+
+class AppliedCheck(Frozen):
+    """check-applied's result.json: applied paths whose live state is F's, Q's, neither;
+    apply receipts unlike F (cairn.settle.check_applied)."""
+
+    as_applied: Paths = []
+    reverted: Paths = []
+    changed: Paths = []
+    receipt_differs: Paths = []
 
 
 # --- receipt bodies: what each intent kind did --------------------------------------
@@ -301,6 +313,12 @@ class ApplyDone(ReceiptBody):
     result: ApplyResult
 
 
+class AppliedChecked(ReceiptBody):
+    unit: str
+    invocation_id: str
+    result: AppliedCheck
+
+
 class RunDeleted(ReceiptBody):
     deleted: list[str]
     proxy_removed: bool = False
@@ -320,6 +338,7 @@ BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
     "settle-candidate": CandidateBuilt,
     "start-apply": ApplyDone,
     "start-revert": ApplyDone,
+    "check-applied": AppliedChecked,
     "verify-proposal": ProposalVerified,
     "delete-run": RunDeleted,
 }

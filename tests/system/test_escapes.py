@@ -833,3 +833,26 @@ def test_deleting_a_run_follows_no_link_it_left_and_takes_its_own_subvolumes(
     assert run_id not in listed
     gone = booted.exec(["test", "-e", f"/var/lib/cairn/pool/runs/{run_id}"], check=False)
     assert gone.returncode != 0
+
+
+def test_doctors_check_of_applied_paths_follows_no_link_and_reads_as_the_owner(
+    booted: Machine,
+) -> None:
+    """The owner replaces an applied file with a link to a file only root may read: the
+    check unit (run as the owner, the live project read-only) reports the path changed
+    and neither follows the link nor shows a byte of its target."""
+    steps = [{"action": "write", "path": "src/added.py", "content": "added\n"}]
+    project, run_id, data = run_script(booted, steps, "check my links")
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    booted.exec(["rm", f"{project}/src/added.py"], user="alice")
+    booted.exec(["ln", "-s", "/etc/shadow", f"{project}/src/added.py"], user="alice")
+    before = tree(booted, project)
+
+    proc = booted.exec(["cairn", "doctor", run_id, "--json"], user="alice", check=False)
+    report = json.loads(proc.stdout)
+    (run,) = report["runs"]
+    assert run["problems"] == [], run
+    assert run["applied"]["changed"] == 1
+    assert any(w.startswith("src/added.py in the live project") for w in run["warnings"])
+    assert "root:" not in proc.stdout.decode()
+    assert tree(booted, project) == before
