@@ -160,3 +160,4 @@ def judge(best: Measurement, candidate: Measurement) -> Verdict:
                 f"{definition.max_regression:.2%}"
             )
     return Verdict(gain=gain, refusals=refusals)
+
