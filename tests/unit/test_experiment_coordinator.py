@@ -17,6 +17,7 @@ from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused
 from cairn.journal import Journal
+from cairn.operations import settle_experiment
 from cairn.protocol.broker import Intent, Receipt, Verb
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
@@ -187,6 +188,14 @@ def test_accept_then_reject_restores_w_from_the_best_accepted_checkpoint(
     assert script.measure(1.0)["checkpoint"] == good
     op = coord.journal.get_op_by_id(RUN, rejected_op_id(coord))
     assert op.state == "committed"
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert facet["metric"] == "runtime" and facet["guardrails"] == {"rss": 0.1}
+    assert facet["baseline"] == {"measurement": "root-1", "value": 2.0}
+    assert facet["best"] == {"measurement": "root-4", "value": 1.0}
+    assert facet["latest"] == {"measurement": "root-9", "value": 1.0}
+    assert facet["gain"] == pytest.approx(0.5)
+    assert [(c["measurement"], c["disposition"]) for c in facet["candidates"]] == [
+        ("root-1", "accepted"), ("root-4", "accepted"), ("root-7", "rejected")]
 
 
 def rejected_op_id(coord: Coordinator) -> str:
@@ -206,6 +215,10 @@ def test_an_accept_that_loses_or_breaks_a_guardrail_is_refused(coord: Coordinato
     with pytest.raises(ExperimentRefused, match="guardrail rss: 20.00% worse"):
         script.settle(bloated, "accept")
     assert coord.w_gen["root"] == 1  # a refusal changes nothing
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert [c["disposition"] for c in facet["candidates"]] == ["accepted", "refused", "refused"]
+    assert "guardrail rss" in facet["candidates"][2]["reason"]
+    assert facet["best"] == {"measurement": "root-1", "value": 2.0}
 
 
 def test_dishonest_comparisons_are_refused_either_way(coord: Coordinator) -> None:
