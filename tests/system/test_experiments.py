@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from machine import Machine
 from test_escapes import cairn, fresh_project, tree
-from test_recovery import enable_failpoint, wait_finished
+from test_recovery import EXPERIMENT_FAILPOINTS, enable_failpoint, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "experiment.py").read_text()
@@ -27,11 +27,9 @@ warmups = 1
 samples = 3
 network = false
 """
-FAILPOINTS = (
-    "measure-after-intent",
-    "measure-after-receipt",
-    "experiment-after-decision",
-    "experiment-after-restore",
+READ_RESULT = (
+    "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
+    "'SELECT result FROM operations WHERE run_id=? AND op_id=?', sys.argv[2:]).fetchone()[0])"
 )
 
 
@@ -104,11 +102,10 @@ def check_experiment(machine: Machine, project: str, run_id: str) -> dict[str, A
     # the measurements' raw samples and environment, as the journal keeps them
     kernel = machine.exec(["uname", "-r"]).stdout.decode().strip()
     for n in (1, 4, 7):
-        (result,) = json.loads(machine.exec(
-            ["sqlite3", "-json", "/var/lib/cairn/journal/journal.db",
-             f"SELECT result FROM operations WHERE run_id='{run_id}' AND op_id='root-{n}'"],
+        measured = json.loads(machine.exec(
+            ["python3", "-c", READ_RESULT, "/var/lib/cairn/journal/journal.db", run_id,
+             f"root-{n}"],
         ).stdout)
-        measured = json.loads(result["result"])
         assert len(measured["samples"]) == 3
         assert measured["environment"]["evaluator"] == "score"
         assert measured["environment"]["kernel"] == kernel
@@ -136,7 +133,7 @@ def test_one_accepted_and_one_rejected_trial(booted: Machine) -> None:
     check_experiment(booted, project, run_id)
 
 
-@pytest.mark.parametrize("name", FAILPOINTS)
+@pytest.mark.parametrize("name", sorted(EXPERIMENT_FAILPOINTS))
 def test_recovers_from_a_crash_inside_measurement_or_disposition(
     booted: Machine, name: str
 ) -> None:

@@ -4,6 +4,7 @@ and the rules that keep a comparison honest and let guardrails bind. The runs th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from cairn.experiments import (
     judge,
     measurement_request,
 )
+from cairn.operations.measure_proposal import evaluators_of
 from cairn.protocol.measurement import MeasurementEnvironment, parse_metric_output
+from cairn.workflow.review import review_source
 
 
 @pytest.fixture
@@ -161,3 +164,12 @@ def test_only_the_primary_metric_and_its_guardrails_decide() -> None:
     assert broke.refusals == [
         "guardrail rss: 11.00% worse than the best accepted, more than 10.00%"
     ]
+
+
+def test_the_guide_example_passes_review_and_names_its_evaluator() -> None:
+    guide = Path(__file__).parents[2] / "docs" / "writing-workflows.md"
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL)
+                if "measure_proposal" in b]
+    review = review_source(block, filename="guide.py")
+    assert evaluators_of(review.manifest()) == ["bench"]
+    assert {c.kind for c in review.calls} >= {"measure_proposal", "settle_experiment"}
