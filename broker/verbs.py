@@ -263,6 +263,13 @@ def drop_w(ctx: Context) -> WDropped:
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    pool.delete(w, w_receipt(ctx))
+    return WDropped(deleted=str(w))
+
+
+def w_receipt(ctx: Context) -> storage.SubvolumeReceipt:
+    """The receipt of the intent's W generation: its create-w, or for a lane's first W its
+    fork."""
     made = ctx.store.get(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
     created = None if made is None else made.body(WCreated).w
     if created is None:  # a lane's first W comes from its fork
@@ -275,8 +282,7 @@ def drop_w(ctx: Context) -> WDropped:
                     created = lane.w
     if created is None:
         raise BrokerRefused(f"no receipt for W.{ctx.intent.generation} of {ctx.intent.scope}")
-    pool.delete(w, created)
-    return WDropped(deleted=str(w))
+    return created
 
 
 def freeze_proposal(ctx: Context) -> ProposalFrozen:
@@ -477,6 +483,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
         raise BrokerRefused(f"{op.op_id}: evaluator {named!r} was not frozen at launch")
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    pool.verify(w, w_receipt(ctx))
     workspace = pool.run_dir(ctx.run_id) / "measure"
     if storage.is_subvolume(workspace):  # left by a crash: a run may have changed it
         pool.delete(workspace, pool.receipt(workspace))

@@ -18,6 +18,7 @@ from cairn.broker import units, verbs
 from cairn.coordinator import base
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
+from cairn.errors import BrokerRefused
 from cairn.journal import Journal
 from cairn.protocol.broker import BrokerReply
 from cairn.protocol.control import CallRequest
@@ -144,3 +145,27 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     runs = len(coordinator.seen)  # type: ignore[attr-defined]
     verbs.carry_out("launch-v1", RUN)
     assert len(coordinator.seen) == runs  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("kind", "request_", "refusal"),
+    [
+        ("measure_proposal", {**MEASURE, "evaluator": "other"},
+         "evaluator 'other' was not frozen at launch"),
+        ("settle_experiment", {"measurement": "root-1", "disposition": "accept"},
+         "root-1 is not a measurement of scope root"),
+    ],
+)
+def test_the_broker_measures_only_a_journalled_measurement_with_a_frozen_evaluator(
+    coordinator: Coordinator, kind: str, request_: dict[str, Any], refusal: str
+) -> None:
+    forged = CallRequest(scope="root", seq=1, kind=kind, request=request_,  # type: ignore[arg-type]
+                         location="wf.py:1:1")
+    coordinator.journal.record_requested(forged, run_id=RUN, op_id="root-1", predecessor=None,
+                                         token=coordinator.token)
+    intent = coordinator.intent("measure-checkpoint", "measure.root-1.1", scope="root",
+                                op_id="root-1", generation=1)
+    coordinator.journal.add_intents(RUN, [intent], token=coordinator.token)
+    with pytest.raises(BrokerRefused, match=refusal):
+        verbs.carry_out("launch-v1", RUN)
+    assert coordinator.seen == []  # type: ignore[attr-defined]

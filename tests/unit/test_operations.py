@@ -31,7 +31,9 @@ from cairn.operations import (
     agent,
     ask,
     fork,
+    measure_proposal,
     repeat_until,
+    settle_experiment,
     spec_of,
     unroll,
 )
@@ -197,6 +199,20 @@ def test_requests_keep_their_shape() -> None:
         "done": True,
     }
     assert unroll.label({"b": 1}) == '{"b": 1}'
+    assert measure_proposal.request("bench", {"t": {"unit": "s", "direction": "lower"}}, None) == {
+        "evaluator": "bench",
+        "primary": "t",
+        "metrics": {"t": {"unit": "s", "direction": "lower", "aggregation": "median",
+                          "max_regression": None}},
+    }
+    assert settle_experiment.request({"measurement": "root-2", "values": {}}, "reject") == {
+        "measurement": "root-2",
+        "disposition": "reject",
+    }
+    with pytest.raises(ValueError, match="'accept' or 'reject'"):
+        settle_experiment.request({"measurement": "root-2"}, "keep")
+    with pytest.raises(ValueError, match="takes what flow.measure_proposal returned"):
+        settle_experiment.request({"values": {}}, "accept")
     assert unroll.label("y" * 200) == "y" * 120
 
 
