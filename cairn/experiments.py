@@ -15,6 +15,7 @@ first accepted measurement of the scope) and the best accepted one:
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from cairn.protocol.base import Frozen
 from cairn.protocol.measurement import MeasurementEnvironment, MetricName
 
 MAX_TRIALS = 100
+METRIC_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 class MetricDefinition(Frozen):
@@ -66,6 +68,9 @@ def measurement_request(
 ) -> dict[str, Any]:
     """What ``flow.measure_proposal`` sends and the journal stores (checked here, in the
     workflow's sandbox, and again by the coordinator)."""
+    for name in metrics:
+        if not isinstance(name, str) or not METRIC_NAME_RE.fullmatch(name):
+            raise ValueError(f"metric name {name!r} is not [a-z][a-z0-9_]*")
     defined = {name: MetricDefinition.model_validate(d) for name, d in metrics.items()}
     if not defined:
         raise ValueError("flow.measure_proposal needs at least one metric definition")

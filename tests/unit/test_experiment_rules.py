@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from test_control_worker import answer, drive
 
 from cairn.config import ConfigError, Problems
 from cairn.evaluators import frozen_evaluators
@@ -173,3 +174,39 @@ def test_the_guide_example_passes_review_and_names_its_evaluator() -> None:
     review = review_source(block, filename="guide.py")
     assert evaluators_of(review.manifest()) == ["bench"]
     assert {c.kind for c in review.calls} >= {"measure_proposal", "settle_experiment"}
+
+
+def test_builtin_optimize_accepts_an_improvement_and_rejects_a_loss() -> None:
+    """The control worker runs builtin:optimize against scripted answers: a baseline, a
+    trial the runtime accepts, one whose accept is refused and that the workflow then
+    rejects; every call is at a reviewed site."""
+    source = (Path(__file__).parents[2] / "cairn/builtin/workflows/optimize.py").read_text()
+    review = review_source(source, filename="wf.py")
+    sites = {(c.kind, c.line) for c in review.calls}
+    refused = {"error": "root-8: cannot accept: runtime is worse", "kind": "experiment-refused"}
+
+    def measured(op: str, value: float) -> dict[str, Any]:
+        return {"measurement": op, "values": {"runtime": value}}
+
+    answers = [
+        measured("root-1", 2.0), {"disposition": "accepted"},
+        answer("summary", "cached", "root-3"), measured("root-4", 1.0),
+        {"disposition": "accepted"},
+        answer("summary", "unrolled", "root-6"), measured("root-7", 3.0), refused,
+        {"disposition": "rejected"},
+    ]
+    calls, end = drive(source, {"objective": "faster", "max_trials": 2}, answers)
+    assert [c.kind for c in calls] == [
+        "measure_proposal", "settle_experiment", "agent", "measure_proposal",
+        "settle_experiment", "agent", "measure_proposal", "settle_experiment",
+        "settle_experiment",
+    ]
+    assert all((c.kind, int(c.location.split(":")[1])) in sites for c in calls)
+    assert calls[0].request["evaluator"] == "bench" and calls[0].request["primary"] == "runtime"
+    assert [c.request["disposition"] for c in calls if c.kind == "settle_experiment"] == [
+        "accept", "accept", "accept", "reject"]
+    assert "best so far 1.0" in calls[5].request["prompt"]
+    assert end == {"type": "return", "output": {
+        "summary": "1 of 2 trials accepted; runtime went from 2.0 to 1.0",
+        "trials": 2, "accepted": 1,
+    }}
