@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cairn.cli.runs import experiment_lines
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused
@@ -261,3 +262,20 @@ def test_a_settlement_interrupted_after_its_decision_finishes_the_same_way(
     again = Handlers.answer_settle_experiment(coord, started, call)[0]
     assert again == result and coord.w_gen["root"] == 2
     assert coord.journal.get_op_by_id(RUN, op.op_id).state == "committed"
+
+
+def test_cairn_show_renders_the_experiment_facet(coord: Coordinator) -> None:
+    script = Script(coord)
+    script.settle(script.measure(2.0), "accept")
+    script.agent()
+    script.settle(script.measure(1.0), "accept")
+    script.agent()
+    script.settle(script.measure(3.0), "reject")
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert experiment_lines(facet) == [
+        "◆ experiment root · runtime · baseline 2 (root-1) · best 1 (root-4) · gain +50.0% "
+        "· guardrails rss ≤10%",
+        "  ✓ root-1 2 accepted",
+        "  ✓ root-4 1 accepted",
+        "  ✗ root-7 3 rejected",
+    ]
