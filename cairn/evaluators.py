@@ -67,10 +67,14 @@ def load_evaluators(problems: Problems) -> dict[str, EvaluatorConfig]:
 
 def frozen_evaluators(names: Iterable[str], problems: Problems) -> list[EvaluatorSpec]:
     """The evaluators a reviewed workflow names, as its launch freezes them (sorted by
-    name); a name the host does not configure is a problem."""
+    name); a name the host does not configure is a problem. A workflow that measures
+    nothing reads no evaluator file, so a broken one refuses only the launches using it."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return []
     configured = load_evaluators(problems)
     specs: list[EvaluatorSpec] = []
-    for name in sorted(set(names)):
+    for name in wanted:
         config = configured.get(name)
         if config is None:
             problems.add(evaluators_dir() / f"{name}.toml", "",

@@ -210,3 +210,13 @@ def test_builtin_optimize_accepts_an_improvement_and_rejects_a_loss() -> None:
         "summary": "1 of 2 trials accepted; runtime went from 2.0 to 1.0",
         "trials": 2, "accepted": 1,
     }}
+
+
+def test_a_broken_evaluator_refuses_only_the_launches_that_measure_with_one(
+    evaluators: Path,
+) -> None:
+    (evaluators / "broken.toml").write_text("argv = [")
+    problems = Problems()
+    assert frozen_evaluators([], problems) == [] and len(problems) == 0
+    frozen_evaluators(["broken"], problems)
+    assert len(problems) >= 1
