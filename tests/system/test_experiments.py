@@ -165,3 +165,40 @@ def test_an_evaluator_the_host_does_not_configure_refuses_the_launch(booted: Mac
                        user="alice", check=False)
     assert proc.returncode != 0
     assert "evaluator 'missing', which is not configured" in proc.stderr.decode()
+
+
+BENCH = """\
+argv = ["/bin/sh", "-c", "printf '{\\"cairn_metrics\\": {\\"lines\\": %s}}\\\\n' \
+\\"$(wc -l < notes.txt)\\""]
+timeout_sec = 60
+samples = 2
+"""
+
+
+def test_builtin_optimize_rejects_every_trial_that_loses(booted: Machine) -> None:
+    """builtin:optimize with a scripted implementer that appends a line to notes.txt and
+    the host's ``bench`` counting them (fewer is better): each trial loses, its accept is
+    refused, the workflow rejects it and W is restored; the project stays as it was."""
+    booted.exec(["tee", "/etc/cairn/evaluators.d/bench.toml"], input=BENCH.encode())
+    project = fresh_project(booted, "alice")
+    booted.exec(["tee", f"{project}/notes.txt"], user="alice", input=b"one\n")
+    before = tree(booted, project)
+    script = {"steps": [{"action": "append", "path": "notes.txt", "content": "more\n"}],
+              "output": {"summary": "appended"}, "handoff": "appended a line"}
+    booted.exec(["tee", "/home/alice/append.json"], user="alice",
+                input=json.dumps(script).encode())
+    out = cairn(booted, "launch", "builtin:optimize", "--project", project, "--args",
+                json.dumps({"objective": "fewer notes", "metric": "lines", "max_trials": 2}),
+                "--scripted", "builtin:implementer=/home/alice/append.json")
+    run_id = out.strip().splitlines()[-1]
+    data = wait_finished(booted, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {
+        "summary": "0 of 2 trials accepted; lines went from 1.0 to 1.0",
+        "trials": 2, "accepted": 0,
+    }
+    (facet,) = data["experiments"]
+    assert [c["disposition"] for c in facet["candidates"]] == [
+        "accepted", "refused", "rejected", "refused", "rejected"]
+    assert facet["best"]["measurement"] == "root-1"
+    assert tree(booted, project) == before
