@@ -38,7 +38,8 @@ from cairn.protocol.broker import (
     CandidateResult,
     CheckResult,
 )
-from cairn.protocol.launch import LaunchDescription, VerifierSpec
+from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
+from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -314,34 +315,47 @@ def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any
     return {"unit": name, "invocation_id": state.invocation_id}
 
 
-def run_check(
-    desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
-) -> CheckResult:
-    """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
-    F) as the project's owner, without network, and wait for it. Pass or fail comes from
-    systemd (the exit status of the administrator's argv), the output from the journal by
-    the unit's own invocation, never from a file the check could write."""
+def _run_command(
+    desc: LaunchDescription,
+    command: VerifierSpec | EvaluatorSpec,
+    workspace: Path,
+    what: str,
+    name: str,
+) -> tuple[UnitState, str]:
+    """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
+    as the project's owner, without network, and wait for it; return its final state and
+    the tail of what it printed, read from the journal by the unit's own invocation, never
+    from a file the command could write."""
     spec = HelperUnitSpec(
-        description=f"Cairn check {verifier.name} of run {desc.run_id}",
+        description=f"Cairn {what} {command.name} of run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
-        exec_argv=verifier.argv,
+        exec_argv=command.argv,
         binds=[(str(workspace), "/workspace")],
         working_directory="/workspace",
-        environment=verifier.environment,
+        environment=command.environment,
         memory_max=desc.limits.memory_max,
         tasks_max=512,
         cpu_quota_percent=100 * max(1, os.cpu_count() or 1),
-        runtime_max_sec=verifier.timeout_sec,
+        runtime_max_sec=command.timeout_sec,
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
-    state = _run_to_end(spec, name, verifier.timeout_sec + 60)
+    state = _run_to_end(spec, name, command.timeout_sec + 60)
     output = proc.run(
         ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
          f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],
         check=False,
     ).stdout.decode(errors="replace")
+    return state, output[-CHECK_OUTPUT_LIMIT:]
+
+
+def run_check(
+    desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
+) -> CheckResult:
+    """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
+    F). Pass or fail comes from systemd (the exit status of the administrator's argv)."""
+    name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
+    state, output = _run_command(desc, verifier, workspace, "check", name)
     return CheckResult(
         name=verifier.name,
         unit=name,
@@ -349,8 +363,48 @@ def run_check(
         passed=state.result == "success",
         result=state.result,
         exit_status=state.exec_main_status,
-        output=output[-CHECK_OUTPUT_LIMIT:],
+        output=output,
     )
+
+
+def run_evaluator(
+    desc: LaunchDescription, evaluator: EvaluatorSpec, workspace: Path, name: str, warmup: bool
+) -> tuple[EvaluatorRun, str]:
+    """One run of an evaluator over ``workspace`` (a disposable writable snapshot of W):
+    how it ended, the metric values of its one JSON line (None when it failed or printed
+    none) and the tail of its output."""
+    state, output = _run_command(desc, evaluator, workspace, "evaluator", name)
+    values = parse_metric_output(output) if state.result == "success" else None
+    run = EvaluatorRun(
+        unit=name,
+        invocation_id=state.invocation_id,
+        warmup=warmup,
+        result=state.result,
+        exit_status=state.exec_main_status,
+        values=values,
+    )
+    return run, output
+
+
+def measurement_environment(evaluator: EvaluatorSpec) -> MeasurementEnvironment:
+    """The evaluator's configuration hash, the kernel release and the CPU model."""
+    cpu = os.uname().machine
+    try:
+        with open("/proc/cpuinfo", "rb") as info:
+            for line in info.read(1 << 20).decode(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and value.strip():
+                    cpu = value.strip()[:256]
+                    break
+    except OSError:
+        pass
+    return MeasurementEnvironment(
+        evaluator=evaluator.name,
+        config_sha256=evaluator.config_sha256,
+        kernel=os.uname().release[:256],
+        cpu=cpu,
+    )
+
 
 def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
     """The bind of the run's ``progress/<phase>`` directory at ``/progress`` when the

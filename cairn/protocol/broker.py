@@ -9,6 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import AfterValidator, Field
 
 from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
+from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
 
 Verb = Literal["launch-v1", "storage-v1", "delete-v1"]
 
@@ -28,6 +29,7 @@ IntentKind = Literal[
     "start-revert",
     "check-applied",
     "verify-proposal",
+    "measure-checkpoint",
     "delete-run",
 ]
 
@@ -39,6 +41,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "start-revert": "launch-v1",
     "check-applied": "launch-v1",
     "verify-proposal": "launch-v1",
+    "measure-checkpoint": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
     "drop-w": "storage-v1",
@@ -304,6 +307,19 @@ class ProposalVerified(ReceiptBody):
     passed: bool
 
 
+class MeasurementTaken(ReceiptBody):
+    """measure-checkpoint: the evaluator's runs over a disposable writable snapshot of W
+    (warm-ups, then samples), the values of each sample, and where they were measured.
+    ``error``: why the measurement has no samples (a run failed or printed no metric line);
+    the runs stop there."""
+
+    op_id: str
+    environment: MeasurementEnvironment
+    runs: list[EvaluatorRun]
+    samples: list[dict[str, float]]
+    error: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
+
+
 class ApplyDone(ReceiptBody):
     """start-apply and start-revert: the apply unit and its result (a revert is an apply
     from F back to Q)."""
@@ -340,6 +356,7 @@ BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
     "start-revert": ApplyDone,
     "check-applied": AppliedChecked,
     "verify-proposal": ProposalVerified,
+    "measure-checkpoint": MeasurementTaken,
     "delete-run": RunDeleted,
 }
 

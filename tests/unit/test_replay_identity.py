@@ -90,7 +90,7 @@ def test_dead_holder_is_reclaimed_live_one_is_busy(coordinator: Coordinator) -> 
     assert is_coordinator_cmdline(installed + b"\0", RUN)
     assert is_coordinator_cmdline(b"python3\0-m\0cairn.coordinator\0" + RUN.encode(), RUN)
     assert not is_coordinator_cmdline(installed, "flow_" + "f" * 32)  # another run's
-    assert not is_coordinator_cmdline(b"sleep\0" + RUN.encode(), RUN)
+    assert not is_coordinator_cmdline(b"cat\0" + RUN.encode(), RUN)
     journal.db.execute("UPDATE runs SET lease_holder=? WHERE run_id=?",
                        (f"{host_boot}:999999999", RUN))
     token = journal.acquire_lease(RUN, "me", holder_is_dead=lambda h: holder_is_dead(RUN, h))
