@@ -9,10 +9,10 @@ Cairn pins, so it lives in a venv of its own (``.venv-mcp``, made by ``./dev``):
 STEPS.json is a list of steps, each carried out in order in one session:
   {"list": true}                         the tool names
   {"call": NAME, "arguments": {...}}     a tool call (its result, or the protocol error)
-  {"follow": RUN, "timeout": S, "rounds": N}
+  {"follow": RUN, "timeout": S, "rounds": N, "until": STATE}
                                          cairn_watch with a progress callback, again from
                                          the returned cursor, until the run has finished
-                                         (at most N rounds)
+                                         or is in STATE (at most N rounds)
 ``"$run"`` in a step stands for the run ID of the last call that returned one.
 """
 
@@ -82,7 +82,9 @@ async def _session(steps: list[dict[str, Any]], argv: list[str]) -> dict[str, An
                     out["rounds"].append(got)
                     data = got.get("structured") or {}
                     cursor = data.get("cursor", cursor)
-                    if got.get("is_error") or data.get("finished"):
+                    if got.get("is_error") or data.get("finished") or (
+                        data.get("state") == step.get("until")
+                    ):
                         break
             data = out.get("structured") or {}
             run = data.get("run_id", run)
