@@ -162,3 +162,32 @@ def test_another_users_server_sees_none_of_alices_runs(
     for refused in (shown, watched):
         assert refused["is_error"] is True and f"no run {alices}" in refused["text"][0]
     assert inbox["structured"] == {"items": []}
+
+
+def test_a_models_arguments_reach_no_further_than_alice(
+    booted: Machine, tmp_path: Path
+) -> None:
+    """The attack is the model's: whatever it puts in a call, the server opens the project
+    as alice and cairnd checks she owns it; no argument names a profile or a hash."""
+    booted.exec(["mkdir", "-p", "/home/bob/open"], user="bob")
+    booted.exec(["chmod", "755", "/home/bob", "/home/bob/open"])
+    before = json.loads(cairn(booted, "list", "--json"))
+    report = mcp_session(booted, "alice", "/home/alice", [
+        {"call": "user_notes", "arguments": {"args": {"objective": "x"},
+                                             "project": "/home/bob/open"}},
+        {"call": "user_notes", "arguments": {"args": {"objective": "x"}, "project": "/root"}},
+        {"call": "user_notes", "arguments": {"args": {"objective": "x"},
+                                             "scripted": {"builtin:implementer": "/tmp/a"}}},
+        {"call": "user_notes", "arguments": {"args": {"objective": "x"},
+                                             "confirm": "sha256:" + "0" * 64}},
+        {"call": "user_notes", "arguments": {"args": {"objective": ""}}},
+    ], tmp_path)
+    foreign, closed, scripted, confirm, invalid = report["steps"]
+    for refused in report["steps"]:
+        assert refused["is_error"] is True, refused
+    assert "Permission denied" in closed["text"][0]
+    assert scripted["text"][0].startswith("user_notes arguments: scripted: Extra inputs")
+    assert confirm["text"][0].startswith("user_notes arguments: confirm: Extra inputs")
+    assert "objective" in invalid["text"][0]
+    assert foreign["text"][0]  # cairnd's one-line refusal: bob owns the directory
+    assert json.loads(cairn(booted, "list", "--json")) == before  # no run was created
