@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,7 @@ from cairn.protocol.mcp import (
     PARSE_ERROR,
     CallToolParams,
     CallToolResult,
+    CancelledParams,
     ErrorObject,
     InitializeParams,
     InitializeResult,
@@ -72,6 +74,7 @@ class Server:
         self.version = version
         self.lock = threading.Lock()
         self.calls: list[threading.Thread] = []
+        self.cancels: dict[RequestId, threading.Event] = {}
         self.handlers: dict[str, Callable[[dict[str, Any]], BaseModel | None]] = {
             "initialize": self._initialize,
             "ping": lambda params: None,
@@ -106,8 +109,11 @@ class Server:
             request_id = known if isinstance(known, int | str) else None
             self._error(request_id, INVALID_REQUEST, f"not a JSON-RPC 2.0 message: {where}: {what}")
             return
+        if message.method == "notifications/cancelled" and message.id is None:
+            self._cancel(message.params or {})
+            return
         if message.method is None or message.id is None:
-            return  # a notification (initialized, cancelled) or a response: nothing to say
+            return  # another notification (initialized) or a response: nothing to say
         params = message.params or {}
         if message.method == "tools/call":
             self._start_call(message.id, params)
@@ -146,8 +152,9 @@ class Server:
             where, what = first_error(exc, top="params")
             self._error(request_id, INVALID_PARAMS, f"tools/call: {where}: {what}")
             return
+        cancel = self.cancels[request_id] = threading.Event()
         thread = threading.Thread(
-            target=self._call, args=(request_id, call), name=f"mcp-call-{request_id}",
+            target=self._call, args=(request_id, call, cancel), name=f"mcp-call-{request_id}",
             daemon=True,
         )
         self.calls = [t for t in self.calls if t.is_alive()]
@@ -165,9 +172,29 @@ class Server:
 
         return report
 
-    def _call(self, request_id: RequestId, call: CallToolParams) -> None:
+    def _cancel(self, params: dict[str, Any]) -> None:
+        """Stop a running call at its next safe point; it then gets no answer (as the
+        protocol asks). An unknown or finished request is ignored."""
         try:
-            data = call_tool(call.name, call.arguments, self.session, self._reporter(call))
+            request_id = CancelledParams.model_validate(params).request_id
+        except ValidationError:
+            return
+        cancel = None if request_id is None else self.cancels.get(request_id)
+        if cancel is not None:
+            cancel.set()
+
+    def _call(self, request_id: RequestId, call: CallToolParams, cancel: threading.Event) -> None:
+        try:
+            self._answer_call(request_id, call, cancel)
+        finally:
+            self.cancels.pop(request_id, None)
+
+    def _answer_call(
+        self, request_id: RequestId, call: CallToolParams, cancel: threading.Event
+    ) -> None:
+        session = replace(self.session, cancelled=cancel.is_set)
+        try:
+            data = call_tool(call.name, call.arguments, session, self._reporter(call))
         except UnknownTool as exc:
             self._error(request_id, INVALID_PARAMS, one_line(exc))
             return
@@ -183,7 +210,8 @@ class Server:
         else:
             text = json.dumps(data, indent=2, sort_keys=True)
             result = CallToolResult(content=[TextContent(text=text)], structured_content=data)
-        self.write(response_line(request_id, result))
+        if not cancel.is_set():
+            self.write(response_line(request_id, result))
 
 
 def failed(text: str) -> CallToolResult:

@@ -68,12 +68,14 @@ class UnknownTool(CairnError):
 @dataclass(frozen=True)
 class Session:
     """What a tool works with: the user's client, where the server runs (the default
-    project), and the clock (injected, so a test never waits)."""
+    project), the clock (injected, so a test never waits), and whether the client
+    cancelled the call (a watch stops at its next poll)."""
 
     request: Requester
     cwd: Path
     clock: Callable[[], float]
     pause: Callable[[float], None]
+    cancelled: Callable[[], bool] = lambda: False
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,8 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> Any:
         if data["more"]:
             continue
         if data["finished"] or data["state"] != first_state or session.clock() >= deadline:
+            break
+        if session.cancelled():
             break
         session.pause(min(WATCH_POLL_SECONDS, max(0.0, deadline - session.clock())))
     waiting = [_without_approval_keys({**w, "run_id": data["run_id"]}) for w in data["waiting"]]

@@ -70,6 +70,13 @@ class CallToolParams(Open):
     meta: RequestMeta | None = Field(default=None, alias="_meta")
 
 
+class CancelledParams(Open):
+    """``notifications/cancelled``: the client no longer wants request ``requestId``."""
+
+    request_id: RequestId | None = Field(default=None, alias="requestId")
+    reason: str | None = None
+
+
 class ServerInfo(Closed):
     name: str
     version: str

@@ -8,12 +8,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_standin import RUN, SOURCE, StandInDaemon, StdioClient, install_definitions, review_hash
+from mcp_standin import (
+    REPLY_SECONDS,
+    RUN,
+    SOURCE,
+    StandInDaemon,
+    StdioClient,
+    install_definitions,
+    review_hash,
+)
 
 from cairn import paths
 from cairn.mcp.server import Server
@@ -244,3 +253,33 @@ def test_watch_returns_at_its_timeout_and_without_a_token_sends_no_progress() ->
     result = answer["result"]["structuredContent"]
     assert (result["state"], result["finished"], result["cursor"]) == ("running", False, 5)
     assert cairnd.now == 103.0 and cairnd.cursors[0] == 4
+
+
+def test_a_cancelled_watch_stops_and_gets_no_answer() -> None:
+    """The cancel arrives while the watch waits on cairnd; the watch stops at its next
+    poll and the server sends no answer for it, but goes on answering others."""
+    asked, release = threading.Event(), threading.Event()
+    cairnd = ScriptedCairnd([watch_reply("running", ["run-started"], 1)])
+
+    def blocking(body: OpRequest, **_: Any) -> Any:
+        asked.set()
+        assert release.wait(REPLY_SECONDS)
+        return cairnd.request(body)
+
+    def lines() -> Iterator[bytes]:
+        yield json.dumps(watch_call({"run": RUN, "timeout": 600}, "tok")).encode()
+        assert asked.wait(REPLY_SECONDS)
+        yield json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": 1, "reason": "user"}}).encode()
+        release.set()
+        yield json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode()
+
+    out = io.BytesIO()
+    session = Session(request=blocking, cwd=Path("/"), clock=lambda: cairnd.now,
+                      pause=cairnd.pause)
+    Server(out, session, "test").serve(lines())
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [m.get("id") for m in written if "id" in m] == [2]  # no answer for the watch
+    progress = [m["params"]["message"] for m in written if m.get("method")]
+    assert progress == ["run-started root-1"]  # what came before the cancel took effect
+    assert cairnd.now <= 101.0  # stopped at its first pause, not after 600 seconds
