@@ -25,6 +25,7 @@ from mcp_standin import (
 )
 
 from cairn import paths
+from cairn.definitions import registry
 from cairn.mcp.server import Server
 from cairn.mcp.tools import Session
 from cairn.protocol.daemon import ErrorBody, OpRequest
@@ -283,3 +284,17 @@ def test_a_cancelled_watch_stops_and_gets_no_answer() -> None:
     progress = [m["params"]["message"] for m in written if m.get("method")]
     assert progress == ["run-started root-1"]  # what came before the cancel took effect
     assert cairnd.now <= 101.0  # stopped at its first pause, not after 600 seconds
+
+
+def test_unexposing_takes_effect_in_a_running_server(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    assert client.request("tools/list")["result"]["tools"][0]["name"] == "user_fix-flaky"
+    registry.unexpose("user:fix-flaky")
+    names = [t["name"] for t in client.request("tools/list")["result"]["tools"]]
+    assert names == FIXED
+    reply = client.request("tools/call", {"name": "user_fix-flaky",
+                                          "arguments": {"args": {"objective": "x"}}})
+    assert reply["error"]["code"] == -32602
+    assert daemon.asked == []
