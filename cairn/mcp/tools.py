@@ -140,13 +140,19 @@ def _show(args: RunArgs, session: Session, report: Reporter | None) -> Any:
     view = session.request(ShowRequest(run_id=args.run))
     return {
         "run": view["run"],
-        "question": view["question"],
+        "question": _open_request(view["question"]),
         "settlement": view["settlement"],
         "settlement_summary": view["settlement_summary"],
         "operations": view["operations"],
         "progress": view["progress"],
         "latest_event": view["latest_event"],
     }
+
+
+def _open_request(facet: dict[str, Any] | None) -> dict[str, Any] | None:
+    if facet is None:
+        return None
+    return {**_without_approval_keys(facet), "also_waiting": facet.get("also_waiting", 0)}
 
 
 def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> Any:

@@ -298,3 +298,21 @@ def test_unexposing_takes_effect_in_a_running_server(
                                           "arguments": {"args": {"objective": "x"}}})
     assert reply["error"]["code"] == -32602
     assert daemon.asked == []
+
+
+def test_show_leaves_out_what_approving_takes() -> None:
+    facet = {"kind": "approval", "op_id": "root-2", "request_id": "req-1",
+             "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0, "also_waiting": 1}
+    view = {"run": {"run_id": RUN, "state": "waiting"}, "question": facet, "settlement": None,
+            "settlement_summary": None, "operations": [], "progress": {}, "latest_event": None}
+    out = io.BytesIO()
+    session = Session(request=lambda body, **_: view, cwd=Path("/"), clock=lambda: 0.0,
+                      pause=lambda seconds: None)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "cairn_show", "arguments": {"run": RUN}}}
+    Server(out, session, "test").serve([json.dumps(call).encode()])
+    [answer] = [json.loads(line) for line in out.getvalue().splitlines()]
+    shown = answer["result"]["structuredContent"]
+    assert shown["run"]["state"] == "waiting"
+    assert shown["question"]["kind"] == "approval" and shown["question"]["also_waiting"] == 1
+    assert "fingerprint" not in json.dumps(shown) and "req-1" not in json.dumps(shown)
