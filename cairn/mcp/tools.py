@@ -52,6 +52,7 @@ Requester = Callable[..., Any]
 Reporter = Callable[[float, str], None]
 
 WATCH_POLL_SECONDS = 1.0
+WITHHELD_KEYS = frozenset({"fingerprint"})
 APPROVAL_KEYS_SHOWN = ("kind", "run_id", "op_id", "deadline")
 DECIDED_BY = (
     "a person, with 'cairn inbox' and 'cairn approve' or 'cairn apply' in their terminal; "
@@ -243,7 +244,7 @@ def call_tool(name: str, arguments: dict[str, Any], session: Session,
     :class:`UnknownTool` when there is no such tool."""
     if name in FIXED:
         model, handler, _ = FIXED[name]
-        return handler(_parsed(model, arguments, name), session, report)
+        return withheld(handler(_parsed(model, arguments, name), session, report))
     for workflow in exposed_workflows():
         if workflow.tool_name == name:
             return launch(workflow, _parsed(LaunchArgs, arguments, name), session)
@@ -252,6 +253,17 @@ def call_tool(name: str, arguments: dict[str, Any], session: Session,
         hint="see tools/list; a workflow is offered once a person runs "
         "'cairn workflow expose user:NAME'",
     )
+
+
+def withheld(value: Any) -> Any:
+    """``value`` without any approval's fingerprint, wherever cairnd put one (the waiting
+    items, the question facet, the data of an ``approval-requested`` event): it is what
+    ``cairn approve`` takes, and only a person approves."""
+    if isinstance(value, dict):
+        return {k: withheld(v) for k, v in value.items() if k not in WITHHELD_KEYS}
+    if isinstance(value, list):
+        return [withheld(v) for v in value]
+    return value
 
 
 def _parsed(model: type[ToolArgs], arguments: dict[str, Any], name: str) -> Any:

@@ -248,6 +248,18 @@ def test_watch_follows_a_run_to_its_next_state_with_progress() -> None:
     assert cairnd.now == 102.0  # paused a second between polls that brought nothing new
 
 
+def test_watch_leaves_out_the_fingerprint_of_an_approval_requested() -> None:
+    reply = watch_reply("waiting", ["approval-requested"], 1)
+    reply["events"][0]["data"] = {"request_id": "req-1", "fingerprint": "sha256:" + "f" * 64}
+    reply["waiting"] = [{"kind": "approval", "op_id": "root-1", "request_id": "req-1",
+                         "fingerprint": "sha256:" + "f" * 64}]
+    [answer] = serve(ScriptedCairnd([reply]), watch_call({"run": RUN, "timeout": 1}, None))
+    result = answer["result"]
+    assert result["structuredContent"]["events"][0]["data"] == {"request_id": "req-1"}
+    assert "decided_by" in result["structuredContent"]["waiting"][0]
+    assert "fingerprint" not in json.dumps(result)
+
+
 def test_watch_returns_at_its_timeout_and_without_a_token_sends_no_progress() -> None:
     cairnd = ScriptedCairnd([watch_reply("running", ["run-started"], 5)])
     [answer] = serve(cairnd, watch_call({"run": RUN, "timeout": 3, "cursor": 4}, None))
