@@ -341,6 +341,8 @@ def _run_command(
         log_fields={"CAIRN_RUN": desc.run_id},
     )
     state = _run_to_end(spec, name, command.timeout_sec + 60)
+    # journald may still hold the unit's last stdout lines: have it write them first
+    proc.run(["journalctl", "--sync"], check=False)
     output = proc.run(
         ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
          f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],
