@@ -32,12 +32,14 @@ from cairn.protocol.broker import (
     CHECK_OUTPUT_LIMIT,
     AgentStarted,
     AgentStopped,
+    AppliedCheck,
     ApplyResult,
     CandidateFailure,
     CandidateResult,
     CheckResult,
 )
-from cairn.protocol.launch import LaunchDescription, VerifierSpec
+from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
+from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -313,34 +315,49 @@ def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any
     return {"unit": name, "invocation_id": state.invocation_id}
 
 
-def run_check(
-    desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
-) -> CheckResult:
-    """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
-    F) as the project's owner, without network, and wait for it. Pass or fail comes from
-    systemd (the exit status of the administrator's argv), the output from the journal by
-    the unit's own invocation, never from a file the check could write."""
+def _run_command(
+    desc: LaunchDescription,
+    command: VerifierSpec | EvaluatorSpec,
+    workspace: Path,
+    what: str,
+    name: str,
+) -> tuple[UnitState, str]:
+    """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
+    as the project's owner, without network, and wait for it; return its final state and
+    the tail of what it printed, read from the journal by the unit's own invocation, never
+    from a file the command could write."""
     spec = HelperUnitSpec(
-        description=f"Cairn check {verifier.name} of run {desc.run_id}",
+        description=f"Cairn {what} {command.name} of run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
-        exec_argv=verifier.argv,
+        exec_argv=command.argv,
         binds=[(str(workspace), "/workspace")],
         working_directory="/workspace",
-        environment=verifier.environment,
+        environment=command.environment,
         memory_max=desc.limits.memory_max,
         tasks_max=512,
         cpu_quota_percent=100 * max(1, os.cpu_count() or 1),
-        runtime_max_sec=verifier.timeout_sec,
+        runtime_max_sec=command.timeout_sec,
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
-    state = _run_to_end(spec, name, verifier.timeout_sec + 60)
+    state = _run_to_end(spec, name, command.timeout_sec + 60)
+    # journald may still hold the unit's last stdout lines: have it write them first
+    proc.run(["journalctl", "--sync"], check=False)
     output = proc.run(
         ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
          f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],
         check=False,
     ).stdout.decode(errors="replace")
+    return state, output[-CHECK_OUTPUT_LIMIT:]
+
+
+def run_check(
+    desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
+) -> CheckResult:
+    """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
+    F). Pass or fail comes from systemd (the exit status of the administrator's argv)."""
+    name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
+    state, output = _run_command(desc, verifier, workspace, "check", name)
     return CheckResult(
         name=verifier.name,
         unit=name,
@@ -348,8 +365,48 @@ def run_check(
         passed=state.result == "success",
         result=state.result,
         exit_status=state.exec_main_status,
-        output=output[-CHECK_OUTPUT_LIMIT:],
+        output=output,
     )
+
+
+def run_evaluator(
+    desc: LaunchDescription, evaluator: EvaluatorSpec, workspace: Path, name: str, warmup: bool
+) -> tuple[EvaluatorRun, str]:
+    """One run of an evaluator over ``workspace`` (a disposable writable snapshot of W):
+    how it ended, the metric values of its one JSON line (None when it failed or printed
+    none) and the tail of its output."""
+    state, output = _run_command(desc, evaluator, workspace, "evaluator", name)
+    values = parse_metric_output(output) if state.result == "success" else None
+    run = EvaluatorRun(
+        unit=name,
+        invocation_id=state.invocation_id,
+        warmup=warmup,
+        result=state.result,
+        exit_status=state.exec_main_status,
+        values=values,
+    )
+    return run, output
+
+
+def measurement_environment(evaluator: EvaluatorSpec) -> MeasurementEnvironment:
+    """The evaluator's configuration hash, the kernel release and the CPU model."""
+    cpu = os.uname().machine
+    try:
+        with open("/proc/cpuinfo", "rb") as info:
+            for line in info.read(1 << 20).decode(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and value.strip():
+                    cpu = value.strip()[:256]
+                    break
+    except OSError:
+        pass
+    return MeasurementEnvironment(
+        evaluator=evaluator.name,
+        config_sha256=evaluator.config_sha256,
+        kernel=os.uname().release[:256],
+        cpu=cpu,
+    )
+
 
 def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
     """The bind of the run's ``progress/<phase>`` directory at ``/progress`` when the
@@ -401,18 +458,25 @@ def run_apply(
     subpath: str,
     accepted: list[str],
     work: Path,
-    step: Literal["apply", "revert"] = "apply",
+    step: Literal["apply", "revert", "check-applied"] = "apply",
+    applied: Path | None = None,
 ) -> dict[str, Any]:
     """Apply F to the live project as its owner with the three-way check; return the
     unit's name and invocation ID with the apply result. A revert passes F as ``q`` and Q
-    as ``f``: the same check then writes Q back where the live project still holds F."""
+    as ``f``: the same check then writes Q back where the live project still holds F.
+    ``check-applied`` writes nothing: the live project is bound read-only and the result
+    (an ``AppliedCheck``) says what it holds at each accepted path and each path of the
+    apply's receipts in ``applied`` (the apply's work directory, read-only)."""
+    check = step == "check-applied"
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     # work/ is the owner's: replace, never write through, whatever an earlier attempt left
     plan = json.dumps(accepted).encode()
     untrusted.write_new(work, "plan.json", plan, mode=0o644, uid=desc.owner_uid, gid=desc.owner_gid)
     (work / "result.json").unlink(missing_ok=True)
-    progress = progress_bind(desc.run_id, "apply")
+    progress = [] if check else progress_bind(desc.run_id, "apply")
+    live = [(desc.project.root, "/live")]
+    receipts = "/applied/receipts.jsonl" if check else "/apply/receipts.jsonl"
     spec = HelperUnitSpec(
         description=f"Cairn {step} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -428,16 +492,19 @@ def run_apply(
             "--plan",
             "/apply/plan.json",
             "--receipts",
-            "/apply/receipts.jsonl",
+            receipts,
             "--result",
             "/apply/result.json",
             *(["--progress", "/progress"] if progress else []),
+            *(["--check"] if check else []),
         ),
         environment=_failpoint_env(),
-        binds=[(desc.project.root, "/live"), (str(work), "/apply"), *progress],
+        binds=[*([] if check else live), (str(work), "/apply"), *progress],
         read_only_binds=[
             (str(q / subpath) if subpath else str(q), "/q"),
             (str(f / subpath) if subpath else str(f), "/f"),
+            *(live if check else []),
+            *([(str(applied), "/applied")] if check and applied is not None else []),
         ],
         memory_max=desc.limits.memory_max,
         tasks_max=64,
@@ -447,7 +514,8 @@ def run_apply(
     )
     unit = run_helper(spec, f"cairn-{step}-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
-    result = ApplyResult.model_validate_json(raw)
+    model = AppliedCheck if check else ApplyResult
+    result = model.model_validate_json(raw)
     return {**unit, "result": result.model_dump(mode="json")}
 
 

@@ -23,6 +23,7 @@ from cairn.protocol.broker import (
     VERB_OF_KIND,
     AgentStarted,
     AgentStopped,
+    AppliedChecked,
     ApplyDone,
     B,
     CandidateBuilt,
@@ -32,6 +33,7 @@ from cairn.protocol.broker import (
     Forked,
     ForkLane,
     Intent,
+    MeasurementTaken,
     ProposalFrozen,
     ProposalVerified,
     QPrepared,
@@ -43,6 +45,7 @@ from cairn.protocol.broker import (
     WDropped,
 )
 from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.measurement import EvaluatorRun
 
 if TYPE_CHECKING:  # a type only: root loads no code it does not run
     from cairn.operation_kinds import OperationKind
@@ -261,6 +264,13 @@ def drop_w(ctx: Context) -> WDropped:
     check_generation(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    pool.delete(w, w_receipt(ctx))
+    return WDropped(deleted=str(w))
+
+
+def w_receipt(ctx: Context) -> storage.SubvolumeReceipt:
+    """The receipt of the intent's W generation: its create-w, or for a lane's first W its
+    fork."""
     made = ctx.store.get(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
     created = None if made is None else made.body(WCreated).w
     if created is None:  # a lane's first W comes from its fork
@@ -273,8 +283,7 @@ def drop_w(ctx: Context) -> WDropped:
                     created = lane.w
     if created is None:
         raise BrokerRefused(f"no receipt for W.{ctx.intent.generation} of {ctx.intent.scope}")
-    pool.delete(w, created)
-    return WDropped(deleted=str(w))
+    return created
 
 
 def freeze_proposal(ctx: Context) -> ProposalFrozen:
@@ -433,6 +442,33 @@ def start_revert(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
+def check_applied(ctx: Context) -> AppliedChecked:
+    """For ``cairn doctor``: what the live project holds at every path the run's apply
+    wrote, read by a unit that runs as the project's owner and writes nothing."""
+    run = ctx.journal.get_run(ctx.run_id)
+    if run.state not in TERMINAL_RUN_STATES:
+        raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only a finished run is checked")
+    applied = ctx.receipt("start-apply.1", ApplyDone).result
+    pool = ctx.pool()
+    f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
+    if not (f.is_dir() and q.is_dir()):
+        raise BrokerRefused(f"the snapshots of {ctx.run_id} were deleted; it cannot be checked")
+    check_project(Path(ctx.desc.project.root), ctx.desc)
+    scratch = pool.run_dir(ctx.run_id) / "scratch"
+    done = units.run_apply(
+        ctx.desc,
+        ctx.intent.attempt,
+        q,
+        f,
+        ctx.subpath(),
+        sorted({*applied.applied, *applied.already_applied}),
+        scratch / "check-applied",
+        step="check-applied",
+        applied=(scratch / "apply") if (scratch / "apply").is_dir() else None,
+    )
+    return AppliedChecked.model_validate(done)
+
+
 def verify_proposal(ctx: Context) -> ProposalVerified:
     """Run the host's checks frozen in the launch description, each over a fresh writable
     snapshot of F that is deleted afterwards; stop at the first that fails."""
@@ -453,6 +489,56 @@ def verify_proposal(ctx: Context) -> ProposalVerified:
         if not checks[-1].passed:
             break
     return ProposalVerified(checks=checks, passed=all(c.passed for c in checks))
+
+
+MEASURE: OperationKind = "measure_proposal"
+
+
+def measure_checkpoint(ctx: Context) -> MeasurementTaken:
+    """Run the evaluator the journalled ``measure_proposal`` operation names (frozen in the
+    launch description) over a fresh writable snapshot of the scope's W, deleted
+    afterwards: its warm-ups, then its samples, each a unit; stop at the first run that
+    fails or prints no metric line."""
+    check_generation(ctx.intent)
+    if ctx.intent.op_id is None:
+        raise BrokerRefused(f"{ctx.intent.intent_id} names no operation")
+    op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
+    if op.kind != MEASURE or op.scope != ctx.intent.scope:
+        raise BrokerRefused(f"{op.op_id} is not a measurement of scope {ctx.intent.scope}")
+    named = op.request.get("evaluator")
+    evaluator = next((e for e in ctx.desc.evaluators if e.name == named), None)
+    if evaluator is None:
+        raise BrokerRefused(f"{op.op_id}: evaluator {named!r} was not frozen at launch")
+    pool = ctx.pool()
+    w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
+    pool.verify(w, w_receipt(ctx))
+    workspace = pool.run_dir(ctx.run_id) / "measure"
+    if storage.is_subvolume(workspace):  # left by a crash: a run may have changed it
+        pool.delete(workspace, pool.receipt(workspace))
+    made = pool.snapshot(w, workspace, read_only=False)
+    runs: list[EvaluatorRun] = []
+    error = ""
+    try:
+        project = workspace / ctx.subpath() if ctx.subpath() else workspace
+        for index in range(evaluator.warmups + evaluator.samples):
+            name = f"cairn-measure-{ctx.run_id}-{op.op_id}-{ctx.intent.attempt}-{index}.service"
+            run, output = units.run_evaluator(
+                ctx.desc, evaluator, project, name, warmup=index < evaluator.warmups
+            )
+            runs.append(run)
+            if run.values is None:
+                error = f"{name} ended {run.result} (status {run.exit_status}) with no " \
+                    f"metric line; its output ends:\n{output[-2048:]}"
+                break
+    finally:
+        pool.delete(workspace, made)
+    return MeasurementTaken(
+        op_id=op.op_id,
+        environment=units.measurement_environment(evaluator),
+        runs=runs,
+        samples=[] if error else [r.values for r in runs if not r.warmup and r.values],
+        error=error,
+    )
 
 
 # --- delete-v1 -----------------------------------------------------------------------
@@ -500,6 +586,8 @@ HANDLERS = {
     "stop-agent": stop_agent,
     "start-apply": start_apply,
     "start-revert": start_revert,
+    "check-applied": check_applied,
     "verify-proposal": verify_proposal,
+    "measure-checkpoint": measure_checkpoint,
     "delete-run": delete_run,
 }

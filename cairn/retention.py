@@ -172,13 +172,23 @@ def pool_usage(pool: storage.Pool, reserve: int) -> PoolUsage:
 def run_exclusive_bytes(pool: storage.Pool, run_id: str) -> int | None:
     """Bytes only the run's subvolumes hold, from its level-1 qgroup in sysfs; None when
     quotas are off or the run has no qgroup (quotas are never turned on for this)."""
+    qid = storage.run_qgroup_id(run_id)
+    return qgroup_exclusive(pool, qid >> 48, qid & ((1 << 48) - 1))
+
+
+def subvolume_exclusive_bytes(pool: storage.Pool, subvol_id: int) -> int | None:
+    """Bytes only one subvolume holds (its level-0 qgroup); None when quotas are off."""
+    return qgroup_exclusive(pool, 0, subvol_id)
+
+
+def qgroup_exclusive(pool: storage.Pool, level: int, qgroup: int) -> int | None:
+    """The exclusive bytes sysfs reports for qgroup ``level/qgroup`` of the pool, or None
+    when quotas are off or the qgroup is not there."""
     if not pool.quota_enabled():
         return None
-    qid = storage.run_qgroup_id(run_id)
-    name = f"{qid >> 48}_{qid & ((1 << 48) - 1)}"
     try:
-        text = Path("/sys/fs/btrfs", pool.fsid, "qgroups", name, "exclusive").read_text()
-        return int(text.strip())
+        path = Path("/sys/fs/btrfs", pool.fsid, "qgroups", f"{level}_{qgroup}", "exclusive")
+        return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
 

@@ -29,7 +29,13 @@ from pydantic import BaseModel, ConfigDict
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
-from cairn.protocol.broker import ApplyConflict, ApplyResult, CandidateReport, RefusedPath
+from cairn.protocol.broker import (
+    AppliedCheck,
+    ApplyConflict,
+    ApplyResult,
+    CandidateReport,
+    RefusedPath,
+)
 from cairn.settle_candidate import (
     TMP_PREFIX,
     build_candidate,
@@ -612,3 +618,32 @@ def apply(
         log_.close()
     log.info("applied %d paths into %s (%d already there)", len(applied), live, len(already))
     return ApplyResult(status="applied", applied=sorted(applied), already_applied=already)
+
+
+def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> AppliedCheck:
+    """What ``live`` holds at every path of ``paths`` and of the apply's ``receipts`` file
+    (``cairn doctor``): F's state, Q's (reverted) or neither (changed since); and every
+    receipt whose recorded F state is not what F holds. Reads only; never follows a
+    link in ``live``."""
+    done = _read_receipts(receipts)
+    found: dict[str, list[str]] = {"as_applied": [], "reverted": [], "changed": []}
+    differs: list[str] = []
+    for path in sorted(set(paths) | set(done)):
+        check_relative(path)
+        fs, qs, ls = entry_state(f, path), entry_state(q, path), entry_state(live, path)
+        fs, qs = (_ABSENT if s.kind == "blocked" else s for s in (fs, qs))
+        ls = _ABSENT if ls.kind == "blocked" and fs.kind == "absent" else ls
+        if path in done and done[path].f != fs:
+            differs.append(path)
+        if ls == fs:
+            found["as_applied"].append(path)
+        elif ls == qs:
+            found["reverted"].append(path)
+        else:
+            found["changed"].append(path)
+    return AppliedCheck(
+        as_applied=found["as_applied"],
+        reverted=found["reverted"],
+        changed=found["changed"],
+        receipt_differs=differs,
+    )

@@ -51,15 +51,16 @@ class VerifierMatch(BaseModel):
         return projects
 
 
-class VerifierConfig(BaseModel):
-    """One ``verifiers.d/NAME.toml``."""
+class CommandConfig(BaseModel):
+    """A command the administrator configures for Cairn to run as a project's owner:
+    ``argv`` (argv[0] absolute), ``timeout_sec`` and ``environment`` (also the base of an
+    evaluator, :mod:`cairn.evaluators`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     argv: list[str] = Field(min_length=1, max_length=256)
     timeout_sec: int = Field(ge=1, le=86_400)
     environment: dict[str, str] = {}
-    match: VerifierMatch
 
     @field_validator("argv")
     @classmethod
@@ -77,6 +78,16 @@ class VerifierConfig(BaseModel):
             if not _ENV_NAME.fullmatch(name) or "\0" in value:
                 raise ValueError(f"invalid environment variable {name!r}")
         return env
+
+    def config_sha256(self) -> str:
+        """The hash of the whole file's settings (recorded where the command ran)."""
+        return sha256_hex(canonical_json(self.model_dump(mode="json")))
+
+
+class VerifierConfig(CommandConfig):
+    """One ``verifiers.d/NAME.toml``."""
+
+    match: VerifierMatch
 
     def applies_to(self, project: str, definition: str) -> bool:
         below = any(project == p.rstrip("/") or project.startswith(p.rstrip("/") + "/")
@@ -117,7 +128,7 @@ def matching_verifiers(project: str, definition: str, problems: Problems) -> lis
             argv=config.argv,
             timeout_sec=config.timeout_sec,
             environment=config.environment,
-            config_sha256=sha256_hex(canonical_json(config.model_dump(mode="json"))),
+            config_sha256=config.config_sha256(),
         )
         for name, config in load_verifiers(problems).items()
         if config.applies_to(project, definition)

@@ -235,6 +235,7 @@ class AgentOperations(Recovery, Lanes):
             transcript=self.transcript_path(op.op_id, op.attempt),
             budget=self.budget,
             egress=paths.egress_socket(self.run_id),
+            on_spend=self.token_recorder(op.op_id, op.attempt),
         )
         relay.start()
         return relay

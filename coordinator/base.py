@@ -5,6 +5,7 @@ its events and failpoints, the broker's intents and the reviewed manifest of cal
 sets up. Each concern is a mixin over it — :mod:`~cairn.coordinator.lease`,
 :mod:`~cairn.coordinator.replay`, :mod:`~cairn.coordinator.lanes`,
 :mod:`~cairn.coordinator.agentop`, :mod:`~cairn.coordinator.recovery`,
+:mod:`~cairn.coordinator.experiments`,
 :mod:`~cairn.coordinator.settlement` — and ``Coordinator`` puts them together.
 """
 
@@ -131,6 +132,16 @@ class CoordinatorBase:
             self.desc.owner_uid,
             lambda data: self.journal.append_event(self.run_id, "progress", data),
         )
+
+    def token_recorder(self, op_id: str, attempt: int) -> Callable[[int], None]:
+        """Record model tokens as the relay spends them, for attempt ``attempt`` of
+        ``op_id`` (a connection per call: the relay answers each call in its own thread)."""
+
+        def record(tokens: int) -> None:
+            with Journal(paths.journal_path()) as journal:
+                journal.record_model_tokens(self.run_id, op_id, attempt, tokens)
+
+        return record
 
     def note_recorder(self, op_id: str) -> Callable[[str], str | None]:
         """Record an agent's notes as ``agent-note`` events (journal and journald), each

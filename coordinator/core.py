@@ -69,11 +69,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def tokens_used(ops: list[OpRow]) -> int:
-    """Model tokens the run's committed boundaries reported (survives restarts)."""
-    used = 0
+def tokens_used(ops: list[OpRow], spent: dict[tuple[str, int], int]) -> int:
+    """Model tokens the run has spent (survives restarts): every attempt's recorded
+    ``spent`` tokens, crashed and retried ones included, plus what a committed boundary
+    reported for an attempt with no record (a journal written before tokens were
+    recorded as spent)."""
+    used = sum(spent.values())
     for op in ops:
-        if op.state == "committed" and op.result is not None:
+        if (
+            op.state == "committed"
+            and op.result is not None
+            and (op.op_id, op.attempt) not in spent
+        ):
             used += int(op.result.get("usage", {}).get("total_tokens", 0))
     return used
 
@@ -97,7 +104,8 @@ class Coordinator(Replay, Settlement, Lease):
         self.agent_slots = threading.BoundedSemaphore(self.desc.limits.max_concurrent_agents)
         self.always_replay = os.environ.get("CAIRN_ALWAYS_REPLAY") == "1"
         ops = self.journal.list_ops(run_id)
-        self.budget = TokenBudget(self.desc.limits.model_tokens, used=tokens_used(ops))
+        spent = self.journal.model_tokens_spent(run_id)
+        self.budget = TokenBudget(self.desc.limits.model_tokens, used=tokens_used(ops, spent))
         self.usage: dict[str, dict[str, int]] = {}
         # Operations committed before this coordinator started: replay answers them from
         # memory, in the reader thread, without a journal round trip or a thread each.

@@ -16,13 +16,14 @@ from typing import Any
 
 from cairn.coordinator import interactions
 from cairn.coordinator.agentop import AgentOperations
+from cairn.coordinator.experiments import Experiments
 from cairn.coordinator.lanes import Lanes
 from cairn.journal import OpRow
 from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
 from cairn.protocol.control import CallRequest
 
 
-class Handlers(AgentOperations, Lanes):
+class Handlers(AgentOperations, Lanes, Experiments):
     """The coordinator's handler of each operation kind."""
 
     def answer_agent(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
@@ -33,6 +34,14 @@ class Handlers(AgentOperations, Lanes):
 
     def answer_fork(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
         return self.fork(op, call), False
+
+    def answer_measure(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return self.measure(op, call), True
+
+    def answer_settle_experiment(
+        self, op: OpRow, call: CallRequest
+    ) -> tuple[dict[str, Any], bool]:
+        return self.settle_experiment(op, call), True
 
     def answer_marker(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
         """No effect: recorded so views and replay see it."""
@@ -48,6 +57,8 @@ Handler = Callable[[Handlers, OpRow, CallRequest], tuple[dict[str, Any], bool]]
 HANDLERS: Mapping[OperationKind, Handler] = {
     "agent": Handlers.answer_agent,
     "ask": Handlers.answer_ask,
+    "measure_proposal": Handlers.answer_measure,
+    "settle_experiment": Handlers.answer_settle_experiment,
     **{kind: Handlers.answer_fork for kind in FORK_KINDS},
     **{kind: Handlers.answer_marker for kind in MARKER_KINDS},
 }

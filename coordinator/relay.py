@@ -20,6 +20,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
@@ -250,8 +251,10 @@ class ModelRelay:
         transcript: Path,
         budget: TokenBudget,
         egress: Path | None = None,
+        on_spend: Callable[[int], None] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.on_spend = on_spend
         self.egress = egress
         self.route = route
         self.owner_uid = owner_uid
@@ -316,6 +319,16 @@ class ModelRelay:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def spend(self, tokens: int) -> None:
+        """Charge the run's budget and have ``on_spend`` record the tokens durably, so an
+        attempt that crashes after this call still counts after a restart."""
+        self.budget.charge(tokens)
+        if tokens and self.on_spend is not None:
+            try:
+                self.on_spend(tokens)
+            except Exception:  # the reply already reached the agent; the budget counted it
+                log.exception("could not record %d model tokens in the journal", tokens)
 
     # --- one request ----------------------------------------------------------------
 
@@ -398,7 +411,7 @@ class ModelRelay:
             # Without usage from the provider, a call still costs about a token per 4 bytes.
             size = len(json.dumps(body)) + len(json.dumps(recorded))
             usage = {"estimated": size // 4 + 1}
-        self.budget.charge(sum(usage.values()))
+        self.spend(sum(usage.values()))
         with self._lock:
             self._counts["requests"] += 1
             for key, value in usage.items():

@@ -1,7 +1,12 @@
 """`cairn doctor`: the host checks cairnd can see (:mod:`cairn.hostcheck`), and a
 cross-check of the four authorities of each run — journal rows, Btrfs subvolumes (through
 the broker, against its receipts), systemd units and settlement receipts — reporting every
-contradiction. It repairs nothing."""
+contradiction. It repairs nothing.
+
+For a finished run that applied paths, the broker's ``check-applied`` unit reads the live
+project as its owner and says what each applied path holds: F's content, Q's (reverted),
+or neither (a person changed it since: a warning with the path, not a problem). A run
+whose storage was deleted is not checked against the live project (a note says so)."""
 
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ from cairn.errors import CairnError
 from cairn.hostcheck import HostCheck
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
 from cairn.operations import BOUNDARY_KINDS
-from cairn.protocol.broker import Intent, StorageVerified
+from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
 from cairn.runlogs import run_units
 from cairn.systemd import Systemd
+from cairn.views.run import storage_status
 
 
 def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
@@ -32,6 +38,10 @@ def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         runs = journal.list_runs(None if is_admin(uid) else uid)
         host, credentials = host_checks()
     report = [check_run(journal, run) for run in runs]
+    for entry, run in zip(report, runs, strict=True):
+        live = check_live(journal, run)
+        entry["problems"] += live.pop("problems")
+        entry.update(live)
     failed = sum(1 for c in host if c.status == "fail")
     return {
         "host": [c.model_dump() for c in host],
@@ -95,3 +105,53 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
         if op.state == "committed" and op.checkpoint is None and op.kind in BOUNDARY_KINDS:
             problems.append(f"{op.op_id} is committed without a checkpoint")
     return {"run_id": run.run_id, "state": run.state, "problems": problems}
+
+
+def check_live(journal: Journal, run: RunRow) -> dict[str, Any]:
+    """What the live project holds at the paths the run applied: ``applied`` counts per
+    state, ``warnings`` (a path changed since, a receipt that is not F's) and ``notes``
+    (why the check was skipped), neither of which is a problem; ``problems``: the check
+    could not run."""
+    result: dict[str, Any] = {"problems": [], "warnings": [], "notes": []}
+    applied = (run.settlement or {}).get("apply") or {}
+    if run.state not in TERMINAL_RUN_STATES or not (
+        applied.get("applied") or applied.get("already_applied")
+    ):
+        return result
+    receipts = journal.receipts(run.run_id)
+    if storage_status(receipts)["deleted"]:
+        result["notes"].append(
+            "the live project was not checked: the run's storage was deleted"
+        )
+        return result
+    attempt = 1 + sum(1 for r in receipts if r["kind"] == "check-applied")
+    intent = Intent(
+        intent_id=f"check-applied.{attempt}",
+        run_id=run.run_id,
+        kind="check-applied",
+        attempt=attempt,
+    )
+    try:
+        journal.add_intents(run.run_id, [intent], token=None)
+        reply = call_broker("launch-v1", run.run_id, timeout=3600)
+        journal.record_receipts(run.run_id, [r.model_dump(mode="json") for r in reply.receipts])
+        (receipt,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
+    except CairnError as exc:
+        result["problems"].append(f"live project not checked: {exc}")
+        return result
+    checked = receipt.body(AppliedChecked).result
+    result["applied"] = {
+        "as_applied": len(checked.as_applied),
+        "reverted": len(checked.reverted),
+        "changed": len(checked.changed),
+    }
+    result["warnings"] += [
+        f"{path} in the live project is neither the run's result nor what it replaced "
+        "(changed since the apply)"
+        for path in checked.changed
+    ]
+    result["warnings"] += [
+        f"{path}: the apply's receipt does not match the run's proposal F"
+        for path in checked.receipt_differs
+    ]
+    return result

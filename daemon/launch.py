@@ -22,8 +22,10 @@ from cairn.capsule import current_release
 from cairn.config import Problems
 from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
+from cairn.evaluators import frozen_evaluators
 from cairn.hostconfig import check_profile, profile_file
 from cairn.journal import Journal
+from cairn.operations.measure_proposal import evaluators_of
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
@@ -248,6 +250,7 @@ def launch(
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
     verifiers = matching_verifiers(project.root, request.definition, config)
+    evaluators = frozen_evaluators(evaluators_of(review.manifest()), config)
     retention.load_policy(problems=config)
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
@@ -278,6 +281,7 @@ def launch(
         capsule_hash=current_release(paths.release_dir()),
         apply_mode=request.apply_mode,
         verifiers=verifiers,
+        evaluators=evaluators,
         policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
     )
     retention.admit("launch")  # a full pool refuses the launch before the run exists

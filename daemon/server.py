@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from cairn import paths
 from cairn.daemon import (
+    checkpoints,
     decisions,
     doctor,
     interactions,
@@ -34,6 +35,7 @@ from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal import Journal
 from cairn.protocol.daemon import (
+    CheckpointsRequest,
     DaemonReply,
     DiffRequest,
     DoctorRequest,
@@ -149,6 +151,12 @@ def _revert(journal: Journal, request: RevertRequest, uid: int, _fd: int | None)
     return revert.revert(journal, request.run_id, uid)
 
 
+def _checkpoints(
+    journal: Journal, request: CheckpointsRequest, uid: int, _fd: int | None
+) -> Any:
+    return checkpoints.checkpoints(journal, request.run_id, uid)
+
+
 def _decide(
     journal: Journal, request: ReconcileRequest | RetryRequest, uid: int, _fd: int | None
 ) -> Any:
@@ -197,6 +205,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "upgrade": (UpgradeRequest, _upgrade),
     "doctor": (DoctorRequest, _doctor),
     "revert": (RevertRequest, _revert),
+    "checkpoints": (CheckpointsRequest, _checkpoints),
     "reconcile": (ReconcileRequest, _decide),
     "retry": (RetryRequest, _decide),
     "ps": (PsRequest, _ps),

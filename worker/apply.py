@@ -4,6 +4,10 @@
 Runs in ``cairn-apply-<run>.service`` as the project owner, with Q and F read-only and
 the live project read-write. Exit 0 for every outcome (applied, noop, conflict); non-zero
 only when the apply itself failed.
+
+With ``--check`` it writes nothing to the live project (bound read-only then, in
+``cairn-check-applied-<run>.service`` for ``cairn doctor``): the result says what the live
+project holds at each path of the plan and of the receipts file.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--receipts", type=Path, required=True, help="JSONL receipts file")
     parser.add_argument("--result", type=Path, required=True, help="where to write the result")
     parser.add_argument("--progress", type=Path, help="keep DIR/progress.json current")
+    parser.add_argument("--check", action="store_true", help="only check what live holds")
     args = parser.parse_args(argv)
     journald.setup_logging()
     writer = ProgressWriter(args.progress) if args.progress else None
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 writer.report(progress)
 
+    if args.check:
+        return check(args)
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
         result = settle.apply(args.q, args.f, args.live, paths, args.receipts, report)
@@ -58,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("apply %s: %d applied, %d already, %d conflicts", result.status,
              len(result.applied), len(result.already_applied), len(result.conflicts))
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    try:
+        paths = _PATHS.validate_json(args.plan.read_bytes())
+        result = settle.check_applied(args.q, args.f, args.live, paths, args.receipts)
+        write_atomic(args.result, result.model_dump_json(indent=2) + "\n")
+    except (CairnError, OSError, ValidationError) as exc:
+        print(f"cairn.worker.apply: {exc}", file=sys.stderr)
+        return 1
+    log.info("check: %d as applied, %d reverted, %d changed since", len(result.as_applied),
+             len(result.reverted), len(result.changed))
     return 0
 
 

@@ -2,7 +2,7 @@
 touches the journal or storage (except ``storage init``, which is local by nature).
 ``workflow`` and ``project`` keep the person's own definitions in their config, locally.
 
-One module per concern: ``runs`` and ``people`` add top-level commands, ``storage``,
+One module per concern: ``runs``, ``people`` and ``mcp`` add top-level commands, ``storage``,
 ``workflow``, ``schedule``, ``project``, ``notify`` and ``config`` are sub-apps; ``client``
 and ``options`` are what they share. This module only assembles them, and none of them
 imports it.
@@ -18,7 +18,7 @@ from typing import Annotated
 import click
 import typer
 
-from cairn.cli import completion, people, runs, storage
+from cairn.cli import completion, mcp, people, runs, storage
 from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
 from cairn.cli.options import CairnGroup
@@ -42,6 +42,7 @@ app = typer.Typer(
 runs.register(app)
 people.register(app)
 storage.register(app)
+mcp.register(app)
 app.add_typer(storage_app, name="storage")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(schedule_app, name="schedule")

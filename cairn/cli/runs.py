@@ -236,6 +236,9 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
         for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
             typer.echo(f"  {symbols[item_state]} {item}")
+    for facet in data.get("experiments", []):
+        for line in experiment_lines(facet):
+            typer.echo(line)
     question = data.get("question")
     if question:
         more = f" (and {question['also_waiting']} more)" if question["also_waiting"] else ""
@@ -376,6 +379,16 @@ def doctor(
             typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
             for problem in run["problems"]:
                 typer.echo(f"  - {problem}")
+            for warning in run.get("warnings", []):
+                typer.echo(f"  warning: {warning}")
+            for note in run.get("notes", []):
+                typer.echo(f"  note: {note}")
+            if run.get("applied"):
+                counts = run["applied"]
+                typer.echo(
+                    f"  live project: {counts['as_applied']} path(s) as applied, "
+                    f"{counts['reverted']} reverted, {counts['changed']} changed since"
+                )
     if data["problems"]:
         raise typer.Exit(1)
 
@@ -443,3 +456,26 @@ def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
         typer.echo(f"{data['run_id']}: already reverted; nothing to do")
     if data["status"] == "conflict":
         raise typer.Exit(1)
+
+
+def experiment_lines(facet: dict[str, Any]) -> list[str]:
+    """``cairn show``'s experiment facet: metric, baseline, best, gain, then each
+    candidate with its disposition."""
+
+    def value(entry: dict[str, Any] | None) -> str:
+        return "-" if not entry else f"{entry['value']:g} ({entry['measurement']})"
+
+    gain = "-" if facet.get("gain") is None else f"{facet['gain']:+.1%}"
+    guardrails = ", ".join(f"{n} ≤{m:.0%}" for n, m in facet.get("guardrails", {}).items())
+    lines = [
+        f"◆ experiment {facet['scope']} · {facet['metric']} · baseline "
+        f"{value(facet.get('baseline'))} · best {value(facet.get('best'))} · gain {gain}"
+        + (f" · guardrails {guardrails}" if guardrails else "")
+    ]
+    symbols = {"accepted": "✓", "rejected": "✗", "refused": "!", "pending": "○"}
+    for c in facet["candidates"]:
+        reason = f" — {c['reason']}" if c.get("reason") else ""
+        shown = "-" if c["value"] is None else f"{c['value']:g}"
+        lines.append(f"  {symbols[c['disposition']]} {c['measurement']} {shown} "
+                     f"{c['disposition']}{reason}")
+    return lines

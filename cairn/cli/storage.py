@@ -1,5 +1,6 @@
-"""``cairn storage`` (storage pools: ``init``, ``df``) and the top-level ``cairn rm`` and
-``cairn prune``, which delete finished runs' storage. Making a pool is
+"""``cairn storage`` (storage pools: ``init``, ``df``), the top-level ``cairn rm`` and
+``cairn prune``, which delete finished runs' storage, and ``cairn checkpoints``, which
+lists a run's snapshots. Making a pool is
 :mod:`cairn.storage_init`; what goes is decided by cairnd (``daemon/lifecycle.py``)."""
 
 from __future__ import annotations
@@ -13,16 +14,22 @@ import typer
 
 from cairn import paths
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, add_commands, check_run_ref
-from cairn.protocol.daemon import RUN_REF_HELP, PruneRequest, RmRequest, StorageDfRequest
+from cairn.cli.options import JsonFlag, RunArg, add_commands, check_run_ref
+from cairn.protocol.daemon import (
+    RUN_REF_HELP,
+    CheckpointsRequest,
+    PruneRequest,
+    RmRequest,
+    StorageDfRequest,
+)
 from cairn.sizes import parse_age
 
 storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``rm`` and ``prune`` to ``app`` (the main ``cairn`` app)."""
-    add_commands(app, rm, prune)
+    """Add ``rm``, ``prune`` and ``checkpoints`` to ``app`` (the main ``cairn`` app)."""
+    add_commands(app, rm, prune, checkpoints)
 
 
 @storage_app.command("init")
@@ -157,3 +164,29 @@ def _print_prune(data: dict[str, Any]) -> None:
     for run in data["failed"]:
         typer.echo(f"not deleted {run['run_id']}: {run['error']}")
     typer.echo(f"{len(data['kept'])} run(s) with storage kept")
+
+
+def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
+    """Every checkpoint of a run: its operation, scope, when it was taken, its exclusive
+    size (only where the host has Btrfs quotas on; otherwise unknown), and whether its
+    storage was deleted."""
+    data = request(CheckpointsRequest(run_id=run_id))
+    if json_out:
+        emit(data)
+        return
+    storage = data["storage"]
+    if storage["deleted"]:
+        typer.echo(
+            f"{data['run_id']}: storage deleted {_ago(storage['deleted_at'])}; "
+            "the checkpoints below are the journal's record"
+        )
+    if not data["checkpoints"]:
+        typer.echo(f"{data['run_id']}: no checkpoints")
+        return
+    typer.echo(f"{'OPERATION':<12} {'KIND':<8} {'SCOPE':<10} {'TAKEN':<10} {'EXCLUSIVE':<11} PATH")
+    for cp in data["checkpoints"]:
+        size = "deleted" if cp["deleted"] else human(cp["exclusive"])
+        typer.echo(
+            f"{cp['op_id']:<12} {cp['kind'] or '-':<8} {cp['scope'] or '-':<10} "
+            f"{_ago(cp['at']):<10} {size:<11} {cp['path']}"
+        )

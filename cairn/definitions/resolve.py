@@ -12,7 +12,7 @@ from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.definitions.files import check_name
 from cairn.errors import UsageError
 from cairn.protocol.definitions import DEFINITION_RE
-from cairn.workflow.review import review_source
+from cairn.workflow.review import Review, review_source
 
 
 def split(definition: str) -> tuple[str, str]:
@@ -58,12 +58,18 @@ def exposable_hash(definition: str) -> str:
             hint=f"install it with 'cairn workflow install {definition} --confirm sha256:…' "
             "and expose user:NAME",
         )
+    return current_review(definition).review_hash
+
+
+def current_review(definition: str) -> Review:
+    """The review of an installed ``user:`` definition (checked against its install record)
+    or a builtin, as it is now; a ``project:`` definition is refused (never exposed)."""
     namespace, name = split(definition)
     if namespace == "user":
-        return user.checked_review(user.installed(name, purpose="exposed")).review_hash
+        return user.checked_review(user.installed(name, purpose="exposed"))
     if namespace == "builtin":
         source, filename = builtin_source(name)
-        return review_source(source, filename=filename).review_hash
+        return review_source(source, filename=filename)
     raise UsageError(
         f"{definition} cannot be exposed: project definitions are never exposed",
         hint="install it as a user: definition to expose it",

@@ -202,3 +202,22 @@ class Operations(Writes):
                 (self.clock(), run_id),
             )
             self._event(db, run_id, f"op-{decision}-decided", {"actor_uid": actor_uid}, None, op_id)
+
+    def record_model_tokens(self, run_id: str, op_id: str, attempt: int, tokens: int) -> None:
+        """Add one model call's ``tokens`` to what attempt ``attempt`` of ``op_id`` spent.
+        Not fenced: tokens spent are spent, whoever holds the run's lease now."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO model_usage (run_id, op_id, attempt, tokens, calls, updated_at)"
+                " VALUES (?,?,?,?,1,?) ON CONFLICT (run_id, op_id, attempt) DO UPDATE SET"
+                " tokens = tokens + excluded.tokens, calls = calls + 1,"
+                " updated_at = excluded.updated_at",
+                (run_id, op_id, attempt, tokens, self.clock()),
+            )
+
+    def model_tokens_spent(self, run_id: str) -> dict[tuple[str, int], int]:
+        """Model tokens recorded per (operation, attempt) of the run."""
+        rows = self.db.execute(
+            "SELECT op_id, attempt, tokens FROM model_usage WHERE run_id=?", (run_id,)
+        ).fetchall()
+        return {(r["op_id"], int(r["attempt"])): int(r["tokens"]) for r in rows}

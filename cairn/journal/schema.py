@@ -121,6 +121,19 @@ MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX control_requests_run ON control_requests(run_id, state);
     """,
+    # model tokens as the relay spends them, per attempt, so a crashed or retried attempt
+    # still counts against the run's budget after a restart
+    3: """
+    CREATE TABLE model_usage (
+        run_id      TEXT NOT NULL REFERENCES runs(run_id),
+        op_id       TEXT NOT NULL,
+        attempt     INTEGER NOT NULL,
+        tokens      INTEGER NOT NULL,
+        calls       INTEGER NOT NULL,
+        updated_at  REAL NOT NULL,
+        PRIMARY KEY (run_id, op_id, attempt)
+    );
+    """,
 }
 
 assert max(MIGRATIONS) == SCHEMA_VERSION

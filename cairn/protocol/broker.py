@@ -9,6 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import AfterValidator, Field
 
 from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
+from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
 
 Verb = Literal["launch-v1", "storage-v1", "delete-v1"]
 
@@ -26,7 +27,9 @@ IntentKind = Literal[
     "settle-candidate",
     "start-apply",
     "start-revert",
+    "check-applied",
     "verify-proposal",
+    "measure-checkpoint",
     "delete-run",
 ]
 
@@ -36,7 +39,9 @@ VERB_OF_KIND: dict[str, Verb] = {
     "stop-agent": "launch-v1",
     "start-apply": "launch-v1",
     "start-revert": "launch-v1",
+    "check-applied": "launch-v1",
     "verify-proposal": "launch-v1",
+    "measure-checkpoint": "launch-v1",
     "prepare-q": "storage-v1",
     "create-w": "storage-v1",
     "drop-w": "storage-v1",
@@ -146,6 +151,16 @@ class ApplyResult(Frozen):
     applied: Paths = []
     already_applied: Paths = []
     conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
+
+
+class AppliedCheck(Frozen):
+    """check-applied's result.json: applied paths whose live state is F's, Q's, neither;
+    apply receipts unlike F (cairn.settle.check_applied)."""
+
+    as_applied: Paths = []
+    reverted: Paths = []
+    changed: Paths = []
+    receipt_differs: Paths = []
 
 
 # --- receipt bodies: what each intent kind did --------------------------------------
@@ -292,6 +307,19 @@ class ProposalVerified(ReceiptBody):
     passed: bool
 
 
+class MeasurementTaken(ReceiptBody):
+    """measure-checkpoint: the evaluator's runs over a disposable writable snapshot of W
+    (warm-ups, then samples), the values of each sample, and where they were measured.
+    ``error``: why the measurement has no samples (a run failed or printed no metric line);
+    the runs stop there."""
+
+    op_id: str
+    environment: MeasurementEnvironment
+    runs: list[EvaluatorRun]
+    samples: list[dict[str, float]]
+    error: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
+
+
 class ApplyDone(ReceiptBody):
     """start-apply and start-revert: the apply unit and its result (a revert is an apply
     from F back to Q)."""
@@ -299,6 +327,12 @@ class ApplyDone(ReceiptBody):
     unit: str
     invocation_id: str
     result: ApplyResult
+
+
+class AppliedChecked(ReceiptBody):
+    unit: str
+    invocation_id: str
+    result: AppliedCheck
 
 
 class RunDeleted(ReceiptBody):
@@ -320,7 +354,9 @@ BODY_OF_KIND: dict[str, type[ReceiptBody]] = {
     "settle-candidate": CandidateBuilt,
     "start-apply": ApplyDone,
     "start-revert": ApplyDone,
+    "check-applied": AppliedChecked,
     "verify-proposal": ProposalVerified,
+    "measure-checkpoint": MeasurementTaken,
     "delete-run": RunDeleted,
 }
 

@@ -204,6 +204,12 @@ class RevertRequest(RunRequest):
     op: Literal["revert"] = "revert"
 
 
+class CheckpointsRequest(RunRequest):
+    """Every checkpoint S of one run with its operation, time and size."""
+
+    op: Literal["checkpoints"] = "checkpoints"
+
+
 class UpgradeRequest(RunRequest):
     """Move a waiting or blocked run to new ``source`` (or only try, ``dry_run``)."""
 
@@ -412,6 +418,7 @@ DaemonRequest = Annotated[
     | DoctorRequest
     | UpgradeRequest
     | RevertRequest
+    | CheckpointsRequest
     | RetryRequest
     | ReconcileRequest
     | InboxRequest

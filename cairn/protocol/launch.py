@@ -120,6 +120,19 @@ class VerifierSpec(Frozen):
     config_sha256: str
 
 
+class EvaluatorSpec(Frozen):
+    """A host-configured measurement command (``/etc/cairn/evaluators.d/NAME.toml``) a
+    reviewed workflow names, frozen at launch; see :mod:`cairn.evaluators`."""
+
+    name: str = Field(pattern=VERIFIER_NAME_RE.pattern)
+    argv: list[str] = Field(min_length=1)
+    timeout_sec: int = Field(ge=1, le=86_400)
+    environment: dict[str, str] = {}
+    warmups: int = Field(ge=0, le=100)
+    samples: int = Field(ge=1, le=1000)
+    config_sha256: str
+
+
 class LaunchDescription(Frozen):
     """Everything a run is recovered from. Never re-read from live configuration."""
 
@@ -146,6 +159,7 @@ class LaunchDescription(Frozen):
     capsule_hash: str | None = None  # the sealed release installed at launch
     apply_mode: ApplyMode = "auto"
     verifiers: list[VerifierSpec] = []
+    evaluators: list[EvaluatorSpec] = []
 
     def launch_hash(self) -> str:
         return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))

@@ -16,6 +16,7 @@ from cairn.errors import JournalError
 from cairn.journal import Journal, RunRow
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops
+from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
 from cairn.runlogs import run_units
@@ -105,6 +106,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         "settlement_summary": settlement_summary(row.settlement),
         "schedule": journal.launch_description(run_id).schedule,
         "worklists": lists,
+        "experiments": settle_experiment.experiments(ops),
         "question": question_facet(questions, approvals),
         "divergence": None if divergence is None else {"op_id": divergence.op_id,
                                                        **divergence.data},

@@ -22,7 +22,16 @@ from typing import IO, Any, TypeVar
 
 from pydantic import BaseModel
 
-from cairn.operations import OperationKind, agent, ask, fork, repeat_until, unroll
+from cairn.operations import (
+    OperationKind,
+    agent,
+    ask,
+    fork,
+    measure_proposal,
+    repeat_until,
+    settle_experiment,
+    unroll,
+)
 from cairn.protocol.base import LANE_KEY_RE
 from cairn.protocol.control import (
     CallRequest,
@@ -189,6 +198,30 @@ class Flow:
         start = self._call("repeat_until", repeat_until.request(max_attempts))
         return _repeat(self, start, step, check, max_attempts)
 
+    def measure_proposal(
+        self, evaluator: str, *, metrics: dict[str, Any], primary: str | None = None
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        """Run the host's evaluator ``evaluator`` over a disposable snapshot of W (its
+        warm-ups and samples); return the measurement: the metric definitions (``metrics``:
+        name → unit, direction, aggregation, max_regression; ``primary`` decides, default
+        the first), the environment, the raw samples and each metric's value."""
+        pending = self._call(
+            "measure_proposal", measure_proposal.request(evaluator, metrics, primary)
+        )
+        return _answer(pending)
+
+    def settle_experiment(
+        self, measurement: dict[str, Any], disposition: str
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        """``accept`` the measured W (it becomes the best accepted checkpoint) or
+        ``reject`` it (W is restored from the best accepted checkpoint before this
+        returns). An accept that loses on the primary metric or breaks a guardrail, and any
+        comparison with a different setup than the baseline's, raise OperationFailed."""
+        pending = self._call(
+            "settle_experiment", settle_experiment.request(measurement, disposition)
+        )
+        return _answer(pending)
+
     def unroll(
         self, items: list[Any], fn: Callable[[Any], Any], *, title: str
     ) -> Coroutine[Any, Any, list[Any]]:
@@ -218,6 +251,10 @@ class RepeatResult:
     value: Any
     attempts: int
     passed: bool
+
+
+async def _answer(pending: _Pending) -> dict[str, Any]:
+    return await pending
 
 
 async def _ask_answer(pending: _Pending, schema: type[M] | None) -> M | str:

@@ -209,6 +209,13 @@ def test_with_quotas_on_an_imported_runs_storage_is_its_own_and_df_reports_it(
         assert pool.quota_problem() is None
         exclusive = retention.run_exclusive_bytes(pool, run_id)
         assert exclusive is not None and exclusive >= 12 << 20
+        # cairn checkpoints: once W is gone its blob is the checkpoint's alone
+        checkpoint = pool.receipt(pool.checkpoint_path(run_id, "root-1"))
+        pool.delete(w, pool.receipt(w))
+        proc.run(["btrfs", "subvolume", "sync", loop.mountpoint], timeout=120)
+        proc.run(["btrfs", "filesystem", "sync", loop.mountpoint])
+        own = retention.subvolume_exclusive_bytes(pool, checkpoint.subvol_id)
+        assert own is not None and own >= 8 << 20
         pool.delete_run(run_id)
     finally:
         if loop is not None:

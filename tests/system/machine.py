@@ -481,6 +481,11 @@ class Machine:
         input: bytes | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``argv`` inside the machine as root or as ``user`` with a login-like env."""
+        return run(self.command(argv, user=user), check=check, timeout=timeout, input=input)
+
+    def command(self, argv: Sequence[str], *, user: str | None = None) -> list[str]:
+        """The host command line that runs ``argv`` inside the machine as :meth:`exec`
+        does, for a caller that talks to the process itself (over its stdin and stdout)."""
         if self._pid1 is None:
             raise MachineError(f"machine {self.name} is not running")
         inner: list[str] = list(argv)
@@ -512,12 +517,7 @@ class Machine:
                 *env,
                 *argv,
             ]
-        return run(
-            ["nsenter", "--target", str(self._pid1), "--all", "--", *inner],
-            check=check,
-            timeout=timeout,
-            input=input,
-        )
+        return ["nsenter", "--target", str(self._pid1), "--all", "--", *inner]
 
     def _path_exists(self, path: str) -> bool:
         return self.exec(["test", "-e", path], check=False).returncode == 0

@@ -833,3 +833,92 @@ def test_deleting_a_run_follows_no_link_it_left_and_takes_its_own_subvolumes(
     assert run_id not in listed
     gone = booted.exec(["test", "-e", f"/var/lib/cairn/pool/runs/{run_id}"], check=False)
     assert gone.returncode != 0
+
+
+def test_doctors_check_of_applied_paths_follows_no_link_and_reads_as_the_owner(
+    booted: Machine,
+) -> None:
+    """The owner replaces an applied file with a link to a file only root may read: the
+    check unit (run as the owner, the live project read-only) reports the path changed
+    and neither follows the link nor shows a byte of its target."""
+    steps = [{"action": "write", "path": "src/added.py", "content": "added\n"}]
+    project, run_id, data = run_script(booted, steps, "check my links")
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    booted.exec(["rm", f"{project}/src/added.py"], user="alice")
+    booted.exec(["ln", "-s", "/etc/shadow", f"{project}/src/added.py"], user="alice")
+    before = tree(booted, project)
+
+    proc = booted.exec(["cairn", "doctor", run_id, "--json"], user="alice", check=False)
+    report = json.loads(proc.stdout)
+    (run,) = report["runs"]
+    assert run["problems"] == [], run
+    assert run["applied"]["changed"] == 1
+    assert any(w.startswith("src/added.py in the live project") for w in run["warnings"])
+    assert "root:" not in proc.stdout.decode()
+    assert tree(booted, project) == before
+
+
+MEASURED_WORKFLOW = '''
+from cairn.workflow import Field, Model, agent, workflow
+
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+
+class Outcome(Model):
+    summary: str
+
+
+change = agent(profile="test:change", access="write", output=Outcome)
+
+
+@workflow(description="An agent's change, measured.", input=Goal, output=Outcome)
+async def run(flow, args: Goal) -> Outcome:
+    await flow.agent(change, prompt=args.goal)
+    measured = await flow.measure_proposal("escape-score", metrics={
+        "score": {"unit": "points", "direction": "lower"}})
+    return Outcome(summary=str(measured["values"]))
+'''
+READ_SCORE = """\
+argv = ["/bin/sh", "-c", "printf '{\\"cairn_metrics\\": {\\"score\\": %s}}\\\\n' \
+\\"$(cat score.txt)\\""]
+timeout_sec = 60
+"""
+
+
+def test_an_agent_cannot_make_an_evaluator_read_what_its_owner_may_not(
+    booted: Machine,
+) -> None:
+    """The agent replaces the file the host's evaluator reads with a link to /etc/shadow:
+    the evaluator runs as the project's owner in its unit, so the read fails, the
+    measurement fails by name, and nothing of the file reaches the record."""
+    booted.exec(["mkdir", "-p", "/etc/cairn/evaluators.d"])
+    booted.exec(["tee", "/etc/cairn/evaluators.d/escape-score.toml"], input=READ_SCORE.encode())
+    try:
+        project = fresh_project(booted, "alice")
+        booted.exec(["tee", f"{project}/score.txt"], user="alice", input=b"3\n")
+        booted.exec(["tee", "/home/alice/measured.py"], user="alice",
+                    input=MEASURED_WORKFLOW.encode())
+        steps = [{"action": "run", "argv": ["rm", "score.txt"]},
+                 {"action": "run", "argv": ["ln", "-s", "/etc/shadow", "score.txt"]}]
+        script = {"steps": steps, "output": {"summary": "linked"}, "handoff": "linked"}
+        booted.exec(["tee", "/home/alice/link-score.json"], user="alice",
+                    input=json.dumps(script).encode())
+        review = cairn(booted, "workflow", "review", "/home/alice/measured.py")
+        review_hash = review.strip().splitlines()[-1].split()[-1]
+        out = cairn(booted, "launch", "/home/alice/measured.py", "--confirm", review_hash,
+                    "--project", project, "--args", '{"goal": "g"}',
+                    "--scripted", "test:change=/home/alice/link-score.json")
+        run_id = out.strip().splitlines()[-1]
+        data = wait_for(booted, run_id, finished)
+    finally:
+        booted.exec(["rm", "-f", "/etc/cairn/evaluators.d/escape-score.toml"])
+    assert data["run"]["state"] == "failed"
+    assert "no metric line" in data["run"]["error"]
+    (measure,) = [o for o in data["operations"] if o["kind"] == "measure_proposal"]
+    assert measure["state"] == "failed" and "no metric line" in measure["error"]
+    shadow_root = booted.exec(["sh", "-c", "head -c 20 /etc/shadow"]).stdout.decode()
+    record = json.dumps(data) + booted.journal(run_id=run_id)
+    assert shadow_root and shadow_root not in record
+    assert booted.exec(["readlink", f"{project}/score.txt"], check=False).returncode != 0

@@ -37,6 +37,15 @@ FAILPOINTS = {
     "agent-before-finish": ("agent", "each agent's first attempt died without a result"),
 }
 
+# Failpoints inside flow.measure_proposal and flow.settle_experiment, all in the
+# coordinator; exercised with an experiment workflow by tests/system/test_experiments.py.
+EXPERIMENT_FAILPOINTS = {
+    "measure-after-intent": "measure-checkpoint intent saved, no evaluator run yet",
+    "measure-after-receipt": "measurement receipt stored, operation not settled",
+    "experiment-after-decision": "disposition and restore intents saved, W not replaced",
+    "experiment-after-restore": "W replaced, disposition not settled",
+}
+
 
 def script(name: str, sleep: float = 1.5) -> dict[str, Any]:
     return {
@@ -223,6 +232,20 @@ def test_write_reliability_table() -> None:
             f"| {r['orphans']} |"
         )
     lines += ["", f"Failpoints exercised: {len(RESULTS)}.", ""]
+    lines += [
+        "## Experiments",
+        "",
+        "Failpoints inside measurement and disposition (coordinator killed), exercised by",
+        "`tests/system/test_experiments.py::test_recovers_from_a_crash_inside_measurement_or_"
+        "disposition`: each run ends as an uninterrupted one, every evaluator unit started",
+        "once (nothing measured twice into the record), W after the rejection equal to the",
+        "best accepted checkpoint.",
+        "",
+        "| failpoint | state at the crash |",
+        "| --- | --- |",
+        *(f"| `{name}` | {situation} |" for name, situation in EXPERIMENT_FAILPOINTS.items()),
+        "",
+    ]
     (REPO / "docs" / "reliability.md").write_text("\n".join(lines))
 
 

@@ -151,26 +151,3 @@ def test_a_long_run_shows_its_latest_event_divergence_and_contradictions(
     text = machine.exec(["cairn", "show", run_id], user="alice").stdout.decode()
     assert "integrity: 1 contradiction(s) in the journal" in text
     assert "replay diverged at root-1 (request_hash):" in text
-
-
-def test_review_and_launch_refuse_an_operation_this_release_does_not_carry_out(
-    machine: Machine,
-) -> None:
-    machine.exec(["mkdir", "-p", "/home/alice/m"], user="alice")
-    machine.exec(["tee", "/home/alice/measuring.py"], user="alice", input=MEASURING.encode())
-    review = machine.exec(["cairn", "workflow", "review", "/home/alice/measuring.py"],
-                          user="alice", check=False)
-    assert review.returncode == 2
-    first, hint = review.stderr.decode().strip().splitlines()  # the error, then its hint
-    assert first.startswith("cairn: measuring.py:")
-    assert "flow.measure_proposal(...) is not available in this release of cairn" in first
-    assert hint.startswith("hint: ")
-    launch = machine.exec(
-        ["cairn", "launch", "/home/alice/measuring.py", "--confirm", "sha256:" + "0" * 64,
-         "--project", "/home/alice/m", "--args", '{"goal": "g"}'],
-        user="alice", check=False,
-    )
-    assert launch.returncode == 2
-    assert "flow.measure_proposal(...) is not available" in launch.stderr.decode()
-    runs = json.loads(machine.exec(["cairn", "ps", "--json"], user="alice").stdout)
-    assert runs == []

@@ -166,3 +166,32 @@ def test_a_pool_filled_to_its_reserve_refuses_the_next_launch(machine: Machine) 
     settled_free(machine)
     run_id = launch(machine, project, script, "after the filler")
     assert wait_for(machine, run_id, finished)["run"]["state"] == "succeeded"
+
+
+def test_checkpoints_lists_each_snapshot_with_its_operation_then_says_it_is_deleted(
+    machine: Machine,
+) -> None:
+    project = make_project(machine)
+    run_id = launch(machine, project, write_script(machine, SCRIPT), "checkpoint me")
+    before = wait_for(machine, run_id, finished)
+    assert before["run"]["state"] == "succeeded", before["run"]["error"]
+    s = before["operations"][0]["checkpoint"]["s"]
+
+    listed = json.loads(cairn(machine, "checkpoints", run_id, "--json"))
+    (only,) = listed["checkpoints"]
+    assert (only["op_id"], only["kind"], only["scope"], only["op_state"]) == (
+        before["operations"][0]["op_id"], "agent", "root", "committed")
+    assert (only["path"], only["uuid"], only["deleted"]) == (s["path"], s["uuid"], False)
+    assert only["exclusive"] is None or only["exclusive"] > 0
+    text = cairn(machine, "checkpoints", run_id)
+    assert s["path"] in text and ("unknown" in text or "iB" in text)
+
+    other = machine.exec(["cairn", "checkpoints", run_id], user="bob", check=False)
+    assert other.returncode != 0 and f"no run {run_id}" in other.stderr.decode()
+
+    cairn(machine, "rm", run_id)
+    gone = json.loads(cairn(machine, "checkpoints", run_id, "--json"))
+    assert gone["storage"]["deleted"] is True
+    assert [(c["path"], c["deleted"], c["exclusive"]) for c in gone["checkpoints"]] == [
+        (s["path"], True, None)]
+    assert "storage deleted" in cairn(machine, "checkpoints", run_id)

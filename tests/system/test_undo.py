@@ -219,3 +219,38 @@ def test_a_passing_check_runs_as_the_owner_on_a_copy_and_the_change_is_applied(
     assert check["output"].splitlines()[0] == alice
     assert b"- harmless words" in booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout
     assert booted.exec(["test", "-e", f"{project}/made-by-check"], check=False).returncode != 0
+
+
+def test_doctor_tells_which_applied_paths_were_changed_since(booted: Machine) -> None:
+    project = fresh_project(booted, "alice")
+    _, run_id, data = run_script(booted, STEPS, "check me", project=project)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+
+    def checked() -> dict[str, Any]:
+        proc = booted.exec(["cairn", "doctor", run_id, "--json"], user="alice", check=False)
+        (run,) = json.loads(proc.stdout)["runs"]
+        assert proc.returncode == 0 and run["problems"] == [], run
+        return dict(run)
+
+    clean = checked()
+    assert clean["applied"] == {"as_applied": 2, "reverted": 0, "changed": 0}
+    assert clean["warnings"] == [] and clean["notes"] == []
+
+    # A person edits an applied file: a warning with the path, not a problem.
+    booted.exec(["tee", "-a", f"{project}/src/added.py"], user="alice", input=b"mine\n")
+    edited = tree(booted, project)
+    text = cairn(booted, "doctor", run_id)
+    assert "warning: src/added.py in the live project is neither" in text
+    assert "2 path(s) as applied" not in text and "1 changed since" in text
+    assert tree(booted, project) == edited  # the check writes nothing
+
+    # Back to the run's content, reverted: every path holds Q's again.
+    booted.exec(["tee", f"{project}/src/added.py"], user="alice", input=b"added\n")
+    assert json.loads(cairn(booted, "revert", run_id, "--json"))["status"] == "applied"
+    assert checked()["applied"] == {"as_applied": 0, "reverted": 2, "changed": 0}
+
+    # Once the storage is deleted there is nothing to compare with: a note.
+    cairn(booted, "rm", run_id)
+    gone = checked()
+    assert "applied" not in gone
+    assert gone["notes"] == ["the live project was not checked: the run's storage was deleted"]

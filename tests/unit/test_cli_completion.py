@@ -103,7 +103,7 @@ def test_options_are_offered_with_their_help() -> None:
 
 def test_definitions_are_the_builtins_and_workflow_files() -> None:
     assert complete(ROOT, ["cairn", "launch", "builtin:"]) == [
-        "builtin:implement\tbuiltin workflow", FILE
+        "builtin:implement\tbuiltin workflow", "builtin:optimize\tbuiltin workflow", FILE
     ]
     assert complete(ROOT, ["cairn", "schedule", "create", "nightly", ""])[-1] == FILE
 

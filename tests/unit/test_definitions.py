@@ -346,6 +346,7 @@ def test_list_shows_what_became_of_a_trusted_projects_definitions(
     statuses = {r["definition"]: r["status"] for r in resolve.listing()}
     assert statuses == {
         "builtin:implement": "builtin",
+        "builtin:optimize": "builtin",
         "project:more": "untrusted",
         "project:tidy": "trusted",
     }

@@ -31,7 +31,9 @@ from cairn.operations import (
     agent,
     ask,
     fork,
+    measure_proposal,
     repeat_until,
+    settle_experiment,
     spec_of,
     unroll,
 )
@@ -106,7 +108,6 @@ def test_broker_spells_the_same_kinds() -> None:
 def test_every_carried_out_kind_has_one_coordinator_handler() -> None:
     carried_out = {kind for kind, spec in KINDS.items() if spec.carried_out}
     assert set(HANDLERS) == carried_out
-    assert {"measure_proposal", "settle_experiment"}.isdisjoint(HANDLERS)
     for kind in FORK_KINDS:
         assert HANDLERS[kind] is Handlers.answer_fork
     for kind in MARKER_KINDS:
@@ -121,8 +122,10 @@ CALL_OF_KIND: dict[str, str] = {
     "unroll": 'await flow.unroll([args.text], lambda t: flow.agent(worker, prompt=t), title="P")',
     "item": 'await flow.item("k", lambda: flow.agent(worker, prompt="k"))',
     "ask": 'await flow.ask("Ship it?")',
-    "measure_proposal": 'await flow.measure_proposal("bench", ["runtime"], {"samples": 3}, [])',
-    "settle_experiment": 'await flow.settle_experiment(None, "accept", "faster")',
+    "measure_proposal": (
+        'await flow.measure_proposal("bench", metrics={"t": {"unit": "s", "direction": "lower"}})'
+    ),
+    "settle_experiment": 'await flow.settle_experiment({"measurement": "root-1"}, "accept")',
     "repeat_until": (
         "await flow.repeat_until(lambda: flow.agent(worker, prompt=args.text), "
         "lambda r: True, 3)"
@@ -172,7 +175,6 @@ def test_review_accepts_exactly_the_kinds_the_runtime_carries_out() -> None:
     assert set(CALL_OF_KIND) == set(ALL_KINDS)
     accepted = {kind for kind in ALL_KINDS if _review_accepts(kind)}
     assert accepted == set(HANDLERS) == set(FLOW_KINDS) == set(AVAILABLE_KINDS)
-    assert {"measure_proposal", "settle_experiment"}.isdisjoint(accepted)
     assert all(callable(getattr(Flow, kind, None)) for kind in accepted)
 
 
@@ -197,6 +199,20 @@ def test_requests_keep_their_shape() -> None:
         "done": True,
     }
     assert unroll.label({"b": 1}) == '{"b": 1}'
+    assert measure_proposal.request("bench", {"t": {"unit": "s", "direction": "lower"}}, None) == {
+        "evaluator": "bench",
+        "primary": "t",
+        "metrics": {"t": {"unit": "s", "direction": "lower", "aggregation": "median",
+                          "max_regression": None}},
+    }
+    assert settle_experiment.request({"measurement": "root-2", "values": {}}, "reject") == {
+        "measurement": "root-2",
+        "disposition": "reject",
+    }
+    with pytest.raises(ValueError, match="'accept' or 'reject'"):
+        settle_experiment.request({"measurement": "root-2"}, "keep")
+    with pytest.raises(ValueError, match="takes what flow.measure_proposal returned"):
+        settle_experiment.request({"values": {}}, "accept")
     assert unroll.label("y" * 200) == "y" * 120
 
 

@@ -1,0 +1,219 @@
+"""The server loop of ``cairn mcp``: one JSON-RPC message a line on stdin, one answer a
+line on stdout (nothing else is ever written there; logs go to stderr).
+
+``tools/call`` runs in a thread of its own, so a ``ping`` or a second call is answered
+while ``cairn_watch`` follows a run; every line is written whole under one lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import IO, Any
+
+from pydantic import BaseModel, ValidationError
+
+from cairn.errors import CairnError
+from cairn.mcp.tools import Reporter, Session, UnknownTool, call_tool, list_tools
+from cairn.protocol.mcp import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    CallToolParams,
+    CallToolResult,
+    CancelledParams,
+    ErrorObject,
+    InitializeParams,
+    InitializeResult,
+    ListToolsResult,
+    Message,
+    ProgressParams,
+    RequestId,
+    ServerInfo,
+    TextContent,
+    negotiate,
+    notification_line,
+    response_line,
+)
+from cairn.validation import first_error
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "Cairn runs reviewed AI-agent workflows as durable, sandboxed runs. Each workflow tool "
+    "launches one on a project and returns its run ID; follow it with cairn_watch, read it "
+    "with cairn_show, answer its questions with cairn_inbox and cairn_answer. Approving an "
+    "operation or applying a proposal is a person's act in their terminal, never a tool's."
+)
+
+
+class ProtocolError(Exception):
+    """A request answered with a JSON-RPC error instead of a result."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def one_line(exc: CairnError) -> str:
+    return exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+
+
+class Server:
+    """Answers one client on ``out``; :meth:`serve` reads its lines until end of input."""
+
+    def __init__(self, out: IO[bytes], session: Session, version: str) -> None:
+        self.out = out
+        self.session = session
+        self.version = version
+        self.lock = threading.Lock()
+        self.calls: list[threading.Thread] = []
+        self.cancels: dict[RequestId, threading.Event] = {}
+        self.handlers: dict[str, Callable[[dict[str, Any]], BaseModel | None]] = {
+            "initialize": self._initialize,
+            "ping": lambda params: None,
+            "tools/list": lambda params: ListToolsResult(tools=list_tools()),
+        }
+
+    def write(self, line: bytes) -> None:
+        with self.lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def serve(self, lines: Iterable[bytes]) -> None:
+        """Answer every line; at end of input, finish the calls still running (a client
+        that is done closes stdin and waits for the process to exit)."""
+        for raw in lines:
+            if raw.strip():
+                self.handle(raw)
+        for thread in list(self.calls):
+            thread.join()
+
+    def handle(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            self._error(None, PARSE_ERROR, f"not JSON: {exc}")
+            return
+        try:
+            message = Message.model_validate(data)
+        except ValidationError as exc:
+            where, what = first_error(exc, top="message")
+            known = data.get("id") if isinstance(data, dict) else None
+            request_id = known if isinstance(known, int | str) else None
+            self._error(request_id, INVALID_REQUEST, f"not a JSON-RPC 2.0 message: {where}: {what}")
+            return
+        if message.method == "notifications/cancelled" and message.id is None:
+            self._cancel(message.params or {})
+            return
+        if message.method is None or message.id is None:
+            return  # another notification (initialized) or a response: nothing to say
+        params = message.params or {}
+        if message.method == "tools/call":
+            self._start_call(message.id, params)
+            return
+        handler = self.handlers.get(message.method)
+        if handler is None:
+            self._error(message.id, METHOD_NOT_FOUND, f"method {message.method!r} is not served")
+            return
+        try:
+            result = handler(params)
+        except ValidationError as exc:
+            where, what = first_error(exc, top="params")
+            self._error(message.id, INVALID_PARAMS, f"{message.method}: {where}: {what}")
+            return
+        except CairnError as exc:
+            self._error(message.id, INTERNAL_ERROR, one_line(exc))
+            return
+        self.write(response_line(message.id, result))
+
+    def _error(self, request_id: RequestId | None, code: int, text: str) -> None:
+        self.write(response_line(request_id, error=ErrorObject(code=code, message=text)))
+
+    def _initialize(self, params: dict[str, Any]) -> InitializeResult:
+        asked = InitializeParams.model_validate(params)
+        return InitializeResult(
+            protocol_version=negotiate(asked.protocol_version),
+            capabilities={"tools": {"listChanged": False}},
+            server_info=ServerInfo(name="cairn", version=self.version),
+            instructions=INSTRUCTIONS,
+        )
+
+    def _start_call(self, request_id: RequestId, params: dict[str, Any]) -> None:
+        try:
+            call = CallToolParams.model_validate(params)
+        except ValidationError as exc:
+            where, what = first_error(exc, top="params")
+            self._error(request_id, INVALID_PARAMS, f"tools/call: {where}: {what}")
+            return
+        cancel = self.cancels[request_id] = threading.Event()
+        thread = threading.Thread(
+            target=self._call, args=(request_id, call, cancel), name=f"mcp-call-{request_id}",
+            daemon=True,
+        )
+        self.calls = [t for t in self.calls if t.is_alive()]
+        self.calls.append(thread)
+        thread.start()
+
+    def _reporter(self, call: CallToolParams) -> Reporter | None:
+        token = None if call.meta is None else call.meta.progress_token
+        if token is None:
+            return None
+
+        def report(progress: float, message: str) -> None:
+            params = ProgressParams(progress_token=token, progress=progress, message=message)
+            self.write(notification_line("notifications/progress", params))
+
+        return report
+
+    def _cancel(self, params: dict[str, Any]) -> None:
+        """Stop a running call at its next safe point; it then gets no answer (as the
+        protocol asks). An unknown or finished request is ignored."""
+        try:
+            request_id = CancelledParams.model_validate(params).request_id
+        except ValidationError:
+            return
+        cancel = None if request_id is None else self.cancels.get(request_id)
+        if cancel is not None:
+            cancel.set()
+
+    def _call(self, request_id: RequestId, call: CallToolParams, cancel: threading.Event) -> None:
+        try:
+            self._answer_call(request_id, call, cancel)
+        finally:
+            self.cancels.pop(request_id, None)
+
+    def _answer_call(
+        self, request_id: RequestId, call: CallToolParams, cancel: threading.Event
+    ) -> None:
+        session = replace(self.session, cancelled=cancel.is_set)
+        try:
+            data = call_tool(call.name, call.arguments, session, self._reporter(call))
+        except UnknownTool as exc:
+            self._error(request_id, INVALID_PARAMS, one_line(exc))
+            return
+        except ValidationError as exc:
+            where, what = first_error(exc)
+            result = failed(f"{call.name}: {where}: {what}")
+        except CairnError as exc:
+            result = failed(one_line(exc))
+        except Exception:
+            log.exception("tools/call %s failed", call.name)
+            self._error(request_id, INTERNAL_ERROR, f"{call.name} failed; see the server's log")
+            return
+        else:
+            text = json.dumps(data, indent=2, sort_keys=True)
+            result = CallToolResult(content=[TextContent(text=text)], structured_content=data)
+        if not cancel.is_set():
+            self.write(response_line(request_id, result))
+
+
+def failed(text: str) -> CallToolResult:
+    """A tool's refusal, for the model to read (not a protocol error)."""
+    return CallToolResult(content=[TextContent(text=text)], is_error=True)

@@ -1,0 +1,311 @@
+"""The tools ``cairn mcp`` offers a model: one per exposed workflow, and the fixed
+``cairn_runs``, ``cairn_show``, ``cairn_watch``, ``cairn_inbox`` and ``cairn_answer``.
+
+Every tool is a request to cairnd as the user who started the server, so a model can do
+nothing that user's ``cairn`` could not. No tool approves, rejects or applies: those stay a
+person's acts through the CLI, and approval requests are shown without what approving one
+takes (its fingerprint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from cairn.definitions import registry
+from cairn.definitions.resolve import current_review, for_launch, split
+from cairn.errors import CairnError, PermissionDenied, UsageError
+from cairn.protocol.daemon import (
+    AnswerRequest,
+    InboxRequest,
+    LaunchRequest,
+    PsRequest,
+    ShowRequest,
+    WatchRequest,
+)
+from cairn.protocol.mcp import (
+    AnswerArgs,
+    InboxArgs,
+    LaunchArgs,
+    RunArgs,
+    RunsArgs,
+    Tool,
+    ToolArgs,
+    WatchArgs,
+)
+from cairn.validation import invalid
+from cairn.workflow.review import Review
+from cairn.workflow.schema import json_schema
+
+log = logging.getLogger(__name__)
+
+# cairnd's answer to one request (``cairn.cli.client.request``: the user's own client).
+Requester = Callable[..., Any]
+# Report progress: how many events so far, and the latest one as a line.
+Reporter = Callable[[float, str], None]
+
+WATCH_POLL_SECONDS = 1.0
+WITHHELD_KEYS = frozenset({"fingerprint"})
+APPROVAL_KEYS_SHOWN = ("kind", "run_id", "op_id", "deadline")
+DECIDED_BY = (
+    "a person, with 'cairn inbox' and 'cairn approve' or 'cairn apply' in their terminal; "
+    "no tool of this server approves"
+)
+
+
+class UnknownTool(CairnError):
+    """A ``tools/call`` of a name that is not in ``tools/list`` (a protocol error)."""
+
+    code = "not-found"
+
+
+@dataclass(frozen=True)
+class Session:
+    """What a tool works with: the user's client, where the server runs (the default
+    project), the clock (injected, so a test never waits), and whether the client
+    cancelled the call (a watch stops at its next poll)."""
+
+    request: Requester
+    cwd: Path
+    clock: Callable[[], float]
+    pause: Callable[[float], None]
+    cancelled: Callable[[], bool] = lambda: False
+
+
+@dataclass(frozen=True)
+class ExposedWorkflow:
+    """An exposed definition whose current review still has the hash it was exposed at."""
+
+    definition: str
+    review: Review
+
+    @property
+    def tool_name(self) -> str:
+        namespace, name = split(self.definition)
+        return f"{namespace}_{name}"
+
+
+def exposed_workflows() -> Iterator[ExposedWorkflow]:
+    """The registry's definitions a model may launch now. One that is gone, broken or was
+    reinstalled since it was exposed (``stale`` in ``cairn workflow list``) is left out:
+    a person exposes it again."""
+    for definition, pinned in sorted(registry.exposed_hashes().items()):
+        try:
+            review = current_review(definition)
+        except CairnError as exc:
+            log.warning("%s is exposed but not offered: %s", definition, exc.message)
+            continue
+        if review.review_hash != pinned:
+            log.warning("%s changed since it was exposed; not offered", definition)
+            continue
+        yield ExposedWorkflow(definition, review)
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    return schema
+
+
+def workflow_tool(workflow: ExposedWorkflow) -> Tool:
+    """The tool that launches ``workflow``: its description, and its input model's JSON
+    Schema as ``args`` (the models it refers to in ``$defs`` at the top)."""
+    review = workflow.review
+    schema = _schema(LaunchArgs)
+    args = json_schema(review.models, review.workflow.input)
+    defs = args.pop("$defs", None)
+    schema["properties"]["args"] = args
+    schema["required"] = ["args"]
+    if defs:
+        schema["$defs"] = defs
+    description = (
+        f"{review.workflow.description}\n\nLaunches {workflow.definition} (review hash "
+        f"{review.review_hash}) as a Cairn run on a project, sandboxed and journalled; "
+        "returns the run ID. Follow it with cairn_watch."
+    )
+    return Tool(name=workflow.tool_name, description=description, input_schema=schema)
+
+
+def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> Any:
+    return {"runs": session.request(PsRequest())}
+
+
+def _show(args: RunArgs, session: Session, report: Reporter | None) -> Any:
+    view = session.request(ShowRequest(run_id=args.run))
+    return {
+        "run": view["run"],
+        "question": _open_request(view["question"]),
+        "settlement": view["settlement"],
+        "settlement_summary": view["settlement_summary"],
+        "operations": view["operations"],
+        "progress": view["progress"],
+        "latest_event": view["latest_event"],
+    }
+
+
+def _open_request(facet: dict[str, Any] | None) -> dict[str, Any] | None:
+    if facet is None:
+        return None
+    return {**_without_approval_keys(facet), "also_waiting": facet.get("also_waiting", 0)}
+
+
+def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> Any:
+    return {"items": [_without_approval_keys(item) for item in session.request(InboxRequest())]}
+
+
+def _without_approval_keys(item: dict[str, Any]) -> dict[str, Any]:
+    """A question as cairnd gives it; an approval request without its fingerprint and
+    request ID, with who decides it."""
+    if item.get("kind") == "question":
+        return item
+    kept: dict[str, Any] = {k: item[k] for k in APPROVAL_KEYS_SHOWN if k in item}
+    kept["decided_by"] = DECIDED_BY
+    return kept
+
+
+def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> Any:
+    text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
+    return session.request(
+        AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
+    )
+
+
+def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> Any:
+    """The run's events after ``cursor`` until its state changes, it ends, or ``timeout``
+    runs out; each event is reported as progress when the call asked for it."""
+    deadline = session.clock() + args.timeout
+    cursor, events, first_state = args.cursor, [], None
+    while True:
+        data = session.request(WatchRequest(run_id=args.run, cursor=cursor))
+        for event in data["events"]:
+            events.append(event)
+            if report is not None:
+                report(float(len(events)), _event_line(event))
+        cursor = data["cursor"]
+        first_state = first_state or data["state"]
+        if data["more"]:
+            continue
+        if data["finished"] or data["state"] != first_state or session.clock() >= deadline:
+            break
+        if session.cancelled():
+            break
+        session.pause(min(WATCH_POLL_SECONDS, max(0.0, deadline - session.clock())))
+    waiting = [_without_approval_keys({**w, "run_id": data["run_id"]}) for w in data["waiting"]]
+    return {
+        "run_id": data["run_id"],
+        "state": data["state"],
+        "finished": data["finished"],
+        "error": data["error"],
+        "output": data["output"],
+        "events": events,
+        "cursor": cursor,
+        "waiting": waiting,
+    }
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    where = f" {event['op_id']}" if event.get("op_id") else ""
+    return f"{event['event']}{where}"
+
+
+FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None], Any], str]] = {
+    "cairn_runs": (RunsArgs, _runs, "Your Cairn runs: state, definition, current operation, "
+                   "settlement."),
+    "cairn_show": (RunArgs, _show, "One run: its state, operations, the question it waits on "
+                   "(if any), its settlement and progress."),
+    "cairn_watch": (WatchArgs, _watch, "Follow a run: its events until its state changes, it "
+                    "ends, or the timeout; progress notifications carry each event. Call "
+                    "again with the returned cursor to go on."),
+    "cairn_inbox": (InboxArgs, _inbox, "Questions your runs wait on (answer them with "
+                    "cairn_answer), and approval requests, which only a person decides."),
+    "cairn_answer": (AnswerArgs, _answer, "Answer a run's question (its challenge from "
+                     "cairn_inbox or cairn_watch): text, or JSON for a typed question."),
+}
+
+
+def list_tools() -> list[Tool]:
+    """Every exposed workflow's tool, then the fixed tools."""
+    tools = [workflow_tool(w) for w in exposed_workflows()]
+    for name, (model, _, description) in FIXED.items():
+        tools.append(Tool(name=name, description=description, input_schema=_schema(model)))
+    return tools
+
+
+def call_tool(name: str, arguments: dict[str, Any], session: Session,
+              report: Reporter | None) -> Any:
+    """Carry out tool ``name``; CairnError when cairnd or the arguments refuse it,
+    :class:`UnknownTool` when there is no such tool."""
+    if name in FIXED:
+        model, handler, _ = FIXED[name]
+        return withheld(handler(_parsed(model, arguments, name), session, report))
+    for workflow in exposed_workflows():
+        if workflow.tool_name == name:
+            return launch(workflow, _parsed(LaunchArgs, arguments, name), session)
+    raise UnknownTool(
+        f"no tool named {name!r}",
+        hint="see tools/list; a workflow is offered once a person runs "
+        "'cairn workflow expose user:NAME'",
+    )
+
+
+def withheld(value: Any) -> Any:
+    """``value`` without any approval's fingerprint, wherever cairnd put one (the waiting
+    items, the question facet, the data of an ``approval-requested`` event): it is what
+    ``cairn approve`` takes, and only a person approves."""
+    if isinstance(value, dict):
+        return {k: withheld(v) for k, v in value.items() if k not in WITHHELD_KEYS}
+    if isinstance(value, list):
+        return [withheld(v) for v in value]
+    return value
+
+
+def _parsed(model: type[ToolArgs], arguments: dict[str, Any], name: str) -> Any:
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        raise invalid(exc, f"{name} arguments", top="arguments") from exc
+
+
+def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any:
+    """Launch ``workflow`` on ``args.project`` (default: the server's directory) as
+    ``cairn launch`` does: the project as an open descriptor, a ``user:`` definition's
+    installed source with its hash, which must still be the exposed one."""
+    root = Path(os.path.normpath(session.cwd / Path(args.project or ".").expanduser()))
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(
+            f"project {root}: {exc.strerror}",
+            hint="give the project directory as 'project' (an absolute path of yours)",
+        ) from exc
+    try:
+        source = confirm = None
+        if workflow.definition.startswith("user:"):
+            source, confirm = for_launch(workflow.definition, fd, str(root))
+            if confirm != workflow.review.review_hash:
+                raise PermissionDenied(
+                    f"{workflow.definition} changed since it was exposed",
+                    hint=f"a person exposes it again: 'cairn workflow expose "
+                    f"{workflow.definition}'",
+                )
+        result = session.request(
+            LaunchRequest(
+                definition=workflow.definition,
+                source=source,
+                confirm=confirm,
+                args=args.args,
+                project=str(root),
+                apply_mode=args.apply,
+            ),
+            fd=fd,
+        )
+    finally:
+        os.close(fd)
+    return {"run_id": result["run_id"], "definition": workflow.definition, "project": str(root)}

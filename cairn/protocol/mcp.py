@@ -1,0 +1,217 @@
+"""An agent harness → ``cairn mcp``: the stdio subset of the Model Context Protocol.
+
+JSON-RPC 2.0, one message a line on stdin and stdout. The server answers ``initialize``
+(negotiating ``protocolVersion``), ``ping``, ``tools/list`` and ``tools/call``, and sends
+``notifications/progress`` while a call that carried a ``progressToken`` runs. A line that
+is not a message gets a JSON-RPC error, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JSONRPC: Literal["2.0"] = "2.0"
+
+# Revisions reachable through the ``initialize`` handshake, oldest to newest; the tools,
+# progress and ping this server uses have the same shape in each.
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+
+# JSON-RPC 2.0 error codes (the MCP specification uses INVALID_PARAMS for an unknown tool).
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+RequestId = int | str
+
+
+class Open(BaseModel):
+    """A message from the client: keys this server does not use are kept, not refused
+    (the protocol adds optional fields with every revision)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+
+class Closed(BaseModel):
+    """A message this server writes: exactly the declared keys, by their wire names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Message(Open):
+    """One line from the client: a request (``id`` and ``method``), a notification (``method``
+    only) or a response to something the server asked (``id`` only; this server asks
+    nothing, so it ignores those)."""
+
+    jsonrpc: Literal["2.0"]
+    id: RequestId | None = None
+    method: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class RequestMeta(Open):
+    progress_token: RequestId | None = Field(default=None, alias="progressToken")
+
+
+class InitializeParams(Open):
+    protocol_version: str = Field(alias="protocolVersion")
+    capabilities: dict[str, Any] = {}
+    client_info: dict[str, Any] | None = Field(default=None, alias="clientInfo")
+
+
+class CallToolParams(Open):
+    name: str
+    arguments: dict[str, Any] = {}
+    meta: RequestMeta | None = Field(default=None, alias="_meta")
+
+
+class CancelledParams(Open):
+    """``notifications/cancelled``: the client no longer wants request ``requestId``."""
+
+    request_id: RequestId | None = Field(default=None, alias="requestId")
+    reason: str | None = None
+
+
+class ServerInfo(Closed):
+    name: str
+    version: str
+
+
+class InitializeResult(Closed):
+    protocol_version: str = Field(serialization_alias="protocolVersion")
+    capabilities: dict[str, Any]
+    server_info: ServerInfo = Field(serialization_alias="serverInfo")
+    instructions: str
+
+
+class Tool(Closed):
+    """One tool of ``tools/list``: its name, what it does, and its arguments' JSON Schema."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str
+    input_schema: dict[str, Any] = Field(serialization_alias="inputSchema")
+
+
+class ListToolsResult(Closed):
+    tools: list[Tool]
+
+
+class TextContent(Closed):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class CallToolResult(Closed):
+    """A tool's answer: text for the model, the same data as an object, and whether the
+    call failed (a failed call is a result the model reads, not a protocol error)."""
+
+    content: list[TextContent]
+    structured_content: dict[str, Any] | None = Field(
+        default=None, serialization_alias="structuredContent"
+    )
+    is_error: bool = Field(default=False, serialization_alias="isError")
+
+
+class ProgressParams(Closed):
+    progress_token: RequestId = Field(serialization_alias="progressToken")
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+class ErrorObject(Closed):
+    code: int
+    message: str
+    data: Any = None
+
+
+def wire(model: BaseModel) -> dict[str, Any]:
+    """``model`` as the protocol spells it: wire names, absent optionals left out."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def response_line(request_id: RequestId | None, result: BaseModel | None = None,
+                  error: ErrorObject | None = None) -> bytes:
+    """One response as a line: exactly one of ``result`` (``{}`` when None: a ping's
+    answer) and ``error``; ``id`` is null only for a line whose id could not be read."""
+    body: dict[str, Any] = {"jsonrpc": JSONRPC, "id": request_id}
+    if error is not None:
+        body["error"] = wire(error)
+    else:
+        body["result"] = {} if result is None else wire(result)
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def notification_line(method: str, params: BaseModel) -> bytes:
+    body = {"jsonrpc": JSONRPC, "method": method, "params": wire(params)}
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def negotiate(requested: str) -> str:
+    """The version to answer ``initialize`` with: the client's when this server speaks it,
+    otherwise this server's latest (the client then decides whether to go on)."""
+    return requested if requested in PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
+
+
+# --- the fixed tools' arguments (their JSON Schema is what tools/list shows) ----------
+
+RUN_HELP = "The run: its ID, a unique prefix of at least 4 hex digits, or @last."
+MAX_WATCH_SECONDS = 600
+
+
+class ToolArgs(BaseModel):
+    """A tool's arguments: exactly these keys (a misspelt one is refused, not ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunsArgs(ToolArgs):
+    pass
+
+
+class InboxArgs(ToolArgs):
+    pass
+
+
+class RunArgs(ToolArgs):
+    run: str = Field(description=RUN_HELP)
+
+
+class WatchArgs(RunArgs):
+    timeout: float = Field(
+        default=60, gt=0, le=MAX_WATCH_SECONDS,
+        description="Seconds to follow the run at most; it returns earlier when the run's "
+        "state changes.",
+    )
+    cursor: int = Field(
+        default=0, ge=0,
+        description="The cursor an earlier cairn_watch returned: only events after it.",
+    )
+
+
+class AnswerArgs(RunArgs):
+    challenge: str = Field(description="The question's challenge (sha256:…), from cairn_inbox.")
+    answer: Any = Field(
+        description="The answer: text, or a JSON value for a question with a schema."
+    )
+
+
+class LaunchArgs(ToolArgs):
+    """A workflow tool's arguments; ``args`` is checked by cairnd against the workflow's
+    input model (its JSON Schema replaces this field's in tools/list)."""
+
+    args: dict[str, Any] = {}
+    project: str | None = Field(
+        default=None,
+        description="The project directory (yours); default: where the MCP server runs.",
+    )
+    apply: Literal["auto", "ask", "never"] = Field(
+        default="auto",
+        description="auto: the proposal settles into the project; ask: it waits for a "
+        "person's 'cairn apply'; never: it is only kept.",
+    )

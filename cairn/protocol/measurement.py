@@ -1,0 +1,71 @@
+"""What an evaluator prints and what a measurement records (ARCHITECTURE §4.1).
+
+An evaluator run reports its metric values as one line of JSON on stdout::
+
+    {"cairn_metrics": {"runtime": 1.25, "rss": 48.0}}
+
+Names are ``[a-z][a-z0-9_]*`` (at most 32 of them), values finite numbers. Other output
+is allowed; the last line of that shape counts. The broker reads the run's output from
+the journal by the unit's invocation ID (bounded) and parses it here, strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, ValidationError, field_validator
+
+from cairn.protocol.base import Frozen
+
+METRIC_LINE_KEY = "cairn_metrics"
+MAX_METRICS = 32
+MAX_LINE = 4096
+MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class MetricLine(Frozen):
+    """The one JSON line an evaluator run prints."""
+
+    cairn_metrics: dict[MetricName, float] = Field(min_length=1, max_length=MAX_METRICS)
+
+    @field_validator("cairn_metrics")
+    @classmethod
+    def _finite(cls, values: dict[str, float]) -> dict[str, float]:
+        if not all(math.isfinite(v) for v in values.values()):
+            raise ValueError("metric values must be finite numbers")
+        return values
+
+
+def parse_metric_output(output: str) -> dict[str, float] | None:
+    """The values of the last valid metric line in ``output``; None when there is none."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if len(line) > MAX_LINE or not line.startswith("{") or METRIC_LINE_KEY not in line:
+            continue
+        try:
+            return MetricLine.model_validate(json.loads(line)).cairn_metrics
+        except (ValueError, ValidationError):
+            continue
+    return None
+
+
+class MeasurementEnvironment(Frozen):
+    """Where the numbers came from: two measurements compare only when these agree."""
+
+    evaluator: str
+    config_sha256: str
+    kernel: str = Field(max_length=256)
+    cpu: str = Field(max_length=256)
+
+
+class EvaluatorRun(Frozen):
+    """One unit run of the evaluator (a warm-up or a sample) and what it reported."""
+
+    unit: str
+    invocation_id: str
+    warmup: bool
+    result: str
+    exit_status: int
+    values: dict[MetricName, float] | None = None

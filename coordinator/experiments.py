@@ -1,0 +1,226 @@
+"""The coordinator's side of experiments (ARCHITECTURE §4.1): ``flow.measure_proposal`` and
+``flow.settle_experiment``.
+
+A measurement saves the broker's ``measure-checkpoint`` intent with the move to
+``started``; the broker's receipt (idempotent by intent ID) is the measurement, so a crash
+at any point measures nothing twice into the record. A settlement is decided from the
+journal alone (the measurements by ID, the scope's earlier accepts and rejects); a reject
+saves its ``create-w``/``drop-w`` intents and its result with the move to ``started``,
+before the broker restores W, so a crash replays the same restore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from cairn.coordinator.base import CoordinatorBase
+from cairn.errors import OperationError
+from cairn.experiments import (
+    Measurement,
+    MetricDefinition,
+    aggregate,
+    dishonesty,
+    judge,
+)
+from cairn.journal import OpRow
+from cairn.protocol.broker import Intent, MeasurementTaken
+from cairn.protocol.control import CallRequest
+
+
+def _earlier(ops: Iterable[OpRow], scope: str, seq: int) -> list[OpRow]:
+    return sorted((o for o in ops if o.scope == scope and o.seq < seq), key=lambda o: o.seq)
+
+
+def checkpoint_held(ops: Iterable[OpRow], scope: str, seq: int) -> str | None:
+    """The agent operation whose checkpoint W of ``scope`` holds just before call ``seq``:
+    the last committed agent boundary, or the checkpoint a later reject restored (None:
+    what the scope started from)."""
+    held: str | None = None
+    for op in _earlier(ops, scope, seq):
+        if op.kind == "agent" and op.state == "committed":
+            held = op.op_id
+        elif op.kind == "settle_experiment" and op.state in ("settled", "committed"):
+            result = op.result or {}
+            if result.get("disposition") == "rejected":
+                held = result.get("checkpoint")
+    return held
+
+
+def accepted_before(ops: Iterable[OpRow], scope: str, seq: int) -> list[str]:
+    """The measurements accepted in ``scope`` before call ``seq``, oldest first: the first
+    is the baseline, the last the best."""
+    return [
+        str((op.result or {}).get("measurement"))
+        for op in _earlier(ops, scope, seq)
+        if op.kind == "settle_experiment"
+        and op.state in ("settled", "committed")
+        and (op.result or {}).get("disposition") == "accepted"
+    ]
+
+
+class MeasurementFailed(OperationError):
+    """The evaluator failed or printed no metric line; nothing was measured."""
+
+    code = "measurement-failed"
+
+
+class ExperimentRefused(OperationError):
+    """The settlement was refused: a dishonest comparison, a guardrail, or nothing to
+    restore. W is unchanged."""
+
+    code = "experiment-refused"
+
+
+class Experiments(CoordinatorBase):
+    """Measure W, and accept or reject what was measured."""
+
+    def measure(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        site = self.check_manifest(call)
+        evaluator = call.request["evaluator"]
+        if f"evaluator:{evaluator}" not in site.get("capabilities", []):
+            raise ExperimentRefused(f"{op.op_id}: evaluator {evaluator} is not the reviewed one")
+        measure = self.intent(
+            "measure-checkpoint",
+            f"measure.{op.op_id}.{op.attempt}",
+            scope=op.scope,
+            op_id=op.op_id,
+            attempt=op.attempt,
+            generation=self.w_gen[op.scope],
+        )
+        if op.state == "requested":
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="started", intents=[measure]
+            )
+            self.failpoint("measure-after-intent")
+        elif op.state != "started":
+            return self.settled_or_raise(op, MeasurementFailed)
+        (receipt,) = self.broker("launch-v1", [measure], queued=True)
+        self.failpoint("measure-after-receipt")
+        taken = receipt.body(MeasurementTaken)
+        if taken.error:
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="failed",
+                error=taken.error, result={"error": taken.error, "kind": MeasurementFailed.code},
+            )
+            raise MeasurementFailed(f"{op.op_id}: {taken.error}")
+        metrics = {
+            name: MetricDefinition.model_validate(d) for name, d in call.request["metrics"].items()
+        }
+        try:
+            values = aggregate(taken.samples, metrics)
+        except ValueError as exc:
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="failed",
+                error=str(exc), result={"error": str(exc), "kind": MeasurementFailed.code},
+            )
+            raise MeasurementFailed(f"{op.op_id}: {exc}") from None
+        measurement = Measurement(
+            measurement=op.op_id,
+            evaluator=evaluator,
+            primary=call.request["primary"],
+            metrics=metrics,
+            environment=taken.environment,
+            samples=taken.samples,
+            values=values,
+            checkpoint=checkpoint_held(self.journal.list_ops(self.run_id), op.scope, op.seq),
+        )
+        result = measurement.model_dump(mode="json")
+        self.commit(op, result)
+        self.event("measured", op_id=op.op_id, **{measurement.primary: values[measurement.primary]})
+        return result
+
+    def settle_experiment(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        if op.state == "requested":
+            result, intents = self.decide(op, call)
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="started",
+                result=result, intents=intents,
+            )
+            self.failpoint("experiment-after-decision")
+            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+        if op.state != "started":
+            return self.settled_or_raise(op, ExperimentRefused)
+        result = dict(op.result or {})
+        if result["disposition"] == "rejected":
+            self.broker("storage-v1", self.restore_intents(op.scope, result), queued=True)
+            self.w_gen[op.scope] = result["w_generation"]
+            self.failpoint("experiment-after-restore")
+        self.commit(op, result)
+        self.event("experiment-" + result["disposition"], op_id=op.op_id,
+                   measurement=result["measurement"])
+        return result
+
+    def decide(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], list[Intent]]:
+        """The settlement's result and the intents that carry it out, from the journal."""
+        ops = self.journal.list_ops(self.run_id)
+        candidate = self.measurement(ops, op.scope, call.request["measurement"])
+        accepted = [self.measurement(ops, op.scope, m) for m in accepted_before(ops, op.scope,
+                                                                                op.seq)]
+        result: dict[str, Any] = {
+            "measurement": candidate.measurement,
+            "baseline": accepted[0].measurement if accepted else candidate.measurement,
+            "best": accepted[-1].measurement if accepted else None,
+            "gain": None,
+        }
+        if accepted:
+            refusals = dishonesty(accepted[0], candidate)
+            if refusals:
+                self.refuse(op, "a dishonest comparison: " + "; ".join(refusals))
+            verdict = judge(accepted[-1], candidate)
+            result["gain"] = verdict.gain
+            if call.request["disposition"] == "accept" and verdict.refusals:
+                self.refuse(op, "cannot accept: " + "; ".join(verdict.refusals))
+        if call.request["disposition"] == "accept":
+            result |= {"disposition": "accepted", "best": candidate.measurement,
+                       "checkpoint": candidate.checkpoint}
+            return result, []
+        if not accepted:
+            self.refuse(op, "nothing was accepted yet in this scope to restore W from")
+        best = accepted[-1]
+        if best.checkpoint is None and op.scope != "root":
+            self.refuse(op, "a lane's W cannot be restored to its start; accept a checkpoint first")
+        generation = self.w_gen[op.scope] + 1
+        result |= {"disposition": "rejected", "checkpoint": best.checkpoint,
+                   "w_generation": generation}
+        return result, self.restore_intents(op.scope, result)
+
+    def restore_intents(self, scope: str, result: dict[str, Any]) -> list[Intent]:
+        """A new W generation from the best accepted checkpoint (None: Q), and the drop of
+        the rejected one."""
+        generation = int(result["w_generation"])
+        return [
+            self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
+                        generation=generation, from_checkpoint=result["checkpoint"]),
+            self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
+                        generation=generation - 1),
+        ]
+
+    def measurement(self, ops: list[OpRow], scope: str, op_id: str) -> Measurement:
+        """A committed measurement of ``scope``, read from the journal (never the
+        workflow's copy)."""
+        found = next((o for o in ops if o.op_id == op_id), None)
+        if found is None or found.kind != "measure_proposal" or found.scope != scope or \
+                found.state != "committed" or found.result is None:
+            raise ExperimentRefused(f"{op_id} is not a finished measurement of scope {scope}")
+        return Measurement.model_validate(found.result)
+
+    def refuse(self, op: OpRow, reason: str) -> None:
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="not-started",
+            error=reason, result={"error": reason, "kind": ExperimentRefused.code},
+            event="experiment-refused", event_data={"reason": reason},
+        )
+        raise ExperimentRefused(f"{op.op_id}: {reason}")
+
+    def commit(self, op: OpRow, result: dict[str, Any]) -> None:
+        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
+                               result=result)
+        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+
+    def settled_or_raise(self, op: OpRow, error: type[OperationError]) -> dict[str, Any]:
+        """An operation found past ``started`` after a crash: its result, or its failure."""
+        if op.state == "settled" and op.result is not None:
+            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+            return op.result
+        raise error(f"{op.op_id} did not complete: {op.error}")

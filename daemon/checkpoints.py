@@ -1,0 +1,73 @@
+"""cairnd's side of ``cairn checkpoints RUN``: every checkpoint S of a run, from the
+broker's ``checkpoint`` receipts joined with the operation each one froze.
+
+Sizes are the exclusive bytes of the snapshot's level-0 qgroup, read from sysfs only where
+the host already has Btrfs quotas on (``unknown`` otherwise; quotas are never turned on
+for this). Once the run's storage was deleted its checkpoints are listed from the journal
+with ``deleted`` set and no size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cairn import paths, retention, storage
+from cairn.daemon.views import visible_run
+from cairn.errors import CairnError
+from cairn.journal import Journal
+from cairn.protocol.broker import Checkpointed
+from cairn.views.run import storage_status
+
+SizeOf = Callable[[int], int | None]
+
+
+def checkpoints(
+    journal: Journal, run_id: str | None, uid: int, *, size_of: SizeOf | None = None
+) -> dict[str, Any]:
+    """The run's checkpoints in the order they were taken. ``size_of`` maps a subvolume
+    ID to its exclusive bytes (None: unknown); by default the pool's qgroups."""
+    run = visible_run(journal, run_id, uid)
+    receipts = journal.receipts(run.run_id)
+    status = storage_status(receipts)
+    ops = {op.op_id: op for op in journal.list_ops(run.run_id)}
+    if size_of is None and not status["deleted"]:
+        size_of = pool_sizes()
+    listed = []
+    for receipt in receipts:
+        if receipt.get("kind") != "checkpoint":
+            continue
+        body = Checkpointed.model_validate(receipt["data"])
+        op = ops.get(body.op_id)
+        listed.append(
+            {
+                "op_id": body.op_id,
+                "kind": op.kind if op else None,
+                "scope": op.scope if op else None,
+                "attempt": op.attempt if op else None,
+                "op_state": op.state if op else None,
+                "at": receipt.get("at"),
+                "path": body.s.path,
+                "uuid": body.s.uuid,
+                "subvol_id": body.s.subvol_id,
+                "exclusive": None if status["deleted"] or size_of is None
+                else size_of(body.s.subvol_id),
+                "deleted": status["deleted"],
+            }
+        )
+    return {
+        "run_id": run.run_id,
+        "state": run.state,
+        "storage": status,
+        "checkpoints": listed,
+    }
+
+
+def pool_sizes() -> SizeOf | None:
+    """Exclusive bytes per subvolume ID from the pool's qgroups; None when the pool cannot
+    be opened (the sizes are then unknown, the list is still the journal's)."""
+    try:
+        pool = storage.Pool.open(paths.pool_dir())
+    except (CairnError, OSError):
+        return None
+    return lambda subvol_id: retention.subvolume_exclusive_bytes(pool, subvol_id)

@@ -1,0 +1,204 @@
+"""Experiments in a booted machine (ARCHITECTURE §4.1): a host evaluator whose metric the
+test controls (the number in score.txt), a baseline, one accepted and one rejected trial.
+After the rejection W equals the best accepted checkpoint file by file, the live project
+ends with the accepted change only, and every measurement ran its units once, also when
+the coordinator is killed at the failpoints inside measurement and disposition."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from machine import Machine
+from test_escapes import cairn, fresh_project, tree
+from test_recovery import EXPERIMENT_FAILPOINTS, enable_failpoint, wait_finished
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW = (REPO / "tests" / "system" / "data" / "experiment.py").read_text()
+EVALUATOR = """\
+argv = ["/bin/sh", "-c", "echo warming; printf '{\\"cairn_metrics\\": {\\"score\\": %s}}\\\\n' \
+\\"$(cat score.txt)\\""]
+timeout_sec = 60
+warmups = 1
+samples = 3
+network = false
+"""
+READ_RESULT = (
+    "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
+    "'SELECT result FROM operations WHERE run_id=? AND op_id=?', sys.argv[2:]).fetchone()[0])"
+)
+
+
+@pytest.fixture(scope="module")
+def booted(deb: Path) -> Iterator[Machine]:
+    with Machine(deb, with_pool=True) as machine:
+        machine.exec(["mkdir", "-p", "/etc/cairn/evaluators.d"])
+        machine.exec(["tee", "/etc/cairn/evaluators.d/score.toml"], input=EVALUATOR.encode())
+        yield machine
+
+
+def agent_script(score: str, name: str) -> dict[str, Any]:
+    return {
+        "steps": [
+            {"action": "write", "path": "score.txt", "content": f"{score}\n"},
+            {"action": "write", "path": f"{name}.txt", "content": "{prompt}\n"},
+        ],
+        "output": {"summary": name},
+        "handoff": f"{name} set the score to {score}",
+    }
+
+
+def launch(machine: Machine) -> tuple[str, str]:
+    project = fresh_project(machine, "alice")
+    machine.exec(["tee", f"{project}/score.txt"], user="alice", input=b"3\n")
+    machine.exec(["tee", "/home/alice/experiment.py"], user="alice", input=WORKFLOW.encode())
+    args = []
+    for name, score in (("good", "1"), ("bad", "5")):
+        path = f"/home/alice/{name}.json"
+        machine.exec(["tee", path], user="alice",
+                     input=json.dumps(agent_script(score, name)).encode())
+        args += ["--scripted", f"test:{name}={path}"]
+    review = cairn(machine, "workflow", "review", "/home/alice/experiment.py")
+    assert "evaluator:score" in review
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    out = cairn(machine, "launch", "/home/alice/experiment.py", "--confirm", review_hash,
+                "--project", project, "--args", '{"goal": "faster"}', *args)
+    return project, out.strip().splitlines()[-1]
+
+
+def measure_units(machine: Machine, run_id: str) -> dict[str, int]:
+    """unit name -> how often systemd started it."""
+    text = machine.exec(["journalctl", "--no-pager", "-o", "cat", "_PID=1"]).stdout.decode()
+    starts: dict[str, int] = {}
+    for unit in re.findall(rf"Started (cairn-measure-{run_id}-[a-z0-9-]+\.service)", text):
+        starts[unit] = starts.get(unit, 0) + 1
+    return starts
+
+
+def check_experiment(machine: Machine, project: str, run_id: str) -> dict[str, Any]:
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"summary": "best root-4, rejected root-7"}
+    ops = {o["op_id"]: o for o in data["operations"]}
+    assert [ops[f"root-{n}"]["kind"] for n in range(1, 9)] == [
+        "measure_proposal", "settle_experiment", "agent", "measure_proposal",
+        "settle_experiment", "agent", "measure_proposal", "settle_experiment",
+    ]
+    assert all(o["state"] == "committed" for o in ops.values())
+    # the experiment facet: baseline, best, gain and the rejected candidate
+    (facet,) = data["experiments"]
+    assert (facet["scope"], facet["metric"]) == ("root", "score")
+    assert facet["baseline"] == {"measurement": "root-1", "value": 3.0}
+    assert facet["best"] == {"measurement": "root-4", "value": 1.0}
+    assert facet["latest"] == {"measurement": "root-7", "value": 5.0}
+    assert facet["gain"] == pytest.approx(2 / 3)
+    assert [(c["measurement"], c["value"], c["disposition"]) for c in facet["candidates"]] == [
+        ("root-1", 3.0, "accepted"), ("root-4", 1.0, "accepted"), ("root-7", 5.0, "rejected"),
+    ]
+    # the measurements' raw samples and environment, as the journal keeps them
+    kernel = machine.exec(["uname", "-r"]).stdout.decode().strip()
+    for n in (1, 4, 7):
+        measured = json.loads(machine.exec(
+            ["python3", "-c", READ_RESULT, "/var/lib/cairn/journal/journal.db", run_id,
+             f"root-{n}"],
+        ).stdout)
+        assert len(measured["samples"]) == 3
+        assert measured["environment"]["evaluator"] == "score"
+        assert measured["environment"]["kernel"] == kernel
+        assert measured["checkpoint"] == {1: None, 4: "root-3", 7: "root-6"}[n]
+    # after the rejection W is the best accepted checkpoint, file by file
+    pool = f"/var/lib/cairn/pool/runs/{run_id}"
+    assert tree(machine, f"{pool}/scopes/root/W.2") == tree(machine, f"{pool}/checkpoints/root-3")
+    assert machine.exec(["test", "-e", f"{pool}/scopes/root/W.1"], check=False).returncode != 0
+    assert machine.exec(["test", "-e", f"{pool}/measure"], check=False).returncode != 0
+    # the live project has the accepted change only
+    assert machine.exec(["cat", f"{project}/score.txt"]).stdout == b"1\n"
+    assert machine.exec(["cat", f"{project}/good.txt"]).stdout == b"faster\n"
+    assert machine.exec(["test", "-e", f"{project}/bad.txt"], check=False).returncode != 0
+    # each measurement: one warm-up and three samples, each unit started once
+    units = measure_units(machine, run_id)
+    assert sorted(units) == sorted(
+        f"cairn-measure-{run_id}-root-{n}-1-{i}.service" for n in (1, 4, 7) for i in range(4)
+    )
+    assert set(units.values()) == {1}
+    return data
+
+
+def test_one_accepted_and_one_rejected_trial(booted: Machine) -> None:
+    project, run_id = launch(booted)
+    check_experiment(booted, project, run_id)
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENT_FAILPOINTS))
+def test_recovers_from_a_crash_inside_measurement_or_disposition(
+    booted: Machine, name: str
+) -> None:
+    enable_failpoint(booted, name)
+    try:
+        project, run_id = launch(booted)
+        data = check_experiment(booted, project, run_id)
+    finally:
+        for unit in ("cairn-coordinator@.service", "cairn-broker.service"):
+            booted.exec(["rm", "-f", f"/etc/systemd/system/{unit}.d/failpoint.conf"])
+        booted.exec(["systemctl", "daemon-reload"])
+    fired = booted.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name", f"failpoint-{name}"],
+                        check=False).stdout.decode().split()
+    assert fired, f"failpoint {name} never fired"
+    restarts = sum(1 for e in data["events"] if e["event"] == "lease-acquired") - 1
+    assert restarts >= 1
+
+
+def test_an_evaluator_the_host_does_not_configure_refuses_the_launch(booted: Machine) -> None:
+    source = WORKFLOW.replace('"score", metrics', '"missing", metrics')
+    booted.exec(["tee", "/home/alice/unknown.py"], user="alice", input=source.encode())
+    review = cairn(booted, "workflow", "review", "/home/alice/unknown.py")
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    project = fresh_project(booted, "alice")
+    proc = booted.exec(["cairn", "launch", "/home/alice/unknown.py", "--confirm", review_hash,
+                        "--project", project, "--args", '{"goal": "g"}',
+                        "--scripted", "test:good=/home/alice/good.json",
+                        "--scripted", "test:bad=/home/alice/bad.json"],
+                       user="alice", check=False)
+    assert proc.returncode != 0
+    assert "evaluator 'missing', which is not configured" in proc.stderr.decode()
+
+
+BENCH = """\
+argv = ["/bin/sh", "-c", "printf '{\\"cairn_metrics\\": {\\"lines\\": %s}}\\\\n' \
+\\"$(wc -l < notes.txt)\\""]
+timeout_sec = 60
+samples = 2
+"""
+
+
+def test_builtin_optimize_rejects_every_trial_that_loses(booted: Machine) -> None:
+    """builtin:optimize with a scripted implementer that appends a line to notes.txt and
+    the host's ``bench`` counting them (fewer is better): each trial loses, its accept is
+    refused, the workflow rejects it and W is restored; the project stays as it was."""
+    booted.exec(["tee", "/etc/cairn/evaluators.d/bench.toml"], input=BENCH.encode())
+    project = fresh_project(booted, "alice")
+    booted.exec(["tee", f"{project}/notes.txt"], user="alice", input=b"one\n")
+    before = tree(booted, project)
+    script = {"steps": [{"action": "append", "path": "notes.txt", "content": "more\n"}],
+              "output": {"summary": "appended"}, "handoff": "appended a line"}
+    booted.exec(["tee", "/home/alice/append.json"], user="alice",
+                input=json.dumps(script).encode())
+    out = cairn(booted, "launch", "builtin:optimize", "--project", project, "--args",
+                json.dumps({"objective": "fewer notes", "metric": "lines", "max_trials": 2}),
+                "--scripted", "builtin:implementer=/home/alice/append.json")
+    run_id = out.strip().splitlines()[-1]
+    data = wait_finished(booted, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {
+        "summary": "0 of 2 trials accepted; lines went from 1.0 to 1.0",
+        "trials": 2, "accepted": 0,
+    }
+    (facet,) = data["experiments"]
+    assert [c["disposition"] for c in facet["candidates"]] == [
+        "accepted", "refused", "rejected", "refused", "rejected"]
+    assert facet["best"]["measurement"] == "root-1"
+    assert tree(booted, project) == before

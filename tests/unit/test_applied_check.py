@@ -1,0 +1,190 @@
+"""``cairn doctor``'s cross-check of an applied run against the live project: the check
+over real directories and a real apply's receipts file (plain directories stand in for Q
+and F; tests/btrfs/test_settle.py applies from real snapshots), the check unit's entry
+point, and cairnd's report over a real journal with the broker's reply stood in."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_journal import RUN, description
+
+from cairn.daemon import doctor
+from cairn.errors import BrokerRefused
+from cairn.journal import Journal
+from cairn.protocol.broker import AppliedCheck, BrokerReply, Intent, Receipt
+from cairn.settle import apply, check_applied
+from cairn.worker import apply as apply_worker
+
+ALICE = 1001
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.fixture
+def applied(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """Q, F and the live project after a real apply of F, and the apply's receipts."""
+    q = write(tmp_path / "q", {"a.txt": "old a\n", "b.txt": "old b\n", "gone.txt": "x\n"})
+    f = write(tmp_path / "f", {"a.txt": "new a\n", "b.txt": "new b\n", "c.txt": "new c\n"})
+    live = write(tmp_path / "live", {"a.txt": "old a\n", "b.txt": "old b\n", "gone.txt": "x\n"})
+    receipts = tmp_path / "receipts.jsonl"
+    result = apply(q, f, live, ["a.txt", "b.txt", "c.txt", "gone.txt"], receipts)
+    assert result.status == "applied"
+    return q, f, live, receipts
+
+
+def test_each_applied_path_is_as_applied_reverted_or_changed_since(
+    applied: tuple[Path, Path, Path, Path],
+) -> None:
+    q, f, live, receipts = applied
+    paths = ["a.txt", "b.txt", "c.txt", "gone.txt"]
+    assert check_applied(q, f, live, paths, receipts) == AppliedCheck(as_applied=paths)
+
+    (live / "a.txt").write_text("old a\n")  # reverted by hand: Q's content
+    (live / "b.txt").write_text("a person's edit\n")
+    (live / "gone.txt").write_text("back, different\n")
+    checked = check_applied(q, f, live, paths, receipts)
+    assert checked.as_applied == ["c.txt"]
+    assert checked.reverted == ["a.txt"]
+    assert checked.changed == ["b.txt", "gone.txt"]
+    assert checked.receipt_differs == []
+
+
+def test_a_receipt_not_in_the_plan_is_checked_and_one_unlike_f_is_named(
+    applied: tuple[Path, Path, Path, Path],
+) -> None:
+    q, f, live, receipts = applied
+    (f / "c.txt").write_text("F now differs from what the receipt recorded\n")
+    checked = check_applied(q, f, live, ["a.txt"], receipts)
+    # c.txt comes from the receipts file alone; live holds what was written, not F now
+    assert "c.txt" in checked.changed and checked.receipt_differs == ["c.txt"]
+
+
+def test_a_live_symlink_is_never_followed(
+    applied: tuple[Path, Path, Path, Path], tmp_path: Path
+) -> None:
+    q, f, live, receipts = applied
+    elsewhere = write(tmp_path / "elsewhere", {"b.txt": "new b\n"})
+    (live / "b.txt").unlink()
+    os.symlink(elsewhere / "b.txt", live / "b.txt")
+    assert check_applied(q, f, live, ["b.txt"], receipts).changed == ["b.txt"]
+
+
+def test_the_check_unit_writes_its_result_and_touches_nothing(
+    applied: tuple[Path, Path, Path, Path], tmp_path: Path
+) -> None:
+    q, f, live, receipts = applied
+    (live / "b.txt").write_text("a person's edit\n")
+    before = {p.name: p.read_bytes() for p in live.iterdir()}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(["a.txt", "b.txt"]))
+    result = tmp_path / "result.json"
+    argv = ["--q", str(q), "--f", str(f), "--live", str(live), "--plan", str(plan),
+            "--receipts", str(receipts), "--result", str(result), "--check"]
+    assert apply_worker.main(argv) == 0
+    checked = AppliedCheck.model_validate_json(result.read_text())
+    assert checked.changed == ["b.txt"] and "a.txt" in checked.as_applied
+    assert {p.name: p.read_bytes() for p in live.iterdir()} == before
+
+
+# --- cairnd's report --------------------------------------------------------------------
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    j = Journal(tmp_path / "journal.db", create=True)
+    j.create_run(description(), intents=[])
+    token = j.acquire_lease(RUN, "t", ttl=60)
+    j.set_settlement(RUN, {"status": "applied", "apply": {"applied": ["a.txt", "b.txt"]}},
+                     token=token)
+    j.set_run_state(RUN, "succeeded", token=token)
+    return j
+
+
+def stand_in_broker(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch, result: AppliedCheck | Exception
+) -> list[Intent]:
+    seen: list[Intent] = []
+
+    def call(verb: str, run_id: str, *, timeout: float) -> BrokerReply:
+        assert verb == "launch-v1"
+        intent = [i for i in journal.intents(run_id, verb) if i.kind == "check-applied"][-1]
+        seen.append(intent)
+        if isinstance(result, Exception):
+            raise result
+        data: dict[str, Any] = {"unit": "cairn-check-applied-x-1.service",
+                                "invocation_id": "0" * 32,
+                                "result": result.model_dump(mode="json")}
+        receipt = Receipt(intent_id=intent.intent_id, run_id=run_id, kind="check-applied",
+                          data=data, at=1.0)
+        return BrokerReply(ok=True, receipts=[receipt])
+
+    monkeypatch.setattr(doctor, "call_broker", call)
+    return seen
+
+
+def test_a_path_changed_since_is_a_warning_not_a_problem(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = stand_in_broker(journal, monkeypatch,
+                           AppliedCheck(as_applied=["a.txt"], changed=["b.txt"]))
+    report = doctor.check_live(journal, journal.get_run(RUN))
+    assert [i.intent_id for i in seen] == ["check-applied.1"]
+    assert report["problems"] == [] and report["notes"] == []
+    assert report["applied"] == {"as_applied": 1, "reverted": 0, "changed": 1}
+    (warning,) = report["warnings"]
+    assert warning.startswith("b.txt in the live project is neither")
+    assert [r["kind"] for r in journal.receipts(RUN)] == ["check-applied"]
+    doctor.check_live(journal, journal.get_run(RUN))  # a second doctor asks anew
+    assert [i.intent_id for i in seen] == ["check-applied.1", "check-applied.2"]
+
+
+def test_a_receipt_unlike_f_is_a_warning_with_its_path(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stand_in_broker(journal, monkeypatch,
+                    AppliedCheck(as_applied=["a.txt", "b.txt"], receipt_differs=["b.txt"]))
+    report = doctor.check_live(journal, journal.get_run(RUN))
+    assert report["warnings"] == [
+        "b.txt: the apply's receipt does not match the run's proposal F"]
+    assert report["problems"] == []
+
+
+def test_a_deleted_run_is_skipped_with_a_note(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = stand_in_broker(journal, monkeypatch, AppliedCheck())
+    journal.add_intents(
+        RUN, [Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")], token=None)
+    journal.record_receipts(RUN, [{"intent_id": "delete-run", "run_id": RUN,
+                                   "kind": "delete-run", "data": {"deleted": []}, "at": 2.0}])
+    report = doctor.check_live(journal, journal.get_run(RUN))
+    assert report["notes"] == ["the live project was not checked: the run's storage was deleted"]
+    assert report["warnings"] == [] and report["problems"] == [] and not seen
+
+
+def test_a_check_the_broker_refuses_is_a_problem(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stand_in_broker(journal, monkeypatch, BrokerRefused("the project is gone"))
+    report = doctor.check_live(journal, journal.get_run(RUN))
+    assert report["problems"] == ["live project not checked: the project is gone"]
+
+
+def test_a_run_that_applied_nothing_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    j = Journal(tmp_path / "other.db", create=True)
+    j.create_run(description(), intents=[])
+    seen = stand_in_broker(j, monkeypatch, AppliedCheck())
+    report = doctor.check_live(j, j.get_run(RUN))
+    assert report == {"problems": [], "warnings": [], "notes": []} and not seen

@@ -1,0 +1,281 @@
+"""The coordinator's side of experiments on a real journal, with the broker faked (its
+measure-checkpoint and W restore are real in tests/system/test_experiments.py): what a
+measurement records, accept and reject with the baseline and the best, a reject's new W
+generation recorded before the workflow continues, the honesty rules and the guardrails
+refusing, and a settlement interrupted after its decision finishing the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn.cli.runs import experiment_lines
+from cairn.coordinator.core import Coordinator
+from cairn.coordinator.dispatch import Handlers
+from cairn.coordinator.experiments import ExperimentRefused
+from cairn.journal import Journal
+from cairn.operations import settle_experiment
+from cairn.protocol.broker import Intent, Receipt, Verb
+from cairn.protocol.control import CallRequest
+from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.workflow.review import review_source
+
+SOURCE = '''
+from cairn.workflow import Field, Model, agent, workflow
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+class Report(Model):
+    summary: str = Field(min_length=1)
+
+change = agent(profile="test:fetch", access="write", output=Report)
+METRICS = {"runtime": {"unit": "s", "direction": "lower"},
+           "rss": {"unit": "MB", "direction": "lower", "max_regression": 0.1}}
+
+@workflow(description="measure", input=Goal, output=Report)
+async def run(flow, args: Goal) -> Report:
+    result = await flow.agent(change, prompt=args.goal)
+    measured = await flow.measure_proposal("bench", metrics=METRICS, primary="runtime")
+    await flow.settle_experiment(measured, "accept")
+    return result.output
+'''
+LINES = {kind: n for n, text in enumerate(SOURCE.splitlines(), 1)
+         for kind in ("agent", "measure_proposal", "settle_experiment")
+         if f"flow.{kind}(" in text}
+METRICS: dict[str, Any] = {
+    "runtime": {"unit": "s", "direction": "lower", "aggregation": "median",
+                "max_regression": None},
+    "rss": {"unit": "MB", "direction": "lower", "aggregation": "median", "max_regression": 0.1},
+}
+OWNER = 1001
+RUN = "flow_" + "0" * 31 + "e"
+ENV = {"evaluator": "bench", "config_sha256": "c" * 64, "kernel": "6.1.0", "cpu": "test cpu"}
+
+
+class FakeBroker:
+    """Receipts for the intents the coordinator sends; the samples each measurement gets
+    are queued by the test."""
+
+    def __init__(self) -> None:
+        self.samples: list[list[dict[str, float]]] = []
+        self.environment = dict(ENV)
+        self.sent: list[Intent] = []
+        self.done: dict[str, Receipt] = {}
+
+    def __call__(self, verb: Verb, intents: list[Intent], *, queued: bool = False) -> list[
+        Receipt
+    ]:
+        out = []
+        for intent in intents:
+            if intent.intent_id not in self.done:
+                self.sent.append(intent)
+                self.done[intent.intent_id] = Receipt(
+                    intent_id=intent.intent_id, run_id=RUN, kind=intent.kind,
+                    data=self.body(intent), at=time.time(),
+                )
+            out.append(self.done[intent.intent_id])
+        return out
+
+    def body(self, intent: Intent) -> dict[str, Any]:
+        if intent.kind == "measure-checkpoint":
+            return {"op_id": intent.op_id, "environment": self.environment, "runs": [],
+                    "samples": self.samples.pop(0), "error": ""}
+        if intent.kind == "drop-w":
+            return {"deleted": f"w.{intent.generation}"}
+        subvolume = {"path": "w", "subvol_id": 300, "uuid": "u", "fsid": "f",
+                     "read_only": False, "generation": 1}
+        return {"w": subvolume}
+
+
+@pytest.fixture
+def coord(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinator]:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    (tmp_path / "var/lib/cairn/journal").mkdir(parents=True)
+    review = review_source(SOURCE, filename="wf.py")
+    desc = LaunchDescription(
+        run_id=RUN, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
+        definition="/home/alice/wf.py", source=SOURCE, source_filename="wf.py",
+        review_hash=review.review_hash, review=review.model_dump(mode="json"),
+        args={"goal": "faster"},
+        project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=False),
+        profiles={"test:fetch": ProfileSpec(name="test:fetch", kind="scripted")},
+        cairn_version="0", created_at=time.time(),
+        evaluators=[EvaluatorSpec(name="bench", argv=["/usr/bin/bench"], timeout_sec=5,
+                                  warmups=0, samples=2, config_sha256="c" * 64)],
+    )
+    with Journal(tmp_path / "var/lib/cairn/journal/journal.db", create=True) as journal:
+        journal.create_run(desc, intents=[])
+    coordinator = Coordinator(RUN)
+    coordinator.token = coordinator.journal.acquire_lease(RUN, coordinator.holder, ttl=60)
+    coordinator.journal.set_run_state(RUN, "running", token=coordinator.token)
+    coordinator.broker = FakeBroker()  # type: ignore[method-assign]
+    yield coordinator
+    coordinator.journal.close()
+
+
+class Script:
+    """Calls of the root scope in order, as the control worker would make them."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        self.seq = 0
+
+    def call(self, kind: str, request: dict[str, Any]) -> tuple[Any, CallRequest]:
+        self.seq += 1
+        call = CallRequest(scope="root", seq=self.seq, kind=kind, request=request,  # type: ignore[arg-type]
+                           location=f"wf.py:{LINES[kind]}:5")
+        predecessor = f"root-{self.seq - 1}" if self.seq > 1 else None
+        op = self.coord.journal.record_requested(
+            call, run_id=RUN, op_id=f"root-{self.seq}", predecessor=predecessor,
+            token=self.coord.token,
+        )
+        return op, call
+
+    def agent(self) -> str:
+        """An agent boundary committed (its checkpoint is what W then holds)."""
+        op, _ = self.call("agent", {"descriptor": "change", "prompt": "p", "title": "change"})
+        for state in ("started", "settled", "committed"):
+            self.coord.journal.update_op(RUN, op.op_id, token=self.coord.token, state=state,
+                                         result={"output": {}} if state == "settled" else None)
+        return str(op.op_id)
+
+    def measure(self, runtime: float, rss: float = 100.0) -> dict[str, Any]:
+        broker: FakeBroker = self.coord.broker  # type: ignore[assignment]
+        broker.samples.append([{"runtime": runtime, "rss": rss}] * 2)
+        op, call = self.call("measure_proposal",
+                             {"evaluator": "bench", "primary": "runtime", "metrics": METRICS})
+        result, fresh = Handlers.answer_measure(self.coord, op, call)
+        assert fresh
+        return result
+
+    def settle(self, measured: dict[str, Any], disposition: str) -> dict[str, Any]:
+        op, call = self.call("settle_experiment",
+                             {"measurement": measured["measurement"], "disposition": disposition})
+        return Handlers.answer_settle_experiment(self.coord, op, call)[0]
+
+
+def test_accept_then_reject_restores_w_from_the_best_accepted_checkpoint(
+    coord: Coordinator,
+) -> None:
+    script = Script(coord)
+    baseline = script.measure(2.0)
+    assert baseline["checkpoint"] is None and baseline["values"] == {"runtime": 2.0, "rss": 100}
+    assert baseline["environment"] == ENV and len(baseline["samples"]) == 2
+    first = script.settle(baseline, "accept")
+    assert (first["disposition"], first["baseline"], first["best"]) == ("accepted", "root-1",
+                                                                          "root-1")
+    good = script.agent()
+    better = script.measure(1.0)
+    assert better["checkpoint"] == good
+    accepted = script.settle(better, "accept")
+    assert accepted["best"] == better["measurement"] and accepted["gain"] == pytest.approx(0.5)
+    assert accepted["baseline"] == "root-1"
+    script.agent()
+    worse = script.measure(3.0)
+    rejected = script.settle(worse, "reject")
+    assert rejected["disposition"] == "rejected" and rejected["checkpoint"] == good
+    assert rejected["w_generation"] == 2 and coord.w_gen["root"] == 2
+    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    create, drop = broker.sent[-2:]
+    assert (create.intent_id, create.from_checkpoint, create.generation) == (
+        "create-w.root.2", good, 2)
+    assert (drop.intent_id, drop.generation) == ("drop-w.root.1", 1)
+    # W now holds the best accepted checkpoint: the next measurement says so
+    assert script.measure(1.0)["checkpoint"] == good
+    op = coord.journal.get_op_by_id(RUN, rejected_op_id(coord))
+    assert op.state == "committed"
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert facet["metric"] == "runtime" and facet["guardrails"] == {"rss": 0.1}
+    assert facet["baseline"] == {"measurement": "root-1", "value": 2.0}
+    assert facet["best"] == {"measurement": "root-4", "value": 1.0}
+    assert facet["latest"] == {"measurement": "root-9", "value": 1.0}
+    assert facet["gain"] == pytest.approx(0.5)
+    assert [(c["measurement"], c["disposition"]) for c in facet["candidates"]] == [
+        ("root-1", "accepted"), ("root-4", "accepted"), ("root-7", "rejected")]
+
+
+def rejected_op_id(coord: Coordinator) -> str:
+    (op,) = [o for o in coord.journal.list_ops(RUN)
+             if (o.result or {}).get("disposition") == "rejected"]
+    return op.op_id
+
+
+def test_an_accept_that_loses_or_breaks_a_guardrail_is_refused(coord: Coordinator) -> None:
+    script = Script(coord)
+    script.settle(script.measure(2.0), "accept")
+    slower = script.measure(2.5)
+    with pytest.raises(ExperimentRefused, match="runtime is worse than the best accepted"):
+        script.settle(slower, "accept")
+    assert coord.journal.get_op_by_id(RUN, f"root-{script.seq}").state == "not-started"
+    bloated = script.measure(1.0, rss=120.0)
+    with pytest.raises(ExperimentRefused, match="guardrail rss: 20.00% worse"):
+        script.settle(bloated, "accept")
+    assert coord.w_gen["root"] == 1  # a refusal changes nothing
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert [c["disposition"] for c in facet["candidates"]] == ["accepted", "refused", "refused"]
+    assert "guardrail rss" in facet["candidates"][2]["reason"]
+    assert facet["best"] == {"measurement": "root-1", "value": 2.0}
+
+
+def test_dishonest_comparisons_are_refused_either_way(coord: Coordinator) -> None:
+    script = Script(coord)
+    script.settle(script.measure(2.0), "accept")
+    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    broker.environment["kernel"] = "6.9.0"
+    moved = script.measure(1.0)
+    for disposition in ("accept", "reject"):
+        with pytest.raises(ExperimentRefused, match="dishonest comparison: the environment"):
+            script.settle(moved, disposition)
+
+
+def test_a_reject_needs_something_accepted_and_a_measurement_of_the_record(
+    coord: Coordinator,
+) -> None:
+    script = Script(coord)
+    first = script.measure(2.0)
+    with pytest.raises(ExperimentRefused, match="nothing was accepted yet"):
+        script.settle(first, "reject")
+    with pytest.raises(ExperimentRefused, match="root-9 is not a finished measurement"):
+        script.settle({"measurement": "root-9"}, "accept")
+
+
+def test_a_settlement_interrupted_after_its_decision_finishes_the_same_way(
+    coord: Coordinator,
+) -> None:
+    script = Script(coord)
+    script.settle(script.measure(2.0), "accept")
+    worse = script.measure(3.0)
+    op, call = script.call("settle_experiment",
+                           {"measurement": worse["measurement"], "disposition": "reject"})
+    result, intents = coord.decide(op, call)
+    coord.journal.update_op(RUN, op.op_id, token=coord.token, state="started", result=result,
+                            intents=intents)
+    # the crash: a new coordinator's w_gen comes from the journal's storage intents
+    assert [i.intent_id for i in coord.journal.intents(RUN, "storage-v1")] == [
+        "create-w.root.2", "drop-w.root.1"]
+    started = coord.journal.get_op_by_id(RUN, op.op_id)
+    again = Handlers.answer_settle_experiment(coord, started, call)[0]
+    assert again == result and coord.w_gen["root"] == 2
+    assert coord.journal.get_op_by_id(RUN, op.op_id).state == "committed"
+
+
+def test_cairn_show_renders_the_experiment_facet(coord: Coordinator) -> None:
+    script = Script(coord)
+    script.settle(script.measure(2.0), "accept")
+    script.agent()
+    script.settle(script.measure(1.0), "accept")
+    script.agent()
+    script.settle(script.measure(3.0), "reject")
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert experiment_lines(facet) == [
+        "◆ experiment root · runtime · baseline 2 (root-1) · best 1 (root-4) · gain +50.0% "
+        "· guardrails rss ≤10%",
+        "  ✓ root-1 2 accepted",
+        "  ✓ root-4 1 accepted",
+        "  ✗ root-7 3 rejected",
+    ]

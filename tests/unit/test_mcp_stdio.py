@@ -1,0 +1,330 @@
+"""``cairn mcp`` over real stdio (a subprocess) against a stand-in cairnd on a real Unix
+socket: the handshake, the tools a model sees (only exposed workflows, never an approving
+one), calls, and JSON-RPC errors. ``cairn_watch`` is driven in process with an injected
+clock."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp_standin import (
+    REPLY_SECONDS,
+    RUN,
+    SOURCE,
+    StandInDaemon,
+    StdioClient,
+    install_definitions,
+    review_hash,
+)
+
+from cairn import paths
+from cairn.definitions import registry
+from cairn.mcp.server import Server
+from cairn.mcp.tools import Session
+from cairn.protocol.daemon import ErrorBody, OpRequest
+from cairn.protocol.mcp import LATEST_PROTOCOL_VERSION
+
+FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer"]
+RUNS = [{"run_id": RUN, "state": "running", "definition": "user:fix-flaky",
+         "created_at": 1.0, "current_op": None}]
+QUESTION = {"kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
+            "schema_name": None, "challenge": "sha256:" + "c" * 64}
+APPROVAL = {"kind": "approval", "run_id": RUN, "op_id": "root-4", "request_id": "req-1",
+            "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0,
+            "prepared": {"kind": "apply", "accepted": [], "project": "/p"}}
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInDaemon]:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path / "root"))
+    install_definitions(tmp_path)
+    paths.daemon_socket().parent.mkdir(parents=True)
+    answers: dict[str, Any] = {
+        "ps": RUNS,
+        "launch": {"run_id": RUN},
+        "inbox": [QUESTION, APPROVAL],
+        "answer": {"run_id": RUN, "op_id": "root-3", "outcome": "answered", "woken": True},
+        "show": ErrorBody(code="not-found", message="no run flow_9999 of yours",
+                          hint="see 'cairn list'"),
+    }
+    stand_in = StandInDaemon(paths.daemon_socket(), answers)
+    yield stand_in
+    stand_in.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "app"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def client(daemon: StandInDaemon, project: Path) -> Iterator[StdioClient]:
+    session = StdioClient(cwd=project)
+    yield session
+    status, stderr = session.close()
+    assert status == 0, stderr
+
+
+def test_initialize_negotiates_the_protocol_version(client: StdioClient) -> None:
+    result = client.initialize("2025-06-18")
+    assert result["protocolVersion"] == "2025-06-18"
+    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["serverInfo"]["name"] == "cairn"
+    assert "a person's act" in result["instructions"]
+    # a version this server does not speak: it answers with its own latest
+    assert client.initialize("1999-01-01")["protocolVersion"] == LATEST_PROTOCOL_VERSION
+
+
+def test_tools_are_the_exposed_workflows_and_the_fixed_tools(client: StdioClient) -> None:
+    client.initialize()
+    tools = client.request("tools/list")["result"]["tools"]
+    # not user:tidy (installed, not exposed), not the draft, not user:stale (reinstalled
+    # since it was exposed), and nothing that approves, rejects or applies
+    assert [t["name"] for t in tools] == ["user_fix-flaky", *FIXED]
+    assert not [t for t in tools if {"approve", "reject", "apply"} & set(t["name"].split("_"))]
+    launcher = tools[0]
+    assert launcher["description"].startswith("fix-flaky: describe what a run does.")
+    assert review_hash(SOURCE, "fix-flaky") in launcher["description"]
+    schema = launcher["inputSchema"]
+    assert schema["required"] == ["args"] and schema["additionalProperties"] is False
+    objective = schema["properties"]["args"]["properties"]["objective"]
+    assert (objective["minLength"], objective["maxLength"]) == (1, 20_000)
+    assert schema["properties"]["args"]["required"] == ["objective"]
+    assert set(schema["properties"]) == {"args", "project", "apply"}
+
+
+def test_cairn_runs_are_the_callers_runs_from_cairnd(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    result = client.call("cairn_runs", {})
+    assert result["structuredContent"] == {"runs": RUNS}
+    assert json.loads(result["content"][0]["text"]) == {"runs": RUNS}
+    assert result["isError"] is False
+    assert daemon.ops() == ["ps"] and daemon.asked[0]["all_users"] is False
+
+
+def test_a_workflow_tool_launches_the_installed_source_on_the_servers_directory(
+    client: StdioClient, daemon: StandInDaemon, project: Path
+) -> None:
+    client.initialize()
+    result = client.call("user_fix-flaky", {"args": {"objective": "fix the flaky test"}})
+    assert result["structuredContent"] == {
+        "run_id": RUN, "definition": "user:fix-flaky", "project": str(project)
+    }
+    [launch] = daemon.asked
+    assert launch["op"] == "launch" and launch["definition"] == "user:fix-flaky"
+    assert launch["source"] == SOURCE
+    assert launch["confirm"] == review_hash(SOURCE, "fix-flaky")
+    assert launch["args"] == {"objective": "fix the flaky test"}
+    assert (launch["project"], launch["apply_mode"]) == (str(project), "auto")
+    st = os.stat(project)
+    assert daemon.passed == [(st.st_dev, st.st_ino)]  # the project, as an open descriptor
+
+
+def test_unknown_and_approving_tools_are_protocol_errors(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    for name in ("cairn_approve", "cairn_apply", "user_tidy", "user_sketch", "user_stale"):
+        reply = client.request("tools/call", {"name": name, "arguments": {}})
+        assert reply["error"]["code"] == -32602
+        assert reply["error"]["message"].startswith(f"no tool named '{name}'")
+    assert daemon.asked == []  # nothing reached cairnd
+
+
+def test_bad_lines_get_json_rpc_errors_and_the_session_goes_on(client: StdioClient) -> None:
+    client.send(b"not json")
+    reply = client.receive()
+    assert reply["id"] is None and reply["error"]["code"] == -32700
+    client.send({"jsonrpc": "1.0", "id": 7, "method": "ping"})
+    reply = client.receive()
+    assert (reply["id"], reply["error"]["code"]) == (7, -32600)
+    assert client.request("no/such")["error"]["code"] == -32601
+    assert client.request("initialize", {})["error"]["code"] == -32602
+    assert client.request("ping")["result"] == {}
+
+
+def test_refusals_are_results_the_model_reads(client: StdioClient, daemon: StandInDaemon) -> None:
+    client.initialize()
+    result = client.call("cairn_show", {"run": "flow_9999"})
+    assert result["isError"] is True
+    assert result["content"][0]["text"] == "no run flow_9999 of yours (hint: see 'cairn list')"
+    result = client.call("cairn_show", {"run": "x!"})
+    assert result["isError"] is True and "does not name a run" in result["content"][0]["text"]
+    result = client.call("cairn_runs", {"all": True})
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith("cairn_runs arguments: all: Extra inputs")
+    assert daemon.ops() == ["show"]  # bad arguments never reach cairnd
+
+
+def test_inbox_shows_questions_and_not_what_approving_takes(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    items = client.call("cairn_inbox", {})["structuredContent"]["items"]
+    assert items[0] == QUESTION
+    assert items[1]["kind"] == "approval" and "a person" in items[1]["decided_by"]
+    assert "fingerprint" not in items[1] and "request_id" not in items[1]
+    out = client.call("cairn_answer", {"run": RUN, "challenge": QUESTION["challenge"],
+                                       "answer": {"branch": "main"}})
+    assert out["structuredContent"]["outcome"] == "answered"
+    assert daemon.asked[-1]["answer"] == '{"branch": "main"}'
+
+
+# --- cairn_watch, in process, with an injected clock ------------------------------------
+
+
+class ScriptedCairnd:
+    """Answers watch requests from a list of replies; the clock moves only when the
+    server pauses."""
+
+    def __init__(self, replies: list[dict[str, Any]]) -> None:
+        self.replies = replies
+        self.cursors: list[int] = []
+        self.now = 100.0
+
+    def request(self, body: OpRequest, **_: Any) -> Any:
+        self.cursors.append(body.model_dump()["cursor"])
+        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+    def pause(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def watch_reply(state: str, events: list[str], cursor: int) -> dict[str, Any]:
+    return {
+        "run_id": RUN, "state": state, "finished": state == "succeeded", "error": None,
+        "output": {"summary": "done"} if state == "succeeded" else None,
+        "events": [{"event": e, "op_id": "root-1", "at": 1.0, "data": {}, "cursor": i}
+                   for i, e in enumerate(events, cursor - len(events) + 1)],
+        "cursor": cursor, "more": False, "waiting": [],
+    }
+
+
+def serve(cairnd: ScriptedCairnd, *lines: dict[str, Any]) -> list[dict[str, Any]]:
+    out = io.BytesIO()
+    session = Session(request=cairnd.request, cwd=Path("/"), clock=lambda: cairnd.now,
+                      pause=cairnd.pause)
+    Server(out, session, "test").serve(json.dumps(line).encode() for line in lines)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def watch_call(arguments: dict[str, Any], token: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": "cairn_watch", "arguments": arguments}
+    if token is not None:
+        params["_meta"] = {"progressToken": token}
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+
+
+def test_watch_follows_a_run_to_its_next_state_with_progress() -> None:
+    cairnd = ScriptedCairnd([
+        watch_reply("running", ["run-started", "op-requested"], 2),
+        watch_reply("running", [], 2),
+        watch_reply("succeeded", ["op-committed", "run-succeeded"], 4),
+    ])
+    *progress, answer = serve(cairnd, watch_call({"run": RUN}, "tok"))
+    assert [p["params"] for p in progress] == [
+        {"progressToken": "tok", "progress": 1.0, "message": "run-started root-1"},
+        {"progressToken": "tok", "progress": 2.0, "message": "op-requested root-1"},
+        {"progressToken": "tok", "progress": 3.0, "message": "op-committed root-1"},
+        {"progressToken": "tok", "progress": 4.0, "message": "run-succeeded root-1"},
+    ]
+    assert {p["method"] for p in progress} == {"notifications/progress"}
+    result = answer["result"]["structuredContent"]
+    assert (result["state"], result["finished"], result["cursor"]) == ("succeeded", True, 4)
+    assert [e["event"] for e in result["events"]][-1] == "run-succeeded"
+    assert cairnd.cursors == [0, 2, 2]  # each poll from the last cursor seen
+    assert cairnd.now == 102.0  # paused a second between polls that brought nothing new
+
+
+def test_watch_leaves_out_the_fingerprint_of_an_approval_requested() -> None:
+    reply = watch_reply("waiting", ["approval-requested"], 1)
+    reply["events"][0]["data"] = {"request_id": "req-1", "fingerprint": "sha256:" + "f" * 64}
+    reply["waiting"] = [{"kind": "approval", "op_id": "root-1", "request_id": "req-1",
+                         "fingerprint": "sha256:" + "f" * 64}]
+    [answer] = serve(ScriptedCairnd([reply]), watch_call({"run": RUN, "timeout": 1}, None))
+    result = answer["result"]
+    assert result["structuredContent"]["events"][0]["data"] == {"request_id": "req-1"}
+    assert "decided_by" in result["structuredContent"]["waiting"][0]
+    assert "fingerprint" not in json.dumps(result)
+
+
+def test_watch_returns_at_its_timeout_and_without_a_token_sends_no_progress() -> None:
+    cairnd = ScriptedCairnd([watch_reply("running", ["run-started"], 5)])
+    [answer] = serve(cairnd, watch_call({"run": RUN, "timeout": 3, "cursor": 4}, None))
+    result = answer["result"]["structuredContent"]
+    assert (result["state"], result["finished"], result["cursor"]) == ("running", False, 5)
+    assert cairnd.now == 103.0 and cairnd.cursors[0] == 4
+
+
+def test_a_cancelled_watch_stops_and_gets_no_answer() -> None:
+    """The cancel arrives while the watch waits on cairnd; the watch stops at its next
+    poll and the server sends no answer for it, but goes on answering others."""
+    asked, release = threading.Event(), threading.Event()
+    cairnd = ScriptedCairnd([watch_reply("running", ["run-started"], 1)])
+
+    def blocking(body: OpRequest, **_: Any) -> Any:
+        asked.set()
+        assert release.wait(REPLY_SECONDS)
+        return cairnd.request(body)
+
+    def lines() -> Iterator[bytes]:
+        yield json.dumps(watch_call({"run": RUN, "timeout": 600}, "tok")).encode()
+        assert asked.wait(REPLY_SECONDS)
+        yield json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": 1, "reason": "user"}}).encode()
+        release.set()
+        yield json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode()
+
+    out = io.BytesIO()
+    session = Session(request=blocking, cwd=Path("/"), clock=lambda: cairnd.now,
+                      pause=cairnd.pause)
+    Server(out, session, "test").serve(lines())
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [m.get("id") for m in written if "id" in m] == [2]  # no answer for the watch
+    progress = [m["params"]["message"] for m in written if m.get("method")]
+    assert progress == ["run-started root-1"]  # what came before the cancel took effect
+    assert cairnd.now <= 101.0  # stopped at its first pause, not after 600 seconds
+
+
+def test_unexposing_takes_effect_in_a_running_server(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    assert client.request("tools/list")["result"]["tools"][0]["name"] == "user_fix-flaky"
+    registry.unexpose("user:fix-flaky")
+    names = [t["name"] for t in client.request("tools/list")["result"]["tools"]]
+    assert names == FIXED
+    reply = client.request("tools/call", {"name": "user_fix-flaky",
+                                          "arguments": {"args": {"objective": "x"}}})
+    assert reply["error"]["code"] == -32602
+    assert daemon.asked == []
+
+
+def test_show_leaves_out_what_approving_takes() -> None:
+    facet = {"kind": "approval", "op_id": "root-2", "request_id": "req-1",
+             "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0, "also_waiting": 1}
+    view = {"run": {"run_id": RUN, "state": "waiting"}, "question": facet, "settlement": None,
+            "settlement_summary": None, "operations": [], "progress": {}, "latest_event": None}
+    out = io.BytesIO()
+    session = Session(request=lambda body, **_: view, cwd=Path("/"), clock=lambda: 0.0,
+                      pause=lambda seconds: None)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "cairn_show", "arguments": {"run": RUN}}}
+    Server(out, session, "test").serve([json.dumps(call).encode()])
+    [answer] = [json.loads(line) for line in out.getvalue().splitlines()]
+    shown = answer["result"]["structuredContent"]
+    assert shown["run"]["state"] == "waiting"
+    assert shown["question"]["kind"] == "approval" and shown["question"]["also_waiting"] == 1
+    assert "fingerprint" not in json.dumps(shown) and "req-1" not in json.dumps(shown)
