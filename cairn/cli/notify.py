@@ -33,9 +33,10 @@ notify_app = typer.Typer(
 
 
 def start_user_unit(name: str, props: list[Prop]) -> None:
-    """Start transient service ``name`` in the caller's own manager, over its bus."""
+    """Start transient service ``name`` in the caller's own manager, over its bus, and
+    wait for its start job, so a hook that could not start is reported, not lost."""
     with Systemd(user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]) as manager:
-        manager.start_transient_service(name, props)
+        manager.wait_started(manager.start_transient_service(name, props), timeout=30)
 
 
 def _poll(cursor: int) -> NotifyBatch:
