@@ -26,6 +26,9 @@ from cairn.protocol.daemon import NotificationsRequest
 from cairn.protocol.notify import NotifyBatch, NotifyEvent
 from cairn.systemd import Prop, Systemd
 
+# After login the user's bus can be up a few seconds before the manager has joined it.
+MANAGER_JOIN_SEC = 30.0
+
 notify_app = typer.Typer(
     help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
     no_args_is_help=True,
@@ -35,7 +38,8 @@ notify_app = typer.Typer(
 def start_user_unit(name: str, props: list[Prop]) -> None:
     """Start transient service ``name`` in the caller's own manager, over its bus, and
     wait for its start job, so a hook that could not start is reported, not lost."""
-    with Systemd(user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]) as manager:
+    bus = user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]
+    with Systemd(bus, wait_for_manager=MANAGER_JOIN_SEC) as manager:
         manager.wait_started(manager.start_transient_service(name, props), timeout=30)
 
 
