@@ -97,6 +97,7 @@ def test_research_answers_from_every_line_and_leaves_the_project_alone(
     (fork,) = [o for o in ops if o["kind"] == "map"]
     lanes = {o["scope"] for o in ops if o["scope"].startswith(fork["op_id"] + "-")}
     assert lanes == {f"{fork['op_id']}-line-{n}" for n in (1, 2, 3)}
+    assert data["settlement"] is None  # read-only agents only: nothing to settle
     assert tree(booted, project) == before
 
 
@@ -116,6 +117,7 @@ def test_review_gives_a_verdict_and_leaves_the_project_alone(booted: Machine) ->
                       "problem": "verdict: no main guard", "suggestion": ""}],
     }
     assert sum(1 for o in data["operations"] if o["kind"] == "agent") == 3
+    assert data["settlement"] is None  # read-only agents only: nothing to settle
     assert tree(booted, project) == before
 
 
