@@ -327,3 +327,13 @@ def test_goal_that_never_holds_fails_the_run() -> None:
     assert [c["kind"] for c in calls].count("agent") == 2
     assert end["type"] != "return"
     assert "the check tests still does not hold after 2 attempts" in json.dumps(end)
+
+
+def test_goal_whose_check_command_fails_fails_the_run() -> None:
+    """A check that exits non-zero or prints no metric line fails its measurement; the
+    workflow does not take that for 'not yet' and spend attempts on it."""
+    failed = {"error": "root-1: cairn-measure-… ended failed (status 1) with no metric line",
+              "kind": "measurement-failed"}
+    calls, end = converse("goal", {"goal": "green", "check": "tests"}, lambda call: failed)
+    assert [c["kind"] for c in calls] == ["measure_proposal"]
+    assert end["type"] != "return" and "no metric line" in json.dumps(end)
