@@ -136,5 +136,7 @@ def test_goal_attempts_until_the_hosts_check_holds(booted: Machine) -> None:
              if o["scope"] == "root"]
     assert kinds == ["measure_proposal", "repeat_until", "agent", "measure_proposal",
                      "agent", "measure_proposal"]
+    (facet,) = data["experiments"]  # the checks, as measurements of W
+    assert (facet["metric"], facet["latest"]["value"]) == ("tests", 1.0)
     assert booted.exec(["cat", f"{project}/attempts.txt"]).stdout == \
         b"attempt 1\nattempt 2\n"

@@ -922,3 +922,24 @@ def test_an_agent_cannot_make_an_evaluator_read_what_its_owner_may_not(
     record = json.dumps(data) + booted.journal(run_id=run_id)
     assert shadow_root and shadow_root not in record
     assert booted.exec(["readlink", f"{project}/score.txt"], check=False).returncode != 0
+
+
+def test_a_reviewer_that_writes_changes_nothing_in_the_live_project(booted: Machine) -> None:
+    """builtin:review has read-only agents only; a reviewer that writes anyway (into its own
+    workspace, if it can write at all) reaches nothing: the run has no settlement and the
+    live project is byte for byte as it was."""
+    project = fresh_project(booted, "alice")
+    before = tree(booted, project)
+    steps = [{"action": "write", "path": "CHANGELOG.md", "content": "rewritten\n"},
+             {"action": "write", "path": "planted.txt", "content": "{title}\n"}]
+    script = {"steps": steps, "handoff": "wrote",
+              "output": {"verdict": "approve", "summary": "fine", "findings": []}}
+    booted.exec(["tee", "/home/alice/writing-reviewer.json"], user="alice",
+                input=json.dumps(script).encode())
+    out = cairn(booted, "launch", "builtin:review", "--project", project,
+                "--args", json.dumps({"focus": "anything", "reviewers": 2}),
+                "--scripted", "builtin:reviewer=/home/alice/writing-reviewer.json")
+    data = wait_for(booted, out.strip().splitlines()[-1], finished)
+    assert data["run"]["state"] in ("succeeded", "failed")
+    assert data["settlement"] is None
+    assert tree(booted, project) == before
