@@ -31,9 +31,9 @@ PASSED = {
     "cairn/builtin/workflows/optimize.py":
         "sha256:c18b86dfca6999d11e3e8fc7040394a4459422af297a6b9f770c77209c984c4b",
     "cairn/builtin/workflows/research.py":
-        "sha256:0f54ecf654377b2aaa2cd9d46e68d89af8278754ce8e37c8a17523ae85297be3",
+        "sha256:f4c0014ecba1471e4eed790a7c2c459fd061b5302207436bea187aa4c9b114a7",
     "cairn/builtin/workflows/review.py":
-        "sha256:08ea71ee4cd9d945b7f8e854783913a565b9b29ec1de3e14306f4befc3e6dac1",
+        "sha256:2b89e42f1515362c9a393440cdb75a81f332397888aeef754fcbbdc23ce9d7da",
     "tests/unit/fixtures/workflows/good_idioms.py":
         "sha256:864ed08d1d47e32aa5ac85d7d0a7460d4a7c10e6a431fbbd294afbad1de5de5e",
     # Changed when the review began refusing the kinds this release does not carry out:

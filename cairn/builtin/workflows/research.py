@@ -29,7 +29,7 @@ class Answer(Model):
     """An answer with the evidence it rests on (file paths with line numbers, commands
     and their output), and what is still open."""
 
-    answer: str = Field(min_length=1, max_length=20_000)
+    answer: str = Field(min_length=1, max_length=8_000)
     evidence: list[str] = Field(default_factory=list, max_length=50)
     open_questions: list[str] = Field(default_factory=list, max_length=20)
 

@@ -30,8 +30,8 @@ class Finding(Model):
 
     severity: Literal["high", "medium", "low"]
     where: str = Field(min_length=1, max_length=500)
-    problem: str = Field(min_length=1, max_length=4_000)
-    suggestion: str = Field(default="", max_length=4_000)
+    problem: str = Field(min_length=1, max_length=2_000)
+    suggestion: str = Field(default="", max_length=2_000)
 
 
 class Verdict(Model):
@@ -39,7 +39,7 @@ class Verdict(Model):
 
     verdict: Literal["approve", "changes-needed"]
     summary: str = Field(min_length=1, max_length=4_000)
-    findings: list[Finding] = Field(default_factory=list, max_length=100)
+    findings: list[Finding] = Field(default_factory=list, max_length=50)
 
 
 reviewer = agent(profile="builtin:reviewer", access="read", network="none", output=Verdict)
