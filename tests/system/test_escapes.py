@@ -976,3 +976,24 @@ def test_a_proposal_check_running_the_agents_script_reaches_nothing(booted: Mach
     assert "sleep 617" not in booted.exec(["ps", "-eo", "args"]).stdout.decode()
     assert booted.exec(["test", "-e", f"{project}/nested-by-check"], check=False).returncode != 0
     assert b"try()" in booted.exec(["cat", f"{project}/check.sh"]).stdout
+
+
+def test_a_reviewer_that_writes_changes_nothing_in_the_live_project(booted: Machine) -> None:
+    """builtin:review has read-only agents only; a reviewer that writes anyway (into its own
+    workspace, if it can write at all) reaches nothing: the run has no settlement and the
+    live project is byte for byte as it was."""
+    project = fresh_project(booted, "alice")
+    before = tree(booted, project)
+    steps = [{"action": "write", "path": "CHANGELOG.md", "content": "rewritten\n"},
+             {"action": "write", "path": "planted.txt", "content": "{title}\n"}]
+    script = {"steps": steps, "handoff": "wrote",
+              "output": {"verdict": "approve", "summary": "fine", "findings": []}}
+    booted.exec(["tee", "/home/alice/writing-reviewer.json"], user="alice",
+                input=json.dumps(script).encode())
+    out = cairn(booted, "launch", "builtin:review", "--project", project,
+                "--args", json.dumps({"focus": "anything", "reviewers": 2}),
+                "--scripted", "builtin:reviewer=/home/alice/writing-reviewer.json")
+    data = wait_for(booted, out.strip().splitlines()[-1], finished)
+    assert data["run"]["state"] in ("succeeded", "failed")
+    assert data["settlement"] is None
+    assert tree(booted, project) == before

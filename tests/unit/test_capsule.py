@@ -60,7 +60,10 @@ def test_built_capsule_holds_the_worker_closure_and_verifies(release: Path) -> N
         "lib/cairn/protocol/base.py",
         "lib/cairn/errors.py",
         "lib/cairn/journald.py",
-        "lib/cairn/builtin/workflows/implement.py",
+        *(f"lib/cairn/builtin/workflows/{name}.py" for name in (
+            "implement", "execute_plan", "research", "review", "optimize", "goal")),
+        *(f"lib/cairn/builtin/profiles/{name}.md" for name in (
+            "implementer", "planner", "researcher", "reviewer")),
     ):
         assert expected in paths
     # Nothing the worker does not import: no daemon, broker or coordinator code.

@@ -103,7 +103,9 @@ def test_options_are_offered_with_their_help() -> None:
 
 def test_definitions_are_the_builtins_and_workflow_files() -> None:
     assert complete(ROOT, ["cairn", "launch", "builtin:"]) == [
-        "builtin:implement\tbuiltin workflow", "builtin:optimize\tbuiltin workflow", FILE
+        "builtin:execute-plan\tbuiltin workflow", "builtin:goal\tbuiltin workflow",
+        "builtin:implement\tbuiltin workflow", "builtin:optimize\tbuiltin workflow",
+        "builtin:research\tbuiltin workflow", "builtin:review\tbuiltin workflow", FILE
     ]
     assert complete(ROOT, ["cairn", "schedule", "create", "nightly", ""])[-1] == FILE
 

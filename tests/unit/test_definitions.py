@@ -213,7 +213,8 @@ def test_expose_pins_the_installed_hash_and_a_reinstall_makes_it_stale(
     assert result.exit_code == 0, result.output
     assert registry.exposed_hashes() == {"user:fix-flaky": review_hash(SOURCE)}
     shown = CliRunner().invoke(app, ["workflow", "list"]).output.splitlines()
-    assert f"user:fix-flaky     {review_hash(SOURCE)}  installed  exposed=yes  {wf}" in shown
+    # the name column is as wide as the longest name, builtin:execute-plan
+    assert f"user:fix-flaky        {review_hash(SOURCE)}  installed  exposed=yes  {wf}" in shown
     wf.write_text(CHANGED)
     user.install(wf, review_hash(CHANGED), replace=True)
     row = next(r for r in resolve.listing() if r["definition"] == "user:fix-flaky")
@@ -345,8 +346,12 @@ def test_list_shows_what_became_of_a_trusted_projects_definitions(
     (folder / "more.py").write_text(SOURCE)
     statuses = {r["definition"]: r["status"] for r in resolve.listing()}
     assert statuses == {
+        "builtin:execute-plan": "builtin",
+        "builtin:goal": "builtin",
         "builtin:implement": "builtin",
         "builtin:optimize": "builtin",
+        "builtin:research": "builtin",
+        "builtin:review": "builtin",
         "project:more": "untrusted",
         "project:tidy": "trusted",
     }

@@ -22,10 +22,18 @@ ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "workflows"
 
 PASSED = {
+    "cairn/builtin/workflows/execute_plan.py":
+        "sha256:30140b458a9024d9d705468b8c4e6eff4a0c7543b5bb5fce873825e5e31f38dd",
+    "cairn/builtin/workflows/goal.py":
+        "sha256:9d4f6b69de92a9947adcb0cb6ef43abc04806afe3b76d876dd27f35091df3c79",
     "cairn/builtin/workflows/implement.py":
         "sha256:2dd94c1000f26fb6947e962eed648abff0201040d9be5f4a084bb4315b6d8733",
     "cairn/builtin/workflows/optimize.py":
         "sha256:c18b86dfca6999d11e3e8fc7040394a4459422af297a6b9f770c77209c984c4b",
+    "cairn/builtin/workflows/research.py":
+        "sha256:f4c0014ecba1471e4eed790a7c2c459fd061b5302207436bea187aa4c9b114a7",
+    "cairn/builtin/workflows/review.py":
+        "sha256:2b89e42f1515362c9a393440cdb75a81f332397888aeef754fcbbdc23ce9d7da",
     "tests/unit/fixtures/workflows/good_idioms.py":
         "sha256:864ed08d1d47e32aa5ac85d7d0a7460d4a7c10e6a431fbbd294afbad1de5de5e",
     # Changed when the review began refusing the kinds this release does not carry out:
