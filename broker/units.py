@@ -295,11 +295,19 @@ def require_quiesced(unit: str, control_group: str) -> None:
         raise BrokerRefused(f"{unit} left processes in {control_group}; no checkpoint yet")
 
 
-def _run_to_end(spec: HelperUnitSpec, name: str, timeout: float) -> UnitState:
+def _run_to_end(
+    spec: HelperUnitSpec, name: str, timeout: float, *, sync_journal: bool = False
+) -> UnitState:
+    """Start a helper unit and wait until it is inactive. ``sync_journal``: have journald
+    take in all the unit printed while the unit is still pinned, so every line carries
+    its ``_SYSTEMD_INVOCATION_ID`` (journald reads it off the loaded unit; a line taken
+    in after the unit was collected has none, and a read by invocation would miss it)."""
     with Systemd() as sd:
         job = sd.start_transient_service(name, helper_unit_properties(spec))
         sd.wait_started(job)
         state = sd.wait_inactive(name, timeout)
+        if sync_journal:
+            proc.run(["journalctl", "--sync"], check=False)
         sd.unref(name)
     return state
 
@@ -340,9 +348,7 @@ def _run_command(
         runtime_max_sec=command.timeout_sec,
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    state = _run_to_end(spec, name, command.timeout_sec + 60)
-    # journald may still hold the unit's last stdout lines: have it write them first
-    proc.run(["journalctl", "--sync"], check=False)
+    state = _run_to_end(spec, name, command.timeout_sec + 60, sync_journal=True)
     output = proc.run(
         ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
          f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],

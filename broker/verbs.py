@@ -6,6 +6,7 @@ returns the stored receipt and does nothing twice.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from cairn import paths, storage
 from cairn.broker import units
 from cairn.broker.receipts import ReceiptStore
-from cairn.errors import BrokerRefused, CairnError
+from cairn.errors import BrokerRefused, CairnError, StorageError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
@@ -79,6 +80,14 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
                 except units.ChannelNotReady as exc:
                     log.info("%s left pending: %s", intent.intent_id, exc)
                     continue
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    raise StorageError(
+                        f"storage pool {paths.pool_dir()} is full: {intent.kind} was not done",
+                        hint="'cairn storage df' shows what each run holds; "
+                        "'cairn rm RUN' or 'cairn prune' frees it",
+                    ) from exc
                 done = store.put(intent, body)
                 log.info("%s %s done", intent.kind, intent.intent_id)
             receipts.append(done)

@@ -105,9 +105,6 @@ class UnitState(BaseModel):
         return self.active_state in ("inactive", "failed") and self.job_id == 0
 
 
-NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
-
-
 class DBusCallFailed(SystemdError):
     """A D-Bus method call got an error reply; ``dbus_name`` is the error's name."""
 
@@ -199,10 +196,7 @@ class Systemd:
     their results stay readable after they finish.
     """
 
-    def __init__(self, address: str | None = None, *, wait_for_manager: float = 0.0) -> None:
-        """Connect to the bus at ``address`` (the system bus by default). A user's bus
-        can be up before the user's manager has joined it: ``wait_for_manager`` seconds
-        are given for that, where the system bus needs none."""
+    def __init__(self, address: str | None = None) -> None:
         bus = address or os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or DEFAULT_SYSTEM_BUS
         try:
             self._conn: DBusConnection = open_dbus_connection(bus=bus, auth_timeout=5.0)
@@ -220,7 +214,8 @@ class Systemd:
         self._owner = ""
         self._filter: Any = None
         try:
-            self._owner = self._manager_owner(time.monotonic() + wait_for_manager)
+            (owner,) = self._call(message_bus, "GetNameOwner", "s", (SD_BUS_NAME,))
+            self._owner = _str(owner)
             # Local filter on the UNIQUE name: anyone may emit a signal claiming any path.
             self._filter = self._conn.filter(
                 MatchRule(type="signal", sender=self._owner), queue=self._signals
@@ -228,18 +223,6 @@ class Systemd:
         except BaseException:
             self._conn.close()
             raise
-
-    def _manager_owner(self, deadline: float) -> str:
-        """The manager's unique name on the bus, asked again until ``deadline`` while no
-        one owns its name yet."""
-        while True:
-            try:
-                (owner,) = self._call(message_bus, "GetNameOwner", "s", (SD_BUS_NAME,))
-                return _str(owner)
-            except DBusCallFailed as e:
-                if e.dbus_name != NAME_HAS_NO_OWNER or time.monotonic() >= deadline:
-                    raise
-            time.sleep(0.2)
 
     def __enter__(self) -> Systemd:
         return self

@@ -28,14 +28,16 @@ def facts(journal: Journal, run: RunRow) -> retention.RunFacts:
     """What retention needs of ``run``: its state, whether it ever asked for storage,
     whether that is gone, and whether a frozen proposal still waits for settlement."""
     intents = journal.intents(run.run_id)
+    receipts = journal.receipts(run.run_id)
     return retention.RunFacts(
         run_id=run.run_id,
         owner_uid=run.owner_uid,
         state=run.state,
         finished_at=run.updated_at,
         has_storage=any(i.kind == "prepare-q" for i in intents),
-        storage_deleted=storage_status(journal.receipts(run.run_id))["deleted"],
-        proposal_frozen=any(i.kind == "freeze-proposal" for i in intents),
+        storage_deleted=storage_status(receipts)["deleted"],
+        # a freeze the broker did not carry out (the pool was full) froze nothing
+        proposal_frozen=any(r["kind"] == "freeze-proposal" for r in receipts),
         settled=run.settlement is not None,
     )
 

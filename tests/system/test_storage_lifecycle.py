@@ -195,3 +195,73 @@ def test_checkpoints_lists_each_snapshot_with_its_operation_then_says_it_is_dele
     assert [(c["path"], c["deleted"], c["exclusive"]) for c in gone["checkpoints"]] == [
         (s["path"], True, None)]
     assert "storage deleted" in cairn(machine, "checkpoints", run_id)
+
+
+CHANGE_THEN_FILL = '''"""Two agents: a small change, then one that fills the pool."""
+
+from typing import Any
+
+from cairn.workflow import Field, Model, agent, workflow
+
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+
+class Step(Model):
+    summary: str = Field(min_length=1)
+
+
+first = agent(profile="test:first", access="write", output=Step)
+fill = agent(profile="test:fill", access="write", output=Step)
+
+
+@workflow(description="Change, then fill.", input=Goal, output=Step)
+async def run(flow: Any, args: Goal) -> Step:
+    await flow.agent(first, prompt=f"note {args.goal}")
+    result = await flow.agent(fill, prompt="fill the pool")
+    step: Step = result.output
+    return step
+'''
+FIRST = {"steps": [{"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"}],
+         "output": {"summary": "{prompt}"}, "handoff": "noted"}
+# dd stops at ENOSPC; the agent ends normally, leaving the pool full for what follows.
+FILL = {"steps": [{"action": "run", "argv": ["sh", "-c",
+                                             "dd if=/dev/urandom of=fill.bin bs=1M status=none; "
+                                             "echo dd=$?"]}],
+        "output": {"summary": "filled"}, "handoff": "filled"}
+
+
+def test_an_agent_that_fills_the_pool_fails_the_run_in_one_line_and_loses_nothing(
+    machine: Machine,
+) -> None:
+    project = make_project(machine)
+    machine.exec(["tee", "/home/alice/fill.py"], user="alice", input=CHANGE_THEN_FILL.encode())
+    for name, script in (("first", FIRST), ("fill", FILL)):
+        machine.exec(["tee", f"/home/alice/{name}.json"], user="alice",
+                     input=json.dumps(script).encode())
+    review = cairn(machine, "workflow", "review", "/home/alice/fill.py")
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    run_id = cairn(machine, "launch", "/home/alice/fill.py", "--confirm", review_hash,
+                   "--project", project, "--args", '{"goal": "g"}',
+                   "--scripted", "test:first=/home/alice/first.json",
+                   "--scripted", "test:fill=/home/alice/fill.json").strip().splitlines()[-1]
+    data = wait_for(machine, run_id, finished, timeout=600)
+
+    assert data["run"]["state"] == "failed"
+    error = data["run"]["error"]
+    assert f"storage pool {POOL} is full: freeze-proposal was not done" in error, error
+    assert "\n" not in error and "Errno" not in error
+    # Both agents' work was committed with its checkpoint before the pool ran out.
+    ops = {op["op_id"]: op for op in data["operations"]}
+    assert [ops[o]["state"] for o in ("root-1", "root-2")] == ["committed", "committed"]
+    assert all(ops[o]["checkpoint"] for o in ("root-1", "root-2"))
+    assert machine.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
+    assert settled_free(machine) < 64 * MIB
+
+    # Nothing was frozen, so the run may go, and its space comes back.
+    cairn(machine, "rm", run_id)
+    assert settled_free(machine) > 1024 * MIB
+    script = write_script(machine, SCRIPT)
+    after = launch(machine, project, script, "after the full pool")
+    assert wait_for(machine, after, finished)["run"]["state"] == "succeeded"

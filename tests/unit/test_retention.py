@@ -224,6 +224,10 @@ def test_rm_refuses_a_finished_run_whose_proposal_was_never_settled(
     opened, _clock = journal
     frozen = Intent(intent_id="freeze-proposal", run_id=rid(2), kind="freeze-proposal")
     opened.add_intents(rid(2), [frozen], token=None)
+    # only asked for (the pool was full, say): nothing was frozen, the run may go
+    assert lifecycle.rm(opened, RmRequest(run_id=rid(2), dry_run=True), ALICE)["subvolumes"] == 0
+    opened.record_receipts(rid(2), [{"intent_id": "freeze-proposal", "run_id": rid(2),
+                                     "kind": "freeze-proposal", "data": {}, "at": 2.0}])
     with pytest.raises(UsageError) as caught:
         lifecycle.rm(opened, RmRequest(run_id=rid(2)), ALICE)
     assert caught.value.message == f"run {rid(2)} is kept: its proposal is not settled"

@@ -1,5 +1,5 @@
 """A user's bus can be up before the user's manager has joined it (seen right after a
-login: the notifier's first hook failed with NameHasNoOwner). ``Systemd`` waits for the
+login: the notifier's first hook failed with NameHasNoOwner). The notifier waits for the
 manager's name as long as it is told to, over a real private dbus-daemon."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 from jeepney import message_bus, new_method_call
 from jeepney.io.blocking import DBusConnection, open_dbus_connection
 
-from cairn.systemd import NAME_HAS_NO_OWNER, SD_BUS_NAME, DBusCallFailed, Systemd
+from cairn.cli.notify import NAME_HAS_NO_OWNER, connect_user_manager
+from cairn.systemd import SD_BUS_NAME, DBusCallFailed
+
 
 @pytest.fixture
 def bus(tmp_path: Path) -> Iterator[str]:
@@ -42,7 +44,7 @@ def claim_manager_name(address: str) -> DBusConnection:
 def test_without_waiting_a_bus_without_the_manager_is_an_error_at_once(bus: str) -> None:
     started = time.monotonic()
     with pytest.raises(DBusCallFailed) as caught:
-        Systemd(bus)
+        connect_user_manager(bus, 0)
     assert caught.value.dbus_name == NAME_HAS_NO_OWNER
     assert time.monotonic() - started < 5
 
@@ -52,7 +54,7 @@ def test_the_manager_joining_the_bus_meanwhile_is_waited_for(bus: str) -> None:
     joins = threading.Timer(0.3, lambda: claimed.append(claim_manager_name(bus)))
     joins.start()
     try:
-        with Systemd(bus, wait_for_manager=20) as manager:
+        with connect_user_manager(bus, 20) as manager:
             assert claimed and manager._owner == claimed[0].unique_name
     finally:
         joins.join()
@@ -63,5 +65,5 @@ def test_the_manager_joining_the_bus_meanwhile_is_waited_for(bus: str) -> None:
 def test_the_wait_ends_with_the_error_when_the_manager_never_joins(bus: str) -> None:
     started = time.monotonic()
     with pytest.raises(DBusCallFailed):
-        Systemd(bus, wait_for_manager=0.5)
+        connect_user_manager(bus, 0.5)
     assert 0.5 <= time.monotonic() - started < 5
