@@ -48,6 +48,8 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
                   if not c.get("passed")]
         name = failed[0].get("name", "?") if failed else "?"
         label = f"check {name} failed, none applied{tail}"
+    elif status == "failed":
+        label = f"not settled, none applied{tail}"
     elif status == "waiting":
         label = f"waiting for 'cairn apply', {_paths(_count(candidate, 'accepted'))}{tail}"
     elif status == "held":

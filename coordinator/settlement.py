@@ -9,7 +9,7 @@ from typing import Any
 from cairn.canonical import sha256_hex
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
 from cairn.coordinator.interactions import RunSuspended
-from cairn.errors import BrokerRefused
+from cairn.errors import BrokerRefused, StorageError
 from cairn.policy import fingerprint, load_policy
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, ProposalVerified, Receipt
 from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
@@ -27,13 +27,23 @@ class Settlement(CoordinatorBase):
 
     def settle(self) -> dict[str, Any]:
         """P → changes → C → F → live, each step a broker receipt."""
-        freeze, candidate = self.broker(
-            "storage-v1",
-            [
-                self.intent("freeze-proposal", "freeze-proposal", generation=self.w_gen["root"]),
-                self.intent("settle-candidate", "settle-candidate"),
-            ],
-        )
+        try:
+            freeze, candidate = self.broker(
+                "storage-v1",
+                [
+                    self.intent(
+                        "freeze-proposal", "freeze-proposal", generation=self.w_gen["root"]
+                    ),
+                    self.intent("settle-candidate", "settle-candidate"),
+                ],
+            )
+        except BrokerRefused as exc:
+            if exc.code == StorageError.code:  # a full pool: nothing reached the live project
+                not_settled = {
+                    "status": "failed", "error": exc.message, "apply": self.nothing_applied()
+                }
+                self.journal.set_settlement(self.run_id, not_settled, token=self.token)
+            raise
         built = candidate.body(CandidateBuilt)
         settlement: dict[str, Any] = {"candidate": candidate.data}
         verified = self.verify_proposal() if built.accepted and self.desc.verifiers else None

@@ -250,8 +250,11 @@ def test_an_agent_that_fills_the_pool_fails_the_run_in_one_line_and_loses_nothin
 
     assert data["run"]["state"] == "failed"
     error = data["run"]["error"]
-    assert f"storage pool {POOL} is full: freeze-proposal was not done" in error, error
+    # the freeze of P or the candidate C, whichever the pool could no longer hold
+    assert f"storage pool {POOL} is full: " in error and "'cairn prune'" in error, error
     assert "\n" not in error and "Errno" not in error
+    assert data["settlement"]["status"] == "failed"
+    assert data["settlement_summary"]["label"] == "not settled, none applied"
     # Both agents' work was committed with its checkpoint before the pool ran out.
     ops = {op["op_id"]: op for op in data["operations"]}
     assert [ops[o]["state"] for o in ("root-1", "root-2")] == ["committed", "committed"]
@@ -259,7 +262,7 @@ def test_an_agent_that_fills_the_pool_fails_the_run_in_one_line_and_loses_nothin
     assert machine.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
     assert settled_free(machine) < 64 * MIB
 
-    # Nothing was frozen, so the run may go, and its space comes back.
+    # Its settlement failed with nothing applied, so the run may go and its space comes back.
     cairn(machine, "rm", run_id)
     assert settled_free(machine) > 1024 * MIB
     script = write_script(machine, SCRIPT)

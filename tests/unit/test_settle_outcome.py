@@ -30,6 +30,7 @@ def test_labels() -> None:
         "conflict, 1 path": (record("conflict", 2, conflicts=1), False),
         "conflict, 2 paths, 1 refused": (record("conflict", 2, 1, conflicts=2), False),
         "no changes": (record("noop"), True),
+        "not settled, none applied": (record("failed"), False),
     }
     for label, (rec, complete) in cases.items():
         out = summary(rec)
