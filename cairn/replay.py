@@ -60,7 +60,7 @@ def select_imports(ops: Sequence[OpRow], run_id: str, through: str) -> list[OpRo
     if target is None:
         raise NotFound(
             f"run {run_id} has no operation {through}",
-            hint=f"its root-level boundaries: {listed}",
+            hint=f"pick a root-level boundary: {listed}",
         )
     if target.scope != ROOT:
         fork = root_fork_of(target.scope, root_ops)
