@@ -73,8 +73,8 @@ def replay(
     )
     retention.admit("replay")  # a full pool refuses the replay before the run exists
     start = Intent(intent_id="start-coordinator", run_id=desc.run_id, kind="start-coordinator")
-    journal.create_run(desc, intents=[start], imported=imported)
     copy_evidence(source.run_id, desc.run_id, origin.ops)
+    journal.create_run(desc, intents=[start], imported=imported)
     start_or_fail(journal, desc.run_id)
     return {
         "run_id": desc.run_id,
