@@ -25,6 +25,7 @@ from cairn.journal import Journal
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, QPrepared, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.sendstream import changes
 from cairn.settle import inventories_equal
 from cairn.storage import Pool
 from cairn.workflow.review import review_source
@@ -153,6 +154,13 @@ def test_a_replay_remints_the_sources_snapshots_and_starts_from_its_checkpoint(
     w = pool.w_path(new, "root", 1)
     assert (w / "notes.txt").read_text() == "after two\n"
     (w / "notes.txt").write_text("the replay's own work\n")
+    (w / "third.txt").write_text("new\n")
+    # Settlement compares the proposal with the reminted Q: the kernel's change stream
+    # names what the source's agents and the replay's own changed, nothing else.
+    p = pool.snapshot(w, pool.settlement_path(new, "P"), read_only=True)
+    found = changes(pool.q_path(new), Path(p.path), subpath=prepared.subpath)
+    assert sorted(found.paths()) == ["notes.txt", "third.txt"]
+    assert list(found.created) == ["third.txt"] and list(found.modified) == ["notes.txt"]
     for name, receipt in before.items():  # the source is untouched
         assert pool.verify(pool.checkpoint_path(SOURCE_RUN, name), receipt).uuid == receipt.uuid
     assert (pool.checkpoint_path(SOURCE_RUN, "root-2") / "notes.txt").read_text() == \
