@@ -325,3 +325,47 @@ def test_the_broker_recomputes_the_selection_and_checks_owner_and_storage(
     store.close()
     with pytest.raises(BrokerRefused, match=f"the storage of replay source {source} was deleted"):
         remint_q(broker_context(new))
+
+
+# --- the CLI -----------------------------------------------------------------------
+
+
+def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from cairn.cli import app, runs
+
+    sent: list[Any] = []
+    source, new = "flow_" + "3fa9" * 8, "flow_" + "0b1c" * 8
+
+    def request(body: Any, **_kwargs: Any) -> Any:
+        sent.append(body)
+        if body.op == "replay":
+            return {"run_id": new, "source_run": source, "through": "root-2",
+                    "imported": ["root-1", "root-2"]}
+        return {"run": {"run_id": new, "state": "running", "definition": "wf.py",
+                        "project": "/p", "error": None},
+                "replayed_from": {"run_id": source, "through": "root-2", "imported": 2},
+                "operations": [{"op_id": "root-1", "kind": "agent", "state": "committed",
+                                "attempt": 1, "location": "wf.py:1:5", "output": None,
+                                "checkpoint": {"s": {"path": "/pool/x", "uuid": "u"}},
+                                "imported_from": {"run_id": source, "op_id": "root-1"}}],
+                "units": []}
+
+    monkeypatch.setattr(runs, "request", request)
+    cli = CliRunner(mix_stderr=False)
+    made = cli.invoke(app, ["replay", "3fa9", "--through", "root-2"])
+    assert made.exit_code == 0, made.output
+    assert (sent[0].op, sent[0].run_id, sent[0].op_id) == ("replay", "3fa9", "root-2")
+    assert made.stdout == (f"{new}: replayed from {source} through root-2 (2 operations "
+                           f"imported)\nfollow it with 'cairn watch {new}'\n")
+    shown = cli.invoke(app, ["show", new])
+    assert shown.exit_code == 0, shown.output
+    assert (f"replayed from {source} through root-2 (2 operations imported, the rest run "
+            "fresh)") in shown.stdout
+    assert f"imported from {source} root-1" in shown.stdout
+    assert "/pool/x" not in shown.stdout  # the source's checkpoint is not shown as its own
+    missing = cli.invoke(app, ["replay", "3fa9"])
+    assert missing.exit_code != 0 and "Missing option '--through'" in missing.stderr
