@@ -84,6 +84,10 @@ def test_replay_through_the_second_agent_imports_two_and_runs_the_third_fresh(
     assert sorted((c["op_id"], c["reminted"]) for c in listed) == [
         ("root-1", True), ("root-2", True), ("root-3", False)]
     assert show(booted, source) == source_before  # the source run is untouched
+    # Every reminted snapshot is explained by the new run's receipts, and the live project
+    # holds what it applied.
+    doctor = booted.exec(["cairn", "doctor", new], user="alice", check=False, timeout=180)
+    assert doctor.returncode == 0, doctor.stdout.decode()
 
     # The new run's snapshots are its own: deleting the source's storage leaves them, and
     # the source can no longer be replayed.
