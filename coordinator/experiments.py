@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from cairn import retention
 from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import OperationError
 from cairn.experiments import (
@@ -89,6 +90,7 @@ class Experiments(CoordinatorBase):
             generation=self.w_gen[op.scope],
         )
         if op.state == "requested":
+            retention.admit("measurement")  # its writable snapshot and the evaluator's output
             self.journal.update_op(
                 self.run_id, op.op_id, token=self.token, state="started", intents=[measure]
             )

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from cairn import hostcheck, paths
-from cairn.brokerclient import call_broker
+from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError
 from cairn.hostcheck import HostCheck
@@ -81,9 +81,7 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
             kind="verify-storage",
         )
         try:
-            journal.add_intents(run.run_id, [intent], token=None)
-            reply = call_broker("storage-v1", run.run_id, timeout=300)
-            (verified,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
+            verified = carry_out_one(journal, intent, "storage-v1", timeout=300)
             problems += verified.body(StorageVerified).problems
         except CairnError as exc:
             problems.append(f"storage not verified: {exc}")
@@ -132,10 +130,7 @@ def check_live(journal: Journal, run: RunRow) -> dict[str, Any]:
         attempt=attempt,
     )
     try:
-        journal.add_intents(run.run_id, [intent], token=None)
-        reply = call_broker("launch-v1", run.run_id, timeout=3600)
-        journal.record_receipts(run.run_id, [r.model_dump(mode="json") for r in reply.receipts])
-        (receipt,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
+        receipt = carry_out_one(journal, intent, "launch-v1", timeout=3600)
     except CairnError as exc:
         result["problems"].append(f"live project not checked: {exc}")
         return result

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn import paths, retention, storage
-from cairn.brokerclient import call_broker
+from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, PermissionDenied, UsageError
 from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
@@ -43,10 +43,7 @@ def facts(journal: Journal, run: RunRow) -> retention.RunFacts:
 def delete_storage(journal: Journal, run_id: str, uid: int) -> int:
     """Have the broker delete the run's subvolumes; returns how many it deleted."""
     intent = Intent(intent_id=DELETE_INTENT, run_id=run_id, kind="delete-run")
-    journal.add_intents(run_id, [intent], token=None)
-    reply = call_broker("delete-v1", run_id, timeout=600)
-    journal.record_receipts(run_id, [r.model_dump(mode="json") for r in reply.receipts])
-    (done,) = [r for r in reply.receipts if r.intent_id == DELETE_INTENT]
+    done = carry_out_one(journal, intent, "delete-v1", timeout=600)
     deleted = len(done.body(RunDeleted).deleted)
     journal.append_event(run_id, "storage-deleted", {"subvolumes": deleted, "by_uid": uid})
     return deleted

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.brokerclient import call_broker
+from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
 from cairn.journal import TERMINAL_RUN_STATES, Journal
@@ -40,10 +40,7 @@ def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         kind="start-revert",
         attempt=attempt,
     )
-    journal.add_intents(run.run_id, [intent], token=None)
-    reply = call_broker("launch-v1", run.run_id, timeout=3600)
-    journal.record_receipts(run.run_id, [r.model_dump(mode="json") for r in reply.receipts])
-    (receipt,) = [r for r in reply.receipts if r.intent_id == intent.intent_id]
+    receipt = carry_out_one(journal, intent, "launch-v1", timeout=3600)
     result = receipt.body(ApplyDone).result.model_dump(mode="json")
     journal.record_revert(run.run_id, result, actor_uid=uid)
     return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit, **result}

@@ -24,7 +24,11 @@ from cairn.notify import (
 )
 from cairn.protocol.daemon import NotificationsRequest
 from cairn.protocol.notify import NotifyBatch, NotifyEvent
-from cairn.systemd import Prop, Systemd
+from cairn.systemd import DBusCallFailed, Prop, Systemd
+
+NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
+# After login the user's bus can be up a few seconds before the manager has joined it.
+MANAGER_JOIN_SEC = 30.0
 
 notify_app = typer.Typer(
     help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
@@ -32,10 +36,25 @@ notify_app = typer.Typer(
 )
 
 
+def connect_user_manager(bus: str, wait: float) -> Systemd:
+    """The user's manager over the user's bus, which can be up before the manager has
+    joined it: asked again for ``wait`` seconds while no one owns the manager's name."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return Systemd(bus)
+        except DBusCallFailed as exc:
+            if exc.dbus_name != NAME_HAS_NO_OWNER or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)
+
+
 def start_user_unit(name: str, props: list[Prop]) -> None:
-    """Start transient service ``name`` in the caller's own manager, over its bus."""
-    with Systemd(user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]) as manager:
-        manager.start_transient_service(name, props)
+    """Start transient service ``name`` in the caller's own manager, over its bus, and
+    wait for its start job, so a hook that could not start is reported, not lost."""
+    bus = user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]
+    with connect_user_manager(bus, MANAGER_JOIN_SEC) as manager:
+        manager.wait_started(manager.start_transient_service(name, props), timeout=30)
 
 
 def _poll(cursor: int) -> NotifyBatch:

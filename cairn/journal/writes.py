@@ -127,6 +127,17 @@ class Writes(JournalReader):
             ),
         )
 
+    def withdraw_intent(self, run_id: str, intent_id: str) -> bool:
+        """Remove a pending intent no receipt says was done (a one-shot intent of cairnd
+        whose call failed); whether one was removed."""
+        with self.transaction() as db:
+            removed = db.execute(
+                "DELETE FROM intents WHERE run_id=? AND intent_id=? AND NOT EXISTS"
+                " (SELECT 1 FROM receipts WHERE run_id=? AND intent_id=?)",
+                (run_id, intent_id, run_id, intent_id),
+            ).rowcount
+        return bool(removed)
+
     def record_receipts(self, run_id: str, receipts: list[dict[str, Any]]) -> None:
         """Keep the broker's receipts beside the intents (the broker's own DB stays the
         authority; this copy feeds views)."""

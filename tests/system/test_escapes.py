@@ -937,3 +937,57 @@ def test_an_agent_cannot_make_an_evaluator_read_what_its_owner_may_not(
     record = json.dumps(data) + booted.journal(run_id=run_id)
     assert shadow_root and shadow_root not in record
     assert booted.exec(["readlink", f"{project}/score.txt"], check=False).returncode != 0
+
+
+# A host check that runs the project's own script: the agent wrote that script, so the
+# check unit runs the agent's code, as the owner, over a writable copy of F.
+AGENT_CHECK_SCRIPT = r"""#!/bin/sh
+try() {
+    name=$1; shift
+    if "$@" >/dev/null 2>&1; then echo "ESCAPED $name"; else echo "held $name"; fi
+}
+try home touch /home/alice/escaped-by-check
+try shadow cat /etc/shadow
+try parent touch ../escaped-parent
+try pool ls /var/lib/cairn/pool/runs
+try journal_db ls /var/lib/cairn/journal
+try inet python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)'
+try user_bus python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect("/run/user/1001/bus")'
+btrfs subvolume create nested-by-check >/dev/null 2>&1 && echo "made nested"
+setsid sleep 617 </dev/null >/dev/null 2>&1 &
+echo "check done"
+"""
+RUN_AGENT_CHECK = """\
+argv = ["/bin/sh", "check.sh"]
+timeout_sec = 60
+[match]
+projects = ["{project}"]
+"""
+
+
+def test_a_proposal_check_running_the_agents_script_reaches_nothing(booted: Machine) -> None:
+    """The verifier runs a script the agent wrote: it cannot write outside its copy, read
+    what the owner may not, reach the network or the owner's bus, leave a process
+    behind, or leave a subvolume that keeps the copy from being deleted."""
+    project = fresh_project(booted, "alice")
+    booted.exec(["mkdir", "-p", "/etc/cairn/verifiers.d"])
+    booted.exec(["tee", "/etc/cairn/verifiers.d/agent-script.toml"],
+                input=RUN_AGENT_CHECK.format(project=project).encode())
+    try:
+        steps = [{"action": "write", "path": "check.sh", "content": AGENT_CHECK_SCRIPT}]
+        _, run_id, data = run_script(booted, steps, "a check of my own", project=project)
+    finally:
+        booted.exec(["rm", "-f", "/etc/cairn/verifiers.d/agent-script.toml"])
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    (check,) = data["settlement"]["verification"]["checks"]
+    output = check["output"]
+    assert check["passed"] is True and "check done" in output, output
+    assert "ESCAPED" not in output, output
+    for name in ("home", "shadow", "parent", "pool", "journal_db", "inet", "user_bus"):
+        assert f"held {name}" in output, output
+    for path in ("/home/alice/escaped-by-check", f"{project}/escaped-parent",
+                 f"/var/lib/cairn/pool/runs/{run_id}/verify"):
+        assert booted.exec(["test", "-e", path], check=False).returncode != 0, path
+    assert "sleep 617" not in booted.exec(["ps", "-eo", "args"]).stdout.decode()
+    assert booted.exec(["test", "-e", f"{project}/nested-by-check"], check=False).returncode != 0
+    assert b"try()" in booted.exec(["cat", f"{project}/check.sh"]).stdout

@@ -85,15 +85,27 @@ def show(machine: Machine, run_id: str) -> dict[str, Any]:
     return dict(json.loads(cairn(machine, "show", run_id, "--json")))
 
 
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = 180) -> Any:
+def wait_until(
+    what: str, probe: Callable[[], Any], timeout: float = 180,
+    explain: Callable[[], str] | None = None,
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
+            pytest.fail(f"timed out waiting for {what}" + (f"\n{explain()}" if explain else ""))
         time.sleep(0.5)
+
+
+def notifier_state(machine: Machine, run_id: str) -> str:
+    """What the run and alice's notifier did, for a failure message."""
+    parts = [cairn(machine, "show", run_id, check=False)]
+    for argv in (["journalctl", "--user", "--no-pager", "-n", "60", "-u", "cairn-notify*"],
+                 ["systemctl", "--user", "--no-pager", "list-units", "--all", "cairn-notify*"]):
+        parts.append(machine.exec(argv, user="alice", check=False).stdout.decode())
+    return "\n".join(parts)
 
 
 def read(machine: Machine, path: str) -> str | None:
@@ -126,7 +138,8 @@ def test_a_hook_receives_waiting_for_an_ask_as_the_user(machine: Machine) -> Non
                    "--scripted", "test:paint=/home/alice/paint.json").strip().splitlines()[-1]
 
     raw = wait_until("the waiting notification",
-                     lambda: read(machine, f"/home/alice/notified-waiting-{run_id}.json"))
+                     lambda: read(machine, f"/home/alice/notified-waiting-{run_id}.json"),
+                     explain=lambda: notifier_state(machine, run_id))
     event = json.loads(raw)
     assert event["version"] == 1 and event["event"] == "waiting"
     assert event["run_id"] == run_id and event["state"] == "waiting"
@@ -142,7 +155,8 @@ def test_a_hook_receives_waiting_for_an_ask_as_the_user(machine: Machine) -> Non
     challenge = item["command"].split("--challenge ")[1].split()[0]
     cairn(machine, "answer", run_id, "--challenge", challenge, '{"colour": "red"}')
     done = wait_until("the succeeded notification",
-                      lambda: read(machine, f"/home/alice/notified-succeeded-{run_id}.json"))
+                      lambda: read(machine, f"/home/alice/notified-succeeded-{run_id}.json"),
+                      explain=lambda: notifier_state(machine, run_id))
     assert json.loads(done)["event"] == "succeeded"
     assert read(machine, "/home/alice/unsafe-hook-ran") is None
 

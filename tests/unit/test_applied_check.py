@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_journal import RUN, description
 
-from cairn.daemon import doctor
+from cairn.daemon import doctor, oneshot
 from cairn.errors import BrokerRefused
 from cairn.journal import Journal
 from cairn.protocol.broker import AppliedCheck, BrokerReply, Intent, Receipt
@@ -128,7 +128,7 @@ def stand_in_broker(
                           data=data, at=1.0)
         return BrokerReply(ok=True, receipts=[receipt])
 
-    monkeypatch.setattr(doctor, "call_broker", call)
+    monkeypatch.setattr(oneshot, "call_broker", call)
     return seen
 
 
@@ -178,6 +178,28 @@ def test_a_check_the_broker_refuses_is_a_problem(
     stand_in_broker(journal, monkeypatch, BrokerRefused("the project is gone"))
     report = doctor.check_live(journal, journal.get_run(RUN))
     assert report["problems"] == ["live project not checked: the project is gone"]
+    # withdrawn: it never stands in front of the run's later launch-v1 intents (a revert)
+    assert journal.intents(RUN, "launch-v1") == []
+
+
+def test_a_check_the_broker_did_not_carry_out_is_withdrawn(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(oneshot, "call_broker", lambda verb, run_id, *, timeout: BrokerReply(
+        ok=True, receipts=[]))
+    report = doctor.check_live(journal, journal.get_run(RUN))
+    (problem,) = report["problems"]
+    assert problem.startswith(f"live project not checked: the broker left check-applied.1 of {RUN}")
+    assert journal.intents(RUN, "launch-v1") == []
+
+
+def test_an_intent_with_a_receipt_is_never_withdrawn(journal: Journal) -> None:
+    intent = Intent(intent_id="check-applied.1", run_id=RUN, kind="check-applied", attempt=1)
+    journal.add_intents(RUN, [intent], token=None)
+    journal.record_receipts(RUN, [{"intent_id": "check-applied.1", "run_id": RUN,
+                                   "kind": "check-applied", "data": {}, "at": 2.0}])
+    assert journal.withdraw_intent(RUN, "check-applied.1") is False
+    assert [i.intent_id for i in journal.intents(RUN, "launch-v1")] == ["check-applied.1"]
 
 
 def test_a_run_that_applied_nothing_is_not_checked(

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from cairn import retention
 from cairn.cli.runs import experiment_lines
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused
+from cairn.errors import StorageError
 from cairn.journal import Journal
 from cairn.operations import settle_experiment
 from cairn.protocol.broker import Intent, Receipt, Verb
@@ -114,6 +116,8 @@ def coord(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinat
     coordinator.token = coordinator.journal.acquire_lease(RUN, coordinator.holder, ttl=60)
     coordinator.journal.set_run_state(RUN, "running", token=coordinator.token)
     coordinator.broker = FakeBroker()  # type: ignore[method-assign]
+    # the pool's reserve is checked for real in tests/btrfs/test_retention_pool.py
+    monkeypatch.setattr(retention, "admit", lambda what: 1 << 40)
     yield coordinator
     coordinator.journal.close()
 
@@ -279,3 +283,19 @@ def test_cairn_show_renders_the_experiment_facet(coord: Coordinator) -> None:
         "  ✓ root-4 1 accepted",
         "  ✗ root-7 3 rejected",
     ]
+
+
+def test_below_the_reserve_a_measurement_is_refused_before_its_intent(
+    coord: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(what: str) -> int:
+        raise StorageError(f"{what} refused: storage pool /pool has 10 MiB free")
+
+    monkeypatch.setattr(retention, "admit", full)
+    script = Script(coord)
+    op, call = script.call("measure_proposal",
+                           {"evaluator": "bench", "primary": "runtime", "metrics": METRICS})
+    with pytest.raises(StorageError, match="^measurement refused: "):
+        Handlers.answer_measure(coord, op, call)
+    assert coord.journal.intents(RUN) == []  # the broker was never asked
+    assert coord.journal.get_op_by_id(RUN, op.op_id).state == "requested"

@@ -13,7 +13,7 @@ import pytest
 from cairn import paths, retention
 from cairn.broker import verbs
 from cairn.config import ConfigError
-from cairn.daemon import lifecycle, runref, views
+from cairn.daemon import lifecycle, oneshot, runref, views
 from cairn.errors import NotFound, PermissionDenied, UsageError
 from cairn.journal import Journal
 from cairn.protocol.broker import BrokerReply, Intent, Receipt
@@ -205,7 +205,7 @@ def fake_broker(
         )
         return BrokerReply(ok=True, receipts=[receipt])
 
-    monkeypatch.setattr(lifecycle, "call_broker", call)
+    monkeypatch.setattr(oneshot, "call_broker", call)
     return calls
 
 
