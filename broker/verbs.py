@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from cairn import paths, storage
 from cairn.broker import units
 from cairn.broker.receipts import ReceiptStore
+from cairn.broker.remint import remint_q
 from cairn.errors import BrokerRefused, CairnError, StorageError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
@@ -149,6 +150,27 @@ class Context:
     def subpath(self) -> str:
         return self.receipt("prepare-q", QPrepared).subpath
 
+    def make_run_dir(self, pool: storage.Pool) -> Path:
+        """The run's directory in the pool. Only root traverses the run's subvolumes:
+        units get them by bind mount, so no other user can list run IDs or read another
+        user's workspace, checkpoints or proposal."""
+        run_dir = pool.run_dir(self.run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (run_dir.parent, run_dir):
+            os.chmod(directory, 0o700)
+        return run_dir
+
+    def checkpoints(self) -> dict[str, storage.SubvolumeReceipt]:
+        """Every checkpoint S of this run by operation: taken here, or reminted from a
+        replay's source."""
+        found: dict[str, storage.SubvolumeReceipt] = {}
+        for r in self.store.for_run(self.run_id):
+            if r.kind == "checkpoint":
+                found[r.body(Checkpointed).op_id] = r.body(Checkpointed).s
+            elif r.kind == "prepare-q":
+                found.update(r.body(QPrepared).reminted or {})
+        return found
+
 
 def check_generation(intent: Intent) -> None:
     if not 1 <= intent.generation <= 10_000 or not 1 <= intent.attempt <= 100:
@@ -161,15 +183,12 @@ def check_generation(intent: Intent) -> None:
 def prepare_q(ctx: Context) -> QPrepared:
     """Q: a snapshot of the project's subvolume when it lives on the pool's filesystem,
     otherwise an import made by a unit that runs as the project's owner."""
+    if ctx.desc.replay is not None:
+        return remint_q(ctx)
     pool = ctx.pool()
     project = Path(ctx.desc.project.root)
     st = check_project(project, ctx.desc)
-    run_dir = pool.run_dir(ctx.run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Only root traverses the run's subvolumes: units get them by bind mount, so no other
-    # user can list run IDs or read another user's workspace, checkpoints or proposal.
-    for directory in (run_dir.parent, run_dir):
-        os.chmod(directory, 0o700)
+    ctx.make_run_dir(pool)
     q = pool.q_path(ctx.run_id)
     if storage.is_same_filesystem(project, pool.root):
         subvolume, subpath = storage.containing_subvolume(project)
@@ -208,7 +227,10 @@ def create_w(ctx: Context) -> WCreated:
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     if ctx.intent.from_checkpoint:
         source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
-        pool.verify(source, ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}", Checkpointed).s)
+        taken = ctx.checkpoints().get(ctx.intent.from_checkpoint)
+        if taken is None:
+            taken = ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}", Checkpointed).s
+        pool.verify(source, taken)
     else:
         source = pool.q_path(ctx.run_id)
         pool.verify(source, ctx.receipt("prepare-q", QPrepared).q)
@@ -352,11 +374,7 @@ def verify_storage(ctx: Context) -> StorageVerified:
     for path in pool.run_subvolumes(ctx.run_id):
         if path not in expected and path != pool.q_import_path(ctx.run_id):
             problems.append(f"subvolume {path} has no receipt")
-    checkpoints = {
-        r.body(Checkpointed).op_id
-        for r in ctx.store.for_run(ctx.run_id)
-        if r.kind == "checkpoint"
-    }
+    checkpoints = set(ctx.checkpoints())
     for op in ctx.journal.list_ops(ctx.run_id):
         if (
             op.kind == AGENT
@@ -385,12 +403,7 @@ def start_agent(ctx: Context) -> AgentStarted:
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     workspace = w / ctx.subpath() if ctx.subpath() else w
-    checkpoints = {
-        done.op_id: pool.checkpoint_path(ctx.run_id, done.op_id)
-        for done in (
-            r.body(Checkpointed) for r in ctx.store.for_run(ctx.run_id) if r.kind == "checkpoint"
-        )
-    }
+    checkpoints = {op: pool.checkpoint_path(ctx.run_id, op) for op in ctx.checkpoints()}
     op = ctx.journal.get_op_by_id(ctx.run_id, op_id)
     return units.start_agent(
         ctx.desc,

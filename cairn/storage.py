@@ -307,6 +307,18 @@ class Pool:
     def receipt(self, path: Path) -> SubvolumeReceipt:
         return receipt(path)
 
+    def remint(
+        self, src: Path, expected: SubvolumeReceipt, dst: Path, *, qgroup: int | None = None
+    ) -> SubvolumeReceipt:
+        """Another run's read-only snapshot ``src``, still the one ``expected`` names, as a
+        new read-only subvolume at ``dst`` of its own (a new UUID; ``src`` untouched)."""
+        self._check_inside(src)
+        self._check_inside(dst)
+        verify(src, expected)
+        if not expected.read_only or not receipt(src).read_only:
+            raise StorageError(f"{src} is not a read-only snapshot; only those are reminted")
+        return self.snapshot(src, dst, read_only=True, qgroup=qgroup)
+
     def verify(self, path: Path, expected: SubvolumeReceipt) -> SubvolumeReceipt:
         return verify(path, expected)
 

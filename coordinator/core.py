@@ -215,12 +215,16 @@ class Coordinator(Replay, Settlement, Lease):
         first time, the pool must have its reserve free (an import may copy the project)."""
         if not self.journal.intents(self.run_id, "storage-v1"):
             retention.admit("the project's import or snapshot")
+        # A replayed run's Q and checkpoints are the source's, reminted by prepare-q; its
+        # root W starts from the checkpoint it was replayed through.
+        replayed_through = self.desc.replay.through_op if self.desc.replay else None
         with self.progress_relay("import"):
             self.broker(
                 "storage-v1",
                 [
                     self.intent("prepare-q", "prepare-q"),
-                    self.intent("create-w", "create-w.root.1", scope="root", generation=1),
+                    self.intent("create-w", "create-w.root.1", scope="root", generation=1,
+                                from_checkpoint=replayed_through),
                 ],
             )
         for intent in self.journal.intents(self.run_id, "storage-v1"):

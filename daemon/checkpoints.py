@@ -1,5 +1,6 @@
 """cairnd's side of ``cairn checkpoints RUN``: every checkpoint S of a run, from the
-broker's ``checkpoint`` receipts joined with the operation each one froze.
+broker's ``checkpoint`` receipts (and a replayed run's reminted ones) joined with the
+operation each one froze.
 
 Sizes are the exclusive bytes of the snapshot's level-0 qgroup, read from sysfs only where
 the host already has Btrfs quotas on (``unknown`` otherwise; quotas are never turned on
@@ -16,7 +17,7 @@ from cairn import paths, retention, storage
 from cairn.daemon.views import visible_run
 from cairn.errors import CairnError
 from cairn.journal import Journal
-from cairn.protocol.broker import Checkpointed
+from cairn.protocol.broker import Checkpointed, QPrepared, SubvolumeReceipt
 from cairn.views.run import storage_status
 
 SizeOf = Callable[[int], int | None]
@@ -35,32 +36,43 @@ def checkpoints(
         size_of = pool_sizes()
     listed = []
     for receipt in receipts:
-        if receipt.get("kind") != "checkpoint":
-            continue
-        body = Checkpointed.model_validate(receipt["data"])
-        op = ops.get(body.op_id)
-        listed.append(
-            {
-                "op_id": body.op_id,
-                "kind": op.kind if op else None,
-                "scope": op.scope if op else None,
-                "attempt": op.attempt if op else None,
-                "op_state": op.state if op else None,
-                "at": receipt.get("at"),
-                "path": body.s.path,
-                "uuid": body.s.uuid,
-                "subvol_id": body.s.subvol_id,
-                "exclusive": None if status["deleted"] or size_of is None
-                else size_of(body.s.subvol_id),
-                "deleted": status["deleted"],
-            }
-        )
+        for op_id, s, reminted in taken(receipt):
+            op = ops.get(op_id)
+            listed.append(
+                {
+                    "op_id": op_id,
+                    "kind": op.kind if op else None,
+                    "scope": op.scope if op else None,
+                    "attempt": op.attempt if op else None,
+                    "op_state": op.state if op else None,
+                    "at": receipt.get("at"),
+                    "path": s.path,
+                    "uuid": s.uuid,
+                    "subvol_id": s.subvol_id,
+                    "exclusive": None if status["deleted"] or size_of is None
+                    else size_of(s.subvol_id),
+                    "deleted": status["deleted"],
+                    "reminted": reminted,
+                }
+            )
     return {
         "run_id": run.run_id,
         "state": run.state,
         "storage": status,
         "checkpoints": listed,
     }
+
+
+def taken(receipt: dict[str, Any]) -> list[tuple[str, SubvolumeReceipt, bool]]:
+    """The checkpoints one receipt records: a ``checkpoint``'s S, or the snapshots a
+    replayed run's ``prepare-q`` reminted from its source (marked so)."""
+    if receipt.get("kind") == "checkpoint":
+        body = Checkpointed.model_validate(receipt["data"])
+        return [(body.op_id, body.s, False)]
+    if receipt.get("kind") == "prepare-q":
+        prepared = QPrepared.model_validate(receipt["data"])
+        return [(op_id, s, True) for op_id, s in (prepared.reminted or {}).items()]
+    return []
 
 
 def pool_sizes() -> SizeOf | None:

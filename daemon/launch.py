@@ -36,6 +36,7 @@ from cairn.protocol.launch import (
     ModelRoute,
     ProfileSpec,
     ProjectSpec,
+    ReplayOrigin,
     SettlementPolicySpec,
 )
 from cairn.providers import load_providers
@@ -247,6 +248,42 @@ def launch(
         review = review_source(source, filename=filename)
     args = validate_args(review, request.args)
     project = check_project(request.project, fd, uid)
+    desc = freeze(
+        request,
+        uid,
+        run_id or "flow_" + secrets.token_hex(16),
+        source=source,
+        filename=filename,
+        review=review,
+        args=args,
+        project=project,
+        schedule=schedule,
+    )
+    run_id = desc.run_id
+    retention.admit("launch")  # a full pool refuses the launch before the run exists
+    start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
+    journal.create_run(desc, intents=[start])
+    start_or_fail(journal, run_id)
+    return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}
+
+
+def freeze(
+    request: LaunchRequest,
+    uid: int,
+    run_id: str,
+    *,
+    source: str,
+    filename: str,
+    review: Review,
+    args: dict[str, Any],
+    project: ProjectSpec,
+    schedule: dict[str, Any] | None = None,
+    replay: ReplayOrigin | None = None,
+) -> LaunchDescription:
+    """The launch description of a new run of reviewed ``source``: the host's current
+    policy, verifiers, evaluators, profiles and routes, read and checked now."""
+    if not request.definition:
+        raise UsageError("no definition given", hint="e.g. cairn launch builtin:implement")
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
     verifiers = matching_verifiers(project.root, request.definition, config)
@@ -259,8 +296,7 @@ def launch(
         raise PermissionDenied(f"uid {uid} has no account on this host") from exc
     if uid == 0:
         raise PermissionDenied("runs are not launched as root", hint="launch as a normal user")
-    run_id = run_id or "flow_" + secrets.token_hex(16)
-    desc = LaunchDescription(
+    return LaunchDescription(
         run_id=run_id,
         owner_uid=uid,
         owner_gid=user.pw_gid,
@@ -283,12 +319,8 @@ def launch(
         verifiers=verifiers,
         evaluators=evaluators,
         policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
+        replay=replay,
     )
-    retention.admit("launch")  # a full pool refuses the launch before the run exists
-    start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
-    journal.create_run(desc, intents=[start])
-    start_or_fail(journal, run_id)
-    return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}
 
 
 def start_or_fail(journal: Journal, run_id: str) -> None:

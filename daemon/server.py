@@ -25,6 +25,7 @@ from cairn.daemon import (
     interactions,
     launch,
     lifecycle,
+    replay,
     revert,
     schedules,
     upgrade,
@@ -48,6 +49,7 @@ from cairn.protocol.daemon import (
     PruneRequest,
     PsRequest,
     ReconcileRequest,
+    ReplayRequest,
     RequestEnvelope,
     RetryRequest,
     RevertRequest,
@@ -151,6 +153,10 @@ def _revert(journal: Journal, request: RevertRequest, uid: int, _fd: int | None)
     return revert.revert(journal, request.run_id, uid)
 
 
+def _replay(journal: Journal, request: ReplayRequest, uid: int, _fd: int | None) -> Any:
+    return replay.replay(journal, request.run_id, request.op_id, uid)
+
+
 def _checkpoints(
     journal: Journal, request: CheckpointsRequest, uid: int, _fd: int | None
 ) -> Any:
@@ -205,6 +211,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "upgrade": (UpgradeRequest, _upgrade),
     "doctor": (DoctorRequest, _doctor),
     "revert": (RevertRequest, _revert),
+    "replay": (ReplayRequest, _replay),
     "checkpoints": (CheckpointsRequest, _checkpoints),
     "reconcile": (ReconcileRequest, _decide),
     "retry": (RetryRequest, _decide),

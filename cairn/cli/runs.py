@@ -1,5 +1,5 @@
 """``cairn`` commands about runs: launch, list (ps), show, reconcile, retry, upgrade, doctor,
-logs, diff and revert. Added to the main app by :func:`register`."""
+logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from cairn.protocol.daemon import (
     LaunchRequest,
     PsRequest,
     ReconcileRequest,
+    ReplayRequest,
     RetryRequest,
     RevertRequest,
     ScheduleListRequest,
@@ -60,7 +61,7 @@ def register(app: typer.Typer) -> None:
     add_commands(app, launch)
     app.command("list")(list_runs)
     app.command("ps", hidden=True, help="The same as 'cairn list'.")(list_runs)
-    add_commands(app, show, reconcile, retry, upgrade, doctor, logs, diff, revert)
+    add_commands(app, show, reconcile, retry, upgrade, doctor, logs, diff, revert, replay)
 
 
 def _age(ts: float) -> str:
@@ -204,6 +205,12 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     typer.echo(f"project {run['project']}")
     if run.get("error"):
         typer.echo(f"error: {run['error']}")
+    origin = data.get("replayed_from")
+    if origin:
+        typer.echo(
+            f"replayed from {origin['run_id']} through {origin['through']} "
+            f"({origin['imported']} operations imported, the rest run fresh)"
+        )
     gone = (data.get("storage") or {}).get("deleted", False)
     if gone:
         storage = data["storage"]
@@ -219,7 +226,10 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
             f"  {op['op_id']:<10} {op['kind']:<7} {op['state']:<10} "
             f"attempt {op['attempt']}  {op['location']}"
         )
-        if cp:
+        if op.get("imported_from"):
+            source = op["imported_from"]
+            typer.echo(f"             imported from {source['run_id']} {source['op_id']}")
+        elif cp:
             typer.echo(
                 f"             checkpoint {cp.get('path')} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
@@ -456,6 +466,28 @@ def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
         typer.echo(f"{data['run_id']}: already reverted; nothing to do")
     if data["status"] == "conflict":
         raise typer.Exit(1)
+
+
+def replay(
+    run_id: RunArg,
+    through: Annotated[
+        str,
+        typer.Option("--through", metavar="OP", help="The root-level boundary to replay "
+                     "through, e.g. root-3 ('cairn show RUN' lists them)."),
+    ],
+    json_out: JsonFlag = False,
+) -> None:
+    """A new run from a finished run's checkpoint: the operations up to OP are imported
+    with their checkpoints, the rest of the workflow runs fresh. The source is unchanged."""
+    data = request(ReplayRequest(run_id=run_id, op_id=through))
+    if json_out:
+        emit(data)
+        return
+    typer.echo(
+        f"{data['run_id']}: replayed from {data['source_run']} through {data['through']} "
+        f"({len(data['imported'])} operations imported)"
+    )
+    typer.echo(f"follow it with 'cairn watch {data['run_id']}'")
 
 
 def experiment_lines(facet: dict[str, Any]) -> list[str]:

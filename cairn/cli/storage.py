@@ -189,4 +189,5 @@ def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
         typer.echo(
             f"{cp['op_id']:<12} {cp['kind'] or '-':<8} {cp['scope'] or '-':<10} "
             f"{_ago(cp['at']):<10} {size:<11} {cp['path']}"
+            + (" (reminted)" if cp.get("reminted") else "")
         )

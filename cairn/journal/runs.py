@@ -5,11 +5,12 @@ moving a resting run to new reviewed source."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sqlite3
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from cairn.errors import Busy, NotFound, RunEnded, UsageError
-from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow, RunState, dumps
+from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, RunState, dumps
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
@@ -27,8 +28,12 @@ class RunMatch(NamedTuple):
 
 
 class Runs(Writes):
-    def create_run(self, desc: LaunchDescription, *, intents: list[Intent]) -> None:
-        """Record a new run with its frozen launch description and first intents."""
+    def create_run(
+        self, desc: LaunchDescription, *, intents: list[Intent], imported: Sequence[OpRow] = ()
+    ) -> None:
+        """Record a new run with its frozen launch description and first intents, and, for
+        a replay, the operations it imports from its source (each as it was there, with an
+        ``op-imported`` event naming the run and operation it came from)."""
         now = self.clock()
         with self.transaction() as db:
             db.execute(
@@ -49,6 +54,22 @@ class Runs(Writes):
             for intent in intents:
                 self._insert_intent(db, intent)
             self._event(db, desc.run_id, "run-created", {"definition": desc.definition})
+            for op in imported:
+                self._import_op(db, desc.run_id, op, now)
+
+    def _import_op(self, db: sqlite3.Connection, run_id: str, op: OpRow, now: float) -> None:
+        db.execute(
+            "INSERT INTO operations (run_id, scope, seq, op_id, kind, request, request_hash,"
+            " source_location, predecessor, attempt, state, finish, result, error, checkpoint,"
+            " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                run_id, op.scope, op.seq, op.op_id, op.kind, dumps(op.request),
+                op.request_hash, op.source_location, op.predecessor, op.attempt, op.state,
+                dumps(op.finish), dumps(op.result), op.error, dumps(op.checkpoint), now, now,
+            ),
+        )
+        provenance = {"source_run": op.run_id, "source_op": op.op_id, "state": op.state}
+        self._event(db, run_id, "op-imported", provenance, op.scope, op.op_id)
 
     def set_run_state(
         self,

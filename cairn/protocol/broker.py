@@ -195,15 +195,21 @@ class CoordinatorStarted(ReceiptBody):
 
 class QPrepared(ReceiptBody):
     """prepare-q: Q, snapshotted from the project's subvolume or made by an import unit
-    (``import``: that unit and its statistics)."""
+    (``import``: that unit and its statistics), or reminted from a replay's source."""
 
-    optional_keys = ("import",)
+    optional_keys = ("import", "reminted")
 
     q: SubvolumeReceipt
     subpath: str
     imported: bool
     import_: dict[str, Any] | None = Field(default=None, alias="import")
     project_ino: int
+    # A replayed run's Q is its source's Q reminted; so is each imported operation's
+    # checkpoint S, by operation ID (cairn replay).
+    reminted: dict[str, SubvolumeReceipt] | None = None
+
+    def subvolumes(self) -> list[SubvolumeReceipt]:
+        return [self.q, *(self.reminted or {}).values()]
 
 
 class WCreated(ReceiptBody):

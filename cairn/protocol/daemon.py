@@ -204,6 +204,13 @@ class RevertRequest(RunRequest):
     op: Literal["revert"] = "revert"
 
 
+class ReplayRequest(RunRequest):
+    """A new run from the root boundary ``op_id`` of a finished run (``cairn replay``)."""
+
+    op: Literal["replay"] = "replay"
+    op_id: str | None = None
+
+
 class CheckpointsRequest(RunRequest):
     """Every checkpoint S of one run with its operation, time and size."""
 
@@ -418,6 +425,7 @@ DaemonRequest = Annotated[
     | DoctorRequest
     | UpgradeRequest
     | RevertRequest
+    | ReplayRequest
     | CheckpointsRequest
     | RetryRequest
     | ReconcileRequest

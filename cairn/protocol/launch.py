@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cairn.canonical import canonical_json, sha256_hex
-from cairn.protocol.base import Frozen, RunId
+from cairn.protocol.base import Frozen, OpId, RunId
 
 # When the verified proposal F reaches the live project: at once (``auto``), after the
 # owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
@@ -133,6 +133,16 @@ class EvaluatorSpec(Frozen):
     config_sha256: str
 
 
+class ReplayOrigin(Frozen):
+    """Where a replayed run comes from (``cairn replay SOURCE --through OP``): the source
+    run, the root boundary it was replayed through and every operation imported from it
+    (each keeps its ID, so the source's operation of the same ID is its provenance)."""
+
+    source_run: RunId
+    through_op: OpId
+    ops: list[OpId] = Field(min_length=1)
+
+
 class LaunchDescription(Frozen):
     """Everything a run is recovered from. Never re-read from live configuration."""
 
@@ -160,6 +170,10 @@ class LaunchDescription(Frozen):
     apply_mode: ApplyMode = "auto"
     verifiers: list[VerifierSpec] = []
     evaluators: list[EvaluatorSpec] = []
+    replay: ReplayOrigin | None = None
 
     def launch_hash(self) -> str:
-        return "sha256:" + sha256_hex(canonical_json(self.model_dump(mode="json")))
+        data = self.model_dump(mode="json")
+        if data["replay"] is None:  # added later: a launched run's hash stays what it was
+            del data["replay"]
+        return "sha256:" + sha256_hex(canonical_json(data))

@@ -81,6 +81,8 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         *list_problems,
     ]
     divergence = events.divergence
+    origin = journal.launch_description(run_id).replay
+    imported = set(origin.ops) if origin else set()
     return {
         "run": row.model_dump(exclude={"lease_holder", "lease_expires"}),
         "operations": [
@@ -97,6 +99,10 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
                 "handoff": (o.result or {}).get("handoff"),
                 "checkpoint": o.checkpoint,
                 "error": o.error,
+                "imported_from": (
+                    {"run_id": origin.source_run, "op_id": o.op_id}
+                    if origin and o.op_id in imported else None
+                ),
             }
             for o in ops
         ],
@@ -105,6 +111,9 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         "settlement": row.settlement,
         "settlement_summary": settlement_summary(row.settlement),
         "schedule": journal.launch_description(run_id).schedule,
+        "replayed_from": None if origin is None else {
+            "run_id": origin.source_run, "through": origin.through_op, "imported": len(imported)
+        },
         "worklists": lists,
         "experiments": settle_experiment.experiments(ops),
         "question": question_facet(questions, approvals),

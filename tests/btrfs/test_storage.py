@@ -203,3 +203,33 @@ def test_loop_pool_with_quotas(tmp_path: Path, run_id: str) -> None:
             if leftover.is_dir():
                 leftover.rmdir()
         base.rmdir()
+
+
+def test_remint_gives_another_run_its_own_copy_and_leaves_the_source(
+    pool: Pool, run_id: str
+) -> None:
+    """cairn replay: a source run's checkpoint becomes the new run's own read-only
+    snapshot (a new UUID, same tree); the source's is untouched and still verifies, and
+    deleting the new run leaves it."""
+    w = pool.w_path(run_id, "root", 1)
+    pool.create_subvolume(w)
+    populate(w)
+    source = pool.checkpoint_path(run_id, "root-2")
+    taken = pool.snapshot(w, source, read_only=True)
+    replayed = f"flow_{'0' * 31}1"
+    copy = pool.checkpoint_path(replayed, "root-2")
+    minted = pool.remint(source, taken, copy)
+    assert minted.uuid != taken.uuid and minted.read_only and minted.fsid == taken.fsid
+    assert minted.path == str(copy) and inventories_equal(source, copy)
+    assert pool.remint(source, taken, copy).uuid == minted.uuid  # a retry after a crash
+    pool.verify(source, taken)
+    with pytest.raises(StorageError, match="not a read-only snapshot"):
+        pool.remint(w, pool.receipt(w), pool.checkpoint_path(replayed, "w"))
+    with pytest.raises(StorageError, match="no longer the recorded subvolume"):
+        pool.remint(source, minted, pool.checkpoint_path(replayed, "other"))
+    assert not pool.checkpoint_path(replayed, "w").exists()
+    assert not pool.checkpoint_path(replayed, "other").exists()
+    pool.delete_run(replayed)
+    assert not copy.exists()
+    assert pool.verify(source, taken).uuid == taken.uuid
+    assert (source / "src" / "main.py").read_text() == "print('hi')\n"

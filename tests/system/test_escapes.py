@@ -512,6 +512,21 @@ def test_another_users_run_is_never_named_by_prefix_or_at_last(
         assert json.loads(mine.stdout)["run"]["run_id"] != bob_run
 
 
+def test_another_users_run_cannot_be_replayed_into_ones_own(
+    booted: Machine, bobs_run: tuple[str, str]
+) -> None:
+    """Alice replaying bob's run would get his checkpoints reminted into a run of hers:
+    cairnd names no such run, records nothing, and no subvolume of hers appears."""
+    bob_run, secret = bobs_run
+    runs = booted.exec(["ls", "/var/lib/cairn/pool/runs"]).stdout.decode().split()
+    proc = booted.exec(["cairn", "replay", bob_run, "--through", "root-1"], user="alice",
+                       check=False)
+    assert proc.returncode != 0
+    assert f"no run {bob_run}" in proc.stderr.decode()
+    assert secret.encode() not in proc.stdout + proc.stderr
+    assert booted.exec(["ls", "/var/lib/cairn/pool/runs"]).stdout.decode().split() == runs
+
+
 def test_an_entry_the_agent_made_unreadable_is_refused_by_name(booted: Machine) -> None:
     """An agent that takes its own read permission away cannot fail the owner's candidate
     unit: that file is refused by name and the rest is applied."""

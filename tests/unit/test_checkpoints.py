@@ -71,7 +71,7 @@ def test_every_checkpoint_with_its_operation_time_and_size(journal: Journal) -> 
         "op_id": "root-1", "kind": "agent", "scope": "root", "attempt": 1,
         "op_state": "committed", "at": AT, "path": f"/pool/runs/{RUN}/checkpoints/root-1",
         "uuid": "00000000-0000-0000-0000-000000000261", "subvol_id": 261,
-        "exclusive": 4096, "deleted": False,
+        "exclusive": 4096, "deleted": False, "reminted": False,
     }
     # A checkpoint whose operation never committed (a crash after the snapshot) is listed
     # too: its subvolume exists and takes space.
@@ -103,6 +103,21 @@ def test_a_deleted_runs_checkpoints_say_so_and_have_no_size(journal: Journal) ->
     assert listed["storage"] == {"deleted": True, "deleted_at": AT + 120, "subvolumes": 2}
     assert [(c["deleted"], c["exclusive"]) for c in listed["checkpoints"]] == [
         (True, None), (True, None)]
+
+
+def test_a_replayed_runs_reminted_checkpoints_are_listed_as_such(journal: Journal) -> None:
+    reminted = checkpoint_receipt("root-1", 263, AT)["data"]["s"]
+    q = {**reminted, "path": f"/pool/runs/{RUN}/Q", "subvol_id": 264}
+    journal.add_intents(
+        RUN, [Intent(intent_id="prepare-q", run_id=RUN, kind="prepare-q")], token=None)
+    journal.record_receipts(RUN, [{
+        "intent_id": "prepare-q", "run_id": RUN, "kind": "prepare-q", "at": AT - 60,
+        "data": {"q": q, "subpath": "", "imported": True, "project_ino": 7,
+                 "reminted": {"root-1": reminted}},
+    }])
+    listed = checkpoints(journal, RUN, ALICE, size_of=lambda _id: None)
+    assert [(c["op_id"], c["subvol_id"], c["reminted"]) for c in listed["checkpoints"]] == [
+        ("root-1", 263, True), ("root-1", 261, False), ("root-2", 262, False)]
 
 
 def test_another_users_run_is_not_found(journal: Journal) -> None:
