@@ -22,6 +22,7 @@ from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import (
+    AFTER_END_KINDS,
     VERB_OF_KIND,
     AgentStarted,
     AgentStopped,
@@ -70,11 +71,15 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
     store = ReceiptStore()
     try:
         desc = journal.launch_description(run_id)
+        ended = journal.get_run(run_id).state in TERMINAL_RUN_STATES
         receipts: list[Receipt] = []
         for intent in journal.intents(run_id, verb):
             if intent.run_id != run_id or VERB_OF_KIND[intent.kind] != verb:
                 raise BrokerRefused(f"intent {intent.intent_id} does not belong to {verb}")
             done = store.get(run_id, intent.intent_id)
+            if done is None and ended and intent.kind not in AFTER_END_KINDS:
+                log.info("%s left undone: run %s has ended", intent.intent_id, run_id)
+                continue
             if done is None:
                 try:
                     body = execute(intent, desc, journal, store)
@@ -337,10 +342,18 @@ def settle_candidate(ctx: Context) -> CandidateBuilt:
     c = pool.settlement_path(ctx.run_id, "C")
     qgroup = ctx.qgroup()
     c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
-    work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
-    unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
-    f = pool.settlement_path(ctx.run_id, "F")
-    f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
+    try:
+        work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
+        unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
+        f = pool.settlement_path(ctx.run_id, "F")
+        f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
+    except BaseException:
+        # no receipt will name this C: it goes, or it would be a subvolume nothing explains
+        try:
+            pool.delete(c, c_receipt)
+        except Exception:
+            log.exception("could not remove %s of a failed candidate", c)
+        raise
     return CandidateBuilt(**unit, **result.model_dump(), f=f_receipt, c=c_receipt)
 
 

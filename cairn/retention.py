@@ -193,6 +193,19 @@ def qgroup_exclusive(pool: storage.Pool, level: int, qgroup: int) -> int | None:
         return None
 
 
+def ensure_free_space(pool: storage.Pool, reserve_bytes: int) -> int:
+    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available;
+    returns the available bytes."""
+    free = pool.free_bytes()
+    if free < reserve_bytes:
+        raise StorageError(
+            f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
+            f"{reserve_bytes >> 20} MiB; delete finished runs with 'cairn prune'",
+            hint="'cairn storage df' shows what each run holds; or grow the pool",
+        )
+    return free
+
+
 def admit(what: str) -> int:
     """Refuse ``what`` (a launch, fork or import) with a one-line ``StorageError`` naming
     the reserve, the free space and ``cairn prune`` when the pool is below the host's
@@ -200,6 +213,6 @@ def admit(what: str) -> int:
     policy = load_policy()
     pool = storage.Pool.open(paths.pool_dir())
     try:
-        return storage.ensure_free_space(pool, policy.reserve_bytes)
+        return ensure_free_space(pool, policy.reserve_bytes)
     except StorageError as exc:
         raise StorageError(f"{what} refused: {exc.message}", hint=exc.hint) from exc

@@ -300,6 +300,8 @@ class Pool:
                 os.fspath(src), os.fspath(dst), read_only=read_only, **_inherit(qgroup)
             )
         except btrfsutil.BtrfsUtilError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise  # the broker names the full pool and what frees it
             raise StorageError(f"cannot snapshot {src} to {dst}: {exc}") from exc
         log.info("snapshot %s -> %s%s", src, dst, " (read-only)" if read_only else "")
         return receipt(dst)
@@ -399,19 +401,6 @@ class Pool:
     def free_bytes(self) -> int:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-
-def ensure_free_space(pool: Pool, reserve_bytes: int) -> int:
-    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available;
-    returns the available bytes."""
-    free = pool.free_bytes()
-    if free < reserve_bytes:
-        raise StorageError(
-            f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
-            f"{reserve_bytes >> 20} MiB; delete finished runs with 'cairn prune'",
-            hint="'cairn storage df' shows what each run holds; or grow the pool",
-        )
-    return free
 
 
 def run_qgroup_id(run: str) -> int:

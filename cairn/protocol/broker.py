@@ -53,6 +53,13 @@ VERB_OF_KIND: dict[str, Verb] = {
     "delete-run": "delete-v1",
 }
 
+# What cairnd may still ask of a run that has ended. Any other intent of an ended run is a
+# leftover of it (a settlement step a full pool stopped, say): the broker never carries
+# it out afterwards, so a later check of the run cannot redo the run's work.
+AFTER_END_KINDS: frozenset[str] = frozenset(
+    {"check-applied", "start-revert", "verify-storage", "delete-run"}
+)
+
 
 class Intent(Frozen):
     """What a coordinator or the daemon wants the broker to do. Paths are never given:

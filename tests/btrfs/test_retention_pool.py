@@ -18,7 +18,7 @@ from cairn import paths, proc, retention
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
-from cairn.daemon import lifecycle, views
+from cairn.daemon import lifecycle, oneshot, views
 from cairn.errors import BrokerRefused, StorageError, UsageError
 from cairn.journal import Journal
 from cairn.protocol.broker import BrokerReply, Intent
@@ -71,7 +71,7 @@ def host(
     def through_the_broker(verb: str, run_id: str, *, timeout: float) -> BrokerReply:
         return BrokerReply(ok=True, receipts=verbs.carry_out(verb, run_id))
 
-    monkeypatch.setattr(lifecycle, "call_broker", through_the_broker)
+    monkeypatch.setattr(oneshot, "call_broker", through_the_broker)
     monkeypatch.setattr(lifecycle, "is_admin", lambda uid: uid == 0)
     monkeypatch.setattr(views, "is_admin", lambda uid: uid == 0)
     with Journal(paths.journal_path(), create=True) as journal:
@@ -260,3 +260,22 @@ def test_below_the_reserve_a_runs_import_and_a_fork_are_refused_before_any_inten
         coordinator.fork(op, fork)
     assert host["journal"].intents(run_id) == []  # the broker was never asked
     assert host["journal"].get_op_by_id(run_id, "root-1").state == "requested"
+
+
+def test_an_ended_runs_leftover_intents_are_never_carried_out_by_a_later_check(
+    host: dict[str, Any], run_id: str
+) -> None:
+    """The full pool stopped the run's freeze: the intent stays behind, and the doctor's
+    storage check of the failed run later must not freeze P as a side effect."""
+    journal, pool = host["journal"], host["pool"]
+    record_run(journal, run_id, "failed")
+    make_run_storage(pool, run_id)
+    leftover = Intent(intent_id="freeze-proposal", run_id=run_id, kind="freeze-proposal",
+                      generation=1)
+    check = Intent(intent_id="verify-storage.doctor.1", run_id=run_id, kind="verify-storage")
+    journal.add_intents(run_id, [leftover, check], token=None)
+
+    receipts = verbs.carry_out("storage-v1", run_id)
+
+    assert [r.kind for r in receipts] == ["verify-storage"]
+    assert not pool.settlement_path(run_id, "P").exists()

@@ -11,13 +11,12 @@ from pathlib import Path
 import btrfsutil
 import pytest
 
-from cairn import proc
+from cairn import proc, retention
 from cairn.errors import StorageError, UsageError
 from cairn.settle import inventories_equal
 from cairn.storage import (
     Pool,
     containing_subvolume,
-    ensure_free_space,
     is_same_filesystem,
     run_qgroup_name,
 )
@@ -160,9 +159,9 @@ def test_containing_subvolume_and_same_filesystem(pool: Pool, btrfs_mount: Path)
     assert sub == home and rel == Path("alice/proj")
     assert is_same_filesystem(project, pool.root)
     assert not is_same_filesystem(project, Path("/proc"))
-    ensure_free_space(pool, 1 << 20)
+    retention.ensure_free_space(pool, 1 << 20)
     with pytest.raises(StorageError, match="below the reserve"):
-        ensure_free_space(pool, 1 << 50)
+        retention.ensure_free_space(pool, 1 << 50)
 
 
 def test_loop_pool_with_quotas(tmp_path: Path, run_id: str) -> None:

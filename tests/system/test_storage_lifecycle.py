@@ -261,6 +261,15 @@ def test_an_agent_that_fills_the_pool_fails_the_run_in_one_line_and_loses_nothin
     assert all(ops[o]["checkpoint"] for o in ("root-1", "root-2"))
     assert machine.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
     assert settled_free(machine) < 64 * MIB
+    integrity = machine.exec(["python3", "-c", (
+        "import sqlite3; print(sqlite3.connect('/var/lib/cairn/journal/journal.db')"
+        ".execute('PRAGMA integrity_check').fetchone()[0])")]).stdout.decode().strip()
+    assert integrity == "ok"
+    # The doctor finds the failed run consistent, and its check redoes none of the run's
+    # steps (the full pool's leftover intents stay undone).
+    doctor = machine.exec(["cairn", "doctor", run_id, "--json"], user="alice", check=False)
+    (checked,) = json.loads(doctor.stdout)["runs"]
+    assert doctor.returncode == 0 and checked["problems"] == [], checked
 
     # Its settlement failed with nothing applied, so the run may go and its space comes back.
     cairn(machine, "rm", run_id)
