@@ -2,13 +2,15 @@
 
 Every path is classified before any is written: live == Q → write F; live == F → already
 applied; otherwise a conflict, and then nothing is written at all. The writes go in
-batches of :data:`BATCH` paths, each in phases: every temporary written next to its
-target, one ``syncfs``; each target re-checked right before its temporary is renamed
-over it; one more ``syncfs`` for the renames; the batch's receipt lines in one write and
-one fsync. A receipt therefore proves its path durably holds F, a crash loses at most one
-batch of receipts, and the re-run finds those paths already equal to F. Every directory
-is reached component by component without following a symlink (and opened once per
-walk, not once per path), so a symlink planted in the live tree never redirects a write.
+batches of :data:`BATCH` paths. For each: every temporary written next to its target;
+one ``syncfs`` (a single commit, whatever the number of files and directories), which
+also makes the previous batch's renames durable, whose receipt lines then follow in one
+write and one fsync; then each target re-checked right before its temporary is renamed
+over it. A last ``syncfs`` and receipt write close the apply. A receipt therefore proves
+its path durably holds F; a crash loses at most the receipts of the batches not yet
+synced, and the re-run finds those paths already equal to F. Every directory is reached
+component by component without following a symlink (and opened once per walk, not once
+per path), so a symlink planted in the live tree never redirects a write.
 """
 
 from __future__ import annotations
@@ -331,12 +333,10 @@ class _ReceiptLog:
 
 
 class _Batch:
-    """One batch's live directory walk, the directories it changed, and its receipts."""
+    """One batch's live directory walk and the receipts of what it changed."""
 
-    def __init__(self, live: Path, log_: _ReceiptLog) -> None:
+    def __init__(self, live: Path) -> None:
         self.tree = _Tree(live)
-        self.log = log_
-        self.touched: set[str] = set()
         self.done: list[tuple[str, Literal["written", "deleted", "already"], EntryState]] = []
 
     def parent_fd(self, path: str) -> int:
@@ -347,16 +347,6 @@ class _Batch:
         if fd is None:
             raise _Raced(path)
         return fd
-
-    def settle(self) -> None:
-        """The batch durable, then its receipts: one ``syncfs`` when it changed any
-        directory (a commit whose cost does not grow with how many directories it
-        touched, unlike an fsync each), then one receipt write and fsync."""
-        if self.touched:
-            syncfs(self.tree.root_fd)
-        failpoint("apply-after-renames", self.log.path.parent)
-        self.log.add(self.done)
-        failpoint("apply-after-receipts", self.log.path.parent)
 
     def close(self) -> None:
         self.tree.close()
@@ -381,7 +371,6 @@ def _remove(batch: _Batch, p: PathPlan) -> None:
             raise
     else:
         os.unlink(name, dir_fd=fd)
-    batch.touched.add(parent(p.path))
 
 
 def _make_parents(batch: _Batch, ft: _Tree, path: str) -> None:
@@ -400,7 +389,6 @@ def _make_parents(batch: _Batch, ft: _Tree, path: str) -> None:
             continue
         fstate = ft.state(sub)
         os.chmod(name, fstate.mode if fstate.kind == "dir" else 0o755, dir_fd=fd)
-        batch.touched.add(parent(sub))
 
 
 def _before(p: PathPlan) -> EntryState:
@@ -419,7 +407,6 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
         if before.kind == "absent":
             os.mkdir(name, 0o700, dir_fd=fd)
         os.chmod(name, p.f.mode, dir_fd=fd)
-        batch.touched.add(parent(p.path))
         return None
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     if p.f.kind == "symlink":
@@ -464,10 +451,12 @@ def _unlink_quietly(dir_fd: int, name: str) -> None:
         pass
 
 
-def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan]) -> None:
-    """Temporaries for every path of the batch, one syncfs, then each re-checked and
-    renamed into place; a path that changed meanwhile stops the batch (``_Raced``) with
-    every temporary removed and what was renamed recorded in ``batch.done``."""
+def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan], synced: Callable[[bool], None],
+           marker: Path) -> None:
+    """Temporaries for every path of the batch, ``synced(any_temps)``, then each
+    target re-checked and its temporary renamed over it; a path that changed meanwhile
+    stops the batch (``_Raced``) with every temporary removed and what was renamed
+    recorded in ``batch.done``."""
     temps: list[tuple[PathPlan, str]] = []
     try:
         for p in plans:
@@ -476,18 +465,16 @@ def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan]) -> None:
                 batch.done.append((p.path, "written", p.f))
             else:
                 temps.append((p, tmp))
-        if temps:
-            syncfs(batch.tree.root_fd)
-        failpoint("apply-after-temps", batch.log.path.parent)
+        synced(bool(temps))
+        failpoint("apply-after-temps", marker)
         while temps:
             p, tmp = temps[0]
             fd = batch.parent_fd(p.path)
             _recheck(fd, p.path.rpartition("/")[2], p.path, _before(p))
             os.rename(tmp, p.path.rpartition("/")[2], src_dir_fd=fd, dst_dir_fd=fd)
             temps.pop(0)
-            batch.touched.add(parent(p.path))
             batch.done.append((p.path, "written", p.f))
-            failpoint("mid-apply", batch.log.path.parent)
+            failpoint("mid-apply", marker)
     finally:
         for p, tmp in temps:
             try:
@@ -574,41 +561,81 @@ class _Stopped(_Raced):
         self.applied = applied
 
 
+class _Writer:
+    """Batches in order, pipelined: one ``syncfs`` makes a batch's temporaries durable
+    and with them what the batches before it renamed or removed, whose receipts then
+    follow (so a receipt is never written before its path is durably F)."""
+
+    def __init__(self, live: Path, log_: _ReceiptLog, total: int,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.live, self.log, self.total, self.progress = live, log_, total, progress
+        self.unsettled: list[_Batch] = []
+        self.applied: list[str] = []
+
+    def sync(self, fd: int, force: bool = False) -> None:
+        """One syncfs of the live filesystem (when ``force`` or a batch awaits it), then
+        the receipts of every batch whose changes it made durable."""
+        if not (force or self.unsettled):
+            return
+        syncfs(fd)
+        if not self.unsettled:
+            return
+        self.log.add(entry for batch in self.unsettled for entry in batch.done)
+        failpoint("apply-after-receipts", self.log.path.parent)
+        while self.unsettled:
+            batch = self.unsettled.pop(0)
+            self.applied += [path for path, _, _ in batch.done]
+            batch.close()
+        if self.progress is not None:
+            self.progress(len(self.applied), self.total)
+
+    def batch(self, plans: list[PathPlan], ft: _Tree, removing: bool) -> None:
+        batch = _Batch(self.live)
+        try:
+            if removing:
+                self.sync(batch.tree.root_fd)
+                for p in plans:
+                    _remove(batch, p)
+                    if p.f.kind == "absent":
+                        batch.done.append((p.path, "deleted", p.f))
+            else:
+                _place(batch, ft, plans, lambda force: self.sync(batch.tree.root_fd, force),
+                       self.log.path.parent)
+            failpoint("apply-after-renames", self.log.path.parent)
+        finally:
+            self.unsettled.append(batch)  # after a race too: what it did is kept
+
+    def finish(self) -> None:
+        with _Tree(self.live) as tree:
+            self.sync(tree.root_fd)
+
+
 def _write(
     plan: ApplyPlan, ft: _Tree, live: Path, log_: _ReceiptLog,
     progress: Callable[[int, int], None] | None,
 ) -> list[str] | _Stopped:
     """Removals (deepest first), then placements (shallowest first), batch by batch;
-    the paths applied, or where a person's change stopped it."""
+    the paths applied, or where a person's change stopped it (what was changed before
+    that is kept, durable and with receipts)."""
     writes = plan.writes
     removals = sorted((p for p in writes if _needs_removal(p)),
                       key=lambda p: (-depth(p.path), p.path))
     placements = sorted((p for p in writes if p.f.kind != "absent"),
                         key=lambda p: (depth(p.path), p.path))
-    applied: list[str] = []
-    for kind, group in (("remove", removals), ("place", placements)):
-        for plans in _batches(group):
-            batch = _Batch(live, log_)
-            try:
-                try:
-                    if kind == "remove":
-                        for p in plans:
-                            _remove(batch, p)
-                            if p.f.kind == "absent":
-                                batch.done.append((p.path, "deleted", p.f))
-                    else:
-                        _place(batch, ft, plans)
-                except _Raced as raced:
-                    batch.settle()  # what was renamed before the race is kept, with receipts
-                    applied += [path for path, _, _ in batch.done]
-                    return _Stopped(raced.path, applied)
-                batch.settle()
-            finally:
-                batch.close()
-            applied += [path for path, _, _ in batch.done]
-            if progress is not None and batch.done:
-                progress(len(applied), len(writes))
-    return applied
+    writer = _Writer(live, log_, len(writes), progress)
+    try:
+        for plans in _batches(removals):
+            writer.batch(plans, ft, removing=True)
+        for plans in _batches(placements):
+            writer.batch(plans, ft, removing=False)
+        writer.finish()
+    except _Raced as raced:
+        writer.finish()
+        return _Stopped(raced.path, writer.applied)
+    finally:
+        for batch in writer.unsettled:
+            batch.close()
+    return writer.applied
 
 
 def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> AppliedCheck:

@@ -244,7 +244,9 @@ APPLY_CRASHES = {
     "apply-after-temps": (0, 0),  # every temporary of the batch written and synced
     "mid-apply": (1, 0),  # one path renamed into place, the rest of the batch not
     "apply-after-renames": (BATCH, 0),  # the batch renamed, its directories synced
-    "apply-after-receipts": (BATCH, BATCH),  # the batch's receipts fsync'd
+    # the next batch's temporaries and the first batch's renames synced, its receipts
+    # fsync'd, the next batch not renamed
+    "apply-after-receipts": (BATCH, BATCH),
 }
 
 
@@ -288,7 +290,8 @@ def test_apply_killed_between_phases_resumes_to_the_same_tree(
     assert sum(c.startswith("new") for c in contents) == holding_f
     assert receipts.read_text().count("\n") == receipt_lines
     temps = list(live.rglob(".cairn-apply.*"))
-    assert len(temps) == {"apply-after-temps": BATCH, "mid-apply": BATCH - 1}.get(failpoint, 0)
+    left = {"apply-after-temps": BATCH, "mid-apply": BATCH - 1, "apply-after-receipts": BATCH}
+    assert len(temps) == left.get(failpoint, 0)
 
     result = apply(q, f, live, accepted, receipts)
     assert result.status == "applied"
