@@ -39,7 +39,7 @@ from cairn.settle_paths import ancestors, check_relative, depth, parent
 
 log = logging.getLogger(__name__)
 
-BATCH = 256  # paths per receipt fsync: what a crash can leave without a receipt
+BATCH = 1024  # paths per syncfs and receipt write: what a crash can leave without a receipt
 _CHUNK = 1 << 20
 _OPEN_DIRS = 128  # directory fds one walk keeps open (well below the default 1,024)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,7 +1,9 @@
 """The three-way apply of 1,000 changed files at two project sizes, and where its time
 goes. Run as root, alone: ``.venv/bin/python tests/bench/apply_figures.py`` (a loop
 Btrfs under ``--workdir``, always detached afterwards); ``--profile`` adds a cProfile
-breakdown of one apply. ``./dev bench`` measures the same apply inside its tree figures.
+breakdown of one apply; ``--apply-from FILE`` measures the ``apply`` of another version
+of the module (``git show REV:cairn/settle.py > FILE``) for a before/after. ``./dev
+bench`` measures the same apply inside its tree figures.
 
 The edits are the suite's agent-like mix (70 % modified, 20 % new, 10 % deleted); the
 live project is a fresh writable snapshot of Q each round, flushed before the clock
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import os
 import pstats
 import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ from measure import Stopwatch, collect
 from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_pool
 from synth import Editor, build_project
 
+from cairn.protocol.broker import ApplyResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.storage import Pool
@@ -84,7 +88,23 @@ def settled_project(pool: Pool, scratch: Path, n_files: int, k: int) -> Iterator
         shutil.rmtree(work, ignore_errors=True)
 
 
-def apply_once(pool: Pool, s: Settled, profile: cProfile.Profile | None = None) -> float:
+ApplyFn = Callable[..., ApplyResult]
+
+
+def load_apply(module_file: Path) -> ApplyFn:
+    """``apply`` from another version of the apply module, beside the installed cairn."""
+    spec = importlib.util.spec_from_file_location("cairn_apply_under_test", module_file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {module_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the models' annotations there
+    spec.loader.exec_module(module)
+    fn: ApplyFn = module.apply
+    return fn
+
+
+def apply_once(pool: Pool, s: Settled, profile: cProfile.Profile | None = None,
+               apply_fn: ApplyFn = apply) -> float:
     """One timed apply into a fresh live copy of Q (setup untimed)."""
     live, receipts = s.work / "live", s.work / "receipts.jsonl"
     _drop_subvolume(live)
@@ -94,7 +114,7 @@ def apply_once(pool: Pool, s: Settled, profile: cProfile.Profile | None = None) 
     if profile is not None:
         profile.enable()
     with Stopwatch() as sw:
-        result = apply(s.q, s.f, live, s.accepted, receipts)
+        result = apply_fn(s.q, s.f, live, s.accepted, receipts)
     if profile is not None:
         profile.disable()
     if result.status != "applied" or len(result.applied) != len(s.accepted):
@@ -112,8 +132,9 @@ def profile_lines(profile: cProfile.Profile, total: float) -> list[str]:
                 n, t = own.get(phase, (0, 0.0))
                 own[phase] = (n + calls, t + tt)
         cumulative[func] = max(cumulative.get(func, 0.0), ct)
+    plan = max(cumulative.get("_plan", 0.0), cumulative.get("plan_apply", 0.0))
     lines = [f"  total (profiled) {total * 1000:8.1f} ms",
-             f"  plan (3 states/path){cumulative.get('_plan', 0.0) * 1000:8.1f} ms (cumulative)"]
+             f"  plan (3 states/path){plan * 1000:8.1f} ms (cumulative)"]
     for phase, (calls, seconds) in sorted(own.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"  {phase:<34} {seconds * 1000:8.1f} ms in {calls} calls")
     return lines
@@ -129,10 +150,13 @@ def main(argv: list[str] | None = None) -> int:
                         default=Path(os.environ.get("CAIRN_BENCH_DIR", "/var/tmp")))
     parser.add_argument("--pool-size", default="8G")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--apply-from", type=Path, metavar="FILE",
+                        help="measure the apply function of this module file instead")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("apply_figures.py: run as root (loop devices, Btrfs)", file=sys.stderr)
         return 2
+    apply_fn = load_apply(args.apply_from) if args.apply_from else apply
     work = Path(tempfile.mkdtemp(prefix="cairn-apply-bench-", dir=args.workdir))
     try:
         with loop_pool(work, args.pool_size) as pool:
@@ -140,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             scratch.mkdir()
             for n in args.sizes:
                 with settled_project(pool, scratch, n, args.changed) as s:
-                    samples = sorted(collect(lambda s=s: apply_once(pool, s),
+                    samples = sorted(collect(lambda s=s: apply_once(pool, s, apply_fn=apply_fn),
                                              repeat=args.repeat, budget=120.0))
                     median = samples[len(samples) // 2]
                     print(f"apply of {len(s.accepted)} paths, project of {n:,} files: "
@@ -148,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"(n={len(samples)})")
                     if args.profile:
                         prof = cProfile.Profile()
-                        total = apply_once(pool, s, prof)
+                        total = apply_once(pool, s, prof, apply_fn)
                         print("\n".join(profile_lines(prof, total)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
