@@ -5,6 +5,7 @@ returns the new content and its name are on disk."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 import secrets
@@ -44,10 +45,13 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> N
 
 def syncfs(fd: int) -> None:
     """Make everything written to the filesystem holding ``fd`` durable, in one commit
-    (``syncfs(2)``; on Btrfs one transaction instead of a log commit per file)."""
+    (``syncfs(2)``; on Btrfs one transaction instead of a log commit per file). Where a
+    seccomp filter refuses it, ``sync(2)`` does the same for every filesystem."""
     if _libc().syncfs(fd) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        if err not in (errno.ENOSYS, errno.EPERM):
+            raise OSError(err, os.strerror(err))
+        os.sync()
 
 
 @functools.cache
