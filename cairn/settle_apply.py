@@ -310,13 +310,15 @@ def read_receipts(receipts: Path) -> dict[str, ApplyReceipt]:
     return done
 
 
+_Entry = tuple[str, Literal["written", "deleted", "already"], EntryState]  # a receipt to be
+
+
 class _ReceiptLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def add(self, entries: Iterable[tuple[str, Literal["written", "deleted", "already"],
-                                          EntryState]]) -> None:
+    def add(self, entries: Iterable[_Entry]) -> None:
         """Append one line per entry in a single write, then one fsync."""
         now = time.time()
         lines = [ApplyReceipt(path=p, action=a, f=f, at=now).model_dump_json() + "\n"
@@ -337,7 +339,7 @@ class _Batch:
 
     def __init__(self, live: Path) -> None:
         self.tree = _Tree(live)
-        self.done: list[tuple[str, Literal["written", "deleted", "already"], EntryState]] = []
+        self.done: list[_Entry] = []
 
     def parent_fd(self, path: str) -> int:
         try:
@@ -537,8 +539,12 @@ def apply(
             return ApplyResult(status="noop")
         log_ = _ReceiptLog(receipts)
         try:
-            log_.add((p.path, "already", p.f) for p in plan.paths
-                     if p.action == "already" and p.path not in done)
+            found: list[_Entry] = [(p.path, "already", p.f) for p in plan.paths
+                                   if p.action == "already" and p.path not in done]
+            if found:  # a crashed run's renames may not be durable yet: first make them so
+                with _Tree(live) as lt:
+                    syncfs(lt.root_fd)
+                log_.add(found)
             applied = _write(plan, ft, live, log_, progress)
         finally:
             log_.close()

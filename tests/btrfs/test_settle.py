@@ -352,3 +352,28 @@ def test_worker_main_reports_conflict_as_an_outcome(
     assert out["status"] == "conflict" and out["conflicts"][0]["path"] == "old.txt"
     plan_file.write_text('{"not": "a list"}')
     assert worker.main(argv) == 1
+
+
+def test_a_symlink_planted_after_the_plan_never_redirects_a_write(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Directories are opened once per walk: a live directory swapped for a symlink
+    between the plan and the writes is found by the batch's own walk, never followed."""
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real_plan = settle_apply._plan
+
+    def plan_then_swap(*args: object, **kwargs: object) -> settle_apply.ApplyPlan:
+        planned = real_plan(*args, **kwargs)  # type: ignore[arg-type]
+        os.rename(live / "src", live / "src.moved")
+        os.symlink(outside, live / "src")
+        return planned
+
+    monkeypatch.setattr(settle_apply, "_plan", plan_then_swap)
+    result = apply(q, f, live, accepted, tmp_path / "r.jsonl")
+    assert result.status == "conflict"
+    assert result.conflicts[0].path.startswith("src/")
+    assert list(outside.iterdir()) == []
+    assert (live / "src.moved" / "app.py").read_text() == "v1\n"
