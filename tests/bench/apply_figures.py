@@ -140,6 +140,20 @@ def profile_lines(profile: cProfile.Profile, total: float) -> list[str]:
     return lines
 
 
+def profile_note(pool: Pool, scratch: Path, n_files: int, k: int = CHANGED) -> str:
+    """One profiled apply of ``k`` edits in a project of ``n_files`` files, as a line of
+    ``./dev bench``'s notes."""
+    with settled_project(pool, scratch, n_files, k) as s:
+        apply_once(pool, s)  # warm, untimed
+        prof = cProfile.Profile()
+        total = apply_once(pool, s, prof)
+        lines = profile_lines(prof, total)
+    return (f"Where a profiled apply of {len(s.accepted):,} paths in a project of "
+            f"{n_files:,} files spends its time (cProfile; "
+            "`tests/bench/apply_figures.py --profile` for more): "
+            + "; ".join(" ".join(line.split()) for line in lines) + ".")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="apply_figures.py", description=__doc__)
     parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
