@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from apply_figures import profile_note
 from journal_figures import LOOP_WORKFLOW, REPLAY_SIZES, commit_rate, replay_figures
 from measure import Cell, Results, machine_info
 from report import render
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("var/lib/cairn/journal", "var/lib/cairn/broker", "var/lib/cairn/runs"):
         (state_root / sub).mkdir(parents=True)
     failures: list[str] = []
+    profiles: list[str] = []
 
     def phase(name: str, body: Callable[[], None]) -> None:
         """Run one part; a failure is reported in the document and the exit status,
@@ -118,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 log.info("project of %d files", n)
                 phase(f"the {n:,}-file figures", lambda n=n: run_size(bench, n))
+            for n in sorted({min(sizes), max(sizes)}):
+                phase(f"the {n:,}-file apply profile",
+                      lambda n=n: profiles.append(profile_note(pool, scratch, n)))
         journal_dir = work / "journal"
         journal_dir.mkdir()
         phase("the journal commit rate", lambda: commit_rate(
@@ -132,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("CAIRN_ROOT", None)
         shutil.rmtree(work, ignore_errors=True)
 
-    notes = failures + _notes(cells, repeat, loads, os.cpu_count() or 1, args.skip_machine)
+    notes = failures + profiles + _notes(cells, repeat, loads, os.cpu_count() or 1,
+                                         args.skip_machine)
     results = Results(
         command=command, started_at=started_at, duration_s=time.monotonic() - started,
         quick=args.quick, sizes=list(sizes), repeat=repeat, cell_budget_s=budget,

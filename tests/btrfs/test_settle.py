@@ -9,11 +9,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from cairn import settle_apply
 from cairn.sendstream import changes
 from cairn.settle import (
     SettlementPolicy,
@@ -23,6 +23,7 @@ from cairn.settle import (
     inventories_equal,
     plan_apply,
 )
+from cairn.settle_apply import BATCH
 from cairn.storage import Pool
 
 pytestmark = pytest.mark.btrfs
@@ -145,8 +146,8 @@ def test_apply_clean_then_already_applied(pool: Pool, run_id: str, tmp_path: Pat
     result = apply(q, f, live, accepted, receipts, lambda n, total: progress.append((n, total)))
     assert result.status == "applied" and not result.conflicts
     assert sorted(result.applied) == sorted(accepted)
-    # one report per written or deleted path, counting up to all of them
-    assert progress == [(n, len(accepted)) for n in range(1, len(accepted) + 1)]
+    # one report per batch (the deletions, then the placements), counting up to all
+    assert progress == [(2, len(accepted)), (len(accepted), len(accepted))]
     assert inventories_equal(f, live)
     assert stat.S_IMODE(os.lstat(live / "src" / "util.py").st_mode) == 0o755
     lines = [json.loads(line) for line in receipts.read_text().splitlines()]
@@ -237,11 +238,29 @@ def test_partial_apply_resumes_from_receipts(pool: Pool, run_id: str, tmp_path: 
     assert inventories_equal(f, live)
 
 
-def test_killed_apply_resumes(pool: Pool, run_id: str, tmp_path: Path) -> None:
+# failpoint -> (paths holding F at the crash, receipt lines at the crash); the first
+# batch of BATCH paths is where each fires.
+APPLY_CRASHES = {
+    "apply-after-temps": (0, 0),  # every temporary of the batch written and synced
+    "mid-apply": (1, 0),  # one path renamed into place, the rest of the batch not
+    "apply-after-renames": (BATCH, 0),  # the batch renamed, its directories synced
+    # the next batch's temporaries and the first batch's renames synced, its receipts
+    # fsync'd, the next batch not renamed
+    "apply-after-receipts": (BATCH, BATCH),
+}
+
+
+@pytest.mark.parametrize("failpoint", sorted(APPLY_CRASHES))
+def test_apply_killed_between_phases_resumes_to_the_same_tree(
+    pool: Pool, run_id: str, tmp_path: Path, failpoint: str
+) -> None:
+    """SIGKILLed at each phase boundary of a batch, the apply leaves exactly the state the
+    phase promises; run again it ends with live == F, no temporary left, and one receipt
+    per path (written by the crashed run or, for what it had renamed, "already")."""
     live = pool.root / "live"
     pool.create_subvolume(live)
     (live / "data").mkdir()
-    count = 1500
+    count = 3 * BATCH + 50
     for i in range(count):
         (live / "data" / f"f{i:04}").write_text(f"old {i}\n")
 
@@ -259,27 +278,57 @@ def test_killed_apply_resumes(pool: Pool, run_id: str, tmp_path: Path) -> None:
         "a = sys.argv[1:]; apply(Path(a[0]), Path(a[1]), Path(a[2]), "
         "json.loads(Path(a[3]).read_text()), Path(a[4]))"
     )
-    child = subprocess.Popen(
+    child = subprocess.run(
         [sys.executable, "-c", code, str(q), str(f), str(live), str(plan_file), str(receipts)],
-        cwd=REPO,
+        cwd=REPO, env={**os.environ, "CAIRN_FAILPOINTS": failpoint}, timeout=120,
     )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if receipts.exists() and receipts.read_text().count("\n") >= 50:
-                break
-            time.sleep(0.005)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
-    written = receipts.read_text().count("\n")
-    assert 50 <= written < count, "the apply finished before it could be killed"
+    assert child.returncode == -signal.SIGKILL
+    assert (tmp_path / f"failpoint-{failpoint}").exists()
+
+    holding_f, receipt_lines = APPLY_CRASHES[failpoint]
+    contents = [(live / "data" / f"f{i:04}").read_text() for i in range(count)]
+    assert sum(c.startswith("new") for c in contents) == holding_f
+    assert receipts.read_text().count("\n") == receipt_lines
+    temps = list(live.rglob(".cairn-apply.*"))
+    left = {"apply-after-temps": BATCH, "mid-apply": BATCH - 1, "apply-after-receipts": BATCH}
+    assert len(temps) == left.get(failpoint, 0)
+
     result = apply(q, f, live, accepted, receipts)
     assert result.status == "applied"
-    assert len(result.applied) + len(result.already_applied) == count
-    assert len(result.already_applied) >= written
+    assert len(result.already_applied) == holding_f
+    assert len(result.applied) == count - holding_f
     assert inventories_equal(f, live)
     assert not list(live.rglob(".cairn-apply.*"))
+    lines = [json.loads(line) for line in receipts.read_text().splitlines()]
+    assert sorted(r["path"] for r in lines) == sorted(accepted)  # each exactly once
+    first = {r["path"]: r["action"] for r in lines[:holding_f]}
+    assert set(first.values()) <= {"written" if receipt_lines else "already"}
+
+
+def test_a_persons_edit_during_the_apply_stops_it_and_is_kept(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check right before each rename: a file a person edits after the plan (here
+    between the batch's temporaries and its renames) is never overwritten; what was
+    renamed before it stays, with receipts, and no temporary is left behind."""
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    real_syncfs = settle_apply.syncfs
+
+    def edit_then_sync(fd: int) -> None:
+        (live / "src" / "new.py").write_text("a person got there first\n")
+        real_syncfs(fd)
+
+    monkeypatch.setattr(settle_apply, "syncfs", edit_then_sync)
+    receipts = tmp_path / "receipts.jsonl"
+    result = apply(q, f, live, accepted, receipts)
+    assert result.status == "conflict"
+    assert [c.path for c in result.conflicts] == ["src/new.py"]
+    assert (live / "src" / "new.py").read_text() == "a person got there first\n"
+    assert (live / "src" / "app.py").read_text() == "v2\n"  # renamed before src/new.py
+    assert not list(live.rglob(".cairn-apply.*"))
+    recorded = {json.loads(line)["path"] for line in receipts.read_text().splitlines()}
+    assert recorded == set(result.applied) and "src/new.py" not in recorded
 
 
 def test_worker_main_reports_conflict_as_an_outcome(
@@ -303,3 +352,28 @@ def test_worker_main_reports_conflict_as_an_outcome(
     assert out["status"] == "conflict" and out["conflicts"][0]["path"] == "old.txt"
     plan_file.write_text('{"not": "a list"}')
     assert worker.main(argv) == 1
+
+
+def test_a_symlink_planted_after_the_plan_never_redirects_a_write(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Directories are opened once per walk: a live directory swapped for a symlink
+    between the plan and the writes is found by the batch's own walk, never followed."""
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real_plan = settle_apply._plan
+
+    def plan_then_swap(*args: object, **kwargs: object) -> settle_apply.ApplyPlan:
+        planned = real_plan(*args, **kwargs)  # type: ignore[arg-type]
+        os.rename(live / "src", live / "src.moved")
+        os.symlink(outside, live / "src")
+        return planned
+
+    monkeypatch.setattr(settle_apply, "_plan", plan_then_swap)
+    result = apply(q, f, live, accepted, tmp_path / "r.jsonl")
+    assert result.status == "conflict"
+    assert result.conflicts[0].path.startswith("src/")
+    assert list(outside.iterdir()) == []
+    assert (live / "src.moved" / "app.py").read_text() == "v1\n"

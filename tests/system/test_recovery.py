@@ -33,7 +33,10 @@ FAILPOINTS = {
     "after-settle": ("coordinator", "settled, not committed"),
     "after-commit": ("coordinator", "committed, next call not started"),
     "broker-after-snapshot": ("broker", "snapshot made, receipt not stored"),
-    "mid-apply": ("apply", "one path applied, the rest not"),
+    "apply-after-temps": ("apply", "every temporary written and synced, nothing renamed"),
+    "mid-apply": ("apply", "one path renamed into place, the rest not, no receipt"),
+    "apply-after-renames": ("apply", "every path renamed, not synced, no receipt"),
+    "apply-after-receipts": ("apply", "every path applied with its receipt, no result"),
     "agent-before-finish": ("agent", "each agent's first attempt died without a result"),
 }
 
@@ -244,6 +247,17 @@ def test_write_reliability_table() -> None:
         "| failpoint | state at the crash |",
         "| --- | --- |",
         *(f"| `{name}` | {situation} |" for name, situation in EXPERIMENT_FAILPOINTS.items()),
+        "",
+        "## Apply phases",
+        "",
+        "The apply writes in batches (`cairn/settle_apply.py`): temporaries, one `syncfs`,",
+        "the previous batch's receipts, then the renames. The four `apply` rows above kill",
+        "it between those phases in a machine; "
+        "`tests/btrfs/test_settle.py::test_apply_killed_between_phases_resumes_to_the_same_"
+        "tree` kills it at the same failpoints with several batches on a real Btrfs and",
+        "checks the state each phase promises (how many paths hold F, how many receipts,",
+        "how many temporaries), then that the re-run ends with live equal to F, no",
+        "temporary left and exactly one receipt per path.",
         "",
     ]
     (REPO / "docs" / "reliability.md").write_text("\n".join(lines))

@@ -3,6 +3,7 @@ of the directory; nothing left behind when it fails."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -51,3 +52,18 @@ def test_a_failed_rename_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None
         fsutil.write_atomic(target, "new")
     assert (target / "inside").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_syncfs_commits_the_filesystem_of_an_open_fd_and_refuses_a_closed_one(
+    tmp_path: Path,
+) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    os.close(fd)
+    with pytest.raises(OSError) as caught:
+        fsutil.syncfs(fd)  # a closed fd: EBADF, not the sync(2) fallback
+    assert caught.value.errno == errno.EBADF
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert fsutil.syncfs(fd) is None
+    finally:
+        os.close(fd)
