@@ -10,8 +10,10 @@ One file per evaluator, ``/etc/cairn/evaluators.d/NAME.toml``::
     [environment]
     LANG = "C.UTF-8"
 
-A workflow names an evaluator (``flow.measure_proposal("bench", ...)``), never its argv.
-The review records the names a workflow uses; a launch freezes those evaluators into its
+A workflow names an evaluator (``flow.measure_proposal("bench", ...)``, or
+``flow.measure_proposal(args.evaluator, ...)`` to let a launch argument choose it), never
+its argv. The review records the names, or the argument fields, a workflow uses; a launch
+freezes the evaluators they name into its
 launch description (a run never re-reads this directory) and refuses a launch that names
 one the host does not configure. Each run prints the metric values as one JSON line
 (:mod:`cairn.protocol.measurement`).
@@ -19,7 +21,7 @@ one the host does not configure. Each run prints the metric values as one JSON l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -65,21 +67,22 @@ def load_evaluators(problems: Problems) -> dict[str, EvaluatorConfig]:
     return found
 
 
-def frozen_evaluators(names: Iterable[str], problems: Problems) -> list[EvaluatorSpec]:
-    """The evaluators a reviewed workflow names, as its launch freezes them (sorted by
-    name); a name the host does not configure is a problem. A workflow that measures
-    nothing reads no evaluator file, so a broken one refuses only the launches using it."""
-    wanted = sorted(set(names))
+def frozen_evaluators(
+    wanted: Mapping[str, str | None], problems: Problems
+) -> list[EvaluatorSpec]:
+    """The evaluators a reviewed workflow measures with, as its launch freezes them (sorted
+    by name); ``wanted`` maps each name to the launch argument that names it (``None``: the
+    workflow's literal). A name the host does not configure is a problem. A workflow that
+    measures nothing reads no evaluator file, so a broken one refuses only the launches
+    using it."""
     if not wanted:
         return []
     configured = load_evaluators(problems)
     specs: list[EvaluatorSpec] = []
-    for name in wanted:
-        config = configured.get(name)
+    for name in sorted(wanted):
+        config = configured.get(name) if VERIFIER_NAME_RE.fullmatch(name) else None
         if config is None:
-            problems.add(evaluators_dir() / f"{name}.toml", "",
-                         f"the workflow measures with evaluator {name!r}, which is not configured",
-                         f"an administrator adds it: {FIX}")
+            problems.add(*_unconfigured(name, wanted[name], sorted(configured)))
             continue
         specs.append(EvaluatorSpec(
             name=name,
@@ -91,3 +94,19 @@ def frozen_evaluators(names: Iterable[str], problems: Problems) -> list[Evaluato
             config_sha256=config.config_sha256(),
         ))
     return specs
+
+
+def _unconfigured(name: str, argument: str | None, configured: list[str]) -> tuple[
+    Path, str, str, str
+]:
+    if argument is None:
+        return (evaluators_dir() / f"{name}.toml", "",
+                f"the workflow measures with evaluator {name!r}, which is not configured",
+                f"an administrator adds it: {FIX}")
+    where = evaluators_dir() / f"{name}.toml" if VERIFIER_NAME_RE.fullmatch(name) else (
+        evaluators_dir())
+    return (where, "",
+            f"the launch argument {argument!r} names evaluator {name!r}, which is not "
+            "configured",
+            f"launch with {argument} set to one of: {', '.join(configured) or '(none)'}; "
+            f"or an administrator adds it: {FIX}")

@@ -25,6 +25,7 @@ from cairn.experiments import (
     judge,
 )
 from cairn.journal import OpRow
+from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
 
@@ -79,8 +80,14 @@ class Experiments(CoordinatorBase):
     def measure(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
         site = self.check_manifest(call)
         evaluator = call.request["evaluator"]
-        if f"evaluator:{evaluator}" not in site.get("capabilities", []):
-            raise ExperimentRefused(f"{op.op_id}: evaluator {evaluator} is not the reviewed one")
+        reviewed = site_evaluator(site.get("capabilities", []), self.desc.args)
+        if evaluator != reviewed:
+            raise ExperimentRefused(
+                f"{op.op_id}: evaluator {evaluator} is not the reviewed one "
+                f"(this call's is {reviewed or 'none'})"
+            )
+        if evaluator not in {e.name for e in self.desc.evaluators}:
+            raise ExperimentRefused(f"{op.op_id}: evaluator {evaluator} was not frozen at launch")
         measure = self.intent(
             "measure-checkpoint",
             f"measure.{op.op_id}.{op.attempt}",

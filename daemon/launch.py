@@ -287,7 +287,7 @@ def freeze(
     config = Problems()
     load_policy(problems=config)  # a bad policy refuses the launch, not its first agent
     verifiers = matching_verifiers(project.root, request.definition, config)
-    evaluators = frozen_evaluators(evaluators_of(review.manifest()), config)
+    evaluators = frozen_evaluators(evaluators_of(review.manifest(), args), config)
     retention.load_policy(problems=config)
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:

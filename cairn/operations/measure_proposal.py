@@ -1,50 +1,87 @@
 """``flow.measure_proposal(evaluator, metrics=, primary=)``: measure W with an evaluator
 (ARCHITECTURE §4.1).
 
-Review: the first argument must be a literal evaluator name; the site needs
-``evaluator:NAME``, and a launch freezes exactly the evaluators its review names
-(:mod:`cairn.evaluators`). Journal: the request is the evaluator, the primary metric and
-the metric definitions (:func:`cairn.experiments.measurement_request`). Coordinator: the
-broker's ``measure-checkpoint`` intent, then the measurement as the result
-(:mod:`cairn.coordinator.experiments`).
+Review: the first argument is a literal evaluator name (the site needs
+``evaluator:NAME``) or a ``str`` field of the launch arguments, ``args.FIELD`` (the site
+needs ``evaluator:$args.FIELD``); a launch freezes exactly the evaluators these name under
+its arguments (:mod:`cairn.evaluators`), and the coordinator accepts a call only with its
+site's evaluator (:func:`site_evaluator`). Journal: the request is the evaluator, the
+primary metric and the metric definitions (:func:`cairn.experiments.measurement_request`).
+Coordinator: the broker's ``measure-checkpoint`` intent, then the measurement as the
+result (:mod:`cairn.coordinator.experiments`).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cairn.experiments import measurement_request
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
 from cairn.protocol.launch import VERIFIER_NAME_RE
 
+ARGUMENT = "evaluator:$args."
+"""The capability prefix of a site whose evaluator a launch argument names
+(``evaluator:$args.<field>``); ``evaluator:<name>`` is a site's literal name."""
+
 
 def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
     first = call.args[0] if call.args else None
-    if not (
+    if (
         isinstance(first, ast.Constant)
         and isinstance(first.value, str)
         and VERIFIER_NAME_RE.fullmatch(first.value)
     ):
-        state.reject(
-            call,
-            "flow",
-            "the first argument of flow.measure_proposal must be an evaluator's name as a "
-            "string literal (one of /etc/cairn/evaluators.d), so the review records it",
+        return SiteFacts(capabilities=frozenset({f"evaluator:{first.value}"}))
+    why = "it is not a string literal"
+    if isinstance(first, ast.Attribute):
+        field, why = state.str_argument(first)
+        if field is not None:
+            return SiteFacts(capabilities=frozenset({ARGUMENT + field}))
+    state.reject(
+        call,
+        "flow",
+        "the first argument of flow.measure_proposal must name an evaluator (one of "
+        "/etc/cairn/evaluators.d) as a string literal or as a str field of the launch "
+        f"arguments (args.evaluator), so the review records it; "
+        f"{ast.unparse(first) if first else 'nothing'!r}: {why}",
+    )
+    return None
+
+
+def site_evaluator(capabilities: Iterable[str], args: Mapping[str, Any]) -> str | None:
+    """The one evaluator a reviewed site may measure with, under the run's launch
+    ``args`` (validated, defaults filled in): its literal name or the argument's value."""
+    for capability in capabilities:
+        if capability.startswith(ARGUMENT):
+            value = args.get(capability.removeprefix(ARGUMENT))
+            return value if isinstance(value, str) else None
+        if capability.startswith("evaluator:"):
+            return capability.removeprefix("evaluator:")
+    return None
+
+
+def evaluators_of(
+    review_manifest: dict[str, Any], args: Mapping[str, Any]
+) -> dict[str, str | None]:
+    """The evaluators a reviewed manifest's calls use under launch ``args`` (a launch
+    freezes these), sorted by name, each with the argument field that names it (``None``:
+    the workflow names it literally)."""
+    found: dict[str, str | None] = {}
+    for call in review_manifest.get("calls", []):
+        if call.get("kind") != "measure_proposal":
+            continue
+        capabilities = call.get("capabilities", [])
+        name = site_evaluator(capabilities, args)
+        if name is None:
+            continue
+        field = next(
+            (c.removeprefix(ARGUMENT) for c in capabilities if c.startswith(ARGUMENT)), None
         )
-        return None
-    return SiteFacts(capabilities=frozenset({f"evaluator:{first.value}"}))
-
-
-def evaluators_of(review_manifest: dict[str, Any]) -> list[str]:
-    """The evaluator names a reviewed manifest's calls use (a launch freezes these)."""
-    return sorted({
-        capability.removeprefix("evaluator:")
-        for call in review_manifest.get("calls", [])
-        if call.get("kind") == "measure_proposal"
-        for capability in call.get("capabilities", [])
-        if capability.startswith("evaluator:")
-    })
+        if found.get(name) is None:
+            found[name] = field
+    return dict(sorted(found.items()))
 
 
 def request(evaluator: str, metrics: dict[str, Any], primary: str | None) -> dict[str, Any]:

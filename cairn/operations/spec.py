@@ -41,6 +41,12 @@ class ReviewContext(Protocol):
 
     def reject(self, node: ast.AST, rule: str, message: str) -> None: ...
 
+    def str_argument(self, node: ast.expr) -> tuple[str | None, str]:
+        """The ``str`` input field ``node`` reads as ``args.<field>`` of the workflow
+        function's own, never rebound parameter (so its value is the launch argument's),
+        or ``None`` and why it is not one."""
+        ...
+
 
 class OperationRecord(Protocol):
     """One journalled operation, as views read it."""

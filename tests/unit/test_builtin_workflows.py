@@ -107,13 +107,15 @@ def test_review_returns_a_verdict_with_findings() -> None:
     assert review.models["Verdict"].fields[2].type.render() == "list[Finding]"
 
 
-def test_goal_checks_with_the_hosts_check_evaluator_never_an_argument() -> None:
+def test_goal_checks_with_the_host_evaluator_its_check_argument_names() -> None:
     review = reviewed("goal")
     assert manifest_of(review) == (
         {"worker": ("builtin:implementer", "write", "none")},
         ["measure_proposal", "agent", "repeat_until"],
     )
-    assert evaluators_of(review.manifest()) == ["check"]
+    assert "evaluator:$args.check" in review.capabilities
+    args = {"goal": "green", "check": "tests", "max_attempts": 5, "metric": "holds"}
+    assert evaluators_of(review.manifest(), args) == {"tests": "check"}
 
 
 # --- arguments ------------------------------------------------------------------------
@@ -134,6 +136,8 @@ def test_goal_checks_with_the_hosts_check_evaluator_never_an_argument() -> None:
     ("goal", {"goal": "green", "check": "tests", "max_attempts": 21}, "arguments do not "
      "match Goal: max_attempts: Input should be less than or equal to 20"),
     ("goal", {"goal": "green", "check": "/bin/sh -c true"}, "arguments do not match Goal: "
+     "check: String should match pattern"),
+    ("goal", {"goal": "green", "check": "../bench"}, "arguments do not match Goal: "
      "check: String should match pattern"),
 ])
 def test_bad_arguments_are_refused_in_one_line(
@@ -292,7 +296,7 @@ def goal_respond(checks: list[float]) -> Respond:
 
     def respond(call: dict[str, Any]) -> dict[str, Any]:
         if call["kind"] == "measure_proposal":
-            return {"measurement": f"root-{call['seq']}", "values": {"tests": next(values)}}
+            return {"measurement": f"root-{call['seq']}", "values": {"holds": next(values)}}
         if call["kind"] == "agent":
             return agent_answer(call, {"summary": call["request"]["title"]})
         return marked(call)
@@ -305,8 +309,8 @@ def test_goal_attempts_until_the_check_holds() -> None:
     assert [c["kind"] for c in calls] == [
         "measure_proposal", "repeat_until", "agent", "measure_proposal", "agent",
         "measure_proposal"]
-    assert calls[0]["request"]["evaluator"] == "check"
-    assert calls[0]["request"]["primary"] == "tests"
+    assert calls[0]["request"]["evaluator"] == "tests"
+    assert calls[0]["request"]["primary"] == "holds"
     assert calls[1]["request"] == {"max_attempts": 5}
     assert "Attempt 2 of 5" in calls[4]["request"]["prompt"]
     assert end == {"type": "return", "output": {

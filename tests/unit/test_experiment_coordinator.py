@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +95,27 @@ class FakeBroker:
         return {"w": subvolume}
 
 
-@pytest.fixture
-def coord(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinator]:
+@contextmanager
+def coordinator_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str = SOURCE,
+    args: dict[str, Any] | None = None, evaluators: tuple[str, ...] = ("bench",),
+) -> Iterator[Coordinator]:
+    """A coordinator holding the lease of a running run of ``source`` launched with
+    ``args`` and ``evaluators`` frozen, over a real journal and a fake broker."""
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     (tmp_path / "var/lib/cairn/journal").mkdir(parents=True)
-    review = review_source(SOURCE, filename="wf.py")
+    review = review_source(source, filename="wf.py")
     desc = LaunchDescription(
         run_id=RUN, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
-        definition="/home/alice/wf.py", source=SOURCE, source_filename="wf.py",
+        definition="/home/alice/wf.py", source=source, source_filename="wf.py",
         review_hash=review.review_hash, review=review.model_dump(mode="json"),
-        args={"goal": "faster"},
+        args={"goal": "faster"} if args is None else args,
         project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=False),
         profiles={"test:fetch": ProfileSpec(name="test:fetch", kind="scripted")},
         cairn_version="0", created_at=time.time(),
-        evaluators=[EvaluatorSpec(name="bench", argv=["/usr/bin/bench"], timeout_sec=5,
-                                  warmups=0, samples=2, config_sha256="c" * 64)],
+        evaluators=[EvaluatorSpec(name=name, argv=["/usr/bin/bench"], timeout_sec=5,
+                                  warmups=0, samples=2, config_sha256="c" * 64)
+                    for name in evaluators],
     )
     with Journal(tmp_path / "var/lib/cairn/journal/journal.db", create=True) as journal:
         journal.create_run(desc, intents=[])
@@ -122,17 +129,24 @@ def coord(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinat
     coordinator.journal.close()
 
 
+@pytest.fixture
+def coord(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinator]:
+    with coordinator_of(tmp_path, monkeypatch) as coordinator:
+        yield coordinator
+
+
 class Script:
     """Calls of the root scope in order, as the control worker would make them."""
 
-    def __init__(self, coord: Coordinator) -> None:
+    def __init__(self, coord: Coordinator, lines: dict[str, int] | None = None) -> None:
         self.coord = coord
         self.seq = 0
+        self.lines = LINES if lines is None else lines
 
     def call(self, kind: str, request: dict[str, Any]) -> tuple[Any, CallRequest]:
         self.seq += 1
         call = CallRequest(scope="root", seq=self.seq, kind=kind, request=request,  # type: ignore[arg-type]
-                           location=f"wf.py:{LINES[kind]}:5")
+                           location=f"wf.py:{self.lines[kind]}:5")
         predecessor = f"root-{self.seq - 1}" if self.seq > 1 else None
         op = self.coord.journal.record_requested(
             call, run_id=RUN, op_id=f"root-{self.seq}", predecessor=predecessor,

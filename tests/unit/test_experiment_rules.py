@@ -42,12 +42,12 @@ def test_a_launch_freezes_only_the_evaluators_the_workflow_names(evaluators: Pat
     )
     (evaluators / "size.toml").write_text('argv = ["/usr/bin/du"]\ntimeout_sec = 5\n')
     problems = Problems()
-    (bench,) = frozen_evaluators(["bench", "bench"], problems)
+    (bench,) = frozen_evaluators({"bench": None}, problems)
     assert (bench.name, bench.argv, bench.warmups, bench.samples) == (
         "bench", ["/usr/bin/make", "bench"], 1, 5
     )
     assert bench.environment == {"LANG": "C.UTF-8"}
-    (size,) = frozen_evaluators(["size"], problems)
+    (size,) = frozen_evaluators({"size": None}, problems)
     assert (size.warmups, size.samples) == (0, 1)
     assert size.config_sha256 != bench.config_sha256
     assert len(problems) == 0
@@ -59,7 +59,7 @@ def test_an_unconfigured_or_invalid_evaluator_is_a_named_problem(evaluators: Pat
     )
     (evaluators / "rel.toml").write_text('argv = ["bench"]\ntimeout_sec = 5\nsamples = 0\n')
     problems = Problems()
-    assert frozen_evaluators(["missing", "net", "rel"], problems) == []
+    assert frozen_evaluators(dict.fromkeys(["missing", "net", "rel"]), problems) == []
     with pytest.raises(ConfigError) as caught:
         problems.check()
     text = caught.value.message
@@ -172,7 +172,7 @@ def test_the_guide_example_passes_review_and_names_its_evaluator() -> None:
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL)
                 if "measure_proposal" in b]
     review = review_source(block, filename="guide.py")
-    assert evaluators_of(review.manifest()) == ["bench"]
+    assert evaluators_of(review.manifest(), {}) == {"bench": None}
     assert {c.kind for c in review.calls} >= {"measure_proposal", "settle_experiment"}
 
 
@@ -217,6 +217,6 @@ def test_a_broken_evaluator_refuses_only_the_launches_that_measure_with_one(
 ) -> None:
     (evaluators / "broken.toml").write_text("argv = [")
     problems = Problems()
-    assert frozen_evaluators([], problems) == [] and len(problems) == 0
-    frozen_evaluators(["broken"], problems)
+    assert frozen_evaluators({}, problems) == [] and len(problems) == 0
+    frozen_evaluators({"broken": None}, problems)
     assert len(problems) >= 1

@@ -1,7 +1,7 @@
-"""Work until a checked goal holds: the host's ``check`` evaluator is run over W; while the
-named check does not hold, a write-capable agent makes another attempt, at most
-``max_attempts`` times. A goal that still does not hold fails the run, so nothing
-half-done settles into the project."""
+"""Work until a checked goal holds: the host evaluator the ``check`` argument names is run
+over W; while its ``metric`` (``holds`` unless named) is below 1, a write-capable agent
+makes another attempt, at most ``max_attempts`` times. A goal that still does not hold
+fails the run, so nothing half-done settles into the project."""
 
 from typing import Any
 
@@ -9,11 +9,12 @@ from cairn.workflow import Field, Model, agent, workflow
 
 
 class Goal(Model):
-    """What should become true, the check (a metric the host's ``check`` evaluator prints:
-    1 when it holds, 0 when not) that shows it, and how many attempts to make."""
+    """What should become true, the check that shows it (a host evaluator printing the
+    metric ``metric``: 1 when it holds, 0 when not), and how many attempts to make."""
 
     goal: str = Field(min_length=1, max_length=20_000)
-    check: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    check: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    metric: str = Field(default="holds", pattern=r"^[a-z][a-z0-9_]{0,63}$")
     max_attempts: int = Field(default=5, ge=1, le=20)
 
 
@@ -37,11 +38,11 @@ worker = agent(profile="builtin:implementer", access="write", network="none", ou
 @workflow(description="Attempt changes until the host's check says the goal holds.",
           input=Goal, output=Reached)
 async def run(flow: Any, args: Goal) -> Reached:
-    metrics = {args.check: {"unit": "", "direction": "higher"}}
+    metrics = {args.metric: {"unit": "", "direction": "higher"}}
 
     async def holds(_step: Any = None) -> bool:
-        measured = await flow.measure_proposal("check", metrics=metrics)
-        return bool(measured["values"][args.check] >= 1)
+        measured = await flow.measure_proposal(args.check, metrics=metrics)
+        return bool(measured["values"][args.metric] >= 1)
 
     if await holds():
         return Reached(summary=f"{args.check} already held; nothing changed", attempts=0,

@@ -7,10 +7,11 @@ from cairn.workflow import Field, Model, OperationFailed, agent, workflow
 
 
 class Objective(Model):
-    """What to improve, the metric the host's ``bench`` evaluator reports for it, which
-    way is better, and how many trials to make."""
+    """What to improve, the host evaluator that measures it (``bench`` unless named), the
+    metric that evaluator reports for it, which way is better, and how many trials to make."""
 
     objective: str = Field(min_length=1, max_length=20_000)
+    evaluator: str = Field(default="bench", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     metric: str = Field(default="runtime", pattern=r"^[a-z][a-z0-9_]{0,63}$")
     direction: str = Field(default="lower", pattern=r"^(lower|higher)$")
     max_trials: int = Field(default=3, ge=1, le=20)
@@ -37,7 +38,7 @@ optimizer = agent(profile="builtin:implementer", access="write", network="none",
           input=Objective, output=Report)
 async def run(flow: Any, args: Objective) -> Report:
     metrics = {args.metric: {"unit": "", "direction": args.direction}}
-    baseline = await flow.measure_proposal("bench", metrics=metrics)
+    baseline = await flow.measure_proposal(args.evaluator, metrics=metrics)
     await flow.settle_experiment(baseline, "accept")
     best = baseline["values"][args.metric]
     accepted = 0
@@ -47,7 +48,7 @@ async def run(flow: Any, args: Objective) -> Report:
             f"that improves {args.metric} ({args.direction} is better; best so far {best})."
         )
         await flow.agent(optimizer, prompt=prompt)
-        measured = await flow.measure_proposal("bench", metrics=metrics)
+        measured = await flow.measure_proposal(args.evaluator, metrics=metrics)
         try:
             await flow.settle_experiment(measured, "accept")
         except OperationFailed:

@@ -154,6 +154,13 @@ def render_review(review: Review) -> str:
             f"  line {call.line:<{width}}  {call.kind:<{kind_width}}  {target}  "
             f"[{', '.join(call.capabilities)}]"
         )
+        for capability in call.capabilities:
+            if capability.startswith("evaluator:$args."):
+                field = capability.removeprefix("evaluator:$args.")
+                lines.append(
+                    f"  {'':<{width + 5}}  measures with the host evaluator named by the "
+                    f"argument {field!r}"
+                )
     lines.append("capabilities  " + (", ".join(review.capabilities) or "(none)"))
     lines.append(f"review_hash: {review.review_hash}")
     return "\n".join(lines)

@@ -181,6 +181,7 @@ def review_workflow_function(state: ReviewState, fn: ast.AsyncFunctionDef) -> bo
         return True
     state.workflow = WorkflowEntry(function=fn.name, write_paths=write_paths, **values)
     state.flow = positional_names(args)[0]
+    state.workflow_node = fn
     return True
 
 

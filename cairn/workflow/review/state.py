@@ -31,6 +31,7 @@ class ReviewState:
         self.workflow: WorkflowEntry | None = None
         self.workflow_candidates: set[ast.AST] = set()  # every @workflow(...) async def
         self.flow: str | None = None
+        self.workflow_node: ast.AsyncFunctionDef | None = None
         self.functions: dict[str, list[ast.arguments]] = {}
         self.calls: list[CallSite] = []
         for parent in ast.walk(tree):
@@ -42,6 +43,44 @@ class ReviewState:
     def reject(self, node: ast.AST, rule: str, message: str) -> None:
         line, col = position_of(node)
         self.violations.append(Violation(line=line, col=col, rule=rule, message=message))
+
+    def str_argument(self, node: ast.expr) -> tuple[str | None, str]:
+        """See :class:`cairn.operations.spec.ReviewContext`."""
+        fn, workflow = self.workflow_node, self.workflow
+        if fn is None or workflow is None:
+            return None, "only the @workflow function reads launch arguments"
+        param = [*fn.args.posonlyargs, *fn.args.args][1]
+        name = param.arg
+        if not (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == name
+        ):
+            return None, f"it is not a field of the launch arguments ({name}.<field>)"
+        if not any(ancestor is fn for ancestor in self.ancestors(node)):
+            return None, f"it is outside the @workflow function that takes {name!r}"
+        rebound = [
+            n for n in ast.walk(fn)
+            if (isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load))
+            or (isinstance(n, ast.arg) and n.arg == name and n is not param)
+        ]
+        if rebound:
+            return None, f"{name!r} is bound again in the @workflow function"
+        model = self.models.get(workflow.input)
+        field = next((f for f in model.fields if f.name == node.attr), None) if model else None
+        if field is None:
+            return None, f"{workflow.input} has no field {node.attr!r}"
+        if field.type.kind != "str":
+            return None, f"{workflow.input}.{node.attr} is {field.type.render()}, not str"
+        return node.attr, ""
+
+    def ancestors(self, node: ast.AST) -> list[ast.AST]:
+        found: list[ast.AST] = []
+        parent = self.parents.get(node)
+        while parent is not None:
+            found.append(parent)
+            parent = self.parents.get(parent)
+        return found
 
 
 class Context(NamedTuple):
