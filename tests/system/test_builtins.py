@@ -16,10 +16,11 @@ from test_escapes import cairn, fresh_project, tree
 from test_recovery import wait_finished
 
 POINTS = ["add NOTES.md", "mention NOTES.md in CHANGELOG.md", "add NOTES.md"]
-# The host's check: "tests" holds (1) once attempts.txt has two lines, not before (0).
+# The host's evaluator "tests": its metric "holds" is 1 once attempts.txt has two lines,
+# 0 before.
 CHECK_SCRIPT = (
     'n=$(cat attempts.txt 2>/dev/null | wc -l); v=0; [ "$n" -ge 2 ] && v=1; '
-    'printf "{\\"cairn_metrics\\": {\\"tests\\": %s}}\\n" "$v"'
+    'printf "{\\"cairn_metrics\\": {\\"holds\\": %s}}\\n" "$v"'
 )
 CHECK = f"argv = {json.dumps(['/bin/sh', '-c', CHECK_SCRIPT])}\ntimeout_sec = 60\n"
 
@@ -28,7 +29,7 @@ CHECK = f"argv = {json.dumps(['/bin/sh', '-c', CHECK_SCRIPT])}\ntimeout_sec = 60
 def booted(deb: Path) -> Iterator[Machine]:
     with Machine(deb, with_pool=True) as machine:
         machine.exec(["mkdir", "-p", "/etc/cairn/evaluators.d"])
-        machine.exec(["tee", "/etc/cairn/evaluators.d/check.toml"], input=CHECK.encode())
+        machine.exec(["tee", "/etc/cairn/evaluators.d/tests.toml"], input=CHECK.encode())
         yield machine
 
 
@@ -137,6 +138,8 @@ def test_goal_attempts_until_the_hosts_check_holds(booted: Machine) -> None:
     assert kinds == ["measure_proposal", "repeat_until", "agent", "measure_proposal",
                      "agent", "measure_proposal"]
     (facet,) = data["experiments"]  # the checks, as measurements of W
-    assert (facet["metric"], facet["latest"]["value"]) == ("tests", 1.0)
+    assert (facet["metric"], facet["latest"]["value"]) == ("holds", 1.0)
+    measures = [o for o in data["operations"] if o["kind"] == "measure_proposal"]
+    assert {o["request"]["evaluator"] for o in measures} == {"tests"}
     assert booted.exec(["cat", f"{project}/attempts.txt"]).stdout == \
         b"attempt 1\nattempt 2\n"

@@ -18,14 +18,15 @@ from test_escapes import cairn, fresh_project, tree
 from test_model_agents import call, configure, start_provider
 from test_recovery import wait_finished
 
-# "tests" holds (1) once attempts.txt has two lines; "lines" counts notes.txt's lines.
+# The evaluator "tests": its metric "tests" holds (1) once attempts.txt has two lines;
+# the evaluator "bench": "lines" counts notes.txt's lines.
 CHECK_SCRIPT = (
     'n=$(cat attempts.txt 2>/dev/null | wc -l); v=0; [ "$n" -ge 2 ] && v=1; '
     'printf "{\\"cairn_metrics\\": {\\"tests\\": %s}}\\n" "$v"'
 )
 BENCH_SCRIPT = 'printf "{\\"cairn_metrics\\": {\\"lines\\": %s}}\\n" "$(wc -l < notes.txt)"'
 EVALUATORS = {
-    "check": f"argv = {json.dumps(['/bin/sh', '-c', CHECK_SCRIPT])}\ntimeout_sec = 60\n",
+    "tests": f"argv = {json.dumps(['/bin/sh', '-c', CHECK_SCRIPT])}\ntimeout_sec = 60\n",
     "bench": f"argv = {json.dumps(['/bin/sh', '-c', BENCH_SCRIPT])}\ntimeout_sec = 60\n",
 }
 
@@ -120,7 +121,8 @@ def test_goal(booted: Machine) -> None:
     project = fresh_project(booted)
     attempt = [call("bash", command="echo attempt >> attempts.txt"), finish({"summary": "+1"})]
     data = run(booted, "goal", project,
-               {"goal": "two attempts", "check": "tests", "max_attempts": 5}, attempt * 2)
+               {"goal": "two attempts", "check": "tests", "metric": "tests", "max_attempts": 5},
+               attempt * 2)
     assert data["run"]["output"]["attempts"] == 2
     assert read(booted, f"{project}/attempts.txt") == "attempt\nattempt\n"
     assert data["experiments"], "the goal's checks are its experiment facet"
@@ -130,8 +132,8 @@ def test_optimize(booted: Machine) -> None:
     project = fresh_project(booted)
     booted.exec(["tee", f"{project}/notes.txt"], user="alice", input=b"one\n")
     data = run(booted, "optimize", project,
-               {"objective": "more notes", "metric": "lines", "direction": "higher",
-                "max_trials": 1},
+               {"objective": "more notes", "evaluator": "bench", "metric": "lines",
+                "direction": "higher", "max_trials": 1},
                [call("bash", command="echo two >> notes.txt"), finish({"summary": "+1"})])
     assert data["run"]["output"]["accepted"] == 1
     (facet,) = data["experiments"]

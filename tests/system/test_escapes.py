@@ -939,6 +939,40 @@ def test_an_agent_cannot_make_an_evaluator_read_what_its_owner_may_not(
     assert booted.exec(["readlink", f"{project}/score.txt"], check=False).returncode != 0
 
 
+def test_a_launch_argument_cannot_reach_an_evaluator_outside_the_hosts_directory(
+    booted: Machine,
+) -> None:
+    """The owner's workflow lets a launch argument name its evaluator; the owner writes an
+    evaluator file of her own and names it by a path out of /etc/cairn/evaluators.d. The
+    launch is refused before the run exists, and her command never runs."""
+    source = MEASURED_WORKFLOW.replace(
+        "    goal: str = Field(min_length=1)\n",
+        "    goal: str = Field(min_length=1)\n    evaluator: str\n",
+    ).replace('flow.measure_proposal("escape-score", ', "flow.measure_proposal(args.evaluator, ")
+    booted.exec(["tee", "/home/alice/chosen.py"], user="alice", input=source.encode())
+    booted.exec(["tee", "/home/alice/evil.toml"], user="alice", input=(
+        b'argv = ["/bin/sh", "-c", "touch /tmp/evaluator-escaped"]\ntimeout_sec = 5\n'
+    ))
+    script = {"steps": [], "output": {"summary": "none"}, "handoff": "none"}
+    booted.exec(["tee", "/home/alice/no-change.json"], user="alice",
+                input=json.dumps(script).encode())
+    review = cairn(booted, "workflow", "review", "/home/alice/chosen.py")
+    assert "measures with the host evaluator named by the argument 'evaluator'" in review
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    project = fresh_project(booted, "alice")
+    before = json.loads(cairn(booted, "list", "--json"))
+    for name in ("../../../home/alice/evil", "/home/alice/evil"):
+        proc = booted.exec(
+            ["cairn", "launch", "/home/alice/chosen.py", "--confirm", review_hash,
+             "--project", project, "--args", json.dumps({"goal": "g", "evaluator": name}),
+             "--scripted", "test:change=/home/alice/no-change.json"],
+            user="alice", check=False)
+        assert proc.returncode != 0
+        assert f"names evaluator {name!r}, which is not configured" in proc.stderr.decode()
+    assert json.loads(cairn(booted, "list", "--json")) == before
+    assert booted.exec(["test", "-e", "/tmp/evaluator-escaped"], check=False).returncode != 0
+
+
 # A host check that runs the project's own script: the agent wrote that script, so the
 # check unit runs the agent's code, as the owner, over a writable copy of F.
 AGENT_CHECK_SCRIPT = r"""#!/bin/sh

@@ -202,3 +202,55 @@ def test_builtin_optimize_rejects_every_trial_that_loses(booted: Machine) -> Non
         "accepted", "refused", "rejected", "refused", "rejected"]
     assert facet["best"]["measurement"] == "root-1"
     assert tree(booted, project) == before
+
+
+def test_builtin_optimize_measures_with_the_evaluator_its_argument_names(
+    booted: Machine,
+) -> None:
+    """builtin:optimize launched with ``"evaluator": "score"`` (not its default ``bench``):
+    the launch freezes ``score``, every measurement names it and reads its metric, and the
+    accepted trial settles."""
+    project = fresh_project(booted, "alice")
+    booted.exec(["tee", f"{project}/score.txt"], user="alice", input=b"3\n")
+    booted.exec(["tee", "/home/alice/lower.json"], user="alice",
+                input=json.dumps(agent_script("1", "good")).encode())
+    out = cairn(booted, "launch", "builtin:optimize", "--project", project, "--args",
+                json.dumps({"objective": "lower score", "evaluator": "score",
+                            "metric": "score", "max_trials": 1}),
+                "--scripted", "builtin:implementer=/home/alice/lower.json")
+    run_id = out.strip().splitlines()[-1]
+    data = wait_finished(booted, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"]["accepted"] == 1
+    measures = [o for o in data["operations"] if o["kind"] == "measure_proposal"]
+    assert [o["op_id"] for o in measures] == ["root-1", "root-4"]
+    assert {o["request"]["evaluator"] for o in measures} == {"score"}
+    for op in measures:
+        measured = json.loads(booted.exec(
+            ["python3", "-c", READ_RESULT, "/var/lib/cairn/journal/journal.db", run_id,
+             op["op_id"]],
+        ).stdout)
+        assert measured["evaluator"] == "score"
+        assert measured["environment"]["evaluator"] == "score"
+        assert len(measured["samples"]) == 3  # score.toml's samples, not bench.toml's
+    (facet,) = data["experiments"]
+    assert (facet["metric"], facet["baseline"]["value"], facet["best"]["value"]) == (
+        "score", 3.0, 1.0)
+    assert booted.exec(["cat", f"{project}/score.txt"]).stdout == b"1\n"
+
+
+def test_a_launch_argument_naming_an_unconfigured_evaluator_is_refused(
+    booted: Machine,
+) -> None:
+    """Refused before the run exists: no run is added."""
+    project = fresh_project(booted, "alice")
+    before = json.loads(cairn(booted, "list", "--json"))
+    proc = booted.exec(["cairn", "launch", "builtin:optimize", "--project", project,
+                        "--args", json.dumps({"objective": "o", "evaluator": "nope"})],
+                       user="alice", check=False)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "the launch argument 'evaluator' names evaluator 'nope', which is not configured" \
+        in err
+    assert "launch with evaluator set to one of:" in err and "score" in err
+    assert json.loads(cairn(booted, "list", "--json")) == before

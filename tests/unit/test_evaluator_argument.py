@@ -147,7 +147,7 @@ def test_a_launch_freezes_exactly_the_evaluator_the_argument_names(evaluators: P
     assert named == ["bench"] and len(problems) == 0
 
 
-@pytest.mark.parametrize("name", ["nope", "Bench"])
+@pytest.mark.parametrize("name", ["nope", "Bench", "../../../home/alice/evil", "/tmp/evil"])
 def test_a_launch_naming_an_unconfigured_evaluator_is_refused_in_one_line(
     evaluators: Path, name: str
 ) -> None:
@@ -164,6 +164,23 @@ def test_a_launch_naming_an_unconfigured_evaluator_is_refused_in_one_line(
     )
     assert caught.value.hint is not None
     assert caught.value.hint.startswith("launch with check set to one of: bench, score;")
+
+
+def test_builtin_goal_refuses_a_check_the_host_does_not_configure(evaluators: Path) -> None:
+    source = (Path(__file__).parents[2] / "cairn/builtin/workflows/goal.py").read_text()
+    review = review_source(source, filename="goal.py")
+    problems = Problems()
+    args = validate_args(review, {"goal": "green", "check": "tests"})
+    assert frozen_evaluators(evaluators_of(review.manifest(), args), problems) == []
+    with pytest.raises(ConfigError) as caught:
+        problems.check()
+    assert caught.value.message.endswith(
+        "tests.toml: the launch argument 'check' names evaluator 'tests', which is not "
+        "configured"
+    )
+    args = validate_args(review, {"goal": "green", "check": "score"})
+    (score,) = frozen_evaluators(evaluators_of(review.manifest(), args), Problems())
+    assert (score.name, score.argv, score.timeout_sec) == ("score", ["/usr/bin/score"], 7)
 
 
 def test_the_sites_evaluator_is_the_literal_or_the_launch_argument() -> None:
