@@ -34,8 +34,12 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
         and VERIFIER_NAME_RE.fullmatch(first.value)
     ):
         return SiteFacts(capabilities=frozenset({f"evaluator:{first.value}"}))
-    why = "it is not a string literal"
-    if isinstance(first, ast.Attribute):
+    why = "it is computed, neither a literal nor a launch argument"
+    if first is None:
+        why = "no evaluator is given"
+    elif isinstance(first, ast.Constant):
+        why = "not an evaluator name ([a-z0-9][a-z0-9_-]*)"
+    elif isinstance(first, ast.Attribute):
         field, why = state.str_argument(first)
         if field is not None:
             return SiteFacts(capabilities=frozenset({ARGUMENT + field}))

@@ -101,7 +101,7 @@ REJECTED = {
     "bad_itertools_count": "da9e7fa07e7ce37b",
     # Changed when a launch argument could name the evaluator: the fixture's args.text
     # became args.text.lower(), and the message names both accepted forms and why not.
-    "bad_measure_nonliteral": "963fb650d1d88ef2",
+    "bad_measure_nonliteral": "aad92ced04849f7b",
     "bad_model_body": "5ae7bdf3d0264978",
     "bad_model_constraint_type": "254955930b30db62",
     # Changed when default_factory became supported: the fixture's keyword was
