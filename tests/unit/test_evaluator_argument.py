@@ -98,6 +98,9 @@ def test_other_accepted_forms(body: str) -> None:
     ("    for args in [Choice(check='x')]:\n"
      "        await flow.measure_proposal(args.evaluator, metrics=METRICS)\n",
      "'args' is bound again in the @workflow function"),
+    ("    try:\n        pass\n    except ValueError as args:\n        pass\n"
+     "    await flow.measure_proposal(args.evaluator, metrics=METRICS)\n",
+     "'args' is bound again in the @workflow function"),
     ("    async def inner(args: Choice) -> None:\n"
      "        await flow.measure_proposal(args.evaluator, metrics=METRICS)\n"
      "    await inner(Choice(evaluator='other', check='x'))\n",

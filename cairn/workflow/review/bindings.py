@@ -4,9 +4,8 @@ the flow object is bound only as a parameter."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 
-from cairn.workflow.review.nodes import is_dunder
+from cairn.workflow.review.nodes import bound_names, is_dunder
 from cairn.workflow.review.state import ReviewState
 from cairn.workflow.review.subset import BUILTIN_BASE_EXCEPTIONS
 
@@ -42,21 +41,3 @@ def review_bindings(state: ReviewState) -> None:
                 f"name {name!r} is not allowed in a workflow "
                 "(double-underscore names reach interpreter internals)",
             )
-
-
-def bound_names(tree: ast.Module) -> Iterator[tuple[ast.AST, str]]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            yield node, node.id
-        elif isinstance(node, ast.arg):
-            yield node, node.arg
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield node, node.name
-        elif isinstance(node, ast.ClassDef):
-            yield node, node.name
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            yield node, node.name
-        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
-            yield node, node.name
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            yield node, node.rest

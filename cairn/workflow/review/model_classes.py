@@ -11,8 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cairn.workflow.review.bindings import bound_names
-from cairn.workflow.review.nodes import Reject, is_api_call, literal
+from cairn.workflow.review.nodes import Reject, bound_names, is_api_call, literal
 from cairn.workflow.review.state import ReviewState
 from cairn.workflow.schema import (
     FACTORY_BUILTINS,

@@ -4,6 +4,7 @@ the literal values review reads without running anything."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -73,3 +74,22 @@ def _is_json(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
     return False
+
+
+def bound_names(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
+    """Every node under ``tree`` that binds a name, with the name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            yield node, node.id
+        elif isinstance(node, ast.arg):
+            yield node, node.arg
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node, node.name
+        elif isinstance(node, ast.ClassDef):
+            yield node, node.name
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            yield node, node.name
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            yield node, node.name
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            yield node, node.rest

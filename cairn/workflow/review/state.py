@@ -6,7 +6,7 @@ import ast
 from typing import NamedTuple
 
 from cairn.workflow.review.manifest import AgentEntry, CallSite, Violation, WorkflowEntry
-from cairn.workflow.review.nodes import position_of
+from cairn.workflow.review.nodes import bound_names, position_of
 from cairn.workflow.schema import ModelSpec
 
 
@@ -59,12 +59,7 @@ class ReviewState:
             return None, f"it is not a field of the launch arguments ({name}.<field>)"
         if not any(ancestor is fn for ancestor in self.ancestors(node)):
             return None, f"it is outside the @workflow function that takes {name!r}"
-        rebound = [
-            n for n in ast.walk(fn)
-            if (isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load))
-            or (isinstance(n, ast.arg) and n.arg == name and n is not param)
-        ]
-        if rebound:
+        if any(bound == name and n is not param for n, bound in bound_names(fn)):
             return None, f"{name!r} is bound again in the @workflow function"
         model = self.models.get(workflow.input)
         field = next((f for f in model.fields if f.name == node.attr), None) if model else None
