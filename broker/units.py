@@ -323,6 +323,10 @@ def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any
     return {"unit": name, "invocation_id": state.invocation_id}
 
 
+# How long a succeeded evaluator's output may take to reach the journal.
+OUTPUT_WAIT_SEC = 10.0
+
+
 def _run_command(
     desc: LaunchDescription,
     command: VerifierSpec | EvaluatorSpec,
@@ -332,8 +336,8 @@ def _run_command(
 ) -> tuple[UnitState, str]:
     """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
     as the project's owner, without network, and wait for it; return its final state and
-    the tail of what it printed, read from the journal by the unit's own invocation, never
-    from a file the command could write."""
+    the tail of what it printed, read from the journal by the unit's own invocation or
+    unique name (:func:`_unit_output`), never from a file the command could write."""
     spec = HelperUnitSpec(
         description=f"Cairn {what} {command.name} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -348,13 +352,29 @@ def _run_command(
         runtime_max_sec=command.timeout_sec,
         log_fields={"CAIRN_RUN": desc.run_id},
     )
+    since = int(time.time()) - 1
     state = _run_to_end(spec, name, command.timeout_sec + 60, sync_journal=True)
-    output = proc.run(
-        ["journalctl", "--no-pager", "-o", "cat", "-n", "200",
-         f"_SYSTEMD_INVOCATION_ID={state.invocation_id}"],
-        check=False,
-    ).stdout.decode(errors="replace")
-    return state, output[-CHECK_OUTPUT_LIMIT:]
+    measured = isinstance(command, EvaluatorSpec) and state.result == "success"
+    wait = OUTPUT_WAIT_SEC if measured else 0.0
+    return state, _unit_output(name, state.invocation_id, since, wait)[-CHECK_OUTPUT_LIMIT:]
+
+
+def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> str:
+    """What unit ``name`` printed, from the journal: by its invocation, else (a line taken
+    in after the unit was collected has no invocation ID) by the unit's unique name since
+    it started. Asked again for ``wait`` seconds while there is nothing: an evaluator that
+    succeeded printed its metric line, journald may only be slow to take it in."""
+    deadline = time.monotonic() + wait
+    while True:
+        for match in ([f"_SYSTEMD_INVOCATION_ID={invocation_id}"],
+                      [f"_SYSTEMD_UNIT={name}", f"--since=@{since}"]):
+            output = proc.run(["journalctl", "--no-pager", "-o", "cat", "-n", "200", *match],
+                              check=False).stdout.decode(errors="replace")
+            if output.strip():
+                return output
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(0.25)
 
 
 def run_check(
