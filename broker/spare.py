@@ -6,8 +6,9 @@ The spare lives beside the scope's W generations, where only root reaches it (th
 directory is 0700 and no unit binds it). It is taken only while it is provably the
 untouched snapshot of the checkpoint: the same subvolume as its receipt, still writable,
 still a snapshot of the checkpoint, and with the generation its receipt recorded (any
-change to a subvolume's tree moves its generation once committed; the receipt is taken
-after a commit, so the spare's own making never looks like a change).
+change to a subvolume's tree moves its generation once committed, a read's access-time
+update too; the receipt is taken after a commit, so the spare's own making never looks
+like a change). Anything else falls back to a snapshot of the checkpoint.
 """
 
 from __future__ import annotations
