@@ -98,13 +98,21 @@ def take(ctx: Context, pool: storage.Pool, w: Path, checkpoint: storage.Subvolum
     if os.path.lexists(w):
         current = storage.receipt(w)
         return WCreated(w=current) if current.uuid == spare.uuid else None
+    swapped = swap(path, spare, checkpoint, w, paths.run_state_dir(ctx.run_id))
+    return None if swapped is None else WCreated(w=swapped)
+
+
+def swap(path: Path, spare: storage.SubvolumeReceipt, checkpoint: storage.SubvolumeReceipt,
+         w: Path, state_dir: Path) -> storage.SubvolumeReceipt | None:
+    """Rename ``path`` to ``w`` and return W's receipt if ``path`` is the untouched spare
+    ``spare`` of ``checkpoint``; None (logged why) if it is not."""
     problem = _untouched(path, spare, checkpoint)
     if problem:
         log.warning("spare %s not taken: %s; snapshotting instead", path, problem)
         return None
     os.rename(path, w)
-    failpoint("broker-after-spare-rename", paths.run_state_dir(ctx.run_id))
-    return WCreated(w=storage.receipt(w))
+    failpoint("broker-after-spare-rename", state_dir)
+    return storage.receipt(w)
 def _untouched(path: Path, spare: storage.SubvolumeReceipt,
                checkpoint: storage.SubvolumeReceipt) -> str:
     """Why ``path`` is not the untouched spare ``spare`` of ``checkpoint`` ('' if it is)."""
