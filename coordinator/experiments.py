@@ -147,8 +147,8 @@ class Experiments(CoordinatorBase):
             return self.settled_or_raise(op, ExperimentRefused)
         result = dict(op.result or {})
         intents = self.settlement_intents(op, result)
-        if intents:
-            self.broker("storage-v1", intents, queued=True)
+        if intents:  # saved with the decision; added again (a no-op) for a decision saved
+            self.broker("storage-v1", intents)  # before settlements made spares
         if result["disposition"] == "rejected":
             self.w_gen[op.scope] = result["w_generation"]
             self.failpoint("experiment-after-restore")

@@ -342,3 +342,24 @@ def test_a_crash_between_the_rename_and_the_receipt_redoes_nothing(
     assert not pool.w_path(RUN, "root", 1).exists() and "spare.root-8" in done
     assert tree(w2) == tree(pool.checkpoint_path(RUN, good))
     assert storage_problems(coordinator, "verify-storage.a") == []
+
+
+@pytest.mark.parametrize(
+    ("intent_id", "op_id", "checkpoint", "refusal"),
+    [
+        ("spare.root-4", "root-4", "root-3", "root-4 did not settle scope root on root-3"),
+        ("spare.root-2", "root-2", "root-3", "root-2 did not settle scope root on root-3"),
+        ("spare.other", "root-5", "root-3", "a spare names its settlement and checkpoint"),
+    ],
+)
+def test_the_broker_makes_a_spare_only_of_what_a_settlement_settled_on(
+    coordinator: Coordinator, pool: Pool, intent_id: str, op_id: str, checkpoint: str,
+    refusal: str
+) -> None:
+    accept_a_checkpoint(coordinator, pool)
+    forged = coordinator.intent("make-spare", intent_id, op_id=op_id, from_checkpoint=checkpoint)
+    coordinator.journal.add_intents(RUN, [forged], token=coordinator.token)
+    with pytest.raises(BrokerRefused, match=refusal):
+        verbs.carry_out("storage-v1", RUN)
+    assert sorted(p.name for p in pool.w_path(RUN, "root", 1).parent.iterdir()) == [
+        "W.1", "spare.root-5"]
