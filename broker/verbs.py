@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cairn import paths, storage
-from cairn.broker import units
+from cairn.broker import spare, units
 from cairn.broker.receipts import ReceiptStore
 from cairn.broker.remint import remint_q
 from cairn.errors import BrokerRefused, CairnError, StorageError
@@ -165,6 +165,11 @@ class Context:
             os.chmod(directory, 0o700)
         return run_dir
 
+    def checkpoint(self, op_id: str) -> storage.SubvolumeReceipt:
+        """The receipt of this run's checkpoint S of ``op_id``, which must have been taken."""
+        taken = self.checkpoints().get(op_id)
+        return taken or self.receipt(f"checkpoint.{op_id}", Checkpointed).s
+
     def checkpoints(self) -> dict[str, storage.SubvolumeReceipt]:
         """Every checkpoint S of this run by operation: taken here, or reminted from a
         replay's source."""
@@ -232,10 +237,11 @@ def create_w(ctx: Context) -> WCreated:
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     if ctx.intent.from_checkpoint:
         source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
-        taken = ctx.checkpoints().get(ctx.intent.from_checkpoint)
-        if taken is None:
-            taken = ctx.receipt(f"checkpoint.{ctx.intent.from_checkpoint}", Checkpointed).s
+        taken = ctx.checkpoint(ctx.intent.from_checkpoint)
         pool.verify(source, taken)
+        swapped = spare.take(ctx, pool, w, taken)
+        if swapped is not None:
+            return swapped
     else:
         source = pool.q_path(ctx.run_id)
         pool.verify(source, ctx.receipt("prepare-q", QPrepared).q)
@@ -373,6 +379,7 @@ def verify_storage(ctx: Context) -> StorageVerified:
             return StorageVerified(problems=left, checked=0, deleted=True)
         for rec in receipt.typed_body().subvolumes():
             expected[Path(rec.path)] = rec
+    dropped |= spare.gone(ctx.store.for_run(ctx.run_id))
     problems: list[str] = []
     for path, rec in sorted(expected.items()):
         if path in dropped:
@@ -612,6 +619,7 @@ HANDLERS = {
     "create-w": create_w,
     "checkpoint": checkpoint,
     "drop-w": drop_w,
+    "make-spare": spare.make_spare,
     "fork": fork,
     "verify-storage": verify_storage,
     "freeze-proposal": freeze_proposal,

@@ -40,8 +40,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 SettlementName = Literal["P", "C", "F"]
 
 
-
-
 def filesystem_uuid(path: Path) -> str:
     """The Btrfs filesystem UUID (hex, dashed) of ``path``; ``StorageError`` if ``path`` is
     not on Btrfs."""
@@ -226,12 +224,11 @@ class Pool:
         """Every layout subvolume of ``run`` that exists, deepest first."""
         rd = self.run_dir(run)
         found: list[Path] = []
-        for group in ("scopes",):
-            base = rd / group
-            if base.is_dir():
-                for scope in sorted(base.iterdir()):
-                    if scope.is_dir() and not scope.is_symlink():
-                        found.extend(p for p in sorted(scope.iterdir()) if is_subvolume(p))
+        scopes = rd / "scopes"  # each scope's W generations and hot spare
+        if scopes.is_dir():
+            for scope in sorted(scopes.iterdir()):
+                if scope.is_dir() and not scope.is_symlink():
+                    found.extend(p for p in sorted(scope.iterdir()) if is_subvolume(p))
         ckpt = rd / "checkpoints"
         if ckpt.is_dir():
             found.extend(p for p in sorted(ckpt.iterdir()) if is_subvolume(p))

@@ -6,7 +6,9 @@ A measurement saves the broker's ``measure-checkpoint`` intent with the move to
 at any point measures nothing twice into the record. A settlement is decided from the
 journal alone (the measurements by ID, the scope's earlier accepts and rejects); a reject
 saves its ``create-w``/``drop-w`` intents and its result with the move to ``started``,
-before the broker restores W, so a crash replays the same restore.
+before the broker restores W, so a crash replays the same restore. Either disposition then
+has the broker make the scope's hot spare of the checkpoint W holds (``make-spare``), so
+the next reject swaps W in by rename.
 """
 
 from __future__ import annotations
@@ -151,8 +153,10 @@ class Experiments(CoordinatorBase):
         if op.state != "started":
             return self.settled_or_raise(op, ExperimentRefused)
         result = dict(op.result or {})
+        intents = self.settlement_intents(op, result)
+        if intents:  # saved with the decision; added again (a no-op) for a decision saved
+            self.broker("storage-v1", intents)  # before settlements made spares
         if result["disposition"] == "rejected":
-            self.broker("storage-v1", self.restore_intents(op.scope, result), queued=True)
             self.w_gen[op.scope] = result["w_generation"]
             self.failpoint("experiment-after-restore")
         self.commit(op, result)
@@ -183,7 +187,7 @@ class Experiments(CoordinatorBase):
         if call.request["disposition"] == "accept":
             result |= {"disposition": "accepted", "best": candidate.measurement,
                        "checkpoint": candidate.checkpoint}
-            return result, []
+            return result, self.settlement_intents(op, result)
         if not accepted:
             self.refuse(op, "nothing was accepted yet in this scope to restore W from")
         best = accepted[-1]
@@ -192,18 +196,26 @@ class Experiments(CoordinatorBase):
         generation = self.w_gen[op.scope] + 1
         result |= {"disposition": "rejected", "checkpoint": best.checkpoint,
                    "w_generation": generation}
-        return result, self.restore_intents(op.scope, result)
+        return result, self.settlement_intents(op, result)
 
-    def restore_intents(self, scope: str, result: dict[str, Any]) -> list[Intent]:
-        """A new W generation from the best accepted checkpoint (None: Q), and the drop of
-        the rejected one."""
-        generation = int(result["w_generation"])
-        return [
-            self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
-                        generation=generation, from_checkpoint=result["checkpoint"]),
-            self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
-                        generation=generation - 1),
-        ]
+    def settlement_intents(self, op: OpRow, result: dict[str, Any]) -> list[Intent]:
+        """A reject's new W generation from the best accepted checkpoint (None: Q) and the
+        drop of the rejected one; then the scope's hot spare of the checkpoint W now holds,
+        which the next reject takes by rename (none for Q)."""
+        scope, checkpoint = op.scope, result["checkpoint"]
+        intents: list[Intent] = []
+        if result["disposition"] == "rejected":
+            generation = int(result["w_generation"])
+            intents += [
+                self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
+                            generation=generation, from_checkpoint=checkpoint),
+                self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
+                            generation=generation - 1),
+            ]
+        if checkpoint is not None:
+            intents.append(self.intent("make-spare", f"spare.{op.op_id}", scope=scope,
+                                       op_id=op.op_id, from_checkpoint=checkpoint))
+        return intents
 
     def measurement(self, ops: list[OpRow], scope: str, op_id: str) -> Measurement:
         """A committed measurement of ``scope``, read from the journal (never the

@@ -64,9 +64,21 @@ INCLUDES = {
         "After a checkpoint the agent makes 10 more edits; then W is brought back to the "
         "checkpoint. Cairn: a writable snapshot of S as the next W generation, chown'd "
         "to the owner (the broker's `create-w` from a checkpoint); deleting the old "
-        "generation is deferred and not timed. Git: `git checkout -f <commit>` and "
+        "generation is deferred and not timed. The `hot spare` rows are a reject after "
+        "an accept (`broker/spare.py`): the spare, a writable snapshot of S made at the "
+        "accept (untimed), checked untouched against its receipt (same subvolume, "
+        "writable, generation unchanged, a snapshot of S), renamed to the next W "
+        "generation and its receipt taken (`cairn.broker.spare.swap`). "
+        "Git: `git checkout -f <commit>` and "
         "`git clean -f -d` in W. `cp -a` back: `rm -rf` of the edited tree's entries and "
-        "`cp -a` of the copy made at checkpoint time into it."),
+        "`cp -a` of the copy made at checkpoint time into it."
+        " Measured for the hot spare (`.venv/bin/python tests/bench/run.py --skip-machine "
+        "--sizes 1000,100000 --repeat 7`, run as root; 2026-12-03, this machine under a load "
+        "average of 4 to 5 from other work): the swap took 376 µs median (p95 493 µs, n=7) at "
+        "1,000 files and 407 µs (p95 443 µs, n=3) at 100,000 files, beside 4.4 ms and 9.1 ms for "
+        "a new W generation in the same run, so the issue's target (median ≤ 2 ms at 100,000 "
+        "files) is met. The table above is from the run named at the top, made before the hot "
+        "spare existed; the next `./dev bench` adds its rows and checks the target."),
     "changes": (
         "Q is a read-only snapshot of W; P is Q plus k edits in a branch of W, frozen. "
         "Cairn: `cairn.sendstream.changes(Q, P)` (`btrfs send --no-data -p Q P` and the "
@@ -189,6 +201,13 @@ def verdicts(results: Results) -> list[Verdict]:
             f"{label} flat: median at {large:,} files ≤ 2× at {small:,}",
             f"{fmt_seconds(a.median)} → {fmt_seconds(b.median)} ({ratio:.2f}×)", met,
             "" if met else f"{ratio / 2.0:.2f}× over the limit"))
+    spare = _cell(cells, "restore", large, variant="10 edits, hot spare")
+    if spare is not None:
+        met = spare.median <= 0.002
+        out.append(Verdict(
+            f"restore from the hot spare: median ≤ 2 ms at {large:,} files",
+            fmt_seconds(spare.median), met,
+            "" if met else f"{spare.median / 0.002:.1f}× over"))
     applies = sorted((c for c in cells if c.figure == "apply" and c.variant == "1,000 changed"),
                      key=lambda c: c.size)
     if applies:

@@ -29,11 +29,12 @@ from measure import Cell, Stopwatch, collect
 from synth import Editor, build_project
 
 from cairn import paths, proc
+from cairn.broker import spare
 from cairn.broker.receipts import ReceiptStore
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.journal import Journal
 from cairn.protocol.agent import Boundary
-from cairn.protocol.broker import Intent
+from cairn.protocol.broker import AgentStarted, Checkpointed, Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.sendstream import changes
@@ -232,8 +233,8 @@ class BoundaryPath:
                        kind="start-agent", op_id=op_id)
         self.journal.update_op(self.run_id, op_id, token=self.token, state="started",
                                intents=[start])
-        self.store.put(start, {"unit": f"cairn-agent-{op_id}.service", "op_id": op_id,
-                               "invocation_id": "0" * 32, "control_group": "", "attempt": 1})
+        self.store.put(start, AgentStarted(unit=f"cairn-agent-{op_id}.service", op_id=op_id,
+                                           invocation_id="0" * 32, control_group="", attempt=1))
         return op_id
 
     def run(self, op_id: str, w: Path) -> Path:
@@ -256,7 +257,7 @@ class BoundaryPath:
         s = self.pool.checkpoint_path(self.run_id, op_id)
         s.parent.mkdir(parents=True, exist_ok=True)
         receipt = self.pool.snapshot(w, s, read_only=True)
-        done = self.store.put(intent, {"s": receipt.model_dump(), "op_id": op_id})
+        done = self.store.put(intent, Checkpointed(s=receipt, op_id=op_id))
         self.journal.record_receipts(self.run_id, [done.model_dump(mode="json")])
         # MATERIALIZE (coordinator): boundary.json, handoff.md, result.json, durably.
         boundary = Boundary(
@@ -325,7 +326,7 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
     restore W to that checkpoint three ways. Every method sees the same trees."""
     pool, mount = bench.pool, bench.pool.root.parent
     samples: dict[str, list[float]] = {k: [] for k in (
-        "ck-cairn", "ck-git", "ck-cp", "rs-cairn", "rs-git", "rs-cp")}
+        "ck-cairn", "ck-git", "ck-cp", "rs-cairn", "rs-spare", "rs-git", "rs-cp")}
     started = time.monotonic()
     rounds = 0
     while rounds < bench.repeat:
@@ -358,6 +359,8 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
             pool.snapshot(s, new_w, read_only=False)
             os.chown(new_w, *OWNER)
         samples["rs-cairn"].append(sw.elapsed)
+        samples["rs-spare"].append(_spare_swap(bench, s, w.with_name(f"spare.ck{rounds}"),
+                                               pool.w_path(run_id, "root", 2000 + rounds)))
         with Stopwatch() as sw:
             shadow.restore(w, commit)
         samples["rs-git"].append(sw.elapsed)
@@ -370,6 +373,7 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
         if _tracked_differs(shadow, w):
             raise AssertionError("git restore did not bring W back to its checkpoint")
         _drop_subvolume(new_w)
+        _drop_subvolume(pool.w_path(run_id, "root", 2000 + rounds))
         _drop_subvolume(copies)
         if rounds >= 3 and time.monotonic() - started > 3 * bench.budget:
             break
@@ -378,10 +382,29 @@ def _checkpoint_and_restore(bench: Bench, n: int, run_id: str, w: Path, shadow: 
         ("ck-git", "checkpoint", "shadow git add -A && commit", False),
         ("ck-cp", "checkpoint", "cp -a", False),
         ("rs-cairn", "restore", "new W generation", True),
+        ("rs-spare", "restore", "hot spare swapped in by rename", True),
         ("rs-git", "restore", "git checkout + git clean", False),
         ("rs-cp", "restore", "rm -rf + cp -a back", False),
     ):
-        bench.add(figure, n, f"{AGENT_EDITS} edits", method, cairn, samples[key])
+        variant = f"{AGENT_EDITS} edits" + (", hot spare" if key == "rs-spare" else "")
+        bench.add(figure, n, variant, method, cairn, samples[key])
+
+
+def _spare_swap(bench: Bench, s: Path, spare_path: Path, new_w: Path) -> float:
+    """The restore a reject after an accept makes (``broker/spare.py``): the spare of S,
+    made at the accept (untimed, as make-spare does it: writable snapshot, chown, commit),
+    checked untouched and renamed to the next W generation with its receipt (timed)."""
+    pool = bench.pool
+    pool.snapshot(s, spare_path, read_only=False)
+    os.chown(spare_path, *OWNER)
+    btrfsutil.sync(os.fspath(spare_path))
+    made, checkpoint = pool.receipt(spare_path), pool.receipt(s)
+    _settle_io(pool.root.parent)
+    with Stopwatch() as sw:
+        swapped = spare.swap(spare_path, made, checkpoint, new_w, bench.scratch)
+    if swapped is None or swapped.uuid != made.uuid:
+        raise AssertionError(f"the spare {spare_path} was not taken")
+    return sw.elapsed
 
 
 def _flushed_checkpoint(bench: Bench, n: int, run_id: str, w: Path, editor: Editor) -> None:

@@ -1,7 +1,8 @@
 """Measurements and a reject on a real pool: the coordinator's experiment operations
 through the broker's own ``carry_out`` (real journal, receipts and Btrfs snapshots; only
 the socket and the evaluator's systemd unit are left out: the evaluator's argv runs here,
-in the snapshot the broker made, and its output goes through the same strict parser)."""
+in the snapshot the broker made, and its output goes through the same strict parser).
+A reject after an accept takes the scope's hot spare (``broker/spare.py``) by rename."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import btrfsutil
 import pytest
 
 from cairn import paths
-from cairn.broker import units, verbs
+from cairn.broker import spare, units, verbs
+from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator import base
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.errors import BrokerRefused
 from cairn.journal import Journal
-from cairn.protocol.broker import BrokerReply
+from cairn.protocol.broker import BrokerReply, Checkpointed, StorageVerified, WCreated
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.measurement import EvaluatorRun, parse_metric_output
@@ -169,3 +172,194 @@ def test_the_broker_measures_only_a_journalled_measurement_with_a_frozen_evaluat
     with pytest.raises(BrokerRefused, match=refusal):
         verbs.carry_out("launch-v1", RUN)
     assert coordinator.seen == []  # type: ignore[attr-defined]
+
+
+def agent_step(coord: Coordinator, pool: Pool, seq: int, score: int) -> str:
+    """What a committed agent operation leaves: W edited, its checkpoint S and the broker's
+    receipt of it (the checkpoint handler's QUIESCE proof needs systemd; the rest of the
+    boundary is tested in test_storage.py)."""
+    w = pool.w_path(RUN, "root", coord.w_gen["root"])
+    (w / "score.txt").write_text(f"{score}\n")
+    (w / "notes").mkdir(exist_ok=True)
+    (w / "notes" / f"step{seq}.txt").write_text(f"step {seq}\n")
+    os.symlink(f"step{seq}.txt", w / "notes" / f"latest{seq}")
+    request = CallRequest(scope="root", seq=seq, kind="agent", request={"descriptor": "x"},
+                          location="wf.py:1:1")
+    op_id = f"root-{seq}"
+    coord.journal.record_requested(request, run_id=RUN, op_id=op_id,
+                                   predecessor=f"root-{seq - 1}", token=coord.token)
+    s = pool.snapshot(w, pool.checkpoint_path(RUN, op_id), read_only=True)
+    store = ReceiptStore()
+    store.put(coord.intent("checkpoint", f"checkpoint.{op_id}", op_id=op_id,
+                           generation=coord.w_gen["root"]), Checkpointed(s=s, op_id=op_id))
+    store.close()
+    for state in ("started", "settled", "committed"):
+        coord.journal.update_op(RUN, op_id, token=coord.token, state=state,  # type: ignore[arg-type]
+                                result={} if state == "settled" else None)
+    return op_id
+
+
+def tree(top: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every entry under ``top``: its kind and content (a symlink's target)."""
+    out: dict[str, tuple[str, bytes | str]] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(top))
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[rel] = ("dir", b"")
+            else:
+                out[rel] = ("file", path.read_bytes())
+    return out
+
+
+def accept_a_checkpoint(coord: Coordinator, pool: Pool) -> str:
+    """Baseline (Q) accepted, then an agent's better checkpoint root-3 accepted (root-5):
+    the scope's hot spare is made of root-3."""
+    call(coord, 1, "measure_proposal", MEASURE)
+    call(coord, 2, "settle_experiment", {"measurement": "root-1", "disposition": "accept"})
+    good = agent_step(coord, pool, 3, score=2)
+    call(coord, 4, "measure_proposal", MEASURE)
+    accepted = call(coord, 5, "settle_experiment",
+                    {"measurement": "root-4", "disposition": "accept"})
+    assert accepted["checkpoint"] == good
+    return good
+
+
+def reject_a_worse_candidate(coord: Coordinator, pool: Pool, first: int) -> dict[str, Any]:
+    agent_step(coord, pool, first, score=9)
+    call(coord, first + 1, "measure_proposal", MEASURE)
+    return call(coord, first + 2, "settle_experiment",  # type: ignore[no-any-return]
+                {"measurement": f"root-{first + 1}", "disposition": "reject"})
+
+
+def receipt_of(intent_id: str) -> WCreated:
+    store = ReceiptStore()
+    try:
+        done = store.get(RUN, intent_id)
+        assert done is not None, intent_id
+        return done.body(WCreated)
+    finally:
+        store.close()
+
+
+def storage_problems(coord: Coordinator, name: str) -> list[str]:
+    intent = coord.intent("verify-storage", name)
+    coord.journal.add_intents(RUN, [intent], token=coord.token)
+    done = {r.intent_id: r for r in verbs.carry_out("storage-v1", RUN)}
+    return done[name].body(StorageVerified).problems
+
+
+def test_a_reject_after_an_accept_takes_the_hot_spare_by_rename(
+    coordinator: Coordinator, pool: Pool
+) -> None:
+    good = accept_a_checkpoint(coordinator, pool)
+    s = pool.checkpoint_path(RUN, good)
+    spare5 = pool.w_path(RUN, "root", 1).with_name("spare.root-5")
+    made = receipt_of("spare.root-5").w
+    assert made.path == str(spare5) and not made.read_only
+    assert bytes(btrfsutil.subvolume_info(str(spare5)).parent_uuid).hex() == \
+        pool.receipt(s).uuid
+    # not read here: a read updates access times (relatime), which is a change of its own
+    assert os.stat(spare5).st_uid == OWNER
+
+    rejected = reject_a_worse_candidate(coordinator, pool, 6)
+    assert (rejected["checkpoint"], rejected["w_generation"]) == (good, 2)
+    w2 = pool.w_path(RUN, "root", 2)
+    assert receipt_of("create-w.root.2").w.uuid == made.uuid == pool.receipt(w2).uuid
+    assert not spare5.exists() and not pool.w_path(RUN, "root", 1).exists()
+    assert tree(w2) == tree(s) and (w2 / "score.txt").read_text() == "2\n"
+    assert os.stat(w2).st_uid == OWNER and not pool.receipt(w2).read_only
+    # the next reject's spare, made after the swap
+    spare8 = spare5.with_name("spare.root-8")
+    assert bytes(btrfsutil.subvolume_info(str(spare8)).parent_uuid).hex() == \
+        pool.receipt(s).uuid
+    assert storage_problems(coordinator, "verify-storage.a") == []
+
+    reject_a_worse_candidate(coordinator, pool, 9)  # and again: the second spare
+    w3 = pool.w_path(RUN, "root", 3)
+    assert pool.receipt(w3).uuid == receipt_of("spare.root-8").w.uuid
+    assert tree(w3) == tree(s) and not spare8.exists()
+    assert storage_problems(coordinator, "verify-storage.b") == []
+
+
+@pytest.mark.parametrize("damage", ["written", "missing", "read-only"])
+def test_a_spare_that_is_not_the_untouched_snapshot_is_not_taken(
+    coordinator: Coordinator, pool: Pool, damage: str
+) -> None:
+    good = accept_a_checkpoint(coordinator, pool)
+    s = pool.checkpoint_path(RUN, good)
+    spare5 = pool.w_path(RUN, "root", 1).with_name("spare.root-5")
+    made = receipt_of("spare.root-5").w
+    if damage == "written":
+        (spare5 / "score.txt").write_text("1\n")
+        # in an earlier transaction: a write the current one has not committed yet leaves
+        # the generation where it was until the commit (at most the commit interval)
+        btrfsutil.sync(str(spare5))
+    elif damage == "missing":
+        btrfsutil.delete_subvolume(str(spare5))
+    else:
+        btrfsutil.set_subvolume_read_only(str(spare5), True)
+
+    reject_a_worse_candidate(coordinator, pool, 6)
+    w2 = pool.w_path(RUN, "root", 2)
+    assert pool.receipt(w2).uuid != made.uuid  # a fresh snapshot of S instead
+    assert bytes(btrfsutil.subvolume_info(str(w2)).parent_uuid).hex() == pool.receipt(s).uuid
+    assert tree(w2) == tree(s) and os.stat(w2).st_uid == OWNER
+    assert not spare5.exists()  # the damaged spare went with the new one's making
+    assert spare5.with_name("spare.root-8").is_dir()
+    assert storage_problems(coordinator, "verify-storage.a") == []
+
+
+def test_a_crash_between_the_rename_and_the_receipt_redoes_nothing(
+    coordinator: Coordinator, pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = accept_a_checkpoint(coordinator, pool)
+    made = receipt_of("spare.root-5").w
+
+    class Crash(Exception):
+        pass
+
+    def crash(name: str, marker_dir: Path) -> None:
+        assert name == "broker-after-spare-rename"
+        raise Crash(name)
+
+    real_failpoint = spare.failpoint
+    monkeypatch.setattr(spare, "failpoint", crash)
+    with pytest.raises(Crash):
+        reject_a_worse_candidate(coordinator, pool, 6)
+    w2 = pool.w_path(RUN, "root", 2)
+    assert pool.receipt(w2).uuid == made.uuid  # renamed, no receipt yet
+    store = ReceiptStore()
+    assert store.get(RUN, "create-w.root.2") is None
+    store.close()
+
+    monkeypatch.setattr(spare, "failpoint", real_failpoint)
+    done = {r.intent_id: r for r in verbs.carry_out("storage-v1", RUN)}  # the broker again
+    assert done["create-w.root.2"].body(WCreated).w.uuid == made.uuid
+    assert not pool.w_path(RUN, "root", 1).exists() and "spare.root-8" in done
+    assert tree(w2) == tree(pool.checkpoint_path(RUN, good))
+    assert storage_problems(coordinator, "verify-storage.a") == []
+
+
+@pytest.mark.parametrize(
+    ("intent_id", "op_id", "checkpoint", "refusal"),
+    [
+        ("spare.root-4", "root-4", "root-3", "root-4 did not settle scope root on root-3"),
+        ("spare.root-2", "root-2", "root-3", "root-2 did not settle scope root on root-3"),
+        ("spare.other", "root-5", "root-3", "a spare names its settlement and checkpoint"),
+    ],
+)
+def test_the_broker_makes_a_spare_only_of_what_a_settlement_settled_on(
+    coordinator: Coordinator, pool: Pool, intent_id: str, op_id: str, checkpoint: str,
+    refusal: str
+) -> None:
+    accept_a_checkpoint(coordinator, pool)
+    forged = coordinator.intent("make-spare", intent_id, op_id=op_id, from_checkpoint=checkpoint)
+    coordinator.journal.add_intents(RUN, [forged], token=coordinator.token)
+    with pytest.raises(BrokerRefused, match=refusal):
+        verbs.carry_out("storage-v1", RUN)
+    assert sorted(p.name for p in pool.w_path(RUN, "root", 1).parent.iterdir()) == [
+        "W.1", "spare.root-5"]

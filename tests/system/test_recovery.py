@@ -40,12 +40,14 @@ FAILPOINTS = {
     "agent-before-finish": ("agent", "each agent's first attempt died without a result"),
 }
 
-# Failpoints inside flow.measure_proposal and flow.settle_experiment, all in the
-# coordinator; exercised with an experiment workflow by tests/system/test_experiments.py.
+# Failpoints inside flow.measure_proposal and flow.settle_experiment, in the coordinator
+# but for the broker's swap of the hot spare into W; exercised with an experiment workflow
+# by tests/system/test_experiments.py.
 EXPERIMENT_FAILPOINTS = {
     "measure-after-intent": "measure-checkpoint intent saved, no evaluator run yet",
     "measure-after-receipt": "measurement receipt stored, operation not settled",
     "experiment-after-decision": "disposition and restore intents saved, W not replaced",
+    "broker-after-spare-rename": "the hot spare renamed to the new W, no create-w receipt",
     "experiment-after-restore": "W replaced, disposition not settled",
 }
 
@@ -238,7 +240,8 @@ def test_write_reliability_table() -> None:
     lines += [
         "## Experiments",
         "",
-        "Failpoints inside measurement and disposition (coordinator killed), exercised by",
+        "Failpoints inside measurement and disposition (the coordinator killed; the broker",
+        "for `broker-after-spare-rename`, inside a reject's swap of the hot spare), exercised by",
         "`tests/system/test_experiments.py::test_recovers_from_a_crash_inside_measurement_or_"
         "disposition`: each run ends as an uninterrupted one, every evaluator unit started",
         "once (nothing measured twice into the record), W after the rejection equal to the",

@@ -199,10 +199,16 @@ def test_accept_then_reject_restores_w_from_the_best_accepted_checkpoint(
     assert rejected["disposition"] == "rejected" and rejected["checkpoint"] == good
     assert rejected["w_generation"] == 2 and coord.w_gen["root"] == 2
     broker: FakeBroker = coord.broker  # type: ignore[assignment]
-    create, drop = broker.sent[-2:]
+    create, drop, spare = broker.sent[-3:]
     assert (create.intent_id, create.from_checkpoint, create.generation) == (
         "create-w.root.2", good, 2)
     assert (drop.intent_id, drop.generation) == ("drop-w.root.1", 1)
+    # the next reject's spare of the same checkpoint; the accept of it made the first
+    rejected_op = rejected_op_id(coord)
+    assert (spare.intent_id, spare.op_id, spare.from_checkpoint) == (
+        f"spare.{rejected_op}", rejected_op, good)
+    assert [(i.intent_id, i.from_checkpoint) for i in broker.sent if i.kind == "make-spare"
+            ] == [("spare.root-5", good), (f"spare.{rejected_op}", good)]
     # W now holds the best accepted checkpoint: the next measurement says so
     assert script.measure(1.0)["checkpoint"] == good
     op = coord.journal.get_op_by_id(RUN, rejected_op_id(coord))
