@@ -16,7 +16,10 @@ from pathlib import Path
 import btrfsutil
 import pytest
 
-from cairn import proc
+from cairn import paths, proc
+from cairn.broker import verbs
+from cairn.coordinator import base
+from cairn.protocol.broker import BrokerReply
 from cairn.storage import Pool, is_subvolume
 
 IMAGE_SIZE = 1 << 30
@@ -95,3 +98,18 @@ def pool(btrfs_mount: Path) -> Iterator[Pool]:
 @pytest.fixture
 def run_id() -> str:
     return f"flow_{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def broker_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> Pool:
+    """A host under ``tmp_path`` whose coordinators reach the real broker code in this
+    process (``verbs.carry_out``) over ``pool``; returns the pool."""
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    for directory in (paths.journal_path().parent, paths.broker_db_path().parent,
+                      paths.config_dir()):
+        directory.mkdir(parents=True)
+    paths.pool_dir().symlink_to(pool.root)
+    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+    monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
+        ok=True, receipts=verbs.carry_out(verb, run_id)))
+    return pool

@@ -18,12 +18,11 @@ import pytest
 from cairn import paths
 from cairn.broker import spare, units, verbs
 from cairn.broker.receipts import ReceiptStore
-from cairn.coordinator import base
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.errors import BrokerRefused
 from cairn.journal import Journal
-from cairn.protocol.broker import BrokerReply, Checkpointed, StorageVerified, WCreated
+from cairn.protocol.broker import Checkpointed, StorageVerified, WCreated
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.measurement import EvaluatorRun, parse_metric_output
@@ -56,17 +55,8 @@ SCORE = EvaluatorSpec(
 
 
 @pytest.fixture
-def coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> Iterator[
-    Coordinator
-]:
-    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
-    for directory in (paths.journal_path().parent, paths.broker_db_path().parent,
-                      paths.config_dir()):
-        directory.mkdir(parents=True)
-    paths.pool_dir().symlink_to(pool.root)
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
-    monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
-        ok=True, receipts=verbs.carry_out(verb, run_id)))
+def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[Coordinator]:
+    pool = broker_host
     seen: list[str] = []
 
     def run_evaluator(desc: LaunchDescription, evaluator: EvaluatorSpec, workspace: Path,

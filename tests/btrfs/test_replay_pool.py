@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 
 from cairn import paths
-from cairn.broker import verbs
 from cairn.broker.receipts import ReceiptStore
-from cairn.coordinator import base
 from cairn.coordinator.core import Coordinator
 from cairn.daemon import launch
 from cairn.daemon import replay as daemon_replay
@@ -58,15 +56,8 @@ async def run(flow: Any, args: Ask) -> Ask:
 
 
 @pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> Iterator[Path]:
-    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
-    for directory in (paths.journal_path().parent, paths.broker_db_path().parent,
-                      paths.config_dir()):
-        directory.mkdir(parents=True)
-    paths.pool_dir().symlink_to(pool.root)
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
-    monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
-        ok=True, receipts=verbs.carry_out(verb, run_id)))
+def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[Path]:
+    pool = broker_host
     monkeypatch.setattr(launch, "call_broker", lambda verb, run_id, **_: BrokerReply(ok=True))
     project = pool.root / "project"
     pool.create_subvolume(project)
