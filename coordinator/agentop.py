@@ -87,9 +87,7 @@ class AgentOperations(Recovery, Lanes):
         boundary already under way is never cut short."""
         limits = self.desc.limits
         others = [
-            o
-            for o in self.journal.list_ops(self.run_id)
-            if o.kind == AGENT and o.op_id != op.op_id
+            o for o in self.journal.list_ops(self.run_id) if o.kind == AGENT and o.op_id != op.op_id
         ]
         started = sum(1 for o in others if o.state not in ("requested", "not-started"))
         seconds = sum(
@@ -205,6 +203,10 @@ class AgentOperations(Recovery, Lanes):
             )
         if finish is None:
             self.fail_if_limit_hit(op)
+            if "cancel" in self.journal.pending_controls(self.run_id):
+                # Another lane's cancel may have stopped this unit: record every lane
+                # under the same lock before the run ends as cancelled.
+                self.stop_for_cancel(sock)
             self.retry_or_block(op, agent, ended)
             return None
         self.journal.update_op(
@@ -283,7 +285,10 @@ class AgentOperations(Recovery, Lanes):
             if r["intent_id"] == f"start-agent.{op.op_id}.{op.attempt}"
         ]
         boundary = self.materialize(
-            op, call, finish, AgentStarted.model_validate(starts[0]["data"]) if starts else None,
+            op,
+            call,
+            finish,
+            AgentStarted.model_validate(starts[0]["data"]) if starts else None,
             checkpoint,
         )
         self.failpoint("after-materialize")
@@ -331,8 +336,21 @@ class AgentOperations(Recovery, Lanes):
         raise CairnError(f"agent unit {unit} did not stop in time")
 
     def stop_for_cancel(self, sock: AgentSocket) -> str:
-        """Cancel: stop every running agent of the run (all lanes), each recorded
-        uncertain unless it had finished; then the run is cancelled."""
+        """Cancel while this lane's agent runs: stop every running agent of the run, then
+        the run is cancelled (unless this lane's agent had finished meanwhile)."""
+        self.stop_running_agents(
+            finished_op=sock.instruction.op_id if sock.finished.is_set() else None
+        )
+        if sock.finished.is_set():
+            return "finished"
+        raise interactions.RunSuspended(
+            f"{sock.instruction.op_id} stopped: cancel requested", state="cancelled"
+        )
+
+    def stop_running_agents(self, *, finished_op: str | None = None) -> None:
+        """Stop every running agent of the run (all lanes), each recorded uncertain unless
+        it had finished (``finished_op``, or a result file the broker found). Lanes racing
+        to a cancel take turns: the second finds nothing left running."""
         with self._cancel_lock:
             running = [
                 o
@@ -350,7 +368,7 @@ class AgentOperations(Recovery, Lanes):
             ]
             receipts = self.broker("launch-v1", stops) if stops else []
             for op, stopped in zip(running, receipts, strict=True):
-                if op.op_id == sock.instruction.op_id and sock.finished.is_set():
+                if op.op_id == finished_op:
                     continue
                 if not stopped.body(AgentStopped).result_file:
                     self.journal.update_op(
@@ -361,11 +379,6 @@ class AgentOperations(Recovery, Lanes):
                         error=f"attempt {op.attempt} stopped by a cancel",
                         event="op-cancelled",
                     )
-        if sock.finished.is_set():
-            return "finished"
-        raise interactions.RunSuspended(
-            f"{sock.instruction.op_id} stopped: cancel requested", state="cancelled"
-        )
 
     def wait_gone(self, sd: Systemd, unit: str) -> None:
         deadline = time.monotonic() + 120

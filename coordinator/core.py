@@ -147,6 +147,8 @@ class Coordinator(Replay, Settlement, Lease):
             return 0
         except interactions.RunSuspended as exc:  # waits for a person, or paused/stopped
             log.info("run %s: %s", self.run_id, exc)
+            if exc.state == "cancelled":  # no lane's agent outlives a cancelled run
+                self.stop_running_agents()
             return int(interactions.suspend(self, exc))
         except LeaseLost:
             raise
@@ -223,8 +225,13 @@ class Coordinator(Replay, Settlement, Lease):
                 "storage-v1",
                 [
                     self.intent("prepare-q", "prepare-q"),
-                    self.intent("create-w", "create-w.root.1", scope="root", generation=1,
-                                from_checkpoint=replayed_through),
+                    self.intent(
+                        "create-w",
+                        "create-w.root.1",
+                        scope="root",
+                        generation=1,
+                        from_checkpoint=replayed_through,
+                    ),
                 ],
             )
         for intent in self.journal.intents(self.run_id, "storage-v1"):

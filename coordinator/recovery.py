@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from cairn import untrusted
-from cairn.coordinator import interactions
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, RunBlocked
 from cairn.errors import OperationError
 from cairn.journal import OpRow
@@ -49,12 +48,8 @@ class Recovery(CoordinatorBase):
 
     def retry_or_block(self, op: OpRow, agent: dict[str, Any], ended: str) -> None:
         """The unit is gone with no result: retry cleanly when nothing could have left the
-        sandbox, otherwise stop for a person's decision. Under a cancel, nothing is
-        retried."""
-        if "cancel" in self.journal.pending_controls(self.run_id):
-            raise interactions.RunSuspended(
-                f"{op.op_id} stopped: cancel requested", state="cancelled"
-            )
+        sandbox, otherwise stop for a person's decision. (Under a cancel the caller stops
+        every lane's agent instead.)"""
         if agent["network"] != "none":
             self.journal.update_op(
                 self.run_id,
