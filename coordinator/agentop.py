@@ -23,7 +23,7 @@ from cairn.coordinator.recovery import Recovery
 from cairn.coordinator.relay import ModelRelay
 from cairn.errors import CairnError, OperationError
 from cairn.fsutil import write_atomic
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations import AGENT
 from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
 from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt

@@ -23,7 +23,8 @@ from cairn.brokerclient import call_broker
 from cairn.coordinator.relay import TokenBudget
 from cairn.errors import CairnError, Nondeterminism
 from cairn.failpoints import failpoint
-from cairn.journal import Journal, OpRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.operations import spec_of
 from cairn.progress import NoteGate, ProgressRelay, prepare_progress_dir
 from cairn.protocol.broker import Intent, Receipt, Verb

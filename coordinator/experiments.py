@@ -26,7 +26,7 @@ from cairn.experiments import (
     dishonesty,
     judge,
 )
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest

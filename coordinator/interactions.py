@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import CairnError, Nondeterminism, OperationError
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.policy import (
     agent_capabilities,
     evaluate,

@@ -9,7 +9,7 @@ from typing import Any
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase
 from cairn.errors import Nondeterminism
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
 

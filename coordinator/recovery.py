@@ -11,7 +11,7 @@ from cairn import untrusted
 from cairn.coordinator import interactions
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, RunBlocked
 from cairn.errors import OperationError
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 
 
 class Recovery(CoordinatorBase):

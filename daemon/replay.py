@@ -20,7 +20,7 @@ from cairn import paths, retention
 from cairn.daemon.launch import freeze, start_or_fail
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin

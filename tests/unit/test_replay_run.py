@@ -22,8 +22,9 @@ from cairn.broker.verbs import Context
 from cairn.daemon import launch
 from cairn.daemon import replay as daemon_replay
 from cairn.errors import BrokerRefused, NotFound, UsageError
-from cairn.journal import Journal, OpRow
 from cairn.journal.reader import JournalReader
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, Receipt, RunDeleted
 from cairn.protocol.control import CallRequest
