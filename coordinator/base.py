@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from cairn import journald, paths
 from cairn.brokerclient import call_broker
 from cairn.coordinator.relay import TokenBudget
-from cairn.errors import CairnError, Nondeterminism
+from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
@@ -40,6 +40,19 @@ class RunBlocked(CairnError):
     """The run cannot go on without a person's decision (an uncertain effect)."""
 
     code = "blocked"
+
+
+class Nondeterminism(CairnError):
+    """A replayed operation differs from the one in the journal."""
+
+    code = "nondeterminism"
+
+
+class OperationError(CairnError):
+    """An operation failed for good (refused, or no result within its attempts): the
+    workflow sees it as ``OperationFailed`` and may handle it, e.g. as a failed lane."""
+
+    code = "operation-failed"
 
 
 class CoordinatorBase:

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn import retention
-from cairn.coordinator.base import CoordinatorBase
-from cairn.errors import OperationError
+from cairn.coordinator.base import CoordinatorBase, OperationError
 from cairn.experiments import (
     Measurement,
     MetricDefinition,

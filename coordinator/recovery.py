@@ -9,8 +9,7 @@ from typing import Any
 
 from cairn import untrusted
 from cairn.coordinator import interactions
-from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, RunBlocked
-from cairn.errors import OperationError
+from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, OperationError, RunBlocked
 from cairn.journal.rows import OpRow
 
 

@@ -12,8 +12,8 @@ from typing import get_args
 
 import pytest
 
-from cairn.errors import Busy, IllegalTransition, JournalError
-from cairn.journal.operations import OP_TRANSITIONS, check_op_transition
+from cairn.errors import Busy, JournalError
+from cairn.journal.operations import OP_TRANSITIONS, IllegalTransition, check_op_transition
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpState

@@ -26,8 +26,9 @@ import pytest
 
 from cairn import paths, untrusted
 from cairn.broker import units
+from cairn.coordinator.base import OperationError
 from cairn.coordinator.core import Coordinator
-from cairn.errors import CairnError, OperationError, SystemdError
+from cairn.errors import CairnError, SystemdError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.protocol.control import CallRequest
