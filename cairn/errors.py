@@ -1,5 +1,10 @@
 """The one exception root. Every error a person may see carries a one-line message and,
-where there is one, a hint saying what to do next."""
+where there is one, a hint saying what to do next.
+
+Here are the root and the errors of more than one concern; an error of one concern lives
+with it (the journal's ``LeaseLost`` in :mod:`cairn.journal.writes`, the coordinator's
+``OperationError`` in ``coordinator/base.py``), so the root broker, which raises none of
+those, does not load them."""
 
 from __future__ import annotations
 
@@ -40,11 +45,6 @@ class PermissionDenied(CairnError):
     code = "permission-denied"
 
 
-class ReviewError(CairnError):
-    """A workflow definition failed static review."""
-
-    code = "review"
-
 
 class ValidationFailed(CairnError):
     """Data failed a schema (arguments, agent output, a socket message)."""
@@ -70,17 +70,6 @@ class JournalError(CairnError):
     code = "journal"
 
 
-class LeaseLost(JournalError):
-    """This coordinator no longer holds the run lease (fenced)."""
-
-    code = "lease-lost"
-
-
-class IllegalTransition(JournalError):
-    """An operation was asked to move between two states its state machine does not join
-    (see ``cairn.journal.operations.OP_TRANSITIONS``); nothing was written."""
-
-    code = "illegal-transition"
 
 
 class AlreadyAnswered(CairnError):
@@ -107,23 +96,12 @@ class Busy(CairnError):
     code = "busy"
 
 
-class Nondeterminism(CairnError):
-    """A replayed operation differs from the one in the journal."""
-
-    code = "nondeterminism"
-
 
 class BrokerRefused(CairnError):
     """The broker refused a request or an intent."""
 
     code = "broker-refused"
 
-
-class OperationError(CairnError):
-    """An operation failed for good (refused, or no result within its attempts): the
-    workflow sees it as ``OperationFailed`` and may handle it, e.g. as a failed lane."""
-
-    code = "operation-failed"
 
 
 class Unavailable(CairnError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cairn.errors import NotFound, UsageError
-from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow
+from cairn.journal.rows import OpRow
 
 ROOT = "root"
 # Operations whose checkpoint S a new root W can be made from: an agent's boundary, or a
@@ -20,25 +20,6 @@ ROOT = "root"
 BOUNDARY_KINDS = ("agent", "parallel", "map")
 # States a lane operation of a joined fork can end in; anything else is still open.
 FINAL_LANE_STATES = ("committed", "failed", "not-started")
-
-
-def check_source(run: RunRow, uid: int, *, storage_deleted: bool) -> None:
-    """The source must be the caller's own finished run whose storage still exists."""
-    if run.owner_uid != uid:
-        raise UsageError(
-            f"run {run.run_id} is not yours; only its owner can replay it",
-            hint="replay one of your own runs ('cairn ps' lists them)",
-        )
-    if run.state not in TERMINAL_RUN_STATES:
-        raise UsageError(
-            f"run {run.run_id} is {run.state}; only a finished or stopped run can be replayed",
-            hint=f"wait for it to finish, or stop it with 'cairn stop {run.run_id}'",
-        )
-    if storage_deleted:
-        raise UsageError(
-            f"the storage of {run.run_id} was deleted (cairn rm); its checkpoints are gone",
-            hint=f"launch the workflow again instead; 'cairn show {run.run_id}' keeps its history",
-        )
 
 
 def root_fork_of(scope: str, root_ops: Sequence[OpRow]) -> OpRow | None:

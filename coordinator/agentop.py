@@ -17,13 +17,13 @@ from cairn import paths, untrusted
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
-from cairn.coordinator.base import RunBlocked
+from cairn.coordinator.base import OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.coordinator.relay import ModelRelay
-from cairn.errors import CairnError, OperationError
+from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations import AGENT
 from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
 from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt

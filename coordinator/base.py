@@ -21,9 +21,10 @@ from pydantic import BaseModel
 from cairn import journald, paths
 from cairn.brokerclient import call_broker
 from cairn.coordinator.relay import TokenBudget
-from cairn.errors import CairnError, Nondeterminism
+from cairn.errors import CairnError
 from cairn.failpoints import failpoint
-from cairn.journal import Journal, OpRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.operations import spec_of
 from cairn.progress import NoteGate, ProgressRelay, prepare_progress_dir
 from cairn.protocol.broker import Intent, Receipt, Verb
@@ -39,6 +40,19 @@ class RunBlocked(CairnError):
     """The run cannot go on without a person's decision (an uncertain effect)."""
 
     code = "blocked"
+
+
+class Nondeterminism(CairnError):
+    """A replayed operation differs from the one in the journal."""
+
+    code = "nondeterminism"
+
+
+class OperationError(CairnError):
+    """An operation failed for good (refused, or no result within its attempts): the
+    workflow sees it as ``OperationFailed`` and may handle it, e.g. as a failed lane."""
+
+    code = "operation-failed"
 
 
 class CoordinatorBase:

@@ -43,8 +43,10 @@ from cairn.coordinator.lease import (
 from cairn.coordinator.relay import TokenBudget
 from cairn.coordinator.replay import Replay
 from cairn.coordinator.settlement import Settlement
-from cairn.errors import CairnError, LeaseLost, SystemdError, Unavailable
-from cairn.journal import LEASE_TTL, TERMINAL_RUN_STATES, OpRow
+from cairn.errors import CairnError, SystemdError, Unavailable
+from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow
+from cairn.journal.store import LEASE_TTL
+from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import StorageVerified
 from cairn.protocol.launch import LaunchDescription
 from cairn.workflow import RUNTIME_API_VERSION

@@ -18,7 +18,7 @@ from cairn.coordinator import interactions
 from cairn.coordinator.agentop import AgentOperations
 from cairn.coordinator.experiments import Experiments
 from cairn.coordinator.lanes import Lanes
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
 from cairn.protocol.control import CallRequest
 

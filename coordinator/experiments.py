@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn import retention
-from cairn.coordinator.base import CoordinatorBase
-from cairn.errors import OperationError
+from cairn.coordinator.base import CoordinatorBase, OperationError
 from cairn.experiments import (
     Measurement,
     MetricDefinition,
@@ -26,7 +25,7 @@ from cairn.experiments import (
     dishonesty,
     judge,
 )
-from cairn.journal import OpRow
+from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest

@@ -19,8 +19,9 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from cairn.canonical import canonical_json, sha256_hex
-from cairn.errors import CairnError, Nondeterminism, OperationError
-from cairn.journal import OpRow
+from cairn.coordinator.base import Nondeterminism, OperationError
+from cairn.errors import CairnError
+from cairn.journal.rows import OpRow
 from cairn.policy import (
     agent_capabilities,
     evaluate,

@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from cairn import retention
-from cairn.coordinator.base import CoordinatorBase
-from cairn.errors import Nondeterminism
-from cairn.journal import OpRow
+from cairn.coordinator.base import CoordinatorBase, Nondeterminism
+from cairn.journal.rows import OpRow
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from cairn import paths
 from cairn.coordinator.base import EXIT_RESTART, CoordinatorBase
-from cairn.errors import LeaseLost
-from cairn.journal import LEASE_TTL, Journal
+from cairn.journal.readwrite import Journal
+from cairn.journal.store import LEASE_TTL
+from cairn.journal.writes import LeaseLost
 
 # The coordinator's lines keep the logger name they always had.
 log = logging.getLogger("cairn.coordinator.core")

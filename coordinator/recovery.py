@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from cairn import untrusted
-from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, RunBlocked
-from cairn.errors import OperationError
-from cairn.journal import OpRow
+from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, OperationError, RunBlocked
+from cairn.journal.rows import OpRow
 
 
 class Recovery(CoordinatorBase):

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from cairn.coordinator import interactions
+from cairn.coordinator.base import Nondeterminism, OperationError
 from cairn.coordinator.dispatch import HANDLERS, Handlers
-from cairn.errors import CairnError, Nondeterminism, OperationError
-from cairn.journal import OpRow
+from cairn.errors import CairnError
+from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS
 from cairn.proc import make_env
 from cairn.protocol.control import (

@@ -10,7 +10,7 @@ from cairn import journald, paths
 from cairn.daemon.reconcile import reconcile
 from cairn.daemon.server import serve
 from cairn.errors import CairnError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.sockets import listener
 
 

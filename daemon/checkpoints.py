@@ -16,7 +16,7 @@ from typing import Any
 from cairn import paths, retention, storage
 from cairn.daemon.views import visible_run
 from cairn.errors import CairnError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Checkpointed, QPrepared, SubvolumeReceipt
 from cairn.views.run import storage_status
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import AgentMessage
 from cairn.protocol.daemon import ReconcileRequest, RetryRequest
 from cairn.validation import invalid

@@ -18,7 +18,8 @@ from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError
 from cairn.hostcheck import HostCheck
-from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
 from cairn.runlogs import run_units

@@ -21,7 +21,9 @@ from cairn.canonical import canonical_json
 from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
-from cairn.journal import TERMINAL_RUN_STATES, Journal, QuestionRow
+from cairn.journal.people import QuestionRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.journal.snapshot import read_snapshot
 from cairn.policy import (
     RequestExpired,

@@ -24,7 +24,7 @@ from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.evaluators import frozen_evaluators
 from cairn.hostconfig import check_profile, profile_file
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.policy import load_policy
 from cairn.protocol.broker import Intent

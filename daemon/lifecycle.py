@@ -15,7 +15,8 @@ from cairn import paths, retention, storage
 from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, PermissionDenied, UsageError
-from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.broker import Intent, RunDeleted
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
 from cairn.views.run import storage_status

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.journal import EventRow, Journal
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import EventRow
 from cairn.protocol.daemon import NotificationsRequest
 from cairn.protocol.notify import EVENT_OF_KIND, NotifyBatch, NotifyEvent, WaitingItem
 

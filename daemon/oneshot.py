@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from cairn.brokerclient import call_broker
 from cairn.errors import BrokerRefused, CairnError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Intent, Receipt, Verb
 
 

@@ -13,7 +13,8 @@ import logging
 
 from cairn.brokerclient import call_broker
 from cairn.errors import CairnError
-from cairn.journal import Journal, RunRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import RunRow
 from cairn.protocol.broker import Intent
 from cairn.systemd import Systemd
 

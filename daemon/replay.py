@@ -20,15 +20,35 @@ from cairn import paths, retention
 from cairn.daemon.launch import freeze, start_or_fail
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
-from cairn.replay import check_source, select_imports
+from cairn.replay import select_imports
 from cairn.views.run import storage_status
 from cairn.workflow.review import review_source
 
 log = logging.getLogger(__name__)
+
+
+def check_source(run: RunRow, uid: int, *, storage_deleted: bool) -> None:
+    """The source must be the caller's own finished run whose storage still exists."""
+    if run.owner_uid != uid:
+        raise UsageError(
+            f"run {run.run_id} is not yours; only its owner can replay it",
+            hint="replay one of your own runs ('cairn ps' lists them)",
+        )
+    if run.state not in TERMINAL_RUN_STATES:
+        raise UsageError(
+            f"run {run.run_id} is {run.state}; only a finished or stopped run can be replayed",
+            hint=f"wait for it to finish, or stop it with 'cairn stop {run.run_id}'",
+        )
+    if storage_deleted:
+        raise UsageError(
+            f"the storage of {run.run_id} was deleted (cairn rm); its checkpoints are gone",
+            hint=f"launch the workflow again instead; 'cairn show {run.run_id}' keeps its history",
+        )
 
 
 def replay(

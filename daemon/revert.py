@@ -15,7 +15,8 @@ from typing import Any
 from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
-from cairn.journal import TERMINAL_RUN_STATES, Journal
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import ApplyDone, Intent
 
 

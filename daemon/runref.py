@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cairn.daemon.views import is_admin
 from cairn.errors import NotFound, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.journal.runs import RunMatch
 from cairn.protocol.base import RUN_ID_RE
 from cairn.protocol.daemon import LAST_RUN, run_ref_problem

@@ -34,7 +34,7 @@ from cairn.daemon import (
 from cairn.daemon.notifications import handle as _notifications
 from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import (
     CheckpointsRequest,
     DaemonReply,

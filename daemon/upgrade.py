@@ -12,7 +12,8 @@ from typing import Any
 
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
-from cairn.journal import Journal, OpRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.operations import OperationKind
 from cairn.proc import make_env
 from cairn.protocol.control import (

@@ -6,7 +6,8 @@ import grp
 from typing import Any
 
 from cairn.errors import CairnError, NotFound, UsageError
-from cairn.journal import TERMINAL_RUN_STATES, Journal, RunRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest

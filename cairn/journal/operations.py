@@ -4,7 +4,7 @@ An operation moves ``requested`` → ``started`` (intent saved before the effect
 ``settled`` (result and evidence saved) → ``committed``. :data:`OP_TRANSITIONS` lists
 every move the coordinator, cairnd and the journal itself make (keys and values are
 :data:`~cairn.journal.schema.OpState` names), each with where; an
-:meth:`Operations.update_op` outside it raises :class:`~cairn.errors.IllegalTransition`
+:meth:`Operations.update_op` outside it raises :class:`IllegalTransition`
 and writes nothing.
 """
 
@@ -14,11 +14,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from cairn.canonical import canonical_json
-from cairn.errors import IllegalTransition, NotFound, UsageError
+from cairn.errors import JournalError, NotFound, UsageError
 from cairn.journal.rows import OpRow, OpState, dumps
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
+
+
+class IllegalTransition(JournalError):
+    """An operation was asked to move between two states its state machine does not join
+    (see :data:`OP_TRANSITIONS`); nothing was written."""
+
+    code = "illegal-transition"
+
 
 OP_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "requested": frozenset(

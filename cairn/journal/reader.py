@@ -3,7 +3,7 @@
 :class:`JournalReader` opens the database read-only (``mode=ro``) and never migrates it;
 it is the only part of the journal the root broker opens, so it imports neither the
 writers nor the people-in-the-loop code (and through it, the host policy). The read-write
-:class:`cairn.journal.Journal` inherits these reads.
+:class:`cairn.journal.readwrite.Journal` inherits these reads.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and reading events and receipts back.
 
 Writes on behalf of a coordinator carry its lease token: :meth:`Writes._fence` refuses a
-token that is no longer current (:class:`~cairn.errors.LeaseLost`) and renews the lease.
+token that is no longer current (:class:`LeaseLost`) and renews the lease.
 """
 
 from __future__ import annotations
@@ -14,12 +14,18 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from cairn.canonical import canonical_json
-from cairn.errors import LeaseLost, NotFound
+from cairn.errors import JournalError, NotFound
 from cairn.journal.reader import JournalReader
 from cairn.journal.rows import EventRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
+
+
+class LeaseLost(JournalError):
+    """This coordinator no longer holds the run lease (fenced)."""
+
+    code = "lease-lost"
 
 
 class Writes(JournalReader):

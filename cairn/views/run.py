@@ -13,8 +13,9 @@ from dataclasses import asdict
 from typing import Any
 
 from cairn.errors import JournalError
-from cairn.journal import Journal, RunRow
 from cairn.journal.people import ApprovalRow, QuestionRow
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import RunRow
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction

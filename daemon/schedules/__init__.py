@@ -44,7 +44,7 @@ from cairn.daemon.schedules.verbs import (
 )
 from cairn.daemon.schedules.views import OCCURRENCE_LIMIT, view
 from cairn.errors import UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.journal.store import Clock
 from cairn.protocol.daemon import (
     OpRequest,

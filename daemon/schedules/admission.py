@@ -29,7 +29,7 @@ from cairn.daemon.schedules.store import (
 )
 from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
 from cairn.schedules import (
     ACTIVE_RUN_STATES,

@@ -24,7 +24,7 @@ from cairn.daemon.schedules.views import (
     view,
 )
 from cairn.errors import NotFound, PermissionDenied, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import (
     ScheduleConfirmRequest,
     ScheduleCreateRequest,

@@ -20,7 +20,7 @@ from typing import Any
 from measure import Cell, Stopwatch, collect
 
 from cairn.canonical import canonical_json
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.proc import make_env
 from cairn.protocol.control import (
     CallRequest,

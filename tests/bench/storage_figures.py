@@ -3,9 +3,10 @@ change detection, three-way apply and fork, each beside its comparison on the sa
 
 Cairn's side is always the library code the broker and coordinator run
 (:class:`cairn.storage.Pool`, :func:`cairn.sendstream.changes`,
-:func:`cairn.settle.build_candidate` / :func:`cairn.settle.apply`, :class:`cairn.journal.Journal`,
-the broker's :class:`cairn.broker.receipts.ReceiptStore`). Page caches are warm for every
-method alike: each tree was just written or read.
+:func:`cairn.settle.build_candidate` / :func:`cairn.settle.apply`,
+:class:`cairn.journal.readwrite.Journal`, the broker's
+:class:`cairn.broker.receipts.ReceiptStore`). Page caches are warm for every method alike:
+each tree was just written or read.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from cairn import paths, proc
 from cairn.broker import spare
 from cairn.broker.receipts import ReceiptStore
 from cairn.canonical import canonical_json, sha256_hex
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import Boundary
 from cairn.protocol.broker import AgentStarted, Checkpointed, Intent
 from cairn.protocol.control import CallRequest

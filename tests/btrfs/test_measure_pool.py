@@ -21,7 +21,7 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.errors import BrokerRefused
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Checkpointed, StorageVerified, WCreated
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec

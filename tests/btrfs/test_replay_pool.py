@@ -19,7 +19,7 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.daemon import launch
 from cairn.daemon import replay as daemon_replay
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, QPrepared, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec

@@ -20,7 +20,7 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.daemon import lifecycle, oneshot, views
 from cairn.errors import BrokerRefused, StorageError, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest

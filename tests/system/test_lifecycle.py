@@ -17,7 +17,7 @@ import pytest
 from machine import Machine
 from test_end_to_end import SCRIPT, cairn, finished, launch, make_project, wait_for, write_script
 
-from cairn.journal import SCHEMA_VERSION
+from cairn.journal.store import SCHEMA_VERSION
 from cairn.proc import run
 
 REPO = Path(__file__).resolve().parents[2]

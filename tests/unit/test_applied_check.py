@@ -15,7 +15,7 @@ from test_journal import RUN, description
 
 from cairn.daemon import doctor, oneshot
 from cairn.errors import BrokerRefused
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import AppliedCheck, BrokerReply, Intent, Receipt
 from cairn.settle import apply, check_applied
 from cairn.worker import apply as apply_worker

@@ -19,7 +19,7 @@ from cairn.broker.verbs import carry_out
 from cairn.brokerclient import call_broker
 from cairn.daemon import server as daemon_server
 from cairn.errors import BrokerRefused
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply
 
 RUN_ID = "flow_" + "0" * 32

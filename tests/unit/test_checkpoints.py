@@ -12,7 +12,7 @@ from test_journal import RUN, description
 
 from cairn.daemon.checkpoints import checkpoints
 from cairn.errors import NotFound
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
 

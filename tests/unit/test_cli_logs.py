@@ -18,7 +18,7 @@ from cairn.cli import app
 from cairn.cli import logs as cli_logs
 from cairn.daemon import server, views
 from cairn.errors import CairnError, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LogsRequest, daemon_request, request_line
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.runlogs import FOLLOW_BATCH, journalctl_argv, log_units, split_cursor

@@ -19,7 +19,7 @@ from cairn.config import ConfigError, Problems
 from cairn.daemon import server
 from cairn.daemon.launch import resolve_profiles
 from cairn.daemon.schedules.admission import host_config
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.policy import PolicyError, load_policy
 from cairn.protocol.daemon import LaunchRequest
 from cairn.providers import load_providers

@@ -22,7 +22,7 @@ from cairn import hostcheck, paths
 from cairn.cli import app, runs
 from cairn.daemon import doctor
 from cairn.errors import SystemdError, Unavailable
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.proc import run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused
 from cairn.errors import StorageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.operations import settle_experiment
 from cairn.protocol.broker import Intent, Receipt, Verb
 from cairn.protocol.control import CallRequest

@@ -15,7 +15,7 @@ from cairn.coordinator import interactions
 from cairn.coordinator.core import Coordinator
 from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.policy import AlreadyAnswered, PolicyError, RequestExpired, RunEnded, StaleRequest
 from cairn.protocol.daemon import DaemonRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cairn.errors import Busy, LeaseLost, NotFound
-from cairn.journal import SCHEMA_VERSION, Journal
+from cairn.errors import Busy, NotFound
+from cairn.journal.readwrite import Journal
+from cairn.journal.store import SCHEMA_VERSION
+from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec

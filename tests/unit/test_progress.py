@@ -209,7 +209,7 @@ def test_watch_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
 
 
 def test_show_finds_the_latest_report_of_each_phase(tmp_path: Path) -> None:
-    from cairn.journal import Journal
+    from cairn.journal.readwrite import Journal
 
     journal = Journal(tmp_path / "journal.db", create=True, clock=FakeClock(step=1.0))
     run, other = "flow_" + "a" * 32, "flow_" + "b" * 32

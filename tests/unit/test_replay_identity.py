@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from cairn import paths
+from cairn.coordinator.base import Nondeterminism
 from cairn.coordinator.core import Coordinator, holder_is_dead, lease_holder
 from cairn.coordinator.lease import is_coordinator_cmdline
 from cairn.daemon.views import show
-from cairn.errors import Busy, Nondeterminism
-from cairn.journal import Journal
+from cairn.errors import Busy
+from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source

@@ -22,14 +22,15 @@ from cairn.broker.verbs import Context
 from cairn.daemon import launch
 from cairn.daemon import replay as daemon_replay
 from cairn.errors import BrokerRefused, NotFound, UsageError
-from cairn.journal import Journal, OpRow
 from cairn.journal.reader import JournalReader
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, Receipt, RunDeleted
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
-from cairn.replay import check_source, select_imports
+from cairn.replay import select_imports
 from cairn.storage import SubvolumeReceipt
 from cairn.views.run import run_view
 from cairn.workflow.review import review_source
@@ -254,11 +255,13 @@ def test_a_replay_is_refused_for_another_user_an_unfinished_run_and_deleted_stor
         daemon_replay.replay(journal, source, None, OWNER)
     run = journal.get_run(source)
     with pytest.raises(UsageError, match="is not yours; only its owner can replay it"):
-        check_source(run, OWNER + 1, storage_deleted=False)
+        daemon_replay.check_source(run, OWNER + 1, storage_deleted=False)
     with pytest.raises(UsageError, match=r"was deleted \(cairn rm\)"):
-        check_source(run, OWNER, storage_deleted=True)
+        daemon_replay.check_source(run, OWNER, storage_deleted=True)
     with pytest.raises(UsageError, match="is running; only a finished or stopped run"):
-        check_source(run.model_copy(update={"state": "running"}), OWNER, storage_deleted=False)
+        daemon_replay.check_source(
+            run.model_copy(update={"state": "running"}), OWNER, storage_deleted=False
+        )
     journal.add_intents(source, [Intent(intent_id="delete-run", run_id=source,
                                         kind="delete-run")], token=None)
     journal.record_receipts(source, [Receipt(

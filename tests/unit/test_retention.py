@@ -15,7 +15,7 @@ from cairn.broker import verbs
 from cairn.config import ConfigError
 from cairn.daemon import lifecycle, oneshot, runref, views
 from cairn.errors import NotFound, PermissionDenied, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Intent, Receipt
 from cairn.protocol.daemon import PruneRequest, RmRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec

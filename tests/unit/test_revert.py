@@ -11,7 +11,7 @@ from test_journal import RUN, description
 
 from cairn.daemon.revert import revert
 from cairn.errors import NotFound, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.settle_outcome import summary
 
 

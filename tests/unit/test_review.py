@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.errors import CairnError, ReviewError
+from cairn.errors import CairnError
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.review import (
     Review,
@@ -18,6 +18,7 @@ from cairn.workflow.review import (
     render_review,
     review_source,
 )
+from cairn.workflow.review.manifest import ReviewError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "workflows"
 BUILTIN = Path(__file__).parents[2] / "cairn" / "builtin" / "workflows"

@@ -17,7 +17,7 @@ from cairn import paths
 from cairn.cli import app, people, runs
 from cairn.daemon import runref, server, views
 from cairn.errors import NotFound, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import (
     MODEL_OF_OP,
     RUN_REF_RE,

@@ -20,7 +20,7 @@ import pytest
 
 from cairn.daemon import schedules as daemon_schedules
 from cairn.errors import NotFound, UsageError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import DaemonRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.schedules import (

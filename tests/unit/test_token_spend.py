@@ -15,7 +15,7 @@ from test_journal import RUN, description
 
 from cairn.coordinator.core import tokens_used
 from cairn.coordinator.relay import ModelRelay, TokenBudget
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import ModelRoute
 from cairn.worker.llm import _UnixConnection

@@ -26,9 +26,11 @@ import pytest
 
 from cairn import paths, untrusted
 from cairn.broker import units
+from cairn.coordinator.base import OperationError
 from cairn.coordinator.core import Coordinator
-from cairn.errors import CairnError, OperationError, SystemdError
-from cairn.journal import Journal, OpRow
+from cairn.errors import CairnError, SystemdError
+from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.settle_diff import unified_diff

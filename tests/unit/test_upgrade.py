@@ -12,7 +12,7 @@ import pytest
 from cairn import paths
 from cairn.daemon.upgrade import upgrade
 from cairn.errors import CairnError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import UpgradeRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec

@@ -17,7 +17,7 @@ from cairn.canonical import canonical_json
 from cairn.cli import app, runs
 from cairn.daemon import views
 from cairn.errors import JournalError
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.journal.snapshot import read_snapshot
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.views.run import FIRST_EVENTS, LAST_EVENTS, run_view

@@ -13,7 +13,7 @@ from test_control_worker_lanes import Conversation, agent_answer
 from cairn import paths
 from cairn.coordinator.core import Coordinator
 from cairn.daemon.views import show
-from cairn.journal import Journal
+from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source

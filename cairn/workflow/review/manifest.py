@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from cairn.canonical import canonical_json
-from cairn.errors import ReviewError
+from cairn.errors import CairnError
 from cairn.netpolicy import NetworkMode
 from cairn.operation_kinds import OperationKind
 from cairn.workflow import RUNTIME_API_VERSION
@@ -37,6 +37,12 @@ class Violation(_Frozen):
     def render(self, filename: str) -> str:
         """``file:line:col: message [rule]``."""
         return f"{filename}:{self.line}:{self.col}: {self.message} [{self.rule}]"
+
+
+class ReviewError(CairnError):
+    """A workflow definition failed static review."""
+
+    code = "review"
 
 
 class ReviewRejected(ReviewError):
