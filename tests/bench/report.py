@@ -141,6 +141,8 @@ INCLUDES = {
         "imports). `start job done` is when `wait_started` returns (exec succeeded). "
         "The `without PrivatePIDs` row is the same unit without that isolation, started "
         "alternately with the isolated one: what the isolation costs at start. "
+        "Each `same, without …` row leaves out one group of the agent's properties "
+        "(started in turn with the full unit): where the start job's time goes. "
         "The bare row is the same D-Bus client starting a unit with no sandbox that runs "
         "`/bin/true`, until it has exited — what `systemd-run --wait true` does."),
     "journal": (

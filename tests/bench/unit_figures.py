@@ -38,6 +38,26 @@ hello = ("import socket; s = socket.socket(socket.AF_UNIX); "
 base = "/var/tmp/cairn-bench"
 out = {"ready": [], "job": [], "quiesce": [], "bare": [], "systemd_run": [],
        "ready_shared": []}
+# Where the start job's time goes: the same unit without one group of its properties at a
+# time (started in turn with the full unit), to hello.
+WITHOUT = {
+    "private network namespace": {"PrivateNetwork"},
+    "system call filter": {"SystemCallFilter", "SystemCallArchitectures",
+                           "SystemCallErrorNumber"},
+    "mount sandbox (ProtectSystem, ProtectHome, masks, inaccessible paths)":
+        {"ProtectSystem", "ProtectHome", "TemporaryFileSystem", "InaccessiblePaths"},
+    "PrivateDevices": {"PrivateDevices"},
+    "PrivateTmp, PrivateIPC": {"PrivateTmp", "PrivateIPC"},
+    "kernel and /proc protections": {
+        "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+        "ProtectControlGroups", "ProtectClock", "ProtectHostname", "ProtectProc"},
+    "ExecStopPost (service result record)": {"ExecStopPostEx"},
+    "resource limits and accounting": {
+        "RuntimeMaxUSec", "MemoryAccounting", "MemoryMax", "MemorySwapMax",
+        "TasksAccounting", "TasksMax", "CPUAccounting", "CPUQuotaPerSecUSec",
+        "IOAccounting", "IOWeight"},
+}
+out["without"] = {name: [] for name in WITHOUT}
 
 
 def without_isolation(props):
@@ -52,8 +72,9 @@ def without_isolation(props):
     return shared
 
 
-for i in range(2 * repeat):
-    isolated = i % 2 == 0
+variants = [None, "shared", *WITHOUT]
+for i in range(len(variants) * repeat):
+    variant = variants[i % len(variants)]
     op = f"root-{i + 1}"
     d = f"{base}/{op}"
     for sub in ("workspace", "evidence", "outputs", "state", "channel"):
@@ -85,8 +106,10 @@ for i in range(2 * repeat):
     )
     name = agent_unit_name(run_id, op, 1)
     props = agent_unit_properties(spec)
-    if not isolated:
+    if variant == "shared":
         props = without_isolation(props)
+    elif variant is not None:
+        props = [p for p in props if p[0] not in WITHOUT[variant]]
     listener = threading.Thread(target=accept)
     listener.start()
     with Systemd() as sd:
@@ -103,8 +126,11 @@ for i in range(2 * repeat):
     server.close()
     if said.get("hello") != b"hello":
         raise SystemExit(f"{name} never said hello ({final.result})")
-    if not isolated:
+    if variant == "shared":
         out["ready_shared"].append(said["at"] - t0)
+        continue
+    if variant is not None:
+        out["without"][variant].append(said["at"] - t0)
         continue
     out["job"].append(t1 - t0)
     out["ready"].append(said["at"] - t0)
@@ -160,3 +186,6 @@ def unit_figures(repo: Path, *, repeat: int, cells: list[Cell]) -> None:
         cells.append(Cell(figure="unit" if key != "quiesce" else "quiesce", size=None,
                           variant="", method=method, cairn=cairn, samples=data[key]))
         log.info("%s: median %.4fs", method, cells[-1].median)
+    for name, samples in data["without"].items():
+        cells.append(Cell(figure="unit", size=None, variant="", cairn=True,
+                          method=f"same, without {name}", samples=samples))
