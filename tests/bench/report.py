@@ -19,6 +19,9 @@ FIGURES = (
     ("fork", "Fork of lanes"),
     ("replay", "Replay to the frontier"),
     ("unit", "Agent unit start → worker ready"),
+    ("launch", "One-agent run: cairn launch → succeeded"),
+    ("concurrent", "One-agent runs launched at once by two users"),
+    ("memory", "Resident memory"),
     ("journal", "Journal commit rate (settle+commit pairs per second)"),
 )
 
@@ -143,6 +146,39 @@ INCLUDES = {
         "alternately with the isolated one: what the isolation costs at start. "
         "The bare row is the same D-Bus client starting a unit with no sandbox that runs "
         "`/bin/true`, until it has exited — what `systemd-run --wait true` does."),
+    "launch": (
+        "In a booted Debian 13 machine (systemd-nspawn, systemd 257) with the package "
+        "installed and a loop Btrfs pool at `/var/lib/cairn/pool`: alice runs `cairn launch "
+        "builtin:implement --scripted builtin:implementer=FILE` on a project of one file in "
+        "her home (so Q is an import), with a scripted agent appending one line; one run "
+        "after another, after one untimed warm-up run. Timed from invoking `cairn launch` "
+        "(wall clock in the machine) until the journal's `run-succeeded` event; the `cairn "
+        "launch returns` row is the launch process alone. The `of which` rows split each "
+        "run at the journal's own timestamps: `run-created`, `lease-acquired`, the "
+        "receipts of `create-w.root.1`, `start-agent.root-1.1`, `settle-candidate` and "
+        "`start-apply.1`, and the `op-finished`, `op-committed` and `run-succeeded` events; "
+        "their medians need not add up to the median of the whole. The bench polls the "
+        "journal database read-only every 10 ms to learn that a run has ended "
+        "(`tests/bench/run_figures.py`)."),
+    "concurrent": (
+        "The same machine and workflow: half the runs on projects of alice, half on "
+        "projects of bob (the variant column says how many), one run per project, every "
+        "`cairn launch` process started together (a thread each, released by one "
+        "barrier). Each run's times are taken as in the previous table; the last row is "
+        "from the first invocation until the last `run-succeeded`. nspawn on this host "
+        "gives the machine no cgroup controllers (`CPUUsageNSec` and `MemoryCurrent` are "
+        "unset), so CPU time per unit is not reported."),
+    "memory": (
+        "`VmRSS` from `/proc/PID/status` in the same machine. cairnd at rest: after the "
+        "launch figures, with no run going. One agent waiting: a scripted agent that "
+        "sleeps 5 s before its edit, read 2 s after its unit became active; the process "
+        "rows are each unit's `MainPID`, the unit rows sum every process in the unit's "
+        "cgroup (the coordinator's includes its control worker). The concurrent rows are "
+        "sampled every 250 ms during the concurrent runs: resident memory summed over "
+        "every process in the machine (shared pages counted once per process, so an upper "
+        "bound; `RssAnon` counts only anonymous pages), and the host's used memory "
+        "(`MemTotal − MemAvailable`: reclaimable page cache is not in it, and anything "
+        "else the host ran meanwhile is)."),
     "journal": (
         "Per round, N operations are first recorded and started (untimed); timed: for "
         "each, `Journal.update_op(state='settled', result=…, checkpoint=…)` and "
@@ -164,6 +200,8 @@ def fmt_seconds(value: float) -> str:
 
 
 def fmt(cell: Cell, value: float) -> str:
+    if cell.unit == "bytes":
+        return f"{value / (1 << 20):,.1f} MiB"
     return f"{value:,.0f}/s" if cell.unit == "per_s" else fmt_seconds(value)
 
 
@@ -217,6 +255,7 @@ def verdicts(results: Results) -> list[Verdict]:
             "three-way apply of 1,000 changed files ≤ 300 ms at every size",
             ", ".join(f"{fmt_seconds(c.median)} at {c.size:,}" for c in applies), met,
             "" if met else f"{worst.median / 0.3:.1f}× over at {worst.size:,} files"))
+    out += _run_verdicts(cells)
     cairn = next((c for c in cells if c.figure == "journal" and c.cairn), None)
     raw = next((c for c in cells if c.figure == "journal" and not c.cairn), None)
     if cairn and raw:
@@ -251,6 +290,35 @@ def verdicts(results: Results) -> list[Verdict]:
     return out
 
 
+def _run_verdicts(cells: list[Cell]) -> list[Verdict]:
+    """Issue 18's targets for whole runs in the booted machine."""
+    out: list[Verdict] = []
+    single = _cell(cells, "launch", None, "cairn launch → run succeeded")
+    if single is not None:
+        met = single.median <= 1.0
+        out.append(Verdict(
+            "one-agent run, cairn launch → succeeded: median ≤ 1.0 s",
+            f"{fmt_seconds(single.median)} (p95 {fmt_seconds(single.p95)}, "
+            f"n={len(single.samples)})", met,
+            "" if met else f"{single.median - 1.0:.2f} s over ({single.median:.1f}×)"))
+    returns = _cell(cells, "concurrent", None, "cairn launch returns")
+    if returns is not None:
+        met = returns.p95 <= 2.0
+        out.append(Verdict(
+            f"{returns.variant}: every cairn launch returns in ≤ 2 s (p95)",
+            f"p95 {fmt_seconds(returns.p95)}, median {fmt_seconds(returns.median)}", met,
+            "" if met else f"{returns.p95 - 2.0:.2f} s over ({returns.p95 / 2.0:.1f}×)"))
+    everything = _cell(cells, "concurrent", None, "first launch → all")
+    if everything is not None:
+        met = everything.median <= 20.0
+        out.append(Verdict(
+            f"{everything.variant}: all succeeded ≤ 20 s after the first launch",
+            fmt_seconds(everything.median), met,
+            "" if met else f"{everything.median - 20.0:.1f} s over "
+            f"({everything.median / 20.0:.1f}×)"))
+    return out
+
+
 def _ops(cell: Cell) -> int:
     return int(cell.variant.split()[0].replace(",", ""))
 
@@ -277,7 +345,7 @@ def _figure_table(cells: list[Cell]) -> list[str]:
         bases = [c for c in group if c.cairn and not _part(c)]
         base = bases[0] if bases else None
         for c in sorted(group, key=lambda c: (not c.cairn, _part(c))):
-            if c is base or base is None:
+            if c is base or base is None or c.unit == "bytes":
                 versus = "—"
             elif c.cairn:
                 versus = f"{c.median / base.median:.2f}× of it"
