@@ -21,6 +21,7 @@ FIGURES = (
     ("unit", "Agent unit start → worker ready"),
     ("launch", "One-agent run: cairn launch → succeeded"),
     ("concurrent", "One-agent runs launched at once by two users"),
+    ("cpu", "CPU time per run, runs launched at once"),
     ("memory", "Resident memory"),
     ("journal", "Journal commit rate (settle+commit pairs per second)"),
 )
@@ -164,10 +165,23 @@ INCLUDES = {
         "The same machine and workflow: half the runs on projects of alice, half on "
         "projects of bob (the variant column says how many), one run per project, every "
         "`cairn launch` process started together (a thread each, released by one "
-        "barrier). Each run's times are taken as in the previous table; the last row is "
-        "from the first invocation until the last `run-succeeded`. nspawn on this host "
-        "gives the machine no cgroup controllers (`CPUUsageNSec` and `MemoryCurrent` are "
-        "unset), so CPU time per unit is not reported."),
+        "barrier). Each run's times and phases are taken as in the previous table; the "
+        "`all succeeded` row is from the first invocation until the last "
+        "`run-succeeded`."),
+    "cpu": (
+        "The CPU time (user + system) of the concurrent batch above divided by the number "
+        "of runs, by the unit each process ran in. nspawn on this host gives the machine "
+        "no cgroup controllers (`CPUUsageNSec` and `MemoryCurrent` are unset), so the "
+        "bench counts processes instead: BSD process accounting (`acct(2)`) records every "
+        "process of the machine that exits, and a scan of `/proc` every 20 ms reads each "
+        "new process's unit from its cgroup (one that ended unseen counts as its "
+        "parent's; a unit that is not Cairn's is named); processes that live on (cairnd, "
+        "the broker, systemd, D-Bus, journald) count by the growth of their "
+        "`/proc/PID/stat` times. The kernel records each ended process's user and system "
+        "times in whole 10 ms ticks, truncated, so the rows of processes that ended "
+        "undercount by up to 20 ms per process (the row says how many per run); the "
+        "`cairn launch` row is exact (`getrusage` of the bench's children), and the same "
+        "processes as process accounting saw them are shown, not counted, for comparison."),
     "memory": (
         "`VmRSS` from `/proc/PID/status` in the same machine. cairnd at rest: after the "
         "launch figures, with no run going. One agent waiting: a scripted agent that "
@@ -319,6 +333,22 @@ def _run_verdicts(cells: list[Cell]) -> list[Verdict]:
     return out
 
 
+def _cpu_bound(results: Results) -> list[str]:
+    """What the CPU time per run means for the concurrent batch on this machine."""
+    per_run = _cell(results.cells, "cpu", None, "every process")
+    everything = _cell(results.cells, "concurrent", None, "first launch → all")
+    if per_run is None or everything is None:
+        return []
+    runs = int(everything.variant.split()[0])
+    cpus = results.machine.cpus
+    floor = runs * per_run.median / cpus
+    return [f"At {fmt_seconds(per_run.median)} of CPU per run, {runs} runs keep this "
+            f"machine's {cpus} CPUs busy for at least {floor:.1f} s; all were done after "
+            f"{fmt_seconds(everything.median)} ({floor / everything.median:.0%} of that time "
+            "is the CPU floor). To finish within 20 s, a run may use at most "
+            f"{fmt_seconds(20 * cpus / runs)} of CPU here.", ""]
+
+
 def _ops(cell: Cell) -> int:
     return int(cell.variant.split()[0].replace(",", ""))
 
@@ -405,6 +435,8 @@ def render(results: Results, workflow_source: str, json_name: str) -> str:
         if not cells:
             continue
         lines += [f"### {title}", "", *_figure_table(cells), "", INCLUDES[figure], ""]
+        if figure == "cpu":
+            lines += _cpu_bound(results)
         if figure == "replay":
             lines += ["```python", workflow_source.rstrip(), "```", ""]
     if results.notes:

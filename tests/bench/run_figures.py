@@ -34,7 +34,7 @@ from unit_figures import package
 log = logging.getLogger(__name__)
 
 INSIDE = r'''
-import grp, json, os, pwd, sqlite3, subprocess, sys, threading, time
+import ctypes, json, os, pwd, resource, sqlite3, struct, subprocess, sys, threading, time
 
 repeat, concurrent = int(sys.argv[1]), int(sys.argv[2])
 DB = "file:/var/lib/cairn/journal/journal.db?mode=ro"
@@ -200,6 +200,146 @@ def memory_now():
     return rss * 1024, anon * 1024, (info["MemTotal"] - info["MemAvailable"]) * 1024
 
 
+KINDS = (("cairn.service", "cairnd"), ("cairn-broker.service", "broker"),
+         ("cairn-coordinator@", "coordinator unit"), ("cairn-agent-", "agent unit"),
+         ("cairn-import-", "import unit"), ("cairn-candidate-", "candidate unit"),
+         ("cairn-apply-", "apply unit"), ("init.scope", PID1),
+         ("dbus.service", "D-Bus"), ("systemd-journald.service", "journald"))
+RUN_KINDS = ("coordinator unit", "agent unit", "import unit", "candidate unit", "apply unit")
+PID1 = "systemd (PID 1, and what it forked that ended unseen)"
+BENCH, CLI = "the bench script itself", "cairn launch (CLI), process accounting"
+ACCT_FILE = "/var/tmp/cairn-bench.acct"
+ACCT_V3 = struct.Struct("<BBH6If8H16s")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def unit_of(pid):
+    """The unit a process belongs to by its name=systemd cgroup, None if gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as fh:
+            for line in fh:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "name=systemd":
+                    return path.rsplit("/", 1)[-1] or "init.scope"
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return "?"
+
+
+def kind_of(unit):
+    for prefix, kind in KINDS:
+        if unit.startswith(prefix):
+            return kind
+    return unit or "unknown"
+
+
+def cpu_ticks(pid):
+    """(start time, utime + stime) in clock ticks, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[19]), int(fields[11]) + int(fields[12])
+
+
+def comp_t(value):
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+class Accounting:
+    """CPU time by process kind while it is on: BSD process accounting (the kernel
+    writes a record for every process of this PID namespace when it exits) for the
+    processes that end, /proc/PID/stat deltas for those that live on. Each process's
+    unit is read from its cgroup as soon as it is seen (a scan of /proc every 20 ms);
+    one that ended unseen counts as its parent's."""
+
+    def __init__(self):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        os.close(os.open(ACCT_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        if self.libc.acct(ACCT_FILE.encode()) != 0:
+            raise OSError(ctypes.get_errno(), "acct() refused")
+        self.units = {}
+        self.before = {pid: cpu_ticks(pid) for pid in self.pids()}
+        self.stop = threading.Event()
+        self.watcher = threading.Thread(target=self.watch)
+        self.watcher.start()
+
+    @staticmethod
+    def pids():
+        return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+    def watch(self):
+        while True:
+            for pid in self.pids():
+                if self.units.get(pid) in (None, "init.scope"):
+                    unit = unit_of(pid)
+                    if unit is not None:
+                        self.units[pid] = unit
+            if self.stop.wait(0.02):
+                return
+
+    def close(self):
+        """{kind: [CPU seconds, processes]} for everything that ran meanwhile."""
+        self.stop.set()
+        self.watcher.join()
+        self.libc.acct(None)
+        with open(ACCT_FILE, "rb") as fh:
+            raw = fh.read()
+        os.unlink(ACCT_FILE)
+        ended = {}
+        parent = {}
+        for offset in range(0, len(raw) - ACCT_V3.size + 1, ACCT_V3.size):
+            rec = ACCT_V3.unpack_from(raw, offset)
+            if rec[1] & 0x7F != 3:
+                raise SystemExit(f"process accounting record version {rec[1]}, not 3")
+            pid, ppid = rec[6], rec[7]
+            ended[pid] = (comp_t(rec[10]) + comp_t(rec[11])) / 100  # AHZ is 100 in v3
+            parent[pid] = ppid
+        me = os.getpid()
+
+        def kind(pid):
+            if pid == me:
+                return BENCH
+            for _ in range(64):
+                if parent.get(pid) == me:
+                    return CLI
+                unit = self.units.get(pid)
+                if unit is not None and unit != "init.scope":
+                    return kind_of(unit)
+                if pid == 1:
+                    return PID1
+                if pid not in parent:
+                    return kind_of(unit) if unit else "unseen"
+                pid = parent[pid]
+            return "unseen"
+
+        out = {}
+        for pid, seconds in ended.items():
+            entry = out.setdefault(kind(pid), [0.0, 0])
+            entry[0] += seconds
+            entry[1] += 1
+        for pid in self.pids():
+            now = cpu_ticks(pid)
+            if now is None or pid in ended:
+                continue
+            then = self.before.get(pid)
+            used = now[1] - (then[1] if then and then[0] == now[0] else 0)
+            if used:
+                out.setdefault(kind(pid), [0.0, 0])[0] += used / TICK
+        return out
+
+
+def wait_quiet(timeout):
+    """Until no process of a run's units is left (a coordinator outlives its run's
+    last journal write by a moment)."""
+    deadline = time.monotonic() + timeout
+    while any(kind_of(unit_of(pid) or "") in RUN_KINDS for pid in Accounting.pids()):
+        if time.monotonic() > deadline:
+            raise SystemExit("run units still alive after their runs ended")
+        time.sleep(0.05)
+
+
 def together():
     jobs = [(user, project(user, f"p{i}")) for i in range(concurrent // 2)
             for user in ("alice", "bob")]
@@ -225,6 +365,8 @@ def together():
 
     sampler = threading.Thread(target=sample)
     sampler.start()
+    accounting = Accounting()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start.wait()
     try:
         for t in threads:
@@ -232,14 +374,21 @@ def together():
         if any(r is None for r in results):
             raise SystemExit("a concurrent cairn launch did not return")
         wait_ended([r[0] for r in results], 300)
+        wait_quiet(60)
     finally:
         stop.set()
         sampler.join()
+        cpu = accounting.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The launch processes were this script's children: their exact CPU time.
+    cli = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    cpu["cairn launch (CLI), getrusage"] = [cli, len(results)]
     first = min(r[1] for r in results)
     runs = []
     for run_id, invoked, returned in results:
         runs.append({"invoked": invoked, "returned": returned, **marks(run_id)})
-    return {"runs": runs, "first_invoked": first, "memory_before": before, "memory_peak": peak}
+    return {"runs": runs, "first_invoked": first, "memory_before": before,
+            "memory_peak": peak, "cpu": cpu}
 
 
 out = {"sequential": sequential(), "memory": at_rest_and_waiting()}
@@ -248,7 +397,11 @@ print(json.dumps(out))
 '''
 
 # Figures of one sample by design (one batch of concurrent runs, one reading of memory).
-SINGLE_SHOT = ("concurrent", "memory")
+SINGLE_SHOT = ("concurrent", "memory", "cpu")
+# Process kinds the in-machine script reports that are not part of a run's cost: itself,
+# and the launch processes as process accounting saw them (getrusage has them exactly).
+BENCH = "the bench script itself"
+CLI_ACCOUNTED = "cairn launch (CLI), process accounting"
 
 # (label, start mark, end mark) for each phase of a run, in the order they happen.
 PHASES = (
@@ -284,11 +437,14 @@ def launch_cells(runs: list[dict[str, float]]) -> list[Cell]:
              method="cairn launch returns", cairn=True,
              samples=[r["returned"] for r in runs]),
     ]
-    for label, start, end in PHASES:
-        cells.append(Cell(figure="launch", size=None, variant="one scripted agent, one line",
-                          method=f"of which: {label}", cairn=True,
-                          samples=_each(runs, start, end)))
-    return cells
+    return cells + phase_cells("launch", "one scripted agent, one line", runs)
+
+
+def phase_cells(figure: str, variant: str, runs: list[dict[str, float]]) -> list[Cell]:
+    """One ``of which`` row per phase of :data:`PHASES`."""
+    return [Cell(figure=figure, size=None, variant=variant, method=f"of which: {label}",
+                 cairn=True, samples=_each(runs, start, end))
+            for label, start, end in PHASES]
 
 
 def concurrent_cells(data: dict[str, Any], concurrent: int) -> list[Cell]:
@@ -305,6 +461,7 @@ def concurrent_cells(data: dict[str, Any], concurrent: int) -> list[Cell]:
         Cell(figure="concurrent", size=None, variant=variant,
              method=f"first launch → all {concurrent} succeeded", cairn=True,
              samples=[max(r["succeeded"] for r in runs) - first]),
+        *phase_cells("concurrent", variant, runs),
     ]
 
 
@@ -335,6 +492,25 @@ def memory_cells(data: dict[str, list[int]], concurrent: dict[str, Any], runs: i
     ]
 
 
+def cpu_cells(cpu: dict[str, list[float]], runs: int) -> list[Cell]:
+    """CPU seconds per run by process kind, over one batch of ``runs`` concurrent runs."""
+    variant = f"{runs} concurrent runs"
+
+    def cell(method: str, seconds: float) -> Cell:
+        return Cell(figure="cpu", size=None, variant=variant, method=method, cairn=True,
+                    samples=[seconds / runs])
+
+    counted = {k: v for k, v in cpu.items() if k not in (BENCH, CLI_ACCOUNTED)}
+    cells = [cell("every process in the machine, per run", sum(v[0] for v in counted.values()))]
+    for kind, (seconds, processes) in sorted(counted.items(), key=lambda kv: -kv[1][0]):
+        ended = f", {processes / runs:.1f} processes per run ended" if processes else ""
+        cells.append(cell(f"of which: {kind}{ended}", seconds))
+    for kind in (CLI_ACCOUNTED, BENCH):
+        if kind in cpu:
+            cells.append(cell(f"not counted: {kind}", cpu[kind][0]))
+    return cells
+
+
 def run_figures(repo: Path, *, repeat: int, concurrent: int, cells: list[Cell]) -> None:
     """Boot one machine with a pool, run ``INSIDE`` and add the launch, concurrent and
     memory figures to ``cells``."""
@@ -351,7 +527,8 @@ def run_figures(repo: Path, *, repeat: int, concurrent: int, cells: list[Cell]) 
         data = json.loads(result.stdout.decode().strip().splitlines()[-1])
     new = [*launch_cells(data["sequential"]),
            *concurrent_cells(data["concurrent"], concurrent),
-           *memory_cells(data["memory"], data["concurrent"], concurrent)]
+           *memory_cells(data["memory"], data["concurrent"], concurrent),
+           *cpu_cells(data["concurrent"]["cpu"], concurrent)]
     for c in new:
         log.info("%s/%s: median %.4g %s", c.figure, c.method, c.median, c.unit)
     cells.extend(new)
