@@ -20,6 +20,7 @@ FIGURES = (
     ("replay", "Replay to the frontier"),
     ("unit", "Agent unit start → worker ready"),
     ("launch", "One-agent run: cairn launch → succeeded"),
+    ("start", "Python start of each process a run starts (import only)"),
     ("concurrent", "One-agent runs launched at once by two users"),
     ("cpu", "CPU time per run, runs launched at once"),
     ("memory", "Resident memory"),
@@ -161,6 +162,16 @@ INCLUDES = {
         "their medians need not add up to the median of the whole. The bench polls the "
         "journal database read-only every 10 ms to learn that a run has ended "
         "(`tests/bench/run_figures.py`)."),
+    "start": (
+        "In the same machine, nothing else running: the wall time of `python3 -I -c "
+        "'import MODULE'` (five times each) for the module each of a run's processes "
+        "starts from, as the package installed it; the first row is Python alone. A run "
+        "starts the CLI, a model egress unit (`Type=notify`, ordered before the "
+        "coordinator, so the coordinator starts once it is ready), a coordinator with "
+        "its control worker, an import unit (Q of a "
+        "project off the pool), an agent worker, a candidate unit and an apply unit. "
+        "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
+        "without bytecode); the row here imports the same module from the package."),
     "concurrent": (
         "The same machine and workflow: half the runs on projects of alice, half on "
         "projects of bob (the variant column says how many), one run per project, every "

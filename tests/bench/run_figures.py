@@ -37,6 +37,7 @@ INSIDE = r'''
 import ctypes, json, os, pwd, resource, sqlite3, struct, subprocess, sys, threading, time
 
 repeat, concurrent = int(sys.argv[1]), int(sys.argv[2])
+STARTS = json.loads(sys.argv[3])
 DB = "file:/var/lib/cairn/journal/journal.db?mode=ro"
 TERMINAL = ("succeeded", "failed", "cancelled")
 FAST = {"steps": [{"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"}],
@@ -200,13 +201,14 @@ def memory_now():
     return rss * 1024, anon * 1024, (info["MemTotal"] - info["MemAvailable"]) * 1024
 
 
+PID1 = "systemd (PID 1, and what it forked that ended unseen)"
 KINDS = (("cairn.service", "cairnd"), ("cairn-broker.service", "broker"),
          ("cairn-coordinator@", "coordinator unit"), ("cairn-agent-", "agent unit"),
          ("cairn-import-", "import unit"), ("cairn-candidate-", "candidate unit"),
-         ("cairn-apply-", "apply unit"), ("init.scope", PID1),
+         ("cairn-apply-", "apply unit"), ("cairn-egress@", "egress unit"),
+         ("init.scope", PID1),
          ("dbus.service", "D-Bus"), ("systemd-journald.service", "journald"))
 RUN_KINDS = ("coordinator unit", "agent unit", "import unit", "candidate unit", "apply unit")
-PID1 = "systemd (PID 1, and what it forked that ended unseen)"
 BENCH, CLI = "the bench script itself", "cairn launch (CLI), process accounting"
 ACCT_FILE = "/var/tmp/cairn-bench.acct"
 ACCT_V3 = struct.Struct("<BBH6If8H16s")
@@ -391,7 +393,22 @@ def together():
             "memory_peak": peak, "cpu": cpu}
 
 
-out = {"sequential": sequential(), "memory": at_rest_and_waiting()}
+def process_starts():
+    """Wall time of a Python start that imports what each of a run's processes imports
+    first (as installed), five times each, nothing else running."""
+    out = {}
+    for label, module in STARTS:
+        code = f"import {module}" if module else "pass"
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            subprocess.run(["python3", "-I", "-c", code], check=True)
+            samples.append(time.perf_counter() - t0)
+        out[label] = samples
+    return out
+
+
+out = {"sequential": sequential(), "memory": at_rest_and_waiting(), "starts": process_starts()}
 out["concurrent"] = together()
 print(json.dumps(out))
 '''
@@ -403,12 +420,25 @@ SINGLE_SHOT = ("concurrent", "memory", "cpu")
 BENCH = "the bench script itself"
 CLI_ACCOUNTED = "cairn launch (CLI), process accounting"
 
+# What each process of a run imports first: (label, module; empty for bare Python).
+STARTS = (
+    ("python3 -I, nothing imported", ""),
+    ("cairn CLI (cairn.cli)", "cairn.cli"),
+    ("model egress (cairn.coordinator.egress)", "cairn.coordinator.egress"),
+    ("coordinator (cairn.coordinator.__main__)", "cairn.coordinator.__main__"),
+    ("control worker (cairn.workflow.runtime)", "cairn.workflow.runtime"),
+    ("import unit (cairn.importer)", "cairn.importer"),
+    ("agent worker (cairn.worker.__main__, from the package)", "cairn.worker.__main__"),
+    ("candidate unit (cairn.worker.candidate)", "cairn.worker.candidate"),
+    ("apply unit (cairn.worker.apply)", "cairn.worker.apply"),
+)
+
 # (label, start mark, end mark) for each phase of a run, in the order they happen.
 PHASES = (
     ("cairn launch until the run is recorded (CLI start, cairnd's review)", "invoked",
      "recorded"),
-    ("until the coordinator holds the lease (broker, coordinator unit start)", "recorded",
-     "lease"),
+    ("until the coordinator holds the lease (broker, egress and coordinator unit start)",
+     "recorded", "lease"),
     ("until Q and W exist (prepare-q with the import unit, create-w)", "lease", "imported"),
     ("until the agent unit has started (control worker, start-agent)", "imported",
      "agent_started"),
@@ -511,6 +541,12 @@ def cpu_cells(cpu: dict[str, list[float]], runs: int) -> list[Cell]:
     return cells
 
 
+def start_cells(starts: dict[str, list[float]]) -> list[Cell]:
+    """One row per process kind of :data:`STARTS`, bare Python first."""
+    return [Cell(figure="start", size=None, variant="import only", method=label, cairn=True,
+                 samples=samples) for label, samples in starts.items()]
+
+
 def run_figures(repo: Path, *, repeat: int, concurrent: int, cells: list[Cell]) -> None:
     """Boot one machine with a pool, run ``INSIDE`` and add the launch, concurrent and
     memory figures to ``cells``."""
@@ -519,8 +555,8 @@ def run_figures(repo: Path, *, repeat: int, concurrent: int, cells: list[Cell]) 
 
     deb = package(repo)
     with Machine(deb, with_pool=True) as machine:
-        result = machine.exec(["python3", "-I", "-c", INSIDE, str(repeat), str(concurrent)],
-                              timeout=900, check=False)
+        result = machine.exec(["python3", "-I", "-c", INSIDE, str(repeat), str(concurrent),
+                               json.dumps(STARTS)], timeout=900, check=False)
         if result.returncode != 0:
             raise AssertionError("run benchmark failed in the machine:\n"
                                  + result.stderr.decode(errors="replace")[-3000:])
@@ -528,7 +564,8 @@ def run_figures(repo: Path, *, repeat: int, concurrent: int, cells: list[Cell]) 
     new = [*launch_cells(data["sequential"]),
            *concurrent_cells(data["concurrent"], concurrent),
            *memory_cells(data["memory"], data["concurrent"], concurrent),
-           *cpu_cells(data["concurrent"]["cpu"], concurrent)]
+           *cpu_cells(data["concurrent"]["cpu"], concurrent),
+           *start_cells(data["starts"])]
     for c in new:
         log.info("%s/%s: median %.4g %s", c.figure, c.method, c.median, c.unit)
     cells.extend(new)

@@ -74,7 +74,7 @@ def _run_marks(total: float) -> dict[str, float]:
 def test_whole_run_figures_render_with_their_targets() -> None:
     """The booted-machine figures' rows and verdicts, from made-up measurements."""
     from report import render
-    from run_figures import concurrent_cells, cpu_cells, launch_cells, memory_cells
+    from run_figures import concurrent_cells, cpu_cells, launch_cells, memory_cells, start_cells
 
     sequential = [_run_marks(t) for t in (0.8, 0.9, 1.2)]
     together = {"runs": [_run_marks(t) for t in (10.0, 25.0)], "first_invoked": 1000.0,
@@ -87,7 +87,9 @@ def test_whole_run_figures_render_with_their_targets() -> None:
            "cairn launch (CLI), process accounting": [1.8, 2],
            "the bench script itself": [0.5, 0]}
     cells = [*launch_cells(sequential), *concurrent_cells(together, 2),
-             *memory_cells(memory, together, 2), *cpu_cells(cpu, 2)]
+             *memory_cells(memory, together, 2), *cpu_cells(cpu, 2),
+             *start_cells({"python3 -I, nothing imported": [0.02, 0.03],
+                           "coordinator (cairn.coordinator.__main__)": [0.3, 0.4]})]
     results = Results(command="./dev bench --only runs", started_at="now", duration_s=60,
                       quick=False, sizes=[1000], repeat=7, cell_budget_s=30,
                       machine=machine_info(), cells=cells, notes=[])
@@ -100,13 +102,16 @@ def test_whole_run_figures_render_with_their_targets() -> None:
            "| **no** | 5.0 s over (1.2×) |" in text
     for heading in ("### One-agent run: cairn launch → succeeded",
                     "### One-agent runs launched at once by two users",
-                    "### CPU time per run, runs launched at once", "### Resident memory"):
+                    "### CPU time per run, runs launched at once", "### Resident memory",
+                    "### Python start of each process a run starts (import only)"):
         assert heading in text
     assert "| Cairn: coordinator unit, all its processes (VmRSS summed) | 82.0 MiB |" in text
     # Per run: coordinator 1.5 s + apply 0.5 s + the launch processes 1.0 s, exactly.
     assert "| Cairn: every process in the machine, per run | 3.00 s |" in text
     assert "| Cairn: of which: coordinator unit, 2.0 processes per run ended | 1.50 s |" in text
     assert "not counted: the bench script itself | 250.0 ms" in text
+    assert "| Cairn: coordinator (cairn.coordinator.__main__) | 350.0 ms | 400.0 ms | 2 | " \
+           "14.00× of it |" in text
     cpus = results.machine.cpus
     assert (f"At 3.00 s of CPU per run, 2 runs keep this machine's {cpus} CPUs busy for at "
             f"least {2 * 3.0 / cpus:.1f} s; all were done after 25.00 s") in text
