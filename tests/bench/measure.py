@@ -1,6 +1,7 @@
 """Timing, statistics and the result records the benchmark suite writes.
 
-Every figure is a list of samples (seconds, or operations per second for rates). A cell
+Every figure is a list of samples (seconds, operations per second for rates, or bytes of
+memory). A cell
 is sampled up to ``repeat`` times, and fewer when its wall-clock budget (setup included)
 runs out after at least one sample, so a 100,000-file ``cp -a`` of 32 lanes cannot eat
 the whole run; the sample count is recorded and printed with every figure.
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cairn import proc
 
-Unit = Literal["s", "per_s"]
+Unit = Literal["s", "per_s", "bytes"]
 
 
 class Cell(BaseModel):

@@ -19,6 +19,11 @@ FIGURES = (
     ("fork", "Fork of lanes"),
     ("replay", "Replay to the frontier"),
     ("unit", "Agent unit start → worker ready"),
+    ("launch", "One-agent run: cairn launch → succeeded"),
+    ("start", "Python start of each process a run starts (import only)"),
+    ("concurrent", "One-agent runs launched at once by two users"),
+    ("cpu", "CPU time per run, runs launched at once"),
+    ("memory", "Resident memory"),
     ("journal", "Journal commit rate (settle+commit pairs per second)"),
 )
 
@@ -145,6 +150,62 @@ INCLUDES = {
         "(started in turn with the full unit): where the start job's time goes. "
         "The bare row is the same D-Bus client starting a unit with no sandbox that runs "
         "`/bin/true`, until it has exited — what `systemd-run --wait true` does."),
+    "launch": (
+        "In a booted Debian 13 machine (systemd-nspawn, systemd 257) with the package "
+        "installed and a loop Btrfs pool at `/var/lib/cairn/pool`: alice runs `cairn launch "
+        "builtin:implement --scripted builtin:implementer=FILE` on a project of one file in "
+        "her home (so Q is an import), with a scripted agent appending one line; one run "
+        "after another, after one untimed warm-up run. Timed from invoking `cairn launch` "
+        "(wall clock in the machine) until the journal's `run-succeeded` event; the `cairn "
+        "launch returns` row is the launch process alone. The `of which` rows split each "
+        "run at the journal's own timestamps: `run-created`, `lease-acquired`, the "
+        "receipts of `create-w.root.1`, `start-agent.root-1.1`, `settle-candidate` and "
+        "`start-apply.1`, and the `op-finished`, `op-committed` and `run-succeeded` events; "
+        "their medians need not add up to the median of the whole. The bench polls the "
+        "journal database read-only every 10 ms to learn that a run has ended "
+        "(`tests/bench/run_figures.py`)."),
+    "start": (
+        "In the same machine, nothing else running: the wall time of `python3 -I -c "
+        "'import MODULE'` (five times each) for the module each of a run's processes "
+        "starts from, as the package installed it; the first row is Python alone. A run "
+        "starts the CLI, a model egress unit (`Type=notify`, ordered before the "
+        "coordinator, so the coordinator starts once it is ready), a coordinator with "
+        "its control worker, an import unit (Q of a "
+        "project off the pool), an agent worker, a candidate unit and an apply unit. "
+        "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
+        "without bytecode); the row here imports the same module from the package."),
+    "concurrent": (
+        "The same machine and workflow: half the runs on projects of alice, half on "
+        "projects of bob (the variant column says how many), one run per project, every "
+        "`cairn launch` process started together (a thread each, released by one "
+        "barrier). Each run's times and phases are taken as in the previous table; the "
+        "`all succeeded` row is from the first invocation until the last "
+        "`run-succeeded`."),
+    "cpu": (
+        "The CPU time (user + system) of the concurrent batch above divided by the number "
+        "of runs, by the unit each process ran in. nspawn on this host gives the machine "
+        "no cgroup controllers (`CPUUsageNSec` and `MemoryCurrent` are unset), so the "
+        "bench counts processes instead: BSD process accounting (`acct(2)`) records every "
+        "process of the machine that exits, and a scan of `/proc` every 20 ms reads each "
+        "new process's unit from its cgroup (one that ended unseen counts as its "
+        "parent's; a unit that is not Cairn's is named); processes that live on (cairnd, "
+        "the broker, systemd, D-Bus, journald) count by the growth of their "
+        "`/proc/PID/stat` times. The kernel records each ended process's user and system "
+        "times in whole 10 ms ticks, truncated, so the rows of processes that ended "
+        "undercount by up to 20 ms per process (the row says how many per run); the "
+        "`cairn launch` row is exact (`getrusage` of the bench's children), and the same "
+        "processes as process accounting saw them are shown, not counted, for comparison."),
+    "memory": (
+        "`VmRSS` from `/proc/PID/status` in the same machine. cairnd at rest: after the "
+        "launch figures, with no run going. One agent waiting: a scripted agent that "
+        "sleeps 5 s before its edit, read 2 s after its unit became active; the process "
+        "rows are each unit's `MainPID`, the unit rows sum every process in the unit's "
+        "cgroup (the coordinator's includes its control worker). The concurrent rows are "
+        "sampled every 250 ms during the concurrent runs: resident memory summed over "
+        "every process in the machine (shared pages counted once per process, so an upper "
+        "bound; `RssAnon` counts only anonymous pages), and the host's used memory "
+        "(`MemTotal − MemAvailable`: reclaimable page cache is not in it, and anything "
+        "else the host ran meanwhile is)."),
     "journal": (
         "Per round, N operations are first recorded and started (untimed); timed: for "
         "each, `Journal.update_op(state='settled', result=…, checkpoint=…)` and "
@@ -166,6 +227,8 @@ def fmt_seconds(value: float) -> str:
 
 
 def fmt(cell: Cell, value: float) -> str:
+    if cell.unit == "bytes":
+        return f"{value / (1 << 20):,.1f} MiB"
     return f"{value:,.0f}/s" if cell.unit == "per_s" else fmt_seconds(value)
 
 
@@ -219,6 +282,7 @@ def verdicts(results: Results) -> list[Verdict]:
             "three-way apply of 1,000 changed files ≤ 300 ms at every size",
             ", ".join(f"{fmt_seconds(c.median)} at {c.size:,}" for c in applies), met,
             "" if met else f"{worst.median / 0.3:.1f}× over at {worst.size:,} files"))
+    out += _run_verdicts(cells)
     cairn = next((c for c in cells if c.figure == "journal" and c.cairn), None)
     raw = next((c for c in cells if c.figure == "journal" and not c.cairn), None)
     if cairn and raw:
@@ -253,6 +317,51 @@ def verdicts(results: Results) -> list[Verdict]:
     return out
 
 
+def _run_verdicts(cells: list[Cell]) -> list[Verdict]:
+    """Issue 18's targets for whole runs in the booted machine."""
+    out: list[Verdict] = []
+    single = _cell(cells, "launch", None, "cairn launch → run succeeded")
+    if single is not None:
+        met = single.median <= 1.0
+        out.append(Verdict(
+            "one-agent run, cairn launch → succeeded: median ≤ 1.0 s",
+            f"{fmt_seconds(single.median)} (p95 {fmt_seconds(single.p95)}, "
+            f"n={len(single.samples)})", met,
+            "" if met else f"{single.median - 1.0:.2f} s over ({single.median:.1f}×)"))
+    returns = _cell(cells, "concurrent", None, "cairn launch returns")
+    if returns is not None:
+        met = returns.p95 <= 2.0
+        out.append(Verdict(
+            f"{returns.variant}: every cairn launch returns in ≤ 2 s (p95)",
+            f"p95 {fmt_seconds(returns.p95)}, median {fmt_seconds(returns.median)}", met,
+            "" if met else f"{returns.p95 - 2.0:.2f} s over ({returns.p95 / 2.0:.1f}×)"))
+    everything = _cell(cells, "concurrent", None, "first launch → all")
+    if everything is not None:
+        met = everything.median <= 20.0
+        out.append(Verdict(
+            f"{everything.variant}: all succeeded ≤ 20 s after the first launch",
+            fmt_seconds(everything.median), met,
+            "" if met else f"{everything.median - 20.0:.1f} s over "
+            f"({everything.median / 20.0:.1f}×)"))
+    return out
+
+
+def _cpu_bound(results: Results) -> list[str]:
+    """What the CPU time per run means for the concurrent batch on this machine."""
+    per_run = _cell(results.cells, "cpu", None, "every process")
+    everything = _cell(results.cells, "concurrent", None, "first launch → all")
+    if per_run is None or everything is None:
+        return []
+    runs = int(everything.variant.split()[0])
+    cpus = results.machine.cpus
+    floor = runs * per_run.median / cpus
+    return [f"At {fmt_seconds(per_run.median)} of CPU per run, {runs} runs keep this "
+            f"machine's {cpus} CPUs busy for at least {floor:.1f} s; all were done after "
+            f"{fmt_seconds(everything.median)} ({floor / everything.median:.0%} of that time "
+            "is the CPU floor). To finish within 20 s, a run may use at most "
+            f"{fmt_seconds(20 * cpus / runs)} of CPU here.", ""]
+
+
 def _ops(cell: Cell) -> int:
     return int(cell.variant.split()[0].replace(",", ""))
 
@@ -279,7 +388,7 @@ def _figure_table(cells: list[Cell]) -> list[str]:
         bases = [c for c in group if c.cairn and not _part(c)]
         base = bases[0] if bases else None
         for c in sorted(group, key=lambda c: (not c.cairn, _part(c))):
-            if c is base or base is None:
+            if c is base or base is None or c.unit == "bytes":
                 versus = "—"
             elif c.cairn:
                 versus = f"{c.median / base.median:.2f}× of it"
@@ -339,6 +448,8 @@ def render(results: Results, workflow_source: str, json_name: str) -> str:
         if not cells:
             continue
         lines += [f"### {title}", "", *_figure_table(cells), "", INCLUDES[figure], ""]
+        if figure == "cpu":
+            lines += _cpu_bound(results)
         if figure == "replay":
             lines += ["```python", workflow_source.rstrip(), "```", ""]
     if results.notes:

@@ -22,6 +22,7 @@ from apply_figures import profile_note
 from journal_figures import LOOP_WORKFLOW, REPLAY_SIZES, commit_rate, replay_figures
 from measure import Cell, Results, machine_info
 from report import render
+from run_figures import SINGLE_SHOT, run_figures
 from storage_figures import Bench, loop_pool, run_size
 from unit_figures import unit_figures
 
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 FULL_SIZES = (1_000, 10_000, 100_000)
 QUICK_SIZES = (1_000, 2_000)
 QUICK_REPLAY = (100, 300, 1_000)
+PARTS = ("trees", "journal", "replay", "units", "runs")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,12 +50,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pool-size", help="size of the sparse loop image")
     parser.add_argument("--skip-machine", action="store_true",
                         help="leave out the figures that boot a test machine")
+    parser.add_argument("--only", type=_parts, default=PARTS, metavar="PART[,PART]",
+                        help="run only these parts: " + ", ".join(PARTS)
+                        + " (units and runs boot a test machine each)")
     parser.add_argument("--doc", type=Path, help="where to write the Markdown report")
     parser.add_argument("--json", type=Path, help="where to write the JSON results")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="only write the Markdown report again from a results file")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"unknown part {', '.join(unknown) or '(none)'}; choose from {', '.join(PARTS)}")
+    return parts
 
 
 def _load() -> float:
@@ -117,22 +131,28 @@ def main(argv: list[str] | None = None) -> int:
             scratch = pool.root.parent / "bench"
             scratch.mkdir()
             bench = Bench(pool=pool, scratch=scratch, repeat=repeat, budget=budget, cells=cells)
-            for n in sizes:
+            for n in sizes if "trees" in args.only else ():
                 log.info("project of %d files", n)
                 phase(f"the {n:,}-file figures", lambda n=n: run_size(bench, n))
-            for n in sorted({min(sizes), max(sizes)}):
+            for n in sorted({min(sizes), max(sizes)}) if "trees" in args.only else ():
                 phase(f"the {n:,}-file apply profile",
                       lambda n=n: profiles.append(profile_note(pool, scratch, n)))
         journal_dir = work / "journal"
         journal_dir.mkdir()
-        phase("the journal commit rate", lambda: commit_rate(
-            journal_dir, pairs=20 if args.quick else 200, rounds=repeat, cells=cells))
-        phase("replay", lambda: replay_figures(
-            journal_dir, QUICK_REPLAY if args.quick else REPLAY_SIZES, repeat=repeat,
-            budget=budget, cells=cells))
-        if not args.skip_machine:
+        if "journal" in args.only:
+            phase("the journal commit rate", lambda: commit_rate(
+                journal_dir, pairs=20 if args.quick else 200, rounds=repeat, cells=cells))
+        if "replay" in args.only:
+            phase("replay", lambda: replay_figures(
+                journal_dir, QUICK_REPLAY if args.quick else REPLAY_SIZES, repeat=repeat,
+                budget=budget, cells=cells))
+        if not args.skip_machine and "units" in args.only:
             phase("the unit figures", lambda: unit_figures(
                 REPO, repeat=max(repeat, 10), cells=cells))
+        if not args.skip_machine and "runs" in args.only:
+            phase("the whole-run figures", lambda: run_figures(
+                REPO, repeat=3 if args.quick else 10, concurrent=8 if args.quick else 32,
+                cells=cells))
     finally:
         os.environ.pop("CAIRN_ROOT", None)
         shutil.rmtree(work, ignore_errors=True)
@@ -174,13 +194,14 @@ def _notes(cells: list[Cell], repeat: int, loads: list[float], cpus: int,
             "on the same tree, so they are steadier than the absolute times.")
     else:
         notes.append(f"1-minute load average sampled during the run: {load_text}.")
-    short = sorted({f"{c.figure}/{c.method}" for c in cells if len(c.samples) < repeat})
+    short = sorted({f"{c.figure}/{c.method}" for c in cells
+                    if len(c.samples) < repeat and c.figure not in SINGLE_SHOT})
     if short:
         notes.append("Sampling stopped at the per-figure time budget for: "
                      + "; ".join(short) + ".")
     if skipped_machine:
-        notes.append("The figures that need a booted machine (unit start, QUIESCE) were "
-                     "left out (--skip-machine).")
+        notes.append("The figures that need a booted machine (unit start, QUIESCE, whole "
+                     "runs, memory) were left out (--skip-machine).")
     return notes
 
 
