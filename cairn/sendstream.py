@@ -15,10 +15,9 @@ import logging
 import os
 import stat
 import struct
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -100,6 +99,8 @@ _BYTES_ATTRS = {
     35: "verity_sig_data",
 }
 _DATA_ATTR = 19
+# What the change tracker reads: path, path_to, path_link.
+PATH_ATTRS = frozenset({15, 16, 17})
 
 _CREATE = {"MKFILE", "MKDIR", "MKNOD", "MKFIFO", "MKSOCK", "SYMLINK"}
 _CONTENT = {"WRITE", "UPDATE_EXTENT", "CLONE", "TRUNCATE", "FALLOCATE", "ENCODED_WRITE"}
@@ -131,13 +132,12 @@ def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
     return crc
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     """One decoded command; integer attributes in ``ints``, everything else raw."""
 
     name: str
-    ints: dict[str, int] = field(default_factory=dict)
-    raw: dict[str, bytes] = field(default_factory=dict)
+    ints: dict[str, int]
+    raw: dict[str, bytes]
 
     def path(self, key: str = "path") -> str:
         """A path attribute as a str (file system encoding, surrogate escapes)."""
@@ -147,61 +147,79 @@ class Command:
             raise StreamError(f"send stream {self.name} command lacks {key}") from None
 
 
-def parse(data: bytes, *, verify_crc: bool = True) -> Iterator[Command]:
-    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3."""
-    view = memoryview(data)
+_ATTR_NAMES = {**_BYTES_ATTRS, **_INT_ATTRS}
+_HEADER_SIZE = _HEADER.size
+_unpack_header = _HEADER.unpack_from
+_unpack_tlv = _TLV.unpack_from
+
+
+def parse(
+    data: bytes, *, verify_crc: bool = True, attrs: frozenset[int] | None = None
+) -> Iterator[Command]:
+    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3; with
+    ``attrs``, only those attribute numbers (the framing of every one is still checked)."""
+    # Slicing bytes is cheaper than slicing a memoryview and copying: the stream is
+    # metadata only, and most attributes are a few bytes long.
+    data = bytes(data)
+    size = len(data)
     pos = 0
     version = 0
-    while pos < len(view):
-        if bytes(view[pos : pos + len(MAGIC)]) == MAGIC:
-            if pos + len(MAGIC) + 4 > len(view):
+    while pos < size:
+        if data.startswith(MAGIC, pos):
+            if pos + len(MAGIC) + 4 > size:
                 raise StreamError("send stream header is truncated")
-            (version,) = struct.unpack_from("<I", view, pos + len(MAGIC))
+            (version,) = struct.unpack_from("<I", data, pos + len(MAGIC))
             if version not in (1, 2, 3):
                 raise StreamError(f"send stream version {version} is not supported")
             pos += len(MAGIC) + 4
             continue
         if version == 0:
             raise StreamError("data is not a btrfs send stream")
-        if pos + _HEADER.size > len(view):
+        if pos + _HEADER_SIZE > size:
             raise StreamError("send stream command header is truncated")
-        length, cmd, crc = _HEADER.unpack_from(view, pos)
-        start = pos + _HEADER.size
+        length, cmd, crc = _unpack_header(data, pos)
+        start = pos + _HEADER_SIZE
         end = start + length
-        if end > len(view):
+        if end > size:
             raise StreamError("send stream command payload is truncated")
         if verify_crc:
-            header = bytes(view[pos : pos + 6]) + b"\0\0\0\0"
-            if crc32c(view[start:end], crc32c(header)) != crc:
+            header = data[pos : pos + 6] + b"\0\0\0\0"
+            if crc32c(data[start:end], crc32c(header)) != crc:
                 raise StreamError(f"send stream CRC mismatch at offset {pos}")
-        yield _decode_command(cmd, view[start:end], version)
+        yield _decode_command(cmd, data, start, end, version, attrs)
         pos = end
 
 
-def _decode_command(cmd: int, payload: memoryview, version: int) -> Command:
+def _decode_command(
+    cmd: int, data: bytes, pos: int, end: int, version: int, wanted: frozenset[int] | None
+) -> Command:
+    """The attributes of the command payload ``data[pos:end]`` (those ``wanted``)."""
     ints: dict[str, int] = {}
     raw: dict[str, bytes] = {}
-    pos = 0
-    while pos < len(payload):
-        if pos + 2 > len(payload):
+    data_to_end = version >= 2
+    while pos < end:
+        if pos + _TLV.size <= end:
+            atype, alen = _unpack_tlv(data, pos)
+        elif pos + 2 <= end:
+            atype, alen = data[pos] | data[pos + 1] << 8, -1
+        else:
             raise StreamError("send stream attribute header is truncated")
-        (atype,) = struct.unpack_from("<H", payload, pos)
-        if version >= 2 and atype == _DATA_ATTR:
-            value = payload[pos + 2 :]
-            pos = len(payload)
+        if data_to_end and atype == _DATA_ATTR:
+            start, pos = pos + 2, end
         else:
-            if pos + _TLV.size > len(payload):
+            if alen < 0:
                 raise StreamError("send stream attribute header is truncated")
-            _, alen = _TLV.unpack_from(payload, pos)
-            value = payload[pos + _TLV.size : pos + _TLV.size + alen]
-            if len(value) != alen:
+            start = pos + _TLV.size
+            pos = start + alen
+            if pos > end:
                 raise StreamError("send stream attribute is truncated")
-            pos += _TLV.size + alen
+        if wanted is not None and atype not in wanted:
+            continue
         if atype in _INT_ATTRS:
-            ints[_INT_ATTRS[atype]] = int.from_bytes(value, "little")
+            ints[_INT_ATTRS[atype]] = int.from_bytes(data[start:pos], "little")
         else:
-            raw[_BYTES_ATTRS.get(atype, f"attr{atype}")] = bytes(value)
-    return Command(COMMANDS.get(cmd, f"cmd{cmd}"), ints, raw)
+            raw[_ATTR_NAMES.get(atype) or f"attr{atype}"] = data[start:pos]
+    return Command(COMMANDS.get(cmd) or f"cmd{cmd}", ints, raw)
 
 
 class Rename(BaseModel):
@@ -290,6 +308,9 @@ class ChangeTracker:
         self.nodes: list[_Node] = []
         self.touched: list[_Node] = []
         self.commands = 0
+        # Path -> node while no entry moves: most commands name the path the previous
+        # one did (a new file's RENAME, CHOWN, CHMOD, UTIMES; its parent's UTIMES).
+        self._resolved: dict[str, _Node] = {}
 
     def feed(self, commands: Iterable[Command]) -> None:
         for cmd in commands:
@@ -315,7 +336,10 @@ class ChangeTracker:
         return node
 
     def _resolve(self, path: str) -> _Node:
-        return self._lookup(_split(path))
+        node = self._resolved.get(path)
+        if node is None:
+            node = self._resolved[path] = self._lookup(_split(path))
+        return node
 
     def _parent_and_name(self, path: str) -> tuple[_Node, str]:
         parts = _split(path)
@@ -324,6 +348,7 @@ class ChangeTracker:
         return self._lookup(parts[:-1]), parts[-1]
 
     def _detach(self, node: _Node) -> None:
+        self._resolved.clear()
         parent = node.parent
         if parent is None:
             raise StreamError("send stream tries to move the subvolume root")
@@ -335,6 +360,7 @@ class ChangeTracker:
         node.detached = True
 
     def _attach(self, node: _Node, path: str) -> None:
+        self._resolved.clear()
         parent, name = self._parent_and_name(path)
         occupant = parent.children.get(name)
         if isinstance(occupant, _Node):
@@ -350,6 +376,7 @@ class ChangeTracker:
         if n == "SNAPSHOT":
             return
         if n == "SUBVOL":
+            self._resolved.clear()
             self.root.origin = None  # a full stream: nothing of "Q" exists
             return
         if n in _CREATE or n == "LINK":
@@ -380,17 +407,27 @@ class ChangeTracker:
                 self.touched.append(node)
         # END carries nothing settlement compares.
 
-    def _final_path(self, node: _Node) -> str | None:
-        parts: list[str] = []
-        cur: _Node | None = node
-        while cur is not None and cur is not self.root:
-            if cur.detached:
-                return None
-            parts.append(cur.name)
-            cur = cur.parent
-        if cur is None:
-            return None
-        return "/".join(reversed(parts))
+    def _final_paths(self) -> Callable[[_Node], str | None]:
+        """Where a node ends up in P (None: gone), remembering every ancestor's answer;
+        only valid until the next command is fed."""
+        memo: dict[int, str | None] = {id(self.root): ""}
+
+        def final(node: _Node) -> str | None:
+            chain: list[_Node] = []
+            cur: _Node | None = node
+            # Iterative: an agent can nest directories thousands of levels deep.
+            while cur is not None and id(cur) not in memo and not cur.detached:
+                chain.append(cur)
+                cur = cur.parent
+            if cur is not None and cur.detached:
+                memo[id(cur)] = None
+            base = memo[id(cur)] if cur is not None else None
+            for link in reversed(chain):
+                base = None if base is None else _join(base, link.name)
+                memo[id(link)] = base
+            return memo[id(node)]
+
+        return final
 
     def _carried(self, node: _Node) -> bool:
         """In Q this entry sat in the same place under the same parent (so the parent's
@@ -412,8 +449,9 @@ class ChangeTracker:
         modified: set[str] = set()
         metadata: set[str] = set()
         renames: list[tuple[str, str]] = []
+        final_path = self._final_paths()
         for node in self.nodes:
-            final = self._final_path(node)
+            final = final_path(node)
             if node.origin is not None and final != node.origin:
                 vacated.add(node.origin)
                 walk = reader is not None and not self._carried(node)
@@ -430,7 +468,7 @@ class ChangeTracker:
                 final is not None
                 and source is not None
                 and source.origin is not None
-                and self._final_path(source) is None
+                and final_path(source) is None
             ):
                 renames.append((source.origin, final))
             if final is not None and final == node.origin:
@@ -453,7 +491,7 @@ class ChangeTracker:
         modified |= occupied - created
         deleted = vacated - occupied
         metadata -= created | modified | deleted
-        touched = {t for t in map(self._final_path, self.touched) if t is not None}
+        touched = {t for t in map(final_path, self.touched) if t is not None}
         return ChangeSet(
             created=_scoped(created, subpath),
             modified=_scoped(modified, subpath),
@@ -544,14 +582,14 @@ class FilesystemReader:
 
     def exists_q(self, rel: str) -> bool:
         try:
-            os.lstat(self.q / rel)
+            os.lstat(os.path.join(self.q, rel))
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
 
     def other_links_p(self, rel: str) -> list[str]:
         try:
-            st = os.lstat(self.p / rel)
+            st = os.lstat(os.path.join(self.p, rel))
         except (FileNotFoundError, NotADirectoryError):
             return []
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
@@ -584,7 +622,7 @@ def changes_in(stream: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeS
     tracker = ChangeTracker()
     # The kernel made the stream and root handed it over unchanged; the CRC check would
     # only cost time here (it is exercised in the tests). Parsing refuses malformed input.
-    tracker.feed(parse(stream, verify_crc=False))
+    tracker.feed(parse(stream, verify_crc=False, attrs=PATH_ATTRS))
     result = tracker.result(FilesystemReader(q, p, sub), sub)
     log.info("changes %s -> %s: %d commands, %d paths", q, p, tracker.commands, len(result.paths()))
     return result

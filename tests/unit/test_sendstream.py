@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from cairn.sendstream import MAGIC, ChangeTracker, StreamError, crc32c, parse
+from cairn.sendstream import MAGIC, PATH_ATTRS, ChangeTracker, StreamError, crc32c, parse
 
 CAPTURED = base64.b64decode(
     "YnRyZnMtc3RyZWFtAAEAAABFAAAAAgCHu9uGDwABAFABABAAH5tICFno0UKN9pRGNDoskwIACAAIAAAAAAAAABQA"
@@ -187,3 +187,80 @@ def test_version_2_data_attribute_runs_to_end_of_command() -> None:
     (cmd,) = list(parse(stream, verify_crc=True))
     assert cmd.name == "WRITE"
     assert cmd.raw["data"] == b"\x00\x01\x02\x03"
+
+
+UTIMES = 20
+
+
+def test_path_only_decoding_keeps_paths_and_drops_the_rest() -> None:
+    full = list(parse(CAPTURED, verify_crc=True))
+    lean = list(parse(CAPTURED, verify_crc=True, attrs=PATH_ATTRS))
+    assert [c.name for c in lean] == [c.name for c in full]
+    assert all(not c.ints and set(c.raw) <= {"path", "path_to", "path_link"} for c in lean)
+    assert [c.raw for c in lean] == [
+        {k: v for k, v in c.raw.items() if k in ("path", "path_to", "path_link")} for c in full
+    ]
+    t = ChangeTracker()
+    t.feed(iter(lean))
+    assert t.result() == tracked(CAPTURED)
+
+
+def one_command(cmd: int, payload: bytes) -> bytes:
+    header = struct.pack("<IHI", len(payload), cmd, 0)
+    return MAGIC + struct.pack("<I", 1) + struct.pack(
+        "<IHI", len(payload), cmd, crc32c(header + payload)
+    ) + payload
+
+
+def test_path_only_decoding_still_refuses_a_skipped_attribute_past_its_command() -> None:
+    # MODE claims 200 bytes in a command of a few: skipping it must not read past the
+    # command into the next one.
+    path = struct.pack("<HH", PATH, 1) + b"f"
+    too_long = one_command(CHMOD, path + struct.pack("<HH", MODE, 200) + b"\0" * 8)
+    with pytest.raises(StreamError, match="attribute is truncated"):
+        list(parse(too_long, attrs=PATH_ATTRS))
+    half_header = one_command(CHMOD, path + b"\x05")
+    with pytest.raises(StreamError, match="attribute header is truncated"):
+        list(parse(half_header, attrs=PATH_ATTRS))
+
+
+def test_a_path_named_again_after_its_directory_moved_is_refused() -> None:
+    # The replay remembers what each path named; a move must make it forget.
+    stream = encode([
+        (SNAPSHOT, [p("P")]),
+        (UTIMES, [p("d/f")]),
+        (RENAME, [p("d"), to("e")]),
+        (UPDATE_EXTENT, [p("e/f")]),
+        (UTIMES, [p("d/f")]),
+        (END, []),
+    ])
+    with pytest.raises(StreamError, match="gone"):
+        tracked(stream)
+
+
+def test_a_path_reused_after_a_rename_names_the_new_entry() -> None:
+    stream = encode([
+        (SNAPSHOT, [p("P")]),
+        (UTIMES, [p("a")]),
+        (RENAME, [p("a"), to("b")]),
+        (MKFILE, [p("a")]),
+        (UPDATE_EXTENT, [p("a")]),
+        (UTIMES, [p("a")]),
+        (END, []),
+    ])
+    cs = tracked(stream)
+    assert cs.created == ["b"]
+    assert cs.modified == ["a"]
+    # "b" because the first UTIMES named the entry that moved there; "a" only if the
+    # last one named the new file rather than the moved entry.
+    assert cs.touched == ["a", "b"]
+
+
+def test_thousands_of_nested_directories_resolve_without_recursion() -> None:
+    depth = 1500
+    commands: list[tuple[int, list[tuple[int, bytes]]]] = [(SNAPSHOT, [p("P")])]
+    commands += [(MKDIR, [p("/".join(["n"] * i))]) for i in range(1, depth + 1)]
+    commands.append((END, []))
+    cs = tracked(encode(commands))
+    assert len(cs.created) == depth
+    assert max(cs.created, key=len).count("/") == depth - 1
