@@ -65,11 +65,21 @@ def _mounted_source(mountpoint: Path) -> str | None:
     return None
 
 
-def init_loop_pool(image: Path, size: str, mountpoint: Path) -> LoopPool:
+NODE_SIZES = (4096, 8192, 16384, 32768, 65536)
+
+
+def init_loop_pool(
+    image: Path, size: str, mountpoint: Path, *, node_size: int | None = None
+) -> LoopPool:
     """Create a sparse image of ``size``, make Btrfs on it and loop-mount it at
-    ``mountpoint`` (as root). Refuses an existing image or a mountpoint already in use;
-    undoes its own steps if a later one fails."""
+    ``mountpoint`` (as root), with Btrfs nodes of ``node_size`` bytes (mkfs's default
+    without). Refuses an existing image or a mountpoint already in use; undoes its own
+    steps if a later one fails."""
     size_bytes = parse_size(size)
+    if node_size is not None and node_size not in NODE_SIZES:
+        raise UsageError(
+            f"a Btrfs node size is one of {', '.join(map(str, NODE_SIZES))}, not {node_size}"
+        )
     if size_bytes < 256 << 20:
         raise UsageError(f"a loop pool needs at least 256M, not {size}")
     if os.path.ismount(mountpoint):
@@ -88,7 +98,8 @@ def init_loop_pool(image: Path, size: str, mountpoint: Path) -> LoopPool:
             os.ftruncate(fd, size_bytes)
         finally:
             os.close(fd)
-        proc.run(["mkfs.btrfs", "-q", image], timeout=300)
+        nodes = ["--nodesize", str(node_size)] if node_size else []
+        proc.run(["mkfs.btrfs", "-q", *nodes, image], timeout=300)
         proc.run(["mount", "-o", "loop", image, mountpoint], timeout=120)
         mounted = True
         device = _mounted_source(mountpoint) or ""

@@ -4,8 +4,9 @@ tests/bench/diff_figures.py`` (a loop Btrfs under ``--workdir``, always detached
 afterwards); ``--profile`` splits one detection into the ``btrfs send`` subprocess, the
 stream parse, the replay and the reads of Q and P (cProfile); ``--changes-from FILE``
 measures the ``changes`` of another version of the module (``git show
-REV:cairn/sendstream.py > FILE``) for a before/after. ``./dev bench`` measures the same
-detection inside its tree figures.
+REV:cairn/sendstream.py > FILE``) for a before/after; ``--node-size`` makes the pool's
+Btrfs with other node sizes. ``./dev bench`` measures the same detection inside its
+tree figures.
 
 Q is a read-only snapshot of the project, whose shadow git repository was committed just
 before; P is Q plus the suite's agent-like edits in a branch, frozen. Page caches are
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path,
                         default=Path(os.environ.get("CAIRN_BENCH_DIR", "/var/tmp")))
     parser.add_argument("--pool-size", default="8G")
+    parser.add_argument("--node-size", type=int,
+                        help="Btrfs node size of the loop pool in bytes (mkfs's default)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--changes-from", type=Path, metavar="FILE",
                         help="also measure the changes function of this module file")
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         methods[f"replay alone, {name}"] = lambda e: replay_once(e, other_in)
     work = Path(tempfile.mkdtemp(prefix="cairn-diff-bench-", dir=args.workdir))
     try:
-        with loop_pool(work, args.pool_size) as pool:
+        with loop_pool(work, args.pool_size, args.node_size) as pool:
             scratch = pool.root.parent / "bench"
             scratch.mkdir()
             for n in args.sizes:

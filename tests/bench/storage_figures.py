@@ -71,12 +71,12 @@ class Bench:
 
 
 @contextmanager
-def loop_pool(workdir: Path, size: str) -> Iterator[Pool]:
+def loop_pool(workdir: Path, size: str, node_size: int | None = None) -> Iterator[Pool]:
     """A fresh Btrfs on a sparse loop image under ``workdir`` (made with the code that
     backs ``cairn storage init --loop``); always unmounted and detached afterwards."""
     image = workdir / "pool.img"
     mountpoint = workdir / "mnt"
-    loop = init_loop_pool(image, size, mountpoint)
+    loop = init_loop_pool(image, size, mountpoint, node_size=node_size)
     try:
         root = mountpoint / "pool"
         root.mkdir()

@@ -204,6 +204,28 @@ def test_loop_pool_with_quotas(tmp_path: Path, run_id: str) -> None:
         base.rmdir()
 
 
+def test_loop_pool_with_a_chosen_node_size(tmp_path: Path) -> None:
+    base = Path(tempfile.mkdtemp(prefix="cairn-looppool-"))
+    with pytest.raises(UsageError, match="node size"):
+        init_loop_pool(base / "pool.img", "300M", base / "mnt", node_size=5000)
+    assert not (base / "pool.img").exists()
+    loop = None
+    try:
+        loop = init_loop_pool(base / "pool.img", "300M", base / "mnt", node_size=4096)
+        super_block = proc.run(["btrfs", "inspect-internal", "dump-super", loop.image])
+        assert ["nodesize", "4096"] in [
+            line.split() for line in super_block.stdout.decode().splitlines()
+        ]
+    finally:
+        if loop is not None:
+            remove_loop_pool(loop)
+        assert not proc.run(["losetup", "-j", os.fspath(base / "pool.img")]).stdout.strip()
+        for leftover in base.iterdir():
+            if leftover.is_dir():
+                leftover.rmdir()
+        base.rmdir()
+
+
 def test_remint_gives_another_run_its_own_copy_and_leaves_the_source(
     pool: Pool, run_id: str
 ) -> None:
