@@ -20,6 +20,7 @@ import cProfile
 import importlib.util
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import sys
@@ -144,6 +145,16 @@ def send_once(e: Edited) -> float:
     return sw.elapsed
 
 
+def send_cpu(e: Edited, rounds: int = 5) -> str:
+    """Where ``btrfs send`` spends its time: user and kernel CPU of the child."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = sum(send_once(e) for _ in range(rounds))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (f"  btrfs send, mean of {rounds}: {wall / rounds * 1000:.1f} ms wall, "
+            f"{(after.ru_stime - before.ru_stime) / rounds * 1000:.1f} ms kernel CPU, "
+            f"{(after.ru_utime - before.ru_utime) / rounds * 1000:.1f} ms user CPU")
+
+
 def profile_lines(profile: cProfile.Profile, total: float, stream_bytes: int) -> list[str]:
     stats = pstats.Stats(profile)
     cumulative: dict[str, float] = {}
@@ -221,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile:
                         prof = cProfile.Profile()
                         total = detect_once(e, profile=prof)
-                        size = len(metadata_stream(e.q, e.p))
-                        print("\n".join(profile_lines(prof, total, size)))
+                        print("\n".join(profile_lines(prof, total, len(e.stream))))
+                        print(send_cpu(e))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
