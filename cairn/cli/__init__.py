@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from importlib import metadata
 from typing import Annotated
 
 import click
@@ -54,6 +53,9 @@ completion.register(app)
 
 def version() -> str:
     """The installed package's version ("unknown" when run from a tree not installed)."""
+    # here, not at the top: every cairn command would pay for this import
+    from importlib import metadata
+
     try:
         return metadata.version("cairn")
     except metadata.PackageNotFoundError:

@@ -8,7 +8,6 @@ import typer
 from cairn import paths
 from cairn.cli.client import emit
 from cairn.cli.options import JsonFlag
-from cairn.hostconfig import check_host_config
 
 config_app = typer.Typer(help="Host configuration.", no_args_is_help=True)
 
@@ -17,6 +16,9 @@ config_app = typer.Typer(help="Host configuration.", no_args_is_help=True)
 def config_check(json_out: JsonFlag = False) -> None:
     """Check every file in /etc/cairn; report every problem with its file, line or field
     and the fix; exit 1 if there is one."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.hostconfig import check_host_config
+
     problems = check_host_config()
     if json_out:
         emit([

@@ -6,15 +6,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import add_commands
-from cairn.mcp.server import Server
-from cairn.mcp.tools import Session
 
 
 def register(app: typer.Typer) -> None:
@@ -26,6 +23,12 @@ def mcp() -> None:
     """Serve the Model Context Protocol on stdin/stdout for an agent harness: your exposed
     workflows as tools, and your runs, inbox and answers (docs/mcp.md). Nothing it offers
     approves or applies."""
+    # here, not at the top: every cairn command would pay for this import
+    from importlib import metadata
+
+    from cairn.mcp.server import Server
+    from cairn.mcp.tools import Session
+
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="cairn mcp: %(message)s")
     try:
         version = metadata.version("cairn")

@@ -8,10 +8,6 @@ from typing import Annotated
 
 import typer
 
-from cairn.definitions import trust
-from cairn.protocol.definitions import trust_hash
-from cairn.workflow.review import render_review
-
 project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
 
 
@@ -26,6 +22,11 @@ def project_trust(
     """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
     trust hash. With it: trust them as they are now (a definition that changes later is
     refused until you confirm again)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import trust
+    from cairn.protocol.definitions import trust_hash
+    from cairn.workflow.review import render_review
+
     root = trust.project_root(path)
     if confirm is not None:
         record = trust.trust(root, confirm)
@@ -46,6 +47,9 @@ def project_trust(
 @project_app.command("untrust")
 def project_untrust(path: Path) -> None:
     """Forget the trust decision for PATH: its project: definitions cannot be launched."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import trust
+
     root = trust.project_root(path)
     trust.untrust(root)
     typer.echo(f"untrusted {root}")

@@ -1,0 +1,73 @@
+"""What every ``cairn`` start loads: the commands and their options, the daemon client and
+its protocol, nothing more. A module only some commands need when they run (the MCP
+server, the workflow review, notification hooks and D-Bus, host checks) is imported inside
+those commands, so ``cairn launch`` and ``cairn show`` never load it. Checked in a fresh
+interpreter: the test process has imported everything long before."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from cairn.proc import run
+
+# Each loaded only by the commands that use it; at the top it slowed every cairn start.
+COMMAND_ONLY = frozenset({
+    "cairn.mcp.server",  # cairn mcp
+    "cairn.mcp.tools",
+    "cairn.definitions.resolve",  # launch of a FILE.py, user: or project:; workflow; project
+    "cairn.definitions.user",
+    "cairn.definitions.trust",
+    "cairn.workflow.review",
+    "cairn.notify",  # cairn notify
+    "cairn.protocol.notify",
+    "cairn.systemd",
+    "jeepney",
+    "cairn.hostcheck",  # cairn doctor
+    "cairn.hostconfig",  # cairn config check
+})
+
+REPORT = "import json, sys; print(json.dumps(sorted(sys.modules)))"
+
+
+def modules_after(code: str, root: Path) -> tuple[set[str], str]:
+    """The modules a fresh interpreter has loaded after ``code``, and its stderr."""
+    proc = run([sys.executable, "-c", f"{code}\n{REPORT}"], env={"CAIRN_ROOT": str(root)},
+               timeout=60)
+    return set(json.loads(proc.stdout.decode().splitlines()[-1])), proc.stderr.decode()
+
+
+def dispatched(argv: list[str]) -> str:
+    """A child that runs ``cairn ARGV`` to its exit and then reports its modules."""
+    return (
+        "import sys\n"
+        "from cairn import cli\n"
+        f"sys.argv = ['cairn', *{argv!r}]\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code, file=sys.stderr)"
+    )
+
+
+def test_importing_the_cli_loads_no_command_only_module(tmp_path: Path) -> None:
+    loaded, _ = modules_after("import cairn.cli", tmp_path)
+    assert {"cairn.cli.runs", "cairn.cli.mcp", "cairn.cli.notify", "cairn.cli.workflow"} <= loaded
+    assert sorted(COMMAND_ONLY & loaded) == []
+
+
+def test_launch_and_show_load_no_command_only_module(tmp_path: Path) -> None:
+    for argv in (
+        ["launch", "builtin:implement", "--project", str(tmp_path)],
+        ["show", "flow_" + "0" * 32],
+    ):
+        loaded, stderr = modules_after(dispatched(argv), tmp_path)
+        # No cairnd under this root: the command got as far as sending its request.
+        assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
+        assert sorted(COMMAND_ONLY & loaded) == [], argv
+
+
+def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
+    loaded, stderr = modules_after(dispatched(["config", "check"]), tmp_path)
+    assert "cairn.hostconfig" in loaded, stderr
