@@ -12,6 +12,7 @@ import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import add_commands
+from cairn.protocol.daemon import build_models
 
 
 def register(app: typer.Typer) -> None:
@@ -34,5 +35,6 @@ def mcp() -> None:
         version = metadata.version("cairn")
     except metadata.PackageNotFoundError:
         version = "unknown"
+    build_models()  # before the calls' threads use one
     session = Session(request=request, cwd=Path.cwd(), clock=time.monotonic, pause=time.sleep)
     Server(sys.stdout.buffer, session, version).serve(sys.stdin.buffer)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from cairn.proc import run
+from cairn.protocol.daemon import MODEL_OF_OP
 
 # Each loaded only by the commands that use it; at the top it slowed every cairn start.
 COMMAND_ONLY = frozenset({
@@ -27,6 +28,11 @@ COMMAND_ONLY = frozenset({
     "cairn.hostcheck",  # cairn doctor
     "cairn.hostconfig",  # cairn config check
 })
+BUILT = (
+    "from cairn.protocol import daemon\n"
+    "ops = daemon.MODEL_OF_OP.items()\n"
+    "print('built', *sorted(op for op, m in ops if m.__pydantic_complete__), file=sys.stderr)"
+)
 
 REPORT = "import json, sys; print(json.dumps(sorted(sys.modules)))"
 
@@ -57,15 +63,33 @@ def test_importing_the_cli_loads_no_command_only_module(tmp_path: Path) -> None:
     assert sorted(COMMAND_ONLY & loaded) == []
 
 
-def test_launch_and_show_load_no_command_only_module(tmp_path: Path) -> None:
+def test_launch_and_show_load_no_command_only_module_and_build_only_their_request(
+    tmp_path: Path,
+) -> None:
     for argv in (
         ["launch", "builtin:implement", "--project", str(tmp_path)],
         ["show", "flow_" + "0" * 32],
     ):
-        loaded, stderr = modules_after(dispatched(argv), tmp_path)
+        loaded, stderr = modules_after(f"{dispatched(argv)}\n{BUILT}", tmp_path)
         # No cairnd under this root: the command got as far as sending its request.
         assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
         assert sorted(COMMAND_ONLY & loaded) == [], argv
+        assert stderr.splitlines()[-1] == f"built {argv[0]}"
+
+
+def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
+    tmp_path: Path,
+) -> None:
+    unbuilt = (
+        "from cairn.protocol import daemon\n"
+        "models = [*daemon.MODEL_OF_OP.values(), daemon.RequestEnvelope, daemon.DaemonReply]\n"
+        "adapter = daemon.DAEMON_REQUEST.pydantic_complete\n"
+        "print(sum(not m.__pydantic_complete__ for m in models) + (not adapter), file=sys.stderr)\n"
+    )
+    _, stderr = modules_after(f"import sys\n{unbuilt}daemon.build_models()\n{unbuilt}", tmp_path)
+    before, after = stderr.split()
+    assert int(before) == len(MODEL_OF_OP) + 3  # nothing is built at import
+    assert int(after) == 0
 
 
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
