@@ -8,11 +8,16 @@ and ``options`` are what they share. This module only assembles them, and none o
 imports it.
 """
 
+# ruff: noqa: E402 - typer is imported (without rich) by the call below, before any import
 from __future__ import annotations
 
 import signal
 import sys
 from typing import Annotated
+
+from cairn.cli.lazyrich import import_typer_without_rich
+
+import_typer_without_rich()
 
 import click
 import typer

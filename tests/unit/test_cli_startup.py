@@ -27,6 +27,8 @@ COMMAND_ONLY = frozenset({
     "jeepney",
     "cairn.hostcheck",  # cairn doctor
     "cairn.hostconfig",  # cairn config check
+    "rich",  # help only (cairn.cli.lazyrich)
+    "typer.rich_utils",
 })
 BUILT = (
     "from cairn.protocol import daemon\n"
@@ -90,6 +92,50 @@ def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
     before, after = stderr.split()
     assert int(before) == len(MODEL_OF_OP) + 3  # nothing is built at import
     assert int(after) == 0
+
+
+# Every command's help, one after another, as JSON: with rich deferred (how cairn starts)
+# or with typer imported first, rich and all (how typer is used everywhere else).
+EVERY_HELP = """
+import contextlib, io, json, sys
+{first}
+from cairn import cli
+rich_at_start = "rich" in sys.modules
+import typer.main
+
+def paths(command, path=()):
+    found = [path]
+    for name, sub in sorted(getattr(command, "commands", {{}}).items()):
+        found += paths(sub, (*path, name))
+    return found
+
+helps = {{}}
+for path in paths(typer.main.get_command(cli.app)):
+    if path and path[-1] == "__complete":
+        continue
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.app([*path, "--help"], standalone_mode=False)
+    helps[" ".join(path)] = out.getvalue()
+print(json.dumps({{"rich_at_start": rich_at_start, "helps": helps}}))
+"""
+
+
+def every_help(first: str, root: Path) -> dict[str, object]:
+    proc = run([sys.executable, "-c", EVERY_HELP.format(first=first)],
+               env={"CAIRN_ROOT": str(root), "COLUMNS": "100"}, timeout=120)
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+def test_help_with_rich_deferred_is_the_help_typer_renders_with_rich(tmp_path: Path) -> None:
+    deferred = every_help("", tmp_path)
+    eager = every_help("import typer  # first, rich and all", tmp_path)
+    assert deferred["rich_at_start"] is False and eager["rich_at_start"] is True
+    helps = eager["helps"]
+    assert isinstance(helps, dict) and len(helps) > 50
+    assert all("Usage: " in text and "╭─ Options" in text for text in helps.values())
+    assert deferred["helps"] == helps
 
 
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
