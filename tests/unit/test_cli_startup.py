@@ -27,6 +27,7 @@ COMMAND_ONLY = frozenset({
     "jeepney",
     "cairn.hostcheck",  # cairn doctor
     "cairn.hostconfig",  # cairn config check
+    "cairn.schedules",  # cairn schedule, cairn doctor
     "rich",  # help only (cairn.cli.lazyrich)
     "typer.rich_utils",
 })
