@@ -1,7 +1,6 @@
 """``cairn config``: the host's configuration. ``check`` is local: it reads every file of
 ``/etc/cairn`` with the loaders cairnd uses (:mod:`cairn.hostconfig`), as the caller."""
 
-from __future__ import annotations
 
 import typer
 

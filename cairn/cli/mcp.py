@@ -1,7 +1,6 @@
 """``cairn mcp``: the Model Context Protocol server on stdio (:mod:`cairn.mcp`), talking
 to cairnd through this CLI's own client, as the user who started it."""
 
-from __future__ import annotations
 
 import logging
 import sys

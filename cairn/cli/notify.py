@@ -3,7 +3,6 @@ runs start waiting for a person, fail or succeed. ``follow`` is what the user un
 ``cairn-notify.service`` runs; ``list`` shows which hooks would run and which are
 refused; ``test`` sends a sample event to them."""
 
-from __future__ import annotations
 
 import os
 import time
@@ -30,7 +29,7 @@ notify_app = typer.Typer(
 )
 
 
-def connect_user_manager(bus: str, wait: float) -> Systemd:
+def connect_user_manager(bus: str, wait: float) -> "Systemd":
     """The user's manager over the user's bus, which can be up before the manager has
     joined it: asked again for ``wait`` seconds while no one owns the manager's name."""
     # here, not at the top: every cairn command would pay for this import
@@ -46,7 +45,7 @@ def connect_user_manager(bus: str, wait: float) -> Systemd:
         time.sleep(0.2)
 
 
-def start_user_unit(name: str, props: list[Prop]) -> None:
+def start_user_unit(name: str, props: "list[Prop]") -> None:
     """Start transient service ``name`` in the caller's own manager, over its bus, and
     wait for its start job, so a hook that could not start is reported, not lost."""
     bus = user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]
@@ -54,7 +53,7 @@ def start_user_unit(name: str, props: list[Prop]) -> None:
         manager.wait_started(manager.start_transient_service(name, props), timeout=30)
 
 
-def _poll(cursor: int) -> NotifyBatch:
+def _poll(cursor: int) -> "NotifyBatch":
     # here, not at the top: every cairn command would pay for this import
     from cairn.protocol.notify import NotifyBatch
 

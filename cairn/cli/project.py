@@ -1,7 +1,6 @@
 """``cairn project``: the person's trust decisions about projects' own definitions
 (``PROJECT/.cairn/workflows/``). Local, like ``cairn workflow``: cairnd never reads them."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated

@@ -1,7 +1,6 @@
 """``cairn`` commands about runs: launch, list (ps), show, reconcile, retry, upgrade, doctor,
 logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
-from __future__ import annotations
 
 import enum
 import json

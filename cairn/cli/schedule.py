@@ -5,7 +5,6 @@ does what only the user can: open the project directory (the proof of access cai
 checks), and install, check and remove the timer in the user's own systemd manager.
 """
 
-from __future__ import annotations
 
 import json
 import os

@@ -2,7 +2,6 @@
 the person's own files (``$XDG_CONFIG_HOME/cairn/``, :mod:`cairn.definitions`), reviews
 statically, never runs a workflow and never asks cairnd."""
 
-from __future__ import annotations
 
 import os
 import sys

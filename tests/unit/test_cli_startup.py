@@ -6,10 +6,16 @@ interpreter: the test process has imported everything long before."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
+import click
+import typer
+
+from cairn.cli import app
 from cairn.proc import run
 from cairn.protocol.daemon import MODEL_OF_OP
 
@@ -142,3 +148,21 @@ def test_help_with_rich_deferred_is_the_help_typer_renders_with_rich(tmp_path: P
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
     loaded, stderr = modules_after(dispatched(["config", "check"]), tmp_path)
     assert "cairn.hostconfig" in loaded, stderr
+
+
+def callbacks(command: click.Command) -> list[Any]:
+    found: list[Any] = [command.callback] if command.callback else []
+    for sub in getattr(command, "commands", {}).values():
+        found += callbacks(sub)
+    return found
+
+
+def test_no_command_has_a_string_annotation_for_typer_to_evaluate_at_each_start() -> None:
+    found = callbacks(typer.main.get_command(app))
+    assert len(found) > 50
+    strings = {
+        f"{fn.__module__}.{fn.__qualname__}"
+        for fn in found
+        if any(isinstance(a, str) for a in inspect.get_annotations(fn).values())
+    }
+    assert sorted(strings) == []
