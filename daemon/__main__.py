@@ -11,6 +11,7 @@ from cairn.daemon.reconcile import reconcile
 from cairn.daemon.server import serve
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
+from cairn.protocol.daemon import build_models
 from cairn.sockets import listener
 
 
@@ -19,6 +20,7 @@ def main() -> None:
     started_at = time.time()  # before any request: runs launched from now on are ours
     Journal(paths.journal_path(), create=True).close()  # create or migrate the schema
     sock = listener(paths.daemon_socket(), 0o666)
+    build_models()  # before any thread uses one
     threading.Thread(target=reconcile_at_start, args=(started_at,), daemon=True).start()
     logging.getLogger("cairn.daemon").info("cairnd ready")
     serve(sock)

@@ -5,15 +5,20 @@ touches the journal or storage (except ``storage init``, which is local by natur
 One module per concern: ``runs``, ``people`` and ``mcp`` add top-level commands, ``storage``,
 ``workflow``, ``schedule``, ``project``, ``notify`` and ``config`` are sub-apps; ``client``
 and ``options`` are what they share. This module only assembles them, and none of them
-imports it.
+imports it. The modules with commands leave out ``from __future__ import annotations``:
+typer evaluates a string annotation again each time it reads a command's parameters,
+several times per command at every start.
 """
 
-from __future__ import annotations
+# ruff: noqa: E402 - typer is imported (without rich) by the call below, before any import
 
 import signal
 import sys
-from importlib import metadata
 from typing import Annotated
+
+from cairn.cli.lazyrich import import_typer_without_rich
+
+import_typer_without_rich()
 
 import click
 import typer
@@ -54,6 +59,9 @@ completion.register(app)
 
 def version() -> str:
     """The installed package's version ("unknown" when run from a tree not installed)."""
+    # here, not at the top: every cairn command would pay for this import
+    from importlib import metadata
+
     try:
         return metadata.version("cairn")
     except metadata.PackageNotFoundError:

@@ -9,7 +9,6 @@ drift from it; run IDs and schedule IDs come from cairnd (what the caller may se
 definitions from the installed builtins. Nothing here reaches further than the local daemon socket.
 """
 
-from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Annotated

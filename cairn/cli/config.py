@@ -1,14 +1,12 @@
 """``cairn config``: the host's configuration. ``check`` is local: it reads every file of
 ``/etc/cairn`` with the loaders cairnd uses (:mod:`cairn.hostconfig`), as the caller."""
 
-from __future__ import annotations
 
 import typer
 
 from cairn import paths
 from cairn.cli.client import emit
 from cairn.cli.options import JsonFlag
-from cairn.hostconfig import check_host_config
 
 config_app = typer.Typer(help="Host configuration.", no_args_is_help=True)
 
@@ -17,6 +15,9 @@ config_app = typer.Typer(help="Host configuration.", no_args_is_help=True)
 def config_check(json_out: JsonFlag = False) -> None:
     """Check every file in /etc/cairn; report every problem with its file, line or field
     and the fix; exit 1 if there is one."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.hostconfig import check_host_config
+
     problems = check_host_config()
     if json_out:
         emit([

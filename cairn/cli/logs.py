@@ -2,7 +2,6 @@
 followed (``-f``). cairnd reads the journal (:mod:`cairn.runlogs`), so what a person sees
 is selected by fields journald and PID 1 set, never by what a process wrote."""
 
-from __future__ import annotations
 
 import time
 from collections.abc import Callable

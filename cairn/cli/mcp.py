@@ -1,20 +1,17 @@
 """``cairn mcp``: the Model Context Protocol server on stdio (:mod:`cairn.mcp`), talking
 to cairnd through this CLI's own client, as the user who started it."""
 
-from __future__ import annotations
 
 import logging
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import add_commands
-from cairn.mcp.server import Server
-from cairn.mcp.tools import Session
+from cairn.protocol.daemon import build_models
 
 
 def register(app: typer.Typer) -> None:
@@ -26,10 +23,17 @@ def mcp() -> None:
     """Serve the Model Context Protocol on stdin/stdout for an agent harness: your exposed
     workflows as tools, and your runs, inbox and answers (docs/mcp.md). Nothing it offers
     approves or applies."""
+    # here, not at the top: every cairn command would pay for this import
+    from importlib import metadata
+
+    from cairn.mcp.server import Server
+    from cairn.mcp.tools import Session
+
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="cairn mcp: %(message)s")
     try:
         version = metadata.version("cairn")
     except metadata.PackageNotFoundError:
         version = "unknown"
+    build_models()  # before the calls' threads use one
     session = Session(request=request, cwd=Path.cwd(), clock=time.monotonic, pause=time.sleep)
     Server(sys.stdout.buffer, session, version).serve(sys.stdin.buffer)

@@ -3,28 +3,21 @@ runs start waiting for a person, fail or succeed. ``follow`` is what the user un
 ``cairn-notify.service`` runs; ``list`` shows which hooks would run and which are
 refused; ``test`` sends a sample event to them."""
 
-from __future__ import annotations
 
 import os
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cairn.cli.client import request
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
-from cairn.notify import (
-    cursor_path,
-    deliver,
-    discover_hooks,
-    hook_dirs,
-    load_cursor,
-    save_cursor,
-)
 from cairn.protocol.daemon import NotificationsRequest
-from cairn.protocol.notify import NotifyBatch, NotifyEvent
-from cairn.systemd import DBusCallFailed, Prop, Systemd
+
+if TYPE_CHECKING:
+    from cairn.protocol.notify import NotifyBatch
+    from cairn.systemd import Prop, Systemd
 
 NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
 # After login the user's bus can be up a few seconds before the manager has joined it.
@@ -36,9 +29,12 @@ notify_app = typer.Typer(
 )
 
 
-def connect_user_manager(bus: str, wait: float) -> Systemd:
+def connect_user_manager(bus: str, wait: float) -> "Systemd":
     """The user's manager over the user's bus, which can be up before the manager has
     joined it: asked again for ``wait`` seconds while no one owns the manager's name."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.systemd import DBusCallFailed, Systemd
+
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -49,7 +45,7 @@ def connect_user_manager(bus: str, wait: float) -> Systemd:
         time.sleep(0.2)
 
 
-def start_user_unit(name: str, props: list[Prop]) -> None:
+def start_user_unit(name: str, props: "list[Prop]") -> None:
     """Start transient service ``name`` in the caller's own manager, over its bus, and
     wait for its start job, so a hook that could not start is reported, not lost."""
     bus = user_manager_env()["DBUS_SESSION_BUS_ADDRESS"]
@@ -57,7 +53,10 @@ def start_user_unit(name: str, props: list[Prop]) -> None:
         manager.wait_started(manager.start_transient_service(name, props), timeout=30)
 
 
-def _poll(cursor: int) -> NotifyBatch:
+def _poll(cursor: int) -> "NotifyBatch":
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.protocol.notify import NotifyBatch
+
     return NotifyBatch.model_validate(request(NotificationsRequest(cursor=cursor)))
 
 
@@ -67,6 +66,9 @@ def follow(
     once: Annotated[bool, typer.Option("--once", help="Handle what is new, then exit.")] = False,
 ) -> None:
     """Run your hooks for each of your runs that waits for you, fails or succeeds."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.notify import cursor_path, deliver, hook_dirs, load_cursor, save_cursor
+
     uid = os.getuid()
     state = cursor_path(uid)
     cursor = load_cursor(state)
@@ -98,6 +100,9 @@ def follow(
 @notify_app.command("list")
 def list_hooks() -> None:
     """The hooks that would run, in order, and the files refused with why."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.notify import discover_hooks, hook_dirs
+
     hooks = discover_hooks(hook_dirs(os.getuid()))
     for hook in hooks.run:
         typer.echo(f"runs     {hook}")
@@ -112,6 +117,10 @@ def test(
     event: Annotated[str, typer.Option(help="waiting, failed or succeeded.")] = "succeeded",
 ) -> None:
     """Send a sample event (run ``flow_000…``) to every hook."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.notify import deliver, hook_dirs
+    from cairn.protocol.notify import NotifyEvent
+
     if event not in ("waiting", "failed", "succeeded"):
         typer.echo("cairn: --event must be waiting, failed or succeeded", err=True)
         raise typer.Exit(2)

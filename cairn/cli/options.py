@@ -49,14 +49,6 @@ def quiet_defaults(command: click.Command) -> None:
             quiet_defaults(sub)
 
 
-try:  # only when typer renders help with rich
-    from typer import rich_utils
-
-    rich_utils.REQUIRED_LONG_STRING = ""  # the "*" column already says it
-except ImportError:  # pragma: no cover - rich is optional
-    pass
-
-
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 RunArg = Annotated[
     str,

@@ -1,7 +1,6 @@
 """``cairn`` commands for people in the loop: inbox, answer, approve, reject, apply,
 pause, resume, stop, cancel and watch. Added to the main app by :func:`register`."""
 
-from __future__ import annotations
 
 import datetime
 import json

@@ -1,16 +1,11 @@
 """``cairn project``: the person's trust decisions about projects' own definitions
 (``PROJECT/.cairn/workflows/``). Local, like ``cairn workflow``: cairnd never reads them."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cairn.definitions import trust
-from cairn.protocol.definitions import trust_hash
-from cairn.workflow.review import render_review
 
 project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
 
@@ -26,6 +21,11 @@ def project_trust(
     """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
     trust hash. With it: trust them as they are now (a definition that changes later is
     refused until you confirm again)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import trust
+    from cairn.protocol.definitions import trust_hash
+    from cairn.workflow.review import render_review
+
     root = trust.project_root(path)
     if confirm is not None:
         record = trust.trust(root, confirm)
@@ -46,6 +46,9 @@ def project_trust(
 @project_app.command("untrust")
 def project_untrust(path: Path) -> None:
     """Forget the trust decision for PATH: its project: definitions cannot be launched."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import trust
+
     root = trust.project_root(path)
     trust.untrust(root)
     typer.echo(f"untrusted {root}")

@@ -1,7 +1,6 @@
 """``cairn`` commands about runs: launch, list (ps), show, reconcile, retry, upgrade, doctor,
 logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
-from __future__ import annotations
 
 import enum
 import json
@@ -27,9 +26,7 @@ from cairn.cli.options import (
     render_waiting,
 )
 from cairn.cli.watchview import progress_lines
-from cairn.definitions.resolve import for_launch, refuse_draft_file
 from cairn.errors import PermissionDenied, Unavailable
-from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -108,6 +105,9 @@ def launch(
     project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
     source = None
     if definition.endswith(".py"):
+        # here, not at the top: every cairn command would pay for this import
+        from cairn.definitions.resolve import refuse_draft_file
+
         refuse_draft_file(Path(definition), "launched")
         try:
             source = Path(definition).read_text()
@@ -162,6 +162,9 @@ def launch(
 def _pinned(definition: str, confirm: str | None, fd: int, root: str) -> tuple[str, str]:
     """(source, review hash) of a user: or project: definition as installed or trusted;
     a --confirm given with it must be that hash."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions.resolve import for_launch
+
     source, review_hash = for_launch(definition, fd, root)
     if confirm is not None and confirm != review_hash:
         raise PermissionDenied(
@@ -378,6 +381,9 @@ def doctor(
     """Check the host (sockets, pool, free space, release, config, providers, credentials,
     linger) and cross-check each run's journal, snapshots, units and receipts; exit 1 on
     any failure. With RUN, only that run."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.hostcheck import HostCheck
+
     data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor()
     if json_out:
         emit(data)
@@ -406,6 +412,9 @@ def doctor(
 def host_doctor() -> dict[str, Any]:
     """cairnd's report with the checks only the caller can make added: the credential
     stores (as root) and the caller's linger. Without cairnd, say so, as a failed check."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
+
     try:
         data: dict[str, Any] = request(DoctorRequest())
     except Unavailable as exc:

@@ -5,7 +5,6 @@ does what only the user can: open the project directory (the proof of access cai
 checks), and install, check and remove the timer in the user's own systemd manager.
 """
 
-from __future__ import annotations
 
 import json
 import os
@@ -42,7 +41,6 @@ from cairn.protocol.daemon import (
     ScheduleResumeRequest,
     ScheduleRunNowRequest,
 )
-from cairn.schedules import SCHEDULE_ID_RE, timer_name
 
 schedule_app = typer.Typer(
     help="Recurring runs as systemd user timers, with reviewed, finite permission.",
@@ -69,6 +67,9 @@ def _open_project(path: str | Path) -> int:
 
 
 def _check_id(schedule_id: str) -> str:
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import SCHEDULE_ID_RE
+
     if not SCHEDULE_ID_RE.match(schedule_id):
         fail(f"invalid schedule ID {schedule_id!r}", hint="see 'cairn schedule list'", code=2)
     return schedule_id
@@ -175,6 +176,9 @@ def confirm(
 @schedule_app.command("resume")
 def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Check the schedule once more and install its user timer."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     _check_id(schedule_id)
     current = request(ScheduleInspectRequest(schedule_id=schedule_id))
     fd = _open_project(current["project"])
@@ -345,6 +349,9 @@ def inbox(json_out: JsonFlag = False) -> None:
 def doctor_report() -> dict[str, Any]:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     views = request(ScheduleListRequest())
     problems: list[str] = []
     linger = linger_enabled()

@@ -3,7 +3,6 @@
 lists a run's snapshots. Making a pool is
 :mod:`cairn.storage_init`; what goes is decided by cairnd (``daemon/lifecycle.py``)."""
 
-from __future__ import annotations
 
 import os
 import time

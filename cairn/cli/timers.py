@@ -12,7 +12,6 @@ from typing import Any
 from cairn import userpaths
 from cairn.fsutil import write_atomic
 from cairn.proc import run
-from cairn.schedules import SCHEDULE_ID_RE, timer_name
 
 TIMER_FILE_RE_PREFIX = "cairn-schedule@"
 
@@ -23,6 +22,9 @@ def user_unit_dir() -> Path:
 
 
 def timer_path(schedule_id: str) -> Path:
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     return user_unit_dir() / timer_name(schedule_id)
 
 
@@ -49,6 +51,9 @@ def systemctl_user(*args: str, check: bool = True) -> str:
 def install_timer(schedule_id: str, text: str) -> bool:
     """Make the user manager hold exactly ``text`` as the schedule's timer, enabled and
     started. Returns whether anything had to change."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     path = timer_path(schedule_id)
     changed = False
     current = path.read_text() if path.exists() else None
@@ -72,6 +77,9 @@ def install_timer(schedule_id: str, text: str) -> bool:
 
 def remove_timer(schedule_id: str) -> bool:
     """Stop, disable and delete the schedule's timer. Returns whether one existed."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     path = timer_path(schedule_id)
     existed = path.exists()
     if existed:
@@ -82,6 +90,9 @@ def remove_timer(schedule_id: str) -> bool:
 
 
 def timer_state(schedule_id: str) -> dict[str, str]:
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     out = systemctl_user(
         "show",
         "-p",
@@ -94,6 +105,9 @@ def timer_state(schedule_id: str) -> dict[str, str]:
 
 def installed_timer_ids() -> list[str]:
     """Schedule IDs of every cairn timer file in the user's unit directory."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import SCHEDULE_ID_RE
+
     folder = user_unit_dir()
     if not folder.is_dir():
         return []
@@ -117,6 +131,9 @@ def linger_hint() -> str:
 def apply_timers(views: list[dict[str, Any]]) -> list[str]:
     """Bring the user manager in line with cairnd: a timer exactly as cairnd renders it
     for every enabled schedule, none for any other. Returns what was repaired."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.schedules import timer_name
+
     repaired = []
     wanted = {v["schedule_id"]: v["timer"] for v in views if v["timer"]}
     for schedule_id, text in sorted(wanted.items()):

@@ -2,7 +2,6 @@
 the person's own files (``$XDG_CONFIG_HOME/cairn/``, :mod:`cairn.definitions`), reviews
 statically, never runs a workflow and never asks cairnd."""
 
-from __future__ import annotations
 
 import os
 import sys
@@ -15,9 +14,7 @@ import typer
 
 from cairn.cli.client import emit, fail
 from cairn.cli.options import JsonFlag, emit_or_empty
-from cairn.definitions import registry, resolve, user
 from cairn.errors import UsageError
-from cairn.workflow.review import render_review, review_source
 
 workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
 
@@ -27,6 +24,9 @@ ConfirmOption = Annotated[
 
 
 def _user_name(definition: str) -> str:
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import resolve
+
     namespace, name = resolve.split(definition)
     if namespace != "user":
         raise UsageError(f"{definition} is not a user: definition", hint="name it user:NAME")
@@ -41,6 +41,9 @@ def _when(ts: float) -> str:
 def workflow_draft(name: str) -> None:
     """Start (or reopen) an inert draft NAME.py in your config; opened in $EDITOR on a
     terminal, its path printed otherwise. A draft is never listed, launched or exposed."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import user
+
     path = user.create_draft(name)
     editor = os.environ.get("EDITOR", "").strip()
     if editor and sys.stdin.isatty() and sys.stdout.isatty():
@@ -54,6 +57,9 @@ def workflow_draft(name: str) -> None:
 @workflow_app.command("review")
 def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
     """Review a workflow statically: effect manifest and review hash (never runs it)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.workflow.review import render_review, review_source
+
     try:
         source = file.read_text()
     except OSError as exc:
@@ -76,6 +82,9 @@ def workflow_install(
 ) -> None:
     """Install a reviewed FILE.py as user:NAME (NAME: the file's stem) if its review hash
     is the one you confirmed."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import user
+
     record = user.install(file, confirm, name=name, replace=replace)
     typer.echo(f"installed user:{record.name}  {record.review_hash}")
 
@@ -84,6 +93,9 @@ def workflow_install(
 def workflow_list(json_out: JsonFlag = False) -> None:
     """Definitions: builtin, installed user: and project: of trusted projects (drafts are
     not listed: they cannot be launched)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import resolve
+
     rows = resolve.listing()
     if emit_or_empty(rows, json_out, empty="no definitions"):
         return
@@ -105,6 +117,10 @@ def workflow_list(json_out: JsonFlag = False) -> None:
 def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
     """An installed user:NAME: its manifest, hash, when and by whom it was installed, and
     its source."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import user
+    from cairn.workflow.review import render_review
+
     record = user.installed(_user_name(definition), purpose="shown")
     review = user.checked_review(record)
     if json_out:
@@ -122,6 +138,9 @@ def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
 @workflow_app.command("diff")
 def workflow_diff(definition: str, file: Path) -> None:
     """What installing FILE over user:NAME would change in its manifest."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import user
+
     record = user.installed(_user_name(definition), purpose="compared")
     new_hash, lines = user.manifest_diff(record, file)
     if new_hash == record.review_hash:
@@ -141,6 +160,9 @@ def workflow_diff(definition: str, file: Path) -> None:
 @workflow_app.command("remove")
 def workflow_remove(definition: str) -> None:
     """Remove an installed user:NAME (and its exposure, if it was exposed)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import registry, user
+
     name = _user_name(definition)
     registry.load_registry()  # a malformed registry refuses before anything is removed
     record = user.remove(name)
@@ -152,6 +174,9 @@ def workflow_remove(definition: str) -> None:
 def workflow_expose(definition: str) -> None:
     """Expose an installed user:NAME (or a builtin:NAME) to models, at its current
     review hash."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import registry, resolve
+
     review_hash = resolve.exposable_hash(definition)
     registry.expose(definition, review_hash)
     typer.echo(f"exposed {definition}  {review_hash}")
@@ -160,5 +185,8 @@ def workflow_expose(definition: str) -> None:
 @workflow_app.command("unexpose")
 def workflow_unexpose(definition: str) -> None:
     """Stop exposing a definition to models (a person can still launch it)."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions import registry
+
     registry.unexpose(definition)
     typer.echo(f"unexposed {definition}")

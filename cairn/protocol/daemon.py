@@ -14,7 +14,7 @@ import re
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen
@@ -62,8 +62,15 @@ def _run_ref(ref: str | None) -> str | None:
 RunRef = Annotated[str | None, AfterValidator(_run_ref)]
 
 
+# Every model here is built on its first use, not at import: the CLI, started for each
+# command, builds only the request it sends and the reply (see :func:`build_models`).
+BUILT_ON_FIRST_USE = ConfigDict(defer_build=True)
+
+
 class OpRequest(Frozen):
     """What every request has: its ``op``, the tag the daemon dispatches on."""
+
+    model_config = BUILT_ON_FIRST_USE
 
     op: str
 
@@ -456,7 +463,7 @@ DaemonRequest = Annotated[
     | ScheduleReconcileRequest,
     Field(discriminator="op"),
 ]
-DAEMON_REQUEST: TypeAdapter[DaemonRequest] = TypeAdapter(DaemonRequest)
+DAEMON_REQUEST: TypeAdapter[DaemonRequest] = TypeAdapter(DaemonRequest, config=BUILT_ON_FIRST_USE)
 
 
 MODEL_OF_OP: dict[str, type[OpRequest]] = {
@@ -475,6 +482,8 @@ class RequestEnvelope(Frozen):
     both the op's own keys (what :func:`request_line` sends) and the all-keys line of
     earlier versions parse. ``op`` comes first and must be one cairnd knows (else the
     error's type is ``unknown_op``)."""
+
+    model_config = BUILT_ON_FIRST_USE
 
     op: Any
     definition: str | None = None
@@ -532,12 +541,26 @@ def request_line(request: OpRequest) -> bytes:
 
 
 class ErrorBody(Frozen):
+    model_config = BUILT_ON_FIRST_USE
+
     code: str
     message: str
     hint: str | None = None
 
 
 class DaemonReply(Frozen):
+    model_config = BUILT_ON_FIRST_USE
+
     ok: bool
     result: Any = None
     error: ErrorBody | None = None
+
+
+def build_models() -> None:
+    """Build every model of this protocol now. Pydantic's build on first use is not
+    thread-safe, so a process that uses them from several threads (cairnd, ``cairn mcp``)
+    calls this before it starts them."""
+    models: list[type[Frozen]] = [*MODEL_OF_OP.values(), RequestEnvelope, ErrorBody, DaemonReply]
+    for model in models:
+        model.model_rebuild()
+    DAEMON_REQUEST.rebuild()

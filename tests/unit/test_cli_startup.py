@@ -1,0 +1,168 @@
+"""What every ``cairn`` start loads: the commands and their options, the daemon client and
+its protocol, nothing more. A module only some commands need when they run (the MCP
+server, the workflow review, notification hooks and D-Bus, host checks) is imported inside
+those commands, so ``cairn launch`` and ``cairn show`` never load it. Checked in a fresh
+interpreter: the test process has imported everything long before."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+
+from cairn.cli import app
+from cairn.proc import run
+from cairn.protocol.daemon import MODEL_OF_OP
+
+# Each loaded only by the commands that use it; at the top it slowed every cairn start.
+COMMAND_ONLY = frozenset({
+    "cairn.mcp.server",  # cairn mcp
+    "cairn.mcp.tools",
+    "cairn.definitions.resolve",  # launch of a FILE.py, user: or project:; workflow; project
+    "cairn.definitions.user",
+    "cairn.definitions.trust",
+    "cairn.workflow.review",
+    "cairn.notify",  # cairn notify
+    "cairn.protocol.notify",
+    "cairn.systemd",
+    "jeepney",
+    "cairn.hostcheck",  # cairn doctor
+    "cairn.hostconfig",  # cairn config check
+    "cairn.schedules",  # cairn schedule, cairn doctor
+    "rich",  # help only (cairn.cli.lazyrich)
+    "typer.rich_utils",
+})
+BUILT = (
+    "from cairn.protocol import daemon\n"
+    "ops = daemon.MODEL_OF_OP.items()\n"
+    "print('built', *sorted(op for op, m in ops if m.__pydantic_complete__), file=sys.stderr)"
+)
+
+REPORT = "import json, sys; print(json.dumps(sorted(sys.modules)))"
+
+
+def modules_after(code: str, root: Path) -> tuple[set[str], str]:
+    """The modules a fresh interpreter has loaded after ``code``, and its stderr."""
+    proc = run([sys.executable, "-c", f"{code}\n{REPORT}"], env={"CAIRN_ROOT": str(root)},
+               timeout=60)
+    return set(json.loads(proc.stdout.decode().splitlines()[-1])), proc.stderr.decode()
+
+
+def dispatched(argv: list[str]) -> str:
+    """A child that runs ``cairn ARGV`` to its exit and then reports its modules."""
+    return (
+        "import sys\n"
+        "from cairn import cli\n"
+        f"sys.argv = ['cairn', *{argv!r}]\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code, file=sys.stderr)"
+    )
+
+
+def test_importing_the_cli_loads_no_command_only_module(tmp_path: Path) -> None:
+    loaded, _ = modules_after("import cairn.cli", tmp_path)
+    assert {"cairn.cli.runs", "cairn.cli.mcp", "cairn.cli.notify", "cairn.cli.workflow"} <= loaded
+    assert sorted(COMMAND_ONLY & loaded) == []
+
+
+def test_launch_and_show_load_no_command_only_module_and_build_only_their_request(
+    tmp_path: Path,
+) -> None:
+    for argv in (
+        ["launch", "builtin:implement", "--project", str(tmp_path)],
+        ["show", "flow_" + "0" * 32],
+    ):
+        loaded, stderr = modules_after(f"{dispatched(argv)}\n{BUILT}", tmp_path)
+        # No cairnd under this root: the command got as far as sending its request.
+        assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
+        assert sorted(COMMAND_ONLY & loaded) == [], argv
+        assert stderr.splitlines()[-1] == f"built {argv[0]}"
+
+
+def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
+    tmp_path: Path,
+) -> None:
+    unbuilt = (
+        "from cairn.protocol import daemon\n"
+        "models = [*daemon.MODEL_OF_OP.values(), daemon.RequestEnvelope, daemon.DaemonReply]\n"
+        "adapter = daemon.DAEMON_REQUEST.pydantic_complete\n"
+        "print(sum(not m.__pydantic_complete__ for m in models) + (not adapter), file=sys.stderr)\n"
+    )
+    _, stderr = modules_after(f"import sys\n{unbuilt}daemon.build_models()\n{unbuilt}", tmp_path)
+    before, after = stderr.split()
+    assert int(before) == len(MODEL_OF_OP) + 3  # nothing is built at import
+    assert int(after) == 0
+
+
+# Every command's help, one after another, as JSON: with rich deferred (how cairn starts)
+# or with typer imported first, rich and all (how typer is used everywhere else).
+EVERY_HELP = """
+import contextlib, io, json, sys
+{first}
+from cairn import cli
+rich_at_start = "rich" in sys.modules
+import typer.main
+
+def paths(command, path=()):
+    found = [path]
+    for name, sub in sorted(getattr(command, "commands", {{}}).items()):
+        found += paths(sub, (*path, name))
+    return found
+
+helps = {{}}
+for path in paths(typer.main.get_command(cli.app)):
+    if path and path[-1] == "__complete":
+        continue
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.app([*path, "--help"], standalone_mode=False)
+    helps[" ".join(path)] = out.getvalue()
+print(json.dumps({{"rich_at_start": rich_at_start, "helps": helps}}))
+"""
+
+
+def every_help(first: str, root: Path) -> dict[str, object]:
+    proc = run([sys.executable, "-c", EVERY_HELP.format(first=first)],
+               env={"CAIRN_ROOT": str(root), "COLUMNS": "100"}, timeout=120)
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+def test_help_with_rich_deferred_is_the_help_typer_renders_with_rich(tmp_path: Path) -> None:
+    deferred = every_help("", tmp_path)
+    eager = every_help("import typer  # first, rich and all", tmp_path)
+    assert deferred["rich_at_start"] is False and eager["rich_at_start"] is True
+    helps = eager["helps"]
+    assert isinstance(helps, dict) and len(helps) > 50
+    assert all("Usage: " in text and "╭─ Options" in text for text in helps.values())
+    assert deferred["helps"] == helps
+
+
+def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
+    loaded, stderr = modules_after(dispatched(["config", "check"]), tmp_path)
+    assert "cairn.hostconfig" in loaded, stderr
+
+
+def callbacks(command: click.Command) -> list[Any]:
+    found: list[Any] = [command.callback] if command.callback else []
+    for sub in getattr(command, "commands", {}).values():
+        found += callbacks(sub)
+    return found
+
+
+def test_no_command_has_a_string_annotation_for_typer_to_evaluate_at_each_start() -> None:
+    found = callbacks(typer.main.get_command(app))
+    assert len(found) > 50
+    strings = {
+        f"{fn.__module__}.{fn.__qualname__}"
+        for fn in found
+        if any(isinstance(a, str) for a in inspect.get_annotations(fn).values())
+    }
+    assert sorted(strings) == []
