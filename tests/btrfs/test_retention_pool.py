@@ -55,17 +55,9 @@ def make_run_storage(pool: Pool, run_id: str) -> None:
 
 
 @pytest.fixture
-def host(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool
-) -> Iterator[dict[str, Any]]:
-    """A host under CAIRN_ROOT: journal, broker receipts, the test pool as the host's pool
-    (a symlink), and cairnd's broker calls answered by the broker's own ``carry_out``."""
-    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
-    for directory in (paths.journal_path().parent, paths.broker_db_path().parent,
-                      paths.config_dir()):
-        directory.mkdir(parents=True)
-    paths.pool_dir().symlink_to(pool.root)
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[dict[str, Any]]:
+    """``broker_host``, with cairnd's one-shot broker calls answered by the broker's own
+    ``carry_out`` too."""
     monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
 
     def through_the_broker(verb: str, run_id: str, *, timeout: float) -> BrokerReply:
@@ -75,7 +67,7 @@ def host(
     monkeypatch.setattr(lifecycle, "is_admin", lambda uid: uid == 0)
     monkeypatch.setattr(views, "is_admin", lambda uid: uid == 0)
     with Journal(paths.journal_path(), create=True) as journal:
-        yield {"journal": journal, "pool": pool}
+        yield {"journal": journal, "pool": broker_host}
 
 
 def record_run(journal: Journal, run_id: str, state: str) -> None:
