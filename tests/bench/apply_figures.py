@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import btrfsutil
-from measure import Stopwatch, collect
+from measure import Cell, Stopwatch, collect
 from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_pool
 from synth import Editor, build_project
+from verdicts import PROFILED_PREFIX, PROFILED_WHOLE
 
 from cairn.protocol.broker import ApplyResult
 from cairn.sendstream import changes
@@ -122,7 +123,10 @@ def apply_once(pool: Pool, s: Settled, profile: cProfile.Profile | None = None,
     return sw.elapsed
 
 
-def profile_lines(profile: cProfile.Profile, total: float) -> list[str]:
+def profile_phases(profile: cProfile.Profile) -> list[tuple[str, float]]:
+    """Where one profiled apply spent its time: the plan (cumulative) and each phase of
+    :data:`PROFILED` (own time summed over calls, the call count in its name), slowest
+    first after the plan."""
     stats = pstats.Stats(profile)
     own: dict[str, tuple[int, float]] = {}
     cumulative: dict[str, float] = {}
@@ -133,25 +137,28 @@ def profile_lines(profile: cProfile.Profile, total: float) -> list[str]:
                 own[phase] = (n + calls, t + tt)
         cumulative[func] = max(cumulative.get(func, 0.0), ct)
     plan = max(cumulative.get("_plan", 0.0), cumulative.get("plan_apply", 0.0))
-    lines = [f"  total (profiled) {total * 1000:8.1f} ms",
-             f"  plan (3 states/path){plan * 1000:8.1f} ms (cumulative)"]
-    for phase, (calls, seconds) in sorted(own.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"  {phase:<34} {seconds * 1000:8.1f} ms in {calls} calls")
-    return lines
+    return [("plan, 3 states per path (cumulative)", plan)] + [
+        (f"{phase} ({calls} calls)", seconds)
+        for phase, (calls, seconds) in sorted(own.items(), key=lambda kv: -kv[1][1])]
 
 
-def profile_note(pool: Pool, scratch: Path, n_files: int, k: int = CHANGED) -> str:
-    """One profiled apply of ``k`` edits in a project of ``n_files`` files, as a line of
-    ``./dev bench``'s notes."""
+def profile_lines(profile: cProfile.Profile, total: float) -> list[str]:
+    return [f"  total (profiled) {total * 1000:8.1f} ms"] + [
+        f"  {name:<44} {seconds * 1000:8.1f} ms" for name, seconds in profile_phases(profile)]
+
+
+def profile_cells(pool: Pool, scratch: Path, n_files: int, k: int = CHANGED) -> list[Cell]:
+    """One profiled apply of ``k`` edits in a project of ``n_files`` files, as rows of
+    ``./dev bench``'s apply figure (one sample each): the whole apply under the profiler,
+    then where its time went."""
     with settled_project(pool, scratch, n_files, k) as s:
         apply_once(pool, s)  # warm, untimed
         prof = cProfile.Profile()
         total = apply_once(pool, s, prof)
-        lines = profile_lines(prof, total)
-    return (f"Where a profiled apply of {len(s.accepted):,} paths in a project of "
-            f"{n_files:,} files spends its time (cProfile; "
-            "`tests/bench/apply_figures.py --profile` for more): "
-            + "; ".join(" ".join(line.split()) for line in lines) + ".")
+    rows = [(PROFILED_WHOLE, total), *profile_phases(prof)]
+    return [Cell(figure="apply", size=n_files, variant=f"{k:,} changed",
+                 method=f"{PROFILED_PREFIX}{name}", cairn=True, samples=[seconds])
+            for name, seconds in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

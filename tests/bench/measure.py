@@ -51,6 +51,14 @@ class Cell(BaseModel):
         return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def fmt_seconds(value: float) -> str:
+    if value < 1e-3:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.2f} s"
+
+
 class MachineInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -4,10 +4,8 @@ from the results; nothing here is typed in."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
-from measure import Cell, Results
+from measure import Cell, Results, fmt_seconds
+from verdicts import PROFILED_PREFIX, SEND_ALONE, find, part, verdicts
 
 FIGURES = (
     ("boundary", "Boundary overhead after an agent finishes"),
@@ -90,7 +88,7 @@ INCLUDES = {
         "Cairn's replay alone (`changes_in`: parse, replay, `lstat` of Q and P) and "
         "`git status --porcelain`; `--changes-from FILE` measures another "
         "`cairn/sendstream.py` interleaved with this one; `--node-size 4096` makes the "
-        "pool with 4 KiB nodes. With 1,000 changed files nearly all of the time is the "
+        "pool with 4 KiB nodes.{rows} With 1,000 changed files nearly all of the time is the "
         "send itself, which searches the trees of Q and P per changed inode; at 1,000 and "
         "10,000 files the send alone takes longer than `git status`, so a faster replay "
         "cannot win there. Beating git status at those sizes needs another source of the "
@@ -104,7 +102,7 @@ INCLUDES = {
         "three-way plan (hashing Q, F and live for every path) and the receipts, written "
         "in batches of 1,024 paths once a `syncfs` has made them durable "
         "(`cairn/settle_apply.py`).\n\n"
-        "Where the time goes: the profiled applies in the Notes below, and "
+        "Where the time goes: {rows}, and "
         "`.venv/bin/python tests/bench/apply_figures.py --sizes 1000,100000 --profile` "
         "(run as root; `--apply-from FILE` measures an earlier `cairn/settle.py` or "
         "`cairn/settle_apply.py` the same way, for a before/after). The apply is bounded "
@@ -208,12 +206,30 @@ INCLUDES = {
 }
 
 
-def fmt_seconds(value: float) -> str:
-    if value < 1e-3:
-        return f"{value * 1e6:.0f} µs"
-    if value < 1:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value:.2f} s"
+# What an INCLUDES text says at ``{rows}``: the first when the figure has rows whose
+# method starts with the prefix, the second for results made before those rows existed.
+ROWS = {
+    "changes": (SEND_ALONE, (
+        " The `of which: btrfs send alone` rows time the kernel's `btrfs send --no-data -p Q P` by "
+        "itself (its stream to /dev/null), back to back with the others on the same Q and P; "
+        "the Targets table sets it beside `git status`.", "")),
+    "apply": (PROFILED_PREFIX, (
+        "the `of which, one apply under cProfile` rows — one apply of the same changes at "
+        "the smallest and the largest size under the profiler: the whole apply (slower than "
+        "without it), the plan's cumulative time, and each phase's own time summed over its "
+        "calls (hashing and stat are also part of the plan)",
+        "the profiled applies in the Notes below")),
+}
+
+
+def includes(figure: str, cells: list[Cell]) -> str:
+    """What ``figure``'s table includes, worded for the rows these results have."""
+    text = INCLUDES[figure]
+    if figure in ROWS:
+        prefix, (present, absent) = ROWS[figure]
+        has = any(c.method.startswith(prefix) for c in cells)
+        text = text.replace("{rows}", present if has else absent)
+    return text
 
 
 def fmt(cell: Cell, value: float) -> str:
@@ -222,124 +238,10 @@ def fmt(cell: Cell, value: float) -> str:
     return f"{value:,.0f}/s" if cell.unit == "per_s" else fmt_seconds(value)
 
 
-@dataclass
-class Verdict:
-    target: str
-    measured: str
-    met: bool | None
-    miss: str
-
-
-def _cell(cells: Iterable[Cell], figure: str, size: int | None, method_prefix: str = "",
-          variant: str | None = None) -> Cell | None:
-    for c in cells:
-        if (c.figure == figure and c.size == size and c.cairn
-                and c.method.startswith(method_prefix)
-                and (variant is None or c.variant == variant)):
-            return c
-    return None
-
-
-def verdicts(results: Results) -> list[Verdict]:
-    """The issue's acceptance targets, checked against this run."""
-    out: list[Verdict] = []
-    cells = results.cells
-    small, large = min(results.sizes), max(results.sizes)
-    for figure, label in (("boundary", "boundary overhead"), ("checkpoint", "checkpoint"),
-                          ("restore", "restore")):
-        a, b = _cell(cells, figure, small), _cell(cells, figure, large)
-        if a is None or b is None:
-            continue
-        ratio = b.median / a.median
-        met = ratio <= 2.0
-        out.append(Verdict(
-            f"{label} flat: median at {large:,} files ≤ 2× at {small:,}",
-            f"{fmt_seconds(a.median)} → {fmt_seconds(b.median)} ({ratio:.2f}×)", met,
-            "" if met else f"{ratio / 2.0:.2f}× over the limit"))
-    spare = _cell(cells, "restore", large, variant="10 edits, hot spare")
-    if spare is not None:
-        met = spare.median <= 0.002
-        out.append(Verdict(
-            f"restore from the hot spare: median ≤ 2 ms at {large:,} files",
-            fmt_seconds(spare.median), met,
-            "" if met else f"{spare.median / 0.002:.1f}× over"))
-    applies = sorted((c for c in cells if c.figure == "apply" and c.variant == "1,000 changed"),
-                     key=lambda c: c.size)
-    if applies:
-        worst = max(applies, key=lambda c: c.median)
-        met = worst.median <= 0.3
-        out.append(Verdict(
-            "three-way apply of 1,000 changed files ≤ 300 ms at every size",
-            ", ".join(f"{fmt_seconds(c.median)} at {c.size:,}" for c in applies), met,
-            "" if met else f"{worst.median / 0.3:.1f}× over at {worst.size:,} files"))
-    out += _run_verdicts(cells)
-    cairn = next((c for c in cells if c.figure == "journal" and c.cairn), None)
-    raw = next((c for c in cells if c.figure == "journal" and not c.cairn), None)
-    if cairn and raw:
-        share = cairn.median / raw.median
-        met = share >= 0.5
-        out.append(Verdict("journal ≥ ½ of raw SQLite commit rate",
-                           f"{cairn.median:,.0f}/s vs {raw.median:,.0f}/s ({share:.2f})", met,
-                           "" if met else f"{0.5 / share:.2f}× short"))
-    totals = {_ops(c): c for c in cells if c.figure == "replay" and not _part(c)}
-    starts = {_ops(c): c for c in cells if c.figure == "replay" and _part(c)}
-    if totals:
-        n_top = max(totals)
-        top = totals[n_top]
-        if n_top >= 10_000:
-            met = top.median <= 1.0
-            out.append(Verdict(f"replay of {n_top:,} committed operations ≤ 1 s",
-                               fmt_seconds(top.median), met,
-                               "" if met else f"{top.median - 1.0:.2f} s over "
-                               f"({top.median:.2f}×)"))
-        per_op = {n: (totals[n].median - starts[n].median) / n for n in totals if n in starts}
-        if len(per_op) >= 2:
-            high_n = max(per_op)
-            low_n = max(k for k in per_op if k != high_n)
-            ratio = per_op[high_n] / per_op[low_n]
-            met = ratio <= 2.0
-            out.append(Verdict(
-                f"replay linear: cost per operation (after the worker's start) at {high_n:,} "
-                f"≤ 2× at {low_n:,}",
-                f"{per_op[low_n] * 1e6:.0f} µs/op at {low_n:,}, "
-                f"{per_op[high_n] * 1e6:.0f} µs/op at {high_n:,} ({ratio:.2f}×)", met,
-                "" if met else f"{ratio / 2.0:.2f}× over the limit"))
-    return out
-
-
-def _run_verdicts(cells: list[Cell]) -> list[Verdict]:
-    """Issue 18's targets for whole runs in the booted machine."""
-    out: list[Verdict] = []
-    single = _cell(cells, "launch", None, "cairn launch → run succeeded")
-    if single is not None:
-        met = single.median <= 1.0
-        out.append(Verdict(
-            "one-agent run, cairn launch → succeeded: median ≤ 1.0 s",
-            f"{fmt_seconds(single.median)} (p95 {fmt_seconds(single.p95)}, "
-            f"n={len(single.samples)})", met,
-            "" if met else f"{single.median - 1.0:.2f} s over ({single.median:.1f}×)"))
-    returns = _cell(cells, "concurrent", None, "cairn launch returns")
-    if returns is not None:
-        met = returns.p95 <= 2.0
-        out.append(Verdict(
-            f"{returns.variant}: every cairn launch returns in ≤ 2 s (p95)",
-            f"p95 {fmt_seconds(returns.p95)}, median {fmt_seconds(returns.median)}", met,
-            "" if met else f"{returns.p95 - 2.0:.2f} s over ({returns.p95 / 2.0:.1f}×)"))
-    everything = _cell(cells, "concurrent", None, "first launch → all")
-    if everything is not None:
-        met = everything.median <= 20.0
-        out.append(Verdict(
-            f"{everything.variant}: all succeeded ≤ 20 s after the first launch",
-            fmt_seconds(everything.median), met,
-            "" if met else f"{everything.median - 20.0:.1f} s over "
-            f"({everything.median / 20.0:.1f}×)"))
-    return out
-
-
 def _cpu_bound(results: Results) -> list[str]:
     """What the CPU time per run means for the concurrent batch on this machine."""
-    per_run = _cell(results.cells, "cpu", None, "every process")
-    everything = _cell(results.cells, "concurrent", None, "first launch → all")
+    per_run = find(results.cells, "cpu", "every process")
+    everything = find(results.cells, "concurrent", "first launch → all")
     if per_run is None or everything is None:
         return []
     runs = int(everything.variant.split()[0])
@@ -350,15 +252,6 @@ def _cpu_bound(results: Results) -> list[str]:
             f"{fmt_seconds(everything.median)} ({floor / everything.median:.0%} of that time "
             "is the CPU floor). To finish within 20 s, a run may use at most "
             f"{fmt_seconds(20 * cpus / runs)} of CPU here.", ""]
-
-
-def _ops(cell: Cell) -> int:
-    return int(cell.variant.split()[0].replace(",", ""))
-
-
-def _part(cell: Cell) -> bool:
-    """A breakdown row (``of which: …``) rather than a figure of its own."""
-    return cell.method.startswith("of which")
 
 
 def _versus(c: Cell, base: Cell, label: str) -> str:
@@ -375,9 +268,9 @@ def _figure_table(cells: list[Cell]) -> list[str]:
     for c in cells:
         groups.setdefault((c.size, c.variant), []).append(c)
     for (size, variant), group in groups.items():
-        bases = [c for c in group if c.cairn and not _part(c)]
+        bases = [c for c in group if c.cairn and not part(c)]
         base = bases[0] if bases else None
-        for c in sorted(group, key=lambda c: (not c.cairn, _part(c))):
+        for c in sorted(group, key=lambda c: (not c.cairn, part(c))):
             if c is base or base is None or c.unit == "bytes":
                 versus = "—"
             elif c.cairn:
@@ -426,18 +319,19 @@ def render(results: Results, workflow_source: str, json_name: str) -> str:
         "",
         "## Targets",
         "",
-        "| target | measured | met | missed by |",
-        "| --- | --- | --- | --- |",
+        "| target | measured | met | missed by | why (measured) |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for v in verdicts(results):
         met = "yes" if v.met else "**no**"
-        lines.append(f"| {v.target} | {v.measured} | {met} | {v.miss or '—'} |")
+        lines.append(f"| {v.target} | {v.measured} | {met} | {v.miss or '—'} | "
+                     f"{v.why or '—'} |")
     lines += ["", "## Figures", ""]
     for figure, title in FIGURES:
         cells = [c for c in results.cells if c.figure == figure]
         if not cells:
             continue
-        lines += [f"### {title}", "", *_figure_table(cells), "", INCLUDES[figure], ""]
+        lines += [f"### {title}", "", *_figure_table(cells), "", includes(figure, cells), ""]
         if figure == "cpu":
             lines += _cpu_bound(results)
         if figure == "replay":

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from apply_figures import profile_note
+from apply_figures import profile_cells
 from journal_figures import LOOP_WORKFLOW, REPLAY_SIZES, commit_rate, replay_figures
 from measure import Cell, Results, machine_info
 from report import render
 from run_figures import SINGLE_SHOT, run_figures
 from storage_figures import Bench, loop_pool, run_size
 from unit_figures import unit_figures
+from verdicts import PROFILED_PREFIX
 
 log = logging.getLogger("bench")
 
@@ -113,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("var/lib/cairn/journal", "var/lib/cairn/broker", "var/lib/cairn/runs"):
         (state_root / sub).mkdir(parents=True)
     failures: list[str] = []
-    profiles: list[str] = []
 
     def phase(name: str, body: Callable[[], None]) -> None:
         """Run one part; a failure is reported in the document and the exit status,
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase(f"the {n:,}-file figures", lambda n=n: run_size(bench, n))
             for n in sorted({min(sizes), max(sizes)}) if "trees" in args.only else ():
                 phase(f"the {n:,}-file apply profile",
-                      lambda n=n: profiles.append(profile_note(pool, scratch, n)))
+                      lambda n=n: cells.extend(profile_cells(pool, scratch, n)))
         journal_dir = work / "journal"
         journal_dir.mkdir()
         if "journal" in args.only:
@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("CAIRN_ROOT", None)
         shutil.rmtree(work, ignore_errors=True)
 
-    notes = failures + profiles + _notes(cells, repeat, loads, os.cpu_count() or 1,
-                                         args.skip_machine)
+    notes = failures + _notes(cells, repeat, loads, os.cpu_count() or 1, args.skip_machine)
     results = Results(
         command=command, started_at=started_at, duration_s=time.monotonic() - started,
         quick=args.quick, sizes=list(sizes), repeat=repeat, cell_budget_s=budget,
@@ -195,7 +194,8 @@ def _notes(cells: list[Cell], repeat: int, loads: list[float], cpus: int,
     else:
         notes.append(f"1-minute load average sampled during the run: {load_text}.")
     short = sorted({f"{c.figure}/{c.method}" for c in cells
-                    if len(c.samples) < repeat and c.figure not in SINGLE_SHOT})
+                    if len(c.samples) < repeat and c.figure not in SINGLE_SHOT
+                    and not c.method.startswith(PROFILED_PREFIX)})
     if short:
         notes.append("Sampling stopped at the per-figure time budget for: "
                      + "; ".join(short) + ".")

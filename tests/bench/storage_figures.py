@@ -28,6 +28,7 @@ from typing import Any
 import btrfsutil
 from measure import Cell, Stopwatch, collect
 from synth import Editor, build_project
+from verdicts import SEND_ALONE
 
 from cairn import paths, proc
 from cairn.broker import spare
@@ -484,6 +485,14 @@ def _changes_and_apply_k(bench: Bench, n: int, run_id: str, w: Path, shadow: Sha
     # Every edited path, plus at most its parent directory (new directories, metadata).
     if not edit.count <= found[-1] <= 2 * edit.count:
         raise AssertionError(f"changes found {found[-1]} paths for {edit.count} edits")
+
+    def send_alone() -> float:
+        with Stopwatch() as sw:
+            proc.run(["btrfs", "-q", "send", "--no-data", "-f", os.devnull, "-p", q, p])
+        return sw.elapsed
+
+    bench.add("changes", n, variant, f"{SEND_ALONE} (--no-data -p Q P to /dev/null)", True,
+              collect(send_alone, repeat=bench.repeat, budget=bench.budget))
 
     def git_status() -> float:
         with Stopwatch() as sw:
