@@ -49,6 +49,10 @@ def test_quick_run_writes_every_figure_and_cleans_up(tmp_path: Path) -> None:
             "git status --porcelain", "full-tree hash walk", "cp -a per lane",
             "raw SQLite 2x(insert+commit)"} <= methods
     assert results.machine.kernel.startswith("Linux ")
+    # The kernel's send alone beside each diff, and the profiled apply's phases.
+    assert {c.variant for c in results.cells if c.method.startswith(SEND_ALONE)} == {
+        "10 changed", "1,000 changed"}
+    assert PROFILED_PREFIX + PROFILED_WHOLE in {c.method for c in results.cells}
 
     text = doc.read_text()
     assert "./dev bench --quick --skip-machine" in text
@@ -56,6 +60,7 @@ def test_quick_run_writes_every_figure_and_cleans_up(tmp_path: Path) -> None:
                     "### Replay to the frontier"):
         assert heading in text
     assert "slower** than Cairn" in text or "faster** than Cairn" in text
+    assert "| change detection Q→P of 1,000 changed files faster than git status" in text
 
     leftovers = [img for img in _attached_images() if img.startswith(os.fspath(tmp_path))]
     assert leftovers == []
