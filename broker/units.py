@@ -151,6 +151,16 @@ def remove_proxy(run_id: str) -> bool:
     return found
 
 
+def set_egress_wanted(run_id: str, wanted: bool) -> None:
+    """Make (``wanted``) or remove the run's flag that ``cairn-egress@<run>.service`` has
+    as ``ConditionPathExists=``: without it PID 1 skips the unit and starts no process."""
+    flags = paths.egress_wanted_dir()
+    if wanted:
+        untrusted.write_new(flags, run_id, b"", mode=0o644, uid=os.getuid(), gid=os.getgid())
+    else:
+        (flags / run_id).unlink(missing_ok=True)
+
+
 def start_agent(
     desc: LaunchDescription,
     op_id: str,

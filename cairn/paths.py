@@ -12,12 +12,8 @@ from pathlib import Path
 from cairn.protocol.base import RUN_ID_RE as RUN_ID_RE
 
 
-def _root() -> Path:
-    return Path(os.environ.get("CAIRN_ROOT", "/"))
-
-
 def _p(rel: str) -> Path:
-    return _root() / rel
+    return Path(os.environ.get("CAIRN_ROOT", "/")) / rel
 
 
 def state_dir() -> Path:
@@ -46,13 +42,18 @@ def run_state_dir(run_id: str) -> Path:
 
 
 def runtime_dir() -> Path:
-    """/run/cairn: sockets."""
+    """/run/cairn: sockets and runtime flags."""
     return _p("run/cairn")
 
 
 def egress_socket(run_id: str) -> Path:
     """The run's way out to its model providers (``cairn-egress@<run>.service``)."""
     return runtime_dir() / "egress" / run_id / "egress.sock"
+
+
+def egress_wanted_dir() -> Path:
+    """Root's flags, one per run with model providers: ``cairn-egress@<run>`` needs one."""
+    return runtime_dir() / "egress-wanted"
 
 
 def daemon_socket() -> Path:

@@ -17,10 +17,7 @@ BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL"
 
 def make_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A minimal environment: a fixed PATH and C.UTF-8 locale, plus ``extra``."""
-    env = dict(BASE_ENV)
-    if extra:
-        env.update(extra)
-    return env
+    return {**BASE_ENV, **(extra or {})}
 
 
 def run(

@@ -156,10 +156,12 @@ INCLUDES = {
         "In the same machine, nothing else running: the wall time of `python3 -I -c "
         "'import MODULE'` (five times each) for the module each of a run's processes "
         "starts from, as the package installed it; the first row is Python alone. A run "
-        "starts the CLI, a model egress unit (`Type=notify`, ordered before the "
-        "coordinator, so the coordinator starts once it is ready), a coordinator with "
-        "its control worker, an import unit (Q of a "
-        "project off the pool), an agent worker, a candidate unit and an apply unit. "
+        "starts the CLI, a coordinator with its control worker, an import unit (Q of a "
+        "project off the pool), an agent worker, a candidate unit and an apply unit; a "
+        "run with model providers also a model egress unit (`Type=notify`, ordered "
+        "before the coordinator, so the coordinator starts once it is ready), which PID 1 "
+        "skips for any other run (`ConditionPathExists=` on a flag the broker makes only "
+        "for a run with providers, `units/cairn-egress@.service`). "
         "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
         "without bytecode); the row here imports the same module from the package."),
     "concurrent": (

@@ -437,8 +437,8 @@ STARTS = (
 PHASES = (
     ("cairn launch until the run is recorded (CLI start, cairnd's review)", "invoked",
      "recorded"),
-    ("until the coordinator holds the lease (broker, egress and coordinator unit start)",
-     "recorded", "lease"),
+    ("until the coordinator holds the lease (broker and coordinator unit start, and the "
+     "egress unit's for a run with model providers)", "recorded", "lease"),
     ("until Q and W exist (prepare-q with the import unit, create-w)", "lease", "imported"),
     ("until the agent unit has started (control worker, start-agent)", "imported",
      "agent_started"),

@@ -112,6 +112,15 @@ def test_run_applies_change_to_live_project(machine: Machine) -> None:
     ).stdout.decode()
     assert "Result=success" in status
 
+    # A run without a model provider starts no egress process: PID 1 skipped the unit (no
+    # flag from the broker), so nothing of it started, logged or was waited for.
+    egress = machine.journal(unit=f"cairn-egress@{run_id}.service")
+    skipped = "was skipped because of an unmet condition check (ConditionPathExists="
+    assert skipped in egress, egress
+    assert "Started cairn-egress@" not in egress and "nothing to serve" not in egress, egress
+    flag = machine.exec(["test", "-e", f"/run/cairn/egress-wanted/{run_id}"], check=False)
+    assert flag.returncode != 0
+
 
 def test_person_edit_during_run_is_never_overwritten(machine: Machine) -> None:
     project = make_project(machine)

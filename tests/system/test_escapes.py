@@ -395,7 +395,9 @@ def test_coordinator_entries_carry_the_run_and_priorities(booted: Machine) -> No
 
 
 @pytest.mark.parametrize(
-    "directory", ["/run/cairn/agents", "/run/cairn/egress", "/var/lib/cairn/pool/runs"]
+    "directory",
+    ["/run/cairn/agents", "/run/cairn/egress", "/run/cairn/egress-wanted",
+     "/var/lib/cairn/pool/runs"],
 )
 def test_other_users_cannot_list_run_ids(
     booted: Machine, probe: dict[str, Any], directory: str
@@ -403,6 +405,18 @@ def test_other_users_cannot_list_run_ids(
     proc = booted.exec(["ls", directory], user="bob", check=False)
     assert proc.returncode != 0 and probe["run_id"] not in proc.stdout.decode()
     assert booted.exec(["test", "-d", directory]).returncode == 0
+
+
+def test_only_the_broker_makes_the_flag_that_starts_a_runs_egress(
+    booted: Machine, probe: dict[str, Any]
+) -> None:
+    """The probe's run has no model provider, so its egress unit was skipped; neither its
+    owner, another user nor the coordinator's user can make the flag that would start it."""
+    flag = f"/run/cairn/egress-wanted/{probe['run_id']}"
+    for user in ("alice", "bob", "cairn"):
+        proc = booted.exec(["touch", flag], user=user, check=False)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr.decode(), user
+    assert booted.exec(["test", "-e", flag], check=False).returncode != 0
 
 
 def test_other_users_cannot_read_a_runs_checkpoint(booted: Machine, probe: dict[str, Any]) -> None:

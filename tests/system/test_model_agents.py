@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from machine import Machine
-from test_recovery import wait_finished
+from test_recovery import enable_failpoint, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 18080
@@ -139,6 +139,35 @@ def test_llm_agent_edits_through_the_relay_and_sees_no_secret(machine: Machine) 
     # The egress unit came and went with the coordinator; the key never left the relay.
     log = machine.journal(unit=f"cairn-egress@{run_id}.service")
     assert f"admits 127.0.0.1:{PORT}" in log
+    assert "unmet condition" not in log, log
+    # It ran on the broker's flag for a run with a provider: root's, kept until the run is
+    # deleted, and deleting the run takes it.
+    flag = f"/run/cairn/egress-wanted/{run_id}"
+    made = machine.exec(["stat", "-c", "%F %a %U:%G", flag]).stdout.decode().strip()
+    assert made == "regular empty file 644 root:root"
+    deleted = machine.exec(["cairn", "rm", run_id], user="alice").stdout.decode()
+    assert deleted.startswith(f"deleted {run_id} ("), deleted
+    assert machine.exec(["test", "-e", flag], check=False).returncode != 0
+
+
+def test_a_restarted_coordinator_still_reaches_its_provider(machine: Machine) -> None:
+    """The coordinator dies right after starting the agent (a failpoint) and systemd
+    restarts it (``Restart=on-failure``): its egress unit still starts, on the broker's
+    flag made at launch, and the agent's model calls reach the provider through it."""
+    key = configure(machine)
+    start_provider(machine, [
+        call("edit", path="app.py", old_text="return 1", new_text="return 2"),
+        call("finish_work", output={"summary": "value() returns 2"}, handoff=""),
+    ], key)
+    enable_failpoint(machine, "after-unit-started")
+    run_id = launch(machine)
+    data = wait_finished(machine, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    leases = [e for e in data["events"] if e["event"] == "lease-acquired"]
+    assert len(leases) >= 2, "the coordinator was never restarted"
+    assert machine.exec(["cat", f"{PROJECT}/app.py"]).stdout == b"def value():\n    return 2\n"
+    log = machine.journal(unit=f"cairn-egress@{run_id}.service")
+    assert f"admits 127.0.0.1:{PORT}" in log and "unmet condition" not in log, log
 
 
 def test_a_spent_token_budget_stops_the_run_cleanly(machine: Machine) -> None:
