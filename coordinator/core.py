@@ -132,6 +132,7 @@ class Coordinator(Replay, Settlement, Lease):
         threading.Thread(target=self._heartbeat, daemon=True).start()
         self.event("coordinator-started", token=self.token)
         try:
+            self.prestart_control_worker()
             self.check_pinned_source()
             self.journal.set_run_state(self.run_id, "running", token=self.token)
             self.prepare_storage()
@@ -159,6 +160,7 @@ class Coordinator(Replay, Settlement, Lease):
             self.journal.set_run_state(self.run_id, "failed", token=self.token, error=str(exc))
             return 0
         finally:
+            self.discard_prestarted_worker()
             self._stop_heartbeat.set()
             self.remove_channels_if_ended()
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import subprocess
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -36,6 +37,30 @@ class _RestartReplay(Exception):
 
 class Replay(Handlers):
     """The control-worker loop, the identity check of each call and the dispatch by kind."""
+
+    prestarted: subprocess.Popen[str] | None = None
+
+    def prestart_control_worker(self) -> None:
+        """Start the control worker's interpreter now, so its start overlaps the storage
+        steps; it waits for its start message, and :meth:`replay_once` takes it."""
+        self.prestarted = runtime.spawn(make_env())
+
+    def take_control_worker(self) -> subprocess.Popen[str]:
+        """The prestarted worker if it is still waiting, else a new one."""
+        worker, self.prestarted = self.prestarted, None
+        if worker is not None and worker.poll() is None:
+            return worker
+        if worker is not None:
+            worker.wait()
+        return runtime.spawn(make_env())
+
+    def discard_prestarted_worker(self) -> None:
+        """A run that ends or suspends before its replay leaves no worker behind."""
+        worker, self.prestarted = self.prestarted, None
+        if worker is not None:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
 
     def replay(self) -> dict[str, Any]:
         """Re-execute the workflow in a control worker until it returns."""
@@ -67,7 +92,7 @@ class Replay(Handlers):
             args=self.desc.args,
             answers=given,
         )
-        worker = runtime.spawn(make_env())
+        worker = self.take_control_worker()
         assert worker.stdin is not None and worker.stdout is not None
         stdin = worker.stdin
         events: queue.Queue[tuple[str, Any]] = queue.Queue()

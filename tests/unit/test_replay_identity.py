@@ -126,3 +126,43 @@ def test_a_recovered_run_whose_source_diverges_fails_closed(coordinator: Coordin
     with pytest.raises(Nondeterminism, match="request_hash"):
         recovered.replay_once()
     assert show(coordinator.journal, RUN, 1001)["divergence"]["fields"] == ["request_hash"]
+
+
+def test_the_prestarted_control_worker_is_the_one_the_replay_uses(
+    coordinator: Coordinator,
+) -> None:
+    commit(coordinator, "x")
+    recovered = Coordinator(RUN)
+    recovered.prestart_control_worker()
+    prestarted = recovered.prestarted
+    assert prestarted is not None and prestarted.poll() is None  # waiting for its start
+    assert recovered.take_control_worker() is prestarted
+    assert recovered.prestarted is None
+    prestarted.kill()
+    prestarted.wait()
+    recovered.prestart_control_worker()
+    assert recovered.replay_once() == {"summary": "s"}
+    assert recovered.prestarted is None
+
+
+def test_a_prestarted_worker_that_died_is_replaced(coordinator: Coordinator) -> None:
+    coordinator.prestart_control_worker()
+    dead = coordinator.prestarted
+    assert dead is not None
+    dead.kill()
+    dead.wait()
+    fresh = coordinator.take_control_worker()
+    try:
+        assert fresh is not dead and fresh.poll() is None
+    finally:
+        fresh.kill()
+        fresh.wait()
+
+
+def test_a_run_that_ends_before_its_replay_leaves_no_worker(coordinator: Coordinator) -> None:
+    coordinator.prestart_control_worker()
+    worker = coordinator.prestarted
+    assert worker is not None
+    coordinator.discard_prestarted_worker()
+    assert worker.returncode is not None and coordinator.prestarted is None
+    coordinator.discard_prestarted_worker()  # nothing left: a no-op
