@@ -43,7 +43,7 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # 3,722 once the errors of one concern (the journal's, the review's, the coordinator's)
 # moved beside it.
 # Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_722
+BROKER_CLOSURE_CEILING = 3_720
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
