@@ -151,11 +151,13 @@ def remove_proxy(run_id: str) -> bool:
     return found
 
 
-def set_egress_wanted(run_id: str, wanted: bool) -> None:
-    """Make (``wanted``) or remove the run's flag that ``cairn-egress@<run>.service`` has
-    as ``ConditionPathExists=``: without it PID 1 skips the unit and starts no process."""
-    flags = paths.egress_wanted_dir()
-    if wanted:
+def set_egress_skipped(run_id: str, skipped: bool) -> None:
+    """Make (``skipped``) or remove the run's flag that ``cairn-egress@<run>.service`` has
+    as ``ConditionPathExists=!``: with it PID 1 skips the unit and starts no process.
+    Without it (a run with model providers, or one launched before the flag existed) the
+    egress starts, so a missing flag costs time, never a model call."""
+    flags = paths.egress_skipped_dir()
+    if skipped:
         untrusted.write_new(flags, run_id, b"", mode=0o644, uid=os.getuid(), gid=os.getgid())
     else:
         (flags / run_id).unlink(missing_ok=True)

@@ -413,7 +413,7 @@ def start_coordinator(ctx: Context) -> CoordinatorStarted:
     if run.state in TERMINAL_RUN_STATES:  # e.g. failed at launch: never started later
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; its coordinator is not started")
     name = f"cairn-coordinator@{ctx.run_id}.service"
-    units.set_egress_wanted(ctx.run_id, bool(ctx.desc.routes))  # before the unit pulls it in
+    units.set_egress_skipped(ctx.run_id, not ctx.desc.routes)  # before the unit pulls it in
     units.start_unit(name)
     return CoordinatorStarted(unit=name)
 
@@ -599,7 +599,7 @@ def delete_run(ctx: Context) -> RunDeleted:
     if frozen and run.settlement is None:
         raise BrokerRefused(f"run {ctx.run_id} has a proposal that was never settled")
     proxy = units.remove_proxy(ctx.run_id)
-    units.set_egress_wanted(ctx.run_id, False)
+    units.set_egress_skipped(ctx.run_id, False)
     deleted = ctx.pool().delete_run(ctx.run_id)
     return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy)
 

@@ -51,9 +51,9 @@ def egress_socket(run_id: str) -> Path:
     return runtime_dir() / "egress" / run_id / "egress.sock"
 
 
-def egress_wanted_dir() -> Path:
-    """Root's flags, one per run with model providers: ``cairn-egress@<run>`` needs one."""
-    return runtime_dir() / "egress-wanted"
+def egress_skipped_dir() -> Path:
+    """Root's flags, one per run without model providers: its ``cairn-egress@`` skips."""
+    return runtime_dir() / "egress-skipped"
 
 
 def daemon_socket() -> Path:

@@ -1,8 +1,8 @@
 """cairn-egress RUN_ID: the run's only way out to its model providers.
 
 The coordinator has no network (``PrivateNetwork=yes``); this process, run by
-``cairn-egress@RUN_ID.service`` as user ``cairn`` (only for a run with model providers:
-the unit's ``ConditionPathExists=`` names a flag the broker makes for such a run alone),
+``cairn-egress@RUN_ID.service`` as user ``cairn`` (not for a run without model
+providers: the unit's ``ConditionPathExists=!`` names a flag the broker makes for one),
 has network and nothing else. It listens on ``/run/cairn/egress/<run>/egress.sock`` and
 admits ``CONNECT host:port`` only to the provider endpoints frozen in the run's launch
 description. TLS runs end to end between the coordinator's relay and the provider, so no

@@ -160,8 +160,8 @@ INCLUDES = {
         "project off the pool), an agent worker, a candidate unit and an apply unit; a "
         "run with model providers also a model egress unit (`Type=notify`, ordered "
         "before the coordinator, so the coordinator starts once it is ready), which PID 1 "
-        "skips for any other run (`ConditionPathExists=` on a flag the broker makes only "
-        "for a run with providers, `units/cairn-egress@.service`). "
+        "skips for any other run (`ConditionPathExists=!` on a flag the broker makes "
+        "for a run without providers, `units/cairn-egress@.service`). "
         "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
         "without bytecode); the row here imports the same module from the package."),
     "concurrent": (

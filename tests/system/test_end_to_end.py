@@ -112,14 +112,19 @@ def test_run_applies_change_to_live_project(machine: Machine) -> None:
     ).stdout.decode()
     assert "Result=success" in status
 
-    # A run without a model provider starts no egress process: PID 1 skipped the unit (no
-    # flag from the broker), so nothing of it started, logged or was waited for.
+    # A run without a model provider starts no egress process: PID 1 skipped the unit (on
+    # the broker's flag), so nothing of it started, logged or was waited for.
     egress = machine.journal(unit=f"cairn-egress@{run_id}.service")
-    skipped = "was skipped because of an unmet condition check (ConditionPathExists="
+    skipped = "was skipped because of an unmet condition check (ConditionPathExists=!"
     assert skipped in egress, egress
     assert "Started cairn-egress@" not in egress and "nothing to serve" not in egress, egress
-    flag = machine.exec(["test", "-e", f"/run/cairn/egress-wanted/{run_id}"], check=False)
-    assert flag.returncode != 0
+    # The flag is root's, kept until the run is deleted, and deleting the run takes it.
+    flag = f"/run/cairn/egress-skipped/{run_id}"
+    made = machine.exec(["stat", "-c", "%F %a %U:%G", flag]).stdout.decode().strip()
+    assert made == "regular empty file 644 root:root"
+    deleted = machine.exec(["cairn", "rm", run_id], user="alice").stdout.decode()
+    assert deleted.startswith(f"deleted {run_id} ("), deleted
+    assert machine.exec(["test", "-e", flag], check=False).returncode != 0
 
 
 def test_person_edit_during_run_is_never_overwritten(machine: Machine) -> None:

@@ -396,7 +396,7 @@ def test_coordinator_entries_carry_the_run_and_priorities(booted: Machine) -> No
 
 @pytest.mark.parametrize(
     "directory",
-    ["/run/cairn/agents", "/run/cairn/egress", "/run/cairn/egress-wanted",
+    ["/run/cairn/agents", "/run/cairn/egress", "/run/cairn/egress-skipped",
      "/var/lib/cairn/pool/runs"],
 )
 def test_other_users_cannot_list_run_ids(
@@ -407,16 +407,20 @@ def test_other_users_cannot_list_run_ids(
     assert booted.exec(["test", "-d", directory]).returncode == 0
 
 
-def test_only_the_broker_makes_the_flag_that_starts_a_runs_egress(
+def test_only_the_broker_makes_or_removes_the_flag_that_skips_a_runs_egress(
     booted: Machine, probe: dict[str, Any]
 ) -> None:
-    """The probe's run has no model provider, so its egress unit was skipped; neither its
-    owner, another user nor the coordinator's user can make the flag that would start it."""
-    flag = f"/run/cairn/egress-wanted/{probe['run_id']}"
+    """The probe's run has no model provider, so the broker flagged its egress unit to be
+    skipped; neither its owner, another user nor the coordinator's user can remove that
+    flag, or make one for another run (which would cut that run off from its providers)."""
+    flag = f"/run/cairn/egress-skipped/{probe['run_id']}"
+    other = "/run/cairn/egress-skipped/flow_" + "0" * 32
     for user in ("alice", "bob", "cairn"):
-        proc = booted.exec(["touch", flag], user=user, check=False)
-        assert proc.returncode != 0 and "Permission denied" in proc.stderr.decode(), user
-    assert booted.exec(["test", "-e", flag], check=False).returncode != 0
+        for argv in (["rm", "-f", flag], ["touch", other]):
+            proc = booted.exec(argv, user=user, check=False)
+            assert proc.returncode != 0 and "Permission denied" in proc.stderr.decode(), argv
+    assert booted.exec(["test", "-f", flag]).returncode == 0
+    assert booted.exec(["test", "-e", other], check=False).returncode != 0
 
 
 def test_other_users_cannot_read_a_runs_checkpoint(booted: Machine, probe: dict[str, Any]) -> None:

@@ -79,7 +79,7 @@ def test_users_groups_and_directories(machine: Machine) -> None:
             "/run/cairn",
             "/run/cairn/agents",
             "/run/cairn/egress",
-            "/run/cairn/egress-wanted",
+            "/run/cairn/egress-skipped",
             "/etc/cairn",
         ]
     )
@@ -91,7 +91,7 @@ def test_users_groups_and_directories(machine: Machine) -> None:
         "/run/cairn 755 root:cairn",
         "/run/cairn/agents 700 cairn:cairn",
         "/run/cairn/egress 711 root:root",
-        "/run/cairn/egress-wanted 700 root:root",
+        "/run/cairn/egress-skipped 700 root:root",
         "/etc/cairn 755 root:root",
     ]
 

@@ -125,7 +125,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
     monkeypatch.setattr(verbs, "failpoint", lambda *args: None)
     paths.broker_db_path().parent.mkdir(parents=True)
-    paths.egress_wanted_dir().mkdir(parents=True, mode=0o700)  # tmpfiles.d's, at boot
+    paths.egress_skipped_dir().mkdir(parents=True, mode=0o700)  # tmpfiles.d's, at boot
     desc = LaunchDescription(
         run_id=RUN,
         owner_uid=os.getuid(),
@@ -305,25 +305,25 @@ def _with_model_provider(host: dict[str, Any]) -> None:
     host["desc"] = host["desc"].model_copy(update={"routes": {"fake": route}})
 
 
-def test_only_a_run_with_model_providers_gets_its_egress_flag(
+def test_only_a_run_without_model_providers_gets_the_flag_that_skips_its_egress(
     host: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    flag = paths.egress_wanted_dir() / RUN
+    flag = paths.egress_skipped_dir() / RUN
     flagged_at_start: list[bool] = []
     monkeypatch.setattr(units, "start_unit", lambda name: flagged_at_start.append(flag.exists()))
     _do(host, "start-coordinator", "start-coordinator")
-    assert not flag.exists() and flagged_at_start == [False]
-
-    _with_model_provider(host)
-    _do(host, "start-coordinator.2", "start-coordinator")
-    assert flagged_at_start == [False, True]  # there before PID 1 evaluates the condition
+    assert flagged_at_start == [True]  # there before PID 1 evaluates the condition
     st = flag.lstat()
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644 and st.st_size == 0
     assert st.st_uid == os.getuid()  # the broker's own: root in production
 
     flag.unlink()  # /run after a reboot; cairnd's reconciler queues a new start
+    _do(host, "start-coordinator.2", "start-coordinator")
+    assert flagged_at_start == [True, True]
+
+    _with_model_provider(host)
     _do(host, "start-coordinator.3", "start-coordinator")
-    assert flagged_at_start == [False, True, True]
+    assert flagged_at_start == [True, True, False] and not flag.exists()
 
 
 def test_a_link_planted_as_the_egress_flag_is_replaced_not_followed(
@@ -331,17 +331,15 @@ def test_a_link_planted_as_the_egress_flag_is_replaced_not_followed(
 ) -> None:
     target = tmp_path / "elsewhere"
     target.write_text("keep\n")
-    (paths.egress_wanted_dir() / RUN).symlink_to(target)
-    _with_model_provider(host)
+    (paths.egress_skipped_dir() / RUN).symlink_to(target)
     _do(host, "start-coordinator", "start-coordinator")
-    flag = paths.egress_wanted_dir() / RUN
+    flag = paths.egress_skipped_dir() / RUN
     assert not flag.is_symlink() and flag.stat().st_size == 0
     assert target.read_text() == "keep\n"
 
 
 def test_delete_removes_the_egress_flag(host: dict[str, Any]) -> None:
-    flag = paths.egress_wanted_dir() / RUN
-    _with_model_provider(host)
+    flag = paths.egress_skipped_dir() / RUN
     _do(host, "start-coordinator", "start-coordinator")
     assert flag.exists()
     host["journal"].run.state = "succeeded"
@@ -349,13 +347,15 @@ def test_delete_removes_the_egress_flag(host: dict[str, Any]) -> None:
     assert not flag.exists()
 
 
-def test_the_egress_unit_starts_only_on_the_brokers_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``cairn-egress@.service``'s condition names the flag the broker makes, in the
-    directory tmpfiles.d makes for root alone."""
+def test_the_egress_unit_is_skipped_only_on_the_brokers_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``cairn-egress@.service``'s negated condition names the flag the broker makes, in
+    the directory tmpfiles.d makes for root alone."""
     monkeypatch.delenv("CAIRN_ROOT", raising=False)
-    flags = str(paths.egress_wanted_dir())
+    flags = str(paths.egress_skipped_dir())
     unit = (REPO / "units" / "cairn-egress@.service").read_text()
-    assert re.findall(r"^ConditionPathExists=(.*)$", unit, re.MULTILINE) == [f"{flags}/%i"]
+    assert re.findall(r"^ConditionPathExists=(.*)$", unit, re.MULTILINE) == [f"!{flags}/%i"]
     tmpfiles = (REPO / "units" / "tmpfiles.d" / "cairn.conf").read_text()
     declared = re.findall(rf"^d {re.escape(flags)} +(\S+) +(\S+) +(\S+) +-$", tmpfiles, re.M)
     assert declared == [("0700", "root", "root")]
