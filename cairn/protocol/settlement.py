@@ -8,8 +8,7 @@ from cairn.protocol.base import Frozen
 
 MAX_PATHS = 1_000_000
 DIFF_LIMIT = 256 << 10
-# A diff ends once past DIFF_LIMIT: one more path's text (each side bounded) and a line.
-_DIFF_MAX = 4 * DIFF_LIMIT
+_DIFF_MAX = 4 * DIFF_LIMIT  # ends past DIFF_LIMIT: one more path (each side bounded), a line
 
 
 def _relative(path: str) -> str:

@@ -1,5 +1,5 @@
 """What each process a run starts loads at start: only what its normal path uses. A run
-starts a coordinator (with its control worker), an import unit, an agent worker, a
+starts a coordinator (with its control worker), model egress, an import unit, an agent worker, a
 candidate unit and an apply unit, and 32 concurrent runs start each of them 32 times, so a
 module one of them loads for nothing costs every run. Checked in a fresh ``python -I``: the
 test process has imported everything long before."""
@@ -60,6 +60,12 @@ NOT_AT_START = {
     # The coordinator's whole run (main imports core): a relay only for runs with models.
     "cairn.coordinator.core": (NOT_A_HELPERS - {"cairn.workflow.review"}) | MODEL_HTTP | {
         "cairn.coordinator.relay",
+    },
+    # Model egress admits CONNECTs to the launch description's routes: it reads no intents.
+    "cairn.coordinator.egress": NOT_A_HELPERS | MODEL_HTTP | {
+        "cairn.protocol.broker",
+        "cairn.storage",
+        "jeepney",
     },
     "cairn.importer": NOT_A_HELPERS | MODEL_HTTP | {
         "cairn.protocol.broker",
