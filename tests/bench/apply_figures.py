@@ -31,7 +31,7 @@ from measure import Stopwatch, collect
 from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_pool
 from synth import Editor, build_project
 
-from cairn.protocol.broker import ApplyResult
+from cairn.protocol.settlement import ApplyResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.storage import Pool
