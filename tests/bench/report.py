@@ -162,6 +162,8 @@ INCLUDES = {
         "coordinator, so the coordinator starts once it is ready), a coordinator with "
         "its control worker, an import unit (Q of a "
         "project off the pool), an agent worker, a candidate unit and an apply unit. "
+        "The coordinator's main imports `cairn.coordinator.core` once it has checked its "
+        "argument: that row is what every coordinator loads. "
         "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
         "without bytecode); the row here imports the same module from the package."),
     "concurrent": (
