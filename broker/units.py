@@ -32,14 +32,11 @@ from cairn.protocol.broker import (
     CHECK_OUTPUT_LIMIT,
     AgentStarted,
     AgentStopped,
-    AppliedCheck,
-    ApplyResult,
-    CandidateFailure,
-    CandidateResult,
     CheckResult,
 )
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
+from cairn.protocol.settlement import AppliedCheck, ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,

@@ -29,7 +29,8 @@ from pydantic import Field
 
 from cairn import paths
 from cairn.config import Problems
-from cairn.protocol.launch import VERIFIER_NAME_RE, EvaluatorSpec
+from cairn.protocol.base import VERIFIER_NAME_RE
+from cairn.protocol.launch import EvaluatorSpec
 from cairn.verifiers import CommandConfig
 
 FIX = (

@@ -22,7 +22,6 @@ from typing import NamedTuple, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from cairn.errors import StorageError
-from cairn.storage import metadata_stream
 
 log = logging.getLogger(__name__)
 
@@ -611,13 +610,17 @@ class FilesystemReader:
 def changes(q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
     """Changes from read-only subvolume ``q`` to read-only subvolume ``p`` (root only: it
     runs ``btrfs send``), limited to the project at ``subpath`` and relative to it."""
+    # Imported here: the candidate unit parses a stream it is handed (changes_in) and
+    # never loads storage, btrfsutil or the process helper.
+    from cairn.storage import metadata_stream
+
     return changes_in(metadata_stream(q, p), q, p, subpath=subpath)
 
 
 def changes_in(stream: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
-    """The change set a :func:`metadata_stream` of ``q`` and ``p`` describes, limited to
-    ``subpath`` and relative to it; ``q`` and ``p`` are read for what the stream does not
-    say (the subtrees of moved directories, other hard links)."""
+    """The change set a :func:`cairn.storage.metadata_stream` of ``q`` and ``p``
+    describes, limited to ``subpath`` and relative to it; ``q`` and ``p`` are read for
+    what the stream does not say (the subtrees of moved directories, other hard links)."""
     sub = "/".join(_split(subpath))
     tracker = ChangeTracker()
     # The kernel made the stream and root handed it over unchanged; the CRC check would

@@ -18,7 +18,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from cairn import untrusted
-from cairn.protocol.broker import (
+from cairn.protocol.settlement import (
     ApplyConflict,
     ApplyResult,
     CandidateReport,

@@ -14,7 +14,6 @@ that lies below a link in P is refused, never read through the link.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import secrets
@@ -23,8 +22,9 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.errors import StorageError
-from cairn.protocol.broker import CandidateReport, RefusedPath
+from cairn.protocol.settlement import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
+from cairn.settle_apply import TMP_PREFIX, copy_file_data
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
     NESTED_SUBVOLUME,
@@ -39,9 +39,6 @@ from cairn.settle_paths import (
 
 log = logging.getLogger(__name__)
 
-_FICLONE = 0x40049409
-_CHUNK = 1 << 20
-TMP_PREFIX = ".cairn-apply."
 
 
 def build_candidate(
@@ -297,21 +294,6 @@ def _copy_dir_xattrs(p: Path, path: str, st: os.stat_result, dst: Path) -> None:
             os.close(dfd)
     finally:
         os.close(sfd)
-
-
-def copy_file_data(src_fd: int, dst_fd: int) -> None:
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-        return
-    except OSError:
-        pass  # not the same filesystem, or no reflink support: copy the bytes
-    while True:
-        chunk = os.read(src_fd, _CHUNK)
-        if not chunk:
-            return
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view) :]
 
 
 def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.proc import run
-from cairn.protocol.broker import DIFF_LIMIT
+from cairn.protocol.settlement import DIFF_LIMIT
 
 
 def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:

@@ -12,7 +12,7 @@ import stat
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.errors import UsageError
-from cairn.protocol.broker import RefusedPath as RefusedPath
+from cairn.protocol.settlement import RefusedPath as RefusedPath
 
 # A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
 # directory with this inode number (BTRFS_EMPTY_SUBVOL_DIR_OBJECTID); in a live subvolume

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.config import Problems
-from cairn.protocol.launch import VERIFIER_NAME_RE, VerifierSpec
+from cairn.protocol.base import VERIFIER_NAME_RE
+from cairn.protocol.launch import VerifierSpec
 
 FIX = (
     "a verifier has argv (argv[0] an absolute path), timeout_sec, optional [environment] "

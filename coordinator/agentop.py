@@ -9,7 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -20,7 +20,6 @@ from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
 from cairn.coordinator.base import OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
-from cairn.coordinator.relay import ModelRelay
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.journal.rows import OpRow
@@ -30,6 +29,9 @@ from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
+
+if TYPE_CHECKING:
+    from cairn.coordinator.relay import ModelRelay
 
 
 class BudgetExhausted(OperationError):
@@ -230,6 +232,9 @@ class AgentOperations(Recovery, Lanes):
         route = self.desc.routes.get(provider)
         if route is None:
             raise CairnError(f"provider {provider} was not resolved at launch")
+        # Imported here: the relay's HTTP, TLS and server code is for runs that reach a model.
+        from cairn.coordinator.relay import ModelRelay
+
         relay = ModelRelay(
             paths.model_socket_path(self.run_id, op.op_id),
             route=route,

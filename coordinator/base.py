@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from cairn import journald, paths
 from cairn.brokerclient import call_broker
-from cairn.coordinator.relay import TokenBudget
+from cairn.coordinator.budget import TokenBudget
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.readwrite import Journal

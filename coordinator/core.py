@@ -32,6 +32,7 @@ from cairn.coordinator.base import (
     MAX_ATTEMPTS,
     RunBlocked,
 )
+from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.lease import (
     HEARTBEAT,
     UNKNOWN_BOOT,
@@ -40,7 +41,6 @@ from cairn.coordinator.lease import (
     holder_is_dead,
     lease_holder,
 )
-from cairn.coordinator.relay import TokenBudget
 from cairn.coordinator.replay import Replay
 from cairn.coordinator.settlement import Settlement
 from cairn.errors import CairnError, SystemdError, Unavailable

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from cairn.coordinator.budget import TokenBudget
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER
 from cairn.protocol.launch import ModelRoute
 from cairn.providers import load_credential
@@ -51,27 +52,6 @@ RETURNED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 RETURNED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 INPUT_FIELDS = ("prompt_tokens", "input_tokens")
 OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
-
-
-class TokenBudget:
-    """The run's model-token budget, shared by every relay of the run (thread-safe)."""
-
-    def __init__(self, limit: int, used: int = 0) -> None:
-        self.limit = limit
-        self.used = used
-        self._lock = threading.Lock()
-
-    def remaining(self) -> int:
-        with self._lock:
-            return max(0, self.limit - self.used)
-
-    def charge(self, tokens: int) -> None:
-        with self._lock:
-            self.used += tokens
-
-    @property
-    def exhausted(self) -> bool:
-        return self.remaining() == 0
 
 
 class TranscriptEntry(BaseModel):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from cairn import journald, settle
+from cairn import journald, settle_apply
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.progress import ProgressWriter
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return check(args)
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
-        result = settle.apply(args.q, args.f, args.live, paths, args.receipts, report)
+        result = settle_apply.apply(args.q, args.f, args.live, paths, args.receipts, report)
         data = json.loads(result.model_dump_json())
         write_atomic(args.result, json.dumps(data, indent=2, sort_keys=True) + "\n")
     except (CairnError, OSError, ValidationError) as exc:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def check(args: argparse.Namespace) -> int:
     try:
         paths = _PATHS.validate_json(args.plan.read_bytes())
-        result = settle.check_applied(args.q, args.f, args.live, paths, args.receipts)
+        result = settle_apply.check_applied(args.q, args.f, args.live, paths, args.receipts)
         write_atomic(args.result, result.model_dump_json(indent=2) + "\n")
     except (CairnError, OSError, ValidationError) as exc:
         print(f"cairn.worker.apply: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ Runs in ``cairn-candidate-<run>.service`` as the project owner, with Q and P (wh
 subvolumes) read-only and C writable, so no file the agent wrote is ever copied by root.
 Reads ``stream`` (the kernel's ``btrfs send --no-data -p Q P``, handed over by the broker)
 and ``policy.json`` from DIR, brings C to Q plus the changes of P that policy allows, and
-writes ``result.json`` (:class:`cairn.protocol.broker.CandidateResult`): exit 0. When C
+writes ``result.json`` (:class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C
 cannot be built it writes ``failure.json`` (why, and what to do) and exits 1.
 """
 
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from cairn import journald
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
-from cairn.protocol.broker import CandidateFailure, CandidateResult
+from cairn.protocol.settlement import CandidateFailure, CandidateResult
 from cairn.sendstream import changes_in
 from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
 from cairn.settle_diff import unified_diff

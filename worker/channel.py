@@ -17,6 +17,9 @@ from cairn.protocol.agent import AgentInstruction, AgentMessage, AgentReply
 
 log = logging.getLogger(__name__)
 
+# The model relay's socket, beside the agent socket in the channel directory.
+MODEL_SOCKET = "/run/cairn/agent/model.sock"
+
 RECONNECT_FOR = 600.0
 
 

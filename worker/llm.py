@@ -24,13 +24,12 @@ from typing import Any
 
 from cairn.errors import CairnError
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
-from cairn.worker.channel import AgentChannel
+from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.retry import QUOTA_CODE, Backoff, retry_after, retryable_status
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
 
 log = logging.getLogger(__name__)
 
-MODEL_SOCKET = "/run/cairn/agent/model.sock"
 RESPONSE_LIMIT = 32 << 20
 
 ENVIRONMENT = """\

@@ -1,5 +1,9 @@
 """Agent profiles that run inside the unit: ``scripted`` (deterministic), ``command`` (a
-host-configured argv, pointed at the model relay) and ``llm`` (:mod:`cairn.worker.llm`)."""
+host-configured argv, pointed at the model relay) and ``llm`` (:mod:`cairn.worker.llm`).
+
+The worker starts from the capsule without bytecode, so what only one profile uses (the
+``llm`` agent's HTTP client and tools, the relay shim's threads) is imported by that
+profile when it runs, not by every agent at start."""
 
 from __future__ import annotations
 
@@ -15,9 +19,7 @@ from typing import Any
 from cairn.errors import CairnError
 from cairn.protocol.agent import AgentInstruction
 from cairn.protocol.launch import ScriptStep
-from cairn.worker.channel import AgentChannel
-from cairn.worker.llm import MODEL_SOCKET, run_llm
-from cairn.worker.shim import TcpShim
+from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[d
             channel.note(f"{step.action} {step.path or ' '.join(step.argv)}".strip())
         return _fill(profile.output, instruction), _fill_text(profile.handoff, instruction)
     if profile.kind == "llm":
+        from cairn.worker.llm import run_llm
+
         return run_llm(instruction, channel, WORKSPACE)
     return run_command(profile.argv, instruction)
 
@@ -98,8 +102,11 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         "CAIRN_OUTPUT_SCHEMA": json.dumps(instruction.output_schema),
         **{k: os.environ[k] for k in PASSED_ENV if k in os.environ and k != "HOME"},
     }
-    model_socket = os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)
-    shim = TcpShim(model_socket).start() if instruction.profile.provider else None
+    shim = None
+    if instruction.profile.provider:
+        from cairn.worker.shim import TcpShim
+
+        shim = TcpShim(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)).start()
     if shim is not None:
         env.update(relay_environment(shim.port))
     try:

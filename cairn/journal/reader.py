@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cairn.errors import JournalError, NotFound
 from cairn.journal.rows import OpRow, RunRow
 from cairn.journal.store import SCHEMA_VERSION, Clock, Store
-from cairn.protocol.broker import Intent
 from cairn.protocol.launch import LaunchDescription
+
+if TYPE_CHECKING:
+    from cairn.protocol.broker import Intent
 
 
 class JournalReader(Store):
@@ -68,6 +71,7 @@ class JournalReader(Store):
     # --- intents --------------------------------------------------
 
     def intents(self, run_id: str, verb: str | None = None) -> list[Intent]:
+        from cairn.protocol.broker import Intent  # model egress reads no intents: not at start
         if verb is None:
             rows = self.db.execute(
                 "SELECT body FROM intents WHERE run_id=? ORDER BY rowid", (run_id,)

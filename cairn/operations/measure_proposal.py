@@ -19,7 +19,7 @@ from typing import Any
 
 from cairn.experiments import measurement_request
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
-from cairn.protocol.launch import VERIFIER_NAME_RE
+from cairn.protocol.base import VERIFIER_NAME_RE
 
 ARGUMENT = "evaluator:$args."
 """The capability prefix of a site whose evaluator a launch argument names

@@ -1,5 +1,5 @@
 """What every protocol module shares: the frozen, closed base model and the identifier
-patterns (run, scope, operation, lane, intent)."""
+patterns (run, scope, operation, lane, intent, verifier and evaluator)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")
 OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 LANE_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 INTENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}$")
+VERIFIER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
 class Frozen(BaseModel):

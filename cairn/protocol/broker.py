@@ -4,12 +4,13 @@ reply on the broker socket."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
+from cairn.protocol.settlement import AppliedCheck, ApplyResult, RefusedPath
 
 Verb = Literal["launch-v1", "storage-v1", "delete-v1"]
 
@@ -88,88 +89,6 @@ class SubvolumeReceipt(Frozen):
     fsid: str
     read_only: bool
     generation: int
-
-
-# --- settlement: the owner's candidate and apply units report to the broker -----------
-# Written by a process of the run's owner and read by root through cairn.untrusted, so
-# only normalized project-relative paths, bounded lists and a bounded diff are admitted.
-
-MAX_PATHS = 1_000_000
-MAX_REASON = 4096
-DIFF_LIMIT = 256 << 10
-# A diff stops once past DIFF_LIMIT: at most one more path's text (both sides of it
-# bounded by DIFF_LIMIT) and a closing line.
-_DIFF_MAX = 4 * DIFF_LIMIT
-
-
-def _relative(path: str) -> str:
-    parts = path.split("/")
-    if (
-        not path
-        or len(path) > 4096
-        or path.startswith("/")
-        or "\0" in path
-        or any(p in ("", ".", "..") for p in parts)
-    ):
-        raise ValueError(f"{path[:200]!r} is not a normalized path inside the project")
-    return path
-
-
-ProjectPath = Annotated[str, AfterValidator(_relative)]
-Paths = Annotated[list[ProjectPath], Field(max_length=MAX_PATHS)]
-Reason = Annotated[str, Field(max_length=MAX_REASON)]
-
-
-class RefusedPath(Frozen):
-    path: ProjectPath
-    reason: Reason
-
-
-class CandidateReport(Frozen):
-    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
-
-    accepted: Paths
-    refused: Annotated[list[RefusedPath], Field(max_length=MAX_PATHS)]
-    bytes_accepted: int = Field(ge=0)
-
-
-class CandidateResult(CandidateReport):
-    """The candidate unit's result.json: the report, whether Q and P hold the same tree
-    (asked only when nothing was accepted) and the unified diff of what was."""
-
-    inventories_equal: bool
-    diff: str = Field(max_length=_DIFF_MAX)
-
-
-class CandidateFailure(Frozen):
-    """The candidate unit's failure.json: why it could not build C (it then exits 1)."""
-
-    message: Reason
-    hint: Reason = ""
-
-
-class ApplyConflict(Frozen):
-    path: ProjectPath
-    reason: Reason
-
-
-class ApplyResult(Frozen):
-    """The apply unit's result.json."""
-
-    status: Literal["applied", "conflict", "noop"]
-    applied: Paths = []
-    already_applied: Paths = []
-    conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
-
-
-class AppliedCheck(Frozen):
-    """check-applied's result.json: applied paths whose live state is F's, Q's, neither;
-    apply receipts unlike F (cairn.settle.check_applied)."""
-
-    as_applied: Paths = []
-    reverted: Paths = []
-    changed: Paths = []
-    receipt_differs: Paths = []
 
 
 # --- receipt bodies: what each intent kind did --------------------------------------

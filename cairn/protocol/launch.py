@@ -5,13 +5,12 @@ order and defaults are part of the format."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from cairn.canonical import canonical_json, sha256_hex
-from cairn.protocol.base import Frozen, OpId, RunId
+from cairn.protocol.base import VERIFIER_NAME_RE, Frozen, OpId, RunId
 
 # When the verified proposal F reaches the live project: at once (``auto``), after the
 # owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
@@ -104,9 +103,6 @@ class SettlementPolicySpec(Frozen):
     allow_git_internals: bool = False
     max_file_bytes: int = 64 << 20
     max_total_bytes: int = 1 << 30
-
-
-VERIFIER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
 class VerifierSpec(Frozen):

@@ -32,7 +32,7 @@ from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_
 from synth import Editor, build_project
 from verdicts import PROFILED_PREFIX, PROFILED_WHOLE
 
-from cairn.protocol.broker import ApplyResult
+from cairn.protocol.settlement import ApplyResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.storage import Pool

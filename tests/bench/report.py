@@ -162,6 +162,8 @@ INCLUDES = {
         "before the coordinator, so the coordinator starts once it is ready), which PID 1 "
         "skips for any other run (`ConditionPathExists=!` on a flag the broker makes "
         "for a run without providers, `units/cairn-egress@.service`). "
+        "The coordinator's main imports `cairn.coordinator.core` once it has checked its "
+        "argument: that row is what every coordinator loads. "
         "The agent worker really starts from the sealed capsule (`python3 -I -B`, "
         "without bytecode); the row here imports the same module from the package."),
     "concurrent": (

@@ -426,6 +426,8 @@ STARTS = (
     ("cairn CLI (cairn.cli)", "cairn.cli"),
     ("model egress (cairn.coordinator.egress)", "cairn.coordinator.egress"),
     ("coordinator (cairn.coordinator.__main__)", "cairn.coordinator.__main__"),
+    # What the coordinator's main imports once it has checked its argument.
+    ("coordinator's run (cairn.coordinator.core)", "cairn.coordinator.core"),
     ("control worker (cairn.workflow.runtime)", "cairn.workflow.runtime"),
     ("import unit (cairn.importer)", "cairn.importer"),
     ("agent worker (cairn.worker.__main__, from the package)", "cairn.worker.__main__"),

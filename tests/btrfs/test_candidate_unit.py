@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.protocol.broker import CandidateFailure, CandidateResult
+from cairn.protocol.settlement import CandidateFailure, CandidateResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
 from cairn.storage import Pool, metadata_stream

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -141,6 +142,56 @@ def test_the_installed_broker_loads_only_what_was_measured(machine: Machine) -> 
         n for m, n in loaded.items() if m != "cairn.broker" and not m.startswith("cairn.broker.")
     )
     assert 0 < library <= _broker_closure_ceiling()
+
+
+# Import one process's entry module as its unit starts it and print every module loaded;
+# argv[1] is the capsule's lib/ for the agent worker (started from it with -B), else "".
+RUN_PROCESS_IMPORTS = """
+import importlib, json, sys
+if sys.argv[1]:
+    sys.path.insert(0, sys.argv[1])
+importlib.import_module(sys.argv[2])
+print(json.dumps({n: getattr(m, "__file__", None) for n, m in sys.modules.items()}))
+"""
+CAPSULE_LIB = "/usr/lib/cairn/releases/current/lib"
+
+
+def _process_startup_rules() -> dict[str, frozenset[str]]:
+    """``NOT_AT_START`` of the unit tier, which checks the source tree."""
+    path = REPO / "tests" / "unit" / "test_process_startup.py"
+    spec = importlib.util.spec_from_file_location("unit_process_startup", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rules: dict[str, frozenset[str]] = module.NOT_AT_START
+    return rules
+
+
+def test_each_process_of_a_run_loads_from_the_package_only_what_its_path_uses(
+    machine: Machine,
+) -> None:
+    """The unit tier's start rules hold for the installed package and the distribution's
+    own pydantic: each process a run starts, imported as its unit starts it, loads none of
+    the modules its normal path does not use; the agent worker from the sealed capsule
+    (``python3 -I -B``), whose lazily imported profiles are in the capsule too."""
+    rules = _process_startup_rules()
+    assert len(rules) >= 7
+    for module, absent in sorted(rules.items()):
+        in_capsule = module.startswith("cairn.worker.__main__")
+        python = ["/usr/bin/python3", "-I", *(["-B"] if in_capsule else [])]
+        lib = CAPSULE_LIB if in_capsule else ""
+        loaded = json.loads(_out(machine.exec([*python, "-c", RUN_PROCESS_IMPORTS, lib, module])))
+        assert module in loaded and "pydantic" in loaded, module
+        found = sorted(n for n in absent for m in loaded if m == n or m.startswith(f"{n}."))
+        assert found == [], module
+        if in_capsule:
+            assert str(loaded["cairn"]).startswith(CAPSULE_LIB + "/")
+    # What the llm and command profiles import when they run is in the capsule.
+    for lazy in ("cairn.worker.llm", "cairn.worker.shim"):
+        loaded = json.loads(_out(machine.exec(
+            ["/usr/bin/python3", "-I", "-B", "-c", RUN_PROCESS_IMPORTS, CAPSULE_LIB, lazy]
+        )))
+        assert str(loaded[lazy]).startswith(CAPSULE_LIB + "/cairn/worker/"), lazy
 
 
 def test_bound_pool_is_btrfs_inside(machine: Machine) -> None:

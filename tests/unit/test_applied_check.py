@@ -16,7 +16,8 @@ from test_journal import RUN, description
 from cairn.daemon import doctor, oneshot
 from cairn.errors import BrokerRefused
 from cairn.journal.readwrite import Journal
-from cairn.protocol.broker import AppliedCheck, BrokerReply, Intent, Receipt
+from cairn.protocol.broker import BrokerReply, Intent, Receipt
+from cairn.protocol.settlement import AppliedCheck
 from cairn.settle import apply, check_applied
 from cairn.worker import apply as apply_worker
 

@@ -56,6 +56,12 @@ def test_built_capsule_holds_the_worker_closure_and_verifies(release: Path) -> N
         "lib/cairn/worker/__main__.py",
         "lib/cairn/worker/channel.py",
         "lib/cairn/worker/profiles.py",
+        # imported by the profile that uses them, when it runs
+        "lib/cairn/worker/llm.py",
+        "lib/cairn/worker/retry.py",
+        "lib/cairn/worker/tools.py",
+        "lib/cairn/worker/shim.py",
+        "lib/cairn/forwarding.py",
         "lib/cairn/protocol/agent.py",
         "lib/cairn/protocol/base.py",
         "lib/cairn/errors.py",

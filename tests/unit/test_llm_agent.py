@@ -20,7 +20,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn.coordinator.agentsock import AgentSocket
-from cairn.coordinator.relay import ModelRelay, TokenBudget, TranscriptEntry
+from cairn.coordinator.budget import TokenBudget
+from cairn.coordinator.relay import ModelRelay, TranscriptEntry
 from cairn.proc import run
 from cairn.protocol.agent import AgentInstruction
 from cairn.protocol.launch import ModelRoute, ProfileSpec

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from cairn.coordinator.relay import ModelRelay, TokenBudget, TranscriptEntry
+from cairn.coordinator.budget import TokenBudget
+from cairn.coordinator.relay import ModelRelay, TranscriptEntry
 from cairn.errors import CairnError
 from cairn.protocol.launch import ModelRoute, ProfileSpec
 from cairn.worker.llm import BudgetSpent, RelayClient, _Reply, _UnixConnection

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from cairn.config import ConfigError
+from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.relay import (
     ModelRelay,
-    TokenBudget,
     TranscriptEntry,
     export_entry,
     usage_of,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from test_journal import RUN, description
 
+from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.core import tokens_used
-from cairn.coordinator.relay import ModelRelay, TokenBudget
+from cairn.coordinator.relay import ModelRelay
 from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import ModelRoute

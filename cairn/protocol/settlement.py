@@ -1,0 +1,80 @@
+"""What the owner's candidate and apply units write and root reads: bounded, normalized."""
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+
+from cairn.protocol.base import Frozen
+
+MAX_PATHS = 1_000_000
+DIFF_LIMIT = 256 << 10
+_DIFF_MAX = 4 * DIFF_LIMIT  # ends past DIFF_LIMIT: one more path (each side bounded), a line
+
+
+def _relative(path: str) -> str:
+    if (
+        not path
+        or len(path) > 4096
+        or path.startswith("/")
+        or "\0" in path
+        or any(p in ("", ".", "..") for p in path.split("/"))
+    ):
+        raise ValueError(f"{path[:200]!r} is not a normalized path inside the project")
+    return path
+
+
+ProjectPath = Annotated[str, AfterValidator(_relative)]
+Paths = Annotated[list[ProjectPath], Field(max_length=MAX_PATHS)]
+Reason = Annotated[str, Field(max_length=4096)]
+
+
+class RefusedPath(Frozen):
+    path: ProjectPath
+    reason: Reason
+
+
+class CandidateReport(Frozen):
+    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
+
+    accepted: Paths
+    refused: Annotated[list[RefusedPath], Field(max_length=MAX_PATHS)]
+    bytes_accepted: int = Field(ge=0)
+
+
+class CandidateResult(CandidateReport):
+    """The candidate unit's result.json: the report, whether Q and P hold the same tree
+    (asked only when nothing was accepted) and the unified diff of what was."""
+
+    inventories_equal: bool
+    diff: str = Field(max_length=_DIFF_MAX)
+
+
+class CandidateFailure(Frozen):
+    """The candidate unit's failure.json: why it could not build C (it then exits 1)."""
+
+    message: Reason
+    hint: Reason = ""
+
+
+class ApplyConflict(Frozen):
+    path: ProjectPath
+    reason: Reason
+
+
+class ApplyResult(Frozen):
+    """The apply unit's result.json."""
+
+    status: Literal["applied", "conflict", "noop"]
+    applied: Paths = []
+    already_applied: Paths = []
+    conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
+
+
+class AppliedCheck(Frozen):
+    """check-applied's result.json: applied paths whose live state is F's, Q's, neither;
+    apply receipts unlike F (cairn.settle.check_applied)."""
+
+    as_applied: Paths = []
+    reverted: Paths = []
+    changed: Paths = []
+    receipt_differs: Paths = []
