@@ -40,7 +40,6 @@ from cairn.settle_paths import (
 log = logging.getLogger(__name__)
 
 
-
 def build_candidate(
     q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
 ) -> CandidateReport:
