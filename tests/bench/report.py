@@ -89,9 +89,9 @@ INCLUDES = {
         "`git status --porcelain`; `--changes-from FILE` measures another "
         "`cairn/sendstream.py` interleaved with this one; `--node-size 4096` makes the "
         "pool with 4 KiB nodes.{rows} With 1,000 changed files nearly all of the time is the "
-        "send itself, which searches the trees of Q and P per changed inode; at 1,000 and "
-        "10,000 files the send alone takes longer than `git status`, so a faster replay "
-        "cannot win there. Beating git status at those sizes needs another source of the "
+        "send itself, which searches the trees of Q and P per changed inode; where the send "
+        "alone takes longer than `git status` (the Targets table compares them at each "
+        "size), a faster replay cannot win. Beating git status there needs another source of the "
         "change than `btrfs send` (for example the broker reading the inodes P changed "
         "since Q's generation with a tree search, the candidate unit comparing only "
         "those entries)."),

@@ -187,9 +187,11 @@ def _notes(cells: list[Cell], repeat: int, loads: list[float], cpus: int,
     load_text = ", ".join(f"{x:.2f}" for x in loads)
     if busy >= cpus * 0.5:
         notes.append(
-            f"Other work ran on this {cpus}-CPU machine during the run (1-minute load "
-            f"average sampled at {load_text}): expect noise, most in the p95 column and in "
-            "the fsync-bound journal figures. The ratios compare methods timed back to back "
+            f"The 1-minute load average, sampled before the run and after each part, was "
+            f"{load_text} on this {cpus}-CPU machine. It counts the bench's own work (the "
+            "last sample follows the concurrent runs) as well as anything else the machine "
+            "ran: where it is high, expect noise, most in the p95 column and in the "
+            "fsync-bound journal figures. The ratios compare methods timed back to back "
             "on the same tree, so they are steadier than the absolute times.")
     else:
         notes.append(f"1-minute load average sampled during the run: {load_text}.")
