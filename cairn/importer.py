@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import logging
 import os
 import stat
@@ -23,14 +22,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from cairn.errors import CairnError, UsageError
+from cairn.fsutil import copy_file_data
 from cairn.progress import WRITE_INTERVAL, Clock, ProgressWriter, Throttle
 from cairn.protocol.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
 MAX_LISTED = 1000
-_FICLONE = 0x40049409
-_CHUNK = 1 << 20
 
 
 class SkippedEntry(BaseModel):
@@ -61,23 +59,6 @@ class ImportStats(BaseModel):
         self.skipped_count += 1
         if len(self.skipped) < MAX_LISTED:
             self.skipped.append(SkippedEntry(path=path, reason=reason))
-
-
-def _copy_data(src_fd: int, dst_fd: int) -> int:
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-        return os.fstat(dst_fd).st_size
-    except OSError:
-        pass  # different filesystem or no reflinks: copy the bytes
-    total = 0
-    while True:
-        chunk = os.read(src_fd, _CHUNK)
-        if not chunk:
-            return total
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view) :]
-        total += len(chunk)
 
 
 def _copy_xattrs(src: Path, dst: Path, rel: str, stats: ImportStats) -> None:
@@ -223,7 +204,7 @@ def copy_tree(
                 try:
                     dfd = os.open(dpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                     try:
-                        stats.bytes += _copy_data(sfd, dfd)
+                        stats.bytes += copy_file_data(sfd, dfd)
                     finally:
                         os.close(dfd)
                 finally:

@@ -16,7 +16,6 @@ per path), so a symlink planted in the live tree never redirects a write.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -33,16 +32,14 @@ from pydantic import BaseModel, ConfigDict
 
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
-from cairn.fsutil import syncfs
+from cairn.fsutil import copy_file_data, syncfs
 from cairn.protocol.settlement import AppliedCheck, ApplyConflict, ApplyResult
-from cairn.settle_paths import ancestors, check_relative, depth, parent
+from cairn.settle_paths import TMP_PREFIX, ancestors, check_relative, depth, parent
 
 log = logging.getLogger(__name__)
 
 BATCH = 1024  # paths per syncfs and receipt write: what a crash can leave without a receipt
 _CHUNK = 1 << 20
-_FICLONE = 0x40049409
-TMP_PREFIX = ".cairn-apply."
 _OPEN_DIRS = 128  # directory fds one walk keeps open (well below the default 1,024)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -181,22 +178,6 @@ class _Tree:
         if fd is None:
             return _ABSENT
         return _state_in(fd, path.rpartition("/")[2])
-
-
-def copy_file_data(src_fd: int, dst_fd: int) -> None:
-    """Copy every byte of ``src_fd`` to ``dst_fd``: a reflink when the filesystem can."""
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-        return
-    except OSError:
-        pass  # not the same filesystem, or no reflink support: copy the bytes
-    while True:
-        chunk = os.read(src_fd, _CHUNK)
-        if not chunk:
-            return
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view) :]
 
 
 def _hash_fd(fd: int) -> str:

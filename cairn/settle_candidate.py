@@ -22,12 +22,13 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.errors import StorageError
+from cairn.fsutil import copy_file_data
 from cairn.protocol.settlement import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
-from cairn.settle_apply import TMP_PREFIX, copy_file_data
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
     NESTED_SUBVOLUME,
+    TMP_PREFIX,
     SettlementPolicy,
     check_relative,
     depth,

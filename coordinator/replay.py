@@ -31,6 +31,13 @@ from cairn.protocol.control import (
 from cairn.workflow import runtime
 
 
+def _end(worker: subprocess.Popen[str]) -> None:
+    """Kill a control worker that still runs, and reap it."""
+    if worker.poll() is None:
+        worker.kill()
+    worker.wait()
+
+
 class _RestartReplay(Exception):
     """Always-replay test mode: tear the control worker down after a commit."""
 
@@ -58,9 +65,7 @@ class Replay(Handlers):
         """A run that ends or suspends before its replay leaves no worker behind."""
         worker, self.prestarted = self.prestarted, None
         if worker is not None:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
+            _end(worker)
 
     def replay(self) -> dict[str, Any]:
         """Re-execute the workflow in a control worker until it returns."""
@@ -169,9 +174,7 @@ class Replay(Handlers):
                     case JoinRequest() as join:
                         self.dispatch(events, join, functools.partial(self.join, join))
         finally:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
+            _end(worker)
 
     def dispatch(
         self,
