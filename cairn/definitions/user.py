@@ -12,6 +12,7 @@ import pwd
 import time
 from pathlib import Path
 
+from cairn.definitions.builtin import builtin_source
 from cairn.definitions.files import (
     check_name,
     drafts_dir,
@@ -24,31 +25,19 @@ from cairn.errors import NotFound, PermissionDenied, UsageError
 from cairn.protocol.definitions import HASH_RE, NAME_RE, InstalledDefinition
 from cairn.workflow.review import Review, render_review, review_source
 
-DRAFT_TEMPLATE = '''\
-"""{name}: a draft. Say here what this workflow is for."""
 
-from typing import Any
-
-from cairn.workflow import Field, Model, agent, workflow
-
-
-class Objective(Model):
-    objective: str = Field(min_length=1, max_length=20_000)
-
-
-class Summary(Model):
-    summary: str = Field(min_length=1, max_length=4_000)
-
-
-implement = agent(profile="builtin:implementer", access="write", network="none", output=Summary)
-
-
-@workflow(description="{name}: describe what a run does.", input=Objective, output=Summary)
-async def run(flow: Any, args: Objective) -> Summary:
-    result = await flow.agent(implement, prompt=args.objective)
-    summary: Summary = result.output
-    return summary
-'''
+def draft_source(name: str) -> str:
+    """A new draft's text: ``builtin:implement`` with the draft's own docstring and
+    description, so a draft starts as a workflow that passes review and runs."""
+    source, _file = builtin_source("implement")
+    docstring, rest = source.split("\n", 1)
+    description = 'description="Implement one reviewed objective."'
+    if not docstring.startswith('"""') or description not in rest:
+        raise AssertionError("builtin:implement no longer has the shape a draft is made from")
+    return (
+        f'"""{name}: a draft. Say here what this workflow is for."""\n'
+        + rest.replace(description, f'description="{name}: describe what a run does."')
+    )
 
 RECORD_FIX = "reinstall it with 'cairn workflow install FILE --replace --confirm sha256:…'"
 
@@ -66,7 +55,7 @@ def create_draft(name: str) -> Path:
     except FileExistsError:
         return path
     with open(fd, "w") as fh:
-        fh.write(DRAFT_TEMPLATE.format(name=name))
+        fh.write(draft_source(name))
     return path
 
 

@@ -46,20 +46,8 @@ from cairn.daemon.schedules.views import OCCURRENCE_LIMIT, view
 from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.store import Clock
-from cairn.protocol.daemon import (
-    OpRequest,
-    ScheduleConfirmRequest,
-    ScheduleCreateRequest,
-    ScheduleDeleteRequest,
-    ScheduleFireRequest,
-    ScheduleInboxRequest,
-    ScheduleInspectRequest,
-    ScheduleListRequest,
-    SchedulePauseRequest,
-    ScheduleReconcileRequest,
-    ScheduleResumeRequest,
-    ScheduleRunNowRequest,
-)
+from cairn.protocol import daemon as protocol
+from cairn.protocol.daemon import OpRequest
 from cairn.schedules import HostScheduleConfig, host_config
 
 __all__ = [
@@ -116,46 +104,46 @@ _Handler = Callable[[Store, Journal, Any, int, int | None], Any]
 # op -> (request model, handler) of the schedule requests
 ROUTES: dict[str, tuple[type[OpRequest], _Handler]] = {
     "schedule-create": (
-        ScheduleCreateRequest,
+        protocol.ScheduleCreateRequest,
         lambda store, _journal, request, uid, fd: create(store, request, uid, fd),
     ),
     "schedule-confirm": (
-        ScheduleConfirmRequest,
+        protocol.ScheduleConfirmRequest,
         lambda store, _journal, request, uid, _fd: confirm(store, request, uid),
     ),
-    "schedule-resume": (ScheduleResumeRequest, resume),
+    "schedule-resume": (protocol.ScheduleResumeRequest, resume),
     "schedule-pause": (
-        SchedulePauseRequest,
+        protocol.SchedulePauseRequest,
         lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "paused"),
     ),
     "schedule-delete": (
-        ScheduleDeleteRequest,
+        protocol.ScheduleDeleteRequest,
         lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "deleted"),
     ),
     "schedule-list": (
-        ScheduleListRequest,
+        protocol.ScheduleListRequest,
         lambda store, journal, _request, uid, _fd: list_schedules(store, journal, uid),
     ),
     "schedule-inspect": (
-        ScheduleInspectRequest,
+        protocol.ScheduleInspectRequest,
         lambda store, journal, request, uid, _fd: inspect(store, journal, request, uid),
     ),
     "schedule-fire": (
-        ScheduleFireRequest,
+        protocol.ScheduleFireRequest,
         lambda store, journal, request, uid, fd: admit(store, journal, request, uid, fd, "timer"),
     ),
     "schedule-run-now": (
-        ScheduleRunNowRequest,
+        protocol.ScheduleRunNowRequest,
         lambda store, journal, request, uid, fd: admit(
             store, journal, request, uid, fd, "run-now"
         ),
     ),
     "schedule-inbox": (
-        ScheduleInboxRequest,
+        protocol.ScheduleInboxRequest,
         lambda store, journal, _request, uid, _fd: inbox(store, journal, uid),
     ),
     "schedule-reconcile": (
-        ScheduleReconcileRequest,
+        protocol.ScheduleReconcileRequest,
         lambda store, journal, _request, uid, _fd: reconcile(store, journal, uid),
     ),
 }

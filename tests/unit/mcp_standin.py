@@ -19,7 +19,7 @@ from cairn.definitions import registry, user
 from cairn.protocol.daemon import DaemonReply, ErrorBody
 from cairn.workflow.review import review_source
 
-SOURCE = user.DRAFT_TEMPLATE.format(name="fix-flaky")
+SOURCE = user.draft_source("fix-flaky")
 RUN = "flow_" + "3fa9c0d1" * 4
 REPLY_SECONDS = 30  # a wait for a line the server owes, not a pause
 

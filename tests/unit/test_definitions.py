@@ -21,7 +21,7 @@ from cairn.protocol.definitions import trust_hash
 from cairn.untrusted import UntrustedFileError
 from cairn.workflow.review import review_source
 
-SOURCE = user.DRAFT_TEMPLATE.format(name="fix-flaky")
+SOURCE = user.draft_source("fix-flaky")
 CHANGED = SOURCE.replace("max_length=4_000", "max_length=5_000")
 
 
