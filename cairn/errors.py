@@ -2,9 +2,11 @@
 where there is one, a hint saying what to do next.
 
 Here are the root and the errors of more than one concern; an error of one concern lives
-with it (the journal's ``LeaseLost`` in :mod:`cairn.journal.writes`, the coordinator's
-``OperationError`` in ``coordinator/base.py``), so the root broker, which raises none of
-those, does not load them."""
+with it (the journal's ``LeaseLost`` in :mod:`cairn.journal.writes`, ``Busy`` and
+``RunEnded`` in :mod:`cairn.journal.runs`, ``AlreadyAnswered`` and ``StaleRequest`` in
+:mod:`cairn.journal.people`, the coordinator's ``OperationError`` in
+``coordinator/base.py``), so the root broker, which raises none of those, does not load
+them."""
 
 from __future__ import annotations
 
@@ -45,7 +47,6 @@ class PermissionDenied(CairnError):
     code = "permission-denied"
 
 
-
 class ValidationFailed(CairnError):
     """Data failed a schema (arguments, agent output, a socket message)."""
 
@@ -70,38 +71,10 @@ class JournalError(CairnError):
     code = "journal"
 
 
-
-
-class AlreadyAnswered(CairnError):
-    """A question or approval request was decided before, differently or by someone else."""
-
-    code = "already-answered"
-
-
-class StaleRequest(CairnError):
-    """A challenge or fingerprint that does not name what the run waits for now."""
-
-    code = "stale"
-
-
-class RunEnded(CairnError):
-    """The run has finished; nothing more can be asked of it."""
-
-    code = "run-ended"
-
-
-class Busy(CairnError):
-    """Another process holds what was asked for."""
-
-    code = "busy"
-
-
-
 class BrokerRefused(CairnError):
     """The broker refused a request or an intent."""
 
     code = "broker-refused"
-
 
 
 class Unavailable(CairnError):

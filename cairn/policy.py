@@ -32,10 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.config import ConfigError, Problems
-from cairn.errors import AlreadyAnswered as AlreadyAnswered  # re-exported for cairnd and tests
 from cairn.errors import CairnError
-from cairn.errors import RunEnded as RunEnded
-from cairn.errors import StaleRequest as StaleRequest
 from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)

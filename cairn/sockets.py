@@ -1,5 +1,5 @@
-"""Listening sockets for the socket-activated services (cairnd, the broker, the proxy) and
-their readiness notification. The forwarders' byte pump is :mod:`cairn.forwarding`."""
+"""Listening sockets for the socket-activated services (cairnd, the broker, the proxy).
+The forwarders' byte pump is :mod:`cairn.forwarding`."""
 
 from __future__ import annotations
 
@@ -34,14 +34,3 @@ def listener(path: Path, mode: int) -> socket.socket:
     sock.listen(64)
     return sock
 
-
-def notify_ready() -> None:
-    """Tell systemd a ``Type=notify`` service is ready (a no-op when not run by systemd)."""
-    address = os.environ.get("NOTIFY_SOCKET", "")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.connect(address)
-        sock.sendall(b"READY=1")

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from cairn import journald, paths
-from cairn.errors import Busy, CairnError, RunEnded
+from cairn.errors import CairnError
 
 
 def main() -> None:
@@ -15,6 +15,7 @@ def main() -> None:
         print("usage: cairn-coordinator flow_<32 hex>", file=sys.stderr)
         sys.exit(2)
     from cairn.coordinator.core import Coordinator
+    from cairn.journal.runs import Busy, RunEnded
 
     try:
         sys.exit(Coordinator(sys.argv[1]).run())

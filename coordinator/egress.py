@@ -22,9 +22,20 @@ from cairn.errors import CairnError
 from cairn.journal.reader import JournalReader
 from cairn.protocol.launch import LaunchDescription, ModelRoute
 from cairn.proxy import Allowlist, AllowlistProxy
-from cairn.sockets import notify_ready
 
 log = logging.getLogger("cairn.egress")
+
+
+def notify_ready() -> None:
+    """Tell systemd a ``Type=notify`` service is ready (a no-op when not run by systemd)."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(b"READY=1")
 
 
 def endpoint(route: ModelRoute) -> tuple[str, int]:

@@ -21,13 +21,12 @@ from cairn.canonical import canonical_json
 from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
-from cairn.journal.people import QuestionRow
+from cairn.journal.people import QuestionRow, StaleRequest
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.journal.snapshot import read_snapshot
 from cairn.policy import (
     RequestExpired,
-    StaleRequest,
     evaluate,
     fingerprint,
     load_policy,

@@ -14,9 +14,23 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from cairn.canonical import canonical_json
-from cairn.errors import AlreadyAnswered, NotFound, RunEnded, StaleRequest, UsageError
+from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.rows import TERMINAL_RUN_STATES, ControlAction, RunState, loads
+from cairn.journal.runs import RunEnded
 from cairn.journal.writes import Writes
+
+
+class AlreadyAnswered(CairnError):
+    """A question or approval request was decided before, differently or by someone else."""
+
+    code = "already-answered"
+
+
+class StaleRequest(CairnError):
+    """A challenge or fingerprint that does not name what the run waits for now."""
+
+    code = "stale"
+
 
 _Row = TypeVar("_Row", "QuestionRow", "ApprovalRow")
 

@@ -9,12 +9,24 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from cairn.errors import Busy, NotFound, RunEnded, UsageError
+from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, RunState, dumps
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.launch import LaunchDescription
+
+
+class RunEnded(CairnError):
+    """The run has finished; nothing more can be asked of it."""
+
+    code = "run-ended"
+
+
+class Busy(CairnError):
+    """Another process holds what was asked for."""
+
+    code = "busy"
 
 
 class RunMatch(NamedTuple):

@@ -15,8 +15,10 @@ from cairn.coordinator import interactions
 from cairn.coordinator.core import Coordinator
 from cairn.daemon import interactions as people
 from cairn.errors import CairnError, ValidationFailed
+from cairn.journal.people import AlreadyAnswered, StaleRequest
 from cairn.journal.readwrite import Journal
-from cairn.policy import AlreadyAnswered, PolicyError, RequestExpired, RunEnded, StaleRequest
+from cairn.journal.runs import RunEnded
+from cairn.policy import PolicyError, RequestExpired
 from cairn.protocol.daemon import DaemonRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cairn.errors import Busy, NotFound
+from cairn.errors import NotFound
 from cairn.journal.readwrite import Journal
+from cairn.journal.runs import Busy
 from cairn.journal.store import SCHEMA_VERSION
 from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import Intent

@@ -12,11 +12,12 @@ from typing import get_args
 
 import pytest
 
-from cairn.errors import Busy, JournalError
+from cairn.errors import JournalError
 from cairn.journal.operations import OP_TRANSITIONS, IllegalTransition, check_op_transition
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpState
+from cairn.journal.runs import Busy
 from cairn.journal.store import LEASE_TTL, SCHEMA_VERSION
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest

@@ -18,8 +18,9 @@ from cairn import paths
 from cairn.cli import app
 from cairn.cli import people as people_cli
 from cairn.daemon import launch, reconcile
-from cairn.errors import BrokerRefused, CairnError, RunEnded, Unavailable
+from cairn.errors import BrokerRefused, CairnError, Unavailable
 from cairn.journal.readwrite import Journal
+from cairn.journal.runs import RunEnded
 from cairn.protocol.broker import BrokerReply, Receipt
 from cairn.protocol.daemon import LaunchRequest
 from cairn.workflow.review import review_source

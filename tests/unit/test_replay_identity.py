@@ -14,8 +14,8 @@ from cairn.coordinator.base import Nondeterminism
 from cairn.coordinator.core import Coordinator, holder_is_dead, lease_holder
 from cairn.coordinator.lease import is_coordinator_cmdline
 from cairn.daemon.views import show
-from cairn.errors import Busy
 from cairn.journal.readwrite import Journal
+from cairn.journal.runs import Busy
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
