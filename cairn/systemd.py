@@ -42,9 +42,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\-@]+\.(service|socket|scope|slice|timer)$")
 UNIT_NAME_MAX_BYTES = 255
-START_MODES = frozenset(
-    {"replace", "fail", "isolate", "ignore-dependencies", "ignore-requirements"}
-)
 
 # Per-type interface that carries ControlGroup/Result (and ExecMain* for services).
 _TYPE_INTERFACES = {
@@ -365,9 +362,7 @@ class Systemd:
 
     # -- starting ----------------------------------------------------------------------
 
-    def start_transient_service(
-        self, name: str, props: Sequence[Prop], *, aux: Sequence[AuxUnit] = ()
-    ) -> str:
+    def start_transient_service(self, name: str, props: Sequence[Prop]) -> str:
         """Start transient service ``name`` (mode ``fail``) and return its start job's path.
 
         Match rules and ``Subscribe`` are in place before the call, so the job's end is never
@@ -379,7 +374,7 @@ class Systemd:
         validate_unit_name(name)
         if not name.endswith(".service"):
             raise UsageError(f"{name} is not a .service unit")
-        return self._start_transient(name, props, aux)
+        return self._start_transient(name, props, ())
 
     def start_transient_socket(
         self, name: str, props: Sequence[Prop], service_props: Sequence[Prop]
@@ -424,14 +419,13 @@ class Systemd:
         log.info("started transient unit %s (job %s)", name, job)
         return _str(job)
 
-    def start_unit(self, name: str, mode: str = "replace") -> str:
-        """Start an installed unit (e.g. a template instance); return its start job's path."""
+    def start_unit(self, name: str) -> str:
+        """Start an installed unit (e.g. a template instance; job mode ``replace``) and
+        return its start job's path."""
         validate_unit_name(name)
-        if mode not in START_MODES:
-            raise UsageError(f"invalid job mode {mode!r}: use one of {sorted(START_MODES)}")
         added = self._watch(name)
         try:
-            (job,) = self._manager_call("StartUnit", "ss", (name, mode))
+            (job,) = self._manager_call("StartUnit", "ss", (name, "replace"))
         except DBusCallFailed as e:
             if added:
                 self._unwatch(name)

@@ -42,9 +42,11 @@ PROCESSES = ("broker", "coordinator", "daemon", "worker")
 # 3,744 once cairnd's check of a replay's source (check_source) moved to daemon/replay.py,
 # 3,722 once the errors of one concern (the journal's, the review's, the coordinator's)
 # moved beside it, 3,720 with the egress flag and simpler paths, 3,682 once the journal's
-# run and people errors moved beside them and the egress's readiness call into it.
+# run and people errors moved beside them and the egress's readiness call into it,
+# 3,676 once the systemd client lost two parameters no caller passed (aux units of a
+# transient service, the job mode of an installed one).
 # Issue 17's target is 2,500 lines.
-BROKER_CLOSURE_CEILING = 3_682
+BROKER_CLOSURE_CEILING = 3_676
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
