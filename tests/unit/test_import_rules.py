@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,17 @@ def _module_file(stage: Path, module: str) -> Path:
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
+DOC_SECTION = "### What the root broker loads"
+
+
+def _documented_closure() -> set[str]:
+    """The files in the first column of that section's table in docs/architecture.md."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    assert DOC_SECTION in text, f"docs/architecture.md has no section {DOC_SECTION!r}"
+    section = text.split(DOC_SECTION, 1)[1].split("\n### ", 1)[0]
+    return {m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", section, re.MULTILINE)}
+
+
 def test_broker_imports_stay_small(installed_layout: Path) -> None:
     python = sys.executable
     static = _run_in(installed_layout, [python, "-c", _STATIC_CLOSURE, *BROKER_ENTRY_MODULES])
@@ -222,6 +234,14 @@ def test_broker_imports_stay_small(installed_layout: Path) -> None:
     assert total <= BROKER_CLOSURE_CEILING, (
         f"the root broker now imports {total} lines of project code, more than "
         f"{BROKER_CLOSURE_CEILING}; largest: {largest}"
+    )
+
+    # docs/architecture.md lists exactly these files, each with why root runs it.
+    listed = _documented_closure()
+    files = {str(_module_file(Path("."), m)) for m in library}
+    assert listed == files, (
+        f"docs/architecture.md ({DOC_SECTION}) lists files the broker does not load: "
+        f"{sorted(listed - files)}; and misses files it loads: {sorted(files - listed)}"
     )
 
     # The static closure must hold everything a real import loads.
