@@ -39,6 +39,7 @@ def draft_source(name: str) -> str:
         + rest.replace(description, f'description="{name}: describe what a run does."')
     )
 
+
 RECORD_FIX = "reinstall it with 'cairn workflow install FILE --replace --confirm sha256:…'"
 
 
