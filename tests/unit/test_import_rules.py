@@ -238,7 +238,7 @@ def test_broker_imports_stay_small(installed_layout: Path) -> None:
 
     # docs/architecture.md lists exactly these files, each with why root runs it.
     listed = _documented_closure()
-    files = {str(_module_file(Path("."), m)) for m in library}
+    files = {str(_module_file(installed_layout, m).relative_to(installed_layout)) for m in library}
     assert listed == files, (
         f"docs/architecture.md ({DOC_SECTION}) lists files the broker does not load: "
         f"{sorted(listed - files)}; and misses files it loads: {sorted(files - listed)}"
