@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import re
 import shlex
 import shutil
 import signal
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from cairn.errors import CairnError
+from cairn.errors import CairnError, ProcessFailed
 from cairn.proc import make_env, run
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,16 @@ CPUS = 2
 BOOT_TIMEOUT = 240.0
 POWEROFF_TIMEOUT = 30.0
 SSH_USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+SSH_FAILED = 255  # ssh's own exit status when it could not run the command at all
+CONSOLE_TAIL = 3000
+KERNEL_ALARM = re.compile(r"Kernel panic|BUG:|Oops|soft lockup|hung_task|rcu_sched|Out of memory")
+# Terminal control sequences systemd and getty write to the serial console.
+ANSI_ESCAPE = re.compile(
+    r"\x1b\[[0-9;?!]*[A-Za-z]"  # CSI
+    r"|\x1b\][^\x07]*\x07"  # OSC
+    r"|\x1b[()][A-Za-z0-9]"  # character set
+    r"|[\x00-\x08\x0b-\x1f]"
+)
 
 NETWORK_UNIT = f"""[Match]
 Name=en* eth*
@@ -324,7 +335,9 @@ class VirtualMachine:
             "-initrd",
             str(base.initrd),
             "-append",
-            "root=/dev/vda rw console=ttyS0 quiet systemd.show_status=false",
+            # panic=1 with -no-reboot: a guest kernel panic ends qemu at once, and the
+            # next exec says so with the console log, instead of ssh timing out.
+            "root=/dev/vda rw console=ttyS0 quiet systemd.show_status=false panic=1",
             "-drive",
             f"file={self.image},if=virtio,format=raw,cache=unsafe",
             # restrict=on: the guest reaches nothing outside; only the forward comes in.
@@ -524,7 +537,7 @@ class VirtualMachine:
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``argv`` in the VM over SSH, as root or as ``user`` with a login-like env."""
         if not self.running:
-            raise VirtualMachineError("the VM is not running")
+            raise VirtualMachineError("the VM is not running", hint=self.health())
         inner: list[str] = list(argv)
         if user is not None:
             inner = [
@@ -545,7 +558,48 @@ class VirtualMachine:
             ]
         ssh = [*self._ssh_base(), "-o", "ControlMaster=no", "root@127.0.0.1", "--"]
         # sshd hands the command to the remote shell as one string.
-        return run([*ssh, shlex.join(inner)], check=check, timeout=timeout, input=input)
+        try:
+            result = run([*ssh, shlex.join(inner)], check=check, timeout=timeout, input=input)
+        except subprocess.TimeoutExpired as err:
+            raise VirtualMachineError(
+                f"{shlex.join(argv)} did not finish in the VM within {timeout:.0f} s",
+                hint=self.health(),
+            ) from err
+        except ProcessFailed as err:
+            if err.returncode == SSH_FAILED:
+                raise self._unreachable(argv, err.stderr) from err
+            raise
+        if result.returncode == SSH_FAILED:
+            raise self._unreachable(argv, result.stderr.decode(errors="replace"))
+        return result
+
+    def _unreachable(self, argv: Sequence[str], stderr: str) -> VirtualMachineError:
+        lines = stderr.strip().splitlines()
+        reason = lines[-1] if lines else "no message"
+        return VirtualMachineError(
+            f"ssh could not run {shlex.join(argv)} in the VM: {reason}", hint=self.health()
+        )
+
+    def health(self) -> str:
+        """What a failed call into the VM should report: whether QEMU still runs, and the
+        end of the guest's console (where a kernel panic or an OOM report shows)."""
+        if self._qemu is None:
+            return "qemu was never started"
+        status = self._qemu.poll()
+        state = "qemu is running" if status is None else f"qemu exited with status {status}"
+        try:
+            console = self.console_log.read_text(errors="replace")
+        except OSError as err:
+            return f"{state}; the console log cannot be read: {err}"
+        cleaned = (ANSI_ESCAPE.sub("", line).strip() for line in console.splitlines())
+        lines = [line for line in cleaned if line]
+        # A panic's headline scrolls out of the tail behind its stack trace.
+        alarms = [line for line in lines if KERNEL_ALARM.search(line)][-10:]
+        tail = "\n".join(lines)[-CONSOLE_TAIL:]
+        return (
+            f"{state}; kernel alarms on the guest console: {alarms or 'none'};"
+            f" the end of the console:\n{tail}"
+        )
 
     def read(self, path: str) -> str:
         """The text of a file in the VM, read as root."""
