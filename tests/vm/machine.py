@@ -214,6 +214,7 @@ class VirtualMachine:
         self.merged = self.tmp / "root"
         self.image = self.tmp / "vm.img"
         self.console_log = self.tmp / "console.log"
+        self.qemu_stderr = self.tmp / "qemu.stderr"
         self.control_socket = self.tmp / "ssh.ctl"
         self.port = 0
         self.timings: dict[str, float] = {}
@@ -357,7 +358,7 @@ class VirtualMachine:
     def _boot(self, base: VmBase) -> None:
         self.port = _free_local_port()
         # A long-running child, so not cairn.proc.run; we keep its PID to end it.
-        with open(self.tmp / "qemu.stderr", "wb") as stderr:
+        with open(self.qemu_stderr, "wb") as stderr:
             self._qemu = subprocess.Popen(
                 self._qemu_argv(base),
                 stdin=subprocess.DEVNULL,
@@ -380,7 +381,7 @@ class VirtualMachine:
             if time.monotonic() > deadline:
                 raise VirtualMachineError(
                     f"VM did not finish booting (state {state or 'unknown'})",
-                    hint=f"see {self.console_log}",
+                    hint=self.health(),
                 )
             time.sleep(1)
 
@@ -415,8 +416,7 @@ class VirtualMachine:
             if self._qemu.poll() is not None:
                 raise VirtualMachineError(
                     f"qemu exited with status {self._qemu.returncode} during boot",
-                    hint=(self.tmp / "qemu.stderr").read_text(errors="replace")[-2000:]
-                    + self.console_log.read_text(errors="replace")[-2000:],
+                    hint=self.health(),
                 )
             probe = run(
                 [*self._ssh_base(), "-o", "ConnectTimeout=10", "root@127.0.0.1", "true"],
@@ -427,9 +427,9 @@ class VirtualMachine:
                 break
             if time.monotonic() > deadline:
                 raise VirtualMachineError(
-                    f"the VM's sshd did not answer within {BOOT_TIMEOUT:.0f} s",
-                    hint=f"see {self.console_log}; last ssh error: "
-                    f"{probe.stderr.decode(errors='replace').strip()}",
+                    f"the VM's sshd did not answer within {BOOT_TIMEOUT:.0f} s (last ssh error:"
+                    f" {probe.stderr.decode(errors='replace').strip()})",
+                    hint=self.health(),
                 )
             time.sleep(1)
         self._ssh_master = subprocess.Popen(
@@ -581,12 +581,17 @@ class VirtualMachine:
         )
 
     def health(self) -> str:
-        """What a failed call into the VM should report: whether QEMU still runs, and the
-        end of the guest's console (where a kernel panic or an OOM report shows)."""
+        """What a failed boot or call into the VM should report, since teardown removes the
+        logs: whether QEMU still runs (or what it printed when it ended), and the end of
+        the guest's console (where a kernel panic or an OOM report shows)."""
         if self._qemu is None:
             return "qemu was never started"
         status = self._qemu.poll()
-        state = "qemu is running" if status is None else f"qemu exited with status {status}"
+        if status is None:
+            state = "qemu is running"
+        else:
+            printed = self.qemu_stderr.read_text(errors="replace").strip()[-CONSOLE_TAIL:]
+            state = f"qemu exited with status {status}, printing: {printed or 'nothing'}"
         try:
             console = self.console_log.read_text(errors="replace")
         except OSError as err:
