@@ -1,10 +1,12 @@
-"""The broker's own receipts: root-owned, readable by group cairn, never written by it."""
+"""The broker's own receipts and pins: root-owned, readable by group cairn, never written
+by it."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import time
+from typing import NamedTuple
 
 from cairn import paths
 from cairn.protocol.broker import BODY_OF_KIND, Intent, Receipt, ReceiptBody
@@ -17,8 +19,33 @@ CREATE TABLE IF NOT EXISTS receipts (
     body      TEXT NOT NULL,
     at        REAL NOT NULL,
     PRIMARY KEY (run_id, intent_id)
+);
+CREATE TABLE IF NOT EXISTS pins (
+    run_id       TEXT PRIMARY KEY,
+    owner_uid    INTEGER NOT NULL,
+    owner_gid    INTEGER NOT NULL,
+    launch_hash  TEXT NOT NULL,
+    project_dev  INTEGER NOT NULL,
+    project_ino  INTEGER NOT NULL,
+    description  TEXT NOT NULL,
+    pinned_at    REAL NOT NULL,
+    attested_pid INTEGER NOT NULL,
+    previous     TEXT NOT NULL DEFAULT '[]'
 )
 """
+
+
+class Pin(NamedTuple):
+    """What root recorded when the run's owner attested its launch (ARCHITECTURE §7):
+    every later verb acts on this description, not on the journal's."""
+
+    run_id: str
+    owner_uid: int
+    owner_gid: int
+    launch_hash: str
+    project_dev: int
+    project_ino: int
+    description: str
 
 
 class ReceiptStore:
@@ -29,7 +56,7 @@ class ReceiptStore:
         os.chmod(path, 0o640)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute(SCHEMA)
+        self.db.executescript(SCHEMA)
 
     def close(self) -> None:
         self.db.close()
@@ -61,3 +88,29 @@ class ReceiptStore:
             (intent.intent_id, intent.run_id, intent.kind, receipt.model_dump_json(), receipt.at),
         )
         return receipt
+
+    def pin(self, run_id: str) -> Pin | None:
+        row = self.db.execute(
+            "SELECT run_id, owner_uid, owner_gid, launch_hash, project_dev, project_ino,"
+            " description FROM pins WHERE run_id=?",
+            (run_id,),
+        ).fetchone()
+        return None if row is None else Pin(*row)
+
+    def put_pin(self, pin: Pin, *, pid: int) -> None:
+        """Record a first pin; a run is pinned once (:meth:`repin` moves it)."""
+        self.db.execute(
+            "INSERT INTO pins (run_id, owner_uid, owner_gid, launch_hash, project_dev,"
+            " project_ino, description, pinned_at, attested_pid) VALUES (?,?,?,?,?,?,?,?,?)",
+            (*pin, time.time(), pid),
+        )
+
+    def repin(self, old: Pin, new: Pin, *, pid: int) -> None:
+        """Move a pinned run to ``new`` (its owner attested an upgrade); the hashes it
+        was pinned to before stay listed."""
+        self.db.execute(
+            "UPDATE pins SET launch_hash=?, description=?, pinned_at=?, attested_pid=?,"
+            " previous=json_insert(previous, '$[#]', ?) WHERE run_id=? AND launch_hash=?",
+            (new.launch_hash, new.description, time.time(), pid, old.launch_hash,
+             old.run_id, old.launch_hash),
+        )

@@ -1,7 +1,8 @@
 """``prepare-q`` of a replayed run: the source's Q and the checkpoints of the imported
 operations reminted as the new run's own read-only snapshots.
 
-Nothing cairnd or the coordinator wrote is taken on its word. The broker recomputes from
+Nothing cairnd or the coordinator wrote is taken on its word. The source's description and
+owner are root's own pin of it. The broker recomputes from
 the source's journal which operations the replay imports (:func:`cairn.replay.select_imports`)
 and requires the launch description to name exactly those; each imported row must be its
 source's; the source must be a finished run of the same owner on the same project and
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from cairn.errors import BrokerRefused, CairnError
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import Checkpointed, Forked, QPrepared, SubvolumeReceipt
+from cairn.protocol.launch import LaunchDescription
 from cairn.replay import same_identity, select_imports
 
 if TYPE_CHECKING:
@@ -31,11 +33,18 @@ def remint_q(ctx: Context) -> QPrepared:
         raise BrokerRefused(f"{ctx.run_id} cannot be replayed from itself")
     try:
         run = ctx.journal.get_run(source)
-        old = ctx.journal.launch_description(source)
     except CairnError as exc:
         raise BrokerRefused(f"replay source {source}: {exc.message}") from exc
-    if not (run.owner_uid == old.owner_uid == ctx.desc.owner_uid):
+    source_pin = ctx.store.pin(source)  # root's own record, not the journal's claim
+    if source_pin is None:
+        raise BrokerRefused(f"replay source {source} was never attested by its owner")
+    old = LaunchDescription.model_validate_json(source_pin.description)
+    if not (source_pin.owner_uid == ctx.pin.owner_uid == ctx.desc.owner_uid):
         raise BrokerRefused(f"replay source {source} is not owned by the owner of {ctx.run_id}")
+    if (source_pin.project_dev, source_pin.project_ino) != (
+        ctx.pin.project_dev, ctx.pin.project_ino
+    ):
+        raise BrokerRefused(f"replay source {source} is another project or definition")
     if (old.project.root, old.review_hash, old.source) != (
         ctx.desc.project.root, ctx.desc.review_hash, ctx.desc.source
     ):

@@ -9,13 +9,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cairn import paths, storage
-from cairn.broker import spare, units
-from cairn.broker.receipts import ReceiptStore
+from cairn.broker import pins, spare, units
+from cairn.broker.pins import Attestation
+from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.broker.remint import remint_q
 from cairn.errors import BrokerRefused, CairnError, StorageError
 from cairn.failpoints import failpoint
@@ -62,15 +62,24 @@ AGENT: OperationKind = "agent"
 FORK_KINDS: tuple[OperationKind, ...] = ("parallel", "map")
 
 
-def carry_out(verb: str, run_id: str) -> list[Receipt]:
-    """Carry out every pending intent of ``verb`` for ``run_id``; return all its receipts."""
+def carry_out(
+    verb: str,
+    run_id: str,
+    attestation: Attestation | None = None,
+    service_uids: frozenset[int] = frozenset({0}),
+) -> list[Receipt]:
+    """Carry out every pending intent of ``verb`` for ``run_id``; return all its receipts.
+    ``attestation``: the owner's word on the run's description (a launch or an upgrade),
+    pinned before anything is done; ``service_uids`` may never attest."""
     journal_file = paths.journal_path()
     if not journal_file.exists():
         raise BrokerRefused("no journal", hint="start cairn.socket first")
     journal = JournalReader(journal_file)  # read-only; cairnd migrates, never the broker
     store = ReceiptStore()
     try:
-        desc = journal.launch_description(run_id)
+        desc, pin = pins.description(
+            journal, store, run_id, verb, attestation, set(service_uids)
+        )
         ended = journal.get_run(run_id).state in TERMINAL_RUN_STATES
         receipts: list[Receipt] = []
         for intent in journal.intents(run_id, verb):
@@ -82,7 +91,7 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
                 continue
             if done is None:
                 try:
-                    body = execute(intent, desc, journal, store)
+                    body = execute(intent, desc, pin, journal, store)
                 except units.ChannelNotReady as exc:
                     log.info("%s left pending: %s", intent.intent_id, exc)
                     continue
@@ -104,24 +113,45 @@ def carry_out(verb: str, run_id: str) -> list[Receipt]:
 
 
 def execute(
-    intent: Intent, desc: LaunchDescription, journal: JournalReader, store: ReceiptStore
+    intent: Intent,
+    desc: LaunchDescription,
+    pin: Pin | None,
+    journal: JournalReader,
+    store: ReceiptStore,
 ) -> ReceiptBody:
     handler = HANDLERS[intent.kind]
-    return handler(Context(intent, desc, journal, store))
+    return handler(Context(intent, desc, pin, journal, store))
 
 
 class Context:
-    """What a handler may use: the intent, the frozen launch description, the journal
-    (read) and the broker's own receipts."""
+    """What a handler may use: the intent, the launch description its owner attested and
+    its pin (None only for a delete of a run never pinned), the journal (read) and the
+    broker's own receipts."""
 
     def __init__(
-        self, intent: Intent, desc: LaunchDescription, journal: JournalReader, store: ReceiptStore
+        self,
+        intent: Intent,
+        desc: LaunchDescription,
+        pin: Pin | None,
+        journal: JournalReader,
+        store: ReceiptStore,
     ) -> None:
         self.intent = intent
         self.desc = desc
         self.journal = journal
         self.store = store
-        self.run_id = desc.run_id
+        self.run_id = intent.run_id
+        self._pin = pin
+
+    @property
+    def pin(self) -> Pin:
+        if self._pin is None:
+            raise BrokerRefused(f"{self.run_id} was never attested by its owner")
+        return self._pin
+
+    def check_project(self) -> os.stat_result:
+        """The live project, still the directory the owner attested."""
+        return pins.check_pinned_project(Path(self.desc.project.root), self.pin)
 
     def pool(self) -> storage.Pool:
         return storage.Pool.open(paths.pool_dir())
@@ -195,9 +225,9 @@ def prepare_q(ctx: Context) -> QPrepared:
     otherwise an import made by a unit that runs as the project's owner."""
     if ctx.desc.replay is not None:
         return remint_q(ctx)
-    pool = ctx.pool()
     project = Path(ctx.desc.project.root)
-    st = check_project(project, ctx.desc)
+    st = ctx.check_project()
+    pool = ctx.pool()
     ctx.make_run_dir(pool)
     q = pool.q_path(ctx.run_id)
     if storage.is_same_filesystem(project, pool.root):
@@ -214,21 +244,6 @@ def prepare_q(ctx: Context) -> QPrepared:
     return QPrepared(
         q=receipt, subpath="", imported=True, project_ino=st.st_ino, **{"import": stats}
     )
-
-
-def check_project(project: Path, desc: LaunchDescription) -> os.stat_result:
-    """The live project must still be the directory the owner launched on."""
-    try:
-        st = os.lstat(project)
-    except OSError as exc:
-        raise BrokerRefused(f"project {project} is gone: {exc.strerror}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise BrokerRefused(f"project {project} is not a directory")
-    if st.st_uid != desc.project.owner_uid or st.st_uid != desc.owner_uid:
-        raise BrokerRefused(f"project {project} is not owned by the run's owner")
-    if project.resolve() != project:
-        raise BrokerRefused(f"project path {project} passes through a symlink")
-    return st
 
 
 def create_w(ctx: Context) -> WCreated:
@@ -446,7 +461,7 @@ def stop_agent(ctx: Context) -> AgentStopped:
 def start_apply(ctx: Context) -> ApplyDone:
     candidate = ctx.receipt("settle-candidate", CandidateBuilt)
     pool = ctx.pool()
-    check_project(Path(ctx.desc.project.root), ctx.desc)
+    ctx.check_project()
     done = units.run_apply(
         ctx.desc,
         ctx.intent.attempt,
@@ -471,7 +486,7 @@ def start_revert(ctx: Context) -> ApplyDone:
     f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
     if not (f.is_dir() and q.is_dir()):
         raise BrokerRefused(f"the snapshots of {ctx.run_id} were deleted; it cannot be reverted")
-    check_project(Path(ctx.desc.project.root), ctx.desc)
+    ctx.check_project()
     done = units.run_apply(
         ctx.desc,
         ctx.intent.attempt,
@@ -496,7 +511,7 @@ def check_applied(ctx: Context) -> AppliedChecked:
     f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
     if not (f.is_dir() and q.is_dir()):
         raise BrokerRefused(f"the snapshots of {ctx.run_id} were deleted; it cannot be checked")
-    check_project(Path(ctx.desc.project.root), ctx.desc)
+    ctx.check_project()
     scratch = pool.run_dir(ctx.run_id) / "scratch"
     done = units.run_apply(
         ctx.desc,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 
 from cairn import paths
@@ -21,15 +22,27 @@ RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 class _Unreachable(Exception):
-    """The connection failed or closed without a reply: safe to repeat."""
+    """The connection failed or closed without a reply: safe to repeat. ``sent``: the
+    request (and any descriptor) reached the broker's socket."""
+
+    def __init__(self, problem: str, *, sent: bool) -> None:
+        super().__init__(problem)
+        self.sent = sent
 
 
-def _exchange(verb: Verb, run_id: str, timeout: float) -> bytes:
+def _exchange(verb: Verb, run_id: str, timeout: float, channel: int | None) -> bytes:
+    sent = False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
             sock.connect(str(paths.broker_socket()))
-            sock.sendall(f"{verb} {run_id}\n".encode())
+            line = f"{verb} {run_id}\n".encode()
+            if channel is None:
+                sock.sendall(line)
+            else:
+                fd = channel.to_bytes(4, sys.byteorder)
+                sock.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd)])
+            sent = True
             chunks: list[bytes] = []
             size = 0
             while chunk := sock.recv(65536):
@@ -38,15 +51,21 @@ def _exchange(verb: Verb, run_id: str, timeout: float) -> bytes:
                 if size > REPLY_LIMIT:
                     raise BrokerRefused("broker reply too large")
         except OSError as exc:
-            raise _Unreachable(exc.strerror or str(exc)) from exc
+            raise _Unreachable(exc.strerror or str(exc), sent=sent) from exc
     raw = b"".join(chunks).strip()
     if not raw:
-        raise _Unreachable("connection closed without a reply")
+        raise _Unreachable("connection closed without a reply", sent=True)
     return raw
 
 
-def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerReply:
+def call_broker(
+    verb: Verb, run_id: str, *, timeout: float = 3600.0, attestation: int | None = None
+) -> BrokerReply:
     """Ask the broker to carry out the run's pending intents of ``verb``.
+
+    ``attestation``: the run owner's attestation channel (:mod:`cairn.protocol.attestation`),
+    passed with the first try only: its one line is read once, and a repeated call finds
+    the run pinned or not.
 
     Repeats the call while the broker cannot be reached; raises :class:`BrokerRefused`
     when it answers with an error (carrying the broker's code and hint) and
@@ -57,7 +76,7 @@ def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerRe
     problem = ""
     for delay in (*RETRY_DELAYS, None):
         try:
-            raw = _exchange(verb, run_id, timeout)
+            raw = _exchange(verb, run_id, timeout, attestation)
             break
         except _Unreachable as exc:
             problem = str(exc)
@@ -67,6 +86,8 @@ def call_broker(verb: Verb, run_id: str, *, timeout: float = 3600.0) -> BrokerRe
                     hint="is cairn-broker.socket active? (systemctl status cairn-broker.socket)",
                 ) from exc
             log.warning("%s %s: %s; retrying in %.1fs", verb, run_id, problem, delay)
+            if exc.sent:
+                attestation = None
             time.sleep(delay)
     reply = BrokerReply.model_validate_json(raw)
     if not reply.ok:

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 import cairn
 from cairn import paths, retention
-from cairn.brokerclient import call_broker
 from cairn.capsule import current_release
 from cairn.config import Problems
+from cairn.daemon import attest
 from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.evaluators import frozen_evaluators
@@ -263,7 +263,7 @@ def launch(
     retention.admit("launch")  # a full pool refuses the launch before the run exists
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])
-    start_or_fail(journal, run_id)
+    start_or_fail(journal, desc)
     return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}
 
 
@@ -323,14 +323,15 @@ def freeze(
     )
 
 
-def start_or_fail(journal: Journal, run_id: str) -> None:
-    """Have the broker start the new run's coordinator, or end the run ``failed`` with the
-    reason, so a launch is all or nothing: a run its launch could not start is never
-    started later (the boot reconciler starts only ``pending`` and ``running`` runs, and
-    fails one whose launch left no receipt). A coordinator that took the run all the same
-    (the reply was lost) keeps it."""
+def start_or_fail(journal: Journal, desc: LaunchDescription) -> None:
+    """Have the broker pin the new run on its owner's attestation and start its
+    coordinator, or end the run ``failed`` with the reason, so a launch is all or nothing:
+    a run its launch could not start is never started later (the boot reconciler starts
+    only ``pending`` and ``running`` runs, and fails one whose launch left no receipt). A
+    coordinator that took the run all the same (the reply was lost) keeps it."""
+    run_id = desc.run_id
     try:
-        reply = call_broker("launch-v1", run_id, timeout=120)
+        reply = attest.start_attested(desc)
     except CairnError as exc:
         reason = f"the launch could not start the run: {exc.message}"
         if not journal.fail_unstarted_run(run_id, reason):

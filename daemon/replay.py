@@ -95,7 +95,7 @@ def replay(
     start = Intent(intent_id="start-coordinator", run_id=desc.run_id, kind="start-coordinator")
     copy_evidence(source.run_id, desc.run_id, origin.ops)
     journal.create_run(desc, intents=[start], imported=imported)
-    start_or_fail(journal, desc.run_id)
+    start_or_fail(journal, desc)
     return {
         "run_id": desc.run_id,
         "source_run": source.run_id,

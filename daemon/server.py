@@ -1,4 +1,5 @@
-"""cairnd's socket: a JSON request line (plus an optional directory fd) per connection.
+"""cairnd's socket: a JSON request line (plus an optional directory fd and attestation
+channel) per connection.
 
 Every request is authorized by the peer's UID from SO_PEERCRED; the client's claims
 about who it is are never read.
@@ -10,6 +11,7 @@ import array
 import logging
 import os
 import socket
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 
 from cairn import paths
 from cairn.daemon import (
+    attest,
     checkpoints,
     decisions,
     doctor,
@@ -65,25 +68,41 @@ log = logging.getLogger(__name__)
 REQUEST_LIMIT = 4 << 20
 
 
-def receive(conn: socket.socket) -> tuple[bytes, int | None]:
-    """Read one request line and at most one passed file descriptor."""
+def receive(conn: socket.socket) -> tuple[bytes, int | None, int | None]:
+    """Read one request line, and of the passed descriptors at most one directory (a
+    project the caller proves access to) and one socket (the caller's attestation
+    channel, :mod:`cairn.daemon.attest`); any other descriptor is closed."""
     data = b""
-    fd: int | None = None
+    passed: list[int] = []
     fds = array.array("i")
-    while not data.endswith(b"\n") and len(data) < REQUEST_LIMIT:
-        msg, ancdata, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(fds.itemsize * 4))
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(payload[: len(payload) - (len(payload) % got.itemsize)])
-                for extra in got[1:] if fd is None else got:
-                    os.close(extra)
-                if fd is None and len(got):
-                    fd = got[0]
-        if not msg:
-            break
-        data += msg
-    return data, fd
+    try:
+        while not data.endswith(b"\n") and len(data) < REQUEST_LIMIT:
+            msg, ancdata, _flags, _addr = conn.recvmsg(
+                65536, socket.CMSG_SPACE(fds.itemsize * 4)
+            )
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(payload[: len(payload) - (len(payload) % got.itemsize)])
+                    passed.extend(got)
+            if not msg:
+                break
+            data += msg
+    except BaseException:
+        for fd in passed:
+            os.close(fd)
+        raise
+    directory: int | None = None
+    channel: int | None = None
+    for fd in passed:
+        mode = os.fstat(fd).st_mode
+        if directory is None and stat.S_ISDIR(mode):
+            directory = fd
+        elif channel is None and stat.S_ISSOCK(mode):
+            channel = fd
+        else:
+            os.close(fd)
+    return data, directory, channel
 
 
 def dispatch(request: OpRequest, uid: int, fd: int | None) -> Any:
@@ -233,9 +252,11 @@ def handle(conn: socket.socket) -> None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         fd: int | None = None
+        channel: int | None = None
         try:
-            raw, fd = receive(conn)
-            reply = DaemonReply(ok=True, result=dispatch(parse(raw), uid, fd))
+            raw, fd, channel = receive(conn)
+            with attest.serving(channel):
+                reply = DaemonReply(ok=True, result=dispatch(parse(raw), uid, fd))
         except ValidationError as exc:  # a handler's own validation
             first = exc.errors()[0]
             body = ErrorBody(
@@ -257,8 +278,9 @@ def handle(conn: socket.socket) -> None:
                 ),
             )
         finally:
-            if fd is not None:
-                os.close(fd)
+            for passed in (fd, channel):
+                if passed is not None:
+                    os.close(passed)
         try:
             conn.sendall(reply.model_dump_json().encode() + b"\n")
         except OSError:

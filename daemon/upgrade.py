@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cairn.daemon import attest
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
 from cairn.journal.readwrite import Journal
@@ -63,6 +64,9 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
     journal.upgrade_source(
         run.run_id, new, locations=report["locations"], actor_uid=uid, old_hash=desc.review_hash
     )
+    # Root acts on the description it pinned: the owner attests the new one, and the
+    # broker re-pins it only if nothing but the source changed.
+    attest.start_attested(new)
     report["upgraded"] = True
     return report
 

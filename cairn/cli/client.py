@@ -4,14 +4,15 @@ and exits."""
 
 from __future__ import annotations
 
+import array
 import json
 import socket
-import sys
 from typing import Any, NoReturn
 
 import typer
 
 from cairn import paths
+from cairn.cli.attest import Expected, exchange
 from cairn.errors import CairnError, Unavailable
 from cairn.protocol.daemon import DaemonReply, OpRequest, request_line
 
@@ -23,30 +24,48 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def request(body: OpRequest, *, fd: int | None = None, timeout: float | None = None) -> Any:
+def request(
+    body: OpRequest,
+    *,
+    fd: int | None = None,
+    timeout: float | None = None,
+    expect: Expected | None = None,
+) -> Any:
     """Send one request to cairnd and return its result (errors become CairnError).
-    ``timeout`` bounds each socket operation (an OSError when it runs out)."""
+    ``fd``: a directory passed along (the project). ``expect``: the request may start a
+    run, which this process attests if its description is what was asked for
+    (:mod:`cairn.cli.attest`). ``timeout`` bounds each socket operation (an OSError when it
+    runs out)."""
     message = request_line(body)
     path = str(paths.daemon_socket())
+    mine, theirs = socket.socketpair() if expect is not None else (None, None)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
             sock.connect(path)
         except OSError as exc:
+            for end in (mine, theirs):
+                if end is not None:
+                    end.close()
             raise Unavailable(
                 f"cannot reach cairnd at {path}: {exc.strerror}",
                 hint="is the cairn package installed and cairn.socket active?",
             ) from exc
-        if fd is not None:
-            sock.sendmsg(
-                [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))]
-            )
+        passed = [f for f in (fd, theirs.fileno() if theirs else None) if f is not None]
+        if passed:
+            fds = array.array("i", passed).tobytes()
+            sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         else:
             sock.sendall(message)
-        chunks = []
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
-    raw = b"".join(chunks)
+        if theirs is not None:
+            theirs.close()  # cairnd has its copy
+        if mine is not None and expect is not None:
+            raw = exchange(sock, mine, expect)
+        else:
+            chunks = []
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+            raw = b"".join(chunks)
     if not raw:
         raise CairnError(
             "cairnd closed the connection without an answer",

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import run_candidates
 from cairn.cli.logs import logs
@@ -27,6 +28,7 @@ from cairn.cli.options import (
 )
 from cairn.cli.watchview import progress_lines
 from cairn.errors import PermissionDenied, Unavailable
+from cairn.protocol.base import RUN_ID_RE
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     DiffRequest,
@@ -135,6 +137,10 @@ def launch(
     try:
         if definition.startswith(("user:", "project:")):
             source, confirm = _pinned(definition, confirm, fd, os.path.normpath(str(root)))
+        profiles = {
+            name: ProfileSpec.model_validate(spec)
+            for name, spec in load_scripted(scripted).items()
+        }
         result = request(
             LaunchRequest(
                 definition=definition,
@@ -144,12 +150,16 @@ def launch(
                 apply_mode=apply_mode.value,
                 args=parsed,
                 project=os.path.normpath(str(root)),
-                scripted={
-                    name: ProfileSpec.model_validate(spec)
-                    for name, spec in load_scripted(scripted).items()
-                },
+                scripted=profiles,
             ),
             fd=fd,
+            expect=Expected(
+                project=os.path.normpath(str(root)),
+                definition=definition,
+                review_hash=confirm if source is not None else None,
+                source=source,
+                scripted={n: p.model_dump(mode="json") for n, p in profiles.items()},
+            ),
         )
     finally:
         os.close(fd)
@@ -157,6 +167,11 @@ def launch(
         emit(result)
     else:
         typer.echo(result["run_id"])
+
+
+def full_run_id(ref: str) -> str | None:
+    """``ref`` if it is a whole run ID (a prefix or ``@last`` is resolved by cairnd)."""
+    return ref if RUN_ID_RE.match(ref) else None
 
 
 def _pinned(definition: str, confirm: str | None, fd: int, root: str) -> tuple[str, str]:
@@ -346,7 +361,10 @@ def upgrade(
         source = to.read_text()
     except OSError as exc:
         fail(f"cannot read {to}: {exc.strerror}", code=2)
-    data = request(UpgradeRequest(run_id=run_id, source=source, dry_run=dry_run, confirm=confirm))
+    data = request(
+        UpgradeRequest(run_id=run_id, source=source, dry_run=dry_run, confirm=confirm),
+        expect=Expected(run_id=full_run_id(run_id), source=source, review_hash=confirm),
+    )
     if json_out:
         emit(data)
         return
@@ -488,7 +506,10 @@ def replay(
 ) -> None:
     """A new run from a finished run's checkpoint: the operations up to OP are imported
     with their checkpoints, the rest of the workflow runs fresh. The source is unchanged."""
-    data = request(ReplayRequest(run_id=run_id, op_id=through))
+    data = request(
+        ReplayRequest(run_id=run_id, op_id=through),
+        expect=Expected(replay_of=full_run_id(run_id)),
+    )
     if json_out:
         emit(data)
         return

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.options import DefinitionArg, JsonFlag, emit_or_empty, load_scripted, renamed
@@ -289,7 +290,13 @@ def _admit(
             fd = None
         try:
             result: dict[str, Any] = request(
-                kind(schedule_id=schedule_id, occurrence=occurrence), fd=fd
+                kind(schedule_id=schedule_id, occurrence=occurrence),
+                fd=fd,
+                expect=Expected(
+                    schedule_id=current["schedule_id"],
+                    project=current["project"],
+                    definition=current["definition"],
+                ),
             )
         finally:
             if fd is not None:

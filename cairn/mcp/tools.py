@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from cairn.cli.attest import Expected
 from cairn.definitions import registry
 from cairn.definitions.resolve import current_review, for_launch, split
 from cairn.errors import CairnError, PermissionDenied, UsageError
@@ -305,6 +306,13 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 apply_mode=args.apply,
             ),
             fd=fd,
+            expect=Expected(
+                project=str(root),
+                definition=workflow.definition,
+                review_hash=workflow.review.review_hash,
+                source=source,
+                scripted={},
+            ),
         )
     finally:
         os.close(fd)

@@ -9,6 +9,7 @@ import json
 import os
 import select
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -53,6 +54,7 @@ class StandInDaemon:
         self.answers = answers
         self.asked: list[dict[str, Any]] = []
         self.passed: list[tuple[int, int]] = []
+        self.channels = 0  # attestation channels passed (sockets)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen()
@@ -70,7 +72,10 @@ class StandInDaemon:
                     chunk, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
                     for fd in fds:
                         st = os.fstat(fd)
-                        self.passed.append((st.st_dev, st.st_ino))
+                        if stat.S_ISSOCK(st.st_mode):
+                            self.channels += 1
+                        else:
+                            self.passed.append((st.st_dev, st.st_ino))
                         os.close(fd)
                     if not chunk:
                         break

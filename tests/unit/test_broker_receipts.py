@@ -17,7 +17,7 @@ import pytest
 
 from cairn import paths, storage
 from cairn.broker import units, verbs
-from cairn.broker.receipts import ReceiptStore
+from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.errors import BrokerRefused
 from cairn.protocol.broker import Intent, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ModelRoute, ProjectSpec
@@ -152,13 +152,17 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
         ),
     }
     store = ReceiptStore()
-    yield {"desc": desc, "journal": FakeJournal(ops), "store": store, "pool": pool}
+    st = os.lstat(project)
+    pin = Pin(RUN, os.getuid(), os.getgid(), desc.launch_hash(), st.st_dev, st.st_ino,
+              desc.model_dump_json())
+    store.put_pin(pin, pid=os.getpid())
+    yield {"desc": desc, "pin": pin, "journal": FakeJournal(ops), "store": store, "pool": pool}
     store.close()
 
 
 def _do(host: dict[str, Any], intent_id: str, kind: str, **fields: Any) -> dict[str, Any]:
     intent = Intent(intent_id=intent_id, run_id=RUN, kind=kind, **fields)  # type: ignore[arg-type]
-    body = verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    body = verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
     receipt = host["store"].put(intent, body)
     stored = host["store"].get(RUN, intent_id)
     assert stored is not None and stored.data == receipt.data
@@ -261,7 +265,7 @@ def test_delete_refuses_a_run_that_is_not_finished(host: dict[str, Any], state: 
     _do(host, "prepare-q", "prepare-q")
     intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
     with pytest.raises(BrokerRefused, match=f"is {state}; only finished runs are deleted"):
-        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
     assert host["pool"].made  # nothing deleted
 
 
@@ -272,9 +276,9 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
     host["journal"].run.state = "succeeded"
     intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
     with pytest.raises(BrokerRefused, match="never settled"):
-        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
     host["journal"].run.settlement = {"status": "applied"}
-    assert verbs.execute(intent, host["desc"], host["journal"], host["store"]).deleted
+    assert verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"]).deleted
 
 
 @pytest.mark.parametrize(
@@ -291,7 +295,7 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
 def test_delete_takes_nothing_but_the_run(host: dict[str, Any], fields: dict[str, Any]) -> None:
     intent = Intent(**{"intent_id": "delete-run", "run_id": RUN, "kind": "delete-run", **fields})
     with pytest.raises(BrokerRefused, match="a delete names only the run"):
-        verbs.execute(intent, host["desc"], host["journal"], host["store"])
+        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
 
 
 def test_start_coordinator_receipt(host: dict[str, Any]) -> None:

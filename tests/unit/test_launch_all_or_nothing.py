@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from cairn import paths
 from cairn.cli import app
 from cairn.cli import people as people_cli
-from cairn.daemon import launch, reconcile
+from cairn.daemon import attest, launch, reconcile
 from cairn.errors import BrokerRefused, CairnError, Unavailable
 from cairn.journal.readwrite import Journal
 from cairn.journal.runs import RunEnded
@@ -72,20 +72,22 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def journal(host: Path) -> Iterator[Journal]:
+def journal(host: Path, owner_channel: object) -> Iterator[Journal]:
     with Journal(paths.journal_path(), create=True) as opened:
         yield opened
 
 
 def broker_that_raises(error: CairnError) -> Any:
-    def call(verb: str, run_id: str, *, timeout: float = 0) -> BrokerReply:
+    def call(verb: str, run_id: str, *, timeout: float = 0, attestation: int | None = None,
+             ) -> BrokerReply:
         raise error
 
     return call
 
 
 def broker_that_starts(started: list[str]) -> Any:
-    def call(verb: str, run_id: str, *, timeout: float = 0) -> BrokerReply:
+    def call(verb: str, run_id: str, *, timeout: float = 0, attestation: int | None = None,
+             ) -> BrokerReply:
         started.append(run_id)
         receipt = Receipt(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator",
                           data={"unit": f"cairn-coordinator@{run_id}.service"}, at=time.time())
@@ -119,7 +121,7 @@ def test_a_launch_the_broker_cannot_start_leaves_the_run_failed_with_the_reason(
 ) -> None:
     down = Unavailable("cannot reach the broker at /run/cairn/broker.sock: No such file",
                        hint="is cairn-broker.socket active?")
-    monkeypatch.setattr(launch, "call_broker", broker_that_raises(down))
+    monkeypatch.setattr(attest, "call_broker", broker_that_raises(down))
     with pytest.raises(Unavailable) as caught:
         launch_as_owner(journal, host)
     run = only_run(journal)
@@ -140,7 +142,7 @@ def test_a_launch_the_broker_cannot_start_leaves_the_run_failed_with_the_reason(
 def test_a_refusing_broker_fails_the_run_too(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "call_broker", broker_that_raises(BrokerRefused("no journal")))
+    monkeypatch.setattr(attest, "call_broker", broker_that_raises(BrokerRefused("no journal")))
     with pytest.raises(BrokerRefused):
         launch_as_owner(journal, host)
     assert only_run(journal).error == "the launch could not start the run: no journal"
@@ -149,7 +151,7 @@ def test_a_refusing_broker_fails_the_run_too(
 def test_a_failed_launch_is_never_started_later(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "call_broker", broker_that_raises(Unavailable("down")))
+    monkeypatch.setattr(attest, "call_broker", broker_that_raises(Unavailable("down")))
     with pytest.raises(Unavailable):
         launch_as_owner(journal, host)
     run = only_run(journal)
@@ -164,11 +166,12 @@ def test_a_failed_launch_is_never_started_later(
 def test_a_coordinator_that_took_the_run_keeps_it_though_the_reply_was_lost(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def started_then_lost(verb: str, run_id: str, *, timeout: float = 0) -> BrokerReply:
+    def started_then_lost(verb: str, run_id: str, *, timeout: float = 0,
+                          attestation: int | None = None) -> BrokerReply:
         journal.acquire_lease(run_id, "coordinator:1")  # the coordinator got there first
         raise Unavailable("connection closed without a reply")
 
-    monkeypatch.setattr(launch, "call_broker", started_then_lost)
+    monkeypatch.setattr(attest, "call_broker", started_then_lost)
     result = launch_as_owner(journal, host)
     assert only_run(journal).state == "pending" and only_run(journal).run_id == result["run_id"]
 
@@ -177,7 +180,7 @@ def test_a_started_launch_keeps_its_receipt_and_a_cut_short_one_is_failed_at_boo
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started: list[str] = []
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts(started))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts(started))
     result = launch_as_owner(journal, host)
     assert started == [result["run_id"]]
     run = only_run(journal)
@@ -201,7 +204,7 @@ def test_the_reconciler_fails_a_cut_short_launch_and_starts_nothing(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started: list[str] = []
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts(started))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts(started))
     launch_as_owner(journal, host)
     run = only_run(journal)
     journal.db.execute("DELETE FROM receipts WHERE run_id=?", (run.run_id,))
@@ -239,7 +242,7 @@ def test_the_reconciler_fails_a_cut_short_launch_and_starts_nothing(
 def test_cancel_of_a_pending_run_nothing_took_ends_it_at_once(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts([]))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts([]))
     run_id = launch_as_owner(journal, host)["run_id"]
     assert journal.request_control(run_id, "cancel", actor_uid=OWNER) == ("cancelled", False)
     assert journal.get_run(run_id).state == "cancelled"
@@ -252,7 +255,7 @@ def test_cancel_of_a_pending_run_nothing_took_ends_it_at_once(
 def test_cancel_of_a_pending_run_a_coordinator_holds_waits_for_its_safe_point(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts([]))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts([]))
     run_id = launch_as_owner(journal, host)["run_id"]
     journal.acquire_lease(run_id, "coordinator:1")
     assert journal.request_control(run_id, "cancel", actor_uid=OWNER) == (
@@ -264,7 +267,7 @@ def test_cancel_of_a_pending_run_a_coordinator_holds_waits_for_its_safe_point(
 def test_pause_and_resume_of_a_pending_run_nothing_took(
     journal: Journal, host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts([]))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts([]))
     run_id = launch_as_owner(journal, host)["run_id"]
     assert journal.request_control(run_id, "pause", actor_uid=OWNER) == ("paused", False)
     assert journal.request_control(run_id, "resume", actor_uid=OWNER) == ("resumed", True)

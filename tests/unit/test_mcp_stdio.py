@@ -130,6 +130,7 @@ def test_a_workflow_tool_launches_the_installed_source_on_the_servers_directory(
     assert (launch["project"], launch["apply_mode"]) == (str(project), "auto")
     st = os.stat(project)
     assert daemon.passed == [(st.st_dev, st.st_ino)]  # the project, as an open descriptor
+    assert daemon.channels == 1  # and the channel the server attests the launch on
 
 
 def test_unknown_and_approving_tools_are_protocol_errors(

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from cairn import paths
-from cairn.broker.receipts import ReceiptStore
+from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.broker.remint import remint_q, source_checkpoints
 from cairn.broker.verbs import Context
-from cairn.daemon import launch
+from cairn.daemon import attest, launch
 from cairn.daemon import replay as daemon_replay
 from cairn.errors import BrokerRefused, NotFound, UsageError
 from cairn.journal.reader import JournalReader
@@ -150,13 +150,14 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def journal(host: Path) -> Iterator[Journal]:
+def journal(host: Path, owner_channel: object) -> Iterator[Journal]:
     with Journal(paths.journal_path(), create=True) as opened:
         yield opened
 
 
 def broker_that_starts(started: list[str]) -> Any:
-    def call(verb: str, run_id: str, *, timeout: float = 0) -> BrokerReply:
+    def call(verb: str, run_id: str, *, timeout: float = 0, attestation: int | None = None,
+             ) -> BrokerReply:
         started.append(run_id)
         receipt = Receipt(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator",
                           data={"unit": f"cairn-coordinator@{run_id}.service"}, at=time.time())
@@ -168,7 +169,7 @@ def broker_that_starts(started: list[str]) -> Any:
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     runs: list[str] = []
-    monkeypatch.setattr(launch, "call_broker", broker_that_starts(runs))
+    monkeypatch.setattr(attest, "call_broker", broker_that_starts(runs))
     return runs
 
 
@@ -280,10 +281,27 @@ def subvolume(path: str) -> SubvolumeReceipt:
                             read_only=True, generation=1)
 
 
+def pinned(store: ReceiptStore, reader: JournalReader, run_id: str) -> Pin:
+    """The run's pin, made as its owner's attestation made it at launch (where this test
+    launched it through cairnd, whose broker is a stand-in)."""
+    found = store.pin(run_id)
+    if found is None:
+        desc = reader.launch_description(run_id)
+        st = os.lstat(desc.project.root)
+        found = Pin(run_id, desc.owner_uid, desc.owner_gid, desc.launch_hash(), st.st_dev,
+                    st.st_ino, desc.model_dump_json())
+        store.put_pin(found, pid=os.getpid())
+    return found
+
+
 def broker_context(run_id: str) -> Context:
     reader = JournalReader(paths.journal_path())
+    store = ReceiptStore()
     intent = Intent(intent_id="prepare-q", run_id=run_id, kind="prepare-q")
-    return Context(intent, reader.launch_description(run_id), reader, ReceiptStore())
+    desc = reader.launch_description(run_id)
+    if desc.replay is not None:
+        pinned(store, reader, desc.replay.source_run)
+    return Context(intent, desc, pinned(store, reader, run_id), reader, store)
 
 
 def test_the_broker_refuses_a_replayed_run_whose_imported_rows_were_tampered_with(

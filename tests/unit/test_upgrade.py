@@ -3,6 +3,7 @@ worker; only a clean one moves a blocked run, with the move in the journal."""
 
 from __future__ import annotations
 
+import queue
 import time
 from importlib import resources
 from pathlib import Path
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from cairn import paths
+from cairn.daemon import attest
 from cairn.daemon.upgrade import upgrade
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
+from cairn.protocol.broker import BrokerReply
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import UpgradeRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
@@ -57,7 +60,17 @@ def request(source: str, *, dry_run: bool, confirm: str | None = None) -> Upgrad
     return UpgradeRequest(run_id=RUN, source=source, dry_run=dry_run, confirm=confirm)
 
 
-def test_moved_call_is_clean_and_upgrade_records_new_locations(journal: Journal) -> None:
+def test_moved_call_is_clean_and_upgrade_records_new_locations(
+    journal: Journal, owner_channel: queue.Queue[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repinned: list[tuple[str, str, bool]] = []
+
+    def broker(verb: str, run_id: str, *, timeout: float = 0,
+               attestation: int | None = None) -> BrokerReply:
+        repinned.append((verb, run_id, attestation is not None))
+        return BrokerReply(ok=True)
+
+    monkeypatch.setattr(attest, "call_broker", broker)
     shifted = SOURCE.replace('"""Implement one', '# a comment\n\n"""Implement one', 1)
     report = upgrade(journal, request(shifted, dry_run=True), OWNER)
     assert report["divergence"] is None and report["checked"] == 1
@@ -70,6 +83,11 @@ def test_moved_call_is_clean_and_upgrade_records_new_locations(journal: Journal)
     op = journal.get_op_by_id(RUN, "root-1")
     assert op.source_location == report["locations"]["root-1"]
     assert any(e.event == "source-upgraded" for e in journal.events(RUN))
+    # root acts on the new source only once its owner attested it: the broker was asked
+    # to re-pin with the owner's channel, on which cairnd showed the new description
+    assert repinned == [("launch-v1", RUN, True)]
+    shown = LaunchDescription.model_validate_json(owner_channel.get(timeout=10))
+    assert (shown.source, shown.review_hash) == (shifted, new_hash)
 
 
 def test_changed_request_diverges_and_nothing_moves(journal: Journal) -> None:
