@@ -30,16 +30,22 @@ def serving(channel: int | None) -> Iterator[None]:
         _channel.reset(token)
 
 
-def start_attested(desc: LaunchDescription, *, timeout: float = 120.0) -> BrokerReply:
-    """Show the owner ``desc`` and have the broker pin it on the owner's attestation, then
-    carry out the run's pending ``launch-v1`` intents."""
+def require_channel() -> int:
+    """The attestation channel of the request being served; a request that may start a
+    run and carries none is refused before anything is recorded."""
     channel = _channel.get()
     if channel is None:
         raise PermissionDenied(
-            f"{desc.run_id} is started only on its owner's attestation, and this request "
-            "carries none",
+            "a run is started only on its owner's attestation, and this request carries none",
             hint="use the cairn CLI of the installed package",
         )
+    return channel
+
+
+def start_attested(desc: LaunchDescription, *, timeout: float = 120.0) -> BrokerReply:
+    """Show the owner ``desc`` and have the broker pin it on the owner's attestation, then
+    carry out the run's pending ``launch-v1`` intents."""
+    channel = require_channel()
     data = desc.model_dump_json().encode() + b"\n"
     if len(data) > DESCRIPTION_LIMIT:
         raise PermissionDenied(f"the description of {desc.run_id} is too large to attest")

@@ -260,6 +260,7 @@ def launch(
         schedule=schedule,
     )
     run_id = desc.run_id
+    attest.require_channel()  # an unattested launch is refused before the run exists
     retention.admit("launch")  # a full pool refuses the launch before the run exists
     start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
     journal.create_run(desc, intents=[start])

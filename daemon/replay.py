@@ -17,6 +17,7 @@ import shutil
 from typing import Any
 
 from cairn import paths, retention
+from cairn.daemon import attest
 from cairn.daemon.launch import freeze, start_or_fail
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
@@ -91,6 +92,7 @@ def replay(
         project=old.project,
         replay=origin,
     )
+    attest.require_channel()  # an unattested replay is refused before the run exists
     retention.admit("replay")  # a full pool refuses the replay before the run exists
     start = Intent(intent_id="start-coordinator", run_id=desc.run_id, kind="start-coordinator")
     copy_evidence(source.run_id, desc.run_id, origin.ops)

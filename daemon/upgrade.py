@@ -51,6 +51,7 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
             f"the new source is not confirmed: its review hash is {review.review_hash}",
             hint=f"repeat with --confirm {review.review_hash}",
         )
+    attest.require_channel()  # the move needs the owner's word before the journal changes
     missing = sorted({a.profile for a in review.agents.values()} - set(desc.profiles))
     if missing:
         raise UsageError(f"the new source needs profiles the run never resolved: {missing}")
