@@ -141,7 +141,13 @@ class QPrepared(ReceiptBody):
 
 
 class WCreated(ReceiptBody):
+    """create-w (and make-spare): the new writable W, and the UUID of the subvolume it is
+    a snapshot of (Q or a checkpoint S; absent in receipts written before it was kept)."""
+
+    optional_keys = ("source_uuid",)
+
     w: SubvolumeReceipt
+    source_uuid: str | None = None
 
 
 class WDropped(ReceiptBody):
