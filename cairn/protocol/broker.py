@@ -80,8 +80,7 @@ class Intent(Frozen):
 
 
 class SubvolumeReceipt(Frozen):
-    """What the broker records for a subvolume it made; later operations are checked
-    against it."""
+    """What the broker records of a subvolume it made; later steps are checked against it."""
 
     path: str
     subvol_id: int
@@ -141,13 +140,8 @@ class QPrepared(ReceiptBody):
 
 
 class WCreated(ReceiptBody):
-    """create-w (and make-spare): the new writable W, and the UUID of the subvolume it is
-    a snapshot of (Q or a checkpoint S; absent in receipts written before it was kept)."""
-
-    optional_keys = ("source_uuid",)
-
     w: SubvolumeReceipt
-    source_uuid: str | None = None
+    source_uuid: str | None = None  # what W snapshots: Q or a checkpoint S (None: older)
 
 
 class WDropped(ReceiptBody):

@@ -90,6 +90,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
             continue
         retries.setdefault(event.op_id or "", []).append({
             "attempt": int(event.data.get("failed_attempt", 0)) + 1,
+            "w_generation": event.data.get("w_generation"),
             "from_checkpoint": event.data.get("from_checkpoint"),
             "source_uuid": event.data.get("source_uuid"),
         })
