@@ -210,7 +210,7 @@ def test_lanes_shape_retries_a_lanes_first_agent_from_the_fork(
     check_retries(machine, run_id, killed, {
         first: ("", None),
         f"{fork}-x-1": ("", fork), f"{fork}-y-1": ("", fork),  # a lane's first: fork's S
-        joined: ("join", first),
+        joined: ("map", first),  # the fork, committed at its join
         asked: ("ask", joined),
     })
     # each lane's W held the parent's work (first.txt) and its own, once

@@ -26,7 +26,8 @@ def op(scope: str, seq: int, kind: str, state: str = "committed", **fields: Any)
 
 
 # agent, ask, unroll item, agent, item, measurement, accept, map (lanes x, y) with a lane
-# agent in x, join, agent (then each kind of predecessor is followed by a retried agent)
+# agent in x, then an agent: the map is its predecessor, committed at its join (the join
+# is recorded on the fork's own row)
 RUN = [
     op("root", 1, "agent"),
     op("root", 2, "ask"),
@@ -39,8 +40,7 @@ RUN = [
     op("root", 8, "map", request={"lanes": ["x", "y"]}),
     op("root-8-x", 1, "agent"),
     op("root-8-x", 2, "item"),
-    op("root", 9, "join"),
-    op("root", 10, "agent", state="started"),
+    op("root", 9, "agent", state="started"),
 ]
 
 
@@ -53,7 +53,7 @@ RUN = [
         ("root", 6, "root-4"),  # after an item marker, the agent before it
         ("root", 7, "root-4"),  # after a measurement
         ("root", 8, "root-4"),  # after an accept: W is as the agent left it
-        ("root", 10, "root-4"),  # after a join: the lanes never touch the parent's W
+        ("root", 9, "root-4"),  # after a join: the lanes never touch the parent's W
         ("root-8-x", 1, "root-8"),  # a lane's first agent: the fork's S
         ("root-8-y", 1, "root-8"),
         ("root-8-x", 3, "root-8-x-1"),  # after an item in a lane
