@@ -84,7 +84,7 @@ def make_spare(ctx: Context) -> WCreated:
                 pool.delete(older_path, older)
             except CairnError as exc:  # not that spare any more: verify-storage reports it
                 log.warning("left %s: %s", older_path, exc)
-    return WCreated(w=pool.receipt(path))
+    return WCreated(w=pool.receipt(path), source_uuid=ctx.checkpoint(checkpoint).uuid)
 
 
 def take(ctx: Context, pool: storage.Pool, w: Path, checkpoint: storage.SubvolumeReceipt
@@ -98,9 +98,10 @@ def take(ctx: Context, pool: storage.Pool, w: Path, checkpoint: storage.Subvolum
     path = spare_path(pool, ctx.run_id, ctx.intent.scope, op_id)
     if os.path.lexists(w):
         current = storage.receipt(w)
-        return WCreated(w=current) if current.uuid == spare.uuid else None
+        return WCreated(w=current, source_uuid=checkpoint.uuid) \
+            if current.uuid == spare.uuid else None
     swapped = swap(path, spare, checkpoint, w, paths.run_state_dir(ctx.run_id))
-    return None if swapped is None else WCreated(w=swapped)
+    return None if swapped is None else WCreated(w=swapped, source_uuid=checkpoint.uuid)
 
 
 def swap(path: Path, spare: storage.SubvolumeReceipt, checkpoint: storage.SubvolumeReceipt,

@@ -196,9 +196,20 @@ class Context:
         return run_dir
 
     def checkpoint(self, op_id: str) -> storage.SubvolumeReceipt:
-        """The receipt of this run's checkpoint S of ``op_id``, which must have been taken."""
-        taken = self.checkpoints().get(op_id)
+        """The receipt of this run's checkpoint S of ``op_id``, which must have been taken;
+        for an intent of one of a fork's lanes, that fork's S counts too."""
+        taken = self.checkpoints().get(op_id) or self.lane_start(op_id)
         return taken or self.receipt(f"checkpoint.{op_id}", Checkpointed).s
+
+    def lane_start(self, op_id: str) -> storage.SubvolumeReceipt | None:
+        """S of the fork ``op_id`` when the intent's scope is one of its lanes (the
+        checkpoint the lane's W started from), from this broker's own fork receipt."""
+        made = self.store.get(self.run_id, f"fork.{op_id}")
+        if made is None or made.kind != "fork":
+            return None
+        forked = made.body(Forked)
+        lanes = {f"{forked.op_id}-{key}" for key in forked.lanes}
+        return forked.s if forked.op_id == op_id and self.intent.scope in lanes else None
 
     def checkpoints(self) -> dict[str, storage.SubvolumeReceipt]:
         """Every checkpoint S of this run by operation: taken here, or reminted from a
@@ -259,11 +270,12 @@ def create_w(ctx: Context) -> WCreated:
             return swapped
     else:
         source = pool.q_path(ctx.run_id)
-        pool.verify(source, ctx.receipt("prepare-q", QPrepared).q)
+        taken = ctx.receipt("prepare-q", QPrepared).q
+        pool.verify(source, taken)
     w.parent.mkdir(parents=True, exist_ok=True)
     receipt = pool.snapshot(source, w, read_only=False, qgroup=ctx.qgroup())
     os.chown(w, ctx.desc.owner_uid, ctx.desc.owner_gid)
-    return WCreated(w=receipt)
+    return WCreated(w=receipt, source_uuid=taken.uuid)
 
 
 def checkpoint(ctx: Context) -> Checkpointed:

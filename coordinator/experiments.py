@@ -29,25 +29,11 @@ from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
+from cairn.restore_point import restore_point
 
 
 def _earlier(ops: Iterable[OpRow], scope: str, seq: int) -> list[OpRow]:
     return sorted((o for o in ops if o.scope == scope and o.seq < seq), key=lambda o: o.seq)
-
-
-def checkpoint_held(ops: Iterable[OpRow], scope: str, seq: int) -> str | None:
-    """The agent operation whose checkpoint W of ``scope`` holds just before call ``seq``:
-    the last committed agent boundary, or the checkpoint a later reject restored (None:
-    what the scope started from)."""
-    held: str | None = None
-    for op in _earlier(ops, scope, seq):
-        if op.kind == "agent" and op.state == "committed":
-            held = op.op_id
-        elif op.kind == "settle_experiment" and op.state in ("settled", "committed"):
-            result = op.result or {}
-            if result.get("disposition") == "rejected":
-                held = result.get("checkpoint")
-    return held
 
 
 def accepted_before(ops: Iterable[OpRow], scope: str, seq: int) -> list[str]:
@@ -133,7 +119,10 @@ class Experiments(CoordinatorBase):
             environment=taken.environment,
             samples=taken.samples,
             values=values,
-            checkpoint=checkpoint_held(self.journal.list_ops(self.run_id), op.scope, op.seq),
+            checkpoint=restore_point(
+                self.journal.list_ops(self.run_id), op.scope, op.seq,
+                replayed_through=self.desc.replay.through_op if self.desc.replay else None,
+            ),
         )
         result = measurement.model_dump(mode="json")
         self.commit(op, result)

@@ -1,7 +1,8 @@
 """Recovery of an agent attempt that ended without a result (ARCHITECTURE §5): one killed
 by a limit fails for good; a sandboxed one (``network="none"``) gets a clean retry on a W
-restored from its predecessor's checkpoint (bounded); one whose effect may have reached
-outside is ``uncertain`` and blocks the run until ``cairn reconcile`` decides."""
+restored from the checkpoint its scope's W held when the operation began (bounded); one
+whose effect may have reached outside is ``uncertain`` and blocks the run until ``cairn
+reconcile`` decides."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 from cairn import untrusted
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, OperationError, RunBlocked
 from cairn.journal.rows import OpRow
+from cairn.protocol.broker import WCreated
+from cairn.restore_point import restore_point
 
 
 class Recovery(CoordinatorBase):
@@ -78,11 +81,19 @@ class Recovery(CoordinatorBase):
         return None
 
     def clean_retry(self, op: OpRow, reason: str) -> None:
-        """Record the next attempt on a fresh W restored from the predecessor's checkpoint
-        (or Q); the failed attempt's W generation is deleted."""
+        """Record the next attempt on a fresh W restored from the checkpoint the scope's W
+        held when the operation began (:func:`cairn.restore_point.restore_point`; None: Q);
+        the failed attempt's W generation is deleted."""
         current = self.w_gen[op.scope]
         restored = current + 1
-        self.broker(
+        replay = self.desc.replay
+        source = restore_point(
+            self.journal.list_ops(self.run_id),
+            op.scope,
+            op.seq,
+            replayed_through=replay.through_op if replay else None,
+        )
+        created, _dropped = self.broker(
             "storage-v1",
             [
                 self.intent(
@@ -90,7 +101,7 @@ class Recovery(CoordinatorBase):
                     f"create-w.{op.scope}.{restored}",
                     scope=op.scope,
                     generation=restored,
-                    from_checkpoint=op.predecessor,
+                    from_checkpoint=source,
                 ),
                 self.intent(
                     "drop-w",
@@ -108,6 +119,14 @@ class Recovery(CoordinatorBase):
             state="requested",
             attempt=op.attempt + 1,
             event="op-retry",
-            event_data={"failed_attempt": op.attempt, "ended": reason, "w_generation": restored},
+            event_data={
+                "failed_attempt": op.attempt,
+                "ended": reason,
+                "w_generation": restored,
+                "from_checkpoint": source,
+                "source_uuid": created.body(WCreated).source_uuid,
+            },
         )
-        self.event("clean-retry", op_id=op.op_id, attempt=op.attempt + 1)
+        self.event(
+            "clean-retry", op_id=op.op_id, attempt=op.attempt + 1, from_checkpoint=source or "Q"
+        )

@@ -12,6 +12,7 @@ from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import AgentMessage
 from cairn.protocol.daemon import ReconcileRequest, RetryRequest
+from cairn.restore_point import restore_point
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
@@ -33,7 +34,15 @@ def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int)
             run.run_id, op.op_id, decision="result", actor_uid=uid, finish=finish
         )
     restart_coordinator(journal, run.run_id)
-    return {"run_id": run.run_id, "op_id": op.op_id, "state": "pending"}
+    answer: dict[str, Any] = {"run_id": run.run_id, "op_id": op.op_id, "state": "pending"}
+    if isinstance(request, RetryRequest) or request.no_effect:
+        # the coordinator restores the next attempt's W from the same point
+        replay = journal.launch_description(run.run_id).replay
+        answer["from_checkpoint"] = restore_point(
+            journal.list_ops(run.run_id), op.scope, op.seq,
+            replayed_through=replay.through_op if replay else None,
+        )
+    return answer
 
 
 def checked_finish(

@@ -252,6 +252,12 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
                 f"             checkpoint {cp.get('path')} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
             )
+        for retry in op.get("retries", []):
+            uuid = f" (uuid {retry['source_uuid']})" if retry.get("source_uuid") else ""
+            typer.echo(
+                f"             attempt {retry['attempt']} on a W restored from "
+                f"{_restore_point(retry.get('from_checkpoint'))}{uuid}"
+            )
         if op.get("output") is not None:
             typer.echo(f"             output {json.dumps(op['output'])}")
     for worklist in data.get("worklists", []):
@@ -346,7 +352,14 @@ def retry(
 ) -> None:
     """Run an uncertain operation again (its effects may then happen twice)."""
     out = request(RetryRequest(run_id=run_id, op_id=op_id))
-    typer.echo(f"{out['op_id']} will be retried; {out['run_id']} resumes")
+    typer.echo(
+        f"{out['op_id']} will be retried on a W restored from "
+        f"{_restore_point(out.get('from_checkpoint'))}; {out['run_id']} resumes"
+    )
+
+
+def _restore_point(checkpoint: str | None) -> str:
+    return f"checkpoint {checkpoint}" if checkpoint else "Q (the project as launched)"
 
 
 def upgrade(

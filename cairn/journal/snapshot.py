@@ -140,6 +140,14 @@ def op_event_spans(store: Store, run_id: str) -> list[OpEventSpan]:
     return [OpEventSpan.model_validate(dict(r)) for r in rows]
 
 
+def retry_events(store: Store, run_id: str) -> list[EventRow]:
+    """Every ``op-retry`` event of the run, oldest first (a few per operation at most)."""
+    rows = store.db.execute(
+        "SELECT * FROM events WHERE run_id=? AND event='op-retry' ORDER BY cursor", (run_id,)
+    ).fetchall()
+    return [e for r in rows if (e := _event(r, []))]
+
+
 def readable_ops(store: Store, run_id: str) -> tuple[list[OpRow], list[Unreadable]]:
     """The run's operations in (scope, seq) order, and the rows that do not parse."""
     ops: list[OpRow] = []

@@ -80,8 +80,7 @@ class Intent(Frozen):
 
 
 class SubvolumeReceipt(Frozen):
-    """What the broker records for a subvolume it made; later operations are checked
-    against it."""
+    """What the broker records of a subvolume it made; later steps are checked against it."""
 
     path: str
     subvol_id: int
@@ -142,6 +141,7 @@ class QPrepared(ReceiptBody):
 
 class WCreated(ReceiptBody):
     w: SubvolumeReceipt
+    source_uuid: str | None = None  # what W snapshots: Q or a checkpoint S (None: older)
 
 
 class WDropped(ReceiptBody):

@@ -16,7 +16,7 @@ from cairn.errors import JournalError
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import RunRow
-from cairn.journal.snapshot import event_window, op_event_spans, readable_ops
+from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, retry_events
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
@@ -84,6 +84,16 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
     divergence = events.divergence
     origin = journal.launch_description(run_id).replay
     imported = set(origin.ops) if origin else set()
+    retries: dict[str, list[dict[str, Any]]] = {}
+    for event in retry_events(journal, run_id):  # where each clean retry's W came from
+        if "from_checkpoint" not in event.data:  # recorded before cairn kept it
+            continue
+        retries.setdefault(event.op_id or "", []).append({
+            "attempt": int(event.data.get("failed_attempt", 0)) + 1,
+            "w_generation": event.data.get("w_generation"),
+            "from_checkpoint": event.data.get("from_checkpoint"),
+            "source_uuid": event.data.get("source_uuid"),
+        })
     return {
         "run": row.model_dump(exclude={"lease_holder", "lease_expires"}),
         "operations": [
@@ -100,6 +110,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
                 "handoff": (o.result or {}).get("handoff"),
                 "checkpoint": o.checkpoint,
                 "error": o.error,
+                "retries": retries.get(o.op_id, []),
                 "imported_from": (
                     {"run_id": origin.source_run, "op_id": o.op_id}
                     if origin and o.op_id in imported else None

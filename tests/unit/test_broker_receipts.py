@@ -183,7 +183,7 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     assert q["q"] == _sub(pool, run / "Q") and q["subpath"] == "sub" and not q["imported"]
 
     w = _do(host, "create-w.root.1", "create-w")
-    assert w == {"w": _sub(pool, run / "W" / "root.1")}
+    assert w == {"w": _sub(pool, run / "W" / "root.1"), "source_uuid": q["q"]["uuid"]}
 
     host["store"].put(
         Intent(intent_id="start-agent.root-1.1", run_id=RUN, kind="start-agent", op_id="root-1"),
@@ -205,7 +205,7 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     lane = _do(host, "drop-w.root-2-a.1", "drop-w", scope="root-2-a", generation=1)
     assert lane == {"deleted": str(run / "W" / "root-2-a.1")}
     again = _do(host, "create-w.root.2", "create-w", generation=2, from_checkpoint="root-1")
-    assert again == {"w": _sub(pool, run / "W" / "root.2")}
+    assert again == {"w": _sub(pool, run / "W" / "root.2"), "source_uuid": s["s"]["uuid"]}
     dropped = _do(host, "drop-w.root.1", "drop-w", generation=1)
     assert dropped == {"deleted": str(run / "W" / "root.1")}
 
@@ -221,6 +221,26 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
     # Q snapshots the project's own subvolume: sharing its extents, no subvolume of the
     # run goes into a qgroup of the run's (that would make quota data inconsistent)
     assert set(pool.qgroups.values()) == {None}
+
+
+def test_a_lane_w_is_restored_from_its_forks_s_and_nothing_else_is(host: dict[str, Any]) -> None:
+    """A lane's clean retry before its first boundary restores from the fork's S (the
+    broker's own fork receipt); that S is no checkpoint for any other scope."""
+    pool: FakePool = host["pool"]
+    run = pool.run_dir(RUN)
+    _do(host, "prepare-q", "prepare-q")
+    _do(host, "create-w.root.1", "create-w")
+    fork = _do(host, "fork.root-2", "fork", op_id="root-2", lanes=["a", "b"])
+    again = _do(host, "create-w.root-2-a.2", "create-w", scope="root-2-a", generation=2,
+                from_checkpoint="root-2")
+    assert again == {"w": _sub(pool, run / "W" / "root-2-a.2"),
+                     "source_uuid": fork["s"]["uuid"]}
+    for scope in ("root", "root-2-c", "root-3-a"):
+        intent = Intent(intent_id=f"create-w.{scope}.2", run_id=RUN, kind="create-w",
+                        scope=scope, generation=2, from_checkpoint="root-2")
+        with pytest.raises(BrokerRefused, match="needs checkpoint.root-2, which was not done"):
+            verbs.execute(intent, host["desc"], host["journal"], host["store"])
+    assert not (run / "W" / "root.2").exists()
 
 
 def test_an_imported_runs_subvolumes_all_go_into_its_qgroup(
