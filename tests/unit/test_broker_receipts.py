@@ -239,7 +239,7 @@ def test_a_lane_w_is_restored_from_its_forks_s_and_nothing_else_is(host: dict[st
         intent = Intent(intent_id=f"create-w.{scope}.2", run_id=RUN, kind="create-w",
                         scope=scope, generation=2, from_checkpoint="root-2")
         with pytest.raises(BrokerRefused, match="needs checkpoint.root-2, which was not done"):
-            verbs.execute(intent, host["desc"], host["journal"], host["store"])
+            verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
     assert not (run / "W" / "root.2").exists()
 
 
