@@ -213,7 +213,7 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     origin = data.get("replayed_from")
     if origin:
         typer.echo(
-            f"replayed from {origin['run_id']} through {origin['through']} "
+            f"replayed from {origin['run_id']} through {printable(origin['through'])} "
             f"({origin['imported']} operations imported, the rest run fresh)"
         )
     gone = (data.get("storage") or {}).get("deleted", False)
@@ -459,7 +459,8 @@ def diff(
         emit(data)
         return
     if patch and not sys.stdout.isatty():
-        typer.echo(data.get("diff", ""), nl=False)  # exact, for 'git apply' or 'patch'
+        # exact, for 'git apply' or 'patch' (a lone surrogate, never in a real diff, as ?)
+        typer.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
         return
     if patch:
         typer.echo(printable_lines(data.get("diff", "")), nl=False)

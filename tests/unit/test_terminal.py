@@ -18,7 +18,7 @@ NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def test_every_c0_and_c1_control_and_del_is_shown_escaped(code: int) -> None:
     char = chr(code)
     shown = printable(f"a{char}b")
-    expected = NAMED.get(char, "\\x%02x" % code)
+    expected = NAMED.get(char, f"\\x{code:02x}")
     assert shown == f"a{expected}b"
     assert all(c.isprintable() for c in shown)
 
@@ -40,7 +40,8 @@ def test_tabs_stay_only_when_asked() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["café", "naïve résumé", "日本語のファイル.txt", "한국어", "emoji 🎉", "a b\\x1b", "→ ✓ ● ·"]
+    "text",
+    ["café", "naïve résumé", "日本語のファイル.txt", "한국어", "emoji 🎉", "a b\\x1b", "→ ✓ ● ·"],
 )
 def test_normal_text_is_kept_as_it_is(text: str) -> None:
     assert printable(text) == text
