@@ -278,6 +278,8 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     applied = data["settlement"]["apply"]["applied"]
     assert NAME in applied, applied  # the exact name, in --json
     shown_name = b"evil\\x1b]0;pwned\\x07\\x1b]52;c;aGk=\\x07\\x1b[2J\\x9b31m\\x7f\\nXname.txt"
+    # a patch names it as git does, so 'git apply' reads it back
+    label = '"b/evil\\033]0;pwned\\a\\033]52;c;aGk=\\a\\033[2J\\302\\23331m\\177\\nXname.txt"'
 
     # -- the finished run, through every command a person reads it with
     for argv, tabs in (
@@ -289,8 +291,9 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     ):
         outputs = check_both_ways(machine, argv, tabs=tabs,
                                   expect_shown=argv[0] not in ("list", "checkpoints"))
+        wanted = shown_name if argv[0] == "show" else f"+++ {label}\n".encode()
         if argv[0] in ("show", "diff"):
-            assert all(shown_name in out for out in outputs.values()), (argv, outputs)
+            assert all(wanted in out for out in outputs.values()), (argv, outputs)
     diff = check_both_ways(machine, ["diff", run_id], tabs=True)
     assert all(b"+\tindented\n" in out for out in diff.values())  # a tab stays a tab
     check_both_ways(machine, ["logs", run_id], tabs=True, expect_shown=False)
@@ -298,10 +301,10 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     check_both_ways(machine, ["doctor"], expect_shown=False)
     # a patch for a terminal is escaped too; piped, it is the exact patch for 'git apply'
     patch_on_pty = on_pty(machine, ["cairn", "diff", run_id, "--patch"])
-    assert raw_controls(patch_on_pty, tabs=True) == [] and shown_name in patch_on_pty
+    assert raw_controls(patch_on_pty, tabs=True) == [] and label.encode() in patch_on_pty
     piped_patch = cairn(machine, "diff", run_id, "--patch").stdout
-    assert NAME.encode() in piped_patch
+    assert f"+line {EVIL}\n".encode() in piped_patch and label.encode() in piped_patch
     # --json keeps every string exactly
-    assert NAME in json.loads(cairn(machine, "diff", run_id, "--json").stdout)["diff"]
+    assert f"+line {EVIL}\n" in json.loads(cairn(machine, "diff", run_id, "--json").stdout)["diff"]
     notes = [e for e in data["events"] if e["event"] == "agent-note"]
     assert any(e["data"]["text"] == f"note {EVIL}" for e in notes), notes

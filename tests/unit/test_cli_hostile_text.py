@@ -128,7 +128,7 @@ SCHEDULE_INBOX = [{"at": EVIL, "name": EVIL, "schedule_id": "0123456789ab", "kin
                    "message": EVIL}]
 LOG_TEXT = f"2026-01-01T00:00:00+0000 host agent[1]: {EVIL}\tcol\n"
 
-# command line -> (module whose request is faked, cairnd's reply, JSON key holding EVIL)
+# command line -> (the module whose request is faked, cairnd's reply)
 COMMANDS: dict[str, tuple[Any, Any]] = {
     "show": (runs, show_view()),
     "diff": (runs, DIFF),

@@ -4,11 +4,14 @@ character shown escaped, everything else kept."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cairn.settle_diff import quoted_path, unified_diff
 from cairn.terminal import printable, printable_lines
 
 NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -89,3 +92,25 @@ def test_no_control_character_survives(text: str) -> None:
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Cf"))))
 def test_text_without_controls_is_unchanged(text: str) -> None:
     assert printable(text) == text
+
+
+def test_a_patch_names_a_hostile_file_as_git_does_and_git_apply_reads_it(
+    tmp_path: Path,
+) -> None:
+    name = "evil\x1b]0;pwned\x07\nname \"q\" \\ \x9b é.txt"
+    q, f = tmp_path / "q", tmp_path / "f"
+    q.mkdir()
+    f.mkdir()
+    (f / name).write_text("line\x1b[2J\n")
+    patch = unified_diff(q, f, "", [name])
+    labels = [line for line in patch.splitlines() if line.startswith(("--- ", "+++ "))]
+    assert labels == [
+        '--- "a/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt"',
+        '+++ "b/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt"',
+    ]
+    assert quoted_path("a/plain é.txt") == "a/plain é.txt"
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run(["git", "apply", "-"], cwd=work, input=patch.encode(), check=True)
+    assert (work / name).read_text() == "line\x1b[2J\n"
