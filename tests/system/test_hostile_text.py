@@ -303,8 +303,9 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     patch_on_pty = on_pty(machine, ["cairn", "diff", run_id, "--patch"])
     assert raw_controls(patch_on_pty, tabs=True) == [] and label.encode() in patch_on_pty
     piped_patch = cairn(machine, "diff", run_id, "--patch").stdout
-    assert f"+line {EVIL}\n".encode() in piped_patch and label.encode() in piped_patch
+    added = "+line " + EVIL.replace("\n", "\n+") + "\n"  # the content, line by line
+    assert added.encode() in piped_patch and label.encode() in piped_patch
     # --json keeps every string exactly
-    assert f"+line {EVIL}\n" in json.loads(cairn(machine, "diff", run_id, "--json").stdout)["diff"]
+    assert added in json.loads(cairn(machine, "diff", run_id, "--json").stdout)["diff"]
     notes = [e for e in data["events"] if e["event"] == "agent-note"]
     assert any(e["data"]["text"] == f"note {EVIL}" for e in notes), notes
