@@ -27,17 +27,47 @@ def unified_diff(q: Path, f: Path, subpath: str, accepted: list[str]) -> str:
         with tempfile.TemporaryDirectory(prefix="cairn-diff.") as tmp:
             a, b = Path(tmp, "a"), Path(tmp, "b")
             shown = _diff_side(base_q, rel, a) and _diff_side(base_f, rel, b)
-            argv = ["diff", "-uN", "--no-dereference", "--label", f"a/{rel}", "--label"]
-            proc = run([*argv, f"b/{rel}", str(a), str(b)], check=False) if shown else None
+            old, new = quoted_path(f"a/{rel}"), quoted_path(f"b/{rel}")
+            argv = ["diff", "-uN", "--no-dereference", "--label", old, "--label", new]
+            proc = run([*argv, str(a), str(b)], check=False) if shown else None
         text = proc.stdout.decode(errors="replace") if proc is not None else ""
         if proc is None or proc.returncode > 1:
-            text = f"--- a/{rel}\n+++ b/{rel}\n(changed; not a text difference)\n"
+            text = f"--- {old}\n+++ {new}\n(changed; not a text difference)\n"
         chunks.append(text)
         size += len(text)
         if size > DIFF_LIMIT:
             chunks.append(f"(diff truncated at {DIFF_LIMIT} bytes)\n")
             break
     return "".join(chunks)
+
+
+# How git writes a name with these in a patch (and 'git apply' reads it back).
+_GIT_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r",
+                ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def _raw_byte(code: int) -> bool:
+    return code < 0x20 or 0x7F <= code < 0xA0 or 0xDC80 <= code < 0xDD00
+
+
+def quoted_path(name: str) -> str:
+    """``name`` as a patch's ``---``/``+++`` label, the way git quotes one: as it is unless
+    it holds a control character (C0, DEL, C1), an undecodable byte, a double quote or a
+    backslash; then in double quotes with those escaped (``\\n``, ``\\033``; a C1 control as
+    its UTF-8 bytes in octal). A newline in an agent's file name never splits the label,
+    and no control character reaches a terminal or ``git apply`` raw."""
+    if not any(_raw_byte(ord(c)) or c in '"\\' for c in name):
+        return name
+    out = []
+    for char in name:
+        code = ord(char)
+        if code in _GIT_ESCAPES:
+            out.append(_GIT_ESCAPES[code])
+        elif _raw_byte(code):  # an undecodable byte of the name is what surrogateescape kept
+            out.extend(f"\\{byte:03o}" for byte in char.encode("utf-8", "surrogateescape"))
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 def _diff_side(base: Path, rel: str, dst: Path) -> bool:

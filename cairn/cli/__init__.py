@@ -32,6 +32,7 @@ from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
 from cairn.errors import CairnError
+from cairn.terminal import printable
 
 __all__ = ["app", "main"]
 
@@ -106,18 +107,19 @@ def main() -> None:
     except Interrupted:
         sys.exit(130)
     except click.UsageError as exc:
-        typer.echo(f"cairn: {exc.format_message()}", err=True)
+        typer.echo(f"cairn: {printable(exc.format_message())}", err=True)
         if exc.ctx is not None:
             typer.echo(f"hint: see '{exc.ctx.command_path} --help'", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        typer.echo(f"cairn: {exc.format_message()}", err=True)
+        typer.echo(f"cairn: {printable(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(1)
     except CairnError as exc:
-        typer.echo(f"cairn: {exc.message}", err=True)
+        # cairnd's errors quote runs, paths and answers: names an agent may have chosen
+        typer.echo(f"cairn: {printable(exc.message)}", err=True)
         if exc.hint:
-            typer.echo(f"hint: {exc.hint}", err=True)
+            typer.echo(f"hint: {printable(exc.hint)}", err=True)
         sys.exit(2 if exc.code in ("usage", "invalid", "review", "not-found") else 1)
     sys.exit(status if isinstance(status, int) else 0)

@@ -15,12 +15,15 @@ from cairn import paths
 from cairn.cli.attest import Expected, exchange
 from cairn.errors import CairnError, Unavailable
 from cairn.protocol.daemon import DaemonReply, OpRequest, request_line
+from cairn.terminal import printable
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
-    typer.echo(f"cairn: {message}", err=True)
+    """Print ``cairn: MESSAGE`` and ``hint: HINT`` on stderr, each one line with every
+    control character escaped (they may quote a name an agent chose), and exit."""
+    typer.echo(f"cairn: {printable(message)}", err=True)
     if hint:
-        typer.echo(f"hint: {hint}", err=True)
+        typer.echo(f"hint: {printable(hint)}", err=True)
     raise typer.Exit(code)
 
 

@@ -18,6 +18,7 @@ from cairn.protocol.daemon import (
     log_priority_problem,
     log_since_problem,
 )
+from cairn.terminal import printable_lines
 
 # Entries shown without -n: everything would be unbounded for a long run.
 DEFAULT_LINES = 2000
@@ -107,10 +108,12 @@ def logs(
         }
     )
     if not follow:
-        typer.echo(request(first)["text"], nl=False)
+        typer.echo(printable_lines(request(first)["text"]), nl=False)
         return
     try:
-        follow_logs(first, ask=request, show=lambda text: typer.echo(text, nl=False))
+        follow_logs(
+            first, ask=request, show=lambda text: typer.echo(printable_lines(text), nl=False)
+        )
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -14,6 +14,7 @@ from cairn.cli.client import request
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
 from cairn.protocol.daemon import NotificationsRequest
+from cairn.terminal import printable
 
 if TYPE_CHECKING:
     from cairn.protocol.notify import NotifyBatch
@@ -79,7 +80,7 @@ def follow(
         try:
             batch = _poll(cursor)
         except CairnError as exc:
-            typer.echo(f"cairn notify: {exc.message}", err=True)
+            typer.echo(f"cairn notify: {printable(exc.message)}", err=True)
             if once:
                 raise typer.Exit(1) from None
             time.sleep(interval)
@@ -105,9 +106,9 @@ def list_hooks() -> None:
 
     hooks = discover_hooks(hook_dirs(os.getuid()))
     for hook in hooks.run:
-        typer.echo(f"runs     {hook}")
+        typer.echo(f"runs     {printable(hook)}")
     for refused in hooks.refused:
-        typer.echo(f"refused  {refused.path}: {refused.reason}")
+        typer.echo(f"refused  {printable(refused.path)}: {printable(refused.reason)}")
     if not hooks.run and not hooks.refused:
         typer.echo("no hooks (put executables in ~/.config/cairn/notify.d)")
 

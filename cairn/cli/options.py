@@ -18,6 +18,7 @@ from cairn.errors import UsageError
 from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
 from cairn.protocol.launch import ProfileSpec
 from cairn.sizes import parse_size
+from cairn.terminal import printable
 
 
 def check_run_ref(ref: str | None) -> str | None:
@@ -63,6 +64,13 @@ DefinitionArg = Annotated[
         autocompletion=definition_candidates,
     ),
 ]
+
+
+def echo(line: object, *, err: bool = False) -> None:
+    """Print one line whose fields may quote what someone else chose (a schedule's name,
+    a run's error, a path), with every control character escaped
+    (:func:`~cairn.terminal.printable`)."""
+    typer.echo(printable(line), err=err)
 
 
 def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
@@ -144,12 +152,13 @@ def render_waiting(run_id: str, item: dict[str, Any]) -> str:
     command that answers it (``cairn watch`` and ``cairn show``)."""
     if item["kind"] == "question":
         return (
-            f"{item['op_id']} asks: {item['question']} "
-            f"(cairn answer {run_id} --challenge {item['challenge']} VALUE)"
+            f"{printable(item['op_id'])} asks: {printable(item['question'])} "
+            f"(cairn answer {run_id} --challenge {printable(item['challenge'])} VALUE)"
         )
     if item["request_id"] == "apply":
         return f"the proposal waits to be applied (cairn diff {run_id}; cairn apply {run_id})"
+    request_id = printable(item["request_id"])
     return (
-        f"{item['request_id']} needs approval "
-        f"(cairn approve {run_id} {item['request_id']} --fingerprint {item['fingerprint']})"
+        f"{request_id} needs approval "
+        f"(cairn approve {run_id} {request_id} --fingerprint {printable(item['fingerprint'])})"
     )

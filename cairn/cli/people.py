@@ -27,6 +27,7 @@ from cairn.protocol.daemon import (
     StopRequest,
     WatchRequest,
 )
+from cairn.terminal import printable
 
 
 def register(app: typer.Typer) -> None:
@@ -65,10 +66,10 @@ def answer(
             fail(f"cannot read {file}: {exc.strerror}", code=2)
     out = request(AnswerRequest(run_id=run_id, challenge=challenge, answer=text))
     if out["outcome"] == "duplicate":
-        typer.echo(f"{out['op_id']} already has this answer; nothing changed")
+        typer.echo(f"{printable(out['op_id'])} already has this answer; nothing changed")
     else:
         resumes = "resumes" if out["woken"] else "continues when it is resumed"
-        typer.echo(f"{out['op_id']} answered; {out['run_id']} {resumes}")
+        typer.echo(f"{printable(out['op_id'])} answered; {out['run_id']} {resumes}")
 
 
 def approve(
@@ -78,7 +79,7 @@ def approve(
 ) -> None:
     """Approve one prepared operation (checked again against the current policy)."""
     out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
-    typer.echo(f"{out['request_id']} approved; {out['run_id']} resumes")
+    typer.echo(f"{printable(out['request_id'])} approved; {out['run_id']} resumes")
 
 
 def reject(
@@ -88,7 +89,7 @@ def reject(
 ) -> None:
     """Reject one prepared operation: it does not run."""
     out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
-    typer.echo(f"{out['request_id']} rejected; the operation does not run")
+    typer.echo(f"{printable(out['request_id'])} rejected; the operation does not run")
 
 
 def apply(run_id: RunArg) -> None:
@@ -106,7 +107,7 @@ def _control(action: type[ControlRequest], run_id: str) -> None:
         if out["outcome"].endswith("requested")
         else ""
     )
-    typer.echo(f"{out['run_id']}: {out['outcome']}{later}")
+    typer.echo(f"{out['run_id']}: {printable(out['outcome'])}{later}")
 
 
 def pause(run_id: RunArg) -> None:
@@ -165,47 +166,53 @@ def watch(
 
 
 def render_item(item: dict[str, Any]) -> str:
+    """An inbox item as lines: what waits and the commands that decide it. Every field a
+    workflow or an agent could have shaped (the question, the prompt, names) is shown
+    through :func:`~cairn.terminal.printable`."""
     run = item["run_id"]
     if item["kind"] == "question":
-        schema = item["schema_name"] or "text"
+        schema = printable(item["schema_name"] or "text")
         return (
-            f"{run} {item['op_id']} question ({schema}): {item['question']}\n"
-            f"  cairn answer {run} --challenge {item['challenge']} VALUE"
+            f"{run} {printable(item['op_id'])} question ({schema}): "
+            f"{printable(item['question'])}\n"
+            f"  cairn answer {run} --challenge {printable(item['challenge'])} VALUE"
         )
     prepared = item["prepared"]
+    request_id = printable(item["request_id"])
     deadline = datetime.datetime.fromtimestamp(item["deadline"]).strftime("%Y-%m-%d %H:%M")
     if prepared.get("kind") == "apply":
         return (
             f"{run} proposal waits to be applied: {len(prepared['accepted'])} path(s) into "
-            f"{prepared['project']}; until {deadline}\n"
+            f"{printable(prepared['project'])}; until {deadline}\n"
             f"  cairn diff {run}\n"
             f"  cairn apply {run}\n"
-            f"  cairn reject {run} {item['request_id']} --reason …"
+            f"  cairn reject {run} {request_id} --reason …"
         )
-    needs = ", ".join(
+    needs = printable(", ".join(
         c for c, d in item["evaluation"]["capabilities"].items() if d == "require_approval"
-    )
+    ))
+    agent = prepared["agent"]
     return (
-        f"{run} {item['request_id']} approval: agent {prepared['descriptor']} "
-        f"(profile {prepared['agent']['profile']}, access {prepared['agent']['access']}, "
-        f"network {prepared['agent']['network']}) needs {needs}; until {deadline}\n"
-        f"  prompt: {prepared['prompt'][:200]}\n"
-        f"  cairn approve {run} {item['request_id']} --fingerprint {item['fingerprint']}\n"
-        f"  cairn reject {run} {item['request_id']} --reason …"
+        f"{run} {request_id} approval: agent {printable(prepared['descriptor'])} "
+        f"(profile {printable(agent['profile'])}, access {printable(agent['access'])}, "
+        f"network {printable(agent['network'])}) needs {needs}; until {deadline}\n"
+        f"  prompt: {printable(prepared['prompt'][:200])}\n"
+        f"  cairn approve {run} {request_id} --fingerprint {printable(item['fingerprint'])}\n"
+        f"  cairn reject {run} {request_id} --reason …"
     )
 
 
 def render_event(event: dict[str, Any]) -> str:
     at = datetime.datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
-    where = f" {event['op_id']}" if event.get("op_id") else ""
-    data = " ".join(f"{k}={v}" for k, v in sorted(event["data"].items()))
-    return f"{at} {event['event']}{where}" + (f" {data}" if data else "")
+    where = f" {printable(event['op_id'])}" if event.get("op_id") else ""
+    data = " ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(event["data"].items()))
+    return f"{at} {printable(event['event'])}{where}" + (f" {data}" if data else "")
 
 
 def completion_line(data: dict[str, Any]) -> str:
     line = f"{data['run_id']} {data['state']}"
     if data.get("error"):
-        line += f": {data['error']}"
+        line += f": {printable(data['error'])}"
     elif data.get("output") is not None:
         line += f": {json.dumps(data['output'], sort_keys=True)}"
     return line

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from cairn.terminal import printable, printable_lines
+
 project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
 
 
@@ -30,17 +32,17 @@ def project_trust(
     if confirm is not None:
         record = trust.trust(root, confirm)
         names = ", ".join(f"project:{n}" for n in record.definitions)
-        typer.echo(f"trusted {root}: {names}")
+        typer.echo(printable(f"trusted {root}: {names}"))
         return
     with trust.open_project(root) as fd:
         reviews = trust.review_project(fd, root)
     for name, review in reviews.items():
-        typer.echo(f"== project:{name}")
-        typer.echo(render_review(review))
+        typer.echo(printable(f"== project:{name}"))
+        typer.echo(printable_lines(render_review(review)))
         typer.echo("")
     expected = trust_hash(root, {n: r.review_hash for n, r in reviews.items()})
     typer.echo(f"trust_hash: {expected}")
-    typer.echo(f"to trust them: cairn project trust {root} --confirm {expected}")
+    typer.echo(printable(f"to trust them: cairn project trust {root} --confirm {expected}"))
 
 
 @project_app.command("untrust")
@@ -51,4 +53,4 @@ def project_untrust(path: Path) -> None:
 
     root = trust.project_root(path)
     trust.untrust(root)
-    typer.echo(f"untrusted {root}")
+    typer.echo(printable(f"untrusted {root}"))

@@ -5,6 +5,7 @@ logs, diff, revert and replay. Added to the main app by :func:`register`."""
 import enum
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,6 +45,7 @@ from cairn.protocol.daemon import (
     UpgradeRequest,
 )
 from cairn.protocol.launch import ProfileSpec
+from cairn.terminal import printable, printable_lines
 
 
 class ApplyModeOption(enum.StrEnum):
@@ -204,10 +206,10 @@ def list_runs(
     )
     for r in runs:
         op = r["current_op"]
-        current = f"{op['op_id']} {op['state']}" if op else "-"
-        settled = (r.get("settlement_summary") or {}).get("label", "-")
+        current = printable(f"{op['op_id']} {op['state']}") if op else "-"
+        settled = printable((r.get("settlement_summary") or {}).get("label", "-"))
         typer.echo(
-            f"{r['run_id']:<38} {r['state']:<10} {r['definition']:<22} "
+            f"{r['run_id']:<38} {r['state']:<10} {printable(r['definition']):<22} "
             f"{current:<22} {settled:<24} {_age(r['created_at'])}"
         )
 
@@ -219,14 +221,14 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         emit(data)
         return
     run = data["run"]
-    typer.echo(f"run {run['run_id']}  {run['state']}  {run['definition']}")
-    typer.echo(f"project {run['project']}")
+    typer.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
+    typer.echo(f"project {printable(run['project'])}")
     if run.get("error"):
-        typer.echo(f"error: {run['error']}")
+        typer.echo(f"error: {printable(run['error'])}")
     origin = data.get("replayed_from")
     if origin:
         typer.echo(
-            f"replayed from {origin['run_id']} through {origin['through']} "
+            f"replayed from {origin['run_id']} through {printable(origin['through'])} "
             f"({origin['imported']} operations imported, the rest run fresh)"
         )
     gone = (data.get("storage") or {}).get("deleted", False)
@@ -241,15 +243,16 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     for op in data["operations"]:
         cp = (op.get("checkpoint") or {}).get("s", {})
         typer.echo(
-            f"  {op['op_id']:<10} {op['kind']:<7} {op['state']:<10} "
-            f"attempt {op['attempt']}  {op['location']}"
+            f"  {printable(op['op_id']):<10} {printable(op['kind']):<7} {op['state']:<10} "
+            f"attempt {op['attempt']}  {printable(op['location'])}"
         )
         if op.get("imported_from"):
             source = op["imported_from"]
-            typer.echo(f"             imported from {source['run_id']} {source['op_id']}")
+            typer.echo(f"             imported from {source['run_id']} "
+                       f"{printable(source['op_id'])}")
         elif cp:
             typer.echo(
-                f"             checkpoint {cp.get('path')} "
+                f"             checkpoint {printable(cp.get('path'))} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
             )
         for retry in op.get("retries", []):
@@ -264,12 +267,12 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         mark = "✓" if worklist["complete"] else "●"
         state = "done" if worklist["complete"] else "active"
         typer.echo(
-            f"{mark} {worklist['title']} r{worklist['revision']} · "
+            f"{mark} {printable(worklist['title'])} r{worklist['revision']} · "
             f"{worklist['done']}/{len(worklist['items'])} · {state}"
         )
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
         for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
-            typer.echo(f"  {symbols[item_state]} {item}")
+            typer.echo(f"  {symbols[item_state]} {printable(item)}")
     for facet in data.get("experiments", []):
         for line in experiment_lines(facet):
             typer.echo(line)
@@ -279,33 +282,39 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
         typer.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
     divergence = data.get("divergence")
     if divergence:
-        typer.echo(f"replay diverged at {divergence['op_id']} ({', '.join(divergence['fields'])}):")
+        fields = printable(", ".join(divergence["fields"]))
+        typer.echo(f"replay diverged at {printable(divergence['op_id'])} ({fields}):")
         for label in ("kind", "location", "predecessor", "request"):
             typer.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
             typer.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
     settlement = data.get("settlement")
     if settlement:
         label = (data.get("settlement_summary") or {}).get("label", settlement["status"])
-        typer.echo(f"settlement: {label}")
+        typer.echo(f"settlement: {printable(label)}")
         apply = settlement.get("apply") or {}
         for label in ("applied", "already_applied"):
             if apply.get(label):
-                typer.echo(f"  {label}: {', '.join(apply[label])}")
+                typer.echo(f"  {label}: {', '.join(printable(p) for p in apply[label])}")
         for conflict in apply.get("conflicts", []):
-            typer.echo(f"  conflict: {conflict['path']} ({conflict['reason']})")
+            typer.echo(f"  conflict: {_path_reason(conflict)}")
         for refused in settlement.get("candidate", {}).get("refused", []):
-            typer.echo(f"  refused: {refused['path']} ({refused['reason']})")
+            typer.echo(f"  refused: {_path_reason(refused)}")
     if run.get("output"):
         typer.echo(f"output: {json.dumps(run['output'])}")
     for line in progress_lines(data.get("progress") or {}):
         typer.echo(line)
     if data["units"]:
-        typer.echo("units: " + " ".join(data["units"]))
+        typer.echo("units: " + printable(" ".join(data["units"])))
     latest = data.get("latest_event")
     if latest:
         typer.echo(f"events: {data['events_shown']} (--json lists them); latest "
-                   f"#{latest['cursor']} {latest['event']}"
-                   + (f" {latest['op_id']}" if latest.get("op_id") else ""))
+                   f"#{latest['cursor']} {printable(latest['event'])}"
+                   + (f" {printable(latest['op_id'])}" if latest.get("op_id") else ""))
+
+
+def _path_reason(entry: dict[str, Any]) -> str:
+    """``PATH (REASON)`` of a conflict or a refused path: both may quote an agent's name."""
+    return f"{printable(entry['path'])} ({printable(entry['reason'])})"
 
 
 def _echo_integrity(integrity: dict[str, Any]) -> None:
@@ -316,7 +325,7 @@ def _echo_integrity(integrity: dict[str, Any]) -> None:
     typer.echo(f"integrity: {len(issues)} contradiction(s) in the journal; nothing below is "
                "built on them ('cairn doctor' cross-checks the run)")
     for issue in issues:
-        typer.echo(f"  ! {issue['code']}: {issue['message']}")
+        typer.echo(f"  ! {issue['code']}: {printable(issue['message'])}")
 
 
 def reconcile(
@@ -343,7 +352,7 @@ def reconcile(
         if not isinstance(data, dict):
             fail(f"{result} must hold a JSON object", code=2)
     out = request(ReconcileRequest(run_id=run_id, op_id=op_id, result=data, no_effect=no_effect))
-    typer.echo(f"{out['op_id']} decided; {out['run_id']} resumes")
+    typer.echo(f"{printable(out['op_id'])} decided; {out['run_id']} resumes")
 
 
 def retry(
@@ -353,13 +362,13 @@ def retry(
     """Run an uncertain operation again (its effects may then happen twice)."""
     out = request(RetryRequest(run_id=run_id, op_id=op_id))
     typer.echo(
-        f"{out['op_id']} will be retried on a W restored from "
+        f"{printable(out['op_id'])} will be retried on a W restored from "
         f"{_restore_point(out.get('from_checkpoint'))}; {out['run_id']} resumes"
     )
 
 
 def _restore_point(checkpoint: str | None) -> str:
-    return f"checkpoint {checkpoint}" if checkpoint else "Q (the project as launched)"
+    return f"checkpoint {printable(checkpoint)}" if checkpoint else "Q (the project as launched)"
 
 
 def upgrade(
@@ -388,7 +397,9 @@ def upgrade(
             f"committed operation(s)"
         )
     else:
-        typer.echo(f"{data['run_id']}: diverges at {div['op_id']} ({div['field']})")
+        typer.echo(
+            f"{data['run_id']}: diverges at {printable(div['op_id'])} ({printable(div['field'])})"
+        )
         typer.echo(f"  expected: {json.dumps(div['expected'])}")
         typer.echo(f"  actual:   {json.dumps(div['actual'])}")
     if data.get("upgraded"):
@@ -420,16 +431,16 @@ def doctor(
         emit(data)
     else:
         for check in data["host"]:
-            typer.echo(HostCheck.model_validate(check).line())
+            typer.echo(printable(HostCheck.model_validate(check).line()))
         for run in data["runs"]:
             mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
             typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
             for problem in run["problems"]:
-                typer.echo(f"  - {problem}")
+                typer.echo(f"  - {printable(problem)}")
             for warning in run.get("warnings", []):
-                typer.echo(f"  warning: {warning}")
+                typer.echo(f"  warning: {printable(warning)}")
             for note in run.get("notes", []):
-                typer.echo(f"  note: {note}")
+                typer.echo(f"  note: {printable(note)}")
             if run.get("applied"):
                 counts = run["applied"]
                 typer.echo(
@@ -478,16 +489,21 @@ def diff(
     if json_out:
         emit(data)
         return
-    if patch:
-        typer.echo(data.get("diff", ""), nl=False)
+    if patch and not sys.stdout.isatty():
+        # exact, for 'git apply' or 'patch' (a lone surrogate, never in a real diff, as ?)
+        typer.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
         return
-    typer.echo(f"# {data['run_id']}: {(data.get('summary') or {}).get('label', data['status'])}")
+    if patch:
+        typer.echo(printable_lines(data.get("diff", "")), nl=False)
+        return
+    label = (data.get("summary") or {}).get("label", data["status"])
+    typer.echo(f"# {data['run_id']}: {printable(label)}")
     apply = data.get("apply") or {}
     for conflict in apply.get("conflicts", []):
-        typer.echo(f"# conflict, left untouched: {conflict['path']} ({conflict['reason']})")
+        typer.echo(f"# conflict, left untouched: {_path_reason(conflict)}")
     for refused in data.get("refused", []):
-        typer.echo(f"# refused by policy: {refused['path']} ({refused['reason']})")
-    typer.echo(data.get("diff", ""), nl=False)
+        typer.echo(f"# refused by policy: {_path_reason(refused)}")
+    typer.echo(printable_lines(data.get("diff", "")), nl=False)
 
 
 def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
@@ -499,7 +515,7 @@ def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
     elif data["status"] == "conflict":
         typer.echo(f"{data['run_id']}: not reverted, nothing written")
         for conflict in data["conflicts"]:
-            typer.echo(f"  conflict: {conflict['path']} ({conflict['reason']})")
+            typer.echo(f"  conflict: {_path_reason(conflict)}")
     elif data["applied"]:
         typer.echo(f"{data['run_id']}: reverted {len(data['applied'])} path(s)")
     else:
@@ -527,7 +543,8 @@ def replay(
         emit(data)
         return
     typer.echo(
-        f"{data['run_id']}: replayed from {data['source_run']} through {data['through']} "
+        f"{data['run_id']}: replayed from {data['source_run']} through "
+        f"{printable(data['through'])} "
         f"({len(data['imported'])} operations imported)"
     )
     typer.echo(f"follow it with 'cairn watch {data['run_id']}'")
@@ -538,19 +555,21 @@ def experiment_lines(facet: dict[str, Any]) -> list[str]:
     candidate with its disposition."""
 
     def value(entry: dict[str, Any] | None) -> str:
-        return "-" if not entry else f"{entry['value']:g} ({entry['measurement']})"
+        return "-" if not entry else f"{entry['value']:g} ({printable(entry['measurement'])})"
 
     gain = "-" if facet.get("gain") is None else f"{facet['gain']:+.1%}"
-    guardrails = ", ".join(f"{n} ≤{m:.0%}" for n, m in facet.get("guardrails", {}).items())
+    guardrails = ", ".join(
+        f"{printable(n)} ≤{m:.0%}" for n, m in facet.get("guardrails", {}).items()
+    )
     lines = [
-        f"◆ experiment {facet['scope']} · {facet['metric']} · baseline "
+        f"◆ experiment {printable(facet['scope'])} · {printable(facet['metric'])} · baseline "
         f"{value(facet.get('baseline'))} · best {value(facet.get('best'))} · gain {gain}"
         + (f" · guardrails {guardrails}" if guardrails else "")
     ]
     symbols = {"accepted": "✓", "rejected": "✗", "refused": "!", "pending": "○"}
     for c in facet["candidates"]:
-        reason = f" — {c['reason']}" if c.get("reason") else ""
+        reason = f" — {printable(c['reason'])}" if c.get("reason") else ""
         shown = "-" if c["value"] is None else f"{c['value']:g}"
-        lines.append(f"  {symbols[c['disposition']]} {c['measurement']} {shown} "
+        lines.append(f"  {symbols[c['disposition']]} {printable(c['measurement'])} {shown} "
                      f"{c['disposition']}{reason}")
     return lines

@@ -17,7 +17,7 @@ import typer
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import schedule_candidates
-from cairn.cli.options import DefinitionArg, JsonFlag, emit_or_empty, load_scripted, renamed
+from cairn.cli.options import DefinitionArg, JsonFlag, echo, emit_or_empty, load_scripted, renamed
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -77,23 +77,23 @@ def _check_id(schedule_id: str) -> str:
 
 
 def _print_review(result: dict[str, Any]) -> None:
-    typer.echo(
+    echo(
         f"schedule {result['schedule_id']}  {result['name']}  revision {result['revision']}"
         "  (paused, awaiting confirmation)"
     )
-    typer.echo(f"  definition  {result['definition']}  review {result['review_hash']}")
-    typer.echo(f"  project     {result['project']}")
-    typer.echo(f"  arguments   {json.dumps(result['args'], sort_keys=True)}")
-    typer.echo(f"  calendar    {result['calendar']}  (timezone {result['timezone']})")
-    typer.echo(f"  next        {', '.join(result['next_elapses'])}")
+    echo(f"  definition  {result['definition']}  review {result['review_hash']}")
+    echo(f"  project     {result['project']}")
+    echo(f"  arguments   {json.dumps(result['args'], sort_keys=True)}")
+    echo(f"  calendar    {result['calendar']}  (timezone {result['timezone']})")
+    echo(f"  next        {', '.join(result['next_elapses'])}")
     persistent = "yes" if result["catch_up"] == "once" else "no"
-    typer.echo(f"  catch-up    {result['catch_up']} (Persistent={persistent})")
-    typer.echo(f"  overlap     {result['overlap']}; min spacing {result['min_spacing_sec']}s")
-    typer.echo(f"  lease       at most {result['max_runs']} runs, until {result['valid_until']}")
+    echo(f"  catch-up    {result['catch_up']} (Persistent={persistent})")
+    echo(f"  overlap     {result['overlap']}; min spacing {result['min_spacing_sec']}s")
+    echo(f"  lease       at most {result['max_runs']} runs, until {result['valid_until']}")
     for name, profile in sorted(result["profiles"].items()):
-        typer.echo(f"  profile     {name}: scripted, {len(profile['steps'])} steps")
-    typer.echo("confirm exactly this with:")
-    typer.echo(f"  cairn schedule confirm {result['action']} {result['challenge']}")
+        echo(f"  profile     {name}: scripted, {len(profile['steps'])} steps")
+    echo("confirm exactly this with:")
+    echo(f"  cairn schedule confirm {result['action']} {result['challenge']}")
 
 
 @schedule_app.command("create")
@@ -170,8 +170,8 @@ def confirm(
     if json_out:
         emit(result)
         return
-    typer.echo(f"schedule {result['schedule_id']} revision {result['revision']} confirmed")
-    typer.echo(f"enable it with: cairn schedule resume {result['schedule_id']}")
+    echo(f"schedule {result['schedule_id']} revision {result['revision']} confirmed")
+    echo(f"enable it with: cairn schedule resume {result['schedule_id']}")
 
 
 @schedule_app.command("resume")
@@ -191,10 +191,10 @@ def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     if json_out:
         emit(result)
         return
-    typer.echo(f"schedule {schedule_id} enabled: {timer_name(schedule_id)}")
-    typer.echo(f"next: {', '.join(result['next_elapses'])}")
+    echo(f"schedule {schedule_id} enabled: {timer_name(schedule_id)}")
+    echo(f"next: {', '.join(result['next_elapses'])}")
     if not linger_enabled():
-        typer.echo(f"note: {linger_hint()}", err=True)
+        echo(f"note: {linger_hint()}", err=True)
 
 
 def _stop(
@@ -209,7 +209,7 @@ def _stop(
     if json_out:
         emit(result)
     else:
-        typer.echo(f"schedule {schedule_id} {verb}; runs already created continue")
+        echo(f"schedule {schedule_id} {verb}; runs already created continue")
 
 
 @schedule_app.command("pause")
@@ -232,7 +232,7 @@ def list_(json_out: JsonFlag = False) -> None:
         return
     for v in views:
         status = v["status"] + (" (awaiting confirmation)" if v["awaiting_confirmation"] else "")
-        typer.echo(
+        echo(
             f"{v['schedule_id']} · {v['name']} · {status} · {v['calendar']}"
             f" · {v['runs_used']}/{v['max_runs']} runs until {v['valid_until']}"
         )
@@ -246,30 +246,30 @@ def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     if json_out:
         emit(v)
         return
-    typer.echo(f"schedule {v['schedule_id']}  {v['name']}  {v['status']}")
-    typer.echo(f"  revision    {v['revision']} (confirmed: {v['confirmed_revision'] or '-'})")
+    echo(f"schedule {v['schedule_id']}  {v['name']}  {v['status']}")
+    echo(f"  revision    {v['revision']} (confirmed: {v['confirmed_revision'] or '-'})")
     if v["challenge"]:
-        typer.echo(f"  confirm     cairn schedule confirm {v['challenge']}")
-    typer.echo(f"  definition  {v['definition']}  review {v['review_hash']}")
-    typer.echo(f"  project     {v['project']}")
-    typer.echo(f"  arguments   {json.dumps(v['args'], sort_keys=True)}")
-    typer.echo(f"  calendar    {v['calendar']}  catch-up {v['catch_up']}")
-    typer.echo(f"  overlap     {v['overlap']}; min spacing {v['min_spacing_sec']}s")
-    typer.echo(f"  lease       {v['runs_used']}/{v['max_runs']} runs, until {v['valid_until']}")
+        echo(f"  confirm     cairn schedule confirm {v['challenge']}")
+    echo(f"  definition  {v['definition']}  review {v['review_hash']}")
+    echo(f"  project     {v['project']}")
+    echo(f"  arguments   {json.dumps(v['args'], sort_keys=True)}")
+    echo(f"  calendar    {v['calendar']}  catch-up {v['catch_up']}")
+    echo(f"  overlap     {v['overlap']}; min spacing {v['min_spacing_sec']}s")
+    echo(f"  lease       {v['runs_used']}/{v['max_runs']} runs, until {v['valid_until']}")
     if v["next_elapses"]:
-        typer.echo(f"  next        {', '.join(v['next_elapses'])}")
+        echo(f"  next        {', '.join(v['next_elapses'])}")
     if v["blocked_reason"]:
-        typer.echo(f"  blocked     {v['blocked_reason']}")
-    typer.echo(f"  timer       {v['timer_unit']}")
-    typer.echo("occurrences:")
+        echo(f"  blocked     {v['blocked_reason']}")
+    echo(f"  timer       {v['timer_unit']}")
+    echo("occurrences:")
     for o in v["occurrences"]:
         run_part = f"  {o['run_id']} {o['run_state'] or ''}" if o["run_id"] else ""
-        typer.echo(
+        echo(
             f"  {o['at']}  {o['trigger']:<8} r{o['revision']}  {o['state']:<13}"
             f" {o['reason']}{run_part}"
         )
     if v["occurrences_omitted"]:
-        typer.echo("  (older occurrences omitted)")
+        echo("  (older occurrences omitted)")
 
 
 def _admit(
@@ -286,16 +286,16 @@ def _admit(
         try:
             fd: int | None = _open_project(current["project"])
         except UsageError as exc:
-            typer.echo(f"cairn: {exc.message}", err=True)
+            echo(f"cairn: {exc.message}", err=True)
             fd = None
         try:
             result: dict[str, Any] = request(
                 kind(schedule_id=schedule_id, occurrence=occurrence),
                 fd=fd,
                 expect=Expected(
-                    schedule_id=current["schedule_id"],
-                    project=current["project"],
-                    definition=current["definition"],
+                    schedule_id=schedule_id,
+                    project=current.get("project"),
+                    definition=current.get("definition"),
                 ),
             )
         finally:
@@ -304,7 +304,7 @@ def _admit(
         if result["outcome"] != "queued" or not wait:
             return result
         if occurrence is None:
-            typer.echo(f"{schedule_id} {result['key']}: queued: {result['reason']}")
+            echo(f"{schedule_id} {result['key']}: queued: {result['reason']}")
         occurrence = result["key"]
         time.sleep(QUEUE_POLL_SEC)
 
@@ -322,7 +322,7 @@ def fire(schedule_id: IdArg) -> None:
     """Run by cairn-schedule@ID.service when the timer elapses: ask for one occurrence."""
     _check_id(schedule_id)
     result = _admit(ScheduleFireRequest, schedule_id)
-    typer.echo(_report(result))
+    echo(_report(result))
     if result["outcome"] == "launch-failed":
         raise typer.Exit(1)
 
@@ -335,7 +335,7 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     if json_out:
         emit(result)
     elif result["outcome"] == "launched":
-        typer.echo(result["run_id"])
+        echo(result["run_id"])
     if result["outcome"] != "launched":
         fail(f"run-now {result['outcome']}: {result['reason']}")
 
@@ -347,7 +347,7 @@ def inbox(json_out: JsonFlag = False) -> None:
     if emit_or_empty(items, json_out, empty="inbox empty"):
         return
     for item in items:
-        typer.echo(
+        echo(
             f"{item['at']}  {item['name']} ({item['schedule_id']})  {item['kind']}: "
             f"{item['message']}"
         )
@@ -417,17 +417,17 @@ def doctor(json_out: JsonFlag = False) -> None:
     if json_out:
         emit(report)
     else:
-        typer.echo(f"linger: {'enabled' if report['linger'] else 'NOT enabled'}")
+        echo(f"linger: {'enabled' if report['linger'] else 'NOT enabled'}")
         for s in report["schedules"]:
-            typer.echo(
+            echo(
                 f"{s['schedule_id']} · {s['name']} · {s['status']} · timer "
                 f"{'present' if s['timer_present'] else 'absent'}, {s['enabled']}, {s['active']}"
                 f" · last {s['last_trigger'] or '-'} · next {s['next_elapse'] or '-'}"
             )
         for problem in report["problems"]:
-            typer.echo(f"problem: {problem}")
+            echo(f"problem: {problem}")
         if report["problems"]:
-            typer.echo("repair with: cairn schedule repair")
+            echo("repair with: cairn schedule repair")
     if report["problems"]:
         raise typer.Exit(1)
 
@@ -438,18 +438,18 @@ def repair() -> None:
     cairn-schedule-reconcile.service); retry queued occurrences once."""
     result = request(ScheduleReconcileRequest())
     for line in apply_timers(result["schedules"]):
-        typer.echo(line)
+        echo(line)
     if result["repaired"]:
-        typer.echo(f"repaired {result['repaired']} half-prepared occurrence(s)")
+        echo(f"repaired {result['repaired']} half-prepared occurrence(s)")
     for queued in result["queued"]:
         try:
             retried = _admit(
                 ScheduleFireRequest, queued["schedule_id"], occurrence=queued["key"], wait=False
             )
         except CairnError as exc:
-            typer.echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
+            echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
             continue
-        typer.echo(_report(retried))
+        echo(_report(retried))
 
 
 # The names of an earlier release, hidden; each says what it is called now.

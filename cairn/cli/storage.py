@@ -13,7 +13,7 @@ import typer
 
 from cairn import paths
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, RunArg, add_commands, check_run_ref
+from cairn.cli.options import JsonFlag, RunArg, add_commands, check_run_ref, echo
 from cairn.protocol.daemon import (
     RUN_REF_HELP,
     CheckpointsRequest,
@@ -48,7 +48,7 @@ def storage_init(
         fail("storage init needs root", hint="run it with sudo", code=2)
     mountpoint = paths.pool_dir()
     _pool, unit = init_loop_storage(image, loop, mountpoint)
-    typer.echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
+    echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
 
 
 def human(size: int | None) -> str:
@@ -85,18 +85,18 @@ def storage_df(
         emit(data)
         return
     pool = data["pool"]
-    typer.echo(
+    echo(
         f"pool {pool['root']}: size {human(pool['size'])}, used {human(pool['used'])}, "
         f"free {human(pool['free'])}, reserve {human(pool['reserve'])}"
     )
     if not pool["quotas"]:
-        typer.echo("exclusive bytes per run: unknown (Btrfs quotas are off on this pool)")
+        echo("exclusive bytes per run: unknown (Btrfs quotas are off on this pool)")
     if not data["runs"]:
-        typer.echo("no runs hold storage")
+        echo("no runs hold storage")
         return
-    typer.echo(f"{'RUN':<38} {'STATE':<10} {'UPDATED':<10} {'EXCLUSIVE':<11} KEPT BECAUSE")
+    echo(f"{'RUN':<38} {'STATE':<10} {'UPDATED':<10} {'EXCLUSIVE':<11} KEPT BECAUSE")
     for run in data["runs"]:
-        typer.echo(
+        echo(
             f"{run['run_id']:<38} {run['state']:<10} {_ago(run['finished_at']):<10} "
             f"{human(run['exclusive']):<11} {run['held'] or '-'}"
         )
@@ -122,9 +122,9 @@ def rm(
         return
     for run in done:
         if run["already_gone"]:
-            typer.echo(f"{run['run_id']}: storage already gone")
+            echo(f"{run['run_id']}: storage already gone")
         else:
-            typer.echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
+            echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
 
 
 def prune(
@@ -154,15 +154,15 @@ def prune(
 def _print_prune(data: dict[str, Any]) -> None:
     rule = data["rule"]
     if rule["older_than"] is None and rule["keep"] is None:
-        typer.echo("the rule deletes nothing (no keep_days or keep_per_user)")
+        echo("the rule deletes nothing (no keep_days or keep_per_user)")
     if data["dry_run"]:
         for run in data["delete"]:
-            typer.echo(f"would delete {run['run_id']}: {run['reason']}")
+            echo(f"would delete {run['run_id']}: {run['reason']}")
     for run in data["deleted"]:
-        typer.echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
+        echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
     for run in data["failed"]:
-        typer.echo(f"not deleted {run['run_id']}: {run['error']}")
-    typer.echo(f"{len(data['kept'])} run(s) with storage kept")
+        echo(f"not deleted {run['run_id']}: {run['error']}")
+    echo(f"{len(data['kept'])} run(s) with storage kept")
 
 
 def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
@@ -175,17 +175,17 @@ def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
         return
     storage = data["storage"]
     if storage["deleted"]:
-        typer.echo(
+        echo(
             f"{data['run_id']}: storage deleted {_ago(storage['deleted_at'])}; "
             "the checkpoints below are the journal's record"
         )
     if not data["checkpoints"]:
-        typer.echo(f"{data['run_id']}: no checkpoints")
+        echo(f"{data['run_id']}: no checkpoints")
         return
-    typer.echo(f"{'OPERATION':<12} {'KIND':<8} {'SCOPE':<10} {'TAKEN':<10} {'EXCLUSIVE':<11} PATH")
+    echo(f"{'OPERATION':<12} {'KIND':<8} {'SCOPE':<10} {'TAKEN':<10} {'EXCLUSIVE':<11} PATH")
     for cp in data["checkpoints"]:
         size = "deleted" if cp["deleted"] else human(cp["exclusive"])
-        typer.echo(
+        echo(
             f"{cp['op_id']:<12} {cp['kind'] or '-':<8} {cp['scope'] or '-':<10} "
             f"{_ago(cp['at']):<10} {size:<11} {cp['path']}"
             + (" (reminted)" if cp.get("reminted") else "")

@@ -7,6 +7,8 @@ import datetime
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from cairn.terminal import printable
+
 BAR_WIDTH = 30
 UNITS = {"import": "entries", "apply": "paths"}
 
@@ -29,9 +31,9 @@ def _fraction(data: dict[str, Any]) -> float | None:
 
 def progress_text(data: dict[str, Any]) -> str:
     """``import 41200/100000 entries (41%), 12.0 MiB/40.0 MiB``."""
-    phase = str(data.get("phase", "?"))
-    done, total = data.get("done", 0), data.get("total")
-    text = f"{phase} {done}" + (f"/{total}" if total is not None else "")
+    phase = printable(data.get("phase", "?"))
+    done, total = printable(data.get("done", 0)), data.get("total")
+    text = f"{phase} {done}" + (f"/{printable(total)}" if total is not None else "")
     text += f" {UNITS.get(phase, 'items')}"
     fraction = _fraction(data)
     if fraction is not None:
@@ -46,12 +48,6 @@ def progress_bar(data: dict[str, Any], width: int = BAR_WIDTH) -> str:
     fraction = _fraction(data) or 0.0
     filled = int(fraction * width)
     return f"[{'#' * filled}{'.' * (width - filled)}] {progress_text(data)}"
-
-
-def printable(text: object) -> str:
-    """``text`` with control characters (a terminal's escape sequences) shown as ``?``:
-    an agent wrote it."""
-    return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
 def clock(at: float) -> str:
@@ -81,7 +77,7 @@ class EventPrinter:
             dropped = event["data"].get("dropped")
             more = f" ({dropped} notes dropped so far)" if dropped else ""
             text = printable(event["data"].get("text"))
-            line = f"{clock(event['at'])} note {event.get('op_id')}: {text}"
+            line = f"{clock(event['at'])} note {printable(event.get('op_id'))}: {text}"
             line += more
         else:
             line = self.render(event)

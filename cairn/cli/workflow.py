@@ -15,6 +15,7 @@ import typer
 from cairn.cli.client import emit, fail
 from cairn.cli.options import JsonFlag, emit_or_empty
 from cairn.errors import UsageError
+from cairn.terminal import printable, printable_lines
 
 workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
 
@@ -68,7 +69,7 @@ def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
     if json_out:
         emit(review.model_dump(mode="json"))
     else:
-        typer.echo(render_review(review))
+        typer.echo(printable_lines(render_review(review)))
 
 
 @workflow_app.command("install")
@@ -110,7 +111,9 @@ def workflow_list(json_out: JsonFlag = False) -> None:
             )
             if part
         )
-        typer.echo(f"{row['definition']:<{width}}  {row['review_hash'] or '-':<71}  {extra}")
+        typer.echo(printable(
+            f"{row['definition']:<{width}}  {row['review_hash'] or '-':<71}  {extra}"
+        ))
 
 
 @workflow_app.command("show")
@@ -127,12 +130,12 @@ def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
         emit({**record.model_dump(mode="json"), "review": review.model_dump(mode="json")})
         return
     typer.echo(f"definition    user:{record.name}")
-    typer.echo(f"installed     {_when(record.installed_at)} by {record.installed_by}")
-    typer.echo(f"from          {record.installed_from}")
-    typer.echo(render_review(review))
+    typer.echo(f"installed     {_when(record.installed_at)} by {printable(record.installed_by)}")
+    typer.echo(f"from          {printable(record.installed_from)}")
+    typer.echo(printable_lines(render_review(review)))
     typer.echo("source")
     for line in record.source.splitlines():
-        typer.echo(f"  {line}")
+        typer.echo(f"  {printable(line, tabs=True)}")
 
 
 @workflow_app.command("diff")
@@ -144,17 +147,17 @@ def workflow_diff(definition: str, file: Path) -> None:
     record = user.installed(_user_name(definition), purpose="compared")
     new_hash, lines = user.manifest_diff(record, file)
     if new_hash == record.review_hash:
-        typer.echo(f"no change: {file} is user:{record.name} as installed ({new_hash})")
+        typer.echo(printable(f"no change: {file} is user:{record.name} as installed ({new_hash})"))
         return
     typer.echo(f"review hash   {record.review_hash} -> {new_hash}")
     if not lines:
         typer.echo("manifest unchanged; only the source differs")
     for line in lines:
-        typer.echo(line)
-    typer.echo(
+        typer.echo(printable(line, tabs=True))
+    typer.echo(printable(
         f"to install it: cairn workflow install {file} --name {record.name} --replace "
         f"--confirm {new_hash}"
-    )
+    ))
 
 
 @workflow_app.command("remove")

@@ -40,6 +40,7 @@ from cairn.protocol.mcp import (
     notification_line,
     response_line,
 )
+from cairn.terminal import printable
 from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ class ProtocolError(Exception):
 
 
 def one_line(exc: CairnError) -> str:
-    return exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+    """An error as one line of text a harness may show as it is: it may quote a name an
+    agent chose, so every control character is escaped."""
+    return printable(exc.message + (f" (hint: {exc.hint})" if exc.hint else ""))
 
 
 class Server:
@@ -134,7 +137,8 @@ class Server:
         self.write(response_line(message.id, result))
 
     def _error(self, request_id: RequestId | None, code: int, text: str) -> None:
-        self.write(response_line(request_id, error=ErrorObject(code=code, message=text)))
+        message = printable(text)
+        self.write(response_line(request_id, error=ErrorObject(code=code, message=message)))
 
     def _initialize(self, params: dict[str, Any]) -> InitializeResult:
         asked = InitializeParams.model_validate(params)
@@ -167,7 +171,9 @@ class Server:
             return None
 
         def report(progress: float, message: str) -> None:
-            params = ProgressParams(progress_token=token, progress=progress, message=message)
+            params = ProgressParams(
+                progress_token=token, progress=progress, message=printable(message)
+            )
             self.write(notification_line("notifications/progress", params))
 
         return report
@@ -208,6 +214,7 @@ class Server:
             self._error(request_id, INTERNAL_ERROR, f"{call.name} failed; see the server's log")
             return
         else:
+            # json.dumps escapes every control character: the text is safe to print
             text = json.dumps(data, indent=2, sort_keys=True)
             result = CallToolResult(content=[TextContent(text=text)], structured_content=data)
         if not cancel.is_set():
@@ -215,5 +222,6 @@ class Server:
 
 
 def failed(text: str) -> CallToolResult:
-    """A tool's refusal, for the model to read (not a protocol error)."""
-    return CallToolResult(content=[TextContent(text=text)], is_error=True)
+    """A tool's refusal, for the model to read (not a protocol error); one line, every
+    control character escaped (a harness may print it)."""
+    return CallToolResult(content=[TextContent(text=printable(text))], is_error=True)

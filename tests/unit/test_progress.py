@@ -204,7 +204,7 @@ def test_watch_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     lines = plain.getvalue().splitlines()
     assert "\r" not in plain.getvalue() and len(lines) == 4
     assert lines[0].endswith("progress import 1/4 entries (25%)")
-    assert lines[2].endswith("note op_1: reading ?[2Jsrc")  # no escape reaches the terminal
+    assert lines[2].endswith("note op_1: reading \\x1b[2Jsrc")  # shown escaped, as text
     assert lines[3] == "done"
 
 
