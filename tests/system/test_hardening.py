@@ -311,6 +311,12 @@ def test_the_notifiers_sandbox_is_in_force(machine: Machine) -> None:
     machine.exec(["tee", f"{hooks}/noop"], user="alice", input=b"#!/bin/sh\nexit 0\n")
     machine.exec(["chmod", "0755", f"{hooks}/noop"], user="alice")
     pid = _notifier_pid(machine)
+    cursor = "/home/alice/.local/state/cairn/notify-cursor"
+    deadline = time.monotonic() + 60
+    while machine.exec(["test", "-e", cursor], check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the notifier wrote no {cursor}")
+        time.sleep(0.5)
 
     status = dict(
         line.split(":\t", 1)
@@ -329,7 +335,7 @@ def test_the_notifiers_sandbox_is_in_force(machine: Machine) -> None:
         probe = machine.exec(["nsenter", "-t", str(pid), "-m", "test", "-e", path], check=False)
         return probe.returncode == 0
 
-    assert visible(f"{hooks}/noop") and visible("/home/alice/.local/state/cairn/notify-cursor")
+    assert visible(f"{hooks}/noop") and visible(cursor)
     assert visible(f"/run/user/{ALICE_UID}/bus") and visible("/run/cairn/cairnd.sock")
     for hidden in (
         "/home/alice/.config/cairn/definitions/private",
