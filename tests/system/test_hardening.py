@@ -1,6 +1,10 @@
 """Exposure scores of every unit Cairn ships or starts, from ``systemd-analyze security
 --offline=yes`` (systemd 257) inside a throwaway machine, against fixed targets.
 
+User units (units/user/) are scored by alice's running manager (``systemd-analyze
+security --user``, which needs it), and the notifier's sandbox is looked at from the
+outside, for what the score cannot show: that it is in force.
+
 Shipped units are scored as installed by the package. Transient units have no file, so
 their property lists (``cairn.unitprops``) are converted into an equivalent unit file
 first; the converter refuses a property it does not know, so a new property in
@@ -12,6 +16,7 @@ from __future__ import annotations
 import errno
 import re
 import shlex
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -37,6 +42,15 @@ SHIPPED_TARGETS = {
     # Root, so cairnd prunes every user's runs; it only talks to cairnd's socket.
     "cairn-retention.service": 1.0,
 }
+# The user's own services (units/user/), run by the user's manager. Every service there
+# must have a target here.
+USER_TARGETS = {
+    "cairn-notify.service": 2.0,
+    "cairn-schedule@.service": 2.0,
+    "cairn-schedule-reconcile.service": 2.0,
+}
+USER_UNITS = Path(__file__).resolve().parents[2] / "units" / "user"
+ALICE_UID = 1001
 TRANSIENT_TARGETS = {
     # The agent's score as of the sandbox issue: it may get better, never worse.
     "cairn-agent.service": 0.8,
@@ -195,10 +209,20 @@ def machine(deb: Path) -> Iterator[Machine]:
 def exposure(machine: Machine, path: str) -> tuple[float, str]:
     """The overall exposure score of a unit file inside the machine, and the report."""
     proc = machine.exec(["systemd-analyze", "security", "--offline=yes", path], check=False)
-    report = (proc.stdout + proc.stderr).decode(errors="replace")
+    return _score(path, (proc.stdout + proc.stderr).decode(errors="replace"))
+
+
+def user_exposure(machine: Machine, unit: str) -> tuple[float, str]:
+    """The exposure score of a unit of alice's running manager, and the report."""
+    argv = ["systemd-analyze", "security", "--user", "--no-pager", unit]
+    proc = machine.exec(argv, user="alice", check=False)
+    return _score(unit, (proc.stdout + proc.stderr).decode(errors="replace"))
+
+
+def _score(unit: str, report: str) -> tuple[float, str]:
     match = SCORE_RE.search(report)
     if match is None:
-        pytest.fail(f"systemd-analyze security printed no score for {path}:\n{report}")
+        pytest.fail(f"systemd-analyze security printed no score for {unit}:\n{report}")
     return float(match.group(1)), report
 
 
@@ -238,3 +262,91 @@ def test_transient_unit_property_sets_meet_exposure_targets(machine: Machine) ->
         print(f"  {name:32} {scores[name]:.1f}  (<= {target})")
     over = {n: s for n, s in scores.items() if s > TRANSIENT_TARGETS[n]}
     assert not over, "\n\n".join(f"{n}: {s}\n{failing_checks(reports[n])}" for n, s in over.items())
+
+
+def test_every_user_service_has_a_target() -> None:
+    assert sorted(p.name for p in USER_UNITS.glob("*.service")) == sorted(USER_TARGETS)
+
+
+def test_user_units_meet_exposure_targets(machine: Machine) -> None:
+    machine.enable_user_manager("alice")
+    scores: dict[str, float] = {}
+    reports: dict[str, str] = {}
+    for unit in USER_TARGETS:
+        instance = unit.replace("@.", "@000000000000.")  # a template is scored as an instance
+        scores[unit], reports[unit] = user_exposure(machine, instance)
+    print("\nexposure of user units, systemd-analyze security --user (target in parentheses):")
+    for unit, target in USER_TARGETS.items():
+        print(f"  {unit:32} {scores[unit]:.1f}  (<= {target})")
+    over = {u: s for u, s in scores.items() if s > USER_TARGETS[u]}
+    assert not over, "\n\n".join(f"{u}: {s}\n{failing_checks(reports[u])}" for u, s in over.items())
+
+
+def _notifier_pid(machine: Machine) -> int:
+    deadline = time.monotonic() + 60
+    while True:
+        out = machine.exec(
+            ["systemctl", "--user", "show", "-p", "MainPID", "--value", "cairn-notify.service"],
+            user="alice", check=False,
+        ).stdout.decode().strip()  # fmt: skip
+        if out.isdigit() and int(out) > 0:
+            return int(out)
+        if time.monotonic() > deadline:
+            pytest.fail("cairn-notify.service did not start for alice's hook")
+        time.sleep(0.5)
+
+
+def test_the_notifiers_sandbox_is_in_force(machine: Machine) -> None:
+    """What the score takes on trust, seen in the running notifier: no capabilities, no
+    new privileges, a syscall filter, a user namespace that maps only alice, only ``lo``,
+    and a view of the homes with nothing but notify.d, its own state and alice's bus."""
+    machine.enable_user_manager("alice")
+    hooks = "/home/alice/.config/cairn/notify.d"
+    machine.exec(["mkdir", "-p", hooks, "/home/alice/.config/cairn/definitions"], user="alice")
+    machine.exec(
+        ["tee", "/home/alice/.config/cairn/definitions/private"],
+        user="alice",
+        input=b"not the notifier's business\n",
+    )
+    machine.exec(["tee", f"{hooks}/noop"], user="alice", input=b"#!/bin/sh\nexit 0\n")
+    machine.exec(["chmod", "0755", f"{hooks}/noop"], user="alice")
+    pid = _notifier_pid(machine)
+    cursor = "/home/alice/.local/state/cairn/notify-cursor"
+    deadline = time.monotonic() + 60
+    while machine.exec(["test", "-e", cursor], check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the notifier wrote no {cursor}")
+        time.sleep(0.5)
+
+    status = dict(
+        line.split(":\t", 1)
+        for line in machine.exec(["cat", f"/proc/{pid}/status"]).stdout.decode().splitlines()
+        if ":\t" in line
+    )
+    assert status["Uid"].split() == [str(ALICE_UID)] * 4
+    assert int(status["CapBnd"], 16) == 0 and int(status["CapEff"], 16) == 0
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+    uid_map = machine.exec(["cat", f"/proc/{pid}/uid_map"]).stdout.decode().split()
+    assert uid_map == [str(ALICE_UID), str(ALICE_UID), "1"]
+    links = machine.exec(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"]).stdout.decode()
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"]
+
+    def visible(path: str) -> bool:
+        probe = machine.exec(["nsenter", "-t", str(pid), "-m", "test", "-e", path], check=False)
+        return probe.returncode == 0
+
+    assert visible(f"{hooks}/noop") and visible(cursor)
+    assert visible(f"/run/user/{ALICE_UID}/bus") and visible("/run/cairn/cairnd.sock")
+    for hidden in (
+        "/home/alice/.config/cairn/definitions/private",
+        "/home/bob/.bashrc",
+        "/home/alice/.bashrc",
+        f"/run/user/{ALICE_UID}/systemd",
+        "/root/.bashrc",
+    ):
+        assert not visible(hidden), f"{hidden} is visible to the notifier"
+    writable = machine.exec(
+        ["nsenter", "-t", str(pid), "-m", "findmnt", "-rno", "TARGET,OPTIONS", "-T",
+         f"{hooks}"],
+    ).stdout.decode()  # fmt: skip
+    assert writable.split()[1].startswith("ro,"), writable

@@ -1,7 +1,9 @@
 """Progress and notifications in a booted machine (issue 15): ``cairn watch`` follows the
 import of a 100,000-file project at least once a second, and a hook in alice's
 ``~/.config/cairn/notify.d`` is run by her own user manager, as alice, with ``waiting``
-for a run that asks (and ``succeeded`` once she answered), while an unsafe hook is not.
+for a run that asks (and ``succeeded`` once she answered), while an unsafe hook is not;
+the hook is outside the notifier's sandbox: it writes under ``~/.local/state`` and talks to
+a server on loopback, as a user's notification script does.
 
 Needs a package that installs units/user/ (cairn-notify.path enabled for every user
 manager).
@@ -53,12 +55,29 @@ PAINT = {"steps": [{"action": "write", "path": "colour.txt", "content": "{prompt
 WRITE = {"steps": [{"action": "write", "path": "done.txt", "content": "{prompt}\n"}],
          "output": {"summary": "{prompt}"}, "handoff": "done"}
 HOOKS = "/home/alice/.config/cairn/notify.d"
-# Records the event, who ran it and under which unit.
+# Records the event, who ran it and under which unit; then what a notification script
+# does, outside the notifier's sandbox: state in ~/.local/state, a message over loopback.
 RECORD = """#!/bin/sh
 set -eu
 out=/home/alice/notified-$CAIRN_NOTIFY_EVENT-$CAIRN_RUN
 cat > "$out.json"
 { id -u; cat /proc/self/cgroup; } > "$out.who"
+mkdir -p /home/alice/.local/state/hooks
+echo "$CAIRN_NOTIFY_EVENT $CAIRN_RUN" >> /home/alice/.local/state/hooks/seen
+python3 -c 'import socket, sys
+socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10).sendall(sys.argv[2].encode())
+' "$(cat /home/alice/listener-port)" "$CAIRN_NOTIFY_EVENT $CAIRN_RUN"
+"""
+# A server on loopback (alice's, outside her user manager) that keeps what it is sent.
+LISTENER = """import os, socket
+server = socket.create_server(("127.0.0.1", 0))
+with open("/home/alice/listener-port.new", "w") as f:
+    f.write(str(server.getsockname()[1]))
+os.rename("/home/alice/listener-port.new", "/home/alice/listener-port")
+while True:
+    conn, _ = server.accept()
+    with conn, open("/home/alice/listener-got", "ab") as got:
+        got.write(conn.recv(4096) + b"\\n")
 """
 UNSAFE = """#!/bin/sh
 touch /home/alice/unsafe-hook-ran
@@ -114,6 +133,8 @@ def read(machine: Machine, path: str) -> str | None:
 
 
 def test_a_hook_receives_waiting_for_an_ask_as_the_user(machine: Machine) -> None:
+    machine.exec(["systemd-run", "--unit=test-listener", "--uid=alice", "python3", "-c", LISTENER])
+    wait_until("the loopback listener", lambda: read(machine, "/home/alice/listener-port"))
     machine.exec(["mkdir", "-p", HOOKS], user="alice")
     machine.exec(["tee", f"{HOOKS}/record"], user="alice", input=RECORD.encode())
     machine.exec(["chmod", "0755", f"{HOOKS}/record"], user="alice")
@@ -151,6 +172,12 @@ def test_a_hook_receives_waiting_for_an_ask_as_the_user(machine: Machine) -> Non
     uid, cgroup = who.split("\n", 1)
     assert int(uid) == ALICE_UID  # never root, never another user
     assert f"/user@{ALICE_UID}.service/" in cgroup and "cairn-notify-" in cgroup
+
+    # the hook kept state and reached the loopback server
+    wait_until("the hook's state", lambda: f"waiting {run_id}" in (
+        read(machine, "/home/alice/.local/state/hooks/seen") or ""))
+    wait_until("the hook's message over loopback", lambda: f"waiting {run_id}" in (
+        read(machine, "/home/alice/listener-got") or ""))
 
     challenge = item["command"].split("--challenge ")[1].split()[0]
     cairn(machine, "answer", run_id, "--challenge", challenge, '{"colour": "red"}')
