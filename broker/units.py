@@ -34,7 +34,13 @@ from cairn.protocol.broker import (
     AgentStopped,
     CheckResult,
 )
-from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
+from cairn.protocol.launch import (
+    PROFILE_SHA256_ENV,
+    EvaluatorSpec,
+    LaunchDescription,
+    ProfileSpec,
+    VerifierSpec,
+)
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
 from cairn.protocol.settlement import AppliedCheck, ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
@@ -83,17 +89,30 @@ def _owned_subdir(parent: Path, name: str, desc: LaunchDescription) -> Path:
     return path
 
 
-def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
-    """The network mode the run's review gave the operation's agent descriptor."""
+def _review_entry(desc: LaunchDescription, descriptor: object, key: str) -> object:
     agents = desc.review.get("agents")
     entry = (
         agents.get(descriptor) if isinstance(agents, dict) and isinstance(descriptor, str) else None
     )
-    network = entry.get("network") if isinstance(entry, dict) else None
+    return entry.get(key) if isinstance(entry, dict) else None
+
+
+def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
+    """The network mode the run's review gave the operation's agent descriptor."""
+    network = _review_entry(desc, descriptor, "network")
     for mode in NETWORK_MODES:
         if network == mode:
             return mode
     raise BrokerRefused(f"agent descriptor {descriptor!r} is not in the run's review")
+
+
+def agent_profile(desc: LaunchDescription, descriptor: object) -> ProfileSpec:
+    """The frozen profile the run's review gave the operation's agent descriptor."""
+    name = _review_entry(desc, descriptor, "profile")
+    profile = desc.profiles.get(name) if isinstance(name, str) else None
+    if profile is None:
+        raise BrokerRefused(f"agent descriptor {descriptor!r} has no profile frozen at launch")
+    return profile
 
 
 def run_allowlist(desc: LaunchDescription) -> list[str]:
@@ -168,8 +187,11 @@ def start_agent(
     workspace: Path,
     checkpoints: dict[str, Path],
     scratch: Path,
+    *,
+    profile_sha256: str,
 ) -> AgentStarted:
-    """Start one agent attempt as the run owner inside its mount namespace.
+    """Start one agent attempt as the run owner inside its mount namespace. The worker
+    runs only a profile that hashes to ``profile_sha256`` (root's, in its environment).
 
     If the attempt's unit already exists (the broker died after starting it, before its
     receipt was stored), it is adopted rather than started twice.
@@ -190,7 +212,7 @@ def start_agent(
     incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
-    environment = _failpoint_env()
+    environment = {**_failpoint_env(), PROFILE_SHA256_ENV: profile_sha256}
     join_unit = None
     if network == "allowlist":
         join_unit = ensure_proxy(desc)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cairn import paths, storage
-from cairn.broker import pins, spare, units
+from cairn.broker import hostfiles, pins, spare, units
 from cairn.broker.pins import Attestation
 from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.broker.remint import remint_q
@@ -453,14 +453,18 @@ def start_agent(ctx: Context) -> AgentStarted:
     workspace = w / ctx.subpath() if ctx.subpath() else w
     checkpoints = {op: pool.checkpoint_path(ctx.run_id, op) for op in ctx.checkpoints()}
     op = ctx.journal.get_op_by_id(ctx.run_id, op_id)
+    descriptor = op.request.get("descriptor")
+    profile = units.agent_profile(ctx.desc, descriptor)
+    hostfiles.check_profile(profile)
     return units.start_agent(
         ctx.desc,
         op_id,
-        units.agent_network(ctx.desc, op.request.get("descriptor")),
+        units.agent_network(ctx.desc, descriptor),
         ctx.intent.attempt,
         workspace,
         checkpoints,
         pool.run_dir(ctx.run_id) / "scratch" / op_id,
+        profile_sha256=profile.sha256(),
     )
 
 
@@ -548,6 +552,7 @@ def verify_proposal(ctx: Context) -> ProposalVerified:
     workspace = pool.run_dir(ctx.run_id) / "verify"
     checks: list[CheckResult] = []
     for verifier in ctx.desc.verifiers:
+        hostfiles.check_verifier(verifier)
         if storage.is_subvolume(workspace):  # left by a crash: a check may have changed it
             pool.delete(workspace, pool.receipt(workspace))
         made = pool.snapshot(f, workspace, read_only=False)
@@ -579,6 +584,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
     evaluator = next((e for e in ctx.desc.evaluators if e.name == named), None)
     if evaluator is None:
         raise BrokerRefused(f"{op.op_id}: evaluator {named!r} was not frozen at launch")
+    hostfiles.check_evaluator(evaluator)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     pool.verify(w, w_receipt(ctx))

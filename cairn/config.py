@@ -16,6 +16,7 @@ file name, or reach cairnd's socket as an internal error.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from collections.abc import Sequence
@@ -102,6 +103,9 @@ class Problems:
 
     def __init__(self) -> None:
         self.items: list[Problem] = []
+        # "sha256:<hex>" of the bytes of every file read, as read: what a launch freezes
+        # so root can re-read the same file (broker/hostfiles.py).
+        self.read_sha256: dict[Path, str] = {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -119,6 +123,7 @@ class Problems:
             self.add(file, "", f"cannot be read: {exc.strerror}",
                      "make it readable by the user cairn, as which Cairn's services read it")
             return None
+        self.read_sha256[file] = "sha256:" + hashlib.sha256(raw).hexdigest()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

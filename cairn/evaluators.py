@@ -92,7 +92,7 @@ def frozen_evaluators(
             environment=config.environment,
             warmups=config.warmups,
             samples=config.samples,
-            config_sha256=config.config_sha256(),
+            config_sha256=problems.read_sha256[evaluators_dir() / f"{name}.toml"],
         ))
     return specs
 

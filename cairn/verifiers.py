@@ -25,7 +25,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cairn import paths
-from cairn.canonical import canonical_json, sha256_hex
 from cairn.config import Problems
 from cairn.protocol.base import VERIFIER_NAME_RE
 from cairn.protocol.launch import VerifierSpec
@@ -80,10 +79,6 @@ class CommandConfig(BaseModel):
                 raise ValueError(f"invalid environment variable {name!r}")
         return env
 
-    def config_sha256(self) -> str:
-        """The hash of the whole file's settings (recorded where the command ran)."""
-        return sha256_hex(canonical_json(self.model_dump(mode="json")))
-
 
 class VerifierConfig(CommandConfig):
     """One ``verifiers.d/NAME.toml``."""
@@ -129,7 +124,7 @@ def matching_verifiers(project: str, definition: str, problems: Problems) -> lis
             argv=config.argv,
             timeout_sec=config.timeout_sec,
             environment=config.environment,
-            config_sha256=config.config_sha256(),
+            config_sha256=problems.read_sha256[verifiers_dir() / f"{name}.toml"],
         )
         for name, config in load_verifiers(problems).items()
         if config.applies_to(project, definition)

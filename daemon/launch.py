@@ -182,7 +182,9 @@ def resolve_profiles(
         if data is not None:
             checked = check_profile(found, file, data, name)
             if checked is not None:
-                read[name] = checked
+                read[name] = checked.model_copy(
+                    update={"config_sha256": found.read_sha256.get(file, "")}
+                )
     found.check()
     resolved: dict[str, ProfileSpec] = {}
     for name, profile in read.items():

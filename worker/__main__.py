@@ -20,6 +20,7 @@ from cairn import journald
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.fsutil import write_atomic
+from cairn.protocol.launch import PROFILE_SHA256_ENV, ProfileSpec
 from cairn.worker.channel import AgentChannel
 from cairn.worker.profiles import flush_workspace, run_profile
 
@@ -38,6 +39,17 @@ def _terminate(signum: int, _frame: object) -> None:
     os._exit(128 + signum)
 
 
+def check_profile(profile: ProfileSpec) -> None:
+    """Run only the profile root froze for this unit: the coordinator that sends it is
+    less trusted than the run's owner, as whom this worker runs."""
+    expected = os.environ.get(PROFILE_SHA256_ENV, "")
+    if profile.sha256() != expected:
+        raise CairnError(
+            f"the coordinator sent profile {profile.name!r}, which is not the one root froze "
+            "for this agent; nothing was run"
+        )
+
+
 def main() -> None:
     if sys.argv[1:2] == ["agent-result"]:  # a command profile's wrapper, not the worker
         from cairn.worker.agent_result import main as agent_result
@@ -49,6 +61,7 @@ def main() -> None:
     try:
         with AgentChannel(socket_path) as channel:
             instruction = channel.hello()
+            check_profile(instruction.profile)
             log.info(
                 "agent %s attempt %d: %s", instruction.op_id, instruction.attempt, instruction.title
             )

@@ -72,6 +72,17 @@ class ProfileSpec(Frozen):
     tool_output_limit: int = Field(default=16_384, ge=256, le=1 << 20)
     model_attempts: int = Field(default=5, ge=1, le=20)
     model_retry_cap_sec: float = Field(default=60.0, gt=0, le=600)
+    # "sha256:<hex>" of the host's profiles.d file this profile was read from (none for a
+    # scripted profile the caller sent): root re-reads a command profile's argv from it.
+    config_sha256: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+
+    def sha256(self) -> str:
+        """What root puts in the agent unit's environment (:data:`PROFILE_SHA256_ENV`): the
+        worker runs only a profile its coordinator sends that hashes to it."""
+        return sha256_hex(canonical_json(self.model_dump(mode="json")))
+
+
+PROFILE_SHA256_ENV = "CAIRN_PROFILE_SHA256"
 
 
 class Limits(Frozen):
@@ -107,7 +118,7 @@ class SettlementPolicySpec(Frozen):
 
 class VerifierSpec(Frozen):
     """A host-configured check of the proposal (``/etc/cairn/verifiers.d/NAME.toml``),
-    frozen at launch; see :mod:`cairn.verifiers`."""
+    frozen at launch with the sha256 of the file's bytes; see :mod:`cairn.verifiers`."""
 
     name: str = Field(pattern=VERIFIER_NAME_RE.pattern)
     argv: list[str] = Field(min_length=1)

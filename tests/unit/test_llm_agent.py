@@ -24,7 +24,7 @@ from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.relay import ModelRelay, TranscriptEntry
 from cairn.proc import run
 from cairn.protocol.agent import AgentInstruction
-from cairn.protocol.launch import ModelRoute, ProfileSpec
+from cairn.protocol.launch import PROFILE_SHA256_ENV, ModelRoute, ProfileSpec
 from cairn.worker.tools import Toolbox, schema_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -167,6 +167,8 @@ class Harness:
                 "CAIRN_WORKSPACE": str(self.workspace),
                 "CAIRN_OUTPUTS": str(outputs),
                 "HOME": str(self.workspace.parent / "home"),
+                # what root sets in the agent unit: the profile it froze for this agent
+                PROFILE_SHA256_ENV: self.sock.instruction.profile.sha256(),
             },
             cwd=self.workspace,
             check=False,

@@ -36,7 +36,8 @@ FILE_PAGES: dict[str, tuple[type[BaseModel], ...]] = {
     "cairn-storage.toml.5": (StoragePolicy,),
     "cairn-verifiers.5": (VerifierConfig, VerifierMatch),
 }
-NOT_IN_A_FILE = {"name"}  # a profile's name is its file's name
+# a profile's name is its file's name; its config hash is taken of the file at launch
+NOT_IN_A_FILE = {"name", "config_sha256"}
 
 
 @pytest.fixture(scope="module")

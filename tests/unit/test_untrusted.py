@@ -479,7 +479,8 @@ def short_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def start(desc: LaunchDescription, host: Path) -> None:
-    units.start_agent(desc, "root-1", "none", 1, host / "w", {}, host / "scratch" / "root-1")
+    units.start_agent(desc, "root-1", "none", 1, host / "w", {}, host / "scratch" / "root-1",
+                      profile_sha256="")
 
 
 def test_start_agent_reads_the_coordinators_index(

