@@ -146,9 +146,13 @@ def test_an_expired_approval_is_journalled_once_and_replayed(root: Path) -> None
         # cairnd's timer waits until the deadline, and expires nothing before it
         assert 0 < seconds_to_next(journal, time.time()) <= LOOK_AGAIN_SEC
         woken: list[str] = []
-        assert expire_due(journal, approval.deadline - 1, lambda _j, r: woken.append(r) or True) == []
-        assert expire_due(journal, approval.deadline + 1,
-                          lambda _j, r: woken.append(r) or True) == [RUN]
+
+        def wake(_journal: Journal, run_id: str) -> bool:
+            woken.append(run_id)
+            return True
+
+        assert expire_due(journal, approval.deadline - 1, wake) == []
+        assert expire_due(journal, approval.deadline + 1, wake) == [RUN]
         assert woken == [RUN] and journal.get_run(RUN).state == "pending"
         expired = journal.approval(RUN, approval.request_id)
         assert expired is not None and expired.state == "expired" and expired.actor_uid is None
