@@ -37,6 +37,7 @@ from cairn.unitprops import agent_unit_name
 log = logging.getLogger(__name__)
 
 INVALID_FILE_LIMIT = 4096
+FINISH_GRACE_SEC = 10.0
 
 if TYPE_CHECKING:
     from cairn.coordinator.relay import ModelRelay
@@ -324,9 +325,7 @@ class AgentOperations(Recovery, Lanes):
         self, op: OpRow, call: CallRequest, finish: AgentMessage
     ) -> dict[str, Any]:
         """QUIESCE → SNAPSHOT → MATERIALIZE → settle → COMMIT."""
-        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
-        with Systemd() as sd:
-            self.wait_gone(sd, unit)
+        self.quiesce(op)
         self.failpoint("after-quiesce")
         (checkpoint,) = self.broker(
             "storage-v1",
@@ -442,14 +441,33 @@ class AgentOperations(Recovery, Lanes):
                         event="op-cancelled",
                     )
 
-    def wait_gone(self, sd: Systemd, unit: str) -> None:
-        deadline = time.monotonic() + 120
+    def quiesce(self, op: OpRow) -> None:
+        """QUIESCE after the finish: the worker ends right after delivering it; a unit still
+        running after :data:`FINISH_GRACE_SEC` (the agent sent ``finish_work`` itself and
+        runs on) is stopped through the broker, which kills its cgroup."""
+        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        with Systemd() as sd:
+            if self.wait_gone(sd, unit, FINISH_GRACE_SEC):
+                return
+        self.event("agent-stopped-after-finish", op_id=op.op_id, attempt=op.attempt)
+        stop = self.intent(
+            "stop-agent", f"stop-agent.{op.op_id}.{op.attempt}", op_id=op.op_id,
+            attempt=op.attempt,
+        )
+        self.broker("launch-v1", [stop])
+        with Systemd() as sd:
+            if not self.wait_gone(sd, unit, 120):
+                raise CairnError(f"agent unit {unit} did not exit after finish_work")
+
+    def wait_gone(self, sd: Systemd, unit: str, timeout: float) -> bool:
+        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = sd.unit_state(unit)
             if state is None or state.active_state in ("inactive", "failed"):
-                return
+                return True
             time.sleep(0.2)
-        raise CairnError(f"agent unit {unit} did not exit after finish_work")
+        return False
 
     def write_evidence(self, op: OpRow, instruction: AgentInstruction) -> list[str]:
         """Lay out /evidence for the agent: current instruction plus earlier boundaries.

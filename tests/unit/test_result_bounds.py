@@ -135,17 +135,23 @@ def test_a_reason_from_the_sandbox_is_cut_to_one_printable_line() -> None:
 # --- the worker: reading the command until it exits -----------------------------------
 
 
-def test_a_background_child_holding_stdout_does_not_hold_the_worker() -> None:
-    script = "sleep 30 & echo '{\"output\": {\"summary\": \"done\"}}'"
+def test_a_background_child_holding_stdout_does_not_hold_the_worker(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the child blocks opening it, stdout inherited, until the test ends
+    script = f"cat {gate} & echo '{{\"output\": {{\"summary\": \"done\"}}}}'"
     started = time.monotonic()
-    status, tail = agentproc.run_to_exit(["/bin/sh", "-c", script])
-    assert time.monotonic() - started < 5
+    try:
+        status, tail = agentproc.run_to_exit(["/bin/sh", "-c", script])
+        assert time.monotonic() - started < 5
+    finally:
+        with open(gate, "w"):  # lets the child end
+            pass
     assert status == 0
     assert tail.last_line("stdout") == b'{"output": {"summary": "done"}}'
 
 
 def test_a_child_that_writes_on_after_the_exit_is_drained_for_a_bounded_time() -> None:
-    script = "(while :; do echo noise; done) & echo '{\"a\": 1}'"
+    script = "yes noise & echo '{\"a\": 1}'"  # yes ends on SIGPIPE once the pipe is closed
     started = time.monotonic()
     status, tail = agentproc.run_to_exit(["/bin/sh", "-c", script])
     assert time.monotonic() - started < agentproc.DRAIN_SEC + 4
