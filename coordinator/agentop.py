@@ -298,7 +298,11 @@ class AgentOperations(Recovery, Lanes):
         attempt left. Otherwise record the refusal (and its fingerprint) and return."""
         profile = self.desc.profiles[agent["profile"]]
         earlier = (op.result or {}).get("result_invalid") or {}
-        repeated = bool(invalid.sha256) and earlier.get("sha256") == invalid.sha256
+        repeated = (
+            bool(invalid.sha256)
+            and earlier.get("sha256") == invalid.sha256
+            and earlier.get("attempt", op.attempt) < op.attempt  # not this one, recorded
+        )
         record = {"attempt": op.attempt, "reason": invalid.reason, "sha256": invalid.sha256}
         if profile.kind != "scripted" and not repeated and op.attempt < MAX_ATTEMPTS:
             self.journal.update_op(

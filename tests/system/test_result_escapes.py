@@ -37,7 +37,7 @@ WRITERS = {
     ),
 }
 REASONS = {
-    "size": f"size: /outputs/result.json is {(200 << 20) + 28} bytes; a result may have at "
+    "size": f"size: /outputs/result.json is {(200 << 20) + 27} bytes; a result may have at "
     f"most {RESULT_LIMIT}",
     "depth": f"depth: /outputs/result.json nests deeper than {DEPTH_LIMIT} levels",
     "utf8": "encoding: /outputs/result.json is not UTF-8 (byte 0xff at offset 24)",
@@ -54,6 +54,19 @@ exec 3>held.txt
 echo held >&3
 sleep 613 &
 echo '{"output": {"summary": "answered"}, "handoff": "left a child"}'
+''']
+"""
+# A command agent that sends finish_work itself, then runs on.
+SELF_FINISH = """\
+kind = "command"
+argv = ["/usr/bin/python3", "-c", '''
+import json, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/cairn/agent/agent.sock")
+finish = {"type": "finish_work", "output": {"summary": "sent by the agent"}}
+s.sendall(json.dumps(finish).encode() + b"\\n")
+s.makefile("rb").readline()
+time.sleep(614)
 ''']
 """
 # A command agent that prints the same invalid result every time.
@@ -129,6 +142,8 @@ def hostile_runs(booted: Machine) -> dict[str, dict[str, Any]]:
     booted.exec(["tee", PROFILE], input=BACKGROUND.encode())
     background_project = project(booted)
     runs["background"] = start(booted, background_project)
+    booted.exec(["tee", PROFILE], input=SELF_FINISH.encode())
+    runs["self-finish"] = start(booted, project(booted))
     ended = wait_all(booted, list(runs.values()), timeout=400)
     out = {case: ended[run_id] for case, run_id in runs.items()}
     out["background"]["project"] = background_project
@@ -205,3 +220,21 @@ def test_a_child_left_holding_stdout_does_not_hold_the_operation(
     print(f"background child: finish {took:.1f}s after the agent's start, committed "
           f"{at['op-committed'] - at['op-finished']:.1f}s after the finish")
     assert took < 60 and at["op-committed"] - at["op-finished"] < 30  # the child sleeps 613 s
+
+
+def test_an_agent_that_finishes_and_runs_on_is_stopped_after_a_grace(
+    booted: Machine, hostile_runs: dict[str, dict[str, Any]]
+) -> None:
+    """The worker still waits for its command, which sent finish_work itself: the
+    coordinator stops the unit through the broker once the grace is over."""
+    data = hostile_runs["self-finish"]
+    run_id = data["run"]["run_id"]
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    (op,) = data["operations"]
+    assert op["attempt"] == 1 and op["output"] == {"summary": "sent by the agent"}
+    at = {e["event"]: e["at"] for e in data["events"] if e.get("op_id") == "root-1"}
+    quiesced = at["op-committed"] - at["op-finished"]
+    print(f"agent that finished itself: committed {quiesced:.1f}s after its finish")
+    assert 10 <= quiesced < 60
+    assert "agent-stopped-after-finish" in booted.journal(run_id=run_id)
+    assert booted.exec(["pgrep", "-f", "sleep.614"], check=False).returncode == 1

@@ -15,14 +15,18 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from test_untrusted import OWNER, RUN, agent_op, coordinator, desc, outputs_of, owned
 
 from cairn import resultjson
 from cairn.coordinator.agentsock import AgentSocket
+from cairn.coordinator.base import MAX_ATTEMPTS, OperationError
 from cairn.protocol.agent import MESSAGE_LIMIT, AgentInstruction, AgentMessage, AgentReply
 from cairn.protocol.launch import ProfileSpec
 from cairn.resultjson import DEPTH_LIMIT, RESULT_LIMIT, ResultInvalid, parse
 from cairn.worker import __main__ as worker_main
 from cairn.worker import agentproc, profiles
+
+__all__ = ["coordinator", "desc"]  # fixtures of test_untrusted, used here
 
 
 def refusal(data: bytes, **limits: int) -> ResultInvalid:
@@ -290,3 +294,71 @@ def test_a_line_past_the_message_limit_is_refused_and_the_connection_closed(
     assert reply.refused and reply.error == f"size: a message may have at most " \
                                            f"{MESSAGE_LIMIT - 1} bytes"
     assert agent_socket.refused is not None and agent_socket.refused.kind == "size"
+
+
+# --- the coordinator's judgement ------------------------------------------------------
+
+
+def judged(c: Any, op: Any, invalid: ResultInvalid) -> OperationError | None:
+    try:
+        c.judge_invalid(op, {"profile": "builtin:implementer"}, invalid)
+    except OperationError as exc:
+        return exc
+    return None
+
+
+def with_profile(c: Any, kind: str) -> None:
+    profile = ProfileSpec(name="builtin:implementer", kind=kind)  # type: ignore[arg-type]
+    c.desc = c.desc.model_copy(update={"profiles": {"builtin:implementer": profile}})
+
+
+def test_a_scripted_agents_invalid_result_fails_at_once(coordinator: Any) -> None:
+    op = agent_op(coordinator)
+    failed = judged(coordinator, op, ResultInvalid("depth", "too deep", sha256="a" * 64))
+    assert failed is not None and failed.code == "result-invalid"
+    assert str(failed).startswith("agent root-1 result-invalid: depth: too deep (not retried: "
+                                  "a scripted agent answers the same")
+    row = coordinator.journal.get_op_by_id(RUN, "root-1")
+    assert (row.state, row.error) == ("failed", "result-invalid: depth: too deep")
+    assert row.result == {"error": "result-invalid: depth: too deep", "kind": "result-invalid"}
+
+
+def test_another_agent_is_retried_until_it_repeats_the_same_bytes(coordinator: Any) -> None:
+    with_profile(coordinator, "command")
+    op = agent_op(coordinator)
+    first = ResultInvalid("size", "big", sha256="a" * 64)
+    assert judged(coordinator, op, first) is None
+    # judged again for the same attempt (a coordinator restarted): still a retry
+    assert judged(coordinator, coordinator.journal.get_op_by_id(RUN, "root-1"), first) is None
+    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=2)
+    second = coordinator.journal.get_op_by_id(RUN, "root-1")
+    assert judged(coordinator, second, ResultInvalid("size", "big", sha256="b" * 64)) is None
+    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=3)
+    third = coordinator.journal.get_op_by_id(RUN, "root-1")
+    failed = judged(coordinator, third, ResultInvalid("size", "big", sha256="b" * 64))
+    assert failed is not None and "the same result as the attempt before" in str(failed)
+
+
+def test_the_last_attempt_fails_whatever_it_wrote(coordinator: Any) -> None:
+    with_profile(coordinator, "command")
+    op = agent_op(coordinator)
+    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=MAX_ATTEMPTS)
+    last = coordinator.journal.get_op_by_id(RUN, "root-1")
+    failed = judged(coordinator, last, ResultInvalid("syntax", "x"))
+    assert failed is not None and f"{MAX_ATTEMPTS} attempts" in str(failed)
+    assert op.attempt == 1
+
+
+def test_the_workers_reason_is_read_as_untrusted(coordinator: Any) -> None:
+    op = agent_op(coordinator)
+    out = outputs_of(coordinator, op)
+    assert coordinator.read_invalid_file(op) is None
+    reason = {"reason": "encoding: \x1b[2Jbad", "sha256": "c" * 64}
+    (out / "result-invalid.json").write_text(json.dumps(reason))
+    owned(out / "result-invalid.json", OWNER)
+    invalid = coordinator.read_invalid_file(op)
+    assert (invalid.kind, invalid.detail, invalid.sha256) == ("encoding", "?[2Jbad", "c" * 64)
+    (out / "result-invalid.json").unlink()
+    os.mkfifo(out / "result-invalid.json")
+    owned(out / "result-invalid.json", OWNER)
+    assert coordinator.read_invalid_file(op).kind == "file"
