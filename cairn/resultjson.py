@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Any
+from typing import Any, BinaryIO
 
 from cairn.errors import CairnError
 
@@ -69,6 +69,17 @@ def fingerprint(data: bytes, total: int | None = None) -> str:
     """SHA-256 over the size and ``data`` (a prefix, when ``total`` says it was cut)."""
     digest = hashlib.sha256(f"{len(data) if total is None else total}:".encode())
     digest.update(data)
+    return digest.hexdigest()
+
+
+def fingerprint_stream(stream: BinaryIO, total: int) -> str:
+    """:func:`fingerprint` of the first :data:`FINGERPRINT_LIMIT` bytes of ``stream`` (of
+    ``total`` bytes), read a MiB at a time."""
+    digest = hashlib.sha256(f"{total}:".encode())
+    left = FINGERPRINT_LIMIT
+    while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
+        digest.update(chunk)
+        left -= len(chunk)
     return digest.hexdigest()
 
 

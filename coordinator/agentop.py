@@ -311,7 +311,8 @@ class AgentOperations(Recovery, Lanes):
             )
             return
         why = ("a scripted agent answers the same" if profile.kind == "scripted" else
-               "the same result as the attempt before" if repeated else f"{op.attempt} attempts")
+               "the same result as the attempt before" if repeated else
+               f"all {op.attempt} attempts are used")
         error = f"result-invalid: {invalid.reason}"
         self.journal.update_op(
             self.run_id, op.op_id, token=self.token, state="failed", error=error,

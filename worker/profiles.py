@@ -21,7 +21,7 @@ from cairn import untrusted
 from cairn.errors import CairnError
 from cairn.protocol.agent import AgentInstruction
 from cairn.protocol.launch import ScriptStep
-from cairn.resultjson import FINGERPRINT_LIMIT, RESULT_LIMIT, ResultInvalid, fingerprint, parse
+from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
 from cairn.worker.agentproc import run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
@@ -148,10 +148,9 @@ def read_result_file() -> Any | None:
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fd).st_size
         if size > RESULT_LIMIT:
-            head = fh.read(FINGERPRINT_LIMIT)
             raise ResultInvalid(
                 "size", f"{what} is {size} bytes; a result may have at most {RESULT_LIMIT}",
-                sha256=fingerprint(head, size),
+                sha256=fingerprint_stream(fh, size),
             )
         data = fh.read(RESULT_LIMIT + 1)
     return parse(data, what)

@@ -345,7 +345,7 @@ def test_the_last_attempt_fails_whatever_it_wrote(coordinator: Any) -> None:
     coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=MAX_ATTEMPTS)
     last = coordinator.journal.get_op_by_id(RUN, "root-1")
     failed = judged(coordinator, last, ResultInvalid("syntax", "x"))
-    assert failed is not None and f"{MAX_ATTEMPTS} attempts" in str(failed)
+    assert failed is not None and f"all {MAX_ATTEMPTS} attempts are used" in str(failed)
     assert op.attempt == 1
 
 
@@ -362,3 +362,19 @@ def test_the_workers_reason_is_read_as_untrusted(coordinator: Any) -> None:
     os.mkfifo(out / "result-invalid.json")
     owned(out / "result-invalid.json", OWNER)
     assert coordinator.read_invalid_file(op).kind == "file"
+
+
+def test_an_oversized_file_is_fingerprinted_by_its_size_and_head(command_env: Path) -> None:
+    path = command_env / "outputs" / "result.json"
+
+    def refused_hash(head: bytes, size: int) -> str:
+        with open(path, "wb") as fh:
+            fh.write(head)
+            fh.truncate(size)
+        with pytest.raises(ResultInvalid) as caught:
+            profiles.run_command(["/bin/true"], instruction())
+        return caught.value.sha256
+
+    same = refused_hash(b"a", 10 << 20)
+    assert same == refused_hash(b"a", 10 << 20)
+    assert same != refused_hash(b"b", 10 << 20) and same != refused_hash(b"a", 11 << 20)
