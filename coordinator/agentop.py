@@ -1,12 +1,15 @@
 """One agent operation (ARCHITECTURE §8): budgets, the attempt's evidence and start intent,
 FINISH from the agent's socket or its result file, waiting for the unit (stopped on a
-cancel), then QUIESCE → SNAPSHOT → MATERIALIZE → COMMIT."""
+cancel), then QUIESCE → SNAPSHOT → MATERIALIZE → COMMIT. An invalid result
+(``result-invalid``) fails the operation at once when another attempt could not change it."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +20,7 @@ from cairn import paths, untrusted
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
-from cairn.coordinator.base import OperationError, RunBlocked
+from cairn.coordinator.base import MAX_ATTEMPTS, OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError
@@ -27,8 +30,14 @@ from cairn.operations import AGENT
 from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
 from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
 from cairn.protocol.control import CallRequest
+from cairn.resultjson import ResultInvalid, parse
 from cairn.systemd import Systemd
 from cairn.unitprops import agent_unit_name
+
+log = logging.getLogger(__name__)
+
+INVALID_FILE_LIMIT = 4096
+FINISH_GRACE_SEC = 10.0
 
 if TYPE_CHECKING:
     from cairn.coordinator.relay import ModelRelay
@@ -140,9 +149,9 @@ class AgentOperations(Recovery, Lanes):
         instruction = self.instruction(op, call, agent, output_model)
         incoming = self.write_evidence(op, instruction)
         outputs = self.outputs_dir(op.op_id, op.attempt)
-        if outputs.exists():
-            shutil.rmtree(outputs)
-        outputs.mkdir(parents=True)
+        for earlier in outputs.parent.glob("outputs.*"):  # only the last attempt's files stay
+            _remove_tree(earlier)
+        outputs.mkdir(parents=True, exist_ok=True)
         os.chmod(outputs, 0o777)  # the owner's agent writes here; runs/ itself is 0750
         start = self.intent(
             "start-agent",
@@ -209,6 +218,10 @@ class AgentOperations(Recovery, Lanes):
                 # Another lane's cancel may have stopped this unit: record every lane
                 # under the same lock before the run ends as cancelled.
                 self.stop_for_cancel(sock)
+            invalid = sock.refused or self.read_invalid_file(op)
+            if invalid is not None:
+                self.judge_invalid(op, agent, invalid)
+                ended = f"result-invalid: {invalid.reason}"
             self.retry_or_block(op, agent, ended)
             return None
         self.journal.update_op(
@@ -253,23 +266,71 @@ class AgentOperations(Recovery, Lanes):
     def read_result_file(self, op: OpRow, output_model: type[BaseModel]) -> AgentMessage | None:
         outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
         try:  # the agent's file: refused if a link, a FIFO, another user's or oversized
-            data = untrusted.read_json(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
+            raw = untrusted.read_bytes(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
+            data = parse(raw, "finish.json", limit=MESSAGE_LIMIT)
             message = AgentMessage(
                 type="finish_work", output=data["output"], handoff=str(data.get("handoff", ""))
             )
             output_model.model_validate(message.output)
-        except (untrusted.UntrustedFileError, KeyError, TypeError, ValidationError):
+        except (untrusted.UntrustedFileError, ResultInvalid, KeyError, TypeError,
+                ValidationError):
             return None
         self.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
         return message
+
+    def read_invalid_file(self, op: OpRow) -> ResultInvalid | None:
+        """The reason the worker refused the attempt's result (``result-invalid.json``);
+        the agent could have written it too, so it is read as untrusted and cut."""
+        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:
+            raw = untrusted.read_bytes(outputs, "result-invalid.json", owner=owner,
+                                       limit=INVALID_FILE_LIMIT)
+            data = parse(raw, "result-invalid.json", limit=INVALID_FILE_LIMIT, depth=2)
+            return ResultInvalid.from_reason(str(data["reason"]), sha256=str(data["sha256"]))
+        except untrusted.UntrustedFileMissing:
+            return None
+        except (untrusted.UntrustedFileError, ResultInvalid, KeyError, TypeError):
+            return ResultInvalid("file", "result-invalid.json is unreadable")
+
+    def judge_invalid(self, op: OpRow, agent: dict[str, Any], invalid: ResultInvalid) -> None:
+        """Fail the operation for its invalid result when another attempt cannot change it:
+        a scripted (deterministic) agent, the same bytes as the attempt before, or no
+        attempt left. Otherwise record the refusal (and its fingerprint) and return."""
+        profile = self.desc.profiles[agent["profile"]]
+        earlier = (op.result or {}).get("result_invalid") or {}
+        repeated = (
+            bool(invalid.sha256)
+            and earlier.get("sha256") == invalid.sha256
+            and earlier.get("attempt", op.attempt) < op.attempt  # not this one, recorded
+        )
+        record = {"attempt": op.attempt, "reason": invalid.reason, "sha256": invalid.sha256}
+        if profile.kind != "scripted" and not repeated and op.attempt < MAX_ATTEMPTS:
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, result={"result_invalid": record},
+                event="op-result-invalid", event_data=record,
+            )
+            return
+        why = ("a scripted agent answers the same" if profile.kind == "scripted" else
+               "the same result as the attempt before" if repeated else
+               f"all {op.attempt} attempts are used")
+        error = f"result-invalid: {invalid.reason}"
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+            result={"error": error, "kind": ResultInvalid.code},
+            event="op-result-invalid", event_data={**record, "final": why},
+        )
+        failed = OperationError(
+            f"agent {op.op_id} {error}",
+            hint=f"not retried: {why}; fix what the agent writes (see 'cairn logs {self.run_id}')",
+        )
+        failed.code = ResultInvalid.code
+        raise failed
 
     def complete_boundary(
         self, op: OpRow, call: CallRequest, finish: AgentMessage
     ) -> dict[str, Any]:
         """QUIESCE → SNAPSHOT → MATERIALIZE → settle → COMMIT."""
-        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
-        with Systemd() as sd:
-            self.wait_gone(sd, unit)
+        self.quiesce(op)
         self.failpoint("after-quiesce")
         (checkpoint,) = self.broker(
             "storage-v1",
@@ -385,14 +446,33 @@ class AgentOperations(Recovery, Lanes):
                         event="op-cancelled",
                     )
 
-    def wait_gone(self, sd: Systemd, unit: str) -> None:
-        deadline = time.monotonic() + 120
+    def quiesce(self, op: OpRow) -> None:
+        """QUIESCE after the finish: the worker ends right after delivering it; a unit still
+        running after :data:`FINISH_GRACE_SEC` (the agent sent ``finish_work`` itself and
+        runs on) is stopped through the broker, which kills its cgroup."""
+        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        with Systemd() as sd:
+            if self.wait_gone(sd, unit, FINISH_GRACE_SEC):
+                return
+        self.event("agent-stopped-after-finish", op_id=op.op_id, attempt=op.attempt)
+        stop = self.intent(
+            "stop-agent", f"stop-agent.{op.op_id}.{op.attempt}", op_id=op.op_id,
+            attempt=op.attempt,
+        )
+        self.broker("launch-v1", [stop])
+        with Systemd() as sd:
+            if not self.wait_gone(sd, unit, 120):
+                raise CairnError(f"agent unit {unit} did not exit after finish_work")
+
+    def wait_gone(self, sd: Systemd, unit: str, timeout: float) -> bool:
+        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = sd.unit_state(unit)
             if state is None or state.active_state in ("inactive", "failed"):
-                return
+                return True
             time.sleep(0.2)
-        raise CairnError(f"agent unit {unit} did not exit after finish_work")
+        return False
 
     def write_evidence(self, op: OpRow, instruction: AgentInstruction) -> list[str]:
         """Lay out /evidence for the agent: current instruction plus earlier boundaries.
@@ -456,6 +536,22 @@ class AgentOperations(Recovery, Lanes):
         write_atomic(out / "handoff.md", boundary.handoff + "\n", mode=0o644)
         write_atomic(out / "result.json", json.dumps(boundary.output, indent=2), mode=0o644)
         return out / "boundary.json"
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove an earlier attempt's outputs; what the agent made unremovable (a directory
+    without write permission for us) stays, logged, rather than failing the run."""
+    failed: list[str] = []
+
+    def note(_fn: object, where: str, exc: BaseException) -> None:
+        failed.append(f"{where}: {exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=note)
+    else:
+        shutil.rmtree(path, onerror=lambda fn, where, info: note(fn, where, info[1]))
+    if failed:
+        log.warning("left in %s: %s", path, "; ".join(failed[:3]))
 
 
 def _mkdirs(path: Path) -> None:

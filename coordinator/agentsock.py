@@ -2,7 +2,9 @@
 
 Only the run owner's UID may connect. The agent says ``hello`` and gets its instruction;
 ``note``/``progress`` are recorded; ``finish_work`` is validated against the descriptor's
-output schema and, once valid, handed to the coordinator exactly once.
+output schema and, once valid, handed to the coordinator exactly once. A finish whose
+output fails the schema, or a line past :data:`MESSAGE_LIMIT`, is refused as the
+attempt's invalid result (:attr:`AgentSocket.refused`); the worker ends on that answer.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from cairn.protocol.agent import AgentInstruction, AgentMessage, AgentReply
+from cairn.canonical import sha256_hex
+from cairn.protocol.agent import MESSAGE_LIMIT, AgentInstruction, AgentMessage, AgentReply
+from cairn.resultjson import ResultInvalid
 from cairn.validation import first_error
 
 log = logging.getLogger(__name__)
 
-MESSAGE_LIMIT = 8 << 20
+__all__ = ["MESSAGE_LIMIT", "AgentSocket"]
 MAX_NOTES = 500  # kept for boundary.json; ``on_note`` already cut and rate-limited them
 
 
@@ -45,6 +49,7 @@ class AgentSocket:
         self.on_note = on_note
         self.finished = threading.Event()
         self.finish: AgentMessage | None = None
+        self.refused: ResultInvalid | None = None
         self.notes: list[str] = []
         path.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
         if path.exists() or path.is_symlink():
@@ -78,14 +83,23 @@ class AgentSocket:
             if uid != self.owner_uid:
                 log.warning("refused agent socket connection from uid %d", uid)
                 return
-            stream = conn.makefile("rwb")
+            # Two streams: BufferedRWPair.readline can return more than its limit.
+            stream, out = conn.makefile("rb"), conn.makefile("wb")
             while True:
                 line = stream.readline(MESSAGE_LIMIT)
                 if not line:
                     return
+                if not line.endswith(b"\n") and len(line) >= MESSAGE_LIMIT:
+                    reply = self._refuse(ResultInvalid(
+                        "size", f"a message may have at most {MESSAGE_LIMIT - 1} bytes",
+                        sha256=sha256_hex(line),
+                    ))
+                    out.write(reply.model_dump_json().encode() + b"\n")
+                    out.flush()
+                    return  # the rest of that line is no message
                 reply = self._answer(line)
-                stream.write(reply.model_dump_json().encode() + b"\n")
-                stream.flush()
+                out.write(reply.model_dump_json().encode() + b"\n")
+                out.flush()
 
     def _answer(self, line: bytes) -> AgentReply:
         try:
@@ -106,9 +120,15 @@ class AgentSocket:
         try:
             self.output_model.model_validate(message.output)
         except ValidationError as exc:
-            where, problem = first_error(exc, top="output")
-            error = f"output does not match the schema: {where}: {problem}"
-            return AgentReply(ok=False, error=error)
+            where, problem = first_error(exc)
+            at = f"output.{where}" if where else "output"
+            return self._refuse(ResultInvalid("schema", f"{at}: {problem}",
+                                              sha256=sha256_hex(line)))
         self.finish = message
         self.finished.set()
         return AgentReply(ok=True)
+
+    def _refuse(self, invalid: ResultInvalid) -> AgentReply:
+        """Refuse a result; the latest refusal is the attempt's if no finish follows."""
+        self.refused = invalid
+        return AgentReply(ok=False, refused=True, error=invalid.reason)

@@ -3,7 +3,9 @@
 Connects to /run/cairn/agent/agent.sock, receives its instruction, runs the profile in
 /workspace and ends with exactly one ``finish_work``. The finish message is written to
 /outputs/finish.json first, so a coordinator that crashes before it arrives can settle
-the operation from the file instead of running the agent again.
+the operation from the file instead of running the agent again. A result refused here or
+by the coordinator (:class:`~cairn.resultjson.ResultInvalid`) is written to
+/outputs/result-invalid.json instead, so the coordinator judges the attempt once.
 """
 
 from __future__ import annotations
@@ -20,17 +22,38 @@ from cairn import journald
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.fsutil import write_atomic
+from cairn.protocol.agent import MESSAGE_LIMIT, AgentMessage
 from cairn.protocol.launch import PROFILE_SHA256_ENV, ProfileSpec
+from cairn.resultjson import ResultInvalid, check_value
 from cairn.worker.channel import AgentChannel
 from cairn.worker.profiles import flush_workspace, run_profile
 
 log = logging.getLogger("cairn.worker")
 
 RESULT_FILE = Path("/outputs/finish.json")
+INVALID_FILE = Path("/outputs/result-invalid.json")
 
 
 def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE) -> None:
     write_atomic(path, json.dumps({"output": output, "handoff": handoff}))
+
+
+def write_invalid(error: ResultInvalid, path: Path = INVALID_FILE) -> None:
+    write_atomic(path, json.dumps({"reason": error.reason, "sha256": error.sha256}))
+
+
+def finish_message(output: dict[str, Any], handoff: str) -> AgentMessage:
+    """The finish message, once it is sure to reach the coordinator whole: JSON types,
+    bounded depth, Unicode text, and a line under the socket's limit."""
+    check_value(output, "the output")
+    check_value(handoff, "the handoff")
+    message = AgentMessage(type="finish_work", output=output, handoff=handoff)
+    size = len(message.model_dump_json().encode())
+    if size >= MESSAGE_LIMIT:
+        raise ResultInvalid(
+            "size", f"the finish message is {size} bytes; it may have at most {MESSAGE_LIMIT - 1}"
+        )
+    return message
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -65,12 +88,17 @@ def main() -> None:
             log.info(
                 "agent %s attempt %d: %s", instruction.op_id, instruction.attempt, instruction.title
             )
-            output, handoff = run_profile(instruction, channel)
-            if instruction.attempt == 1:
-                failpoint("agent-before-finish", Path("/state"))
-            flush_workspace(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
-            write_result(output, handoff)
-            channel.finish(output, handoff)
+            try:
+                message = finish_message(*run_profile(instruction, channel))
+                if instruction.attempt == 1:
+                    failpoint("agent-before-finish", Path("/state"))
+                flush_workspace(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
+                write_result(message.output, message.handoff)
+                channel.finish(message)
+            except ResultInvalid as exc:
+                RESULT_FILE.unlink(missing_ok=True)
+                write_invalid(exc)
+                raise
     except CairnError as exc:
         log.error("%s", exc)
         sys.exit(1)

@@ -9,7 +9,8 @@ answer into the typed result a ``command`` profile must end with,
 
 It adds to the prompt argument (the one holding ``$CAIRN_PROMPT``) the fields the answer
 must end with, as one JSON object (from ``$CAIRN_OUTPUT_SCHEMA``, set by the worker); runs
-the CLI with no stdin, its output copied to the unit's log; and reads the answer:
+the CLI with no stdin until it exits, its output copied to the unit's log; and reads the
+answer (its last MiB):
 
 - the last JSON object in it that has every required field of the schema (or is itself
   ``{"output": …, "handoff": …}``) is the output;
@@ -30,7 +31,10 @@ import subprocess
 import sys
 from typing import Any
 
+from cairn.worker.agentproc import run_to_exit
+
 HANDOFF_LIMIT = 8000
+ANSWER_LIMIT = 1 << 20  # the answer's last bytes kept; its JSON object is at the end
 USAGE = "usage: cairn-worker agent-result -- CLI [ARG…]"
 
 
@@ -110,17 +114,16 @@ def main(args: list[str]) -> int:
         return 2
     schema: dict[str, Any] = json.loads(os.environ.get("CAIRN_OUTPUT_SCHEMA") or "{}")
     argv = with_hint(args, os.environ.get("CAIRN_PROMPT", ""), schema_hint(schema))
-    try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              check=False)
+    try:  # until the CLI exits, not until what it left behind closes stdout
+        returncode, stdout = run_to_exit(argv, stdin=subprocess.DEVNULL, keep=ANSWER_LIMIT)
     except OSError as exc:
         print(f"agent-result: cannot run {args[0]}: {exc.strerror}", file=sys.stderr)
         return 127
-    answer = proc.stdout.decode(errors="replace")
+    answer = stdout.data.decode(errors="replace")
     sys.stderr.write(answer)  # the CLI's own output belongs in the unit's log
-    if proc.returncode != 0:
-        print(f"agent-result: {args[0]} exited {proc.returncode}", file=sys.stderr)
-        return proc.returncode if proc.returncode > 0 else 1
+    if returncode != 0:
+        print(f"agent-result: {args[0]} exited {returncode}", file=sys.stderr)
+        return returncode if returncode > 0 else 1
     try:
         result = typed_result(answer, schema)
     except NoResult as exc:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any
 
 from cairn.errors import CairnError, ValidationFailed
 from cairn.protocol.agent import AgentInstruction, AgentMessage, AgentReply
+from cairn.resultjson import ResultInvalid
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,12 @@ class AgentChannel:
         except CairnError as exc:
             log.warning("note not delivered: %s", exc)
 
-    def finish(self, output: dict[str, Any], handoff: str) -> None:
-        reply = self._send(AgentMessage(type="finish_work", output=output, handoff=handoff))
-        if not reply.ok:
-            raise ValidationFailed(f"finish_work refused: {reply.error}")
+    def finish(self, message: AgentMessage) -> None:
+        """Deliver ``finish_work``; :class:`ResultInvalid` if the coordinator refuses the
+        result (its reply is ``kind: detail``), ``ValidationFailed`` on any other refusal."""
+        reply = self._send(message)
+        if reply.ok:
+            return
+        if reply.refused:
+            raise ResultInvalid.from_reason(reply.error or "")
+        raise ValidationFailed(f"finish_work refused: {reply.error}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from cairn.errors import CairnError
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
+from cairn.resultjson import ResultInvalid, parse
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.retry import QUOTA_CODE, Backoff, retry_after, retryable_status
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
@@ -295,8 +296,8 @@ def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    try:  # bounded: a model's arguments are as untrusted as an agent's result
+        value = parse(raw, "the arguments")
+    except ResultInvalid:
         return None
     return value if isinstance(value, dict) else None

@@ -12,13 +12,17 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cairn import untrusted
 from cairn.errors import CairnError
 from cairn.protocol.agent import AgentInstruction
 from cairn.protocol.launch import ScriptStep
+from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
+from cairn.worker.agentproc import run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
 
@@ -37,6 +41,9 @@ def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[d
         for step in profile.steps:
             run_step(step, instruction)
             channel.note(f"{step.action} {step.path or ' '.join(step.argv)}".strip())
+        written = read_result_file()  # a step may answer as a command agent would
+        if written is not None:
+            return typed(written)
         return _fill(profile.output, instruction), _fill_text(profile.handoff, instruction)
     if profile.kind == "llm":
         from cairn.worker.llm import run_llm
@@ -91,8 +98,9 @@ def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
 
 
 def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[str, Any], str]:
-    """Run a host-configured agent CLI; its result is /outputs/result.json or its last
-    stdout line (JSON with ``output`` and optional ``handoff``)."""
+    """Run a host-configured agent CLI until it exits; its result is /outputs/result.json
+    or its last stdout line (JSON with ``output`` and optional ``handoff``), judged by
+    :mod:`cairn.resultjson` (:class:`ResultInvalid`)."""
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/state"),
@@ -110,29 +118,54 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
     if shim is not None:
         env.update(relay_environment(shim.port))
     try:
-        proc = subprocess.run(
-            [a.replace("{prompt}", instruction.prompt) for a in argv],
-            cwd=WORKSPACE,
-            env=env,
-            stdout=subprocess.PIPE,
-            check=False,
-            timeout=None,
+        returncode, stdout = run_to_exit(
+            [a.replace("{prompt}", instruction.prompt) for a in argv], cwd=WORKSPACE, env=env
         )
     finally:
         if shim is not None:
             shim.close()
-    if proc.returncode != 0:
-        raise CairnError(f"agent command {argv[0]} exited {proc.returncode}")
-    result_file = OUTPUTS / "result.json"
-    if result_file.exists():
-        raw = result_file.read_text()
-    else:
-        lines = proc.stdout.decode(errors="replace").strip().splitlines()
-        if not lines:
+    if returncode != 0:
+        raise CairnError(f"agent command {argv[0]} exited {returncode}")
+    result = read_result_file()
+    if result is None:
+        line = stdout.last_line("the last line of stdout")
+        if line is None:
             raise CairnError(f"agent command {argv[0]} printed no result")
-        raw = lines[-1]
-    result = json.loads(raw)
-    return dict(result.get("output", result)), str(result.get("handoff", ""))
+        result = parse(line, "the last line of stdout")
+    return typed(result)
+
+
+def read_result_file() -> Any | None:
+    """The JSON value of ``/outputs/result.json``, None if the agent wrote none. Its
+    size is checked before a byte is read; :class:`ResultInvalid` if refused."""
+    what = "/outputs/result.json"
+    try:  # the agent's own file, yet a FIFO or a link there must not hang or mislead
+        fd = untrusted.open_file(OUTPUTS, "result.json", owner=os.getuid(), limit=sys.maxsize)
+    except untrusted.UntrustedFileMissing:
+        return None
+    except untrusted.UntrustedFileError as exc:
+        raise ResultInvalid("file", f"{what}: {exc.reason}") from None
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        if size > RESULT_LIMIT:
+            raise ResultInvalid(
+                "size", f"{what} is {size} bytes; a result may have at most {RESULT_LIMIT}",
+                sha256=fingerprint_stream(fh, size),
+            )
+        data = fh.read(RESULT_LIMIT + 1)
+    return parse(data, what)
+
+
+def typed(result: Any) -> tuple[dict[str, Any], str]:
+    """(output, handoff) of a parsed result: ``{"output": {...}, "handoff": "..."}``, or
+    the output object alone."""
+    if not isinstance(result, dict):
+        raise ResultInvalid("schema", "the result is not a JSON object")
+    output = result.get("output", result)
+    if not isinstance(output, dict):
+        raise ResultInvalid("schema", "the result's output is not a JSON object")
+    handoff = result.get("handoff", "")
+    return output, handoff if isinstance(handoff, str) else json.dumps(handoff)
 
 
 def relay_environment(port: int) -> dict[str, str]:

@@ -14,6 +14,9 @@ from cairn.protocol.launch import ProfileSpec
 MODEL_ATTEMPT_HEADER = "X-Cairn-Attempt"
 REFUSED_HEADER = "X-Cairn-Refused"
 
+MESSAGE_LIMIT = 8 << 20
+"""Bytes of one line on the agent socket, its newline included."""
+
 
 class AgentInstruction(Frozen):
     run_id: RunId
@@ -34,9 +37,13 @@ class AgentMessage(Frozen):
 
 
 class AgentReply(Frozen):
+    """``refused``: the coordinator judged the finish's result invalid; ``error`` is then
+    ``kind: detail`` (:data:`cairn.resultjson.KINDS`) and the attempt is over."""
+
     ok: bool
     instruction: AgentInstruction | None = None
     error: str | None = None
+    refused: bool = False
 
 
 class Boundary(Frozen):

@@ -723,7 +723,8 @@ def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> 
 # (file, function, the helper functions it must call). Each reads what an agent or the
 # run owner's helper unit wrote; each runs as a more trusted user (cairn or root).
 READERS: list[tuple[str, str, set[str]]] = [
-    ("coordinator/agentop.py", "AgentOperations.read_result_file", {"read_json"}),
+    ("coordinator/agentop.py", "AgentOperations.read_result_file", {"read_bytes"}),
+    ("coordinator/agentop.py", "AgentOperations.read_invalid_file", {"read_bytes"}),
     ("coordinator/recovery.py", "Recovery.fail_if_limit_hit", {"read_text"}),
     ("broker/units.py", "start_agent", {"read_json"}),  # evidence/index.json (owner cairn)
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
@@ -740,9 +741,10 @@ PENDING: list[tuple[str, str, set[str]]] = [
     ("cairn/settle.py", "_same_bytes", {"open_file"}),  # inventories_equal, root, P's bytes
 ]
 
-# Where agent-written (or owner-written) files live, as the host names them.
-MARKERS = ("finish.json", "service-result", "stats.json", "/outputs", "/state", "/workspace",
-           "/apply/", "/result/", "/candidate")  # the last three: the owner's helper units
+# Where agent-written (or owner-written) files live, as the host names them; the last
+# three: the owner's helper units.
+MARKERS = ("finish.json", "result-invalid.json", "service-result", "stats.json", "/outputs",
+           "/state", "/workspace", "/apply/", "/result/", "/candidate")
 MARKER_NAMES = {"outputs_dir", "outputs", "result_dir", "agent_channel_dir", "agent_socket_path",
                 "model_socket_path"}  # the channel directory is the agent's to write in too
 READ_ATTRS = {"read_text", "read_bytes", "is_file", "is_fifo", "is_socket", "open", "load",
