@@ -7,6 +7,7 @@ import threading
 import time
 
 from cairn import journald, paths
+from cairn.daemon.admission import watch_queue
 from cairn.daemon.reconcile import reconcile
 from cairn.daemon.server import serve
 from cairn.errors import CairnError
@@ -27,6 +28,8 @@ def main() -> None:
 
 
 def reconcile_at_start(started_at: float) -> None:
+    """Give active runs their coordinator back, then admit queued runs as slots free for
+    as long as cairnd runs."""
     journal = Journal(paths.journal_path())
     try:
         reconcile(journal, started_at=started_at)
@@ -34,6 +37,7 @@ def reconcile_at_start(started_at: float) -> None:
         logging.getLogger("cairn.daemon").error("reconciler: %s", exc)
     finally:
         journal.close()
+    watch_queue()
 
 
 if __name__ == "__main__":
