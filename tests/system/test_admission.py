@@ -73,12 +73,13 @@ def slot_intervals(machine: Machine) -> tuple[list[tuple[float, float]], dict[st
     intervals = []
     for events in data["events"].values():
         names = [e for e, _ in events]
-        start = next(at for e, at in events
-                     if e == ("run-admitted" if "run-queued" in names else "run-created"))
+        start_event = "run-admitted" if "run-queued" in names else "run-created"
+        start = next((at for e, at in events if e == start_event), None)
+        if start is None:  # still queued
+            continue
         end = next((at for e, at in events if e not in
                     ("run-created", "run-queued", "run-admitted") and at >= start), None)
-        if "run-admitted" in names or "run-queued" not in names:
-            intervals.append((start, end if end is not None else float("inf")))
+        intervals.append((start, end if end is not None else float("inf")))
     return intervals, data["state"]
 
 
