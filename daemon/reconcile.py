@@ -1,11 +1,11 @@
 """Boot-time reconciler: runs that should be active get their coordinator back.
 
 Waiting, blocked, queued and finished runs stay as they are (cairnd's admission thread,
-:mod:`cairn.daemon.admission`, starts queued runs as slots free). A run whose launch never finished
-(no coordinator took it, and the launch recorded no receipt) ends ``failed``: a launch is
-all or nothing. Half-done broker intents need no
-special care here: the restarted coordinator repeats its verbs, and the broker finishes
-each intent exactly once by its receipts.
+:mod:`cairn.daemon.admission`, starts queued runs as slots free). A run whose launch never
+finished (no coordinator took it, and the launch recorded no receipt) ends ``failed``: a
+launch is all or nothing. Half-done broker intents need no special care here: the
+restarted coordinator repeats its verbs, and the broker finishes each intent exactly once
+by its receipts.
 """
 
 from __future__ import annotations

@@ -142,9 +142,11 @@ def test_list_and_show_tell_a_queued_run_and_its_place_and_cancel_drops_it(
                 "handoff": ""}
         booted.exec(["tee", agent], user="alice", input=json.dumps(slow).encode())
         holder, _took, _said = launch(booted, "alice", agent)
-        first, _took, said = launch(booted, "alice", agent)
-        second, _took, _said = launch(booted, "alice", agent)
+        first, took_first, said = launch(booted, "alice", agent)
+        second, took_second, _said = launch(booted, "alice", agent)
         assert "queued (position 1)" in said
+        print(f"\na queued launch on a machine at its limit returned in {took_first:.2f}s "
+              f"and {took_second:.2f}s")
         listed = cairn(booted, "list")
         assert f"{first:<38} queued#1" in listed and f"{second:<38} queued#2" in listed
         data = show(booted, second)
