@@ -1,6 +1,7 @@
 """Every configuration file of the host (``/etc/cairn``) checked at once, each by the
 loader that reads it for real: ``providers.toml`` (:mod:`cairn.providers`),
-``policy.toml`` (:mod:`cairn.policy`), ``schedules.toml`` (:mod:`cairn.schedules`) and
+``policy.toml`` (:mod:`cairn.policy`), ``schedules.toml`` (:mod:`cairn.schedules`),
+``admission.toml`` (:mod:`cairn.admission`) and
 every agent profile in ``profiles.d/`` (read here, for launches too). ``cairn config
 check`` runs it as the caller; ``cairn doctor`` has cairnd run it as the user ``cairn``.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn import paths
+from cairn.admission import admission_config
 from cairn.config import Problem, Problems
 from cairn.policy import load_policy
 from cairn.protocol.launch import ProfileSpec
@@ -22,7 +24,7 @@ PROFILE_FIX = (
     "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
     "(see docs/agents.md and docs/examples/profiles.d)"
 )
-KNOWN_FILES = ("providers.toml", "policy.toml", "schedules.toml")
+KNOWN_FILES = ("providers.toml", "policy.toml", "schedules.toml", "admission.toml")
 UNKNOWN_FIX = (
     f"Cairn reads {', '.join(KNOWN_FILES)} and profiles.d/*.toml here; rename or remove it"
 )
@@ -52,6 +54,7 @@ def check_host_config() -> list[Problem]:
     load_providers(problems=found)
     load_policy(problems=found)
     host_config(problems=found)
+    admission_config(problems=found)
     for file in sorted(profiles_dir().glob("*.toml")):
         data = found.toml(file)
         if data is not None:

@@ -31,7 +31,8 @@ TIMEZONE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$")
 
 DEFAULT_MAX_LAUNCH_FAILURES = 3
 DEFAULT_MACHINE_LIMIT = 4
-ACTIVE_RUN_STATES = ("pending", "running", "waiting")
+# a queued run (waiting for a machine-wide slot, cairn/admission.py) counts as active here
+ACTIVE_RUN_STATES = ("queued", "pending", "running", "waiting")
 
 _ELAPSE_RE = re.compile(
     # systemd < 257 labels later elapses "Iter. #N", newer ones "Iteration #N".

@@ -7,6 +7,7 @@ import threading
 import time
 
 from cairn import journald, paths
+from cairn.daemon.admission import watch_queue
 from cairn.daemon.expiry import run_timer
 from cairn.daemon.interactions import start_coordinator
 from cairn.daemon.reconcile import reconcile
@@ -33,6 +34,8 @@ def main() -> None:
 
 
 def reconcile_at_start(started_at: float) -> None:
+    """Give active runs their coordinator back, then admit queued runs as slots free for
+    as long as cairnd runs."""
     journal = Journal(paths.journal_path())
     try:
         reconcile(journal, started_at=started_at)
@@ -40,6 +43,7 @@ def reconcile_at_start(started_at: float) -> None:
         logging.getLogger("cairn.daemon").error("reconciler: %s", exc)
     finally:
         journal.close()
+    watch_queue()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Launch: resolve and review a definition, validate arguments, freeze the launch
-description, record the run and ask the broker to start its coordinator."""
+description, record the run through the machine-wide admission and ask the broker to pin
+it and (admitted) start its coordinator."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -19,15 +21,15 @@ import cairn
 from cairn import paths, retention
 from cairn.capsule import current_release
 from cairn.config import Problems
-from cairn.daemon import attest
+from cairn.daemon import admission, attest
 from cairn.definitions.builtin import builtin_names, builtin_source
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
 from cairn.evaluators import frozen_evaluators
 from cairn.hostconfig import check_profile, profile_file
 from cairn.journal.readwrite import Journal
+from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.policy import load_policy
-from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.definitions import DEFINITION_RE
 from cairn.protocol.launch import (
@@ -261,13 +263,38 @@ def launch(
         project=project,
         schedule=schedule,
     )
-    run_id = desc.run_id
     attest.require_channel()  # an unattested launch is refused before the run exists
     retention.admit("launch")  # a full pool refuses the launch before the run exists
-    start = Intent(intent_id="start-coordinator", run_id=run_id, kind="start-coordinator")
-    journal.create_run(desc, intents=[start])
-    start_or_fail(journal, desc)
-    return {"run_id": run_id, "review_hash": review.review_hash, "launch_hash": desc.launch_hash()}
+    return {
+        "run_id": desc.run_id,
+        "review_hash": review.review_hash,
+        "launch_hash": desc.launch_hash(),
+        **admit_or_queue(journal, desc),
+    }
+
+
+def admit_or_queue(
+    journal: Journal, desc: LaunchDescription, *, imported: Sequence[OpRow] = ()
+) -> dict[str, Any]:
+    """Record the new run through the machine-wide admission (:mod:`cairn.admission`):
+    started now if a slot is free, else ``queued`` — pinned on its owner's attestation
+    now, while the owner's CLI is there to give it, and started by cairnd when a slot
+    frees. A replay passes the operations it imports. Returns the run's ``state`` and,
+    queued, its ``position`` (1 = next)."""
+    config = admission.current_config()
+    admitted = journal.launch_run(
+        desc, machine_limit=config.machine_limit, user_limit=config.user_limit, imported=imported
+    )
+    start_or_fail(journal, desc)  # with no start intent (queued), the broker only pins
+    if admitted:
+        return {"state": "pending"}
+    joined = journal.join_queue(desc.run_id)
+    admission.queue_changed()
+    state = journal.get_run(desc.run_id).state
+    result: dict[str, Any] = {"state": state}
+    if joined and state == "queued":
+        result["position"] = admission.position(journal, desc.run_id)
+    return result
 
 
 def freeze(
@@ -328,7 +355,8 @@ def freeze(
 
 def start_or_fail(journal: Journal, desc: LaunchDescription) -> None:
     """Have the broker pin the new run on its owner's attestation and start its
-    coordinator, or end the run ``failed`` with the reason, so a launch is all or nothing:
+    coordinator (a queued run has no start intent yet: it is only pinned), or end the run
+    ``failed`` with the reason, so a launch is all or nothing:
     a run its launch could not start is never started later (the boot reconciler starts
     only ``pending`` and ``running`` runs, and fails one whose launch left no receipt). A
     coordinator that took the run all the same (the reply was lost) keeps it."""

@@ -1,10 +1,11 @@
 """Boot-time reconciler: runs that should be active get their coordinator back.
 
-Waiting, blocked and finished runs stay as they are. A run whose launch never finished
-(no coordinator took it, and the launch recorded no receipt) ends ``failed``: a launch is
-all or nothing. Half-done broker intents need no
-special care here: the restarted coordinator repeats its verbs, and the broker finishes
-each intent exactly once by its receipts.
+Waiting, blocked, queued and finished runs stay as they are (cairnd's admission thread,
+:mod:`cairn.daemon.admission`, starts queued runs as slots free). A run whose launch never
+finished (no coordinator took it, and the launch recorded no receipt) ends ``failed``: a
+launch is all or nothing. Half-done broker intents need no special care here: the
+restarted coordinator repeats its verbs, and the broker finishes each intent exactly once
+by its receipts.
 """
 
 from __future__ import annotations
@@ -48,9 +49,18 @@ def launch_unfinished(journal: Journal, run: RunRow, *, created_before: float) -
     """A run an earlier cairnd recorded (before ``created_before``, when this one started)
     that no coordinator ever took, without the receipt of its launch's
     ``start-coordinator``: its launch was cut short, so nobody was told it started. (A
-    run this cairnd is launching right now looks the same, so it is never judged.)"""
-    if run.state != "pending" or run.lease_token != 0 or run.created_at >= created_before:
+    run this cairnd is launching right now looks the same, so it is never judged.)
+
+    A run that joined the queue is not such a run: its owner was told it starts later, and
+    it was pinned on their word. Queued, it waits for a slot; admitted, it is started. A
+    ``queued`` run that never joined the queue (cairnd stopped before the broker pinned
+    it) was cut short like any other launch."""
+    if run.state not in ("pending", "queued") or run.lease_token != 0:
         return False
+    if run.created_at >= created_before or journal.was_queued(run.run_id):
+        return False
+    if run.state == "queued":
+        return True
     return not any(r.get("intent_id") == "start-coordinator" for r in journal.receipts(run.run_id))
 
 
@@ -60,11 +70,11 @@ def reconcile(journal: Journal, *, started_at: float) -> list[str]:
     restarted: list[str] = []
     with Systemd() as sd:
         for run in journal.list_runs(None, limit=100_000):
-            if run.state not in ACTIVE_STATES:
-                continue
             if launch_unfinished(journal, run, created_before=started_at):
                 journal.fail_unstarted_run(run.run_id, UNFINISHED_LAUNCH)
                 log.error("%s: %s", run.run_id, UNFINISHED_LAUNCH)
+                continue
+            if run.state not in ACTIVE_STATES:
                 continue
             state = sd.unit_state(coordinator_unit(run.run_id))
             if state is not None and state.active_state in ("active", "activating", "reloading"):

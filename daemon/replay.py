@@ -18,12 +18,11 @@ from typing import Any
 
 from cairn import paths, retention
 from cairn.daemon import attest
-from cairn.daemon.launch import freeze, start_or_fail
+from cairn.daemon.launch import admit_or_queue, freeze
 from cairn.daemon.views import visible_run
 from cairn.errors import PermissionDenied, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
-from cairn.protocol.broker import Intent
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
 from cairn.replay import select_imports
@@ -94,10 +93,7 @@ def replay(
     )
     attest.require_channel()  # an unattested replay is refused before the run exists
     retention.admit("replay")  # a full pool refuses the replay before the run exists
-    start = Intent(intent_id="start-coordinator", run_id=desc.run_id, kind="start-coordinator")
     copy_evidence(source.run_id, desc.run_id, origin.ops)
-    journal.create_run(desc, intents=[start], imported=imported)
-    start_or_fail(journal, desc)
     return {
         "run_id": desc.run_id,
         "source_run": source.run_id,
@@ -105,6 +101,7 @@ def replay(
         "imported": origin.ops,
         "review_hash": desc.review_hash,
         "launch_hash": desc.launch_hash(),
+        **admit_or_queue(journal, desc, imported=imported),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 from typing import Any
 
+from cairn.admission import queue_positions
 from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
@@ -60,11 +61,19 @@ def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
         return _ps_rows(journal, journal.list_runs(owner))
 
 
+def queue_position(journal: Journal) -> dict[str, int]:
+    """Each queued run's place in the machine-wide queue (1 = next to start)."""
+    queued, holding = journal.queue_snapshot()
+    return queue_positions(queued, holding)
+
+
 def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
+    positions = queue_position(journal) if any(r.state == "queued" for r in runs) else {}
     return [
         {
             "run_id": r.run_id,
             "state": r.state,
+            "position": positions.get(r.run_id),
             "definition": r.definition,
             "project": r.project,
             "owner_uid": r.owner_uid,
@@ -77,9 +86,14 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
 
 
 def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
-    """The run's view (:func:`cairn.views.run.run_view`), read from one snapshot."""
+    """The run's view (:func:`cairn.views.run.run_view`), read from one snapshot; a
+    queued run's with its ``position`` in the machine-wide queue."""
     with read_snapshot(journal):
-        return run_view(journal, visible_run(journal, run_id, uid))
+        row = visible_run(journal, run_id, uid)
+        view = run_view(journal, row)
+        if row.state == "queued":
+            view["run"]["position"] = queue_position(journal).get(row.run_id)
+        return view
 
 
 def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:

@@ -167,8 +167,19 @@ def launch(
         os.close(fd)
     if json_out:
         emit(result)
-    else:
-        typer.echo(result["run_id"])
+        return
+    typer.echo(result["run_id"])
+    if result.get("state") == "queued":
+        typer.echo(queued_note(result["run_id"], result.get("position")), err=True)
+
+
+def queued_note(run_id: str, position: int | None) -> str:
+    """What a person is told of a run that waits for a machine-wide slot."""
+    where = f" (position {position})" if position else ""
+    return (
+        f"queued{where}: the machine runs as many runs as its limit allows; {run_id} "
+        "starts when a slot frees ('cairn show' tells its place, 'cairn cancel' drops it)"
+    )
 
 
 def full_run_id(ref: str) -> str | None:
@@ -208,8 +219,9 @@ def list_runs(
         op = r["current_op"]
         current = printable(f"{op['op_id']} {op['state']}") if op else "-"
         settled = printable((r.get("settlement_summary") or {}).get("label", "-"))
+        state = f"queued#{r['position']}" if r.get("position") else r["state"]
         typer.echo(
-            f"{r['run_id']:<38} {r['state']:<10} {printable(r['definition']):<22} "
+            f"{r['run_id']:<38} {state:<10} {printable(r['definition']):<22} "
             f"{current:<22} {settled:<24} {_age(r['created_at'])}"
         )
 
@@ -223,6 +235,8 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     run = data["run"]
     typer.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
     typer.echo(f"project {printable(run['project'])}")
+    if run["state"] == "queued":
+        typer.echo(queued_note(run["run_id"], run.get("position")))
     if run.get("error"):
         typer.echo(f"error: {printable(run['error'])}")
     origin = data.get("replayed_from")

@@ -341,6 +341,12 @@ class People(Writes):
                 raise UsageError(f"{run_id} is {state}, not paused")
             if action == "pause" and state == "paused":
                 return "already paused", False
+            if action == "pause" and state == "queued":
+                raise UsageError(
+                    f"{run_id} is queued for a slot and has not started; there is nothing to "
+                    "pause",
+                    hint=f"cancel it with 'cairn cancel {run_id}' if it should not run",
+                )
             if active:
                 if action in pending:
                     return f"{action} already requested", False

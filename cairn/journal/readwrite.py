@@ -1,5 +1,6 @@
 """The read-write journal: the reads of :class:`~cairn.journal.reader.JournalReader` and
-the writes of runs, operations and people, on a connection that migrates on open."""
+the writes of runs, the queue of runs, operations and people, on a connection that
+migrates on open."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from pathlib import Path
 
 from cairn.journal.operations import Operations
 from cairn.journal.people import People
-from cairn.journal.runs import Runs
+from cairn.journal.queue import Queue
 from cairn.journal.schema import MIGRATIONS
 from cairn.journal.store import Clock, Store
 from cairn.journal.transactions import migrate
 
 
-class Journal(Runs, Operations, People):
+class Journal(Queue, Operations, People):
     """A connection to the journal. Not thread-safe: one per thread.
 
     Opening it read-write creates (``create=True``) and migrates the schema; ``readonly``

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from cairn.canonical import canonical_json
 
 RunState = Literal[
-    "pending",
+    "queued", "pending",
     "running",
     "waiting",
     "paused",

@@ -46,28 +46,38 @@ class Runs(Writes):
         """Record a new run with its frozen launch description and first intents, and, for
         a replay, the operations it imports from its source (each as it was there, with an
         ``op-imported`` event naming the run and operation it came from)."""
-        now = self.clock()
         with self.transaction() as db:
-            db.execute(
-                "INSERT INTO runs (run_id, owner_uid, definition, review_hash, project, state,"
-                " launch, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    desc.run_id,
-                    desc.owner_uid,
-                    desc.definition,
-                    desc.review_hash,
-                    desc.project.root,
-                    "pending",
-                    desc.model_dump_json(),
-                    now,
-                    now,
-                ),
-            )
-            for intent in intents:
-                self._insert_intent(db, intent)
-            self._event(db, desc.run_id, "run-created", {"definition": desc.definition})
-            for op in imported:
-                self._import_op(db, desc.run_id, op, now)
+            self._insert_run(db, desc, "pending", intents, imported)
+
+    def _insert_run(
+        self,
+        db: sqlite3.Connection,
+        desc: LaunchDescription,
+        state: RunState,
+        intents: list[Intent],
+        imported: Sequence[OpRow] = (),
+    ) -> None:
+        now = self.clock()
+        db.execute(
+            "INSERT INTO runs (run_id, owner_uid, definition, review_hash, project, state,"
+            " launch, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                desc.run_id,
+                desc.owner_uid,
+                desc.definition,
+                desc.review_hash,
+                desc.project.root,
+                state,
+                desc.model_dump_json(),
+                now,
+                now,
+            ),
+        )
+        for intent in intents:
+            self._insert_intent(db, intent)
+        self._event(db, desc.run_id, "run-created", {"definition": desc.definition})
+        for op in imported:
+            self._import_op(db, desc.run_id, op, now)
 
     def _import_op(self, db: sqlite3.Connection, run_id: str, op: OpRow, now: float) -> None:
         db.execute(
@@ -103,16 +113,17 @@ class Runs(Writes):
             self._event(db, run_id, f"run-{state}", {"error": error} if error else {})
 
     def fail_unstarted_run(self, run_id: str, error: str) -> bool:
-        """End a run no coordinator ever took (``pending``, no lease ever acquired) as
-        ``failed`` with ``error``: a launch that could not start it leaves nothing behind
-        to start later. False when a coordinator took the run meanwhile (it is started)."""
+        """End a run no coordinator ever took (``pending`` or ``queued``, no lease ever
+        acquired) as ``failed`` with ``error``: a launch that could not start it leaves
+        nothing behind to start later. False when a coordinator took the run meanwhile (it
+        is started) or it ended otherwise."""
         with self.transaction() as db:
             row = db.execute(
                 "SELECT state, lease_token FROM runs WHERE run_id=?", (run_id,)
             ).fetchone()
             if row is None:
                 raise NotFound(f"no run {run_id}")
-            if row["state"] != "pending" or row["lease_token"] != 0:
+            if row["state"] not in ("pending", "queued") or row["lease_token"] != 0:
                 return False
             db.execute(
                 "UPDATE runs SET state='failed', error=?, updated_at=? WHERE run_id=?",

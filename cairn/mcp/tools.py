@@ -316,4 +316,8 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
         )
     finally:
         os.close(fd)
-    return {"run_id": result["run_id"], "definition": workflow.definition, "project": str(root)}
+    launched = {"run_id": result["run_id"], "definition": workflow.definition,
+                "project": str(root), "state": result.get("state", "pending")}
+    if result.get("position") is not None:
+        launched["position"] = result["position"]  # queued for a machine-wide slot
+    return launched

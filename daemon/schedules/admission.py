@@ -2,7 +2,10 @@
 
 A timer wakeup is only a reminder: admission runs here, under the schedule's lock and (for
 the decision) the machine-wide lock, and an admitted occurrence becomes an ordinary run
-through :func:`cairn.daemon.launch.launch`. Launch failures and workflow outcomes are kept
+through :func:`cairn.daemon.launch.launch` — and so through the one machine-wide
+admission of every launch (:mod:`cairn.daemon.admission`): a launched occurrence's run may
+be ``queued`` for a slot, which counts as active here. Launch failures and workflow
+outcomes are kept
 apart: repeated launch failures block the schedule; a launched run that fails or waits
 becomes an inbox item.
 
@@ -60,7 +63,7 @@ def sync_outcomes(store: Store, journal: Journal) -> None:
     failed, was cancelled or waits for a person becomes an inbox item (once)."""
     rows = store.db.execute(
         "SELECT o.schedule_id, o.key, o.run_id, o.run_state FROM occurrences o"
-        " WHERE o.state='launched' AND (o.run_state IS NULL OR o.run_state IN (?,?,?))",
+        " WHERE o.state='launched' AND (o.run_state IS NULL OR o.run_state IN (?,?,?,?))",
         ACTIVE_RUN_STATES,
     ).fetchall()
     for r in rows:
@@ -184,7 +187,7 @@ def _facts(
     machine_active = int(
         store.db.execute(
             "SELECT count(*) FROM occurrences WHERE state='preparing' OR (state='launched'"
-            " AND (run_state IS NULL OR run_state IN (?,?,?)))",
+            " AND (run_state IS NULL OR run_state IN (?,?,?,?)))",
             ACTIVE_RUN_STATES,
         ).fetchone()[0]
     )

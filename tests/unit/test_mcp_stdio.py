@@ -120,7 +120,7 @@ def test_a_workflow_tool_launches_the_installed_source_on_the_servers_directory(
     client.initialize()
     result = client.call("user_fix-flaky", {"args": {"objective": "fix the flaky test"}})
     assert result["structuredContent"] == {
-        "run_id": RUN, "definition": "user:fix-flaky", "project": str(project)
+        "run_id": RUN, "definition": "user:fix-flaky", "project": str(project), "state": "pending"
     }
     [launch] = daemon.asked
     assert launch["op"] == "launch" and launch["definition"] == "user:fix-flaky"

@@ -1,0 +1,172 @@
+"""One machine-wide admission for every launch, in a booted machine with the package
+installed: many launches at once with a low limit in /etc/cairn/admission.toml all end
+``succeeded``, never more than the limit hold a slot at once (read from the journal's
+events), ``cairn list``/``show`` show ``queued`` runs with their place, a queued run is
+cancelled, and a queued run survives a restart of cairnd and still starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from machine import Machine
+from test_end_to_end import cairn, show
+
+LAUNCHES = int(os.environ.get("CAIRN_ADMISSION_LAUNCHES", "64"))
+LIMIT = 8
+LAUNCHERS = 16  # `cairn launch` processes at once
+
+# Read inside the machine, as root: every run's slot-holding interval from its events.
+SLOT_INTERVALS = """
+import json, sqlite3
+db = sqlite3.connect("file:/var/lib/cairn/journal/journal.db?mode=ro", uri=True)
+runs = {}
+for run_id, event, at in db.execute(
+    "SELECT run_id, event, at FROM events WHERE event IN ('run-created', 'run-queued',"
+    " 'run-admitted', 'run-succeeded', 'run-failed', 'run-cancelled', 'run-stopped',"
+    " 'run-waiting') ORDER BY cursor"):
+    runs.setdefault(run_id, []).append((event, at))
+state = {r: s for r, s in db.execute("SELECT run_id, state FROM runs")}
+print(json.dumps({"events": runs, "state": state}))
+"""
+
+
+@pytest.fixture(scope="module")
+def booted(deb: Path) -> Iterator[Machine]:
+    with Machine(deb, with_pool=True) as machine:
+        machine.exec(["tee", "/etc/cairn/admission.toml"],
+                     input=f"max_running_runs = {LIMIT}\n".encode())
+        yield machine
+
+
+def script(machine: Machine, user: str) -> str:
+    """A scripted agent that finishes at once."""
+    path = f"/home/{user}/agent-now.json"
+    body = {"steps": [], "output": {"summary": "done"}, "handoff": ""}
+    machine.exec(["tee", path], user=user, input=json.dumps(body).encode())
+    return path
+
+
+def launch(machine: Machine, user: str, agent: str) -> tuple[str, float, str]:
+    """Launch builtin:implement on a new project; (run ID, seconds, what it said)."""
+    project = f"/home/{user}/p-{secrets.token_hex(4)}"
+    machine.exec(["mkdir", "-p", project], user=user)
+    argv = ["cairn", "launch", "builtin:implement", "--project", project,
+            "--args", json.dumps({"objective": "admission"}),
+            "--scripted", f"builtin:implementer={agent}"]
+    started = time.monotonic()
+    proc = machine.exec(argv, user=user, timeout=300)
+    took = time.monotonic() - started
+    return proc.stdout.decode().strip().splitlines()[-1], took, proc.stderr.decode()
+
+
+def slot_intervals(machine: Machine) -> tuple[list[tuple[float, float]], dict[str, str]]:
+    """(start, end) of every run's hold on a slot: from its launch (admitted at once) or
+    its admission from the queue, to its end or its wait for a person."""
+    data = json.loads(machine.exec(["python3", "-c", SLOT_INTERVALS]).stdout)
+    intervals = []
+    for events in data["events"].values():
+        names = [e for e, _ in events]
+        start_event = "run-admitted" if "run-queued" in names else "run-created"
+        start = next((at for e, at in events if e == start_event), None)
+        if start is None:  # still queued
+            continue
+        end = next((at for e, at in events if e not in
+                    ("run-created", "run-queued", "run-admitted") and at >= start), None)
+        intervals.append((start, end if end is not None else float("inf")))
+    return intervals, data["state"]
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda p: (p[0], p[1]))
+    held = most = 0
+    for _, step in points:
+        held += step
+        most = max(most, held)
+    return most
+
+
+def wait_all_ended(machine: Machine, runs: list[str], timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        _intervals, states = slot_intervals(machine)
+        if all(states.get(r) in ("succeeded", "failed", "cancelled", "stopped") for r in runs):
+            return states
+        if time.monotonic() > deadline:
+            left = {r: states.get(r) for r in runs if states.get(r) != "succeeded"}
+            pytest.fail(f"runs not ended after {timeout}s: {left}")
+        time.sleep(2)
+
+
+def test_many_launches_at_once_never_run_more_than_the_limit_and_all_succeed(
+    booted: Machine,
+) -> None:
+    agents = {user: script(booted, user) for user in ("alice", "bob")}
+    users = ["alice", "bob"] * (LAUNCHES // 2)
+    began = time.monotonic()
+    with ThreadPoolExecutor(LAUNCHERS) as pool:
+        launched = list(pool.map(lambda u: launch(booted, u, agents[u]), users))
+    launching = time.monotonic() - began
+    runs = [run_id for run_id, _took, _said in launched]
+    assert len(set(runs)) == LAUNCHES and all(r.startswith("flow_") for r in runs)
+    queued = [said for _r, _t, said in launched if "queued" in said]
+    assert queued, "a launch over the limit says it is queued"
+    assert "starts when a slot frees" in queued[0]
+
+    states = wait_all_ended(booted, runs, timeout=60 * 20)
+    ended = time.monotonic() - began
+    assert {states[r] for r in runs} == {"succeeded"}
+    intervals, _ = slot_intervals(booted)
+    assert len(intervals) == LAUNCHES
+    assert most_at_once(intervals) == LIMIT  # the limit was reached, never passed
+    took = sorted(t for _r, t, _s in launched)
+    print(f"\n{LAUNCHES} launches, {LAUNCHERS} at once, limit {LIMIT}: launching took "
+          f"{launching:.1f}s, each launch median {took[len(took) // 2]:.2f}s, "
+          f"max {took[-1]:.2f}s; all {LAUNCHES} ended after {ended:.1f}s")
+
+
+def test_list_and_show_tell_a_queued_run_and_its_place_and_cancel_drops_it(
+    booted: Machine,
+) -> None:
+    booted.exec(["tee", "/etc/cairn/admission.toml"], input=b"max_running_runs = 1\n")
+    try:
+        agent = f"/home/alice/agent-{secrets.token_hex(4)}.json"
+        slow = {"steps": [{"action": "sleep", "seconds": 30}], "output": {"summary": "done"},
+                "handoff": ""}
+        booted.exec(["tee", agent], user="alice", input=json.dumps(slow).encode())
+        holder, _took, _said = launch(booted, "alice", agent)
+        first, took_first, said = launch(booted, "alice", agent)
+        second, took_second, _said = launch(booted, "alice", agent)
+        assert "queued (position 1)" in said
+        print(f"\na queued launch on a machine at its limit returned in {took_first:.2f}s "
+              f"and {took_second:.2f}s")
+        listed = cairn(booted, "list")
+        assert f"{first:<38} queued#1" in listed and f"{second:<38} queued#2" in listed
+        data = show(booted, second)
+        assert (data["run"]["state"], data["run"]["position"]) == ("queued", 2)
+        assert "queued (position 2)" in cairn(booted, "show", second)
+
+        # a queued run survives a restart of cairnd and still waits its turn
+        booted.exec(["systemctl", "restart", "cairn.service"])
+        assert show(booted, first)["run"]["state"] == "queued"
+
+        assert cairn(booted, "cancel", second).strip() == f"{second}: cancelled"
+        cairn(booted, "cancel", holder)
+        deadline = time.monotonic() + 120
+        while show(booted, first)["run"]["state"] == "queued":
+            assert time.monotonic() < deadline, "the queued run never started"
+            time.sleep(1)
+        cairn(booted, "cancel", first)
+        assert show(booted, second)["run"]["state"] == "cancelled"
+        events = [e["event"] for e in show(booted, second)["events"]]
+        assert "run-admitted" not in events
+    finally:
+        booted.exec(["tee", "/etc/cairn/admission.toml"],
+                    input=f"max_running_runs = {LIMIT}\n".encode())
