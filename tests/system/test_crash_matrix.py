@@ -317,7 +317,11 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
         assert retried == set() and retries == 0, run.agent_starts
     assert set(run.measure_starts) == {u.replace(clean.run_id, run.run_id)
                                        for u in clean.measure_starts}
-    assert set(run.measure_starts.values()) <= {1}  # nothing measured twice
+    where, situation = SITUATIONS[failpoint]
+    if where != "broker":  # nothing measured twice
+        assert set(run.measure_starts.values()) <= {1}, run.measure_starts
+    # else: the one broker serves every run, and an evaluator it was waiting on when it
+    # died runs again for the retried intent (its measurement still recorded once: shape)
     # nothing left behind: units, intents, subvolumes (one W per scope, as undisturbed)
     assert run.units == [], run.units
     assert run.pending == [], run.pending
@@ -327,7 +331,6 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
 
     assert generic(run.subvolumes) == generic(clean.subvolumes)
     restarts = sum(1 for e in data["events"] if e["event"] == "lease-acquired") - 1
-    where, situation = SITUATIONS[failpoint]
     if where == "coordinator":
         assert restarts >= 1
     RESULTS[(workflow, failpoint)] = {
@@ -349,7 +352,9 @@ def test_write_matrix_tables(matrix: Matrix) -> None:
         "SIGKILLed the first time the run reaches it, systemd restarting what died) and once",
         "with the machine powered off while its first agent ran. A row holds when the run",
         "ended with the undisturbed run's output, operations and live-project bytes, every",
-        "agent's effect once, and no unit, subvolume or intent left behind.",
+        "agent's effect once, and no unit, subvolume or intent left behind. One broker",
+        "serves every run, so a broker row also kills the broker amid the other runs'",
+        "calls; an evaluator it was waiting on then runs again (measured once).",
         f"{len(CELLS)} cells; the module took {matrix.seconds / 60:.1f} min.",
         "",
     ]
