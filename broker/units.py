@@ -243,11 +243,13 @@ def start_agent(
     )
     name = agent_unit_name(desc.run_id, op_id, attempt)
     with Systemd() as sd:
-        if sd.unit_state(name) is None:
+        if sd.unit_state(name) is not None:
+            log.warning("adopting %s, started before a broker restart", name)
+        elif _note_start(scratch, attempt):
             job = sd.start_transient_service(name, agent_unit_properties(spec))
             sd.wait_started(job)
-        else:
-            log.warning("adopting %s, started before a broker restart", name)
+        else:  # started before a broker restart and already gone: never run it twice
+            log.warning("%s was started before a broker restart and has ended", name)
         state_now = sd.unit_state(name)
     return AgentStarted(
         unit=name,
@@ -257,6 +259,24 @@ def start_agent(
         capsule=release.hash,
         op_id=op_id,
     )
+
+
+def _note_start(scratch: Path, attempt: int) -> bool:
+    """Record, durably and before the unit exists, that this attempt's unit is being
+    started; False if it was already (a broker killed before storing the receipt, whose
+    agent may have finished and been collected since: its effect is in W once)."""
+    try:
+        fd = os.open(scratch / f"started.{attempt}",
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)  # the entry, before any unit exists
+    finally:
+        os.close(fd)
+    return True
 
 
 def _model_relay(desc: LaunchDescription, op_id: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -493,6 +494,49 @@ def test_start_agent_reads_the_coordinators_index(
         monkeypatch.setattr(units, "verified_capsule", lambda _h: (_ for _ in ()).throw(Reached()))
         with pytest.raises(Reached):
             start(desc, host)
+
+
+class GoneUnits:
+    """A systemd whose units are collected the moment they end: none is ever seen."""
+
+    started: list[str] = []
+
+    def __enter__(self) -> GoneUnits:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def unit_state(self, _name: str) -> None:
+        return None
+
+    def start_transient_service(self, name: str, _properties: object) -> str:
+        self.started.append(name)
+        return "job"
+
+    def wait_started(self, _job: str) -> None:
+        return None
+
+
+def test_start_agent_never_starts_an_attempt_twice(
+    desc: LaunchDescription, short_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker killed after starting an agent, before its receipt: the retried launch
+    finds the unit gone (the agent finished) and must not run the attempt again."""
+    host = short_host
+    evidence, sock = prepared_agent(desc, host)
+    release = SimpleNamespace(path=str(host / "capsule"), entry="worker.py", hash="sha256:x")
+    monkeypatch.setattr(units, "verified_capsule", lambda _h: release)
+    monkeypatch.setattr(units, "Systemd", GoneUnits)
+    monkeypatch.setattr(units, "agent_unit_properties", lambda _spec: [])
+    GoneUnits.started.clear()
+    with sock:
+        (evidence / "index.json").write_text('{"incoming": []}')
+        first = units.start_agent(desc, "root-1", "none", 1, host / "w", {},
+                                  host / "scratch" / "root-1")
+        again = units.start_agent(desc, "root-1", "none", 1, host / "w", {},
+                                  host / "scratch" / "root-1")
+    assert GoneUnits.started == [first.unit] and again.unit == first.unit
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "wrong-owner", "oversized"])
