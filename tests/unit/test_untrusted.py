@@ -533,9 +533,9 @@ def test_start_agent_never_starts_an_attempt_twice(
     with sock:
         (evidence / "index.json").write_text('{"incoming": []}')
         first = units.start_agent(desc, "root-1", "none", 1, host / "w", {},
-                                  host / "scratch" / "root-1")
+                                  host / "scratch" / "root-1", profile_sha256="")
         again = units.start_agent(desc, "root-1", "none", 1, host / "w", {},
-                                  host / "scratch" / "root-1")
+                                  host / "scratch" / "root-1", profile_sha256="")
     assert GoneUnits.started == [first.unit] and again.unit == first.unit
 
 
