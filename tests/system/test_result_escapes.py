@@ -130,21 +130,24 @@ def entries(machine: Machine, path: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hostile_runs(booted: Machine) -> dict[str, dict[str, Any]]:
-    """Every case launched at once (the machine runs them side by side), then awaited."""
+    """The scripted cases launched at once (the machine runs them side by side), the
+    command-profile cases one after another: root runs a command profile only as its file
+    in /etc/cairn still says, so the file changes only between those runs."""
     runs: dict[str, str] = {}
     for case, code in WRITERS.items():
         steps = [{"action": "run", "argv": ["/usr/bin/python3", "-I", "-c", code, "{prompt}"]}]
         runs[case] = start(booted, project(booted),
                            {"steps": steps, "output": {"summary": "unused"}, "handoff": ""})
     booted.exec(["install", "-d", "/etc/cairn/profiles.d"])
-    booted.exec(["tee", PROFILE], input=REPEATED.encode())
-    runs["repeated"] = start(booted, project(booted))  # the profile is frozen at launch
-    booted.exec(["tee", PROFILE], input=BACKGROUND.encode())
     background_project = project(booted)
-    runs["background"] = start(booted, background_project)
-    booted.exec(["tee", PROFILE], input=SELF_FINISH.encode())
-    runs["self-finish"] = start(booted, project(booted))
-    ended = wait_all(booted, list(runs.values()), timeout=400)
+    ended: dict[str, dict[str, Any]] = {}
+    for case, profile, where in (("repeated", REPEATED, project(booted)),
+                                 ("background", BACKGROUND, background_project),
+                                 ("self-finish", SELF_FINISH, project(booted))):
+        booted.exec(["tee", PROFILE], input=profile.encode())
+        runs[case] = start(booted, where)
+        ended.update(wait_all(booted, [runs[case]], timeout=400))
+    ended.update(wait_all(booted, [runs[case] for case in WRITERS], timeout=400))
     out = {case: ended[run_id] for case, run_id in runs.items()}
     out["background"]["project"] = background_project
     return out
