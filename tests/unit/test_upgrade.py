@@ -9,9 +9,9 @@ import queue
 import subprocess
 import sys
 import time
-from typing import Any
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
