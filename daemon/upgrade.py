@@ -66,6 +66,7 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
             "review": review.model_dump(mode="json"),
         }
     )
+    wait_dormant(journal, run.run_id)
     journal.upgrade_source(
         run.run_id, new, locations=report["locations"], actor_uid=uid, old_hash=desc.review_hash
     )
@@ -74,6 +75,17 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
     attest.start_attested(new)
     report["upgraded"] = True
     return report
+
+
+def wait_dormant(journal: Journal, run_id: str, *, timeout: float = CHECK_TIMEOUT) -> None:
+    """Wait until the coordinator started for the dry run let go of the run (a waiting
+    run's replays to its question and suspends again); upgrade_source re-checks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = journal.get_run(run_id)
+        if not run.lease_holder or run.lease_expires <= time.time():
+            return
+        time.sleep(0.1)
 
 
 def dry_run(journal: Journal, run_id: str, source: str, *, timeout: float = CHECK_TIMEOUT
