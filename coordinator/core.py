@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from cairn import paths, retention
-from cairn.coordinator import interactions
+from cairn.coordinator import interactions, upgradecheck
 from cairn.coordinator.agentop import BudgetExhausted
 from cairn.coordinator.base import (
     EXIT_RESTART,
@@ -119,6 +119,8 @@ class Coordinator(Replay, Settlement, Lease):
     # --- main -----------------------------------------------------------------------
 
     def run(self) -> int:
+        # cairn upgrade's dry runs first: they only read the run (coordinator/upgradecheck.py)
+        upgradecheck.serve_pending(self.journal, self.run_id)
         run = self.journal.get_run(self.run_id)
         if run.state in (*TERMINAL_RUN_STATES, "blocked"):
             log.info("run %s is %s; nothing to do", self.run_id, run.state)

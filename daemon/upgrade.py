@@ -1,33 +1,32 @@
 """`cairn upgrade RUN --to FILE [--dry-run]`: move a waiting or blocked run to new source.
 
-The dry run re-executes the new source in a control worker and answers every call from
-the run's journal, comparing each call's identity with the one recorded: it reports the
-first divergence, or that the new source reproduces every committed operation. Only then
-may the run move, and the move is recorded in the journal.
+The dry run re-executes the new source against the run's journal, comparing each call's
+identity with the one recorded: it reports the first divergence, or that the new source
+reproduces every committed operation. Only then may the run move, and the move is
+recorded in the journal. cairnd never runs workflow source (ARCHITECTURE §2): it records
+the request in the journal and has the broker start the run's coordinator, whose control
+worker does the dry run (:mod:`cairn.coordinator.upgradecheck`); cairnd reads the report.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 from cairn.daemon import attest
+from cairn.daemon.reconcile import restart_coordinator
 from cairn.daemon.views import visible_run
-from cairn.errors import PermissionDenied, UsageError
+from cairn.errors import CairnError, PermissionDenied, Unavailable, UsageError
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import OpRow
-from cairn.operations import OperationKind
-from cairn.proc import make_env
-from cairn.protocol.control import (
-    CallRequest,
-    CallResult,
-    StartWorkflow,
-    UnknownWorkerMessage,
-    WorkflowFailure,
-    parse_worker_message,
-)
 from cairn.protocol.daemon import UpgradeRequest
-from cairn.workflow import runtime
-from cairn.workflow.review import Review, review_source
+from cairn.workflow.review import review_source
+
+# The coordinator's event names (cairn.coordinator.upgradecheck; cairnd does not import it).
+REQUESTED = "upgrade-check-requested"
+CHECKED = "upgrade-checked"
+CHECK_TIMEOUT = 120.0
+UPGRADABLE_STATES = ("waiting", "blocked")
 
 
 def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, Any]:
@@ -36,7 +35,12 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
         raise UsageError("no new source given", hint="cairn upgrade RUN --to FILE.py")
     desc = journal.launch_description(run.run_id)
     review = review_source(request.source, filename=desc.source_filename)
-    report = dry_run(journal, run.run_id, request.source, desc.source_filename, desc.args, review)
+    if run.state not in UPGRADABLE_STATES:
+        raise UsageError(
+            f"run {run.run_id} is {run.state}; only a waiting or blocked run is upgraded",
+            hint=f"wait until it waits or is blocked ('cairn show {run.run_id}')",
+        )
+    report = dry_run(journal, run.run_id, request.source)
     report.update(run_id=run.run_id, from_hash=desc.review_hash, to_hash=review.review_hash)
     if request.dry_run:
         return report
@@ -62,6 +66,7 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
             "review": review.model_dump(mode="json"),
         }
     )
+    wait_dormant(journal, run.run_id)
     journal.upgrade_source(
         run.run_id, new, locations=report["locations"], actor_uid=uid, old_hash=desc.review_hash
     )
@@ -72,91 +77,40 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
     return report
 
 
-def dry_run(
-    journal: Journal,
-    run_id: str,
-    source: str,
-    filename: str,
-    args: dict[str, Any],
-    review: Review,
-) -> dict[str, Any]:
-    """Replay the journal's committed calls against ``source`` without touching the run."""
-    committed = {(o.scope, o.seq): o for o in journal.list_ops(run_id) if o.state == "committed"}
-    sites = {(c.kind, c.line, c.descriptor) for c in review.calls}
-    locations: dict[str, str] = {}
-    previous: dict[str, str | None] = {}
-    divergence: dict[str, Any] | None = None
-    worker = runtime.spawn(make_env())
-    assert worker.stdin is not None and worker.stdout is not None
+def wait_dormant(journal: Journal, run_id: str, *, timeout: float = CHECK_TIMEOUT) -> None:
+    """Wait until the coordinator started for the dry run let go of the run (a waiting
+    run's replays to its question and suspends again); upgrade_source re-checks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = journal.get_run(run_id)
+        if not run.lease_holder or run.lease_expires <= time.time():
+            return
+        time.sleep(0.1)
+
+
+def dry_run(journal: Journal, run_id: str, source: str, *, timeout: float = CHECK_TIMEOUT
+            ) -> dict[str, Any]:
+    """Have the run's coordinator replay the journal's committed calls against ``source``
+    (nothing of the run changes) and return its report."""
+    check_id = uuid.uuid4().hex
+    journal.append_event(run_id, REQUESTED, {"check_id": check_id, "source": source})
     try:
-        worker.stdin.write(
-            StartWorkflow(source=source, filename=filename, args=args).model_dump_json() + "\n"
-        )
-        worker.stdin.flush()
-        while True:
-            line = worker.stdout.readline()
-            if not line:
-                break
-            try:
-                message = parse_worker_message(line)
-            except UnknownWorkerMessage:
-                break
-            match message:
-                case CallRequest():
-                    call = message
-                case WorkflowFailure(kind=kind, error=error):
-                    divergence = {
-                        "op_id": "-",
-                        "field": "workflow",
-                        "expected": "the committed calls",
-                        "actual": f"{kind}: {error}",
-                    }
-                    break
-                case _:  # the workflow returned or forked: nothing more to compare
-                    break
-            op = committed.get((call.scope, call.seq))
-            if op is None:
-                break  # the frontier: everything after it runs fresh on the new source
-            divergence = compare(op, call, previous.get(call.scope), sites)
-            if divergence is not None:
-                break
-            locations[op.op_id] = call.location
-            previous[call.scope] = op.op_id
-            assert op.result is not None
-            worker.stdin.write(CallResult(seq=call.seq, value=op.result).model_dump_json() + "\n")
-            worker.stdin.flush()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-        worker.wait()
-    return {
-        "checked": len(locations),
-        "committed": len(committed),
-        "divergence": divergence,
-        "locations": locations,
-    }
-
-
-def compare(
-    op: OpRow,
-    call: CallRequest,
-    predecessor: str | None,
-    sites: set[tuple[OperationKind, int, str | None]],
-) -> dict[str, Any] | None:
-    line = int(call.location.rsplit(":", 2)[1])
-    checks = (
-        ("kind", op.kind, call.kind),
-        ("request", op.request, call.request),
-        ("predecessor", op.predecessor, predecessor),
+        restart_coordinator(journal, run_id)
+    except CairnError as exc:
+        raise Unavailable(f"the coordinator of {run_id} could not start for the dry run: "
+                          f"{exc.message}") from exc
+    deadline = time.monotonic() + timeout
+    cursor = 0
+    while time.monotonic() < deadline:
+        for event in journal.events(run_id, after=cursor):
+            cursor = event.cursor
+            if event.event == CHECKED and event.data.get("check_id") == check_id:
+                report = {k: v for k, v in event.data.items() if k != "check_id"}
+                if "error" in report:
+                    raise CairnError(f"the dry run of {run_id} failed: {report['error']}")
+                return report
+        time.sleep(0.1)
+    raise Unavailable(
+        f"the coordinator of {run_id} did not report the dry run within {timeout:.0f}s",
+        hint=f"see 'journalctl -u cairn-coordinator@{run_id}'",
     )
-    for field, expected, actual in checks:
-        if expected != actual:
-            return {"op_id": op.op_id, "field": field, "expected": expected, "actual": actual}
-    if (call.kind, line, call.request.get("descriptor")) not in sites:
-        return {
-            "op_id": op.op_id,
-            "field": "manifest",
-            "expected": "a reviewed call site",
-            "actual": call.location,
-        }
-    return None
