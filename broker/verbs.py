@@ -627,8 +627,15 @@ def delete_run(ctx: Context) -> RunDeleted:
         raise BrokerRefused(f"run {ctx.run_id} has a proposal that was never settled")
     proxy = units.remove_proxy(ctx.run_id)
     units.set_egress_skipped(ctx.run_id, False)
-    deleted = ctx.pool().delete_run(ctx.run_id)
-    return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy)
+    pool = ctx.pool()
+    deleted = pool.delete_run(ctx.run_id)
+    pending = pool.reclaim(timeout=RECLAIM_WAIT)  # so the next launch finds the space
+    return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy,
+                      reclaim_pending=pending, free_bytes=pool.free_bytes())
+
+
+# How long a delete waits for Btrfs to return the space (cairnd waits 600 s for the verb).
+RECLAIM_WAIT = 60.0
 
 
 # The one delete-run intent a run may have (cairnd's, daemon/lifecycle.py), less its run.

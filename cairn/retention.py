@@ -194,16 +194,25 @@ def qgroup_exclusive(pool: storage.Pool, level: int, qgroup: int) -> int | None:
 
 
 def ensure_free_space(pool: storage.Pool, reserve_bytes: int) -> int:
-    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available;
-    returns the available bytes."""
+    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available,
+    saying whether Btrfs is still returning deleted subvolumes' space (then a retry in a
+    few seconds is the fix, not another deletion); returns the available bytes."""
     free = pool.free_bytes()
-    if free < reserve_bytes:
+    if free >= reserve_bytes:
+        return free
+    below = (f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
+             f"{reserve_bytes >> 20} MiB")
+    pending = pool.pending_deletions()
+    if pending:
         raise StorageError(
-            f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
-            f"{reserve_bytes >> 20} MiB; delete finished runs with 'cairn prune'",
-            hint="'cairn storage df' shows what each run holds; or grow the pool",
+            f"{below} while Btrfs still reclaims the space of {pending} deleted "
+            "subvolume(s); try again in a few seconds",
+            hint="'cairn storage df' shows the free space as it returns",
         )
-    return free
+    hint = "'cairn storage df' shows what each run holds; or grow the pool"
+    if pending is None:
+        hint += "; space of runs deleted just now may still be returning (up to a minute)"
+    raise StorageError(f"{below}; delete finished runs with 'cairn prune'", hint=hint)
 
 
 def admit(what: str) -> int:
