@@ -15,8 +15,6 @@ import logging
 import os
 import re
 import shutil
-import struct
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,12 +33,6 @@ log = logging.getLogger(__name__)
 _BTRFS_IOC_FS_INFO = 0x8400941F
 _FS_INFO_SIZE = 1024
 _FSID_OFFSET = 16
-
-# _IOW(BTRFS_IOCTL_MAGIC, 65, struct btrfs_ioctl_subvol_wait {u64 subvolid; u32 mode;
-# u32 count}), Linux 6.13+. Mode COUNT answers how many deleted subvolumes still wait for
-# the cleaner, to any user (listing them, as btrfsutil does, is root's).
-_BTRFS_IOC_SUBVOL_SYNC_WAIT = 0x40109441
-_SUBVOL_SYNC_COUNT = 2
 
 DEFAULT_RUN_QUOTA_BYTES = 4 << 30
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -406,40 +398,6 @@ class Pool:
     def free_bytes(self) -> int:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-    def reclaim(self, timeout: float) -> int:
-        """Have Btrfs's cleaner return the space of deleted subvolumes now (it otherwise
-        starts within a commit interval, 30 s) and wait up to ``timeout`` seconds for it;
-        returns how many deleted subvolumes are still pending. Root only."""
-        deadline = time.monotonic() + timeout
-        btrfsutil.sync(self.root)  # commits and wakes the transaction thread, then the cleaner
-        while (pending := len(btrfsutil.deleted_subvolumes(self.root))) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.1)
-        btrfsutil.sync(self.root)  # what the cleaner freed is free once committed
-        return pending
-
-    def pending_deletions(self) -> int | None:
-        """How many deleted subvolumes of the pool's filesystem still wait for the cleaner
-        to return their space; None where this user cannot know (before Linux 6.13, as
-        anyone but root)."""
-        if os.geteuid() == 0:
-            try:
-                return len(btrfsutil.deleted_subvolumes(self.root))
-            except btrfsutil.BtrfsUtilError:
-                return None
-        args = bytearray(struct.pack("=QII", 0, _SUBVOL_SYNC_COUNT, 0))
-        try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                fcntl.ioctl(fd, _BTRFS_IOC_SUBVOL_SYNC_WAIT, args)
-            finally:
-                os.close(fd)
-        except OSError:
-            return None
-        count: int = struct.unpack("=QII", args)[2]
-        return count
 
 
 def run_qgroup_id(run: str) -> int:

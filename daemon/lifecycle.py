@@ -51,8 +51,9 @@ def delete_storage(journal: Journal, run_id: str, uid: int) -> dict[str, Any]:
     done = carry_out_one(journal, intent, "delete-v1", timeout=600).body(RunDeleted)
     deleted = len(done.deleted)
     journal.append_event(run_id, "storage-deleted", {"subvolumes": deleted, "by_uid": uid})
+    pool = storage.Pool.open(paths.pool_dir())
     return {"subvolumes": deleted, "reclaim_pending": done.reclaim_pending,
-            "free_bytes": done.free_bytes}
+            "free_bytes": pool.free_bytes()}
 
 
 def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:

@@ -270,13 +270,9 @@ class AppliedChecked(ReceiptBody):
 
 
 class RunDeleted(ReceiptBody):
-    """``reclaim_pending``: deleted subvolumes whose space Btrfs's cleaner had not yet
-    returned when the broker stopped waiting; ``free_bytes``: the pool's free space then."""
-
     deleted: list[str]
     proxy_removed: bool = False
-    reclaim_pending: int = 0
-    free_bytes: int | None = None
+    reclaim_pending: int = 0  # deleted subvolumes Btrfs still reclaimed when root stopped waiting
 
 
 BODY_OF_KIND: dict[str, type[ReceiptBody]] = {

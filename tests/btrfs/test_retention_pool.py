@@ -100,7 +100,7 @@ def test_rm_deletes_every_subvolume_gives_the_space_back_and_keeps_the_history(
     assert done == {"run_id": run_id, "already_gone": False, "subvolumes": 3,
                     "reclaim_pending": 0, "free_bytes": back}
     assert back - before > DATA // 2, (before, back)
-    assert pool.pending_deletions() == 0
+    assert retention.pending_deletions(pool) == 0
     assert not pool.run_dir(run_id).exists()
     after = settle_space(pool)
     assert after - before > DATA // 2, (before, after)
@@ -170,7 +170,7 @@ def test_df_reports_the_pool_and_a_run_without_quotas_as_unknown(
 
 
 def test_below_the_reserve_a_launch_is_refused_in_one_line(host: dict[str, Any]) -> None:
-    host["pool"].reclaim(timeout=60)  # what earlier tests deleted is not pending
+    verbs.reclaim(host["pool"].root, timeout=60)  # what earlier tests deleted is not pending
     retention.policy_file().write_text('reserve = "100G"\n')
     with pytest.raises(StorageError) as caught:
         retention.admit("launch")
@@ -191,7 +191,7 @@ def test_below_the_reserve_while_btrfs_reclaims_the_refusal_says_to_retry(
     # Deleted without waking the cleaner: it starts only within the next commit interval.
     for sub in pool.run_subvolumes(run_id):
         proc.run(["btrfs", "subvolume", "delete", sub])
-    pending = pool.pending_deletions()
+    pending = retention.pending_deletions(pool)
     assert pending is not None and pending >= 1
     retention.policy_file().write_text('reserve = "100G"\n')
     with pytest.raises(StorageError) as caught:
@@ -202,8 +202,8 @@ def test_below_the_reserve_while_btrfs_reclaims_the_refusal_says_to_retry(
     assert message.endswith("deleted subvolume(s); try again in a few seconds")
     assert "cairn prune" not in message
 
-    assert pool.reclaim(timeout=60) == 0
-    assert pool.pending_deletions() == 0
+    assert verbs.reclaim(pool.root, timeout=60) == 0
+    assert retention.pending_deletions(pool) == 0
     with pytest.raises(StorageError, match="delete finished runs with 'cairn prune'"):
         retention.admit("launch")
 
@@ -218,8 +218,8 @@ def test_anyone_can_count_the_deletions_btrfs_still_reclaims(
     settle_space(pool)
     for sub in pool.run_subvolumes(run_id):
         proc.run(["btrfs", "subvolume", "delete", sub])
-    code = ("import sys; from pathlib import Path; from cairn.storage import Pool; "
-            "print(Pool(Path(sys.argv[1]), '').pending_deletions())")
+    code = ("import sys; from pathlib import Path; from cairn import retention, storage; "
+            "print(retention.pending_deletions(storage.Pool(Path(sys.argv[1]), '')))")
     counted = proc.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                         sys.executable, "-c", code, str(pool.root)]).stdout.decode().strip()
     if counted == "None":
@@ -227,7 +227,7 @@ def test_anyone_can_count_the_deletions_btrfs_still_reclaims(
         assert (major, minor) < (6, 13), "the ioctl exists since Linux 6.13"
     else:
         assert int(counted) >= 1
-    pool.reclaim(timeout=60)
+    verbs.reclaim(pool.root, timeout=60)
 
 
 def test_with_quotas_on_an_imported_runs_storage_is_its_own_and_df_reports_it(
