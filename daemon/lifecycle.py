@@ -51,9 +51,16 @@ def delete_storage(journal: Journal, run_id: str, uid: int) -> dict[str, Any]:
     done = carry_out_one(journal, intent, "delete-v1", timeout=600).body(RunDeleted)
     deleted = len(done.deleted)
     journal.append_event(run_id, "storage-deleted", {"subvolumes": deleted, "by_uid": uid})
-    pool = storage.Pool.open(paths.pool_dir())
-    return {"subvolumes": deleted, "reclaim_pending": done.reclaim_pending,
-            "free_bytes": pool.free_bytes()}
+    return {"subvolumes": deleted, "reclaim_pending": done.reclaim_pending or 0,
+            "free_bytes": _free_bytes()}
+
+
+def _free_bytes() -> int | None:
+    """The pool's free bytes now, or None when the pool cannot be opened."""
+    try:
+        return storage.Pool.open(paths.pool_dir()).free_bytes()
+    except (CairnError, OSError):
+        return None
 
 
 def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:

@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{run_id} did not finish in 30 minutes")
             time.sleep(1)
         if shown["run"]["state"] != "succeeded":
-            raise SystemExit(f"{run_id} {shown['run']['state']}: {shown['run']['error']}")
+            logs = machine.exec(["cairn", "logs", run_id], user="alice", check=False).stdout
+            raise SystemExit(f"{run_id} {shown['run']['state']}: {shown['run']['error']}\n"
+                             + logs.decode(errors="replace")[-4000:])
         marks = json.loads(machine.exec(["python3", "-c", TIMES, run_id]).stdout)
         counted = machine.exec(["sh", "-c", f"find {project}/gen -type f | wc -l"]).stdout
         diff = machine.exec(["cairn", "diff", run_id, "--patch"], user="alice",
