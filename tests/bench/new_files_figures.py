@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         project = "/home/alice/many"
         machine.exec(["mkdir", "-p", project], user="alice")
         machine.exec(["tee", f"{project}/README"], user="alice", input=b"many files\n")
-        machine.exec(["tee", "/home/alice/make.py"], user="alice", input=MAKE.encode())
-        script = {"steps": [{"action": "run", "argv": ["python3", "/home/alice/make.py",
+        # inline: the agent's sandbox sees its workspace, not /home
+        script = {"steps": [{"action": "run", "argv": ["python3", "-c", MAKE,
                                                        str(args.files), args.content]}],
                   "output": {"summary": "made"}, "handoff": "made"}
         machine.exec(["tee", "/home/alice/many.json"], user="alice",
