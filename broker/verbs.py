@@ -9,8 +9,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import btrfsutil
 
 from cairn import paths, storage
 from cairn.broker import hostfiles, pins, spare, units
@@ -640,7 +643,24 @@ def delete_run(ctx: Context) -> RunDeleted:
     proxy = units.remove_proxy(ctx.run_id)
     units.set_egress_skipped(ctx.run_id, False)
     deleted = ctx.pool().delete_run(ctx.run_id)
-    return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy)
+    pending = reclaim(ctx.pool().root, timeout=RECLAIM_WAIT)  # the next launch finds the space
+    return RunDeleted(deleted=[str(p) for p in deleted], proxy_removed=proxy,
+                      reclaim_pending=pending)
+
+
+# How long a delete waits for Btrfs to return the space (cairnd waits 600 s for the verb).
+RECLAIM_WAIT = 60.0
+
+
+def reclaim(root: Path, timeout: float) -> int:
+    """Have Btrfs's cleaner return the space of deleted subvolumes now (else it starts
+    within a commit interval, 30 s) and wait up to ``timeout`` s; how many still wait."""
+    deadline = time.monotonic() + timeout
+    btrfsutil.sync(root)  # commits, and wakes the transaction thread that wakes the cleaner
+    while (pending := len(btrfsutil.deleted_subvolumes(root))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    btrfsutil.sync(root)  # what the cleaner freed counts as free once committed
+    return pending
 
 
 # The one delete-run intent a run may have (cairnd's, daemon/lifecycle.py), less its run.

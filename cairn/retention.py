@@ -9,7 +9,9 @@ proposal was never settled, is always kept, whatever a rule says.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,17 +195,49 @@ def qgroup_exclusive(pool: storage.Pool, level: int, qgroup: int) -> int | None:
         return None
 
 
+# _IOW(BTRFS_IOCTL_MAGIC, 65, struct btrfs_ioctl_subvol_wait {u64 subvolid; u32 mode;
+# u32 count}), Linux 6.13+: mode COUNT answers how many deleted subvolumes still wait for
+# the cleaner, to any user (listing them, as btrfsutil does, is root's).
+_BTRFS_IOC_SUBVOL_SYNC_WAIT = 0x40109441
+_SUBVOL_SYNC_COUNT = 2
+
+
+def pending_deletions(pool: storage.Pool) -> int | None:
+    """How many deleted subvolumes of the pool's filesystem still wait for Btrfs's cleaner
+    to return their space; None where the kernel cannot say (before Linux 6.13)."""
+    args = bytearray(struct.pack("=QII", 0, _SUBVOL_SYNC_COUNT, 0))
+    try:
+        fd = os.open(pool.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, _BTRFS_IOC_SUBVOL_SYNC_WAIT, args)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    count: int = struct.unpack("=QII", args)[2]
+    return count
+
+
 def ensure_free_space(pool: storage.Pool, reserve_bytes: int) -> int:
-    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available;
-    returns the available bytes."""
+    """Refuse (``StorageError``) when the pool has less than ``reserve_bytes`` available,
+    saying whether Btrfs is still returning deleted subvolumes' space (then a retry in a
+    few seconds is the fix, not another deletion); returns the available bytes."""
     free = pool.free_bytes()
-    if free < reserve_bytes:
+    if free >= reserve_bytes:
+        return free
+    below = (f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
+             f"{reserve_bytes >> 20} MiB")
+    pending = pending_deletions(pool)
+    if pending:
         raise StorageError(
-            f"storage pool {pool.root} has {free >> 20} MiB free, below the reserve of "
-            f"{reserve_bytes >> 20} MiB; delete finished runs with 'cairn prune'",
-            hint="'cairn storage df' shows what each run holds; or grow the pool",
+            f"{below} while Btrfs still reclaims the space of {pending} deleted "
+            "subvolume(s); try again in a few seconds",
+            hint="'cairn storage df' shows the free space as it returns",
         )
-    return free
+    hint = "'cairn storage df' shows what each run holds; or grow the pool"
+    if pending is None:
+        hint += "; space of runs deleted just now may still be returning (up to a minute)"
+    raise StorageError(f"{below}; delete finished runs with 'cairn prune'", hint=hint)
 
 
 def admit(what: str) -> int:

@@ -43,13 +43,24 @@ def facts(journal: Journal, run: RunRow) -> retention.RunFacts:
     )
 
 
-def delete_storage(journal: Journal, run_id: str, uid: int) -> int:
-    """Have the broker delete the run's subvolumes; returns how many it deleted."""
+def delete_storage(journal: Journal, run_id: str, uid: int) -> dict[str, Any]:
+    """Have the broker delete the run's subvolumes (it waits, bounded, for Btrfs to return
+    their space); how many it deleted, how many still wait for the cleaner, and the pool's
+    free bytes then."""
     intent = Intent(intent_id=DELETE_INTENT, run_id=run_id, kind="delete-run")
-    done = carry_out_one(journal, intent, "delete-v1", timeout=600)
-    deleted = len(done.body(RunDeleted).deleted)
+    done = carry_out_one(journal, intent, "delete-v1", timeout=600).body(RunDeleted)
+    deleted = len(done.deleted)
     journal.append_event(run_id, "storage-deleted", {"subvolumes": deleted, "by_uid": uid})
-    return deleted
+    return {"subvolumes": deleted, "reclaim_pending": done.reclaim_pending or 0,
+            "free_bytes": _free_bytes()}
+
+
+def _free_bytes() -> int | None:
+    """The pool's free bytes now, or None when the pool cannot be opened."""
+    try:
+        return storage.Pool.open(paths.pool_dir()).free_bytes()
+    except (CairnError, OSError):
+        return None
 
 
 def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
@@ -93,9 +104,10 @@ def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
             hint = f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it"
         raise UsageError(f"run {run.run_id} is kept: {held}", hint=hint)
     gone = known.storage_deleted or not known.has_storage
-    result: dict[str, Any] = {"run_id": run.run_id, "already_gone": gone, "subvolumes": 0}
+    result: dict[str, Any] = {"run_id": run.run_id, "already_gone": gone, "subvolumes": 0,
+                              "reclaim_pending": 0, "free_bytes": None}
     if not gone and not request.dry_run:
-        result["subvolumes"] = delete_storage(journal, run.run_id, uid)
+        result.update(delete_storage(journal, run.run_id, uid))
     return result
 
 
@@ -120,14 +132,19 @@ def prune(
         "kept": [{"run_id": v.run_id, "reason": v.reason} for v in verdicts if not v.delete],
         "deleted": [],
         "failed": [],
+        "reclaim_pending": 0,
+        "free_bytes": None,
     }
     if request.dry_run:
         return result
     for verdict in going:
         try:
-            subvolumes = delete_storage(journal, verdict.run_id, uid)
+            done = delete_storage(journal, verdict.run_id, uid)
         except CairnError as exc:  # one run's refusal does not stop the others
             result["failed"].append({"run_id": verdict.run_id, "error": exc.message})
             continue
-        result["deleted"].append({"run_id": verdict.run_id, "subvolumes": subvolumes})
+        result["deleted"].append({"run_id": verdict.run_id, "subvolumes": done["subvolumes"]})
+        # each delete waits for the cleaner, so the last one speaks for the pool
+        result["reclaim_pending"], result["free_bytes"] = done["reclaim_pending"], done[
+            "free_bytes"]
     return result

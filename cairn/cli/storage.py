@@ -125,6 +125,22 @@ def rm(
             echo(f"{run['run_id']}: storage already gone")
         else:
             echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
+    deleted = [run for run in done if not run["already_gone"]]
+    if deleted:
+        _print_space(deleted[-1])
+
+
+def _print_space(data: dict[str, Any]) -> None:
+    """What a delete left: the pool's free space, and whether Btrfs still returns some."""
+    free = data.get("free_bytes")
+    pending = data.get("reclaim_pending") or 0
+    shown = "" if free is None else f"{free >> 20} MiB free"
+    if pending:
+        echo(f"Btrfs is still reclaiming the space of {pending} deleted subvolume(s)"
+             + (f"; {shown} so far" if shown else "")
+             + "; 'cairn storage df' shows it return")
+    elif shown:
+        echo(f"space reclaimed: the pool has {shown}")
 
 
 def prune(
@@ -163,6 +179,8 @@ def _print_prune(data: dict[str, Any]) -> None:
     for run in data["failed"]:
         echo(f"not deleted {run['run_id']}: {run['error']}")
     echo(f"{len(data['kept'])} run(s) with storage kept")
+    if data["deleted"]:
+        _print_space(data)
 
 
 def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:

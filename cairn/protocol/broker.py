@@ -270,8 +270,10 @@ class AppliedChecked(ReceiptBody):
 
 
 class RunDeleted(ReceiptBody):
+    optional_keys = ("reclaim_pending",)
     deleted: list[str]
     proxy_removed: bool = False
+    reclaim_pending: int | None = None  # subvolumes Btrfs still reclaimed when root stopped waiting
 
 
 BODY_OF_KIND: dict[str, type[ReceiptBody]] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from importlib import resources
@@ -94,7 +95,12 @@ def test_rm_deletes_every_subvolume_gives_the_space_back_and_keeps_the_history(
 
     done = lifecycle.rm(journal, RmRequest(run_id=run_id), OWNER)
 
-    assert done == {"run_id": run_id, "already_gone": False, "subvolumes": 3}
+    # rm returns once Btrfs's cleaner has given the space back: no sync, no wait here.
+    back = pool.free_bytes()
+    assert done == {"run_id": run_id, "already_gone": False, "subvolumes": 3,
+                    "reclaim_pending": 0, "free_bytes": back}
+    assert back - before > DATA // 2, (before, back)
+    assert retention.pending_deletions(pool) == 0
     assert not pool.run_dir(run_id).exists()
     after = settle_space(pool)
     assert after - before > DATA // 2, (before, after)
@@ -164,6 +170,7 @@ def test_df_reports_the_pool_and_a_run_without_quotas_as_unknown(
 
 
 def test_below_the_reserve_a_launch_is_refused_in_one_line(host: dict[str, Any]) -> None:
+    verbs.reclaim(host["pool"].root, timeout=60)  # what earlier tests deleted is not pending
     retention.policy_file().write_text('reserve = "100G"\n')
     with pytest.raises(StorageError) as caught:
         retention.admit("launch")
@@ -173,6 +180,54 @@ def test_below_the_reserve_a_launch_is_refused_in_one_line(host: dict[str, Any])
     assert "'cairn prune'" in message and "\n" not in message
     retention.policy_file().write_text('reserve = "1M"\n')
     assert retention.admit("launch") > 1 << 20
+
+
+def test_below_the_reserve_while_btrfs_reclaims_the_refusal_says_to_retry(
+    host: dict[str, Any], run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = host["pool"]
+    make_run_storage(pool, run_id)
+    settle_space(pool)
+    # Deleted without waking the cleaner: it starts only within the next commit interval.
+    for sub in pool.run_subvolumes(run_id):
+        proc.run(["btrfs", "subvolume", "delete", sub])
+    pending = retention.pending_deletions(pool)
+    assert pending is not None and pending >= 1
+    retention.policy_file().write_text('reserve = "100G"\n')
+    with pytest.raises(StorageError) as caught:
+        retention.admit("launch")
+    message = caught.value.message
+    assert message.startswith("launch refused: storage pool ")
+    assert "while Btrfs still reclaims the space of" in message
+    assert message.endswith("deleted subvolume(s); try again in a few seconds")
+    assert "cairn prune" not in message
+
+    assert verbs.reclaim(pool.root, timeout=60) == 0
+    assert retention.pending_deletions(pool) == 0
+    with pytest.raises(StorageError, match="delete finished runs with 'cairn prune'"):
+        retention.admit("launch")
+
+
+def test_anyone_can_count_the_deletions_btrfs_still_reclaims(
+    host: dict[str, Any], run_id: str, tmp_path: Path
+) -> None:
+    """cairnd and the coordinator are not root: they count through the kernel's
+    SUBVOL_SYNC_WAIT ioctl (Linux 6.13+), which needs no privilege."""
+    pool = host["pool"]
+    make_run_storage(pool, run_id)
+    settle_space(pool)
+    for sub in pool.run_subvolumes(run_id):
+        proc.run(["btrfs", "subvolume", "delete", sub])
+    code = ("import sys; from pathlib import Path; from cairn import retention, storage; "
+            "print(retention.pending_deletions(storage.Pool(Path(sys.argv[1]), '')))")
+    counted = proc.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-c", code, str(pool.root)]).stdout.decode().strip()
+    if counted == "None":
+        major, minor = (int(n) for n in os.uname().release.split(".")[:2])
+        assert (major, minor) < (6, 13), "the ioctl exists since Linux 6.13"
+    else:
+        assert int(counted) >= 1
+    verbs.reclaim(pool.root, timeout=60)
 
 
 def test_with_quotas_on_an_imported_runs_storage_is_its_own_and_df_reports_it(

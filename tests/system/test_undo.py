@@ -137,7 +137,7 @@ def test_apply_never_keeps_the_proposal_for_a_patch(booted: Machine) -> None:
     assert data["settlement_summary"]["label"] == "held, 2 paths not applied"
     assert tree(booted, project) == before
     patch = cairn(booted, "diff", run_id, "--patch")
-    assert patch.startswith("--- a/")
+    assert patch.startswith("diff --git a/")
     assert "+++ b/src/added.py" in patch and "+- held never" in patch
     proc = booted.exec(["cairn", "apply", run_id], user="alice", check=False)
     assert proc.returncode != 0 and "no proposal waiting" in proc.stderr.decode()

@@ -118,6 +118,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     project.mkdir()
     pool = FakePool(tmp_path / "pool")
     monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+    monkeypatch.setattr(verbs, "reclaim", lambda root, timeout: 0)  # no Btrfs cleaner here
     monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: True)
     monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
     monkeypatch.setattr(units, "require_quiesced", lambda unit, cgroup: None)

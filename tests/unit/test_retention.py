@@ -247,9 +247,11 @@ def test_rm_deletes_through_the_broker_and_show_says_the_storage_is_gone(
     opened, _clock = journal
     calls = fake_broker(opened, monkeypatch)
     checked = lifecycle.rm(opened, RmRequest(run_id=rid(1), dry_run=True), ALICE)
-    assert checked == {"run_id": rid(1), "already_gone": False, "subvolumes": 0} and not calls
+    assert checked == {"run_id": rid(1), "already_gone": False, "subvolumes": 0,
+                       "reclaim_pending": 0, "free_bytes": None} and not calls
     done = lifecycle.rm(opened, RmRequest(run_id=rid(1)), ALICE)
-    assert done == {"run_id": rid(1), "already_gone": False, "subvolumes": 1}
+    assert done == {"run_id": rid(1), "already_gone": False, "subvolumes": 1,
+                    "reclaim_pending": 0, "free_bytes": None}  # no pool in this test
     assert calls == [("delete-v1", rid(1))]
     shown = views.show(opened, rid(1), ALICE)
     assert shown["storage"] == {"deleted": True, "deleted_at": NOW, "subvolumes": 1}

@@ -103,9 +103,11 @@ def test_a_patch_names_a_hostile_file_as_git_does_and_git_apply_reads_it(
     f.mkdir()
     (f / name).write_text("line\x1b[2J\n")
     patch = unified_diff(q, f, "", [name])
-    labels = [line for line in patch.splitlines() if line.startswith(("--- ", "+++ "))]
+    labels = [line for line in patch.splitlines() if line.startswith(("diff ", "--- ", "+++ "))]
     assert labels == [
-        '--- "a/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt"',
+        'diff --git "a/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt" '
+        '"b/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt"',
+        '--- /dev/null',
         '+++ "b/evil\\033]0;pwned\\a\\nname \\"q\\" \\\\ \\302\\233 é.txt"',
     ]
     assert quoted_path("a/plain é.txt") == "a/plain é.txt"
