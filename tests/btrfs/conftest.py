@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,10 @@ from pathlib import Path
 
 import btrfsutil
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
+from attested import carry_out_attested  # noqa: E402
 
 from cairn import paths, proc
 from cairn.broker import verbs
@@ -111,5 +116,5 @@ def broker_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> 
     paths.pool_dir().symlink_to(pool.root)
     monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
     monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
-        ok=True, receipts=verbs.carry_out(verb, run_id)))
+        ok=True, receipts=carry_out_attested(verb, run_id)))
     return pool

@@ -14,9 +14,10 @@ from typing import Any
 
 import btrfsutil
 import pytest
+from attested import carry_out_attested
 
 from cairn import paths
-from cairn.broker import spare, units, verbs
+from cairn.broker import spare, units
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
@@ -136,7 +137,7 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     assert coordinator.w_gen["root"] == 2
     # the measure receipt is kept once; asking the broker again measures nothing
     runs = len(coordinator.seen)  # type: ignore[attr-defined]
-    verbs.carry_out("launch-v1", RUN)
+    carry_out_attested("launch-v1", RUN)
     assert len(coordinator.seen) == runs  # type: ignore[attr-defined]
 
 
@@ -160,7 +161,7 @@ def test_the_broker_measures_only_a_journalled_measurement_with_a_frozen_evaluat
                                 op_id="root-1", generation=1)
     coordinator.journal.add_intents(RUN, [intent], token=coordinator.token)
     with pytest.raises(BrokerRefused, match=refusal):
-        verbs.carry_out("launch-v1", RUN)
+        carry_out_attested("launch-v1", RUN)
     assert coordinator.seen == []  # type: ignore[attr-defined]
 
 
@@ -238,7 +239,7 @@ def receipt_of(intent_id: str) -> WCreated:
 def storage_problems(coord: Coordinator, name: str) -> list[str]:
     intent = coord.intent("verify-storage", name)
     coord.journal.add_intents(RUN, [intent], token=coord.token)
-    done = {r.intent_id: r for r in verbs.carry_out("storage-v1", RUN)}
+    done = {r.intent_id: r for r in carry_out_attested("storage-v1", RUN)}
     return done[name].body(StorageVerified).problems
 
 
@@ -327,7 +328,7 @@ def test_a_crash_between_the_rename_and_the_receipt_redoes_nothing(
     store.close()
 
     monkeypatch.setattr(spare, "failpoint", real_failpoint)
-    done = {r.intent_id: r for r in verbs.carry_out("storage-v1", RUN)}  # the broker again
+    done = {r.intent_id: r for r in carry_out_attested("storage-v1", RUN)}  # the broker again
     assert done["create-w.root.2"].body(WCreated).w.uuid == made.uuid
     assert not pool.w_path(RUN, "root", 1).exists() and "spare.root-8" in done
     assert tree(w2) == tree(pool.checkpoint_path(RUN, good))
@@ -350,6 +351,6 @@ def test_the_broker_makes_a_spare_only_of_what_a_settlement_settled_on(
     forged = coordinator.intent("make-spare", intent_id, op_id=op_id, from_checkpoint=checkpoint)
     coordinator.journal.add_intents(RUN, [forged], token=coordinator.token)
     with pytest.raises(BrokerRefused, match=refusal):
-        verbs.carry_out("storage-v1", RUN)
+        carry_out_attested("storage-v1", RUN)
     assert sorted(p.name for p in pool.w_path(RUN, "root", 1).parent.iterdir()) == [
         "W.1", "spare.root-5"]

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attested import owner_channel
 
 from cairn import paths
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
-from cairn.daemon import launch
+from cairn.daemon import attest
 from cairn.daemon import replay as daemon_replay
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, QPrepared, Receipt
@@ -58,7 +59,7 @@ async def run(flow: Any, args: Ask) -> Ask:
 @pytest.fixture
 def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[Path]:
     pool = broker_host
-    monkeypatch.setattr(launch, "call_broker", lambda verb, run_id, **_: BrokerReply(ok=True))
+    monkeypatch.setattr(attest, "call_broker", lambda verb, run_id, **_: BrokerReply(ok=True))
     project = pool.root / "project"
     pool.create_subvolume(project)
     (project / "notes.txt").write_text("before\n")
@@ -122,7 +123,7 @@ def test_a_replay_remints_the_sources_snapshots_and_starts_from_its_checkpoint(
     finished_source(host, pool)
     before = {name: pool.receipt(pool.checkpoint_path(SOURCE_RUN, name))
               for name in ("root-1", "root-2", "root-3")}
-    with Journal(paths.journal_path()) as journal:
+    with Journal(paths.journal_path()) as journal, owner_channel():
         done: dict[str, Any] = daemon_replay.replay(journal, SOURCE_RUN, "root-2", OWNER)
     new = done["run_id"]
     coord = Coordinator(new)
