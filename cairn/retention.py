@@ -25,16 +25,20 @@ from cairn.sizes import parse_size
 
 POLICY_FILE = "storage.toml"
 DEFAULT_RESERVE = "256M"
+DEFAULT_KEEP_DAYS = 14
+DEFAULT_KEEP_PER_USER = 20
 
 
 class StoragePolicy(BaseModel):
-    """``/etc/cairn/storage.toml``. Without the file nothing is deleted by the timer and
-    launches keep the default reserve free."""
+    """``/etc/cairn/storage.toml``. Without the file the defaults apply: the daily timer
+    deletes finished runs' storage after :data:`DEFAULT_KEEP_DAYS` days and beyond each
+    user's :data:`DEFAULT_KEEP_PER_USER` newest, and every launch keeps the default reserve
+    free; an unattended host's pool stays flat."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    keep_days: int | None = Field(default=None, ge=0)
-    keep_per_user: int | None = Field(default=None, ge=0)
+    keep_days: int = Field(default=DEFAULT_KEEP_DAYS, ge=0)
+    keep_per_user: int = Field(default=DEFAULT_KEEP_PER_USER, ge=0)
     reserve: str = DEFAULT_RESERVE
 
     @field_validator("reserve")
@@ -52,8 +56,7 @@ class StoragePolicy(BaseModel):
 
     def rule(self) -> Rule:
         """The policy as a deletion rule."""
-        older = None if self.keep_days is None else self.keep_days * 86400
-        return Rule(older_than=older, keep=self.keep_per_user)
+        return Rule(older_than=self.keep_days * 86400, keep=self.keep_per_user)
 
 
 def policy_file() -> Path:
@@ -250,3 +253,33 @@ def admit(what: str) -> int:
         return ensure_free_space(pool, policy.reserve_bytes)
     except StorageError as exc:
         raise StorageError(f"{what} refused: {exc.message}", hint=exc.hint) from exc
+
+
+# --- while agents write -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolWatch:
+    """The reserve held while an agent writes: its coordinator checks the pool at every
+    poll of the agent (twice a second) and stops the agent once the pool is below the
+    reserve, before the pool is full and other runs' snapshots or settlements fail."""
+
+    pool: storage.Pool
+    reserve: int
+
+    def check(self, what: str) -> None:
+        """Raise the one-line ``pool full`` ``StorageError`` when the pool is below the
+        reserve; ``what`` names the writer that is stopped."""
+        free = self.pool.free_bytes()
+        if free < self.reserve:
+            raise StorageError(
+                f"pool full: {what} stopped: storage pool {self.pool.root} has {free >> 20} "
+                f"MiB free, below the reserve of {self.reserve >> 20} MiB",
+                hint="'cairn storage df' shows what each run holds; 'cairn rm RUN' or "
+                "'cairn prune' frees it; or grow the pool",
+            )
+
+
+def watch() -> PoolWatch:
+    """The host pool and its reserve, for :class:`PoolWatch`."""
+    return PoolWatch(storage.Pool.open(paths.pool_dir()), load_policy().reserve_bytes)

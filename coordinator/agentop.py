@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from cairn import paths, untrusted
+from cairn import paths, retention, untrusted
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
 from cairn.coordinator.base import MAX_ATTEMPTS, OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
-from cairn.errors import CairnError
+from cairn.errors import CairnError, StorageError
 from cairn.fsutil import write_atomic
 from cairn.journal.rows import OpRow
+from cairn.journal.writes import AGENT_TIME_EVENT
 from cairn.operations import AGENT
 from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
 from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
@@ -101,9 +102,7 @@ class AgentOperations(Recovery, Lanes):
             o for o in self.journal.list_ops(self.run_id) if o.kind == AGENT and o.op_id != op.op_id
         ]
         started = sum(1 for o in others if o.state not in ("requested", "not-started"))
-        seconds = sum(
-            float((o.result or {}).get("usage", {}).get("agent_seconds", 0)) for o in others
-        )
+        seconds = self.journal.agent_seconds(self.run_id)  # every attempt, not only commits
         reason = None
         if started >= limits.max_agent_ops:
             reason = f"all {limits.max_agent_ops} agent operations are used"
@@ -202,6 +201,7 @@ class AgentOperations(Recovery, Lanes):
             self.failpoint("after-unit-started")
             ended = self.wait_agent(unit, sock)
         finally:
+            self.record_agent_time(op)
             sock.close()
             if relay is not None:
                 relay.close()
@@ -234,6 +234,19 @@ class AgentOperations(Recovery, Lanes):
         )
         self.failpoint("after-finish-received")
         return finish
+
+    def record_agent_time(self, op: OpRow) -> None:
+        """Charge the attempt's time, from the broker's start receipt to now, to the run's
+        agent time (``limits.max_agent_seconds``), however the attempt ended."""
+        start_id = f"start-agent.{op.op_id}.{op.attempt}"
+        starts = [r for r in self.journal.receipts(self.run_id) if r["intent_id"] == start_id]
+        if not starts:  # the broker never started it
+            return
+        seconds = round(max(0.0, time.time() - float(starts[0]["at"])), 3)
+        self.journal.append_event(
+            self.run_id, AGENT_TIME_EVENT, {"attempt": op.attempt, "seconds": seconds},
+            scope=op.scope, op_id=op.op_id,
+        )
 
     def start_relay(self, op: OpRow, agent: dict[str, Any]) -> ModelRelay | None:
         """The model relay for an agent whose profile names a provider; the broker binds
@@ -386,6 +399,7 @@ class AgentOperations(Recovery, Lanes):
     def wait_agent(self, unit: str, sock: AgentSocket) -> str:
         """Wait until the agent delivered its finish or its unit is gone; say how it ended.
         A cancel requested meanwhile stops the unit (through the broker)."""
+        pool = retention.watch()
         with Systemd() as sd:
             deadline = time.monotonic() + self.desc.limits.runtime_max_sec + 120
             while time.monotonic() < deadline:
@@ -398,6 +412,10 @@ class AgentOperations(Recovery, Lanes):
                     return "gone" if state is None else f"{state.active_state}/{state.result}"
                 if "cancel" in self.journal.pending_controls(self.run_id):
                     return self.stop_for_cancel(sock)
+                try:
+                    pool.check(f"agent {sock.instruction.op_id}")
+                except StorageError as full:
+                    self.stop_for_pool_full(sock, full)
                 sock.finished.wait(0.5)
         raise CairnError(f"agent unit {unit} did not stop in time")
 
@@ -412,6 +430,27 @@ class AgentOperations(Recovery, Lanes):
         raise interactions.RunSuspended(
             f"{sock.instruction.op_id} stopped: cancel requested", state="cancelled"
         )
+
+    def stop_for_pool_full(self, sock: AgentSocket, full: StorageError) -> None:
+        """The pool fell below its reserve while this lane's agent wrote: stop the agent
+        (through the broker), fail its operation with code ``storage`` and raise ``full``,
+        which fails the run. Its committed checkpoints stay; nothing reaches the project."""
+        op_id, attempt = sock.instruction.op_id, sock.instruction.attempt
+        stop = self.intent(
+            "stop-agent", f"stop-agent.{op_id}.{attempt}", op_id=op_id, attempt=attempt
+        )
+        self.broker("launch-v1", [stop])
+        self.journal.update_op(
+            self.run_id,
+            op_id,
+            token=self.token,
+            state="failed",
+            error=full.message,
+            result={"error": full.message, "kind": StorageError.code},
+            event="op-pool-full",
+            event_data={"attempt": attempt},
+        )
+        raise full
 
     def stop_running_agents(self, *, finished_op: str | None = None) -> None:
         """Stop every running agent of the run (all lanes), each recorded uncertain unless

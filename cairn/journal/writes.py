@@ -21,6 +21,8 @@ from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
 
+AGENT_TIME_EVENT = "agent-time"  # one agent attempt's seconds, from its start to its end
+
 
 class LeaseLost(JournalError):
     """This coordinator no longer holds the run lease (fenced)."""
@@ -64,6 +66,18 @@ class Writes(JournalReader):
             (run_id, after, limit),
         ).fetchall()
         return [EventRow.model_validate({**dict(r), "data": json.loads(r["data"])}) for r in rows]
+
+    def agent_seconds(self, run_id: str) -> float:
+        """The run's agent time: the seconds of every agent attempt recorded, committed,
+        crashed or retried alike (an attempt recorded twice, by a coordinator that
+        restarted, counts once with its longest span)."""
+        row = self.db.execute(
+            "SELECT coalesce(sum(seconds), 0) FROM (SELECT max(json_extract(data, '$.seconds'))"
+            " AS seconds FROM events WHERE run_id=? AND event=?"
+            " GROUP BY op_id, json_extract(data, '$.attempt'))",
+            (run_id, AGENT_TIME_EVENT),
+        ).fetchone()
+        return float(row[0])
 
     def _event(
         self,

@@ -11,8 +11,10 @@ import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import btrfsutil
 import pytest
 from attested import carry_out_attested
 
@@ -42,8 +44,8 @@ def settle_space(pool: Pool) -> int:
     return pool.free_bytes()
 
 
-def make_run_storage(pool: Pool, run_id: str) -> None:
-    """Q (of a project subvolume), a W holding DATA bytes the run alone has, and a
+def make_run_storage(pool: Pool, run_id: str, data: int = DATA) -> None:
+    """Q (of a project subvolume), a W holding ``data`` bytes the run alone has, and a
     read-only checkpoint of it."""
     project = pool.root / f"project-{run_id}"
     pool.create_subvolume(project)
@@ -51,7 +53,7 @@ def make_run_storage(pool: Pool, run_id: str) -> None:
     w = pool.w_path(run_id, "root", 1)
     pool.snapshot(pool.q_path(run_id), w, read_only=False)
     with open(w / "blob", "wb") as f:
-        for _ in range(DATA >> 20):
+        for _ in range(data >> 20):
             f.write(os.urandom(1 << 20))
     pool.snapshot(w, pool.checkpoint_path(run_id, "root-1"), read_only=True)
 
@@ -75,7 +77,7 @@ def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[dict[st
         yield {"journal": journal, "pool": broker_host}
 
 
-def record_run(journal: Journal, run_id: str, state: str) -> None:
+def record_run(journal: Journal, run_id: str, state: str, at: float | None = None) -> None:
     desc = LaunchDescription(
         run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
         definition="builtin:implement", source="", source_filename="implement.py",
@@ -87,6 +89,8 @@ def record_run(journal: Journal, run_id: str, state: str) -> None:
                                              kind="prepare-q")])
     with journal.transaction() as db:
         db.execute("UPDATE runs SET state=? WHERE run_id=?", (state, run_id))
+        if at is not None:  # when it finished, on the test's clock
+            db.execute("UPDATE runs SET updated_at=? WHERE run_id=?", (at, run_id))
 
 
 def test_rm_deletes_every_subvolume_gives_the_space_back_and_keeps_the_history(
@@ -330,3 +334,103 @@ def test_an_ended_runs_leftover_intents_are_never_carried_out_by_a_later_check(
 
     assert [r.kind for r in receipts] == ["verify-storage"]
     assert not pool.settlement_path(run_id, "P").exists()
+
+
+DAY = 86400.0
+YEAR_RUN_DATA = 4 << 20  # 365 of them would be 1.4 GiB: more than the 1 GiB pool holds
+
+
+def test_a_year_of_daily_runs_under_the_default_policy_keeps_the_pool_flat(
+    host: dict[str, Any]
+) -> None:
+    """No storage.toml: one run a day for 365 days, the daily timer's ``cairn prune`` on a
+    clock the test moves; the pool's use stops growing once the oldest runs age out."""
+    journal, pool = host["journal"], host["pool"]
+    start = 1_800_000_000.0
+    used: dict[int, int] = {}
+    held: dict[int, int] = {}
+    for day in range(365):
+        now = start + day * DAY
+        run_id = f"flow_{day:032x}"
+        record_run(journal, run_id, "succeeded", at=now)
+        make_run_storage(pool, run_id, YEAR_RUN_DATA)
+        btrfsutil.delete_subvolume(os.fspath(pool.root / f"project-{run_id}"))  # the live one
+        pruned = lifecycle.prune(journal, PruneRequest(), 0, clock=lambda now=now: now + 3600)
+        assert pruned["failed"] == []
+        held[day] = sum(1 for _ in (pool.root / "runs").iterdir())
+        if day % 30 == 29:
+            settle_space(pool)
+            used[day] = pool_used(pool)
+    print(f"pool used by day: { {d: u >> 20 for d, u in used.items()} } MiB; runs held "
+          f"max {max(held.values())}")
+    assert max(held.values()) <= 15  # 14 days back plus today's
+    month, year = used[29], used[359]
+    assert year <= month + (4 << 20), (month, year)  # flat: no growth past a month's
+    first_run = journal.get_run(f"flow_{0:032x}")
+    assert first_run.state == "succeeded"  # its history stays, its storage is gone
+    assert not pool.run_dir(f"flow_{0:032x}").exists()
+
+
+def pool_used(pool: Pool) -> int:
+    st = os.statvfs(pool.root)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_an_agent_that_writes_past_the_reserve_is_stopped_and_only_its_run_fails(
+    host: dict[str, Any], run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal, pool = host["journal"], host["pool"]
+    other = "flow_" + "0f" * 16
+    record_run(journal, other, "waiting")
+    make_run_storage(pool, other, 8 << 20)
+    kept = (pool.checkpoint_path(other, "root-1") / "blob").read_bytes()
+    free = settle_space(pool)
+    reserve = free - (48 << 20)
+    retention.policy_file().write_text(f'reserve = "{reserve >> 20}M"\n')
+
+    coordinator = _coordinator(journal, run_id)
+    call = CallRequest(scope="root", seq=1, kind="agent",
+                       request={"descriptor": "implement", "prompt": "x", "title": "x"},
+                       location="implement.py:1:1")
+    coordinator.journal.record_requested(call, run_id=run_id, op_id="root-1",
+                                         predecessor=None, token=coordinator.token)
+    coordinator.journal.update_op(run_id, "root-1", token=coordinator.token, state="started")
+    stops: list[str] = []
+    monkeypatch.setattr(coordinator, "broker",
+                        lambda verb, intents, **kw: stops.extend(i.intent_id for i in intents))
+    sock = SimpleNamespace(instruction=SimpleNamespace(op_id="root-1", attempt=1))
+
+    # The agent writes into its W; its coordinator checks the pool at every poll.
+    w = pool.w_path(run_id, "root", 1)
+    pool.create_subvolume(pool.root / f"project-{run_id}")
+    pool.snapshot(pool.root / f"project-{run_id}", w, read_only=False)
+    watch = retention.watch()
+    written = 0
+    with pytest.raises(StorageError) as caught, open(w / "fill", "wb") as out:
+        while written < 512 << 20:
+            watch.check("agent root-1")
+            out.write(os.urandom(4 << 20))
+            out.flush()
+            os.fsync(out.fileno())
+            written += 4 << 20
+    with pytest.raises(StorageError):
+        coordinator.stop_for_pool_full(sock, caught.value)  # type: ignore[arg-type]
+
+    message = caught.value.message
+    assert message.startswith("pool full: agent root-1 stopped: storage pool ")
+    assert f"below the reserve of {reserve >> 20} MiB" in message and "\n" not in message
+    print(f"free {free >> 20} MiB, reserve {reserve >> 20} MiB, agent wrote {written >> 20} MiB")
+    # stopped once past the reserve (Btrfs reports free space by whole chunks), long
+    # before the pool was full
+    assert 40 << 20 <= written <= free - reserve // 2, (written, free, reserve)
+    assert stops == ["stop-agent.root-1.1"]
+    op = journal.get_op_by_id(run_id, "root-1")
+    assert op.state == "failed" and op.result == {"error": message, "kind": "storage"}
+    # the other run loses nothing, and the pool still has the reserve's room
+    assert (pool.checkpoint_path(other, "root-1") / "blob").read_bytes() == kept
+    assert journal.get_run(other).state == "waiting"
+    after = settle_space(pool)
+    print(f"free after the stop {after >> 20} MiB")
+    assert after > reserve // 2
+    pool.snapshot(pool.checkpoint_path(other, "root-1"), pool.w_path(other, "root", 2),
+                  read_only=False)  # the other run goes on: its next W is made

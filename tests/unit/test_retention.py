@@ -118,12 +118,31 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
 
 
-def test_without_a_policy_file_nothing_is_deleted_and_the_default_reserve_holds(
+def test_without_a_policy_file_retention_is_on_with_its_defaults(host: Path) -> None:
+    policy = retention.load_policy()
+    assert policy.rule() == Rule(older_than=14 * 86400, keep=20)
+    assert policy.reserve_bytes == 256 << 20
+
+
+def test_under_the_defaults_runs_that_wait_are_blocked_or_unsettled_always_stay(
     host: Path,
 ) -> None:
-    policy = retention.load_policy()
-    assert policy.rule() == Rule(older_than=None, keep=None)
-    assert policy.reserve_bytes == 256 << 20
+    rule = retention.load_policy().rule()
+    old = NOW - 400 * DAY
+    facts = [
+        retention.RunFacts(f"{state}-{n}", ALICE, state, old + n, True, False, False, False)
+        for n, state in enumerate(("waiting", "blocked", "paused", "running", "pending"))
+    ]
+    facts.append(retention.RunFacts("unsettled", ALICE, "succeeded", old, True, False,
+                                    True, False))
+    facts += [retention.RunFacts(f"done-{n}", ALICE, "succeeded", NOW - n * DAY, True, False,
+                                 True, True) for n in range(30)]
+    verdicts = {v.run_id: v for v in retention.select(facts, rule, NOW)}
+    assert not any(verdicts[f.run_id].delete for f in facts[:6])
+    assert "not settled" in verdicts["unsettled"].reason
+    kept = sorted(v.run_id for v in verdicts.values() if v.run_id.startswith("done")
+                  and not v.delete)
+    assert kept == sorted(f"done-{n}" for n in range(15))  # 14 days old at most
 
 
 def test_the_policy_file_gives_the_rule_and_the_reserve(host: Path) -> None:
