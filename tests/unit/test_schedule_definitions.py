@@ -5,13 +5,15 @@ with one line and blocks the schedule. cairnd's side runs on the real schedule s
 journal (the host fixture of test_schedule_rules); launches fail after admission, as there
 (the owner has no account on this host)."""
 
+# ruff: noqa: F811 - ``host`` is test_schedule_rules' fixture, taken as an argument here
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_schedule_rules import OWNER, _call, _request, _script, host  # noqa: F401 - host: a fixture
+from test_schedule_rules import OWNER, _call, _request, _script, host  # noqa: F401
 
 from cairn.cli import schedule as cli_schedule
 from cairn.daemon import launch as daemon_launch
@@ -172,7 +174,9 @@ def test_an_uninstalled_user_definition_blocks_with_the_cli_reason(
     user.remove("release")
     fired = _call(host, "schedule-run-now", schedule_id=sid, **sent(host, "user:release"))
     assert fired["outcome"] == "refused" and fired["blocked"]
-    assert fired["reason"] == "definition user:release cannot be read: user:release is not installed"
+    assert fired["reason"] == (
+        "definition user:release cannot be read: user:release is not installed"
+    )
 
 
 def test_a_project_definition_is_pinned_and_a_change_after_trust_blocks(
