@@ -505,6 +505,7 @@ class RequestEnvelope(Frozen):
     scripted: dict[str, ProfileSpec] = {}
     all_users: bool = False
     source: str | None = None
+    source_error: str | None = None
     confirm: str | None = None
     limits: dict[str, int] = {}
     apply_mode: ApplyMode = "auto"
