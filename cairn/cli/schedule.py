@@ -102,8 +102,8 @@ def _pinned_source(definition: str, fd: int, project: str) -> tuple[str | None, 
 def _current_source(view: dict[str, Any], fd: int | None) -> tuple[str | None, str | None]:
     """(source, None) of the schedule's definition as installed or trusted now, or (None,
     why it cannot be read): cairnd blocks the schedule with that reason."""
-    definition = view["definition"]
-    if not _sends_source(definition):
+    definition = view.get("definition")
+    if definition is None or not _sends_source(definition):
         return None, None
     if fd is None:
         return None, f"project {view['project']} cannot be opened"
