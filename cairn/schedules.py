@@ -255,6 +255,8 @@ class AdmissionFacts(Frozen):
     blocked_reason: str | None = None
     confirmed: bool
     definition_review_hash: str | None
+    # why the definition does not have the pinned hash (changed, unreadable), if known
+    definition_problem: str | None = None
     project_matches: bool
     duplicate: bool
     used_in_revision: int
@@ -268,6 +270,8 @@ class AdmissionFacts(Frozen):
 class Decision(Frozen):
     outcome: Literal["admit", "queue", "refuse", "duplicate"]
     reason: str
+    # the refusal stands until a person renews the schedule: it is blocked with the reason
+    blocks: bool = False
 
 
 def decide(spec: ScheduleSpec, facts: AdmissionFacts) -> Decision:
@@ -284,7 +288,9 @@ def decide(spec: ScheduleSpec, facts: AdmissionFacts) -> Decision:
     if facts.definition_review_hash != spec.review_hash:
         return Decision(
             outcome="refuse",
-            reason=f"definition {spec.definition} changed since the schedule was reviewed",
+            reason=facts.definition_problem
+            or f"definition {spec.definition} changed since the schedule was reviewed",
+            blocks=True,
         )
     if not facts.project_matches:
         return Decision(

@@ -62,14 +62,20 @@ def resolve_definition(definition: str) -> tuple[str, str]:
         if match is not None:
             raise UsageError(
                 f"{definition}: cairnd does not read user: or project: definitions itself",
-                hint="'cairn launch' sends their source; schedules take builtin: definitions "
-                "in this version",
+                hint="the person's CLI ('cairn launch', 'cairn schedule') sends their source",
             )
         raise NotFound(
             f"unknown definition {definition!r}",
             hint=f"builtin definitions: {', '.join('builtin:' + n for n in builtin_names())}",
         )
     return builtin_source(match.group(2))
+
+
+def sends_source(definition: str) -> bool:
+    """Whether ``definition`` is one whose source the person's CLI sends (``user:``,
+    ``project:``) rather than one cairnd reads itself (``builtin:``)."""
+    match = DEFINITION_RE.match(definition)
+    return match is not None and match.group(1) != "builtin"
 
 
 def source_filename(definition: str) -> str:

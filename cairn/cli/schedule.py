@@ -76,6 +76,44 @@ def _check_id(schedule_id: str) -> str:
     return schedule_id
 
 
+def _sends_source(definition: str | None) -> bool:
+    return definition is not None and definition.startswith(("user:", "project:"))
+
+
+def _pinned_source(definition: str, fd: int, project: str) -> tuple[str | None, str | None]:
+    """(source, review hash) of a ``user:`` or ``project:`` definition as installed or
+    trusted now, which cairnd pins (create) or checks against its pin (resume, fire);
+    (None, None) for a builtin, which cairnd reads itself."""
+    if definition.endswith(".py"):
+        fail(
+            f"{definition} is a file; schedules take installed definitions",
+            hint=f"install it with 'cairn workflow install {definition} --confirm sha256:…' "
+            "and schedule user:NAME",
+            code=2,
+        )
+    if not _sends_source(definition):
+        return None, None
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.definitions.resolve import for_launch
+
+    return for_launch(definition, fd, project)
+
+
+def _current_source(view: dict[str, Any], fd: int | None) -> tuple[str | None, str | None]:
+    """(source, None) of the schedule's definition as installed or trusted now, or (None,
+    why it cannot be read): cairnd blocks the schedule with that reason."""
+    definition = view.get("definition")
+    if definition is None or not _sends_source(definition):
+        return None, None
+    if fd is None:
+        return None, f"project {view['project']} cannot be opened"
+    try:
+        return _pinned_source(definition, fd, view["project"])[0], None
+    except CairnError as exc:
+        echo(f"cairn: {exc.message}", err=True)
+        return None, exc.message[:500]
+
+
 def _print_review(result: dict[str, Any]) -> None:
     echo(
         f"schedule {result['schedule_id']}  {result['name']}  revision {result['revision']}"
@@ -129,11 +167,15 @@ def create(
         fail(f"--args is not JSON: {exc.msg} (column {exc.colno})", code=2)
     if not isinstance(parsed, dict):
         fail("--args must be a JSON object", code=2)
+    root = os.path.normpath(str(project.expanduser().absolute()))
     fd = _open_project(project)
     try:
+        source, review_hash = _pinned_source(definition, fd, root)
         result = request(
             ScheduleCreateRequest(
-                project=os.path.normpath(str(project.expanduser().absolute())),
+                project=root,
+                source=source,
+                confirm=review_hash,
                 schedule={
                     "name": name,
                     "definition": definition,
@@ -184,7 +226,13 @@ def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     current = request(ScheduleInspectRequest(schedule_id=schedule_id))
     fd = _open_project(current["project"])
     try:
-        result = request(ScheduleResumeRequest(schedule_id=schedule_id), fd=fd)
+        source, source_error = _current_source(current, fd)
+        result = request(
+            ScheduleResumeRequest(
+                schedule_id=schedule_id, source=source, source_error=source_error
+            ),
+            fd=fd,
+        )
     finally:
         os.close(fd)
     install_timer(schedule_id, result["timer"])
@@ -289,13 +337,22 @@ def _admit(
             echo(f"cairn: {exc.message}", err=True)
             fd = None
         try:
+            source, source_error = _current_source(current, fd)
             result: dict[str, Any] = request(
-                kind(schedule_id=schedule_id, occurrence=occurrence),
+                kind(
+                    schedule_id=schedule_id,
+                    occurrence=occurrence,
+                    source=source,
+                    source_error=source_error,
+                ),
                 fd=fd,
                 expect=Expected(
                     schedule_id=schedule_id,
                     project=current.get("project"),
                     definition=current.get("definition"),
+                    # a user: or project: definition launches only as pinned and as sent
+                    review_hash=current.get("review_hash") if source is not None else None,
+                    source=source,
                 ),
             )
         finally:
@@ -323,7 +380,7 @@ def fire(schedule_id: IdArg) -> None:
     _check_id(schedule_id)
     result = _admit(ScheduleFireRequest, schedule_id)
     echo(_report(result))
-    if result["outcome"] == "launch-failed":
+    if result["outcome"] == "launch-failed" or result.get("blocked"):
         raise typer.Exit(1)
 
 

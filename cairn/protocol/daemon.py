@@ -359,11 +359,14 @@ class PruneRequest(OpRequest):
 
 class ScheduleCreateRequest(OpRequest):
     """Create or replace a schedule; ``schedule`` is the body cairn.schedules validates
-    (ScheduleCreate)."""
+    (ScheduleCreate). A ``user:`` or ``project:`` definition comes with its ``source`` as
+    installed or trusted and that review hash (``confirm``), which the schedule pins."""
 
     op: Literal["schedule-create"] = "schedule-create"
     project: str | None = None
     schedule: dict[str, Any] = {}
+    source: str | None = None
+    confirm: str | None = None
 
 
 class ScheduleConfirmRequest(OpRequest):
@@ -380,7 +383,16 @@ class ScheduleRequest(OpRequest):
     schedule_id: str | None = None
 
 
-class ScheduleResumeRequest(ScheduleRequest):
+class SentDefinition(ScheduleRequest):
+    """A request that checks a ``user:`` or ``project:`` definition as it is now: its
+    owner's CLI reads the ``source`` (cairnd never reads the person's files) or says in
+    ``source_error`` why it could not."""
+
+    source: str | None = None
+    source_error: str | None = Field(default=None, max_length=500)
+
+
+class ScheduleResumeRequest(SentDefinition):
     op: Literal["schedule-resume"] = "schedule-resume"
 
 
@@ -396,7 +408,7 @@ class ScheduleInspectRequest(ScheduleRequest):
     op: Literal["schedule-inspect"] = "schedule-inspect"
 
 
-class ScheduleAdmission(ScheduleRequest):
+class ScheduleAdmission(SentDefinition):
     """Admit an occurrence; ``occurrence`` retries a queued one."""
 
     occurrence: str | None = None
@@ -493,6 +505,7 @@ class RequestEnvelope(Frozen):
     scripted: dict[str, ProfileSpec] = {}
     all_users: bool = False
     source: str | None = None
+    source_error: str | None = None
     confirm: str | None = None
     limits: dict[str, int] = {}
     apply_mode: ApplyMode = "auto"

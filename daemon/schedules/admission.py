@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sqlite3
 import threading
 from typing import Any
 
@@ -31,7 +32,7 @@ from cairn.daemon.schedules.store import (
     schedule_lock,
 )
 from cairn.daemon.schedules.views import occurrence_view
-from cairn.errors import CairnError, NotFound
+from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
 from cairn.schedules import (
@@ -44,7 +45,7 @@ from cairn.schedules import (
     latest_elapse,
     project_identity,
 )
-from cairn.workflow.review import review_source
+from cairn.workflow.review import Review, review_source
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,20 @@ def record_launch_failure(
             )
 
 
+def block(store: Store, db: sqlite3.Connection, row: ScheduleRow, key: str, reason: str) -> None:
+    """Block an enabled schedule with ``reason`` (and say so in its owner's inbox): nothing
+    launches until a person renews or resumes it."""
+    if row.status != "enabled":
+        return
+    db.execute(
+        "UPDATE schedules SET status='blocked', blocked_reason=?, updated_at=?"
+        " WHERE schedule_id=?",
+        (reason, store.clock(), row.schedule_id),
+    )
+    store.add_inbox(db, row, f"blocked-{key}", "blocked", reason)
+    log.warning("schedule %s blocked: %s", row.schedule_id, reason)
+
+
 def record_launched(store: Store, schedule_id: str, key: str) -> None:
     with store.transaction() as db:
         db.execute(
@@ -163,13 +178,51 @@ def repair_half_prepared(store: Store, journal: Journal, row: ScheduleRow) -> in
 # --- admission ----------------------------------------------------------------------------
 
 
-def current_review_hash(definition: str) -> str | None:
-    """The review hash the definition has now, or None if it no longer resolves."""
-    try:
+def scheduled_review(definition: str, source: str | None, confirm: str | None) -> Review:
+    """The review of the definition a schedule is created for: a builtin as cairnd reads
+    it; a ``user:`` or ``project:`` one as its owner's CLI sent it, refused unless the sent
+    source has the review hash that CLI confirmed (as installed or trusted)."""
+    if not launch.sends_source(definition):
         source, filename = launch.resolve_definition(definition)
-        return review_source(source, filename=filename).review_hash
-    except CairnError:
-        return None
+        return review_source(source, filename=filename)
+    if source is None:
+        raise UsageError(
+            f"{definition}: its source was not sent",
+            hint="create the schedule with 'cairn schedule create', which reads it as "
+            "installed or trusted",
+        )
+    filename = launch.source_filename(definition)
+    review = review_source(source, filename=filename)
+    if confirm != review.review_hash:
+        raise launch.unconfirmed(definition, filename, review.review_hash)
+    return review
+
+
+def current_review_hash(
+    spec: ScheduleSpec, source: str | None = None, source_error: str | None = None
+) -> tuple[str | None, str | None]:
+    """(review hash the definition has now or None, why it is not the pinned one or None).
+    A builtin is read by cairnd; a ``user:`` or ``project:`` definition is the ``source``
+    its owner's CLI sent (or ``source_error``, why it could not read one)."""
+    definition = spec.definition
+    try:
+        if launch.sends_source(definition):
+            if source is None:
+                why = source_error or "its owner's CLI sent no source"
+                return None, f"definition {definition} cannot be read: {why}"
+            filename = launch.source_filename(definition)
+            now = review_source(source, filename=filename).review_hash
+        else:
+            builtin, filename = launch.resolve_definition(definition)
+            now = review_source(builtin, filename=filename).review_hash
+    except CairnError as exc:
+        return None, f"definition {definition} no longer passes review: {exc.message}"
+    if now != spec.review_hash:
+        return now, (
+            f"definition {definition} changed since the schedule was reviewed "
+            f"(review hash now {now}, the schedule pins {spec.review_hash})"
+        )
+    return now, None
 
 
 def _facts(
@@ -178,7 +231,7 @@ def _facts(
     now: float,
     key: str,
     promote: bool,
-    review_hash: str | None,
+    review_hash: tuple[str | None, str | None],
     project_matches: bool,
 ) -> AdmissionFacts:
     sid = row.schedule_id
@@ -197,7 +250,8 @@ def _facts(
         status=row.status,
         blocked_reason=row.blocked_reason,
         confirmed=row.confirmed_revision == row.revision,
-        definition_review_hash=review_hash,
+        definition_review_hash=review_hash[0],
+        definition_problem=review_hash[1],
         project_matches=project_matches,
         duplicate=not promote and store.occurrence(sid, key) is not None,
         used_in_revision=sum(1 for o in others if o.revision == row.confirmed_revision),
@@ -263,7 +317,7 @@ def admit(
         else:
             nominal, key = now, f"run-now:{now:.6f}"
         result.update({"key": key, "nominal": format_instant(nominal)})
-        review_hash = current_review_hash(spec.definition)
+        review_hash = current_review_hash(spec, request.source, request.source_error)
         project_matches = fd is not None and project_identity(fd) == (
             spec.project_dev,
             spec.project_ino,
@@ -274,6 +328,8 @@ def admit(
             with store.transaction() as db:
                 facts = _facts(store, row, now, key, promote, review_hash, project_matches)
                 decision = decide(spec, facts)
+                if decision.blocks:
+                    block(store, db, row, key, decision.reason)
                 state: OccurrenceState | None = {
                     "admit": "preparing",
                     "queue": "queued",
@@ -326,12 +382,17 @@ def admit(
             outcome = {"queue": "queued", "refuse": "refused"}.get(
                 decision.outcome, decision.outcome
             )
+            if decision.blocks:
+                result["blocked"] = True
             return {**result, "outcome": outcome, "reason": decision.reason}
+        sent = launch.sends_source(spec.definition)
         launch_request = LaunchRequest(
             definition=spec.definition,
             args=spec.args,
             project=spec.project,
             scripted=spec.profiles,
+            source=request.source if sent else None,
+            confirm=spec.review_hash if sent else None,
         )
         authority = {
             "id": row.schedule_id,

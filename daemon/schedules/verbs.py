@@ -13,6 +13,7 @@ from cairn.daemon import launch
 from cairn.daemon.schedules.admission import (
     current_review_hash,
     repair_half_prepared,
+    scheduled_review,
     sync_outcomes,
 )
 from cairn.daemon.schedules.store import Store, schedule_lock
@@ -29,6 +30,7 @@ from cairn.protocol.daemon import (
     ScheduleConfirmRequest,
     ScheduleCreateRequest,
     ScheduleRequest,
+    ScheduleResumeRequest,
 )
 from cairn.schedules import (
     CHALLENGE_RE,
@@ -45,7 +47,6 @@ from cairn.schedules import (
     review_challenge,
 )
 from cairn.validation import invalid
-from cairn.workflow.review import review_source
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ def create(
         raise invalid(exc, "schedule") from exc
     if uid == 0:
         raise PermissionDenied("schedules do not run as root", hint="create it as a normal user")
-    source, filename = launch.resolve_definition(body.definition)
-    review = review_source(source, filename=filename)
+    review = scheduled_review(body.definition, request.source, request.confirm)
     args = launch.validate_args(review, body.args)
     project = launch.check_project(request.project, fd, uid)
     assert fd is not None
@@ -181,7 +181,7 @@ def confirm(store: Store, request: ScheduleConfirmRequest, uid: int) -> dict[str
 
 
 def resume(
-    store: Store, journal: Journal, request: ScheduleRequest, uid: int, fd: int | None
+    store: Store, journal: Journal, request: ScheduleResumeRequest, uid: int, fd: int | None
 ) -> dict[str, Any]:
     """Check the confirmed revision once more and enable future occurrences."""
     with schedule_lock(request.schedule_id or ""):
@@ -200,8 +200,9 @@ def resume(
             problems.append(f"valid-until {format_instant(spec.valid_until)} has passed")
         if used(store, row.schedule_id, row.revision) >= spec.max_runs:
             problems.append(f"max-runs {spec.max_runs} reached")
-        if current_review_hash(spec.definition) != spec.review_hash:
-            problems.append(f"definition {spec.definition} changed since review")
+        changed = current_review_hash(spec, request.source, request.source_error)[1]
+        if changed is not None:
+            problems.append(changed)
         if fd is None or project_identity(fd) != (spec.project_dev, spec.project_ino):
             problems.append(f"project {spec.project} is not the reviewed directory")
         if problems:

@@ -45,9 +45,11 @@ def prepare(machine: Machine, sleep: float = 0) -> str:
     return path
 
 
-def create(machine: Machine, name: str, script: str, **options: str) -> dict[str, Any]:
+def create(
+    machine: Machine, name: str, script: str, definition: str = "builtin:implement", **options: str
+) -> dict[str, Any]:
     argv = [
-        "schedule", "create", name, "builtin:implement", "--project", PROJECT,
+        "schedule", "create", name, definition, "--project", PROJECT,
         "--args", json.dumps({"objective": f"entry from {name}"}),
         "--timezone", "UTC", "--scripted", f"builtin:implementer={script}", "--json",
     ]  # fmt: skip
@@ -56,8 +58,10 @@ def create(machine: Machine, name: str, script: str, **options: str) -> dict[str
     return json.loads(cairn(machine, *argv))  # type: ignore[no-any-return]
 
 
-def enable(machine: Machine, name: str, script: str, **options: str) -> str:
-    created = create(machine, name, script, **options)
+def enable(
+    machine: Machine, name: str, script: str, definition: str = "builtin:implement", **options: str
+) -> str:
+    created = create(machine, name, script, definition, **options)
     assert created["status"] == "paused" and created["awaiting_confirmation"]
     cairn(machine, "schedule", "confirm", created["action"], created["challenge"])
     cairn(machine, "schedule", "resume", created["schedule_id"])
@@ -255,3 +259,73 @@ def test_doctor_reports_a_deleted_timer_and_the_reconciler_restores_it(
     cairn(machine, "schedule", "pause", sid)
     assert machine.exec(["test", "-e", timer_file], check=False).returncode == 1
     assert json.loads(cairn(machine, "schedule", "doctor", "--json"))["problems"] == []
+
+
+def install_release(machine: Machine, source: str, *extra: str) -> str:
+    """Install ``source`` as alice's user:release the way she would: review, then confirm."""
+    machine.exec(["mkdir", "-p", "/home/alice/wf"], user="alice")
+    machine.exec(["tee", "/home/alice/wf/release.py"], user="alice", input=source.encode())
+    review = cairn(machine, "workflow", "review", "/home/alice/wf/release.py")
+    confirmed = review.strip().splitlines()[-1].split()[1]
+    cairn(machine, "workflow", "install", "/home/alice/wf/release.py", "--confirm", confirmed,
+          *extra)  # fmt: skip
+    return confirmed
+
+
+def test_timer_fires_a_user_definition_as_pinned_and_a_reinstall_blocks_it(
+    machine: Machine,
+) -> None:
+    """The timer's worker (sandboxed, home read-only) reads alice's installed user:release
+    and sends it; cairnd launches it only at the review hash the schedule pinned."""
+    script = prepare(machine)
+    source = (REPO / "cairn" / "builtin" / "workflows" / "implement.py").read_text()
+    pinned = install_release(machine, source)
+    sid = enable(
+        machine, "weekday-release", script, "user:release",
+        calendar="*:*:00/10", catch_up="none", max_runs="1", valid_until="2099-01-01T00:00:00Z",
+    )  # fmt: skip
+    assert inspect(machine, sid)["review_hash"] == pinned
+
+    launched = wait_until(
+        "the timer to launch user:release",
+        lambda: [o for o in occurrences(machine, sid) if o["state"] == "launched"],
+    )[0]
+    assert launched["trigger"] == "timer"
+    desc = launch_description(machine, launched["run_id"])
+    assert (desc["definition"], desc["review_hash"]) == ("user:release", pinned)
+    assert desc["source"] == source and desc["schedule"]["id"] == sid
+    wait_until(
+        "the scheduled run to finish",
+        lambda: run_state(machine, launched["run_id"]) == "succeeded",
+    )
+    changelog = machine.exec(["cat", f"{PROJECT}/CHANGELOG.md"]).stdout.decode()
+    assert "entry from weekday-release" in changelog
+
+    # alice installs another version: the next trigger is refused and blocks the schedule.
+    changed = install_release(machine, source.replace("max_length=4_000", "max_length=5_000"),
+                              "--replace")  # fmt: skip
+    reason = (
+        f"definition user:release changed since the schedule was reviewed (review hash now "
+        f"{changed}, the schedule pins {pinned})"
+    )
+    blocked = wait_until(
+        "the timer to find user:release changed",
+        lambda: inspect(machine, sid)["status"] == "blocked" and inspect(machine, sid),
+    )
+    assert blocked["blocked_reason"] == reason
+    refused = [o for o in occurrences(machine, sid) if o["state"] == "refused"]
+    assert refused[-1]["trigger"] == "timer" and refused[-1]["reason"] == reason
+    inbox = json.loads(cairn(machine, "schedule", "inbox", "--json"))
+    assert ("blocked", reason) in [(i["kind"], i["message"]) for i in inbox]
+    log = machine.exec(
+        ["journalctl", "--user", "-u", f"cairn-schedule@{sid}.service", "--no-pager",
+         "--output=cat"],
+        user="alice",
+    ).stdout.decode()  # fmt: skip
+    assert f"refused: {reason}" in log
+    again = machine.exec(["cairn", "schedule", "resume", sid], user="alice", check=False)
+    assert again.returncode != 0
+    first_line = again.stderr.decode().splitlines()[0]
+    assert first_line.startswith(f"cairn: schedule {sid} cannot resume: ")
+    assert first_line.endswith(reason)  # after "max-runs 1 reached; "
+    assert [o["run_id"] for o in occurrences(machine, sid) if o["run_id"]] == [launched["run_id"]]

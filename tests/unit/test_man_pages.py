@@ -125,3 +125,31 @@ def test_units_point_to_pages_that_exist() -> None:
             if ref[0].startswith("cairn"):
                 assert f"{ref[0]}.{ref[1]}" in PAGES, f"{unit.name}: {ref}"
 
+
+
+def test_cairn_1_schedule_example_names_a_definition_that_schedules() -> None:
+    """The EXAMPLES schedule is of a definition the example installs, with arguments its
+    input takes and a calendar systemd reads (a workflow file is refused by the CLI)."""
+    import json
+    import shlex
+
+    from cairn.daemon.launch import validate_args
+    from cairn.definitions.user import draft_source
+    from cairn.protocol.definitions import DEFINITION_RE
+    from cairn.schedules import normalize_calendar
+    from cairn.workflow.review import review_source
+
+    source = (REPO / "docs" / "man" / "cairn.1.md").read_text()
+    examples = source.split("# EXAMPLES", 1)[1].split("\n# ", 1)[0].replace("\\\n", " ")
+    (line,) = [x for x in examples.splitlines() if "cairn schedule create" in x]
+    argv = shlex.split(line)
+    options = dict(zip(argv[5::2], argv[6::2], strict=True))
+    definition = argv[4]
+    match = DEFINITION_RE.match(definition)
+    assert match is not None and match.group(1) == "user", definition
+    name = match.group(2)
+    assert f"cairn workflow draft {name}\n" in examples
+    assert f"cairn workflow install ~/.config/cairn/drafts/{name}.py --confirm" in examples
+    review = review_source(draft_source(name), filename=f"{name}.py")
+    assert validate_args(review, json.loads(options["--args"]))
+    assert normalize_calendar(options["--calendar"], options["--timezone"])
