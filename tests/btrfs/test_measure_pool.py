@@ -6,6 +6,7 @@ A reject after an accept takes the scope's hot spare (``broker/spare.py``) by re
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -19,9 +20,11 @@ from attested import carry_out_attested
 from cairn import paths
 from cairn.broker import spare, units
 from cairn.broker.receipts import ReceiptStore
+from cairn.config import Problems
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
 from cairn.errors import BrokerRefused
+from cairn.evaluators import frozen_evaluators
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Checkpointed, StorageVerified, WCreated
 from cairn.protocol.control import CallRequest
@@ -75,6 +78,17 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
     pool.create_subvolume(project)
     (project / "score.txt").write_text("3\n")
     os.chown(project, OWNER, OWNER)
+    # the evaluator as the administrator configures it and a launch freezes it (root
+    # re-reads the file by name and hash before it runs one)
+    configured = paths.config_dir() / "evaluators.d"
+    configured.mkdir(parents=True, exist_ok=True)
+    (configured / "score.toml").write_text(
+        f"argv = {json.dumps(SCORE.argv)}\ntimeout_sec = {SCORE.timeout_sec}\n"
+        f"warmups = {SCORE.warmups}\nsamples = {SCORE.samples}\n"
+    )
+    problems = Problems()
+    (score,) = frozen_evaluators({"score": None}, problems)
+    problems.check()
     review = review_source(SOURCE, filename="wf.py")
     desc = LaunchDescription(
         run_id=RUN, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
@@ -83,7 +97,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
         args={"goal": "g"},
         project=ProjectSpec(root=str(project), owner_uid=OWNER, on_pool_fs=True),
         profiles={"test:x": ProfileSpec(name="test:x", kind="scripted")},
-        cairn_version="0", created_at=1.0, evaluators=[SCORE],
+        cairn_version="0", created_at=1.0, evaluators=[score],
     )
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])

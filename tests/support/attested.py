@@ -29,9 +29,13 @@ def pin_as_attested(run_id: str) -> Pin:
         found = store.pin(run_id)
         if found is None:
             desc = reader.launch_description(run_id)
-            st = os.lstat(desc.project.root)
+            try:  # a project that is gone is pinned as no directory: every check refuses
+                st = os.lstat(desc.project.root)
+                identity = (st.st_dev, st.st_ino)
+            except FileNotFoundError:
+                identity = (0, 0)
             found = Pin(run_id, desc.owner_uid, desc.owner_gid, desc.launch_hash(),
-                        st.st_dev, st.st_ino, desc.model_dump_json())
+                        *identity, desc.model_dump_json())
             store.put_pin(found, pid=os.getpid())
         return found
     finally:
