@@ -29,6 +29,9 @@ class Expected:
     run_id: str | None = None
     schedule_id: str | None = None
     replay_of: str | None = None
+    apply_mode: str | None = None
+    # The arguments sent (the description may add the input model's defaults).
+    args: dict[str, Any] | None = None
     # The scripted profiles sent, as JSON; None: the run keeps those recorded earlier (a
     # schedule, a replayed run, an upgraded run).
     scripted: dict[str, dict[str, Any]] | None = None
@@ -54,11 +57,15 @@ class Expected:
                 ("the run", desc.run_id, self.run_id),
                 ("the schedule", (desc.schedule or {}).get("id"), self.schedule_id),
                 ("the replayed run", desc.replay and desc.replay.source_run, self.replay_of),
+                ("the apply mode", desc.apply_mode, self.apply_mode),
             )
             if wanted is not None and actual != wanted
         ]
         if self.source is not None and desc.source != self.source:
             wrong.append("the source is not the one sent")
+        changed = sorted(k for k, v in (self.args or {}).items() if not _same(desc.args.get(k), v))
+        if changed:
+            wrong.append(f"the arguments {', '.join(changed)} are not the ones sent")
         if self.scripted is not None:
             frozen = {
                 name: profile.model_dump(mode="json", exclude={"name"})
@@ -74,6 +81,15 @@ class Expected:
         if wrong:
             raise refusal(desc.run_id, "; ".join(wrong))
         return desc.run_id, desc.launch_hash()
+
+
+def _same(frozen: Any, sent: Any) -> bool:
+    """An argument as sent and as frozen: equal, or a scalar the input model coerced
+    (``"5"`` to ``5``)."""
+    scalars = (str, int, float, bool)
+    return frozen == sent or (
+        isinstance(frozen, scalars) and isinstance(sent, scalars) and str(frozen) == str(sent)
+    )
 
 
 def refusal(run: str, why: str) -> PermissionDenied:

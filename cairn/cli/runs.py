@@ -160,6 +160,8 @@ def launch(
                 definition=definition,
                 review_hash=confirm if source is not None else None,
                 source=source,
+                apply_mode=apply_mode.value,
+                args=parsed,
                 scripted={n: p.model_dump(mode="json") for n, p in profiles.items()},
             ),
         )

@@ -311,6 +311,8 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 definition=workflow.definition,
                 review_hash=workflow.review.review_hash,
                 source=source,
+                apply_mode=args.apply,
+                args=args.args,
                 scripted={},
             ),
         )
