@@ -7,7 +7,7 @@ every run has ended. The goal: each ``cairn launch`` returns in under a second.
 Launches builtin:implement with a scripted agent that finishes at once, alternately as
 alice and bob, ``AT_ONCE`` ``cairn launch`` processes at a time, with ``max_running_runs
 = LIMIT``; prints one JSON line of figures. The system test
-``tests/system/test_admission.py`` asserts the limit and that every run succeeds.
+``tests/system/test_launch_admission.py`` asserts the limit and that every run succeeds.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
     repo = Path(__file__).resolve().parents[2]
     sys.path.insert(0, os.fspath(repo / "tests" / "system"))
     from machine import Machine  # the system tier's harness
-    from test_admission import launch, script, wait_all_ended
+    from test_launch_admission import launch, script, wait_all_ended
 
     with Machine(deb, with_pool=True) as machine:
         machine.exec(["tee", "/etc/cairn/admission.toml"],
