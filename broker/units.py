@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from cairn import failpoints, paths, proc, untrusted
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
-from cairn.errors import BrokerRefused, StorageError, SystemdError
+from cairn.errors import BrokerRefused, CairnError, StorageError, SystemdError
 from cairn.netpolicy import (
     NETWORK_MODES,
     PROXY_PORT,
@@ -312,6 +312,21 @@ def result_file_written(desc: LaunchDescription, op_id: str, attempt: int) -> bo
     without following a link or opening it (the agent wrote it; this runs as root)."""
     outputs = paths.run_state_dir(desc.run_id) / "ops" / op_id / f"outputs.{attempt}"
     return untrusted.is_regular_file(outputs, "finish.json", owner=desc.owner_uid)
+
+
+def require_ended(units: list[str], what: str) -> None:
+    """Refuse unless PID 1 says none of ``units`` is running (one that is stopping gets a
+    few seconds); the journal's word that a run ended is cairn's, not root's."""
+    with Systemd() as sd:
+        for unit in units:
+            state = sd.unit_state(unit)
+            if state is not None and state.active_state == "deactivating":
+                try:
+                    state = sd.wait_inactive(unit, timeout=30)
+                except CairnError:
+                    state = sd.unit_state(unit)
+            if state is not None and state.active_state not in ("inactive", "failed"):
+                raise BrokerRefused(f"{unit} is still {state.active_state}; {what}")
 
 
 def require_quiesced(unit: str, control_group: str) -> None:

@@ -628,9 +628,15 @@ def delete_run(ctx: Context) -> RunDeleted:
     run = ctx.journal.get_run(ctx.run_id)
     if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only finished runs are deleted")
-    frozen = any(r.kind == "freeze-proposal" for r in ctx.store.for_run(ctx.run_id))
+    receipts = ctx.store.for_run(ctx.run_id)
+    frozen = any(r.kind == "freeze-proposal" for r in receipts)
     if frozen and run.settlement is None:
         raise BrokerRefused(f"run {ctx.run_id} has a proposal that was never settled")
+    agents = [r.body(AgentStarted).unit for r in receipts if r.kind == "start-agent"]
+    units.require_ended(
+        [f"cairn-coordinator@{ctx.run_id}.service", *agents],
+        f"run {ctx.run_id} has not ended; nothing is deleted",
+    )
     proxy = units.remove_proxy(ctx.run_id)
     units.set_egress_skipped(ctx.run_id, False)
     deleted = ctx.pool().delete_run(ctx.run_id)

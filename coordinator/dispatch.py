@@ -32,6 +32,9 @@ class Handlers(AgentOperations, Lanes, Experiments):
     def answer_ask(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
         return interactions.ask(self, op, call), True
 
+    def answer_approve(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return interactions.approve(self, op, call), True
+
     def answer_fork(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
         return self.fork(op, call), False
 
@@ -57,6 +60,7 @@ Handler = Callable[[Handlers, OpRow, CallRequest], tuple[dict[str, Any], bool]]
 HANDLERS: Mapping[OperationKind, Handler] = {
     "agent": Handlers.answer_agent,
     "ask": Handlers.answer_ask,
+    "approve": Handlers.answer_approve,
     "measure_proposal": Handlers.answer_measure,
     "settle_experiment": Handlers.answer_settle_experiment,
     **{kind: Handlers.answer_fork for kind in FORK_KINDS},

@@ -6,6 +6,9 @@
 - Capability policy: before an agent is dispatched its capabilities are evaluated against
   the current host policy; ``require_approval`` stores the exact prepared operation and
   its fingerprint and the run waits; dispatch needs an approval of that same fingerprint.
+- ``flow.approve``: an approval request the workflow itself opens, with an optional
+  expiry; the decision (approved, rejected, expired, denied by policy) settles the
+  operation and reaches the workflow as a value, unless it asked to fail on a refusal.
 - Control requests (pause, stop, cancel) are honoured at safe points: whenever the
   control worker makes its next call, no effect of this coordinator is in flight.
 
@@ -21,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator.base import Nondeterminism, OperationError
 from cairn.errors import CairnError
+from cairn.journal.people import ApprovalRow
 from cairn.journal.rows import OpRow
+from cairn.operations.approve import ApproveCall, Decision
 from cairn.policy import (
     agent_capabilities,
     evaluate,
@@ -147,6 +152,102 @@ def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
     )
     coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
     coord.event("answer-committed", op_id=op.op_id, actor_uid=question.actor_uid)
+    return result
+
+
+# --- flow.approve -------------------------------------------------------------------
+
+
+def approve(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    """Drive an ``approve`` operation: open its approval request once, and settle it with
+    the decision — a person's, the host policy's denial, or the expiry at the deadline
+    (cairnd's timer expires it even when the coordinator is not running). The decision is
+    journalled once (the approval row) and the settled result is what replay returns."""
+    if op.state == "settled":
+        assert op.result is not None
+        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+        return op.result
+    if op.state == "not-started":  # decided before with on_reject="fail"
+        raise OperationRefused(f"{op.op_id} was not approved: {op.error}")
+    wanted = ApproveCall.model_validate(call.request)
+    request_id = approval_request_id(op.op_id)
+    existing = coord.journal.approval(coord.run_id, request_id)
+    if existing is None:
+        evaluation = evaluate(load_policy(), ["human"], coord.desc)
+        if evaluation.decision == "deny":
+            reason = "host policy denies approvals from people (capability human)"
+            return decided(coord, op, wanted, Decision(
+                approved=False, outcome="denied", reason=reason,
+                request_id=request_id, op_id=op.op_id))
+        prepared = {
+            "kind": "approve",
+            "run_id": coord.run_id,
+            "op_id": op.op_id,
+            **wanted.model_dump(mode="json"),
+        }
+        seconds = wanted.expires_in or load_policy().approval_deadline_sec
+        existing = coord.journal.open_approval(
+            coord.run_id,
+            token=coord.token,
+            request_id=request_id,
+            op_id=op.op_id,
+            attempt=op.attempt,
+            prepared=prepared,
+            fingerprint=fingerprint(prepared),
+            evaluation=evaluation.model_dump(mode="json"),
+            deadline=time.time() + seconds,
+            waiting=True,
+        )
+        coord.event("approval-requested", op_id=op.op_id, request_id=request_id,
+                    fingerprint=existing.fingerprint)
+    if existing.state == "waiting" and coord.journal.expire_overdue_approvals(
+        time.time(), run_id=coord.run_id
+    ):  # cairnd's timer had not come round yet
+        existing = coord.journal.approval(coord.run_id, request_id) or existing
+    if existing.state == "waiting":
+        raise RunSuspended(f"{op.op_id} waits for approval {request_id}", state="waiting")
+    return decided(coord, op, wanted, decision_of(existing, wanted))
+
+
+def decision_of(row: ApprovalRow, wanted: ApproveCall) -> Decision:
+    """The workflow's view of a decided approval request."""
+    if row.state == "expired":
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.deadline))
+        return Decision(
+            approved=wanted.on_expiry == "approve",
+            outcome="expired",
+            reason=f"no decision before the deadline ({when}); on_expiry={wanted.on_expiry}",
+            request_id=row.request_id,
+            op_id=row.op_id,
+        )
+    return Decision(
+        approved=row.state == "approved",
+        outcome="approved" if row.state == "approved" else "rejected",
+        reason=row.reason,
+        actor_uid=row.actor_uid,
+        request_id=row.request_id,
+        op_id=row.op_id,
+    )
+
+
+def decided(
+    coord: CoordinatorBase, op: OpRow, wanted: ApproveCall, decision: Decision
+) -> dict[str, Any]:
+    """Settle and commit the operation with ``decision`` — or, when it is not an approval
+    and the workflow asked for ``on_reject="fail"``, record it not started and fail it."""
+    if not decision.approved and wanted.on_reject == "fail":
+        refuse(coord, op, f"{decision.outcome}: {decision.reason or 'no reason given'}")
+    result = decision.model_dump(mode="json")
+    if coord.journal.get_op_by_id(coord.run_id, op.op_id).state == "requested":  # nothing waited
+        coord.journal.update_op(
+            coord.run_id, op.op_id, token=coord.token, state="committed", result=result
+        )
+    else:
+        coord.journal.update_op(
+            coord.run_id, op.op_id, token=coord.token, state="settled", result=result
+        )
+        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+    coord.event(f"approve-{decision.outcome}", op_id=op.op_id, request_id=decision.request_id)
     return result
 
 

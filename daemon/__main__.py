@@ -7,6 +7,8 @@ import threading
 import time
 
 from cairn import journald, paths
+from cairn.daemon.expiry import run_timer
+from cairn.daemon.interactions import start_coordinator
 from cairn.daemon.reconcile import reconcile
 from cairn.daemon.server import serve
 from cairn.errors import CairnError
@@ -22,6 +24,10 @@ def main() -> None:
     sock = listener(paths.daemon_socket(), 0o666)
     build_models()  # before any thread uses one
     threading.Thread(target=reconcile_at_start, args=(started_at,), daemon=True).start()
+    threading.Thread(
+        target=run_timer, args=(time.time, start_coordinator, threading.Event()),
+        name="approval-timer", daemon=True,
+    ).start()
     logging.getLogger("cairn.daemon").info("cairnd ready")
     serve(sock)
 

@@ -18,7 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from cairn.canonical import canonical_json
+from cairn.daemon import attention
 from cairn.daemon.reconcile import restart_coordinator
+from cairn.daemon.schedules import blocked_schedules
 from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal.people import QuestionRow, StaleRequest
@@ -116,9 +118,11 @@ def start_coordinator(journal: Journal, run_id: str) -> bool:
 
 
 def inbox(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
-    """What waits for the caller: open questions and approval requests of their runs."""
+    """What waits for the caller: open questions and approval requests of their runs,
+    their blocked runs, and their schedules that repeated launch failures blocked; each
+    with the commands to run next."""
     owner = None if (all_users and is_admin(uid)) else uid
-    return journal.waiting_for_people(owner)
+    return attention.inbox(journal, owner) + blocked_schedules(owner)
 
 
 # --- answers ------------------------------------------------------------------------

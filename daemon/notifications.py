@@ -1,11 +1,13 @@
 """What the caller's notifier (``cairn notify follow``, a user unit) asks cairnd: the
-caller's runs that started waiting for a person, failed or succeeded after its cursor,
+caller's runs that started waiting for a person, were blocked, failed or succeeded after
+its cursor,
 as :class:`~cairn.protocol.notify.NotifyEvent` (one per journal event)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from cairn.daemon.attention import approval_item, blocked_items, question_item
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import EventRow
 from cairn.protocol.daemon import NotificationsRequest
@@ -14,36 +16,32 @@ from cairn.protocol.notify import EVENT_OF_KIND, NotifyBatch, NotifyEvent, Waiti
 BATCH = 100
 
 
-def waiting_item(journal: Journal, event: EventRow) -> WaitingItem | None:
-    """The question or approval request that ``event`` opened, with the command that
-    answers it."""
+def waiting_items(journal: Journal, event: EventRow) -> list[WaitingItem]:
+    """What ``event`` asks a person for: the question or approval request it opened, or
+    what a blocked run needs, each with the commands that decide it."""
     run_id = event.run_id
+    if event.event == "run-blocked":
+        return blocked_items(journal, journal.get_run(run_id))
     if event.event == "question-asked" and event.op_id is not None:
         question = journal.question(run_id, event.op_id)
-        if question is None:
-            return None
-        return WaitingItem(
-            kind="question",
-            op_id=question.op_id,
-            question=question.question,
-            command=f"cairn answer {run_id} --challenge {question.challenge} VALUE",
-        )
+        return [] if question is None else [question_item(run_id, question)]
     approval = journal.approval(run_id, str(event.data.get("request_id")))
-    if approval is None:
-        return None
-    command = f"cairn approve {run_id} {approval.request_id} --fingerprint {approval.fingerprint}"
-    return WaitingItem(
-        kind="approval", op_id=approval.op_id, request_id=approval.request_id, command=command
-    )
+    return [] if approval is None else [approval_item(run_id, approval)]
 
 
 def notify_event(journal: Journal, event: EventRow) -> NotifyEvent:
     run = journal.get_run(event.run_id)
     kind = EVENT_OF_KIND[event.event]
-    item = waiting_item(journal, event) if kind == "waiting" else None
+    items = waiting_items(journal, event) if kind in ("waiting", "blocked") else []
     if kind == "waiting":
+        item = items[0] if items else None
         what = (item.question or f"approval {item.request_id}") if item else "a person"
         summary = f"{run.run_id} waits for you: {what}"
+        if item:
+            summary += f"; next: {item.command}"
+    elif kind == "blocked":
+        next_step = f"; next: {items[0].command}" if items else ""
+        summary = f"{run.run_id} is blocked: {run.error or 'see cairn show'}{next_step}"
     elif kind == "failed":
         summary = f"{run.run_id} failed: {run.error or 'see cairn show'}"
     else:
@@ -56,7 +54,7 @@ def notify_event(journal: Journal, event: EventRow) -> NotifyEvent:
         definition=run.definition,
         state=run.state,
         error=run.error,
-        waiting=[item] if item else [],
+        waiting=items,
         summary=summary[:500],
     )
 

@@ -1,5 +1,5 @@
 """``cairn notify``: run the caller's notification hooks (:mod:`cairn.notify`) when their
-runs start waiting for a person, fail or succeed. ``follow`` is what the user unit
+runs start waiting for a person, are blocked, fail or succeed. ``follow`` is what the user unit
 ``cairn-notify.service`` runs; ``list`` shows which hooks would run and which are
 refused; ``test`` sends a sample event to them."""
 
@@ -115,15 +115,17 @@ def list_hooks() -> None:
 
 @notify_app.command()
 def test(
-    event: Annotated[str, typer.Option(help="waiting, failed or succeeded.")] = "succeeded",
+    event: Annotated[
+        str, typer.Option(help="waiting, blocked, failed or succeeded.")
+    ] = "succeeded",
 ) -> None:
     """Send a sample event (run ``flow_000…``) to every hook."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.notify import deliver, hook_dirs
     from cairn.protocol.notify import NotifyEvent
 
-    if event not in ("waiting", "failed", "succeeded"):
-        typer.echo("cairn: --event must be waiting, failed or succeeded", err=True)
+    if event not in ("waiting", "blocked", "failed", "succeeded"):
+        typer.echo("cairn: --event must be waiting, blocked, failed or succeeded", err=True)
         raise typer.Exit(2)
     sample = NotifyEvent.model_validate(
         {
@@ -132,7 +134,7 @@ def test(
             "at": time.time(),
             "run_id": "flow_" + "0" * 32,
             "definition": "builtin:implement",
-            "state": "waiting" if event == "waiting" else event,
+            "state": event,
             "summary": f"a test notification ({event})",
         }
     )

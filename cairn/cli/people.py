@@ -41,7 +41,8 @@ def inbox(
     all_users: Annotated[bool, typer.Option("--all", help="Every user's (cairn-admin).")] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Questions and approval requests waiting for you."""
+    """What waits for you, with the command to run next: questions, approval requests,
+    proposals held for 'cairn apply', blocked runs, blocked schedules."""
     items = request(InboxRequest(all_users=all_users))
     if emit_or_empty(items, json_out, empty="nothing waits for you"):
         return
@@ -169,7 +170,16 @@ def render_item(item: dict[str, Any]) -> str:
     """An inbox item as lines: what waits and the commands that decide it. Every field a
     workflow or an agent could have shaped (the question, the prompt, names) is shown
     through :func:`~cairn.terminal.printable`."""
+    commands = "".join(f"\n  {printable(c)}" for c in item.get("commands", []))
+    if item["kind"] == "schedule-blocked":
+        return (
+            f"schedule {printable(item['name'])} ({item['schedule_id']}) blocked: "
+            f"{printable(item['reason'] or 'launch failures')}{commands}"
+        )
     run = item["run_id"]
+    if item["kind"] == "blocked":
+        where = f" {printable(item['op_id'])}" if item.get("op_id") else ""
+        return f"{run}{where} blocked: {printable(item['reason'] or 'see cairn show')}{commands}"
     if item["kind"] == "question":
         schema = printable(item["schema_name"] or "text")
         return (
@@ -186,6 +196,14 @@ def render_item(item: dict[str, Any]) -> str:
             f"{printable(prepared['project'])}; until {deadline}\n"
             f"  cairn diff {run}\n"
             f"  cairn apply {run}\n"
+            f"  cairn reject {run} {request_id} --reason …"
+        )
+    if prepared.get("kind") == "approve":
+        then = "approved" if prepared.get("on_expiry") == "approve" else "rejected"
+        return (
+            f"{run} {request_id} approval: {printable(prepared['subject'][:500])}; until "
+            f"{deadline} (then {then})\n"
+            f"  cairn approve {run} {request_id} --fingerprint {printable(item['fingerprint'])}\n"
             f"  cairn reject {run} {request_id} --reason …"
         )
     needs = printable(", ".join(

@@ -33,14 +33,15 @@ OP_TRANSITIONS: Mapping[str, frozenset[str]] = {
         {
             "started",  # agent attempt starts / fork saves its intent (coordinator)
             "waiting",  # an ask opens its question (Journal.open_question)
-            "committed",  # a marker (unroll/item/repeat_until) has no effect to settle
+            "committed",  # a marker (unroll/item/repeat_until) has no effect to settle;
+            # a flow.approve the host policy denies is decided without waiting
             "not-started",  # refused by policy or budget; stop/cancel at a safe point
         }
     ),
     "waiting": frozenset(
         {
-            "settled",  # the question was answered
-            "not-started",  # stop/cancel while the question waits
+            "settled",  # the question was answered, the approval decided or expired
+            "not-started",  # stop/cancel while it waits; a refused flow.approve(on_reject="fail")
         }
     ),
     "started": frozenset(

@@ -15,7 +15,13 @@ from pydantic import BaseModel
 
 from cairn.canonical import canonical_json
 from cairn.errors import CairnError, NotFound, UsageError
-from cairn.journal.rows import TERMINAL_RUN_STATES, ControlAction, RunState, loads
+from cairn.journal.rows import (
+    TERMINAL_RUN_STATES,
+    ControlAction,
+    RunRow,
+    RunState,
+    loads,
+)
 from cairn.journal.runs import RunEnded
 from cairn.journal.writes import Writes
 
@@ -140,8 +146,10 @@ class People(Writes):
         fingerprint: str,
         evaluation: dict[str, Any],
         deadline: float,
+        waiting: bool = False,
     ) -> ApprovalRow:
-        """Record an approval request for one prepared operation (once)."""
+        """Record an approval request for one prepared operation (once); ``waiting``: the
+        operation itself waits on it (``flow.approve``) and is marked so."""
         with self.transaction() as db:
             self._fence(db, run_id, token)
             cur = db.execute(
@@ -161,6 +169,12 @@ class People(Writes):
                     self.clock(),
                 ),
             )
+            if cur.rowcount and waiting:
+                db.execute(
+                    "UPDATE operations SET state='waiting', updated_at=? WHERE run_id=? AND op_id=?"
+                    " AND state='requested'",
+                    (self.clock(), run_id, op_id),
+                )
             if cur.rowcount:
                 self._event(
                     db,
@@ -245,6 +259,48 @@ class People(Writes):
                 row["op_id"],
             )
             return state, self._wake(db, run_id, run["state"])
+
+    def expire_overdue_approvals(self, now: float, *, run_id: str | None = None) -> list[str]:
+        """Expire every waiting approval request whose deadline passed (of ``run_id``
+        only, when given) and wake the runs that waited for them; the IDs of the runs
+        woken. One transaction: a person's decision racing it either wins or gets
+        :class:`AlreadyAnswered`."""
+        only = "" if run_id is None else " AND a.run_id=?"
+        args: tuple[Any, ...] = (now,) if run_id is None else (now, run_id)
+        woken: list[str] = []
+        with self.transaction() as db:
+            rows = db.execute(
+                "SELECT a.run_id, a.request_id, a.op_id, r.state AS run_state FROM approvals a"
+                " JOIN runs r USING (run_id) WHERE a.state='waiting' AND a.deadline<?"
+                f"{only} ORDER BY a.deadline",
+                args,
+            ).fetchall()
+            states = {r["run_id"]: r["run_state"] for r in rows}
+            for row in rows:
+                if row["run_state"] in TERMINAL_RUN_STATES:
+                    continue
+                db.execute(
+                    "UPDATE approvals SET state='expired', decided_at=? WHERE run_id=? AND"
+                    " request_id=? AND state='waiting'",
+                    (now, row["run_id"], row["request_id"]),
+                )
+                self._event(
+                    db, row["run_id"], "approval-expired",
+                    {"request_id": row["request_id"], "by": "deadline"}, None, row["op_id"],
+                )
+            for waiting_run, state in states.items():
+                if state not in TERMINAL_RUN_STATES and self._wake(db, waiting_run, state):
+                    woken.append(waiting_run)
+        return woken
+
+    def next_approval_deadline(self) -> float | None:
+        """The earliest deadline of a waiting approval request of a run not ended."""
+        row = self.db.execute(
+            "SELECT min(a.deadline) FROM approvals a JOIN runs r USING (run_id)"
+            " WHERE a.state='waiting' AND r.state NOT IN (?,?,?,?)",
+            tuple(TERMINAL_RUN_STATES),
+        ).fetchone()
+        return None if row[0] is None else float(row[0])
 
     def request_control(
         self, run_id: str, action: ControlAction, *, actor_uid: int
@@ -364,6 +420,15 @@ class People(Writes):
                 }
             )
         return items
+
+    def blocked_runs(self, owner_uid: int | None) -> list[RunRow]:
+        """The owner's ``blocked`` runs (everyone's when None), oldest change first."""
+        owner = "" if owner_uid is None else " AND owner_uid=?"
+        args: tuple[int, ...] = () if owner_uid is None else (owner_uid,)
+        rows = self.db.execute(
+            f"SELECT * FROM runs WHERE state='blocked'{owner} ORDER BY updated_at", args
+        ).fetchall()
+        return [RunRow.from_row(r) for r in rows]
 
     def _held(self, db: sqlite3.Connection, run_id: str, state: str) -> bool:
         """Whether a coordinator holds the run or acts for it, so that a control request

@@ -23,10 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from pydantic import ValidationError
+
 from cairn.errors import JournalError, NotFound
 from cairn.journal.rows import OpRow, RunRow
 from cairn.journal.store import SCHEMA_VERSION, Clock, Store
 from cairn.protocol.launch import LaunchDescription
+from cairn.validation import first_error
 
 if TYPE_CHECKING:
     from cairn.protocol.broker import Intent
@@ -41,7 +44,7 @@ VALUE_LIMIT = 16 << 20  # the largest value a reader takes (a launch description
 # A reader's statements together may run this many SQLite VM steps (in units of
 # PROGRESS_STEPS); a journal that makes them run longer is refused.
 PROGRESS_STEPS = 100_000
-PROGRESS_BUDGET = 20_000
+PROGRESS_BUDGET = 2_000
 
 
 def harden(db: sqlite3.Connection) -> None:
@@ -80,7 +83,11 @@ def guarded(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
             try:
                 return read(*args, **kwargs)
             except (sqlite3.Error, ValueError, RecursionError) as exc:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if isinstance(exc, ValidationError):
+                    where, message = first_error(exc, top=what)
+                    reason = f"{where}: {message}"
+                else:
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise JournalError(
                     f"the journal's {what} cannot be read safely: {reason[:300]}",
                     hint="the journal was changed outside cairnd; see 'cairn doctor'",

@@ -1,6 +1,7 @@
 """Operation kinds: one module per kind, registered in one table.
 
 Each module of this package (:mod:`~cairn.operations.agent`, :mod:`~cairn.operations.ask`,
+:mod:`~cairn.operations.approve`,
 :mod:`~cairn.operations.fork`, :mod:`~cairn.operations.unroll`,
 :mod:`~cairn.operations.repeat_until`, :mod:`~cairn.operations.measure_proposal`,
 :mod:`~cairn.operations.settle_experiment`) holds for its kinds the review rule, the
@@ -19,6 +20,7 @@ from typing import TypeGuard, get_args
 from cairn.operation_kinds import OperationKind
 from cairn.operations import (
     agent,
+    approve,
     ask,
     fork,
     measure_proposal,
@@ -36,6 +38,7 @@ MODULES: tuple[ModuleType, ...] = (
     fork,
     unroll,
     ask,
+    approve,
     measure_proposal,
     settle_experiment,
     repeat_until,

@@ -7,30 +7,36 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-NotifyKind = Literal["waiting", "failed", "succeeded"]
+NotifyKind = Literal["waiting", "blocked", "failed", "succeeded"]
 NOTIFY_VERSION: Literal[1] = 1
 
 # The journal events notifications come from: each question and each approval request
-# the moment it opens (also while other lanes of the run go on), and the run's end.
+# the moment it opens (also while other lanes of the run go on), a run that stops
+# blocked for a person's decision, and the run's end.
 EVENT_OF_KIND: dict[str, NotifyKind] = {
     "question-asked": "waiting",
     "approval-requested": "waiting",
+    "run-blocked": "blocked",
     "run-failed": "failed",
     "run-succeeded": "succeeded",
 }
 
 
 class WaitingItem(BaseModel):
-    """One question or approval request the run waits for, with the command that answers
-    it."""
+    """One thing the run waits for — a question, an approval request, or (``blocked``)
+    a decision on an operation or on the run's storage — with the command to run next
+    (``command``) and every command that decides it (``commands``, that one first)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["question", "approval"]
-    op_id: str
+    kind: Literal["question", "approval", "blocked"]
+    op_id: str | None = None
     question: str | None = None
     request_id: str | None = None
+    deadline: float | None = None
+    reason: str | None = None
     command: str
+    commands: list[str] = []
 
 
 class NotifyEvent(BaseModel):

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from cairn.operations import (
     OperationKind,
     agent,
+    approve,
     ask,
     fork,
     measure_proposal,
@@ -64,6 +65,17 @@ class _Pending:
     def __await__(self) -> Generator[_Pending, dict[str, Any], dict[str, Any]]:
         answer = yield self
         return answer
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What ``await flow.approve(...)`` returns (see :class:`cairn.operations.approve.Decision`)."""
+
+    approved: bool
+    outcome: str
+    reason: str | None
+    actor_uid: int | None
+    request_id: str
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,21 @@ class Flow:
         answer arrives. Without ``schema`` the answer is text."""
         request = ask.request(question, None if schema is None else schema.__name__)
         return _ask_answer(self._call("ask", request), schema)
+
+    def approve(
+        self,
+        subject: str,
+        *,
+        expires_in: int | None = None,
+        on_expiry: str = "reject",
+        on_reject: str = "value",
+    ) -> Coroutine[Any, Any, Approval]:
+        """Ask a person to approve ``subject``; the run waits (its coordinator may exit).
+        Returns the decision: a rejection, a policy denial or an expiry (``on_expiry``
+        decides which way it counts) comes back as a value with its reason, unless
+        ``on_reject="fail"``, which raises OperationFailed instead."""
+        request = approve.request(subject, expires_in, on_expiry, on_reject)
+        return _approval(self._call("approve", request))
 
     def parallel(
         self, lanes: dict[str, Callable[[], Any]], *, concurrency: int | None = None
@@ -262,6 +289,17 @@ async def _ask_answer(pending: _Pending, schema: type[M] | None) -> M | str:
     if schema is None:
         return str(answer["answer"])
     return schema.model_validate(answer["answer"])
+
+
+async def _approval(pending: _Pending) -> Approval:
+    decision = approve.Decision.model_validate(await pending)
+    return Approval(
+        approved=decision.approved,
+        outcome=decision.outcome,
+        reason=decision.reason,
+        actor_uid=decision.actor_uid,
+        request_id=decision.request_id,
+    )
 
 
 async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> AgentResult:

@@ -61,6 +61,7 @@ __all__ = [
     "Store",
     "Trigger",
     "admit",
+    "blocked_schedules",
     "confirm",
     "create",
     "dispatch",
@@ -97,6 +98,38 @@ def dispatch(
         return route[1](store, journal, request, uid, fd)
     finally:
         store.close()
+
+
+def blocked_schedules(owner: int | None) -> list[dict[str, Any]]:
+    """``cairn inbox`` items for the schedules of ``owner`` (everyone's when None) that
+    repeated launch failures blocked: nothing launches until a person resumes them."""
+    if not store_path().exists():
+        return []
+    store = Store(store_path())
+    try:
+        rows = store.db.execute(
+            "SELECT * FROM schedules WHERE status='blocked'"
+            + ("" if owner is None else " AND owner_uid=?")
+            + " ORDER BY updated_at",
+            () if owner is None else (owner,),
+        ).fetchall()
+    finally:
+        store.close()
+    return [
+        {
+            "kind": "schedule-blocked",
+            "schedule_id": r["schedule_id"],
+            "name": r["name"],
+            "owner_uid": r["owner_uid"],
+            "reason": r["blocked_reason"],
+            "created_at": r["updated_at"],
+            "commands": [
+                f"cairn schedule inspect {r['schedule_id']}",
+                f"cairn schedule resume {r['schedule_id']}",
+            ],
+        }
+        for r in rows
+    ]
 
 
 _Handler = Callable[[Store, Journal, Any, int, int | None], Any]

@@ -121,6 +121,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: True)
     monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
     monkeypatch.setattr(units, "require_quiesced", lambda unit, cgroup: None)
+    monkeypatch.setattr(units, "require_ended", lambda names, what: None)
     monkeypatch.setattr(units, "start_unit", lambda name: None)
     monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
     monkeypatch.setattr(verbs, "failpoint", lambda *args: None)

@@ -255,7 +255,9 @@ def test_cairnd_notifies_only_the_callers_runs_from_the_cursor(root: Path) -> No
         assert waiting.event == "waiting" and waiting.run_id == RUN
         assert waiting.waiting[0].question == "Which colour for the shed?"
         assert waiting.waiting[0].command.startswith(f"cairn answer {RUN} --challenge sha256:")
-        assert waiting.summary == f"{RUN} waits for you: Which colour for the shed?"
+        assert waiting.summary == (
+            f"{RUN} waits for you: Which colour for the shed?; next: {waiting.waiting[0].command}"
+        )
         # another user sees nothing of alice's run
         theirs = notifications(journal, NotificationsRequest(cursor=start.cursor), OWNER + 1)
         assert theirs["events"] == [] and theirs["cursor"] == batch.cursor
@@ -327,4 +329,5 @@ def test_an_approval_request_notifies_waiting_with_its_command(root: Path) -> No
     (item,) = approval.waiting
     assert item.kind == "approval" and item.request_id == request_id
     assert item.command == f"cairn approve {RUN} {request_id} --fingerprint {fingerprint}"
-    assert approval.summary == f"{RUN} waits for you: approval {request_id}"
+    assert approval.summary == f"{RUN} waits for you: approval {request_id}; next: {item.command}"
+    assert item.commands == [item.command, f"cairn reject {RUN} {request_id} --reason …"]

@@ -122,6 +122,7 @@ CALL_OF_KIND: dict[str, str] = {
     "unroll": 'await flow.unroll([args.text], lambda t: flow.agent(worker, prompt=t), title="P")',
     "item": 'await flow.item("k", lambda: flow.agent(worker, prompt="k"))',
     "ask": 'await flow.ask("Ship it?")',
+    "approve": 'await flow.approve("Ship it?", expires_in=600)',
     "measure_proposal": (
         'await flow.measure_proposal("bench", metrics={"t": {"unit": "s", "direction": "lower"}})'
     ),

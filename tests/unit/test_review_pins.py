@@ -82,8 +82,9 @@ REJECTED = {
     "bad_flow_escape": "abbc7717e6611780",
     # Changed when the review began refusing the kinds this release does not carry out:
     # the message lists only the operations a reviewed workflow may call.
-    # The list of operations in its message grew by measure_proposal, settle_experiment.
-    "bad_flow_unknown": "ff8f54a9e738c833",
+    # The list of operations in its message grew by measure_proposal, settle_experiment,
+    # then by approve.
+    "bad_flow_unknown": "619f157640913d4a",
     "bad_format": "73ebe8615ab9ef84",
     "bad_format_attribute": "b0710ae2a2658d17",
     "bad_format_index": "9f527080438a8bb1",
