@@ -6,6 +6,8 @@ A reject after an accept takes the scope's hot spare (``broker/spare.py``) by re
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from typing import Any
 
 import btrfsutil
 import pytest
+from owner_pins import pin_as_owner
 
 from cairn import paths
 from cairn.broker import spare, units, verbs
@@ -47,10 +50,14 @@ async def run(flow, args: Goal) -> Goal:
 '''
 LINES = {kind: n for n, text in enumerate(SOURCE.splitlines(), 1)
          for kind in ("measure_proposal", "settle_experiment") if f"flow.{kind}(" in text}
+SCORE_ARGV = ["/bin/sh", "-c", 'printf \'{"cairn_metrics": {"score": %s}}\\n\' '
+              '"$(cat score.txt)"']
+# /etc/cairn/evaluators.d/score.toml, which root reads again before it measures.
+SCORE_FILE = (f"argv = {json.dumps(SCORE_ARGV)}\ntimeout_sec = 10\nwarmups = 1\n"
+              "samples = 2\n").encode()
 SCORE = EvaluatorSpec(
-    name="score", argv=["/bin/sh", "-c", 'printf \'{"cairn_metrics": {"score": %s}}\\n\' '
-                        '"$(cat score.txt)"'],
-    timeout_sec=10, warmups=1, samples=2, config_sha256="d" * 64,
+    name="score", argv=SCORE_ARGV, timeout_sec=10, warmups=1, samples=2,
+    config_sha256="sha256:" + hashlib.sha256(SCORE_FILE).hexdigest(),
 )
 
 
@@ -70,6 +77,9 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
                             values=parse_metric_output(out.stdout)), out.stdout
 
     monkeypatch.setattr(units, "run_evaluator", run_evaluator)
+    evaluators = paths.config_dir() / "evaluators.d"
+    evaluators.mkdir(parents=True, exist_ok=True)
+    (evaluators / "score.toml").write_bytes(SCORE_FILE)
     project = pool.root / "project"
     pool.create_subvolume(project)
     (project / "score.txt").write_text("3\n")
@@ -86,6 +96,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
     )
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
+    pin_as_owner(RUN)
     coord = Coordinator(RUN)
     coord.token = coord.journal.acquire_lease(RUN, coord.holder)
     coord.prepare_storage()

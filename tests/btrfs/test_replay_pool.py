@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from owner_pins import pin_as_owner
 
 from cairn import paths
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
-from cairn.daemon import launch
+from cairn.daemon import attest
 from cairn.daemon import replay as daemon_replay
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, QPrepared, Receipt
@@ -58,7 +59,13 @@ async def run(flow: Any, args: Ask) -> Ask:
 @pytest.fixture
 def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[Path]:
     pool = broker_host
-    monkeypatch.setattr(launch, "call_broker", lambda verb, run_id, **_: BrokerReply(ok=True))
+    monkeypatch.setattr(attest, "require_channel", lambda: -1)
+
+    def start_attested(desc: LaunchDescription, **_: object) -> BrokerReply:
+        pin_as_owner(desc.run_id)
+        return BrokerReply(ok=True)
+
+    monkeypatch.setattr(attest, "start_attested", start_attested)
     project = pool.root / "project"
     pool.create_subvolume(project)
     (project / "notes.txt").write_text("before\n")
@@ -81,6 +88,7 @@ def finished_source(project: Path, pool: Pool) -> None:
     )
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
+    pin_as_owner(SOURCE_RUN)
     coord = Coordinator(SOURCE_RUN)
     coord.token = coord.journal.acquire_lease(SOURCE_RUN, coord.holder)
     coord.prepare_storage()

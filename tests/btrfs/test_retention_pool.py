@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from owner_pins import pin_as_owner
 
 from cairn import paths, proc, retention
 from cairn.broker import units, verbs
@@ -59,6 +60,8 @@ def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[dict[st
     """``broker_host``, with cairnd's one-shot broker calls answered by the broker's own
     ``carry_out`` too."""
     monkeypatch.setattr(units, "remove_proxy", lambda run_id: False)
+    # No PID 1 here: every unit of these runs has ended (asking it is the system tier's).
+    monkeypatch.setattr(units, "require_ended", lambda units, what: None)
 
     def through_the_broker(verb: str, run_id: str, *, timeout: float) -> BrokerReply:
         return BrokerReply(ok=True, receipts=verbs.carry_out(verb, run_id))
@@ -80,6 +83,7 @@ def record_run(journal: Journal, run_id: str, state: str) -> None:
     )
     journal.create_run(desc, intents=[Intent(intent_id="prepare-q", run_id=run_id,
                                              kind="prepare-q")])
+    pin_as_owner(run_id)
     with journal.transaction() as db:
         db.execute("UPDATE runs SET state=? WHERE run_id=?", (state, run_id))
 
@@ -231,6 +235,7 @@ def _coordinator(journal: Journal, run_id: str) -> Coordinator:
         cairn_version="0", created_at=1.0,
     )
     journal.create_run(desc, intents=[])
+    pin_as_owner(run_id)
     coordinator = Coordinator(run_id)
     coordinator.token = coordinator.journal.acquire_lease(run_id, coordinator.holder)
     return coordinator
