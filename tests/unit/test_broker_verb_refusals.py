@@ -25,7 +25,7 @@ from test_broker_pins import RUN, SERVICE, attestation, description
 from cairn import paths, storage, systemd
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
-from cairn.errors import BrokerRefused
+from cairn.errors import BrokerRefused, SystemdError
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, Intent, SubvolumeReceipt
@@ -293,3 +293,31 @@ def test_an_agent_that_does_not_stop_or_leaves_processes_is_refused(
     monkeypatch.setattr(units, "Systemd", StandInSystemd("active"))
     with pytest.raises(BrokerRefused, match=f"{name} is still active; no checkpoint yet"):
         units.require_quiesced(name, "")
+
+
+class Stopping(StandInSystemd):
+    """A unit on its way down: PID 1's wait for it ends inactive, or times out."""
+
+    def __init__(self, *states: str, ends: bool) -> None:
+        super().__init__(*states)
+        self.ends = ends
+
+    def wait_inactive(self, name: str, timeout: float) -> UnitState:
+        if not self.ends:
+            raise SystemdError(f"{name} did not stop within {timeout} s")
+        return self.unit_state(name).model_copy(update={"active_state": "inactive"})
+
+
+def test_a_run_is_deleted_only_once_pid_1_says_its_units_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = "cairn-coordinator@" + RUN + ".service"
+    what = f"run {RUN} has not ended; nothing is deleted"
+    monkeypatch.setattr(units, "Systemd", Stopping("deactivating", ends=True))
+    units.require_ended([name], what)  # it stopped while root waited
+    monkeypatch.setattr(units, "Systemd", Stopping("deactivating", ends=False))
+    with pytest.raises(BrokerRefused, match=f"{name} is still deactivating; {what}"):
+        units.require_ended([name], what)
+    monkeypatch.setattr(units, "Systemd", StandInSystemd("active"))
+    with pytest.raises(BrokerRefused, match=f"{name} is still active; {what}"):
+        units.require_ended([name], what)
