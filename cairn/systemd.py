@@ -538,17 +538,6 @@ class Systemd:
                 self._unwatch(name)
                 self._last_cgroup.pop(name, None)
 
-    def unit_processes(self, name: str) -> list[tuple[str, int, str]]:
-        """``GetUnitProcesses``: (cgroup, pid, command line) of every process in the unit."""
-        validate_unit_name(name)
-        try:
-            (procs,) = self._manager_call("GetUnitProcesses", "s", (name,))
-        except DBusCallFailed as e:
-            raise SystemdError(f"GetUnitProcesses({name}) failed: {e.detail}") from e
-        if not isinstance(procs, list):
-            raise SystemdError(f"GetUnitProcesses returned {type(procs).__name__}")
-        return [(str(cg), int(pid), str(cmd)) for cg, pid, cmd in procs]
-
     # -- stopping and releasing ----------------------------------------------------------
 
     def stop_unit(self, name: str) -> None:

@@ -12,6 +12,14 @@ Base root filesystem
     dependency list gives a new hash and a new directory; delete the cache directory to
     rebuild. ``CAIRN_TEST_MIRROR`` overrides the Debian mirror.
 
+Coverage of the root broker
+    With ``CAIRN_BROKER_COVERAGE`` set to a host directory, the installed broker of every
+    machine runs under coverage.py (``python3-coverage`` is in the base root filesystem;
+    a ``.pth`` starts it in a process whose environment has ``COVERAGE_PROCESS_START``,
+    which only a test drop-in of ``cairn-broker.service`` sets), and the data files are
+    copied into that directory after the machine powers off. ``./dev test`` combines them
+    with the host's (``[tool.coverage.paths]`` in pyproject.toml).
+
 Limits of the tier
     cgroup limits (``MemoryMax=``, ``TasksMax=``, ``CPUQuota=``) are not enforced inside
     nspawn on hosts with a cgroup v1 hybrid; those belong to the VM tier.
@@ -61,6 +69,31 @@ BASE_INCLUDE = (
     "btrfs-progs",
     "python3",
 )
+# Not a dependency of the package: the broker's coverage in the system tier.
+TEST_PACKAGES = ("python3-coverage",)
+
+COVERAGE_ENV = "CAIRN_BROKER_COVERAGE"
+COVERAGE_DATA = "/var/lib/cairn-coverage"
+COVERAGE_CONFIG = "/etc/cairn-coverage.toml"
+# The broker's own modules and the library it loads, where the package installs them.
+COVERAGE_MACHINE_CONFIG = f"""\
+[tool.coverage.run]
+branch = true
+parallel = true
+sigterm = true
+data_file = "{COVERAGE_DATA}/data"
+include = ["/usr/lib/python3/dist-packages/cairn/*"]
+"""
+COVERAGE_DROP_IN = f"""\
+[Service]
+Environment=COVERAGE_PROCESS_START={COVERAGE_CONFIG}
+ReadWritePaths=-{COVERAGE_DATA}
+"""
+# Every Python process reads it; only one with COVERAGE_PROCESS_START imports coverage.
+COVERAGE_PTH = (
+    "import os; os.environ.get('COVERAGE_PROCESS_START') "
+    "and __import__('coverage').process_startup()\n"
+)
 
 TEST_USERS = {"alice": 1001, "bob": 1002}
 
@@ -105,6 +138,7 @@ def recipe_hash(packages: Sequence[str]) -> str:
         "mirror": mirror(),
         "include": sorted(BASE_INCLUDE),
         "packages": sorted(packages),
+        "test_packages": sorted(TEST_PACKAGES),
         "version": 1,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -127,7 +161,7 @@ def ensure_base_rootfs(deb: Path) -> Path:
     Parallel callers serialize on a lock file; the tree is built in a temporary directory
     beside its final name and renamed into place only when complete.
     """
-    packages = deb_runtime_packages(deb)
+    packages = deb_runtime_packages(deb) + list(TEST_PACKAGES)
     root = cache_dir() / f"{SUITE}-{recipe_hash(packages)}"
     if root.is_dir():
         return root
@@ -231,6 +265,7 @@ class Machine:
             self._mount_overlay(base)
             self._install_package()
             self._create_users()
+            self._measure_broker()
             if self.with_pool:
                 self._make_pool()
             self.timings["install"] = time.monotonic() - t
@@ -305,6 +340,28 @@ class Machine:
                     user,
                 ]
             )
+
+    def _measure_broker(self) -> None:
+        """Run the installed broker under coverage if ``CAIRN_BROKER_COVERAGE`` asks."""
+        if not os.environ.get(COVERAGE_ENV):
+            return
+        (self.merged / COVERAGE_CONFIG.lstrip("/")).write_text(COVERAGE_MACHINE_CONFIG)
+        (self.merged / COVERAGE_DATA.lstrip("/")).mkdir(mode=0o700)
+        drop_in = self.merged / "etc/systemd/system/cairn-broker.service.d/coverage.conf"
+        drop_in.parent.mkdir(parents=True, exist_ok=True)
+        drop_in.write_text(COVERAGE_DROP_IN)
+        pth = self.merged / "usr/lib/python3/dist-packages/zz-cairn-coverage.pth"
+        pth.write_text(COVERAGE_PTH)
+
+    def _collect_coverage(self) -> None:
+        """Copy the broker's coverage data out of the powered-off machine."""
+        target = os.environ.get(COVERAGE_ENV)
+        data = self.merged / COVERAGE_DATA.lstrip("/")
+        if not target or not data.is_dir():
+            return
+        Path(target).mkdir(parents=True, exist_ok=True)
+        for file in data.iterdir():
+            shutil.copyfile(file, Path(target) / f"{file.name}.{self.name}")
 
     def _make_pool(self) -> None:
         run(["truncate", "-s", POOL_IMAGE_SIZE, self.pool_image])
@@ -439,6 +496,10 @@ class Machine:
             self.poweroff()
         except Exception as err:  # teardown must go on to unmount and detach
             problems.append(f"poweroff: {err}")
+        try:
+            self._collect_coverage()
+        except OSError as err:
+            problems.append(f"coverage data: {err}")
         for mountpoint in sorted(_mountpoints_under(self.tmp), key=len, reverse=True):
             result = run(["umount", mountpoint], check=False)
             if result.returncode != 0:

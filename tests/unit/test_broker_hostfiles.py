@@ -5,6 +5,7 @@ the description is what the ``cairn`` user could have written."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +64,8 @@ def test_argv_the_file_does_not_say_is_refused() -> None:
     (verifier,) = matching_verifiers("/home/a/p", "builtin:implement", problems)
     (evaluator,) = frozen_evaluators({"bench": None}, problems)
     evil = ["/bin/sh", "-c", "cp /etc/shadow /tmp"]
-    with pytest.raises(BrokerRefused, match="verifier check .* argv differ"):
+    with pytest.raises(BrokerRefused, match="verifier check in the run's description is not "
+                       "what /etc/cairn says: argv differ"):
         hostfiles.check_verifier(verifier.model_copy(update={"argv": evil}))
     with pytest.raises(BrokerRefused, match="evaluator bench .* environment differ"):
         hostfiles.check_evaluator(evaluator.model_copy(update={"environment": {"LD_PRELOAD":
@@ -80,8 +82,19 @@ def test_a_file_changed_since_the_launch_is_not_run(etc: Path) -> None:
         hostfiles.check_verifier(verifier)
 
 
-@pytest.mark.parametrize("planted", ["symlink", "group-writable", "fifo", "missing", "big"])
-def test_only_a_regular_file_only_root_writes_is_read(etc: Path, planted: str) -> None:
+@pytest.mark.parametrize(
+    ("planted", "refusal"),
+    [
+        ("symlink", "tool.toml cannot be read: Too many levels of symbolic links"),
+        ("group-writable", "tool.toml is not a regular file that only root can write"),
+        ("fifo", "tool.toml is not a regular file that only root can write"),
+        ("missing", "tool.toml cannot be read: No such file or directory"),
+        ("big", f"tool.toml is larger than {hostfiles.CONFIG_LIMIT} bytes"),
+    ],
+)
+def test_only_a_regular_file_only_root_writes_is_read(
+    etc: Path, planted: str, refusal: str
+) -> None:
     profile = frozen_profile()
     file = etc / "profiles.d/tool.toml"
     elsewhere = etc / "elsewhere.toml"
@@ -96,7 +109,17 @@ def test_only_a_regular_file_only_root_writes_is_read(etc: Path, planted: str) -
         os.mkfifo(file)
     elif planted == "big":
         file.write_text(PROFILE + "#" * (hostfiles.CONFIG_LIMIT + 1))
-    with pytest.raises(BrokerRefused, match="cannot be read|not a regular file|larger than"):
+    with pytest.raises(BrokerRefused, match=refusal):
+        hostfiles.check_profile(profile)
+
+
+def test_a_file_with_the_frozen_hash_must_still_be_toml(etc: Path) -> None:
+    """A launch froze what a newer parser took; root's own parser has the last word."""
+    raw = b'kind = "command"\nargv = ['
+    (etc / "profiles.d/tool.toml").write_bytes(raw)
+    profile = ProfileSpec(name="tool", kind="command", argv=["/usr/bin/agent"],
+                          config_sha256="sha256:" + hashlib.sha256(raw).hexdigest())
+    with pytest.raises(BrokerRefused, match="tool.toml is not a valid TOML file: .+"):
         hostfiles.check_profile(profile)
 
 

@@ -20,7 +20,7 @@ import pytest
 from cairn import paths
 from cairn.broker import verbs
 from cairn.broker.pins import Attestation
-from cairn.broker.receipts import ReceiptStore
+from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.errors import BrokerRefused
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Intent
@@ -223,7 +223,8 @@ def test_an_upgrade_re_pins_a_new_source_on_the_owners_word_and_nothing_else(
     widened = upgraded.model_copy(update={"limits": desc.limits.model_copy(
         update={"memory_max": 64 << 30})})
     rewrite_launch(RUN, widened)
-    with pytest.raises(BrokerRefused, match="an upgrade changes only its source, not limits"):
+    with pytest.raises(BrokerRefused,
+                       match=f"{RUN} is pinned; an upgrade changes only its source, not limits"):
         carry_out("launch-v1", attested=attestation(widened))
     assert pinned_hash() == upgraded.launch_hash()
 
@@ -248,3 +249,79 @@ def test_an_ended_run_is_never_pinned(journal: Journal, host: Path) -> None:
     journal.fail_unstarted_run(RUN, "test")
     with pytest.raises(BrokerRefused, match="has ended; it is not pinned"):
         carry_out("launch-v1", attested=attestation(desc))
+
+
+NOBODY = 2**31 - 7  # a uid with no account on any test host
+
+
+@pytest.mark.parametrize(
+    ("owners", "attested_by", "refusal"),
+    [
+        ((ME, ME + 1), ME + 1, f"{RUN}'s project is not its owner's"),
+        ((NOBODY, NOBODY), NOBODY, f"uid {NOBODY} has no account on this host"),
+    ],
+)
+def test_the_owner_is_the_projects_owner_with_an_account_here(
+    journal: Journal, host: Path, owners: tuple[int, int], attested_by: int, refusal: str
+) -> None:
+    owner, project_owner = owners
+    desc = description(host, owner_uid=owner, project=ProjectSpec(
+        root=str(host / "home/owner/project"), owner_uid=project_owner, on_pool_fs=False))
+    journal.create_run(desc, intents=[])
+    with pytest.raises(BrokerRefused, match=refusal):
+        carry_out("launch-v1", attested=attestation(desc, uid=attested_by))
+    assert pinned_hash() is None
+
+
+@pytest.mark.parametrize("planted", ["gone", "someone else's"])
+def test_a_project_gone_or_not_the_owners_is_never_pinned(
+    journal: Journal, host: Path, planted: str
+) -> None:
+    desc = description(host)
+    project = Path(desc.project.root)
+    journal.create_run(desc, intents=[])
+    if planted == "gone":
+        project.rmdir()
+        refusal = f"project {project} is gone: No such file or directory"
+    else:
+        os.chown(project, ME + 1, -1)
+        refusal = f"project {project} is not owned by the run's owner"
+    with pytest.raises(BrokerRefused, match=refusal):
+        carry_out("launch-v1", attested=attestation(desc))
+    assert pinned_hash() is None
+
+
+def test_an_upgrade_never_moves_a_run_to_another_project_directory(
+    journal: Journal, host: Path
+) -> None:
+    desc = description(host)
+    journal.create_run(desc, intents=[])
+    carry_out("launch-v1", attested=attestation(desc))
+    project = Path(desc.project.root)
+    project.rename(project.with_name("moved"))
+    project.mkdir()  # same path, the owner's, but not the directory that was attested
+    upgraded = desc.model_copy(update={"source": "print('v2')"})
+    rewrite_launch(RUN, upgraded)
+    with pytest.raises(BrokerRefused, match=f"{RUN} is pinned to another owner or project"):
+        carry_out("launch-v1", attested=attestation(upgraded))
+    assert pinned_hash() == desc.launch_hash()
+
+
+def test_a_pin_whose_description_names_another_run_is_refused(
+    journal: Journal, host: Path
+) -> None:
+    """Root's own database is the last word, yet a pin must agree with itself."""
+    desc = description(host)
+    journal.create_run(desc, intents=[])
+    st = os.lstat(desc.project.root)
+    store = ReceiptStore()
+    try:
+        store.put_pin(Pin(run_id=RUN, owner_uid=ME, owner_gid=ACCOUNT.pw_gid,
+                          launch_hash=desc.launch_hash(), project_dev=st.st_dev,
+                          project_ino=st.st_ino,
+                          description=description(host, run_id=OTHER).model_dump_json()),
+                      pid=os.getpid())
+    finally:
+        store.close()
+    with pytest.raises(BrokerRefused, match=f"the pin of {RUN} does not match its own"):
+        carry_out("storage-v1")

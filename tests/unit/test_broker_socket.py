@@ -4,6 +4,7 @@ Real Unix sockets; hypothesis generates the hostile input."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from cairn.broker import server
 from cairn.broker.server import read_attestation, read_request
 from cairn.errors import BrokerRefused
 from cairn.protocol.attestation import attestation_line, parse_attestation
+from cairn.protocol.broker import BrokerReply, Receipt
 
 RUN = "flow_" + "0123456789abcdef" * 2
 HASH = "sha256:" + "e" * 64
@@ -190,3 +192,82 @@ def test_generated_lines_attest_only_in_the_exact_form(data: bytes) -> None:
 @given(st.from_regex(r"\Aflow_[0-9a-f]{32}\Z"), st.from_regex(r"\Asha256:[0-9a-f]{64}\Z"))
 def test_every_well_formed_attestation_round_trips(run_id: str, launch_hash: str) -> None:
     assert parse_attestation(attestation_line(run_id, launch_hash)) == (run_id, launch_hash)
+
+
+# --- one connection, served: what the caller hears --------------------------------------
+
+
+def served(data: bytes, carry_out: server.CarryOut, *, fds: list[int] = [],  # noqa: B006
+           uids: set[int] | None = None) -> dict[str, object]:
+    """Send ``data`` (and ``fds``) to a BrokerServer's handler over a real socketpair;
+    the caller's reply, parsed."""
+    client, conn = socket.socketpair()
+    with socket.socket(socket.AF_UNIX) as unused_listener, client:
+        broker = server.BrokerServer(unused_listener, carry_out)
+        if uids is not None:
+            broker.uids = uids
+        send(client, data, fds)
+        broker.handle(conn)
+        reply = b""
+        while chunk := client.recv(4096):
+            reply += chunk
+    parsed: dict[str, object] = json.loads(reply)
+    return parsed
+
+
+def nothing(verb: str, run_id: str, attestation: object, uids: frozenset[int]) -> list[Receipt]:
+    raise AssertionError("a refused request reaches no verb")
+
+
+def test_a_malformed_request_hears_the_usage() -> None:
+    reply = served(b"launch-v1 flow_nope\n", nothing)
+    assert reply["ok"] is False and reply["code"] == "usage"
+    assert "expected '<launch-v1|storage-v1|delete-v1> flow_<32 hex>'" in str(reply["error"])
+
+
+def test_a_caller_not_allowed_hears_why_and_its_descriptor_is_closed() -> None:
+    before = open_fds()
+    owner, channel = socket.socketpair()
+    with owner, channel:
+        reply = served(f"launch-v1 {RUN}\n".encode(), nothing, fds=[channel.fileno()],
+                       uids={os.getuid() + 4242})
+    assert reply == {"ok": False, "code": "permission-denied",
+                     "error": "only root and the cairn user may call", "receipts": []}
+    assert open_fds() <= before
+
+
+def test_a_launch_carries_the_owners_attestation_to_the_verb() -> None:
+    seen: list[object] = []
+
+    def carry_out(verb: str, run_id: str, attestation: object,
+                  uids: frozenset[int]) -> list[Receipt]:
+        seen.append((verb, run_id, attestation))
+        return []
+
+    owner, channel = socket.socketpair()
+    with owner, channel:
+        owner.sendall(attestation_line(RUN, HASH))
+        reply = served(f"launch-v1 {RUN}\n".encode(), carry_out, fds=[channel.fileno()])
+    assert reply == {"ok": True, "code": None, "error": None, "receipts": []}
+    ((verb, run_id, attestation),) = seen
+    assert (verb, run_id) == ("launch-v1", RUN)
+    assert isinstance(attestation, server.Attestation)
+    assert (attestation.uid, attestation.run_id, attestation.launch_hash) == (
+        os.getuid(), RUN, HASH)
+
+
+def test_a_broker_bug_still_answers_the_caller() -> None:
+    def crash(verb: str, run_id: str, attestation: object,
+              uids: frozenset[int]) -> list[Receipt]:
+        raise KeyError("intent-kind")
+
+    reply = served(f"storage-v1 {RUN}\n".encode(), crash)
+    assert reply["ok"] is False and reply["code"] == "internal"
+    assert reply["error"] == "internal error: 'intent-kind'"
+
+
+def test_a_caller_gone_before_the_reply_costs_the_broker_nothing() -> None:
+    client, conn = socket.socketpair()
+    client.close()
+    with conn:
+        server.BrokerServer.reply(conn, BrokerReply(ok=True))  # EPIPE is swallowed

@@ -204,3 +204,40 @@ def test_manifest_rejects_paths_outside_the_capsule() -> None:
     for bad in ("../etc/passwd", "/abs", "a/../b", "manifest.json", "a//b"):
         with pytest.raises(ValueError):
             capsule.CapsuleFile.model_validate({"path": bad, **entry})
+
+
+def test_a_release_key_that_is_not_an_ed25519_pem_is_refused() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    with pytest.raises(capsule.CapsuleInvalid, match="the release public key is not PEM"):
+        capsule.load_public_key(b"not a key")
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    pem = other.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    with pytest.raises(capsule.CapsuleInvalid, match="is not an Ed25519 key"):
+        capsule.load_public_key(pem)
+
+
+def test_a_capsule_not_named_by_its_hash_or_without_its_signature_is_refused(
+    release: Path, tmp_path: Path
+) -> None:
+    key = capsule.load_public_key(key_of(release).read_bytes())
+    renamed = release.with_name("latest")
+    release.rename(renamed)
+    with pytest.raises(capsule.CapsuleInvalid, match="latest is not named by a SHA-256"):
+        capsule.verify(renamed, key)
+    renamed.rename(release)
+    (release / capsule.SIGNATURE).chmod(0o644)
+    (release / capsule.SIGNATURE).unlink()
+    with pytest.raises(capsule.CapsuleInvalid, match="cannot read .*: No such file"):
+        capsule.verify(release, key)
+
+
+def test_a_current_link_that_is_not_a_link_to_a_capsule_is_refused(tmp_path: Path) -> None:
+    assert capsule.current_release(tmp_path) is None
+    (tmp_path / "current").write_text("x")
+    with pytest.raises(capsule.CapsuleInvalid, match="current: Invalid argument"):
+        capsule.current_release(tmp_path)
+    (tmp_path / "current").unlink()
+    (tmp_path / "current").symlink_to("../../etc")
+    with pytest.raises(capsule.CapsuleInvalid, match="current points at '../../etc', not a"):
+        capsule.current_release(tmp_path)

@@ -24,35 +24,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PROCESSES = ("broker", "coordinator", "daemon", "worker")
 
-# Lines of project code (modules under cairn.* outside cairn.broker itself) that the root
-# broker loads: cairn.broker.__main__ and cairn.broker.verbs with everything they import,
-# transitively, including imports inside functions and the packages above each module,
-# excluding imports made only for type checking. It may only go down: 5,897 when this
-# test was written, 3,571 once the owner's candidate unit took settlement out of the
-# broker and the journal's writers, migrations, capsule signing and the forwarders left
-# its imports, 3,529 once the reader kept only what the broker reads (listing runs, one
-# operation by its sequence number, events and receipts moved to the writers' parts),
-# less the operation-kind literal once imported for type checking only; revert, checks of
-# the proposal and --apply then added their receipts and launch fields, doctor's check
-# of applied paths its result and receipt, and measurements (issue 13) the evaluator's
-# launch field, its receipt and the strict metric-line model; replay (issue 19) the
-# selection of imported operations the broker recomputes rather than trusting cairnd's
-# (cairn/replay.py), the reminted snapshots' receipt field and Pool.remint; 3,834 once
-# the reserve check (cairnd's and the coordinator's, never the broker's) left storage;
-# 3,763 once the journal package ran no code (every journal name imported from its part),
-# 3,744 once cairnd's check of a replay's source (check_source) moved to daemon/replay.py,
-# 3,722 once the errors of one concern (the journal's, the review's, the coordinator's)
-# moved beside it, 3,720 with the egress flag and simpler paths, 3,682 once the journal's
-# run and people errors moved beside them and the egress's readiness call into it,
-# 3,676 once the systemd client lost two parameters no caller passed (aux units of a
-# transient service, the job mode of an installed one); 3,801 once root stopped trusting
-# cairn (issue 26): the owner's attestation line and the journal reader's defenses,
-# 3,812 with the hash of the profile root froze for each agent, 3,819 once the journal
-# reader named a malformed row's first error.
-# Issue 26 replaces this count with what root trusts (the trust inventory) and branch
-# coverage of what root runs. +2 when a delete said how many deleted subvolumes Btrfs
-# still reclaims once root stops waiting for the cleaner (issue 28).
-BROKER_CLOSURE_CEILING = 3_821
+# The root broker's closure: cairn.broker.__main__ and cairn.broker.verbs with everything
+# they import, transitively, including imports inside functions and the packages above each
+# module, excluding imports made only for type checking. Its size in lines was capped here
+# (5,897 when first counted, 3,812 when issue 26 began); issue 26 measures root by what it
+# trusts instead: the trust inventory (docs/architecture.md) and branch coverage of broker/
+# and this closure (tests/unit/test_broker_coverage.py, the gate in pyproject.toml).
 BROKER_ENTRY_MODULES = ("cairn.broker.__main__", "cairn.broker.verbs")
 
 # Run in the staged layout: print the broker's closure as JSON (module -> file).
@@ -218,7 +195,7 @@ def _documented_closure() -> set[str]:
     return {m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", section, re.MULTILINE)}
 
 
-def test_broker_imports_stay_small(installed_layout: Path) -> None:
+def test_the_broker_closure_is_the_documented_one(installed_layout: Path) -> None:
     python = sys.executable
     static = _run_in(installed_layout, [python, "-c", _STATIC_CLOSURE, *BROKER_ENTRY_MODULES])
     assert static.returncode == 0, static.stderr
@@ -232,14 +209,8 @@ def test_broker_imports_stay_small(installed_layout: Path) -> None:
     largest = ", ".join(
         f"{m} {n}" for m, n in sorted(library.items(), key=lambda item: -item[1])[:8]
     )
-    print(
-        f"root broker's project imports: {total} lines in {len(library)} modules "
-        f"(ceiling {BROKER_CLOSURE_CEILING}, target 2500); largest: {largest}"
-    )
-    assert total <= BROKER_CLOSURE_CEILING, (
-        f"the root broker now imports {total} lines of project code, more than "
-        f"{BROKER_CLOSURE_CEILING}; largest: {largest}"
-    )
+    print(f"root broker's project imports: {total} lines in {len(library)} modules; "
+          f"largest: {largest}")
 
     # docs/architecture.md lists exactly these files, each with why root runs it.
     listed = _documented_closure()

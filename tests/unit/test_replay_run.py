@@ -348,6 +348,52 @@ def test_the_broker_recomputes_the_selection_and_checks_owner_and_storage(
         remint_q(broker_context(new))
 
 
+def test_the_broker_remints_only_a_finished_source_of_the_same_run_with_a_q(
+    journal: Journal, host: Path, started: list[str]
+) -> None:
+    source = finished_source(journal, host)
+    new = daemon_replay.replay(journal, source, "root-2", OWNER)["run_id"]
+    store = ReceiptStore()
+    store.put(Intent(intent_id="checkpoint.root-2", run_id=source, kind="checkpoint",
+                     op_id="root-2"), Checkpointed(s=subvolume("/pool/s2"), op_id="root-2"))
+    store.close()
+    with pytest.raises(BrokerRefused, match=f"replay source {source} has no Q"):
+        remint_q(broker_context(new))
+
+    desc = journal.launch_description(new)
+    assert desc.replay is not None
+    rewritten = desc.model_copy(update={"run_id": "flow_" + "b" * 32,
+                                        "source": "print('another workflow')"})
+    journal.create_run(rewritten, intents=[])
+    with pytest.raises(BrokerRefused,
+                       match=f"replay source {source} is another project or definition"):
+        remint_q(broker_context(rewritten.run_id))
+
+    unfinished = journal.launch_description(source).model_copy(
+        update={"run_id": "flow_" + "c" * 32})
+    journal.create_run(unfinished, intents=[])
+    early = desc.model_copy(update={
+        "run_id": "flow_" + "d" * 32,
+        "replay": desc.replay.model_copy(update={"source_run": unfinished.run_id}),
+    })
+    journal.create_run(early, intents=[])
+    with pytest.raises(BrokerRefused,
+                       match=f"replay source {unfinished.run_id} is pending, not finished"):
+        remint_q(broker_context(early.run_id))
+
+    ghost = "flow_" + "f" * 32
+    orphan = desc.model_copy(update={
+        "run_id": "flow_" + "9" * 32,
+        "replay": desc.replay.model_copy(update={"source_run": ghost}),
+    })
+    journal.create_run(orphan, intents=[])
+    reader, store = JournalReader(paths.journal_path()), ReceiptStore()
+    context = Context(Intent(intent_id="prepare-q", run_id=orphan.run_id, kind="prepare-q"),
+                      orphan, pinned(store, reader, orphan.run_id), reader, store)
+    with pytest.raises(BrokerRefused, match=f"replay source {ghost}: no run {ghost}"):
+        remint_q(context)
+
+
 # --- the CLI -----------------------------------------------------------------------
 
 

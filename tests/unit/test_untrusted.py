@@ -910,3 +910,20 @@ def test_the_scan_catches_the_old_ways(tmp_path: Path) -> None:
     for name in ("stop_agent", "C.read_result_file", "C.fail_if_limit_hit"):
         assert mentions_agent_place(found[name]) and plain_reads(found[name]), name
         assert not helper_calls(found[name])
+
+
+def test_a_base_that_is_not_a_directory_or_a_name_too_long_is_an_error(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    with pytest.raises(untrusted.UntrustedFileError, match="cannot open: Not a directory"):
+        untrusted.read_bytes(plain, "f", owner=os.getuid(), limit=10)
+    with pytest.raises(untrusted.UntrustedFileError, match="cannot open: File name too long"):
+        untrusted.read_bytes(tmp_path, "n" * 300, owner=os.getuid(), limit=10)
+
+
+def test_readlink_of_what_is_not_a_link_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("x")
+    (tmp_path / "link").symlink_to("/etc/shadow")
+    assert untrusted.readlink(tmp_path, "link") == "/etc/shadow"  # read, never followed
+    with pytest.raises(untrusted.UntrustedFileError, match="plain: Invalid argument"):
+        untrusted.readlink(tmp_path, "plain")
