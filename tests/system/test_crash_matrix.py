@@ -309,8 +309,15 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
     retried = {op for op, attempts in run.agent_starts.items() if len(attempts) > 1}
     retries = sum(1 for e in data["events"] if e["event"] == "op-retry")
     assert set(run.agent_starts) == set(clean.agent_starts)
-    assert all(attempts == list(range(1, len(attempts) + 1))
-               for attempts in run.agent_starts.values()), run.agent_starts
+    where, situation = SITUATIONS[failpoint]
+    # A broker that died after recording an agent's attempt and before starting its unit
+    # (amid another run's call) leaves that attempt unstarted: the coordinator retries it
+    # cleanly, so the first unit PID 1 started is a later attempt's.
+    unstarted = {op for op, attempts in run.agent_starts.items()
+                 if where == "broker" and attempts and attempts[0] > 1}
+    assert all(attempts == list(range(attempts[0], attempts[0] + len(attempts)))
+               and (attempts[0] == 1 or op in unstarted)
+               for op, attempts in run.agent_starts.items()), run.agent_starts
     if failpoint == "agent-before-finish":  # every first attempt died
         assert retried == set(clean.agent_starts) and retries == len(retried)
     elif failpoint == RESTART:  # the agents running at the power-off, retried once
@@ -318,10 +325,9 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
         assert all(len(a) == 2 for a in run.agent_starts.values() if len(a) > 1)
         assert any(e["event"] == "reconciled" for e in data["events"])
     else:
-        assert retried == set() and retries == 0, run.agent_starts
+        assert retried == set() and retries == len(unstarted), run.agent_starts
     assert set(run.measure_starts) == {u.replace(clean.run_id, run.run_id)
                                        for u in clean.measure_starts}
-    where, situation = SITUATIONS[failpoint]
     if where != "broker":  # nothing measured twice
         assert set(run.measure_starts.values()) <= {1}, run.measure_starts
     # else: the one broker serves every run, and an evaluator it was waiting on when it
