@@ -422,7 +422,14 @@ def _run_command(
     state = _run_to_end(spec, name, command.timeout_sec + 60, sync_journal=True)
     measured = isinstance(command, EvaluatorSpec) and state.result == "success"
     wait = OUTPUT_WAIT_SEC if measured else 0.0
-    return state, _unit_output(name, state.invocation_id, since, wait)[-CHECK_OUTPUT_LIMIT:]
+    output = _unit_output(name, state.invocation_id, since, wait)
+    for _ in range(8):  # journald may still be taking in the last lines: until it settles
+        time.sleep(0.25)
+        again = _unit_output(name, state.invocation_id, since, 0.0)
+        if again == output:
+            break
+        output = again
+    return state, output[-CHECK_OUTPUT_LIMIT:]
 
 
 def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> str:
