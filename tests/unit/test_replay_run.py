@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attested import pin_as_attested
 
 from cairn import paths
-from cairn.broker.receipts import Pin, ReceiptStore
+from cairn.broker.receipts import ReceiptStore
 from cairn.broker.remint import remint_q, source_checkpoints
 from cairn.broker.verbs import Context
 from cairn.daemon import attest, launch
@@ -281,27 +282,14 @@ def subvolume(path: str) -> SubvolumeReceipt:
                             read_only=True, generation=1)
 
 
-def pinned(store: ReceiptStore, reader: JournalReader, run_id: str) -> Pin:
-    """The run's pin, made as its owner's attestation made it at launch (where this test
-    launched it through cairnd, whose broker is a stand-in)."""
-    found = store.pin(run_id)
-    if found is None:
-        desc = reader.launch_description(run_id)
-        st = os.lstat(desc.project.root)
-        found = Pin(run_id, desc.owner_uid, desc.owner_gid, desc.launch_hash(), st.st_dev,
-                    st.st_ino, desc.model_dump_json())
-        store.put_pin(found, pid=os.getpid())
-    return found
-
-
 def broker_context(run_id: str) -> Context:
     reader = JournalReader(paths.journal_path())
     store = ReceiptStore()
     intent = Intent(intent_id="prepare-q", run_id=run_id, kind="prepare-q")
     desc = reader.launch_description(run_id)
     if desc.replay is not None:
-        pinned(store, reader, desc.replay.source_run)
-    return Context(intent, desc, pinned(store, reader, run_id), reader, store)
+        pin_as_attested(desc.replay.source_run)
+    return Context(intent, desc, pin_as_attested(run_id), reader, store)
 
 
 def test_the_broker_refuses_a_replayed_run_whose_imported_rows_were_tampered_with(
@@ -389,7 +377,7 @@ def test_the_broker_remints_only_a_finished_source_of_the_same_run_with_a_q(
     journal.create_run(orphan, intents=[])
     reader, store = JournalReader(paths.journal_path()), ReceiptStore()
     context = Context(Intent(intent_id="prepare-q", run_id=orphan.run_id, kind="prepare-q"),
-                      orphan, pinned(store, reader, orphan.run_id), reader, store)
+                      orphan, pin_as_attested(orphan.run_id), reader, store)
     with pytest.raises(BrokerRefused, match=f"replay source {ghost}: no run {ghost}"):
         remint_q(context)
 
