@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import btrfsutil
 
 from cairn import paths, storage
-from cairn.broker import hostfiles, pins, spare, units
+from cairn.broker import hostfiles, pins, receipts, spare, units
 from cairn.broker.pins import Attestation
 from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.broker.remint import remint_q
@@ -78,13 +78,13 @@ def carry_out(
     if not journal_file.exists():
         raise BrokerRefused("no journal", hint="start cairn.socket first")
     journal = JournalReader(journal_file)  # read-only; cairnd migrates, never the broker
-    store = ReceiptStore()
+    store = receipts.shared()
     try:
         desc, pin = pins.description(
             journal, store, run_id, verb, attestation, set(service_uids)
         )
         ended = journal.get_run(run_id).state in TERMINAL_RUN_STATES
-        receipts: list[Receipt] = []
+        answered: list[Receipt] = []
         for intent in journal.intents(run_id, verb):
             if intent.run_id != run_id or VERB_OF_KIND[intent.kind] != verb:
                 raise BrokerRefused(f"intent {intent.intent_id} does not belong to {verb}")
@@ -108,10 +108,9 @@ def carry_out(
                     ) from exc
                 done = store.put(intent, body)
                 log.info("%s %s done", intent.kind, intent.intent_id)
-            receipts.append(done)
-        return receipts
+            answered.append(done)
+        return answered
     finally:
-        store.close()
         journal.close()
 
 

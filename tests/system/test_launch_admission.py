@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from machine import Machine
+from machine import TEST_USERS, Machine
 from test_end_to_end import cairn, show
 
 LAUNCHES = int(os.environ.get("CAIRN_ADMISSION_LAUNCHES", "64"))
@@ -33,7 +33,8 @@ for run_id, event, at in db.execute(
     " 'run-waiting') ORDER BY cursor"):
     runs.setdefault(run_id, []).append((event, at))
 state = {r: s for r, s in db.execute("SELECT run_id, state FROM runs")}
-print(json.dumps({"events": runs, "state": state}))
+owner = {r: u for r, u in db.execute("SELECT run_id, owner_uid FROM runs")}
+print(json.dumps({"events": runs, "state": state, "owner": owner}))
 """
 
 
@@ -61,8 +62,11 @@ def launch(machine: Machine, user: str, agent: str) -> tuple[str, float, str]:
             "--args", json.dumps({"objective": "admission"}),
             "--scripted", f"builtin:implementer={agent}"]
     started = time.monotonic()
-    proc = machine.exec(argv, user=user, timeout=300)
+    proc = machine.exec(argv, user=user, timeout=300, check=False)
     took = time.monotonic() - started
+    if proc.returncode != 0:
+        pytest.fail(f"{user}'s launch failed: {proc.stderr.decode().strip()}\n"
+                    f"the broker's log:\n{machine.journal('cairn-broker.service')[-6000:]}")
     return proc.stdout.decode().strip().splitlines()[-1], took, proc.stderr.decode()
 
 
@@ -105,9 +109,27 @@ def wait_all_ended(machine: Machine, runs: list[str], timeout: float) -> dict[st
         time.sleep(2)
 
 
+def cancel_unended(machine: Machine) -> None:
+    """Cancel every run a failed test left queued or running, so the next test starts on
+    an idle machine."""
+    data = json.loads(machine.exec(["python3", "-c", SLOT_INTERVALS]).stdout)
+    user_of = {uid: name for name, uid in TEST_USERS.items()}
+    for run_id, state in data["state"].items():
+        if state in ("queued", "running", "waiting"):
+            user = user_of[data["owner"][run_id]]
+            machine.exec(["cairn", "cancel", run_id], user=user, check=False)
+
+
+@pytest.fixture
+def idle_after(booted: Machine) -> Iterator[Machine]:
+    yield booted
+    cancel_unended(booted)
+
+
 def test_many_launches_at_once_never_run_more_than_the_limit_and_all_succeed(
-    booted: Machine,
+    idle_after: Machine,
 ) -> None:
+    booted = idle_after
     agents = {user: script(booted, user) for user in ("alice", "bob")}
     users = ["alice", "bob"] * (LAUNCHES // 2)
     began = time.monotonic()
