@@ -6,7 +6,9 @@ every run has ended. The goal: each ``cairn launch`` returns in under a second.
 
 Launches builtin:implement with a scripted agent that finishes at once, alternately as
 alice and bob, ``AT_ONCE`` ``cairn launch`` processes at a time, with ``max_running_runs
-= LIMIT``; prints one JSON line of figures. The system test
+= LIMIT``; prints one JSON line of figures. Before that, the same number of ``cairn
+--version`` processes, as many at a time: the CLI's own start with nothing else of cairn
+running, the floor under any launch's time on the machine. The system test
 ``tests/system/test_launch_admission.py`` asserts the limit and that every run succeeds.
 """
 
@@ -34,6 +36,8 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
                      input=f"max_running_runs = {limit}\n".encode())
         agents = {user: script(machine, user) for user in ("alice", "bob")}
         users = ["alice", "bob"] * (launches // 2)
+        with ThreadPoolExecutor(at_once) as pool:
+            started = list(pool.map(lambda u: timed_version(machine, u), users))
         began = time.monotonic()
         with ThreadPoolExecutor(at_once) as pool:
             launched = list(pool.map(lambda u: launch(machine, u, agents[u]), users))
@@ -41,6 +45,7 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
         states = wait_all_ended(machine, [r for r, _t, _s in launched], timeout=3600)
         ended = time.monotonic() - began
     took = sorted(t for _r, t, _s in launched)
+    floor = sorted(started)
     return {
         "launches": launches,
         "limit": limit,
@@ -50,10 +55,19 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
         "launch_p90_s": round(took[int(len(took) * 0.9)], 3),
         "launch_max_s": round(took[-1], 3),
         "under_goal": sum(t < GOAL_SECONDS for t in took),
+        "version_median_s": round(floor[len(floor) // 2], 3),
+        "version_max_s": round(floor[-1], 3),
         "all_returned_s": round(returned, 1),
         "all_ended_s": round(ended, 1),
         "succeeded": sum(state == "succeeded" for state in states.values()),
     }
+
+
+def timed_version(machine: Any, user: str) -> float:
+    """Seconds ``cairn --version`` takes as ``user``."""
+    began = time.monotonic()
+    machine.exec(["cairn", "--version"], user=user)
+    return time.monotonic() - began
 
 
 if __name__ == "__main__":

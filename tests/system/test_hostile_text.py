@@ -10,7 +10,8 @@ ends (tabs in diff and log bodies, and the progress bar cairn draws itself), whi
 ``--json`` keeps the exact strings. ``cairn mcp``'s lines are checked too.
 
 One machine, one run: the waits (question, approval) are where inbox, watch and the MCP
-server are read. ``cairn schedule inbox`` and the listings a run cannot cheaply reach are
+server are read. A second test runs a scheduled user definition that fails with its
+agent's words, for ``cairn schedule inbox``. The listings a run cannot cheaply reach are
 covered on recorded replies in tests/unit/test_cli_hostile_text.py.
 """
 
@@ -62,6 +63,14 @@ async def run(flow: Any, args: Goal) -> Step:
     second = await flow.agent(fetch, prompt=f"fetch {first.output.summary}")
     step: Step = second.output
     return step
+'''
+
+# Installed as alice's user:failing and scheduled: it fails quoting its agent.
+FAILING = WORKFLOW.split("fetch = agent(")[0] + '''
+@workflow(description="Fails in its agent's words.", input=Goal, output=Step)
+async def run(flow: Any, args: Goal) -> Step:
+    first = await flow.agent(write, prompt=args.goal)
+    raise ValueError(f"the agent said {first.output.summary}")
 '''
 
 # Runs in the agent unit: log lines and a note carrying the sequences.
@@ -309,3 +318,38 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     assert added in json.loads(cairn(machine, "diff", run_id, "--json").stdout)["diff"]
     notes = [e for e in data["events"] if e["event"] == "agent-note"]
     assert any(e["data"]["text"] == f"note {EVIL}" for e in notes), notes
+
+
+def test_a_scheduled_run_failing_in_its_agents_words_reaches_schedule_inbox_escaped(
+    booted: Machine,
+) -> None:
+    machine = booted
+    machine.enable_user_manager("alice")
+    project = "/home/alice/scheduled-project"
+    machine.exec(["mkdir", "-p", project, "/home/alice/wf"], user="alice")
+    machine.exec(["tee", "/home/alice/wf/failing.py"], user="alice", input=FAILING.encode())
+    review = cairn(machine, "workflow", "review", "/home/alice/wf/failing.py").stdout.decode()
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    cairn(machine, "workflow", "install", "/home/alice/wf/failing.py", "--confirm", review_hash)
+    created = json.loads(cairn(
+        machine, "schedule", "create", "hostile-nightly", "user:failing", "--project", project,
+        "--args", json.dumps({"goal": "go"}), "--calendar", "2099-01-01 03:00:00",
+        "--timezone", "UTC", "--catch-up", "none", "--max-runs", "3",
+        "--valid-until", "2099-12-31T00:00:00Z",
+        "--scripted", "test:evil=/home/alice/evil.json", "--json",
+    ).stdout)
+    cairn(machine, "schedule", "confirm", created["action"], created["challenge"])
+    schedule_id = created["schedule_id"]
+    cairn(machine, "schedule", "resume", schedule_id)
+    run_id = cairn(machine, "schedule", "run-now", schedule_id).stdout.decode().split()[-1]
+
+    data = wait_state(machine, run_id, ("failed", "succeeded"))
+    said = f"workflow raised ValueError: the agent said summary {EVIL}"
+    assert data["run"]["state"] == "failed" and said in data["run"]["error"], data["run"]
+    deadline = time.monotonic() + 60
+    while not (items := json.loads(cairn(machine, "schedule", "inbox", "--json").stdout)):
+        assert time.monotonic() < deadline, "the failed scheduled run never reached the inbox"
+        time.sleep(1)
+    assert items[0]["kind"] == "run-failed" and said in items[0]["message"]  # exact in --json
+    check_both_ways(machine, ["schedule", "inbox"])
+    check_both_ways(machine, ["show", run_id])
