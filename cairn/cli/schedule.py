@@ -6,6 +6,7 @@ checks), and install, check and remove the timer in the user's own systemd manag
 """
 
 
+import dataclasses
 import json
 import os
 import time
@@ -168,6 +169,7 @@ def create(
     if not isinstance(parsed, dict):
         fail("--args must be a JSON object", code=2)
     root = os.path.normpath(str(project.expanduser().absolute()))
+    profiles = json.loads(json.dumps(load_scripted(scripted)))
     fd = _open_project(project)
     try:
         source, review_hash = _pinned_source(definition, fd, root)
@@ -187,7 +189,7 @@ def create(
                     "valid_until": valid_until,
                     "min_spacing": min_spacing,
                     "overlap": overlap,
-                    "scripted": load_scripted(scripted),
+                    "scripted": profiles,
                     "replace": replace,
                 },
             ),
@@ -195,6 +197,20 @@ def create(
         )
     finally:
         os.close(fd)
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.cli import schedulepins
+
+    schedulepins.record_pending(
+        schedulepins.SchedulePin(
+            schedule_id=result["schedule_id"],
+            revision=result["revision"],
+            project=root,
+            definition=definition,
+            review_hash=review_hash,
+            args=parsed,
+            scripted=profiles,
+        )
+    )
     if json_out:
         emit(result)
     else:
@@ -208,7 +224,17 @@ def confirm(
     json_out: JsonFlag = False,
 ) -> None:
     """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.cli import schedulepins
+
     result = request(ScheduleConfirmRequest(challenge=challenge, schedule={"action": action}))
+    if not schedulepins.confirm(result["schedule_id"], result["revision"]):
+        echo(
+            f"cairn: note: revision {result['revision']} of schedule {result['schedule_id']} "
+            "was not sent by this account's cairn: its launches are checked against cairnd's "
+            "record, not a pin of yours; pin it with 'cairn schedule create … --replace'",
+            err=True,
+        )
     if json_out:
         emit(result)
         return
@@ -254,6 +280,11 @@ def _stop(
     _check_id(schedule_id)
     result = request(kind(schedule_id=schedule_id))
     remove_timer(schedule_id)
+    if kind is ScheduleDeleteRequest:
+        # here, not at the top: every cairn command would pay for this import
+        from cairn.cli import schedulepins
+
+        schedulepins.forget(schedule_id)
     if json_out:
         emit(result)
     else:
@@ -329,7 +360,16 @@ def _admit(
 ) -> dict[str, Any]:
     """Ask cairnd to admit one occurrence, proving access to the project with an open
     directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
-    current = request(ScheduleInspectRequest(schedule_id=schedule_id))
+    # here, not at the top: every cairn command would pay for this import
+    from cairn.cli import schedulepins
+
+    pin = schedulepins.pinned(schedule_id)
+    if pin is not None:
+        current: dict[str, Any] = {"project": pin.project, "definition": pin.definition}
+    else:
+        current = request(ScheduleInspectRequest(schedule_id=schedule_id))
+        echo(f"cairn: schedule {schedule_id} has no pin of yours; its launch is checked "
+             "against cairnd's record", err=True)
     while True:
         try:
             fd: int | None = _open_project(current["project"])
@@ -338,6 +378,17 @@ def _admit(
             fd = None
         try:
             source, source_error = _current_source(current, fd)
+            if pin is not None:
+                expected = dataclasses.replace(pin.expected(), source=source)
+            else:
+                expected = Expected(
+                    schedule_id=schedule_id,
+                    project=current.get("project"),
+                    definition=current.get("definition"),
+                    # a user: or project: definition launches only as pinned and as sent
+                    review_hash=current.get("review_hash") if source is not None else None,
+                    source=source,
+                )
             result: dict[str, Any] = request(
                 kind(
                     schedule_id=schedule_id,
@@ -346,14 +397,7 @@ def _admit(
                     source_error=source_error,
                 ),
                 fd=fd,
-                expect=Expected(
-                    schedule_id=schedule_id,
-                    project=current.get("project"),
-                    definition=current.get("definition"),
-                    # a user: or project: definition launches only as pinned and as sent
-                    review_hash=current.get("review_hash") if source is not None else None,
-                    source=source,
-                ),
+                expect=expected,
             )
         finally:
             if fd is not None:

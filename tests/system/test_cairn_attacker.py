@@ -298,6 +298,76 @@ def test_cairn_cannot_delete_a_running_runs_storage_by_saying_it_ended(
         cairn(machine, "cancel", run_id, check=False)
 
 
+# --- a schedule cairnd keeps -------------------------------------------------------------
+
+
+def test_a_schedule_cairn_rewrote_launches_nothing_its_owner_did_not_confirm(
+    host: dict[str, Any],
+) -> None:
+    """cairnd stores the schedule; alice's own CLI keeps what she confirmed. A rewrite of
+    the stored revision (arguments, project, scripted agent) is refused when her timer or
+    run-now asks for a run: her CLI never attests it, so root starts nothing."""
+    machine = host["machine"]
+    machine.enable_user_manager("alice")
+    other = "/home/alice/other-project"
+    machine.exec(["mkdir", "-p", other], user="alice")
+    created = json.loads(cairn(
+        machine, "schedule", "create", "attacked", "builtin:implement",
+        "--project", host["project"], "--args", json.dumps({"objective": "as confirmed"}),
+        "--calendar", "2099-01-01 03:00:00", "--timezone", "UTC", "--catch-up", "none",
+        "--max-runs", "5", "--valid-until", "2099-12-31T00:00:00Z",
+        "--scripted", f"builtin:implementer={write_script(machine, SCRIPT)}", "--json",
+    ))  # fmt: skip
+    schedule_id = created["schedule_id"]
+    cairn(machine, "schedule", "confirm", created["action"], created["challenge"])
+    cairn(machine, "schedule", "resume", schedule_id)
+    stored = attack(machine, "schedule-sql", "SELECT spec FROM revisions WHERE schedule_id=?",
+                    json.dumps([schedule_id]))["rows"][0][0]
+    for path, value, why in (
+        ("$.args.objective", json.dumps("forged"), "the arguments objective are not the ones sent"),
+        ("$.project", json.dumps(other), f"the project is {other!r}"),
+        ("$.profiles.\"builtin:implementer\".output", json.dumps({"summary": "forged"}),
+         "the scripted profiles are not the ones sent"),
+    ):
+        attack(machine, "schedule-sql", "UPDATE revisions SET spec=json_set(spec, ?, json(?))"
+               " WHERE schedule_id=?", json.dumps([path, value, schedule_id]))
+        try:
+            refused_run = machine.exec(["cairn", "schedule", "run-now", schedule_id],
+                                       user="alice", check=False, timeout=120)
+        finally:
+            attack(machine, "schedule-sql", "UPDATE revisions SET spec=? WHERE schedule_id=?",
+                   json.dumps([stored, schedule_id]))
+        err = refused_run.stderr.decode()
+        assert refused_run.returncode != 0 and "not attesting" in err and why in err, err
+    launched = json.loads(attack(
+        machine, "sql", "SELECT json_group_array(json_object('run', run_id, 'args',"
+        " json_extract(launch, '$.args'), 'project', project)) FROM runs"
+        " WHERE json_extract(launch, '$.schedule.id')=?", json.dumps([schedule_id]),
+    )["rows"][0][0])
+    # nothing root pinned or started for the refused runs: each is failed, never pinned
+    assert all(not pinned(machine, r["run"]) for r in launched), launched
+    assert not any(name.startswith("cairn-coordinator@") for name in units_of(machine, launched))
+
+    # three launches failed: the schedule blocks and waits for alice, who resumes it as
+    # she confirmed it, and it launches that
+    view = json.loads(cairn(machine, "schedule", "show", schedule_id, "--json"))
+    assert view["status"] == "blocked", view
+    cairn(machine, "schedule", "resume", schedule_id)
+    run_id = cairn(machine, "schedule", "run-now", schedule_id).strip().splitlines()[-1]
+    done = wait_for(machine, run_id, finished)
+    assert done["run"]["state"] == "succeeded", done["run"]
+    assert attack(machine, "sql", "SELECT json_extract(launch, '$.args.objective') FROM runs"
+                  " WHERE run_id=?", json.dumps([run_id]))["rows"] == [["as confirmed"]]
+    cairn(machine, "schedule", "delete", schedule_id)
+
+
+def units_of(machine: Machine, runs: list[dict[str, Any]]) -> list[str]:
+    """Every unit PID 1 knows of for these runs."""
+    names = machine.exec(["systemctl", "list-units", "--all", "--plain", "--no-legend"]
+                         ).stdout.decode().split()
+    return [n for n in names if any(r["run"] in n for r in runs)]
+
+
 # --- from outside: nothing ran, was read or written as anyone else -------------------------------
 
 

@@ -5,6 +5,7 @@ it owns and call the broker socket directly. Run inside the test machine as ``ca
     attacker.py set RUN_ID JSON_PATH JSON_VALUE       rewrite one field of the description
     attacker.py restore RUN_ID                        undo every rewrite of the description
     attacker.py sql SQL [PARAMS_JSON]                 any statement on the journal
+    attacker.py schedule-sql SQL [PARAMS_JSON]        any statement on cairnd's schedules
     attacker.py intent RUN_ID INTENT_JSON             queue an intent as a coordinator would
     attacker.py hash RUN_ID                           the launch hash of its description
     attacker.py broker VERB RUN_ID [FDS]              one request; FDS: own-channel:HASH,
@@ -22,14 +23,15 @@ import sys
 import time
 
 JOURNAL = "/var/lib/cairn/journal/journal.db"
+SCHEDULES = "/var/lib/cairn/journal/schedules.db"
 BACKUP = "/var/lib/cairn/journal/attacker-backup.json"
 VERB_OF = {"prepare-q": "storage-v1", "create-w": "storage-v1", "start-agent": "launch-v1",
            "start-coordinator": "launch-v1", "delete-run": "delete-v1",
            "verify-storage": "storage-v1", "start-apply": "launch-v1"}
 
 
-def db() -> sqlite3.Connection:
-    return sqlite3.connect(JOURNAL, isolation_level=None, timeout=30)
+def db(path: str = JOURNAL) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None, timeout=30)
 
 
 def launch_of(run_id: str) -> dict:
@@ -127,9 +129,9 @@ def broker(verb: str, run_id: str, fds: str = "") -> dict:
 
 def main() -> None:
     command, *args = sys.argv[1:]
-    if command == "sql":
+    if command in ("sql", "schedule-sql"):
         params = json.loads(args[1]) if len(args) > 1 else []
-        rows = db().execute(args[0], params).fetchall()
+        rows = db(JOURNAL if command == "sql" else SCHEDULES).execute(args[0], params).fetchall()
         result: dict = {"rows": [list(r) for r in rows]}
     else:
         result = {"forge": forge, "set": set_field, "restore": restore, "intent": intent,
