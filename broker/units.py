@@ -421,7 +421,7 @@ def _run_command(
 ) -> tuple[UnitState, bytes]:
     """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
     as the project's owner, without network, and wait for it; return its final state and
-    the last bytes it printed, read from the journal by the unit's own invocation or
+    the last 200 lines it printed, read from the journal by the unit's own invocation or
     unique name (:func:`_unit_output`), never from a file the command could write. Root
     does not decode them: the command is the owner's."""
     spec = HelperUnitSpec(
@@ -449,7 +449,7 @@ def _run_command(
         if again == output:
             break
         output = again
-    return state, output[-CHECK_OUTPUT_LIMIT:]
+    return state, output
 
 
 def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> bytes:
@@ -497,6 +497,7 @@ def run_evaluator(
     none: root stops the measurement there, so it parses that line, strictly, at the
     edge) and the last bytes of its output, unparsed."""
     state, output = _run_command(desc, evaluator, workspace, "evaluator", name)
+    output = output[-CHECK_OUTPUT_LIMIT:]
     values = parse_metric_output(output) if state.result == "success" else None
     run = EvaluatorRun(
         unit=name,

@@ -82,14 +82,12 @@ class Intent(Frozen):
 
 
 class EvidenceIndex(Frozen):
-    """An agent operation's ``evidence/index.json`` (the coordinator writes it): the
-    operations whose checkpoints the agent gets read-only, by ``incoming``."""
+    """What root reads of an agent operation's ``evidence/index.json`` (the coordinator
+    writes it): the operations whose checkpoints the agent gets read-only."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
-    run: RunId
-    op: OpId
-    incoming: list[OpId] = Field(max_length=10_000)
+    incoming: list[OpId] = Field(default=[], max_length=10_000)
 
 
 class SubvolumeReceipt(Frozen):
@@ -163,7 +161,7 @@ class ImportDone(Frozen):
     (``stats_raw``); a receipt from before holds them parsed by root (``stats``)."""
 
     unit: str
-    invocation_id: str
+    invocation_id: str = ""
     stats_raw: RawBytes | None = None
     stats: dict[str, Any] | None = None
 
