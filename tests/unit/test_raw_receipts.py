@@ -36,6 +36,7 @@ from test_untrusted import (  # the owner's helper units, faked without systemd
 from cairn import untrusted
 from cairn.broker import units, verbs
 from cairn.errors import BrokerRefused
+from cairn.importer import ImportStats
 from cairn.protocol.broker import (
     AppliedChecked,
     ApplyDone,
@@ -349,3 +350,12 @@ SUBVOLUME = {"path": "/p", "subvol_id": 256, "uuid": "u", "fsid": "f", "read_onl
              "generation": 1}
 ENVIRONMENT = MeasurementEnvironment(evaluator="bench", config_sha256="a" * 64, kernel="6",
                                      cpu="x")
+
+
+def test_the_importers_stats_stay_below_what_root_records() -> None:
+    stats = ImportStats()
+    for i in range(5000):
+        stats.skip("\x1b" * 4000 + str(i), "file not readable")
+    data = stats.model_dump_json().encode()
+    assert len(data) < units.STATS_LIMIT and stats.skipped_count == 5000
+    assert 0 < len(stats.skipped) < 5000
