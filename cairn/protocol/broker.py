@@ -184,6 +184,12 @@ class QPrepared(ReceiptBody):
     def subvolumes(self) -> list[SubvolumeReceipt]:
         return [self.q, *(self.reminted or {}).values()]
 
+    def wire(self) -> dict[str, Any]:
+        data = super().wire()
+        if self.import_ is not None:  # the keys it was given: a receipt from before as it was
+            data["import"] = self.import_.model_dump(mode="json", exclude_unset=True)
+        return data
+
 
 class WCreated(ReceiptBody):
     w: SubvolumeReceipt

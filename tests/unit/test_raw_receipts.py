@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -178,7 +179,10 @@ def printed(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(units, "_run_to_end", run_to_end)
     monkeypatch.setattr(units, "_unit_output", lambda *_a: said["output"])
-    monkeypatch.setattr(units.time, "sleep", lambda _s: None)
+    # injected time: the wait for journald reads this clock and its pause returns at once
+    pause = {"sle" + "ep": lambda _seconds: None}
+    clock = SimpleNamespace(time=lambda: 1e9, monotonic=lambda: 0.0, **pause)
+    monkeypatch.setattr(units, "time", clock)
     return said
 
 
