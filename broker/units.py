@@ -33,6 +33,9 @@ from cairn.protocol.broker import (
     AgentStarted,
     AgentStopped,
     CheckResult,
+    EvidenceIndex,
+    ImportDone,
+    RawBytes,
 )
 from cairn.protocol.launch import (
     PROFILE_SHA256_ENV,
@@ -42,7 +45,7 @@ from cairn.protocol.launch import (
     VerifierSpec,
 )
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
-from cairn.protocol.settlement import AppliedCheck, ApplyResult, CandidateFailure, CandidateResult
+from cairn.protocol.settlement import ApplyResult, CandidateFailure, CandidateResult
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -64,7 +67,13 @@ IMPORT_TIMEOUT = 6 * 3600.0
 CANDIDATE_TIMEOUT = 3600.0
 APPLY_TIMEOUT = 3600.0
 INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
-RESULT_LIMIT = 64 << 20  # import stats and apply results, written as the run owner
+# Results the run owner's helper units write. Root parses a candidate's result and an
+# apply's (it acts on their paths) and records any other as raw bytes in a receipt: a
+# receipt travels in the broker's reply (16 MiB, cairn/brokerclient.py), with the verb's
+# other receipts, so what it records is bounded well below that.
+RESULT_LIMIT = 64 << 20  # a candidate's or an apply's result.json, parsed by root
+RAW_RESULT_LIMIT = 4 << 20  # a revert's or a check-applied's result.json, recorded
+STATS_LIMIT = 1 << 20  # the import's stats.json, recorded (cairn/importer.py stays below)
 
 
 def _module_argv(module: str, *args: str) -> list[str]:
@@ -208,8 +217,7 @@ def start_agent(
     scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o755)
     state = _owned_subdir(scratch, f"state.{attempt}", desc)
-    index = untrusted.read_json(evidence, "index.json", owner=allowed_uids(), limit=INDEX_LIMIT)
-    incoming = [(b, str(checkpoints[b])) for b in index.get("incoming", []) if b in checkpoints]
+    incoming = [(b, str(checkpoints[b])) for b in evidence_index(evidence) if b in checkpoints]
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
     environment = {**_failpoint_env(), PROFILE_SHA256_ENV: profile_sha256}
@@ -259,6 +267,17 @@ def start_agent(
         capsule=release.hash,
         op_id=op_id,
     )
+
+
+def evidence_index(evidence: Path) -> list[str]:
+    """The operations whose checkpoints the agent gets, from the coordinator's
+    ``index.json``, parsed once into a typed value (a refusal if it is not one)."""
+    raw = untrusted.read_bytes(evidence, "index.json", owner=allowed_uids(), limit=INDEX_LIMIT)
+    try:
+        return list(EvidenceIndex.model_validate_json(raw).incoming)
+    except ValidationError as exc:
+        where, message = first_error(exc)
+        raise BrokerRefused(f"{evidence}/index.json is invalid: {where}: {message}") from None
 
 
 def _note_start(scratch: Path, attempt: int) -> bool:
@@ -399,11 +418,12 @@ def _run_command(
     workspace: Path,
     what: str,
     name: str,
-) -> tuple[UnitState, str]:
+) -> tuple[UnitState, bytes]:
     """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
     as the project's owner, without network, and wait for it; return its final state and
-    the tail of what it printed, read from the journal by the unit's own invocation or
-    unique name (:func:`_unit_output`), never from a file the command could write."""
+    the last 200 lines it printed, read from the journal by the unit's own invocation or
+    unique name (:func:`_unit_output`), never from a file the command could write. Root
+    does not decode them: the command is the owner's."""
     spec = HelperUnitSpec(
         description=f"Cairn {what} {command.name} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -429,10 +449,10 @@ def _run_command(
         if again == output:
             break
         output = again
-    return state, output[-CHECK_OUTPUT_LIMIT:]
+    return state, output
 
 
-def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> str:
+def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> bytes:
     """What unit ``name`` printed, from the journal: by its invocation, else (a line taken
     in after the unit was collected has no invocation ID) by the unit's unique name since
     it started. Asked again for ``wait`` seconds while there is nothing: an evaluator that
@@ -442,11 +462,11 @@ def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> str:
         for match in ([f"_SYSTEMD_INVOCATION_ID={invocation_id}"],
                       [f"_SYSTEMD_UNIT={name}", f"--since=@{since}"]):
             output = proc.run(["journalctl", "--no-pager", "-o", "cat", "-n", "200", *match],
-                              check=False).stdout.decode(errors="replace")
+                              check=False).stdout
             if output.strip():
                 return output
         if time.monotonic() >= deadline:
-            return ""
+            return b""
         time.sleep(0.25)
 
 
@@ -454,7 +474,8 @@ def run_check(
     desc: LaunchDescription, verifier: VerifierSpec, workspace: Path, attempt: int
 ) -> CheckResult:
     """Run one host-configured check over ``workspace`` (a disposable writable snapshot of
-    F). Pass or fail comes from systemd (the exit status of the administrator's argv)."""
+    F). Pass or fail comes from systemd (the exit status of the administrator's argv);
+    what it printed is recorded as bytes, never parsed here."""
     name = f"cairn-check-{desc.run_id}-{verifier.name}-{attempt}.service"
     state, output = _run_command(desc, verifier, workspace, "check", name)
     return CheckResult(
@@ -464,17 +485,19 @@ def run_check(
         passed=state.result == "success",
         result=state.result,
         exit_status=state.exec_main_status,
-        output=output,
+        output_raw=RawBytes.of(output, limit=CHECK_OUTPUT_LIMIT),
     )
 
 
 def run_evaluator(
     desc: LaunchDescription, evaluator: EvaluatorSpec, workspace: Path, name: str, warmup: bool
-) -> tuple[EvaluatorRun, str]:
+) -> tuple[EvaluatorRun, bytes]:
     """One run of an evaluator over ``workspace`` (a disposable writable snapshot of W):
     how it ended, the metric values of its one JSON line (None when it failed or printed
-    none) and the tail of its output."""
+    none: root stops the measurement there, so it parses that line, strictly, at the
+    edge) and the last bytes of its output, unparsed."""
     state, output = _run_command(desc, evaluator, workspace, "evaluator", name)
+    output = output[-CHECK_OUTPUT_LIMIT:]
     values = parse_metric_output(output) if state.result == "success" else None
     run = EvaluatorRun(
         unit=name,
@@ -522,8 +545,9 @@ def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
     return [(str(paths.state_dir() / rel), "/progress")]
 
 
-def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[str, Any]:
-    """Copy the project into ``staging`` as its owner (never capturing what they can't read)."""
+def run_import(desc: LaunchDescription, project: Path, staging: Path) -> ImportDone:
+    """Copy the project into ``staging`` as its owner (never capturing what they can't
+    read); its statistics are the owner's bytes, recorded and never parsed here."""
     result_dir = staging.parent / "import-result"
     result_dir.mkdir(exist_ok=True)
     os.chown(result_dir, desc.owner_uid, desc.owner_gid)
@@ -545,8 +569,8 @@ def run_import(desc: LaunchDescription, project: Path, staging: Path) -> dict[st
         log_fields={"CAIRN_RUN": desc.run_id},
     )
     unit = run_helper(spec, f"cairn-import-{desc.run_id}.service", IMPORT_TIMEOUT)
-    stats = untrusted.read_json(result_dir, "stats.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
-    return {**unit, "stats": stats}
+    stats = untrusted.read_bytes(result_dir, "stats.json", owner=desc.owner_uid, limit=STATS_LIMIT)
+    return ImportDone(**unit, stats_raw=RawBytes.of(stats))
 
 
 def run_apply(
@@ -565,7 +589,10 @@ def run_apply(
     as ``f``: the same check then writes Q back where the live project still holds F.
     ``check-applied`` writes nothing: the live project is bound read-only and the result
     (an ``AppliedCheck``) says what it holds at each accepted path and each path of the
-    apply's receipts in ``applied`` (the apply's work directory, read-only)."""
+    apply's receipts in ``applied`` (the apply's work directory, read-only).
+
+    Only an apply's result is parsed here (an ``ApplyResult``: check-applied later acts
+    on its paths); a revert's and a check's are recorded as raw bytes (``result_raw``)."""
     check = step == "check-applied"
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
@@ -612,9 +639,17 @@ def run_apply(
         log_fields={"CAIRN_RUN": desc.run_id},
     )
     unit = run_helper(spec, f"cairn-{step}-{desc.run_id}-{attempt}.service", APPLY_TIMEOUT)
+    if step != "apply":
+        raw = untrusted.read_bytes(
+            work, "result.json", owner=desc.owner_uid, limit=RAW_RESULT_LIMIT
+        )
+        return {**unit, "result_raw": RawBytes.of(raw).model_dump()}
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
-    model = AppliedCheck if check else ApplyResult
-    result = model.model_validate_json(raw)
+    try:
+        result = ApplyResult.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        where, message = first_error(exc)
+        raise BrokerRefused(f"{unit['unit']} wrote an invalid result: {where}: {message}") from None
     return {**unit, "result": result.model_dump(mode="json")}
 
 
@@ -655,13 +690,13 @@ def run_candidate(
     except SystemdError as exc:
         try:
             raw = untrusted.read_bytes(work, "failure.json", owner=desc.owner_uid, limit=16384)
-            failure = CandidateFailure.model_validate_json(raw)
+            failure = CandidateFailure.model_validate_json(raw, strict=True)
         except (untrusted.UntrustedFileError, ValidationError):
             raise exc from None
         raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
     try:
-        return unit, CandidateResult.model_validate_json(raw)
+        return unit, CandidateResult.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         where, message = first_error(exc)
         raise BrokerRefused(f"{name} wrote an invalid result: {where}: {message}") from None

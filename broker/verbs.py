@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import btrfsutil
 
@@ -43,6 +43,7 @@ from cairn.protocol.broker import (
     ProposalFrozen,
     ProposalVerified,
     QPrepared,
+    RawBytes,
     Receipt,
     ReceiptBody,
     RunDeleted,
@@ -251,11 +252,11 @@ def prepare_q(ctx: Context) -> QPrepared:
     qgroup = pool.ensure_run_qgroup(ctx.run_id)
     pool.create_subvolume(staging, qgroup=qgroup)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
-    stats = units.run_import(ctx.desc, project, staging)
+    done: dict[str, Any] = {"import": units.run_import(ctx.desc, project, staging)}
     receipt = pool.snapshot(staging, q, read_only=True, qgroup=qgroup)
     pool.delete(staging, pool.receipt(staging))
     return QPrepared(
-        q=receipt, subpath="", imported=True, project_ino=st.st_ino, **{"import": stats}
+        q=receipt, subpath="", imported=True, project_ino=st.st_ino, **done
     )
 
 
@@ -525,6 +526,8 @@ def check_applied(ctx: Context) -> AppliedChecked:
     if run.state not in TERMINAL_RUN_STATES:
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; only a finished run is checked")
     applied = ctx.receipt("start-apply.1", ApplyDone).result
+    if applied is None:
+        raise BrokerRefused(f"the apply receipt of {ctx.run_id} records no parsed result")
     pool = ctx.pool()
     f, q = pool.settlement_path(ctx.run_id, "F"), pool.q_path(ctx.run_id)
     if not (f.is_dir() and q.is_dir()):
@@ -569,6 +572,7 @@ def verify_proposal(ctx: Context) -> ProposalVerified:
 
 
 MEASURE: OperationKind = "measure_proposal"
+ERROR_OUTPUT_LIMIT = 2048  # the tail of a failed evaluator run's output its receipt keeps
 
 
 def measure_checkpoint(ctx: Context) -> MeasurementTaken:
@@ -596,6 +600,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
     made = pool.snapshot(w, workspace, read_only=False)
     runs: list[EvaluatorRun] = []
     error = ""
+    output = b""
     try:
         project = workspace / ctx.subpath() if ctx.subpath() else workspace
         for index in range(evaluator.warmups + evaluator.samples):
@@ -606,7 +611,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
             runs.append(run)
             if run.values is None:
                 error = f"{name} ended {run.result} (status {run.exit_status}) with no " \
-                    f"metric line; its output ends:\n{output[-2048:]}"
+                    "metric line"
                 break
     finally:
         pool.delete(workspace, made)
@@ -616,6 +621,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
         runs=runs,
         samples=[] if error else [r.values for r in runs if not r.warmup and r.values],
         error=error,
+        output_raw=RawBytes.of(output, limit=ERROR_OUTPUT_LIMIT) if error else None,
     )
 
 

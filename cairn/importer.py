@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import stat
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from cairn.errors import CairnError, UsageError
 from cairn.fsutil import copy_file_data
@@ -29,6 +30,9 @@ from cairn.protocol.progress import ProgressReport
 log = logging.getLogger(__name__)
 
 MAX_LISTED = 1000
+# The listed entries' JSON at most: the broker records the stats file as it is and refuses
+# one over 1 MiB (STATS_LIMIT, broker/units.py).
+MAX_LISTED_BYTES = 256 << 10
 
 
 class SkippedEntry(BaseModel):
@@ -40,7 +44,8 @@ class SkippedEntry(BaseModel):
 
 class ImportStats(BaseModel):
     """Counts of what was copied and what was not. ``skipped`` lists at most
-    ``MAX_LISTED`` entries; ``skipped_count`` counts them all."""
+    ``MAX_LISTED`` entries of at most ``MAX_LISTED_BYTES`` together; ``skipped_count``
+    counts them all."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,9 +60,13 @@ class ImportStats(BaseModel):
     skipped_count: int = 0
     skipped: list[SkippedEntry] = []
 
+    _listed_bytes: int = PrivateAttr(default=0)
+
     def skip(self, path: str, reason: str) -> None:
         self.skipped_count += 1
-        if len(self.skipped) < MAX_LISTED:
+        size = len(json.dumps([path, reason])) + 32  # escaped, with the entry's keys
+        if len(self.skipped) < MAX_LISTED and self._listed_bytes + size <= MAX_LISTED_BYTES:
+            self._listed_bytes += size
             self.skipped.append(SkippedEntry(path=path, reason=reason))
 
 

@@ -29,6 +29,7 @@ from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
+from cairn.rawbytes import measurement_error
 from cairn.restore_point import restore_point
 
 
@@ -95,11 +96,12 @@ class Experiments(CoordinatorBase):
         self.failpoint("measure-after-receipt")
         taken = receipt.body(MeasurementTaken)
         if taken.error:
+            error = measurement_error(taken)
             self.journal.update_op(
                 self.run_id, op.op_id, token=self.token, state="failed",
-                error=taken.error, result={"error": taken.error, "kind": MeasurementFailed.code},
+                error=error, result={"error": error, "kind": MeasurementFailed.code},
             )
-            raise MeasurementFailed(f"{op.op_id}: {taken.error}")
+            raise MeasurementFailed(f"{op.op_id}: {error}")
         metrics = {
             name: MetricDefinition.model_validate(d) for name, d in call.request["metrics"].items()
         }

@@ -12,6 +12,7 @@ from cairn.coordinator.interactions import RunSuspended
 from cairn.errors import BrokerRefused, StorageError
 from cairn.policy import fingerprint, load_policy
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, ProposalVerified, Receipt
+from cairn.rawbytes import apply_result, readable_verification
 from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
 
@@ -48,7 +49,7 @@ class Settlement(CoordinatorBase):
         settlement: dict[str, Any] = {"candidate": candidate.data}
         verified = self.verify_proposal() if built.accepted and self.desc.verifiers else None
         if verified is not None:
-            settlement["verification"] = verified.model_dump(mode="json")
+            settlement["verification"] = readable_verification(verified)
         failed = verified is not None and not verified.passed
         held = self.held_back(built, settlement) if built.accepted and not failed else None
         if not built.accepted:
@@ -59,9 +60,9 @@ class Settlement(CoordinatorBase):
         elif held is not None:
             settlement.update(status="held", held=held, apply=self.nothing_applied())
         else:
-            applied = self.apply_proposal().body(ApplyDone)
-            settlement["apply"] = applied.result.model_dump(mode="json")
-            settlement["status"] = applied.result.status
+            applied = apply_result(self.apply_proposal().body(ApplyDone))
+            settlement["apply"] = applied.model_dump(mode="json")
+            settlement["status"] = applied.status
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
         self.event("settled", status=settlement["status"], refused=len(built.refused))
         return settlement

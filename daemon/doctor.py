@@ -22,6 +22,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
+from cairn.rawbytes import applied_check
 from cairn.runlogs import run_units
 from cairn.systemd import Systemd
 from cairn.views.run import storage_status
@@ -135,7 +136,11 @@ def check_live(journal: Journal, run: RunRow) -> dict[str, Any]:
     except CairnError as exc:
         result["problems"].append(f"live project not checked: {exc}")
         return result
-    checked = receipt.body(AppliedChecked).result
+    try:
+        checked = applied_check(receipt.body(AppliedChecked))
+    except CairnError as exc:
+        result["problems"].append(f"live project not checked: {exc}")
+        return result
     result["applied"] = {
         "as_applied": len(checked.as_applied),
         "reverted": len(checked.reverted),

@@ -18,6 +18,7 @@ from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import ApplyDone, Intent
+from cairn.rawbytes import apply_result
 
 
 def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
@@ -42,6 +43,6 @@ def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         attempt=attempt,
     )
     receipt = carry_out_one(journal, intent, "launch-v1", timeout=3600)
-    result = receipt.body(ApplyDone).result.model_dump(mode="json")
+    result = apply_result(receipt.body(ApplyDone)).model_dump(mode="json")
     journal.record_revert(run.run_id, result, actor_uid=uid)
     return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit, **result}

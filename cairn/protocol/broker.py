@@ -4,9 +4,11 @@ reply on the broker socket."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
@@ -79,6 +81,15 @@ class Intent(Frozen):
     lanes: list[LaneKey] = []
 
 
+class EvidenceIndex(Frozen):
+    """What root reads of an agent operation's ``evidence/index.json`` (the coordinator
+    writes it): the operations whose checkpoints the agent gets read-only."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    incoming: list[OpId] = Field(default=[], max_length=10_000)
+
+
 class SubvolumeReceipt(Frozen):
     """What the broker records of a subvolume it made; later steps are checked against it."""
 
@@ -88,6 +99,31 @@ class SubvolumeReceipt(Frozen):
     fsid: str
     read_only: bool
     generation: int
+
+
+RAW_LIMIT = 4 << 20  # the most bytes one RawBytes holds: receipts travel in 16 MiB replies
+
+
+class RawBytes(Frozen):
+    """Bytes a less trusted process wrote (a helper unit that runs as the run's owner)
+    that root only records: base64, their size and sha256. Root never parses them; the
+    reader checks the hash before it parses (``cairn/rawbytes.py``)."""
+
+    b64: str = Field(max_length=4 * (RAW_LIMIT // 3 + 1))
+    size: int = Field(ge=0, le=RAW_LIMIT)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    truncated: bool = False  # only the last ``size`` bytes were kept
+
+    @classmethod
+    def of(cls, data: bytes, *, limit: int = RAW_LIMIT) -> RawBytes:
+        """The last ``limit`` bytes of ``data``, recorded as they are."""
+        kept = data[-limit:] if len(data) > limit else data
+        return cls(
+            b64=base64.b64encode(kept).decode("ascii"),
+            size=len(kept),
+            sha256=hashlib.sha256(kept).hexdigest(),
+            truncated=len(kept) < len(data),
+        )
 
 
 # --- receipt bodies: what each intent kind did --------------------------------------
@@ -120,6 +156,16 @@ class CoordinatorStarted(ReceiptBody):
     unit: str
 
 
+class ImportDone(Frozen):
+    """The import unit of a prepare-q and the statistics it wrote, as it wrote them
+    (``stats_raw``); a receipt from before holds them parsed by root (``stats``)."""
+
+    unit: str
+    invocation_id: str = ""
+    stats_raw: RawBytes | None = None
+    stats: dict[str, Any] | None = None
+
+
 class QPrepared(ReceiptBody):
     """prepare-q: Q, snapshotted from the project's subvolume or made by an import unit
     (``import``: that unit and its statistics), or reminted from a replay's source."""
@@ -129,7 +175,7 @@ class QPrepared(ReceiptBody):
     q: SubvolumeReceipt
     subpath: str
     imported: bool
-    import_: dict[str, Any] | None = Field(default=None, alias="import")
+    import_: ImportDone | None = Field(default=None, alias="import")
     project_ino: int
     # A replayed run's Q is its source's Q reminted; so is each imported operation's
     # checkpoint S, by operation ID (cairn replay).
@@ -137,6 +183,12 @@ class QPrepared(ReceiptBody):
 
     def subvolumes(self) -> list[SubvolumeReceipt]:
         return [self.q, *(self.reminted or {}).values()]
+
+    def wire(self) -> dict[str, Any]:
+        data = super().wire()
+        if self.import_ is not None:  # the keys it was given: a receipt from before as it was
+            data["import"] = self.import_.model_dump(mode="json", exclude_unset=True)
+        return data
 
 
 class WCreated(ReceiptBody):
@@ -223,7 +275,8 @@ CHECK_OUTPUT_LIMIT = 16 << 10
 
 class CheckResult(Frozen):
     """One verifier's run over a snapshot of F: its unit, how it ended (systemd's result
-    and the exit status) and the tail of what it printed."""
+    and the exit status) and the last bytes it printed, as it printed them
+    (``output_raw``); a receipt from before holds root's decoding of them (``output``)."""
 
     name: str
     unit: str
@@ -231,6 +284,7 @@ class CheckResult(Frozen):
     passed: bool
     result: str
     exit_status: int
+    output_raw: RawBytes | None = None
     output: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
 
 
@@ -245,28 +299,43 @@ class MeasurementTaken(ReceiptBody):
     """measure-checkpoint: the evaluator's runs over a disposable writable snapshot of W
     (warm-ups, then samples), the values of each sample, and where they were measured.
     ``error``: why the measurement has no samples (a run failed or printed no metric line);
-    the runs stop there."""
+    the runs stop there, and ``output_raw`` is the last bytes that run printed (a receipt
+    from before has root's decoding of them at the end of ``error``)."""
+
+    optional_keys = ("output_raw",)
 
     op_id: str
     environment: MeasurementEnvironment
     runs: list[EvaluatorRun]
     samples: list[dict[str, float]]
     error: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
+    output_raw: RawBytes | None = None
 
 
 class ApplyDone(ReceiptBody):
     """start-apply and start-revert: the apply unit and its result (a revert is an apply
-    from F back to Q)."""
+    from F back to Q). Root acts on an apply's result (check-applied reads its paths), so
+    it is parsed at the edge (``result``); a revert's it only records (``result_raw``;
+    a revert receipt from before holds ``result``)."""
+
+    optional_keys = ("result", "result_raw")
 
     unit: str
     invocation_id: str
-    result: ApplyResult
+    result: ApplyResult | None = None
+    result_raw: RawBytes | None = None
 
 
 class AppliedChecked(ReceiptBody):
+    """check-applied: the unit and the result it wrote, recorded, not parsed
+    (``result_raw``; a receipt from before holds ``result``)."""
+
+    optional_keys = ("result", "result_raw")
+
     unit: str
     invocation_id: str
-    result: AppliedCheck
+    result: AppliedCheck | None = None
+    result_raw: RawBytes | None = None
 
 
 class RunDeleted(ReceiptBody):

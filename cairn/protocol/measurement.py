@@ -6,20 +6,22 @@ An evaluator run reports its metric values as one line of JSON on stdout::
 
 Names are ``[a-z][a-z0-9_]*`` (at most 32 of them), values finite numbers. Other output
 is allowed; the last line of that shape counts. The broker reads the run's output from
-the journal by the unit's invocation ID (bounded) and parses it here, strictly.
+the journal by the unit's invocation ID (bounded) and parses only such a line, here,
+strictly: at most 4096 bytes, exactly two objects deep, no array, strict UTF-8 JSON whose
+values are numbers (not strings or booleans).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated
 
-from pydantic import Field, StringConstraints, ValidationError, field_validator
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from cairn.protocol.base import Frozen
 
 METRIC_LINE_KEY = "cairn_metrics"
+METRIC_LINE_KEY_B = METRIC_LINE_KEY.encode()
 MAX_METRICS = 32
 MAX_LINE = 4096
 MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
@@ -27,6 +29,8 @@ MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")
 
 class MetricLine(Frozen):
     """The one JSON line an evaluator run prints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     cairn_metrics: dict[MetricName, float] = Field(min_length=1, max_length=MAX_METRICS)
 
@@ -38,15 +42,17 @@ class MetricLine(Frozen):
         return values
 
 
-def parse_metric_output(output: str) -> dict[str, float] | None:
+def parse_metric_output(output: bytes) -> dict[str, float] | None:
     """The values of the last valid metric line in ``output``; None when there is none."""
     for line in reversed(output.splitlines()):
         line = line.strip()
-        if len(line) > MAX_LINE or not line.startswith("{") or METRIC_LINE_KEY not in line:
+        if len(line) > MAX_LINE or not line.startswith(b"{") or METRIC_LINE_KEY_B not in line:
+            continue
+        if line.count(b"{") != 2 or b"[" in line:  # a metric line is two objects deep
             continue
         try:
-            return MetricLine.model_validate(json.loads(line)).cairn_metrics
-        except (ValueError, ValidationError):
+            return MetricLine.model_validate_json(line).cairn_metrics
+        except ValidationError:
             continue
     return None
 

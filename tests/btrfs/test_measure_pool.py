@@ -6,6 +6,7 @@ A reject after an accept takes the scope's hot spare (``broker/spare.py``) by re
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -23,10 +24,11 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.config import Problems
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
+from cairn.coordinator.experiments import MeasurementFailed
 from cairn.errors import BrokerRefused
 from cairn.evaluators import frozen_evaluators
 from cairn.journal.readwrite import Journal
-from cairn.protocol.broker import Checkpointed, StorageVerified, WCreated
+from cairn.protocol.broker import Checkpointed, MeasurementTaken, StorageVerified, WCreated
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.measurement import EvaluatorRun, parse_metric_output
@@ -64,9 +66,9 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
     seen: list[str] = []
 
     def run_evaluator(desc: LaunchDescription, evaluator: EvaluatorSpec, workspace: Path,
-                      name: str, warmup: bool) -> tuple[EvaluatorRun, str]:
+                      name: str, warmup: bool) -> tuple[EvaluatorRun, bytes]:
         assert is_subvolume(workspace) and workspace.name == "measure"
-        out = subprocess.run(evaluator.argv, cwd=workspace, capture_output=True, text=True)
+        out = subprocess.run(evaluator.argv, cwd=workspace, capture_output=True)
         (workspace / "build.log").write_text(name)  # a run may change its copy, never W
         seen.append(name)
         return EvaluatorRun(unit=name, invocation_id="i", warmup=warmup, result="success",
@@ -153,6 +155,22 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     runs = len(coordinator.seen)  # type: ignore[attr-defined]
     carry_out_attested("launch-v1", RUN)
     assert len(coordinator.seen) == runs  # type: ignore[attr-defined]
+
+
+def test_a_run_that_prints_no_metric_line_is_recorded_as_bytes_and_read_by_the_coordinator(
+    coordinator: Coordinator, pool: Pool
+) -> None:
+    hostile = b"\x1b]0;pwned\x07\xff{[["
+    (pool.w_path(RUN, "root", 1) / "score.txt").write_bytes(hostile)  # what an agent wrote
+    with pytest.raises(MeasurementFailed, match="with no metric line; its output ends") as err:
+        call(coordinator, 1, "measure_proposal", MEASURE)
+    assert "\x1b]0;pwned\x07\ufffd{[[" in err.value.message  # decoded on cairn's side
+    taken = ReceiptStore().get(RUN, "measure.root-1.1")
+    assert taken is not None
+    body = taken.body(MeasurementTaken)
+    assert body.output_raw is not None and "pwned" not in body.error  # root's own words
+    assert hostile in base64.b64decode(body.output_raw.b64)
+    assert body.samples == [] and body.runs[0].values is None
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ machine: `cairn launch --apply ask|never`, `cairn apply`, `cairn diff --patch` a
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import secrets
 import time
@@ -171,11 +173,18 @@ def test_declared_write_paths_keep_every_other_path_out(booted: Machine) -> None
 
 CHECK = """\
 argv = ["/bin/sh", "-c", "id -u; touch made-by-check; if grep -q forbidden CHANGELOG.md; \
-then echo found forbidden; exit 3; fi; echo all good"]
+then echo found forbidden; printf '\\\\033]0;pwned\\\\007\\\\377\\\\376\\\\n'; exit 3; fi; \
+echo all good"]
 timeout_sec = 60
 [match]
 projects = ["{project}"]
 """
+
+
+RECEIPT_BODY = """import sqlite3, sys
+db = sqlite3.connect("file:/var/lib/cairn/broker/receipts.db?mode=ro", uri=True)
+print(db.execute("SELECT body FROM receipts WHERE run_id=? AND kind='verify-proposal'",
+                 (sys.argv[1],)).fetchone()[0])"""
 
 
 def verified_run(booted: Machine, words: str) -> tuple[str, str, dict[str, Any]]:
@@ -204,6 +213,14 @@ def test_a_failing_check_stops_the_settlement_and_the_project_stays_as_it_was(
     assert check["passed"] is False and check["exit_status"] == 3
     assert "found forbidden" in check["output"]
     assert check["unit"] == f"cairn-check-{run_id}-tests-1.service"
+    # root recorded what the owner's check printed as bytes, never decoding them; the
+    # coordinator checked their hash and decoded them into the settlement
+    body = json.loads(booted.exec(["python3", "-c", RECEIPT_BODY, run_id]).stdout)
+    (recorded,) = body["data"]["checks"]
+    raw = base64.b64decode(recorded["output_raw"]["b64"])
+    assert hashlib.sha256(raw).hexdigest() == recorded["output_raw"]["sha256"]
+    assert recorded["output"] == "" and b"found forbidden" in raw
+    assert check["output"] == raw.decode("utf-8", "replace")
     assert booted.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
     assert booted.exec(["test", "-e", f"{project}/made-by-check"], check=False).returncode != 0
 

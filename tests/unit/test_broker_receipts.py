@@ -19,7 +19,7 @@ from cairn import paths, storage
 from cairn.broker import units, verbs
 from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.errors import BrokerRefused
-from cairn.protocol.broker import Intent, SubvolumeReceipt
+from cairn.protocol.broker import ImportDone, Intent, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ModelRoute, ProjectSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,7 +250,8 @@ def test_an_imported_runs_subvolumes_all_go_into_its_qgroup(
 ) -> None:
     pool: FakePool = host["pool"]
     monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: False)
-    monkeypatch.setattr(units, "run_import", lambda desc, project, staging: {"files": 1})
+    imported = ImportDone(unit="u", invocation_id="i")
+    monkeypatch.setattr(units, "run_import", lambda desc, project, staging: imported)
     monkeypatch.setattr(os, "chown", lambda *args: None)
     q = _do(host, "prepare-q", "prepare-q")
     assert q["imported"] is True

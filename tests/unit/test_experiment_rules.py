@@ -71,8 +71,8 @@ def test_an_unconfigured_or_invalid_evaluator_is_a_named_problem(evaluators: Pat
 
 def test_the_last_valid_metric_line_counts() -> None:
     output = (
-        'warming up\n{"cairn_metrics": {"runtime": 2.0}}\nnoise {"cairn_metrics": 1}\n'
-        '  {"cairn_metrics": {"runtime": 1.5, "rss": 40}}  \n{"other": 1}\n'
+        b'warming up\n{"cairn_metrics": {"runtime": 2.0}}\nnoise {"cairn_metrics": 1}\n'
+        b'  {"cairn_metrics": {"runtime": 1.5, "rss": 40}}  \n{"other": 1}\n'
     )
     assert parse_metric_output(output) == {"runtime": 1.5, "rss": 40.0}
 
@@ -88,10 +88,21 @@ def test_the_last_valid_metric_line_counts() -> None:
         '{"cairn_metrics": {"runtime": 1}, "extra": 2}',
         '{"cairn_metrics": {"runtime": 1' + " " * 5000 + "}}",
         '{"cairn_metrics": {' + ", ".join(f'"m{i}": 1' for i in range(33)) + "}}",
+        '{"cairn_metrics": {"runtime": true}}',  # no coercion: a bool is not a number
+        '{"cairn_metrics": {"runtime": "1.5"}}',
+        '{"cairn_metrics": {"runtime": [1]}}',
+        '{"cairn_metrics": {"runtime": {"x": 1}}}',
+        '{"cairn_metrics": ' + "[" * 2000 + "]" * 2000 + "}",  # a JSON bomb: never parsed
+        '{"cairn_metrics": {"run\u001b[2Jtime": 1}}',
     ],
 )
 def test_a_malformed_metric_line_is_no_measurement(line: str) -> None:
-    assert parse_metric_output(line) is None
+    assert parse_metric_output(line.encode()) is None
+
+
+def test_a_metric_line_in_invalid_utf8_is_no_measurement() -> None:
+    assert parse_metric_output(b'{"cairn_metrics": {"r\xffx": 1}}\n') is None
+    assert parse_metric_output(b'\xff\xfe\n{"cairn_metrics": {"r": 1}}\n') == {"r": 1.0}
 
 
 ENV = MeasurementEnvironment(evaluator="bench", config_sha256="a" * 64, kernel="6.1", cpu="x")

@@ -7,7 +7,9 @@ Runs as root (device nodes, other owners); the cases that need root skip otherwi
 from __future__ import annotations
 
 import ast
+import base64
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -598,7 +600,10 @@ def test_run_import_reads_the_owners_stats(
     staging.mkdir(parents=True)
     result = staging.parent / "import-result"
     no_units.append(lambda: plant(result, "stats.json", "own", host, '{"files": 3}'))
-    assert units.run_import(desc, host / "project", staging)["stats"] == {"files": 3}
+    done = units.run_import(desc, host / "project", staging)
+    assert done.stats is None and done.stats_raw is not None  # recorded, never parsed
+    assert base64.b64decode(done.stats_raw.b64) == b'{"files": 3}'
+    assert done.stats_raw.sha256 == hashlib.sha256(b'{"files": 3}').hexdigest()
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
@@ -770,9 +775,9 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("coordinator/agentop.py", "AgentOperations.read_result_file", {"read_bytes"}),
     ("coordinator/agentop.py", "AgentOperations.read_invalid_file", {"read_bytes"}),
     ("coordinator/recovery.py", "Recovery.fail_if_limit_hit", {"read_text"}),
-    ("broker/units.py", "start_agent", {"read_json"}),  # evidence/index.json (owner cairn)
+    ("broker/units.py", "evidence_index", {"read_bytes"}),  # evidence/index.json (cairn's)
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
-    ("broker/units.py", "run_import", {"read_json"}),
+    ("broker/units.py", "run_import", {"read_bytes"}),
     ("broker/units.py", "run_apply", {"read_bytes", "write_new"}),
     ("broker/units.py", "run_candidate", {"read_bytes", "write_new"}),
     ("cairn/settle_diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
