@@ -254,3 +254,28 @@ def test_remint_gives_another_run_its_own_copy_and_leaves_the_source(
     assert not copy.exists()
     assert pool.verify(source, taken).uuid == taken.uuid
     assert (source / "src" / "main.py").read_text() == "print('hi')\n"
+
+
+def test_nothing_but_the_operations_own_result_is_taken_at_its_destination(
+    pool: Pool, run_id: str
+) -> None:
+    """A crash-retried create or snapshot takes over only what it would have made; any
+    other subvolume or directory there is refused, and a plain directory is no source."""
+    w = pool.w_path(run_id, "root", 1)
+    pool.create_subvolume(w)
+    s = pool.checkpoint_path(run_id, "op-1")
+    pool.snapshot(w, s, read_only=True)
+    with pytest.raises(StorageError, match=f"{s} exists and is not the expected empty subvolume"):
+        pool.create_subvolume(s)  # a snapshot, and read-only
+    other = pool.w_path(run_id, "root", 2)
+    pool.create_subvolume(other)
+    with pytest.raises(StorageError, match=f"{other} exists and is not a snapshot of {w}"):
+        pool.snapshot(w, other, read_only=False)
+    plain = pool.run_dir(run_id) / "plain"
+    plain.mkdir()
+    with pytest.raises(StorageError, match=f"snapshot source {plain} is not a subvolume"):
+        pool.snapshot(plain, pool.w_path(run_id, "root", 3), read_only=False)
+    with pytest.raises(StorageError, match=f"{plain} exists and is not a subvolume"):
+        pool.create_subvolume(plain)
+    with pytest.raises(StorageError, match=f"{plain} is not a Btrfs subvolume"):
+        pool.receipt(plain)

@@ -163,7 +163,21 @@ def test_a_project_that_is_not_the_owners_plain_directory_is_never_pinned(
     desc = description(host, project=ProjectSpec(root=str(link), owner_uid=ME,
                                                  on_pool_fs=False))
     journal.create_run(desc, intents=[])
-    with pytest.raises(BrokerRefused, match="is not a directory|passes through a symlink"):
+    with pytest.raises(BrokerRefused, match=f"project {link} is not a directory"):
+        carry_out("launch-v1", attested=attestation(desc))
+    assert pinned_hash() is None
+
+
+def test_a_project_reached_through_a_linked_parent_is_never_pinned(
+    journal: Journal, host: Path
+) -> None:
+    (host / "home/owner/via").symlink_to(host / "home/victim")
+    (host / "home/victim/project").mkdir()
+    through = host / "home/owner/via/project"
+    desc = description(host, project=ProjectSpec(root=str(through), owner_uid=ME,
+                                                 on_pool_fs=False))
+    journal.create_run(desc, intents=[])
+    with pytest.raises(BrokerRefused, match=f"project path {through} passes through a symlink"):
         carry_out("launch-v1", attested=attestation(desc))
     assert pinned_hash() is None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -271,3 +272,50 @@ def test_a_caller_gone_before_the_reply_costs_the_broker_nothing() -> None:
     client.close()
     with conn:
         server.BrokerServer.reply(conn, BrokerReply(ok=True))  # EPIPE is swallowed
+
+
+def test_a_caller_that_stalls_after_passing_a_descriptor_leaves_nothing_open(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    client, broker = pair
+    before = open_fds()
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        socket.send_fds(client, [b"launch-v1 "], [theirs.fileno()])  # and then nothing
+        broker.setblocking(False)  # the read that would wait fails at once
+        with pytest.raises(BlockingIOError):
+            read_request(broker)
+    assert open_fds() <= before  # the descriptor that did arrive was closed
+
+
+class OneConnection:
+    """A listener that hands the server one real connection, then stops it."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn: socket.socket | None = conn
+
+    def accept(self) -> tuple[socket.socket, str]:
+        if self.conn is None:
+            raise StopIteration
+        conn, self.conn = self.conn, None
+        return conn, ""
+
+
+def test_the_server_answers_each_connection_on_a_thread_of_its_own() -> None:
+    seen: list[str] = []
+
+    def carry_out(verb: str, run_id: str, attestation: object,
+                  uids: frozenset[int]) -> list[Receipt]:
+        seen.append(threading.current_thread().name)
+        return []
+
+    client, conn = socket.socketpair()
+    with client:
+        broker = server.BrokerServer(OneConnection(conn), carry_out)  # type: ignore[arg-type]
+        client.sendall(f"delete-v1 {RUN}\n".encode())
+        with pytest.raises(StopIteration):
+            broker.serve_forever()
+        client.settimeout(10)
+        assert json.loads(client.recv(4096)) == {"ok": True, "code": None, "error": None,
+                                                 "receipts": []}
+    assert seen and seen[0] != threading.current_thread().name

@@ -10,6 +10,7 @@ snapshots themselves are tests/btrfs's).
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import json
@@ -25,7 +26,7 @@ from test_broker_pins import RUN, SERVICE, attestation, description
 from cairn import paths, storage, systemd
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
-from cairn.errors import BrokerRefused, SystemdError
+from cairn.errors import BrokerRefused, StorageError, SystemdError
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, Intent, SubvolumeReceipt
@@ -321,3 +322,43 @@ def test_a_run_is_deleted_only_once_pid_1_says_its_units_ended(
     monkeypatch.setattr(units, "Systemd", StandInSystemd("active"))
     with pytest.raises(BrokerRefused, match=f"{name} is still active; {what}"):
         units.require_ended([name], what)
+
+
+def test_a_full_pool_is_named_an_agent_not_yet_listening_is_left_pending(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a handler's failure becomes: ENOSPC the full pool and what frees it, any other
+    OSError itself, and an agent channel not bound yet no receipt and no error."""
+    journal.add_intents(RUN, [Intent(intent_id="drop-w.root.1", run_id=RUN, kind="drop-w")],
+                        token=None)
+    failures: list[BaseException] = [OSError(errno.ENOSPC, "No space left on device"),
+                                      OSError(errno.EIO, "Input/output error"),
+                                      units.ChannelNotReady("op-1: not listening yet")]
+
+    def handler(ctx: verbs.Context) -> object:
+        raise failures.pop(0)
+
+    monkeypatch.setitem(verbs.HANDLERS, "drop-w", handler)
+    with pytest.raises(StorageError, match=r"storage pool .* is full: drop-w was not done") as full:
+        verbs.carry_out("storage-v1", RUN, None, SERVICE)
+    assert full.value.hint is not None and "'cairn prune'" in full.value.hint
+    with pytest.raises(OSError, match="Input/output error"):
+        verbs.carry_out("storage-v1", RUN, None, SERVICE)
+    assert verbs.carry_out("storage-v1", RUN, None, SERVICE) == []
+    store = ReceiptStore()
+    try:
+        assert store.get(RUN, "drop-w.root.1") is None  # nothing was recorded as done
+    finally:
+        store.close()
+
+
+def test_a_handler_never_acts_for_a_run_without_a_pin(journal: Journal) -> None:
+    reader, store = JournalReader(paths.journal_path()), ReceiptStore()
+    try:
+        intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
+        ctx = verbs.Context(intent, reader.launch_description(RUN), None, reader, store)
+        with pytest.raises(BrokerRefused, match=f"{RUN} was never attested by its owner"):
+            ctx.check_project()
+    finally:
+        store.close()
+        reader.close()

@@ -241,3 +241,12 @@ def test_a_current_link_that_is_not_a_link_to_a_capsule_is_refused(tmp_path: Pat
     (tmp_path / "current").symlink_to("../../etc")
     with pytest.raises(capsule.CapsuleInvalid, match="current points at '../../etc', not a"):
         capsule.current_release(tmp_path)
+
+
+def test_a_release_key_that_cannot_be_read_refuses_every_capsule(tmp_path: Path) -> None:
+    release = tmp_path / ("sha256-" + "0" * 64)
+    release.mkdir()
+    missing = tmp_path / "release-key.pub"
+    with pytest.raises(capsule.CapsuleInvalid,
+                       match=f"cannot read the release key {missing}: No such file"):
+        broker_capsule.verify_release(release, missing)

@@ -27,7 +27,15 @@ from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.journal.snapshot import read_snapshot
-from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, Receipt, RunDeleted
+from cairn.protocol.broker import (
+    BrokerReply,
+    Checkpointed,
+    Forked,
+    ForkLane,
+    Intent,
+    Receipt,
+    RunDeleted,
+)
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
@@ -380,6 +388,66 @@ def test_the_broker_remints_only_a_finished_source_of_the_same_run_with_a_q(
                       orphan, pin_as_attested(orphan.run_id), reader, store)
     with pytest.raises(BrokerRefused, match=f"replay source {ghost}: no run {ghost}"):
         remint_q(context)
+
+
+def test_the_broker_remints_only_from_another_run_its_owner_attested_on_this_project(
+    journal: Journal, host: Path, started: list[str]
+) -> None:
+    source = finished_source(journal, host)
+    new = daemon_replay.replay(journal, source, "root-2", OWNER)["run_id"]
+    desc = journal.launch_description(new)
+    assert desc.replay is not None
+    reader, store = JournalReader(paths.journal_path()), ReceiptStore()
+    intent = Intent(intent_id="prepare-q", run_id=new, kind="prepare-q")
+    unpinned_source = Context(intent, desc, pin_as_attested(new), reader, store)
+    with pytest.raises(BrokerRefused,
+                       match=f"replay source {source} was never attested by its owner"):
+        remint_q(unpinned_source)
+
+    moved = pin_as_attested(new)._replace(run_id=source, project_ino=1,
+                                          description=journal.launch_description(source)
+                                          .model_dump_json(),
+                                          launch_hash=journal.launch_description(source)
+                                          .launch_hash())
+    store.put_pin(moved, pid=os.getpid())
+    with pytest.raises(BrokerRefused,
+                       match=f"replay source {source} is another project or definition"):
+        remint_q(broker_context(new))
+
+    itself = desc.model_copy(update={
+        "run_id": "flow_" + "7" * 32,
+        "replay": desc.replay.model_copy(update={"source_run": "flow_" + "7" * 32}),
+    })
+    journal.create_run(itself, intents=[])
+    with pytest.raises(BrokerRefused, match=f"{itself.run_id} cannot be replayed from itself"):
+        remint_q(broker_context(itself.run_id))
+
+    store.close()
+    reader.close()
+
+
+def test_the_broker_recomputes_the_boundary_from_the_sources_own_rows(
+    journal: Journal, host: Path, started: list[str]
+) -> None:
+    source = finished_source(journal, host)
+    new = daemon_replay.replay(journal, source, "root-2", OWNER)["run_id"]
+    desc = journal.launch_description(new)
+    assert desc.replay is not None
+    nowhere = desc.model_copy(update={
+        "run_id": "flow_" + "6" * 32,
+        "replay": desc.replay.model_copy(update={"through_op": "root-9", "ops": ["root-9"]}),
+    })
+    journal.create_run(nowhere, intents=[])
+    with pytest.raises(BrokerRefused,
+                       match=f"replay of {source}: run {source} has no operation root-9"):
+        remint_q(broker_context(nowhere.run_id))
+
+    store = ReceiptStore()
+    lane = subvolume("/pool/lane")
+    store.put(Intent(intent_id="fork.root-1", run_id=source, kind="fork", op_id="root-1"),
+              Forked(s=subvolume("/pool/s1"), op_id="root-1", lanes={"a": ForkLane(w=lane)}))
+    store.close()
+    assert source_checkpoints(broker_context(new), source) == {"root-1": subvolume("/pool/s1")}
 
 
 # --- the CLI -----------------------------------------------------------------------
