@@ -392,7 +392,10 @@ def _run_to_end(
         sd.wait_started(job)
         state = sd.wait_inactive(name, timeout)
         if sync_journal:
-            proc.run(["journalctl", "--sync"], check=False)
+            synced = proc.run(["journalctl", "--sync"], check=False)
+            if synced.returncode != 0:
+                log.warning("journalctl --sync failed (status %d): %s", synced.returncode,
+                            synced.stderr.decode(errors="replace").strip()[-300:])
         sd.unref(name)
     return state
 
@@ -453,20 +456,25 @@ def _run_command(
 
 
 def _unit_output(name: str, invocation_id: str, since: int, wait: float) -> bytes:
-    """What unit ``name`` printed, from the journal: by its invocation, else (a line taken
-    in after the unit was collected has no invocation ID) by the unit's unique name since
-    it started. Asked again for ``wait`` seconds while there is nothing: an evaluator that
-    succeeded printed its metric line, journald may only be slow to take it in."""
+    """What unit ``name`` printed, from the journal: by its invocation or by the unit's
+    unique name since it started, whichever holds more. A line journald takes in after
+    the unit was collected has no invocation ID, so a read by invocation alone missed the
+    last lines of a check under load. Asked again for ``wait`` seconds while there is
+    nothing: an evaluator that succeeded printed its metric line, journald may only be
+    slow to take it in."""
     deadline = time.monotonic() + wait
     while True:
-        for match in ([f"_SYSTEMD_INVOCATION_ID={invocation_id}"],
-                      [f"_SYSTEMD_UNIT={name}", f"--since=@{since}"]):
-            output = proc.run(["journalctl", "--no-pager", "-o", "cat", "-n", "200", *match],
-                              check=False).stdout
-            if output.strip():
-                return output
-        if time.monotonic() >= deadline:
-            return b""
+        output = max(
+            (
+                proc.run(["journalctl", "--no-pager", "-o", "cat", "-n", "200", *match],
+                         check=False).stdout
+                for match in ([f"_SYSTEMD_INVOCATION_ID={invocation_id}"],
+                              [f"_SYSTEMD_UNIT={name}", f"--since=@{since}"])
+            ),
+            key=lambda out: out.count(b"\n"),
+        )
+        if output.strip() or time.monotonic() >= deadline:
+            return output
         time.sleep(0.25)
 
 

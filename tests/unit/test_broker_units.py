@@ -23,6 +23,7 @@ from cairn import paths
 from cairn.broker import units
 from cairn.errors import SystemdError
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, VerifierSpec
+from cairn.rawbytes import raw_bytes
 from cairn.systemd import UnitState
 from cairn.unitprops import HelperUnitSpec, agent_unit_name, proxy_unit_name
 
@@ -219,9 +220,25 @@ def test_a_checks_output_is_read_by_its_invocation_until_it_stops_growing(
     monkeypatch.setattr(units.proc, "run", journal.run)
     result = units.run_check(owned(host), VERIFIER, host / "w", 1)
     assert not result.passed and result.result == "exit-code" and result.exit_status == 2
-    assert result.output == "FAIL: one\nFAIL: two\n"  # the last lines journald took in
+    # the last lines journald took in, recorded as bytes
+    assert result.output_raw is not None
+    assert raw_bytes(result.output_raw, "check") == b"FAIL: one\nFAIL: two\n"
     assert ["journalctl", "--sync"] in journal.calls  # before the unit was let go
     assert clock == [0.25, 0.25]
+
+
+def test_a_checks_last_lines_taken_in_after_the_unit_was_collected_are_kept(
+    host: Path, monkeypatch: pytest.MonkeyPatch, clock: list[float]
+) -> None:
+    """Under load journald took in a passing check's second line after the unit was
+    collected: it has no invocation ID, only the unit's name."""
+    name = f"cairn-check-{RUN}-tests-1.service"
+    monkeypatch.setattr(units, "Systemd", Manager(ended=state(name, "inactive")))
+    journal = Journal(["1001\n"], ["1001\nall good\n"])
+    monkeypatch.setattr(units.proc, "run", journal.run)
+    result = units.run_check(owned(host), VERIFIER, host / "w", 1)
+    assert result.passed and result.output_raw is not None
+    assert raw_bytes(result.output_raw, "check") == b"1001\nall good\n"
 
 
 def test_an_evaluators_metric_line_is_found_by_unit_name_once_journald_has_it(
@@ -235,7 +252,7 @@ def test_an_evaluators_metric_line_is_found_by_unit_name_once_journald_has_it(
     monkeypatch.setattr(units.proc, "run", journal.run)
     run, output = units.run_evaluator(owned(host), EVALUATOR, host / "w", name,
                                       warmup=False)
-    assert run.values == {"seconds": 1.5} and output == line and not run.warmup
+    assert run.values == {"seconds": 1.5} and output == line.encode() and not run.warmup
     assert any(f"--since=@{1_700_000_000 - 1}" in call for call in journal.calls)
     assert clock[:2] == [0.25, 0.25]  # asked again while there was nothing
 
@@ -248,7 +265,7 @@ def test_an_evaluator_that_printed_nothing_is_given_up_on_at_its_deadline(
     monkeypatch.setattr(units.proc, "run", Journal([""], [""]).run)
     run, output = units.run_evaluator(owned(host), EVALUATOR, host / "w", name,
                                       warmup=True)
-    assert run.values is None and output == "" and run.warmup
+    assert run.values is None and output == b"" and run.warmup
     assert len(clock) >= units.OUTPUT_WAIT_SEC / 1.0  # it waited out OUTPUT_WAIT_SEC
 
 
