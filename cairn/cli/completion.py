@@ -20,7 +20,7 @@ from click.shell_completion import ShellComplete
 from cairn.cli.client import request
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
-from cairn.protocol.names import LAST_RUN
+from cairn.protocol.requestchecks import LAST_RUN
 
 # Run IDs are offered by a unique prefix of at least this many hex digits (git's habit).
 SHORT_ID = 8

@@ -11,7 +11,12 @@ import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import RunArg
-from cairn.protocol.names import LOG_OUTPUTS, MAX_LOG_LINES, log_priority_problem, log_since_problem
+from cairn.protocol.requestchecks import (
+    LOG_OUTPUTS,
+    MAX_LOG_LINES,
+    log_priority_problem,
+    log_since_problem,
+)
 from cairn.terminal import printable_lines
 
 if TYPE_CHECKING:

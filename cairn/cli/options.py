@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 from cairn.cli.client import emit
 from cairn.cli.completion import definition_candidates, run_candidates
 from cairn.errors import UsageError
-from cairn.protocol.names import RUN_REF_HELP, run_ref_problem
+from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
 from cairn.sizes import parse_size
 from cairn.terminal import printable
 

@@ -29,7 +29,8 @@ from cairn.cli.options import (
 )
 from cairn.cli.watchview import progress_lines
 from cairn.errors import PermissionDenied, Unavailable
-from cairn.protocol.names import RUN_ID_RE, RUN_REF_HELP
+from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable, printable_lines
 
 

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen
 from cairn.protocol.launch import ApplyMode, ProfileSpec
-from cairn.protocol.names import (
+from cairn.protocol.requestchecks import (
     LOG_CURSOR_RE,
     MAX_LOG_LINES,
     LogOutput,
@@ -27,7 +27,7 @@ from cairn.protocol.names import (
     run_ref_problem,
 )
 
-# --- naming a run (how, and the checks: cairn.protocol.names) -----------------------
+# --- naming a run (how, and the check: cairn.protocol.requestchecks) ----------------
 
 
 def _run_ref(ref: str | None) -> str | None:
@@ -96,7 +96,7 @@ class ShowRequest(RunRequest):
     op: Literal["show"] = "show"
 
 
-# --- reading a run's journal (the options' checks: cairn.protocol.names) ---------------
+# --- reading a run's journal (the options' checks: cairn.protocol.requestchecks) -------
 
 
 def _checked(

@@ -25,7 +25,7 @@ from cairn.protocol.daemon import (
     request_line,
 )
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
-from cairn.protocol.names import RUN_REF_RE
+from cairn.protocol.requestchecks import RUN_REF_RE
 from cairn.workflow.review import review_source
 
 SOURCE = '''
