@@ -5,10 +5,10 @@ touches the journal or storage (except ``storage init``, which is local by natur
 One module per concern: ``runs``, ``people`` and ``mcp`` add top-level commands, ``storage``,
 ``workflow``, ``schedule``, ``project``, ``notify`` and ``config`` are sub-apps; ``client``
 and ``options`` are what they share. This module only assembles them, and none of them
-imports it. A command imports the protocol model it sends when it runs, so a start
-that only shows help or completes a command's name loads no pydantic. The modules with commands leave out ``from __future__ import annotations``:
-typer evaluates a string annotation again each time it reads a command's parameters,
-several times per command at every start.
+imports it. A command imports the protocol model it sends when it runs, so a start that
+only shows help or completes a command's name loads no pydantic. The modules with commands
+leave out ``from __future__ import annotations``: typer evaluates a string annotation again
+each time it reads a command's parameters, several times per command at every start.
 """
 
 # ruff: noqa: E402 - typer is imported (without rich) by the call below, before any import
