@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cairn.protocol.base import RUN_ID_RE as RUN_ID_RE
+from cairn.protocol.names import RUN_ID_RE as RUN_ID_RE
 
 
 def _p(rel: str) -> Path:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cairn.protocol.daemon import LOG_CURSOR_RE, LogsRequest
+from cairn.protocol.daemon import LogsRequest
+from cairn.protocol.requestchecks import LOG_CURSOR_RE
 
 # Entries one following request returns at most; the reader asks again at once when it
 # got any, so a burst is read in batches, never skipped.

@@ -39,7 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from cairn.errors import UsageError
 from cairn.netpolicy import NetworkMode
-from cairn.protocol.base import OP_ID_RE, RUN_ID_RE
+from cairn.protocol.names import OP_ID_RE, RUN_ID_RE
 from cairn.systemd import Prop, validate_unit_name
 
 BOUNDARY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")

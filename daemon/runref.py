@@ -13,8 +13,8 @@ from cairn.daemon.views import is_admin
 from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.runs import RunMatch
-from cairn.protocol.base import RUN_ID_RE
-from cairn.protocol.daemon import LAST_RUN, run_ref_problem
+from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.requestchecks import LAST_RUN, run_ref_problem
 
 # How many runs an ambiguous prefix lists.
 CANDIDATES = 5

@@ -1,21 +1,27 @@
 """The CLI's one client of cairnd, and how every command reports: :func:`request` sends
 one request over the daemon socket, :func:`emit` prints JSON, :func:`fail` prints an error
-and exits."""
+and exits.
+
+The protocol's models (pydantic) are imported by the commands that send a request, when
+they run, never at a ``cairn`` start: ``cairn --help``, ``--version`` and the shell's
+completion of a command name build no model and do not load pydantic."""
 
 from __future__ import annotations
 
 import array
 import json
 import socket
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from cairn import paths
 from cairn.cli.attest import Expected, exchange
 from cairn.errors import CairnError, Unavailable
-from cairn.protocol.daemon import DaemonReply, OpRequest, request_line
 from cairn.terminal import printable
+
+if TYPE_CHECKING:
+    from cairn.protocol.daemon import OpRequest
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
@@ -39,6 +45,8 @@ def request(
     run, which this process attests if its description is what was asked for
     (:mod:`cairn.cli.attest`). ``timeout`` bounds each socket operation (an OSError when it
     runs out)."""
+    from cairn.protocol.daemon import DaemonReply, request_line
+
     message = request_line(body)
     path = str(paths.daemon_socket())
     mine, theirs = socket.socketpair() if expect is not None else (None, None)

@@ -20,7 +20,7 @@ from click.shell_completion import ShellComplete
 from cairn.cli.client import request
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
-from cairn.protocol.daemon import LAST_RUN, PsRequest, ScheduleListRequest
+from cairn.protocol.requestchecks import LAST_RUN
 
 # Run IDs are offered by a unique prefix of at least this many hex digits (git's habit).
 SHORT_ID = 8
@@ -60,6 +60,8 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
         offered.append((LAST_RUN, "your newest run"))
     if incomplete.startswith("@"):
         return offered
+    from cairn.protocol.daemon import PsRequest  # a command's name completes without it
+
     try:
         runs = request(PsRequest(all_users=True), timeout=DAEMON_TIMEOUT)
     except (CairnError, OSError):
@@ -75,6 +77,8 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
 
 def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:
     """The caller's schedules (from cairnd), each with its name and status."""
+    from cairn.protocol.daemon import ScheduleListRequest  # a command's name completes without it
+
     try:
         schedules = request(ScheduleListRequest(), timeout=DAEMON_TIMEOUT)
     except (CairnError, OSError):

@@ -5,20 +5,22 @@ is selected by fields journald and PID 1 set, never by what a process wrote."""
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import RunArg
-from cairn.protocol.daemon import (
+from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
     MAX_LOG_LINES,
-    LogsRequest,
     log_priority_problem,
     log_since_problem,
 )
 from cairn.terminal import printable_lines
+
+if TYPE_CHECKING:
+    from cairn.protocol.daemon import LogsRequest
 
 # Entries shown without -n: everything would be unbounded for a long run.
 DEFAULT_LINES = 2000
@@ -98,6 +100,8 @@ def logs(
 ) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set)."""
+    from cairn.protocol.daemon import LogsRequest
+
     first = LogsRequest.model_validate(
         {
             "run_id": run_id,
@@ -125,9 +129,9 @@ def default_lines(follow: bool, since: str | None) -> int:
 
 
 def follow_logs(
-    first: LogsRequest,
+    first: "LogsRequest",
     *,
-    ask: Callable[[LogsRequest], Any],
+    ask: Callable[["LogsRequest"], Any],
     show: Callable[[str], None],
     pause: Callable[[float], None] = time.sleep,
     interval: float = FOLLOW_INTERVAL,
@@ -137,6 +141,8 @@ def follow_logs(
     as PID 1's "Deactivated successfully", come after the run's state changed).
 
     Asks again at once while entries keep coming, else after ``interval``."""
+    from cairn.protocol.daemon import LogsRequest
+
     query = first
     quiet_since_end = 0
     while True:

@@ -11,7 +11,6 @@ import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import add_commands
-from cairn.protocol.daemon import build_models
 
 
 def register(app: typer.Typer) -> None:
@@ -23,11 +22,12 @@ def mcp() -> None:
     """Serve the Model Context Protocol on stdin/stdout for an agent harness: your exposed
     workflows as tools, and your runs, inbox and answers (docs/mcp.md). Nothing it offers
     approves or applies."""
-    # here, not at the top: every cairn command would pay for this import
+    # here, not at the top: every cairn command would pay for these imports
     from importlib import metadata
 
     from cairn.mcp.server import Server
     from cairn.mcp.tools import Session
+    from cairn.protocol.daemon import build_models
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="cairn mcp: %(message)s")
     try:

@@ -13,7 +13,6 @@ import typer
 from cairn.cli.client import request
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
-from cairn.protocol.daemon import NotificationsRequest
 from cairn.terminal import printable
 
 if TYPE_CHECKING:
@@ -56,6 +55,7 @@ def start_user_unit(name: str, props: "list[Prop]") -> None:
 
 def _poll(cursor: int) -> "NotifyBatch":
     # here, not at the top: every cairn command would pay for this import
+    from cairn.protocol.daemon import NotificationsRequest
     from cairn.protocol.notify import NotifyBatch
 
     return NotifyBatch.model_validate(request(NotificationsRequest(cursor=cursor)))

@@ -15,8 +15,7 @@ from typer.core import TyperGroup
 from cairn.cli.client import emit
 from cairn.cli.completion import definition_candidates, run_candidates
 from cairn.errors import UsageError
-from cairn.protocol.daemon import RUN_REF_HELP, run_ref_problem
-from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
 from cairn.sizes import parse_size
 from cairn.terminal import printable
 
@@ -130,6 +129,8 @@ def parse_limits(specs: list[str]) -> dict[str, int]:
 def load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
     """``--scripted PROFILE=FILE.json`` options: each file read and validated as a
     scripted profile named PROFILE."""
+    from cairn.protocol.launch import ProfileSpec  # only --scripted pays for it
+
     scripted: dict[str, dict[str, Any]] = {}
     for spec in specs:
         name, sep, file = spec.partition("=")

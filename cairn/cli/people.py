@@ -7,27 +7,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cairn.cli.client import fail, request
 from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty, render_waiting
 from cairn.cli.watchview import EventPrinter
-from cairn.protocol.daemon import (
-    AnswerRequest,
-    ApplyRequest,
-    ApproveRequest,
-    CancelRequest,
-    ControlRequest,
-    InboxRequest,
-    PauseRequest,
-    RejectRequest,
-    ResumeRequest,
-    StopRequest,
-    WatchRequest,
-)
 from cairn.terminal import printable
+
+if TYPE_CHECKING:
+    from cairn.protocol.daemon import ControlRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +33,8 @@ def inbox(
 ) -> None:
     """What waits for you, with the command to run next: questions, approval requests,
     proposals held for 'cairn apply', blocked runs, blocked schedules."""
+    from cairn.protocol.daemon import InboxRequest
+
     items = request(InboxRequest(all_users=all_users))
     if emit_or_empty(items, json_out, empty="nothing waits for you"):
         return
@@ -57,6 +49,8 @@ def answer(
     file: Annotated[Path | None, typer.Option("--file", help="Read the answer from FILE.")] = None,
 ) -> None:
     """Answer a run's question: JSON for a typed question, else text."""
+    from cairn.protocol.daemon import AnswerRequest
+
     if (value is None) == (file is None):
         fail("give exactly one of VALUE or --file FILE", code=2)
     text = value
@@ -79,6 +73,8 @@ def approve(
     fingerprint: Annotated[str, typer.Option(help="The fingerprint of the request you looked at.")],
 ) -> None:
     """Approve one prepared operation (checked again against the current policy)."""
+    from cairn.protocol.daemon import ApproveRequest
+
     out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
     typer.echo(f"{printable(out['request_id'])} approved; {out['run_id']} resumes")
 
@@ -89,6 +85,8 @@ def reject(
     reason: Annotated[str, typer.Option(help="Why (recorded with the decision).")] = "",
 ) -> None:
     """Reject one prepared operation: it does not run."""
+    from cairn.protocol.daemon import RejectRequest
+
     out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
     typer.echo(f"{printable(out['request_id'])} rejected; the operation does not run")
 
@@ -96,11 +94,13 @@ def reject(
 def apply(run_id: RunArg) -> None:
     """Settle a run launched with --apply ask: its proposal (see 'cairn diff RUN') goes
     to the live project with the three-way check."""
+    from cairn.protocol.daemon import ApplyRequest
+
     out = request(ApplyRequest(run_id=run_id))
     typer.echo(f"{out['run_id']}: proposal approved; it is applied now")
 
 
-def _control(action: type[ControlRequest], run_id: str) -> None:
+def _control(action: "type[ControlRequest]", run_id: str) -> None:
     out = request(action(run_id=run_id))
     later = (
         f" (its coordinator acts on it at the next safe point; follow with 'cairn watch "
@@ -113,22 +113,30 @@ def _control(action: type[ControlRequest], run_id: str) -> None:
 
 def pause(run_id: RunArg) -> None:
     """Pause at the next safe point; nothing of the run keeps running meanwhile."""
+    from cairn.protocol.daemon import PauseRequest
+
     _control(PauseRequest, run_id)
 
 
 def resume(run_id: RunArg) -> None:
     """Resume a paused run (or withdraw a pause not yet honoured)."""
+    from cairn.protocol.daemon import ResumeRequest
+
     _control(ResumeRequest, run_id)
 
 
 def stop(run_id: RunArg) -> None:
     """Start no new operations; running agents finish; then the run ends stopped."""
+    from cairn.protocol.daemon import StopRequest
+
     _control(StopRequest, run_id)
 
 
 def cancel(run_id: RunArg) -> None:
     """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
     withdrawn (at once when no coordinator holds the run, else at its next safe point)."""
+    from cairn.protocol.daemon import CancelRequest
+
     _control(CancelRequest, run_id)
 
 
@@ -138,6 +146,8 @@ def watch(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
 ) -> None:
     """Follow a run live (rebuilt from the journal); one line when it ends."""
+    from cairn.protocol.daemon import WatchRequest
+
     cursor = 0
     shown_waiting: list[dict[str, Any]] = []
     out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)

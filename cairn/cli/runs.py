@@ -29,22 +29,8 @@ from cairn.cli.options import (
 )
 from cairn.cli.watchview import progress_lines
 from cairn.errors import PermissionDenied, Unavailable
-from cairn.protocol.base import RUN_ID_RE
-from cairn.protocol.daemon import (
-    RUN_REF_HELP,
-    DiffRequest,
-    DoctorRequest,
-    LaunchRequest,
-    PsRequest,
-    ReconcileRequest,
-    ReplayRequest,
-    RetryRequest,
-    RevertRequest,
-    ScheduleListRequest,
-    ShowRequest,
-    UpgradeRequest,
-)
-from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable, printable_lines
 
 
@@ -107,6 +93,9 @@ def launch(
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
     project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
+    from cairn.protocol.daemon import LaunchRequest
+    from cairn.protocol.launch import ProfileSpec
+
     source = None
     if definition.endswith(".py"):
         # here, not at the top: every cairn command would pay for this import
@@ -211,6 +200,8 @@ def list_runs(
     json_out: JsonFlag = False,
 ) -> None:
     """List runs: state, definition, current operation (also: cairn ps)."""
+    from cairn.protocol.daemon import PsRequest
+
     runs = request(PsRequest(all_users=all_users))
     if emit_or_empty(runs, json_out, empty="no runs"):
         return
@@ -230,6 +221,8 @@ def list_runs(
 
 def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run."""
+    from cairn.protocol.daemon import ShowRequest
+
     data = request(ShowRequest(run_id=run_id))
     if json_out:
         emit(data)
@@ -355,6 +348,8 @@ def reconcile(
     ] = False,
 ) -> None:
     """Decide an uncertain operation of a blocked run: its real result, or no effect."""
+    from cairn.protocol.daemon import ReconcileRequest
+
     if (result is None) == (not no_effect):
         fail("give exactly one of --result FILE or --no-effect", code=2)
     data = None
@@ -376,6 +371,8 @@ def retry(
     op_id: Annotated[str, typer.Argument(metavar="OP")],
 ) -> None:
     """Run an uncertain operation again (its effects may then happen twice)."""
+    from cairn.protocol.daemon import RetryRequest
+
     out = request(RetryRequest(run_id=run_id, op_id=op_id))
     typer.echo(
         f"{printable(out['op_id'])} will be retried on a W restored from "
@@ -395,6 +392,8 @@ def upgrade(
     json_out: JsonFlag = False,
 ) -> None:
     """Move a waiting or blocked run to new source, after a clean replay of its journal."""
+    from cairn.protocol.daemon import UpgradeRequest
+
     try:
         source = to.read_text()
     except OSError as exc:
@@ -441,6 +440,7 @@ def doctor(
     any failure. With RUN, only that run."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck
+    from cairn.protocol.daemon import DoctorRequest
 
     data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor()
     if json_out:
@@ -472,6 +472,7 @@ def host_doctor() -> dict[str, Any]:
     stores (as root) and the caller's linger. Without cairnd, say so, as a failed check."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
+    from cairn.protocol.daemon import DoctorRequest, ScheduleListRequest
 
     try:
         data: dict[str, Any] = request(DoctorRequest())
@@ -501,6 +502,8 @@ def diff(
     json_out: JsonFlag = False,
 ) -> None:
     """What the run applied (or refused) in the live project."""
+    from cairn.protocol.daemon import DiffRequest
+
     data = request(DiffRequest(run_id=run_id))
     if json_out:
         emit(data)
@@ -525,6 +528,8 @@ def diff(
 def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """Undo what a finished run applied: every path still as the run left it gets its
     content from before the run back. Nothing is written if any path changed since."""
+    from cairn.protocol.daemon import RevertRequest
+
     data = request(RevertRequest(run_id=run_id))
     if json_out:
         emit(data)
@@ -551,6 +556,8 @@ def replay(
 ) -> None:
     """A new run from a finished run's checkpoint: the operations up to OP are imported
     with their checkpoints, the rest of the workflow runs fresh. The source is unchanged."""
+    from cairn.protocol.daemon import ReplayRequest
+
     data = request(
         ReplayRequest(run_id=run_id, op_id=through),
         expect=Expected(replay_of=full_run_id(run_id)),

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,19 +30,14 @@ from cairn.cli.timers import (
     timer_state,
 )
 from cairn.errors import CairnError, UsageError
-from cairn.protocol.daemon import (
-    ScheduleConfirmRequest,
-    ScheduleCreateRequest,
-    ScheduleDeleteRequest,
-    ScheduleFireRequest,
-    ScheduleInboxRequest,
-    ScheduleInspectRequest,
-    ScheduleListRequest,
-    SchedulePauseRequest,
-    ScheduleReconcileRequest,
-    ScheduleResumeRequest,
-    ScheduleRunNowRequest,
-)
+
+if TYPE_CHECKING:
+    from cairn.protocol.daemon import (
+        ScheduleDeleteRequest,
+        ScheduleFireRequest,
+        SchedulePauseRequest,
+        ScheduleRunNowRequest,
+    )
 
 schedule_app = typer.Typer(
     help="Recurring runs as systemd user timers, with reviewed, finite permission.",
@@ -162,6 +157,8 @@ def create(
     json_out: JsonFlag = False,
 ) -> None:
     """Store a schedule paused and print the review challenge to confirm."""
+    from cairn.protocol.daemon import ScheduleCreateRequest
+
     try:
         parsed = json.loads(args)
     except json.JSONDecodeError as exc:
@@ -224,8 +221,9 @@ def confirm(
     json_out: JsonFlag = False,
 ) -> None:
     """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
-    # here, not at the top: every cairn command would pay for this import
+    # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
+    from cairn.protocol.daemon import ScheduleConfirmRequest
 
     result = request(ScheduleConfirmRequest(challenge=challenge, schedule={"action": action}))
     if not schedulepins.confirm(result["schedule_id"], result["revision"]):
@@ -245,6 +243,8 @@ def confirm(
 @schedule_app.command("resume")
 def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Check the schedule once more and install its user timer."""
+    from cairn.protocol.daemon import ScheduleInspectRequest, ScheduleResumeRequest
+
     # here, not at the top: every cairn command would pay for this import
     from cairn.schedules import timer_name
 
@@ -273,14 +273,14 @@ def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 def _stop(
     schedule_id: str,
-    kind: type[SchedulePauseRequest | ScheduleDeleteRequest],
+    kind: "type[SchedulePauseRequest | ScheduleDeleteRequest]",
     verb: str,
     json_out: bool,
 ) -> None:
     _check_id(schedule_id)
     result = request(kind(schedule_id=schedule_id))
     remove_timer(schedule_id)
-    if kind is ScheduleDeleteRequest:
+    if verb == "deleted":
         # here, not at the top: every cairn command would pay for this import
         from cairn.cli import schedulepins
 
@@ -294,18 +294,24 @@ def _stop(
 @schedule_app.command("pause")
 def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Refuse future occurrences and remove the timer."""
+    from cairn.protocol.daemon import SchedulePauseRequest
+
     _stop(schedule_id, SchedulePauseRequest, "paused", json_out)
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Delete the schedule (future launches only) and its timer."""
+    from cairn.protocol.daemon import ScheduleDeleteRequest
+
     _stop(schedule_id, ScheduleDeleteRequest, "deleted", json_out)
 
 
 @schedule_app.command("list")
 def list_(json_out: JsonFlag = False) -> None:
     """Your schedules: state, calendar, lease used."""
+    from cairn.protocol.daemon import ScheduleListRequest
+
     views = request(ScheduleListRequest())
     if emit_or_empty(views, json_out, empty="no schedules"):
         return
@@ -320,6 +326,8 @@ def list_(json_out: JsonFlag = False) -> None:
 @schedule_app.command("show")
 def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """Everything about one schedule, with its recent occurrences."""
+    from cairn.protocol.daemon import ScheduleInspectRequest
+
     _check_id(schedule_id)
     v = request(ScheduleInspectRequest(schedule_id=schedule_id))
     if json_out:
@@ -352,7 +360,7 @@ def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 
 def _admit(
-    kind: type[ScheduleFireRequest | ScheduleRunNowRequest],
+    kind: "type[ScheduleFireRequest | ScheduleRunNowRequest]",
     schedule_id: str,
     *,
     occurrence: str | None = None,
@@ -360,8 +368,9 @@ def _admit(
 ) -> dict[str, Any]:
     """Ask cairnd to admit one occurrence, proving access to the project with an open
     directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
-    # here, not at the top: every cairn command would pay for this import
+    # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
+    from cairn.protocol.daemon import ScheduleInspectRequest
 
     pin = schedulepins.pinned(schedule_id)
     if pin is not None:
@@ -421,6 +430,8 @@ def _report(result: dict[str, Any]) -> str:
 @schedule_app.command("fire", hidden=True)
 def fire(schedule_id: IdArg) -> None:
     """Run by cairn-schedule@ID.service when the timer elapses: ask for one occurrence."""
+    from cairn.protocol.daemon import ScheduleFireRequest
+
     _check_id(schedule_id)
     result = _admit(ScheduleFireRequest, schedule_id)
     echo(_report(result))
@@ -431,6 +442,8 @@ def fire(schedule_id: IdArg) -> None:
 @schedule_app.command("run-now")
 def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     """One occurrence now, under the same lease, spacing, overlap and machine limits."""
+    from cairn.protocol.daemon import ScheduleRunNowRequest
+
     _check_id(schedule_id)
     result = _admit(ScheduleRunNowRequest, schedule_id)
     if json_out:
@@ -444,6 +457,8 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 @schedule_app.command("inbox")
 def inbox(json_out: JsonFlag = False) -> None:
     """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
+    from cairn.protocol.daemon import ScheduleInboxRequest
+
     items = request(ScheduleInboxRequest())
     if emit_or_empty(items, json_out, empty="inbox empty"):
         return
@@ -457,6 +472,8 @@ def inbox(json_out: JsonFlag = False) -> None:
 def doctor_report() -> dict[str, Any]:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
+    from cairn.protocol.daemon import ScheduleListRequest
+
     # here, not at the top: every cairn command would pay for this import
     from cairn.schedules import timer_name
 
@@ -537,6 +554,8 @@ def doctor(json_out: JsonFlag = False) -> None:
 def repair() -> None:
     """Repair timers and half-prepared occurrences (run at user-manager start by
     cairn-schedule-reconcile.service); retry queued occurrences once."""
+    from cairn.protocol.daemon import ScheduleFireRequest, ScheduleReconcileRequest
+
     result = request(ScheduleReconcileRequest())
     for line in apply_timers(result["schedules"]):
         echo(line)

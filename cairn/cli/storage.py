@@ -14,13 +14,7 @@ import typer
 from cairn import paths
 from cairn.cli.client import emit, fail, request
 from cairn.cli.options import JsonFlag, RunArg, add_commands, check_run_ref, echo
-from cairn.protocol.daemon import (
-    RUN_REF_HELP,
-    CheckpointsRequest,
-    PruneRequest,
-    RmRequest,
-    StorageDfRequest,
-)
+from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.sizes import parse_age
 
 storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
@@ -80,6 +74,8 @@ def storage_df(
 ) -> None:
     """Pool size, used, free and reserve; per run with storage: its exclusive bytes (only
     where the host has Btrfs quotas on; otherwise unknown)."""
+    from cairn.protocol.daemon import StorageDfRequest
+
     data = request(StorageDfRequest(all_users=all_users))
     if json_out:
         emit(data)
@@ -111,6 +107,8 @@ def rm(
 ) -> None:
     """Delete finished runs' storage (Q, W, checkpoints, P, C, F); their journal rows and
     receipts stay, so 'cairn show' still tells their history."""
+    from cairn.protocol.daemon import RmRequest
+
     for ref in run_ids:
         check_run_ref(ref)
     # Every run is checked before any is deleted: one that must stay deletes none.
@@ -157,6 +155,8 @@ def prune(
 ) -> None:
     """Delete finished runs' storage by rule; without --older-than or --keep, by the host
     policy (/etc/cairn/storage.toml). Running, waiting, blocked and unsettled runs stay."""
+    from cairn.protocol.daemon import PruneRequest
+
     age = None if older_than is None else parse_age(older_than)
     data = request(PruneRequest(older_than=age, keep=keep, dry_run=dry_run))
     if json_out:
@@ -187,6 +187,8 @@ def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """Every checkpoint of a run: its operation, scope, when it was taken, its exclusive
     size (only where the host has Btrfs quotas on; otherwise unknown), and whether its
     storage was deleted."""
+    from cairn.protocol.daemon import CheckpointsRequest
+
     data = request(CheckpointsRequest(run_id=run_id))
     if json_out:
         emit(data)

@@ -1,20 +1,15 @@
 """What every protocol module shares: the frozen, closed base model and the identifier
-patterns (run, scope, operation, lane, intent, verifier and evaluator)."""
+types (the patterns themselves are in :mod:`cairn.protocol.names`, without pydantic)."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RUN_ID_RE = re.compile(r"^flow_[0-9a-f]{32}$")
-# Lane scopes are named after their fork and key ("root-2-a"), so nesting lengthens them.
-SCOPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")
-OP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
-LANE_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-INTENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}$")
-VERIFIER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+from cairn.protocol.names import INTENT_ID_RE as INTENT_ID_RE
+from cairn.protocol.names import LANE_KEY_RE, OP_ID_RE, RUN_ID_RE, SCOPE_RE
+from cairn.protocol.names import VERIFIER_NAME_RE as VERIFIER_NAME_RE
 
 
 class Frozen(BaseModel):

@@ -33,7 +33,6 @@ from cairn.operations import (
     settle_experiment,
     unroll,
 )
-from cairn.protocol.base import LANE_KEY_RE
 from cairn.protocol.control import (
     CallRequest,
     CallResult,
@@ -42,6 +41,7 @@ from cairn.protocol.control import (
     WorkflowFailure,
     WorkflowReturn,
 )
+from cairn.protocol.names import LANE_KEY_RE
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
 
 M = TypeVar("M", bound=Model)

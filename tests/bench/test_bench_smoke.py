@@ -8,6 +8,7 @@ Not collected by default (``testpaths`` leaves out ``tests/bench``); run it with
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -246,3 +247,16 @@ def test_issue_18_targets_met_and_older_results_explained_from_what_they_have() 
     text = render(_results(cells), "", "performance.json")
     assert "the profiled applies in the Notes below" in text
     assert "btrfs send alone" not in text
+
+
+def test_cli_figures_run_every_command_against_the_stand_in_cairnd() -> None:
+    """tests/bench/cli_figures.py: every command exits 0 (a launch attests the stand-in's
+    description) and each gets a CPU figure."""
+    proc = subprocess.run([sys.executable, HERE / "cli_figures.py", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(proc.stdout)
+    assert set(figures["cpu_median_s"]) == {
+        "cairn --version", "cairn --help", "cairn list", "cairn show RUN", "cairn launch (queued)"
+    }
+    assert all(cpu > 0 for cpu in figures["cpu_min_s"].values())

@@ -86,6 +86,19 @@ def test_launch_and_show_load_no_command_only_module_and_build_only_their_reques
         assert stderr.splitlines()[-1] == f"built {argv[0]}"
 
 
+# Loaded only by a command that sends cairnd a request (the protocol's models) or checks a
+# description (the launch): help, the version and a command name's completion build no model.
+REQUEST_ONLY = frozenset({"pydantic", "pydantic_core", "cairn.protocol.daemon",
+                          "cairn.protocol.launch", "cairn.protocol.base"})
+
+
+def test_help_version_and_completing_a_command_load_no_protocol_model(tmp_path: Path) -> None:
+    for argv in (["--version"], ["--help"], ["launch", "--help"], ["__complete", "cairn", "la"]):
+        loaded, stderr = modules_after(dispatched(argv), tmp_path)
+        assert "exit 0" in stderr or "exit None" in stderr, (argv, stderr)
+        assert sorted(REQUEST_ONLY & loaded) == [], argv
+
+
 def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
     tmp_path: Path,
 ) -> None:

@@ -179,6 +179,26 @@ def test_protocol_contract_forbids_every_other_module() -> None:
     assert listed == top_level - PROTOCOL_MAY_IMPORT
 
 
+# Imported by every process (cairn.paths) or every ``cairn`` start: plain code, no pydantic
+# (defining one model loads pydantic's whole schema machinery, about a tenth of a second).
+WITHOUT_PYDANTIC = ("cairn.paths", "cairn.protocol.names", "cairn.protocol.requestchecks")
+
+_LOADED = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_paths_and_the_plain_protocol_checks_load_no_pydantic(installed_layout: Path) -> None:
+    proc = _run_in(installed_layout, [sys.executable, "-c", _LOADED, *WITHOUT_PYDANTIC])
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert set(WITHOUT_PYDANTIC) <= loaded
+    assert sorted(m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_core")) == []
+
+
 def _module_file(stage: Path, module: str) -> Path:
     base = stage.joinpath(*module.split("."))
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")

@@ -20,12 +20,12 @@ from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import (
     MODEL_OF_OP,
-    RUN_REF_RE,
     RunRequest,
     daemon_request,
     request_line,
 )
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
+from cairn.protocol.requestchecks import RUN_REF_RE
 from cairn.workflow.review import review_source
 
 SOURCE = '''
