@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any, ParamSpec, TypeVar
 from cairn.errors import CairnError
 
 __all__ = [
+    "Dirs",
     "UntrustedFileError",
     "UntrustedFileMissing",
     "is_regular_file",
@@ -64,6 +66,7 @@ _RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC  # search permission is enough
+DIRS_OPEN = 128  # directory fds one :class:`Dirs` keeps open (well below the default 1,024)
 
 
 class UntrustedFileError(CairnError):
@@ -331,6 +334,60 @@ def _parent(base: Base, rel: str) -> Iterator[tuple[int, str]]:
             yield fd, parts[-1]
         finally:
             os.close(fd)
+
+
+class Dirs:
+    """The directories beneath a trusted root, each opened as :func:`open_file` reaches
+    one (no link followed in any component, ``O_PATH``), kept open for many look-ups in
+    a tree that does not change under the reader (a read-only snapshot, or one only the
+    reader writes; :meth:`forget` a directory it removed). The most recently used
+    :data:`DIRS_OPEN` stay open. Use as a context manager."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.root_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fds: OrderedDict[str, int] = OrderedDict()
+
+    def __enter__(self) -> Dirs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        os.close(self.root_fd)
+
+    def dir(self, rel: str) -> int:
+        """The fd of the directory ``rel`` ("" is the root), valid until the next call;
+        :class:`UntrustedFileError` (or :class:`UntrustedFileMissing`) as :func:`lstat`
+        would raise for an entry below it."""
+        if not rel:
+            return self.root_fd
+        fd = self.fds.get(rel)
+        if fd is not None:
+            self.fds.move_to_end(rel)
+            return fd
+        fd = _open_beneath(self.root_fd, rel, _DIR_FLAGS, _where(self.base, rel))
+        self.fds[rel] = fd
+        while len(self.fds) > DIRS_OPEN:
+            os.close(self.fds.popitem(last=False)[1])
+        return fd
+
+    def parent(self, rel: str) -> tuple[int, str]:
+        """The fd of the directory holding ``rel`` (see :meth:`dir`) and its last name:
+        the ``base`` and ``rel`` to hand :func:`lstat`, :func:`open_file` or
+        :func:`readlink` instead of the root and the whole path."""
+        head, _, name = rel.rpartition("/")
+        _parts(rel)
+        return self.dir(head), name
+
+    def forget(self, rel: str) -> None:
+        """Close what is open at or below ``rel`` (a directory just removed)."""
+        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
+            os.close(self.fds.pop(key))
 
 
 @_logged

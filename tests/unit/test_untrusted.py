@@ -780,8 +780,9 @@ READERS: list[tuple[str, str, set[str]]] = [
 ]
 # P, read by the owner's candidate unit (cairn.worker.candidate); root never reads it.
 PENDING: list[tuple[str, str, set[str]]] = [
-    ("cairn/settle_candidate.py", "build_candidate", {"lstat", "readlink"}),
+    ("cairn/settle_candidate.py", "_judge", {"lstat", "readlink"}),
     ("cairn/settle_candidate.py", "_install", {"open_file"}),
+    ("cairn/settle_candidate.py", "_install_file", {"open_file"}),
     ("cairn/settle.py", "_same_bytes", {"open_file"}),  # inventories_equal, root, P's bytes
 ]
 
