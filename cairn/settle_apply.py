@@ -114,11 +114,15 @@ class _Raced(Exception):
 
 class _Tree:
     """The directories of one root, each opened from its parent without following a
-    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`)."""
+    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`).
+    ``settled``: the tree does not change during the walk (a read-only snapshot, or the
+    live tree while only being classified: every write re-checks its target), so a
+    directory found missing is remembered as missing."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, settled: bool = False) -> None:
         self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.fds: OrderedDict[str, int] = OrderedDict()
+        self.missing: set[str] | None = set() if settled else None
 
     def __enter__(self) -> _Tree:
         return self
@@ -144,6 +148,8 @@ class _Tree:
         if fd is not None:
             self.fds.move_to_end(rel)
             return fd
+        if self.missing is not None and rel in self.missing:
+            return None
         head, _, name = rel.rpartition("/")
         pfd = self.dir(head)
         if pfd is None:
@@ -151,6 +157,8 @@ class _Tree:
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
         except FileNotFoundError:
+            if self.missing is not None:
+                self.missing.add(rel)
             return None
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
@@ -180,6 +188,14 @@ class _Tree:
         return _state_in(fd, path.rpartition("/")[2])
 
 
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def same_state(a: EntryState, b: EntryState) -> bool:
+    """``a == b``, field by field (the three-way check's comparison, made often)."""
+    return (a.kind, a.mode, a.sha256, a.target) == (b.kind, b.mode, b.sha256, b.target)
+
+
 def _hash_fd(fd: int) -> str:
     h = hashlib.sha256()
     while True:
@@ -195,16 +211,20 @@ def _state_in(dir_fd: int, name: str) -> EntryState:
     except FileNotFoundError:
         return _ABSENT
     mode = stat.S_IMODE(st.st_mode)
+    # Built without validation: every field comes from the kernel, in its declared type.
     if stat.S_ISREG(st.st_mode):
+        if st.st_size == 0:  # what an empty file hashes to; it is also empty when read
+            return EntryState.model_construct(kind="file", mode=mode, sha256=EMPTY_SHA256)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            return EntryState(kind="file", mode=mode, sha256=_hash_fd(fd))
+            return EntryState.model_construct(kind="file", mode=mode, sha256=_hash_fd(fd))
         finally:
             os.close(fd)
     if stat.S_ISDIR(st.st_mode):
-        return EntryState(kind="dir", mode=mode)
+        return EntryState.model_construct(kind="dir", mode=mode)
     if stat.S_ISLNK(st.st_mode):
-        return EntryState(kind="symlink", target=os.readlink(name, dir_fd=dir_fd))
+        target = os.readlink(name, dir_fd=dir_fd)
+        return EntryState.model_construct(kind="symlink", target=target)
     return EntryState(kind="other", mode=mode)
 
 
@@ -229,7 +249,7 @@ def _conflict_reason(p: PathPlan) -> str:
 def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
     """Classify every path: Q == F → ``unchanged``; live == F → ``already``; live == Q →
     ``write``; otherwise ``conflict``. Reads only."""
-    with _Tree(q) as qt, _Tree(f) as ft, _Tree(live) as lt:
+    with _Tree(q, True) as qt, _Tree(f, True) as ft, _Tree(live, True) as lt:
         return _plan(qt, ft, lt, paths)
 
 
@@ -243,11 +263,11 @@ def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
         if ls.kind == "blocked" and _unblocked_by_apply(lt, path, by_path):
             ls = _ABSENT
         action: Literal["write", "already", "unchanged", "conflict"]
-        if qs == fs:
+        if same_state(qs, fs):
             action = "unchanged"  # nothing to settle here, whatever the live state
-        elif ls == fs:
+        elif same_state(ls, fs):
             action = "already"
-        elif ls == qs and ls.kind != "blocked" and fs.kind != "blocked":
+        elif same_state(ls, qs) and ls.kind != "blocked" and fs.kind != "blocked":
             action = "write"
         else:
             action = "conflict"
@@ -354,7 +374,7 @@ class _Batch:
 
 
 def _recheck(dir_fd: int, name: str, path: str, expected: EntryState) -> None:
-    if _state_in(dir_fd, name) != expected:
+    if not same_state(_state_in(dir_fd, name), expected):
         raise _Raced(path)
 
 
@@ -418,6 +438,9 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
 
 
 def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
+    if expected.sha256 == EMPTY_SHA256:
+        _write_empty_temp(path, live_fd, tmp, expected)
+        return
     ffd = ft.parent(path)
     if ffd is None:
         raise StorageError(f"{path} vanished from the final snapshot")
@@ -443,6 +466,24 @@ def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: E
         raise
     finally:
         os.close(sfd)
+
+
+def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
+    """The temporary of a file F holds empty: nothing of F to read, and the check that it
+    holds F's bytes is that it holds none."""
+    try:
+        dfd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
+        )
+        try:
+            os.fchmod(dfd, expected.mode)
+            if os.fstat(dfd).st_size != 0:
+                raise StorageError(f"copy of {path} does not match the final snapshot")
+        finally:
+            os.close(dfd)
+    except BaseException:
+        _unlink_quietly(live_fd, tmp)
+        raise
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:
@@ -526,8 +567,8 @@ def apply(
         check_relative(path)
     remove_stale_temps(live, paths)
     done = read_receipts(receipts)
-    with _Tree(q) as qt, _Tree(f) as ft:
-        with _Tree(live) as lt:
+    with _Tree(q, True) as qt, _Tree(f, True) as ft:
+        with _Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
         already = [p.path for p in plan.paths if p.action == "already"]
         if plan.conflicts:
