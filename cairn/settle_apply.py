@@ -2,7 +2,8 @@
 
 Every path is classified before any is written: live == Q → write F; live == F → already
 applied; otherwise a conflict, and then nothing is written at all. The writes go in
-batches of :data:`BATCH` paths. For each: every temporary written next to its target;
+batches of :data:`BATCH` paths. For each: every temporary written next to its target
+(a directory, or an empty file where live holds nothing, is made in place instead);
 one ``syncfs`` (a single commit, whatever the number of files and directories), which
 also makes the previous batch's renames durable, whose receipt lines then follow in one
 write and one fsync; then each target re-checked right before its temporary is renamed
@@ -16,6 +17,7 @@ per path), so a symlink planted in the live tree never redirects a write.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -196,6 +198,15 @@ def same_state(a: EntryState, b: EntryState) -> bool:
     return (a.kind, a.mode, a.sha256, a.target) == (b.kind, b.mode, b.sha256, b.target)
 
 
+@functools.lru_cache(maxsize=4096)
+def _known(
+    kind: Literal["file", "dir", "symlink"], mode: int, sha256: str = "", target: str = ""
+) -> EntryState:
+    """A state read from the kernel (its fields already of their declared types), built
+    without validation and shared: most entries of one apply look alike."""
+    return EntryState.model_construct(kind=kind, mode=mode, sha256=sha256, target=target)
+
+
 def _hash_fd(fd: int) -> str:
     h = hashlib.sha256()
     while True:
@@ -211,20 +222,19 @@ def _state_in(dir_fd: int, name: str) -> EntryState:
     except FileNotFoundError:
         return _ABSENT
     mode = stat.S_IMODE(st.st_mode)
-    # Built without validation: every field comes from the kernel, in its declared type.
     if stat.S_ISREG(st.st_mode):
         if st.st_size == 0:  # what an empty file hashes to; it is also empty when read
-            return EntryState.model_construct(kind="file", mode=mode, sha256=EMPTY_SHA256)
+            return _known("file", mode, EMPTY_SHA256)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            return EntryState.model_construct(kind="file", mode=mode, sha256=_hash_fd(fd))
+            return _known("file", mode, _hash_fd(fd))
         finally:
             os.close(fd)
     if stat.S_ISDIR(st.st_mode):
-        return EntryState.model_construct(kind="dir", mode=mode)
+        return _known("dir", mode)
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(name, dir_fd=dir_fd)
-        return EntryState.model_construct(kind="symlink", target=target)
+        return _known("symlink", 0, "", target)
     return EntryState(kind="other", mode=mode)
 
 
@@ -271,7 +281,7 @@ def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
             action = "write"
         else:
             action = "conflict"
-        planned.append(PathPlan(path=path, action=action, q=qs, f=fs, live=ls))
+        planned.append(PathPlan.model_construct(path=path, action=action, q=qs, f=fs, live=ls))
         by_path[path] = planned[-1]
     removed = {p.path for p in planned if p.action == "write" and _needs_removal(p)}
     for i, p in enumerate(planned):
@@ -429,6 +439,9 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
             os.mkdir(name, 0o700, dir_fd=fd)
         os.chmod(name, p.f.mode, dir_fd=fd)
         return None
+    if p.f.sha256 == EMPTY_SHA256 and _before(p).kind == "absent" and p.f.mode & ~0o777 == 0:
+        _create_empty(fd, name, p)
+        return None
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     if p.f.kind == "symlink":
         os.symlink(p.f.target, tmp, dir_fd=fd)
@@ -466,6 +479,23 @@ def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: E
         raise
     finally:
         os.close(sfd)
+
+
+def _create_empty(dir_fd: int, name: str, p: PathPlan) -> None:
+    """An empty file F holds where the live project holds nothing, made in place: there
+    are no bytes to be half-written, ``O_EXCL`` is the re-check (whatever appeared there
+    since the plan stops the batch) and, where the umask allows, it is born with F's
+    mode, so even a crash right after leaves exactly F's state."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     p.f.mode, dir_fd=dir_fd)
+    except FileExistsError as exc:
+        raise _Raced(p.path) from exc
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != p.f.mode:  # a umask or default ACL
+            os.fchmod(fd, p.f.mode)
+    finally:
+        os.close(fd)
 
 
 def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
