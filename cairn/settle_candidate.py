@@ -136,9 +136,8 @@ def _judge(
     not), read as :mod:`cairn.untrusted` reads: P is the agent's, no link is followed on
     the way. ``total``: the bytes of regular files accepted so far."""
     try:
-        base, name = p_dirs.parent(path)
-        st = untrusted.lstat(base, name)
-        target = untrusted.readlink(base, name) if stat.S_ISLNK(st.st_mode) else ""
+        st = untrusted.lstat(p_dirs, path)
+        target = untrusted.readlink(p_dirs, path) if stat.S_ISLNK(st.st_mode) else ""
     except untrusted.UntrustedFileMissing:
         return "missing from the proposal snapshot"
     except untrusted.UntrustedFileError as exc:
@@ -355,10 +354,9 @@ def _install_file(
         c_dirs.forget(path)
         existing = None
     mode = stat.S_IMODE(st.st_mode)
-    p_parent, _ = p_dirs.parent(path)
     # Hard links inside the project are legitimate; P is read-only, so the size judged
     # is the size read.
-    sfd = untrusted.open_file(p_parent, name, owner=None, limit=st.st_size, single_link=False)
+    sfd = untrusted.open_file(p_dirs, path, owner=None, limit=st.st_size, single_link=False)
     try:
         _check_same(sfd, st, path)
         made = name if existing is None else f"{TMP_PREFIX}{secrets.token_hex(6)}"

@@ -181,13 +181,28 @@ def _open_beneath(dir_fd: int, rel: str, flags: int, where: str) -> int:
                 openat2_works = False
         return _walk_open(dir_fd, parts, flags)
     except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise UntrustedFileMissing(where, "does not exist") from None
-        if exc.errno in (errno.ELOOP, errno.EXDEV):
-            raise UntrustedFileError(where, "a symbolic link on the way; not followed") from None
-        if exc.errno == errno.ENOTDIR:
-            raise UntrustedFileError(where, "a component is not a directory") from None
-        raise UntrustedFileError(where, f"cannot open: {exc.strerror}") from None
+        raise _refusal(exc, where) from None
+
+
+def _refusal(exc: OSError, where: str) -> UntrustedFileError:
+    """The typed error for an open that the kernel refused."""
+    if exc.errno == errno.ENOENT:
+        return UntrustedFileMissing(where, "does not exist")
+    if exc.errno in (errno.ELOOP, errno.EXDEV):
+        return UntrustedFileError(where, "a symbolic link on the way; not followed")
+    if exc.errno == errno.ENOTDIR:
+        return UntrustedFileError(where, "a component is not a directory")
+    return UntrustedFileError(where, f"cannot open: {exc.strerror}")
+
+
+def _open_in(base: Dirs, rel: str, flags: int) -> int:
+    """:func:`_open_beneath` from the parent of ``rel`` that ``base`` holds open (reached
+    following no link): the last component is opened ``O_NOFOLLOW``."""
+    dir_fd, name = base.parent(rel)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _refusal(exc, _where(base.base, rel)) from None
 
 
 def _logged(func: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -234,14 +249,18 @@ def _check(st: os.stat_result, where: str, owner: Owners, single_link: bool) -> 
 
 @_logged
 def open_file(
-    base: Base, rel: str, *, owner: Owners, limit: int, single_link: bool = True
+    base: Base | Dirs, rel: str, *, owner: Owners, limit: int, single_link: bool = True
 ) -> int:
     """An fd (the caller closes it) of the regular file ``rel`` beneath ``base``, opened
     without following any link and without blocking, owned by ``owner``, with one link
     unless ``single_link`` is False, and at most ``limit`` bytes large when opened."""
-    where = _where(base, rel)
-    with _dir_fd(base) as dir_fd:
-        fd = _open_beneath(dir_fd, rel, _READ_FLAGS, where)
+    if isinstance(base, Dirs):
+        where = _where(base.base, rel)
+        fd = _open_in(base, rel, _READ_FLAGS)
+    else:
+        where = _where(base, rel)
+        with _dir_fd(base) as dir_fd:
+            fd = _open_beneath(dir_fd, rel, _READ_FLAGS, where)
     try:
         st = os.fstat(fd)
         _check(st, where, owner, single_link)
@@ -377,9 +396,9 @@ class Dirs:
         return fd
 
     def parent(self, rel: str) -> tuple[int, str]:
-        """The fd of the directory holding ``rel`` (see :meth:`dir`) and its last name:
-        the ``base`` and ``rel`` to hand :func:`lstat`, :func:`open_file` or
-        :func:`readlink` instead of the root and the whole path."""
+        """The fd of the directory holding ``rel`` (see :meth:`dir`) and its last name.
+        :func:`lstat`, :func:`open_file` and :func:`readlink` take a :class:`Dirs` as
+        their ``base`` and read through it."""
         head, _, name = rel.rpartition("/")
         _parts(rel)
         return self.dir(head), name
@@ -391,9 +410,15 @@ class Dirs:
 
 
 @_logged
-def lstat(base: Base, rel: str) -> os.stat_result:
+def lstat(base: Base | Dirs, rel: str) -> os.stat_result:
     """``lstat`` of ``rel`` beneath ``base`` where no *parent* component may be a link
     (the last one is not followed either). Absent: :class:`UntrustedFileMissing`."""
+    if isinstance(base, Dirs):
+        dir_fd, name = base.parent(rel)
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise UntrustedFileMissing(_where(base.base, rel), "does not exist") from None
     with _parent(base, rel) as (dir_fd, name):
         try:
             return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -402,8 +427,14 @@ def lstat(base: Base, rel: str) -> os.stat_result:
 
 
 @_logged
-def readlink(base: Base, rel: str) -> str:
+def readlink(base: Base | Dirs, rel: str) -> str:
     """The target of the symbolic link ``rel`` beneath ``base`` (no parent followed)."""
+    if isinstance(base, Dirs):
+        dir_fd, name = base.parent(rel)
+        try:
+            return os.readlink(name, dir_fd=dir_fd)
+        except OSError as exc:
+            raise UntrustedFileError(_where(base.base, rel), str(exc.strerror)) from None
     with _parent(base, rel) as (dir_fd, name):
         try:
             return os.readlink(name, dir_fd=dir_fd)
