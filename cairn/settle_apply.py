@@ -597,9 +597,12 @@ def apply(
         check_relative(path)
     remove_stale_temps(live, paths)
     done = read_receipts(receipts)
+    started = time.monotonic()
     with _Tree(q, True) as qt, _Tree(f, True) as ft:
         with _Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
+        log.info("apply: %d paths classified in %.1f s", len(plan.paths),
+                 time.monotonic() - started)
         already = [p.path for p in plan.paths if p.action == "already"]
         if plan.conflicts:
             log.warning("apply into %s: %d conflicts, nothing written", live, len(plan.conflicts))
@@ -647,13 +650,17 @@ class _Writer:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
         self.unsettled: list[_Batch] = []
         self.applied: list[str] = []
+        self.syncs, self.synced_for = 0, 0.0
 
     def sync(self, fd: int, force: bool = False) -> None:
         """One syncfs of the live filesystem (when ``force`` or a batch awaits it), then
         the receipts of every batch whose changes it made durable."""
         if not (force or self.unsettled):
             return
+        started = time.monotonic()
         syncfs(fd)
+        self.syncs += 1
+        self.synced_for += time.monotonic() - started
         if not self.unsettled:
             return
         self.log.add(entry for batch in self.unsettled for entry in batch.done)
@@ -698,6 +705,7 @@ def _write(
                       key=lambda p: (-depth(p.path), p.path))
     placements = sorted((p for p in writes if p.f.kind != "absent"),
                         key=lambda p: (depth(p.path), p.path))
+    started = time.monotonic()
     writer = _Writer(live, log_, len(writes), progress)
     try:
         for plans in _batches(removals):
@@ -705,6 +713,8 @@ def _write(
         for plans in _batches(placements):
             writer.batch(plans, ft, removing=False)
         writer.finish()
+        log.info("apply: %d paths written in %.1f s, %d syncs of the live filesystem in %.1f s",
+                 len(writes), time.monotonic() - started, writer.syncs, writer.synced_for)
     except _Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)
