@@ -348,24 +348,18 @@ def _install_file(
     except untrusted.UntrustedFileError as exc:
         raise StorageError(f"{c / parent(path)} is not a directory: {exc.reason}") from None
     name = path.rpartition("/")[2]
-    existing = _c_entry_at(c_parent, name)
-    if existing is not None and stat.S_ISDIR(existing.st_mode):
-        os.rmdir(name, dir_fd=c_parent)
-        c_dirs.forget(path)
-        existing = None
     mode = stat.S_IMODE(st.st_mode)
     # Hard links inside the project are legitimate; P is read-only, so the size judged
     # is the size read.
     sfd = untrusted.open_file(p_dirs, path, owner=None, limit=st.st_size, single_link=False)
     try:
         _check_same(sfd, st, path)
-        made = name if existing is None else f"{TMP_PREFIX}{secrets.token_hex(6)}"
-        dfd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o600, dir_fd=c_parent)
+        made, dfd = _create_in_c(c_dirs, c_parent, path, mode)
         try:
             if st.st_size:
                 copy_file_data(sfd, dfd)
-            os.fchmod(dfd, mode)
+            if stat.S_IMODE(os.fstat(dfd).st_mode) != mode:  # the umask took some bits
+                os.fchmod(dfd, mode)
             _copy_user_xattrs(sfd, dfd, fresh=True)
             if os.geteuid() == 0:
                 os.fchown(dfd, st.st_uid, st.st_gid)
@@ -376,6 +370,27 @@ def _install_file(
         os.close(sfd)
     if made != name:
         os.rename(made, name, src_dir_fd=c_parent, dst_dir_fd=c_parent)
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _create_in_c(c_dirs: untrusted.Dirs, c_parent: int, path: str, mode: int) -> tuple[str, int]:
+    """A new file for ``path`` in C's directory ``c_parent``: at its name when C holds
+    nothing there (a directory there is removed first), else a temporary to be renamed
+    over it. Its name and a write fd."""
+    name = path.rpartition("/")[2]
+    try:
+        return name, os.open(name, _CREATE, mode, dir_fd=c_parent)
+    except FileExistsError:
+        pass
+    existing = _c_entry_at(c_parent, name)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        os.rmdir(name, dir_fd=c_parent)
+        c_dirs.forget(path)
+        return name, os.open(name, _CREATE, mode, dir_fd=c_parent)
+    tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
+    return tmp, os.open(tmp, _CREATE, mode, dir_fd=c_parent)
 
 
 def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:
