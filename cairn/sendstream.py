@@ -479,10 +479,9 @@ class ChangeTracker:
             self._resolved.clear()
             self.root.origin = None  # a full stream: nothing of "Q" exists
             return
-        name = name or COMMANDS.get(n) or f"cmd{n}"
         if path is None:
             if n in _ROLES:
-                raise StreamError(f"send stream {name} command lacks path")
+                raise StreamError(f"send stream {_name(n, name)} command lacks path")
             return
         role = _ROLES.get(n)
         if role is _Role.CREATE:
@@ -494,16 +493,17 @@ class ChangeTracker:
             if n == _LINK:
                 # The kernel sends a file moved to another directory as LINK + UNLINK.
                 if path_link is None:
-                    raise StreamError(f"send stream {name} command lacks path_link")
+                    raise StreamError(f"send stream {_name(n, name)} command lacks path_link")
                 node.link_source = self._resolve(path_link)
             parent.children[leaf] = node
             self.nodes.append(node)
         elif role is _Role.RENAME:
             if path_to is None:
-                raise StreamError(f"send stream {name} command lacks path_to")
+                raise StreamError(f"send stream {_name(n, name)} command lacks path_to")
             node = self._resolve(path)
             self._detach(node)
             self._attach(node, path_to)
+            self._resolved[path_to] = node  # what the next commands name (a new file's)
         elif role is _Role.REMOVE:
             self._detach(self._resolve(path))
         elif role is _Role.CONTENT:
@@ -622,6 +622,10 @@ class ChangeTracker:
 
 
 _MISSING: _Node | None = _Node("<missing>", None, None)
+
+
+def _name(number: int, name: str = "") -> str:
+    return name or COMMANDS.get(number) or f"cmd{number}"
 
 
 def _split(path: str) -> list[str]:
