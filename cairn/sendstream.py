@@ -177,14 +177,9 @@ _unpack_header = _HEADER.unpack_from
 _unpack_tlv = _TLV.unpack_from
 
 
-def parse(
-    data: bytes, *, verify_crc: bool = True, attrs: frozenset[int] | None = None
-) -> Iterator[Command]:
-    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3; with
-    ``attrs``, only those attribute numbers (the framing of every one is still checked)."""
-    # Slicing bytes is cheaper than slicing a memoryview and copying: the stream is
-    # metadata only, and most attributes are a few bytes long.
-    data = bytes(data)
+def _frames(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """Each command frame of a (possibly concatenated) send stream of protocol version 1,
+    2 or 3: ``(command, crc, payload start, payload end, version)``, the framing checked."""
     size = len(data)
     pos = 0
     version = 0
@@ -203,15 +198,27 @@ def parse(
             raise StreamError("send stream command header is truncated")
         length, cmd, crc = _unpack_header(data, pos)
         start = pos + _HEADER_SIZE
-        end = start + length
-        if end > size:
+        pos = start + length
+        if pos > size:
             raise StreamError("send stream command payload is truncated")
+        yield cmd, crc, start, pos, version
+
+
+def parse(
+    data: bytes, *, verify_crc: bool = True, attrs: frozenset[int] | None = None
+) -> Iterator[Command]:
+    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3; with
+    ``attrs``, only those attribute numbers (the framing of every one is still checked)."""
+    # Slicing bytes is cheaper than slicing a memoryview and copying: the stream is
+    # metadata only, and most attributes are a few bytes long.
+    data = bytes(data)
+    for cmd, crc, start, end, version in _frames(data):
         if verify_crc:
+            pos = start - _HEADER_SIZE
             header = data[pos : pos + 6] + b"\0\0\0\0"
             if crc32c(data[start:end], crc32c(header)) != crc:
                 raise StreamError(f"send stream CRC mismatch at offset {pos}")
         yield _decode_command(cmd, data, start, end, version, attrs)
-        pos = end
 
 
 def _decode_command(
@@ -253,29 +260,9 @@ def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str 
     """:func:`parse` with ``attrs=PATH_ATTRS`` and no CRC check, lean: each command as
     ``(number, path, path_to, path_link)`` (None where absent), the same framing checks."""
     data = bytes(data)
-    size = len(data)
-    pos = 0
-    version = 0
     encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
-    unpack_header, unpack_tlv, tlv_size = _unpack_header, _unpack_tlv, _TLV.size
-    while pos < size:
-        if data.startswith(MAGIC, pos):
-            if pos + len(MAGIC) + 4 > size:
-                raise StreamError("send stream header is truncated")
-            (version,) = struct.unpack_from("<I", data, pos + len(MAGIC))
-            if version not in (1, 2, 3):
-                raise StreamError(f"send stream version {version} is not supported")
-            pos += len(MAGIC) + 4
-            continue
-        if version == 0:
-            raise StreamError("data is not a btrfs send stream")
-        if pos + _HEADER_SIZE > size:
-            raise StreamError("send stream command header is truncated")
-        length, cmd, _crc = unpack_header(data, pos)
-        at = pos + _HEADER_SIZE
-        end = at + length
-        if end > size:
-            raise StreamError("send stream command payload is truncated")
+    unpack_tlv, tlv_size = _unpack_tlv, _TLV.size
+    for cmd, _crc, at, end, version in _frames(data):
         path = path_to = path_link = None
         data_to_end = version >= 2
         while at < end:
@@ -300,7 +287,6 @@ def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str 
             elif atype == _PATH_LINK:
                 path_link = data[start:at].decode(encoding, errors)
         yield cmd, path, path_to, path_link
-        pos = end
 
 
 class Rename(BaseModel):
