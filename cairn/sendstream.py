@@ -649,6 +649,7 @@ class FilesystemReader:
         self.p = p
         self.scope = scope
         self._links: dict[int, list[str]] | None = None
+        self._q_dirs: dict[str, bool] = {}
 
     @staticmethod
     def _descendants(root: Path, rel: str) -> Iterator[str]:
@@ -681,11 +682,25 @@ class FilesystemReader:
         return self._descendants(self.p, rel)
 
     def exists_q(self, rel: str) -> bool:
+        head = rel.rpartition("/")[0]
+        if head and not self._dir_in_q(head):
+            return False  # where it would be is no directory: nothing is there
         try:
             os.lstat(os.path.join(self.q, rel))
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
+
+    def _dir_in_q(self, rel: str) -> bool:
+        """Whether ``rel`` is a directory of Q, looked up once (Q is read-only)."""
+        known = self._q_dirs.get(rel)
+        if known is None:
+            try:
+                known = stat.S_ISDIR(os.stat(os.path.join(self.q, rel)).st_mode)
+            except (FileNotFoundError, NotADirectoryError):
+                known = False
+            self._q_dirs[rel] = known
+        return known
 
     def other_links_p(self, rel: str) -> list[str]:
         try:
