@@ -11,10 +11,12 @@ walked (their whole subtree moves), and hard links of changed files are found by
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import stat
 import struct
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -104,6 +106,29 @@ PATH_ATTRS = frozenset({15, 16, 17})
 _CREATE = {"MKFILE", "MKDIR", "MKNOD", "MKFIFO", "MKSOCK", "SYMLINK"}
 _CONTENT = {"WRITE", "UPDATE_EXTENT", "CLONE", "TRUNCATE", "FALLOCATE", "ENCODED_WRITE"}
 _META = {"CHMOD", "CHOWN", "SET_XATTR", "REMOVE_XATTR", "FILEATTR", "ENABLE_VERITY"}
+_NUMBERS = {name: number for number, name in COMMANDS.items()}
+_SUBVOL, _LINK, _END = _NUMBERS["SUBVOL"], _NUMBERS["LINK"], _NUMBERS["END"]
+_PASSED = frozenset({_NUMBERS["SNAPSHOT"]})
+
+
+class _Role(enum.Enum):
+    CREATE = 1
+    RENAME = 2
+    REMOVE = 3
+    CONTENT = 4
+    META = 5
+    TIMES = 6
+
+
+_ROLES = {
+    **{_NUMBERS[n]: _Role.CREATE for n in (*_CREATE, "LINK")},
+    _NUMBERS["RENAME"]: _Role.RENAME,
+    _NUMBERS["UNLINK"]: _Role.REMOVE,
+    _NUMBERS["RMDIR"]: _Role.REMOVE,
+    **{_NUMBERS[n]: _Role.CONTENT for n in _CONTENT},
+    **{_NUMBERS[n]: _Role.META for n in _META},
+    _NUMBERS["UTIMES"]: _Role.TIMES,
+}
 
 
 class StreamError(StorageError):
@@ -152,14 +177,9 @@ _unpack_header = _HEADER.unpack_from
 _unpack_tlv = _TLV.unpack_from
 
 
-def parse(
-    data: bytes, *, verify_crc: bool = True, attrs: frozenset[int] | None = None
-) -> Iterator[Command]:
-    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3; with
-    ``attrs``, only those attribute numbers (the framing of every one is still checked)."""
-    # Slicing bytes is cheaper than slicing a memoryview and copying: the stream is
-    # metadata only, and most attributes are a few bytes long.
-    data = bytes(data)
+def _frames(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """Each command frame of a (possibly concatenated) send stream of protocol version 1,
+    2 or 3: ``(command, crc, payload start, payload end, version)``, the framing checked."""
     size = len(data)
     pos = 0
     version = 0
@@ -178,15 +198,27 @@ def parse(
             raise StreamError("send stream command header is truncated")
         length, cmd, crc = _unpack_header(data, pos)
         start = pos + _HEADER_SIZE
-        end = start + length
-        if end > size:
+        pos = start + length
+        if pos > size:
             raise StreamError("send stream command payload is truncated")
+        yield cmd, crc, start, pos, version
+
+
+def parse(
+    data: bytes, *, verify_crc: bool = True, attrs: frozenset[int] | None = None
+) -> Iterator[Command]:
+    """Decode a (possibly concatenated) send stream of protocol version 1, 2 or 3; with
+    ``attrs``, only those attribute numbers (the framing of every one is still checked)."""
+    # Slicing bytes is cheaper than slicing a memoryview and copying: the stream is
+    # metadata only, and most attributes are a few bytes long.
+    data = bytes(data)
+    for cmd, crc, start, end, version in _frames(data):
         if verify_crc:
+            pos = start - _HEADER_SIZE
             header = data[pos : pos + 6] + b"\0\0\0\0"
             if crc32c(data[start:end], crc32c(header)) != crc:
                 raise StreamError(f"send stream CRC mismatch at offset {pos}")
         yield _decode_command(cmd, data, start, end, version, attrs)
-        pos = end
 
 
 def _decode_command(
@@ -219,6 +251,42 @@ def _decode_command(
         else:
             raw[_ATTR_NAMES.get(atype) or f"attr{atype}"] = data[start:pos]
     return Command(COMMANDS.get(cmd) or f"cmd{cmd}", ints, raw)
+
+
+_PATH, _PATH_TO, _PATH_LINK = 15, 16, 17
+
+
+def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str | None]]:
+    """:func:`parse` with ``attrs=PATH_ATTRS`` and no CRC check, lean: each command as
+    ``(number, path, path_to, path_link)`` (None where absent), the same framing checks."""
+    data = bytes(data)
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    unpack_tlv, tlv_size = _unpack_tlv, _TLV.size
+    for cmd, _crc, at, end, version in _frames(data):
+        path = path_to = path_link = None
+        data_to_end = version >= 2
+        while at < end:
+            if at + tlv_size <= end:
+                atype, alen = unpack_tlv(data, at)
+            elif at + 2 <= end:
+                atype, alen = data[at] | data[at + 1] << 8, -1
+            else:
+                raise StreamError("send stream attribute header is truncated")
+            if data_to_end and atype == _DATA_ATTR:
+                break
+            if alen < 0:
+                raise StreamError("send stream attribute header is truncated")
+            start = at + tlv_size
+            at = start + alen
+            if at > end:
+                raise StreamError("send stream attribute is truncated")
+            if atype == _PATH:
+                path = data[start:at].decode(encoding, errors)
+            elif atype == _PATH_TO:
+                path_to = data[start:at].decode(encoding, errors)
+            elif atype == _PATH_LINK:
+                path_link = data[start:at].decode(encoding, errors)
+        yield cmd, path, path_to, path_link
 
 
 class Rename(BaseModel):
@@ -314,8 +382,24 @@ class ChangeTracker:
     def feed(self, commands: Iterable[Command]) -> None:
         for cmd in commands:
             self.commands += 1
-            self._apply(cmd)
+            raw = cmd.raw
+            self._step(
+                _NUMBERS.get(cmd.name, 0),
+                cmd.path() if "path" in raw else None,
+                cmd.path("path_to") if "path_to" in raw else None,
+                cmd.path("path_link") if "path_link" in raw else None,
+                cmd.name,
+            )
             if cmd.name == "END":
+                break
+
+    def feed_stream(self, data: bytes) -> None:
+        """:meth:`feed` straight from a stream's bytes (:func:`parse_paths`)."""
+        step = self._step
+        for number, path, path_to, path_link in parse_paths(data):
+            self.commands += 1
+            step(number, path, path_to, path_link)
+            if number == _END:
                 break
 
     def _lookup(self, parts: list[str]) -> _Node:
@@ -370,37 +454,50 @@ class ChangeTracker:
         node.parent = parent
         node.detached = False
 
-    def _apply(self, cmd: Command) -> None:
-        n = cmd.name
-        if n == "SNAPSHOT":
+    def _step(
+        self, n: int, path: str | None, path_to: str | None, path_link: str | None,
+        name: str = "",
+    ) -> None:
+        """Replay command number ``n`` with its path attributes."""
+        if n in _PASSED:
             return
-        if n == "SUBVOL":
+        if n == _SUBVOL:
             self._resolved.clear()
             self.root.origin = None  # a full stream: nothing of "Q" exists
             return
-        if n in _CREATE or n == "LINK":
-            parent, name = self._parent_and_name(cmd.path())
-            if isinstance(parent.children.get(name), _Node):
-                raise StreamError(f"send stream creates {cmd.path()}, which exists")
-            node = _Node(name, parent, None)
+        if path is None:
+            if n in _ROLES:
+                raise StreamError(f"send stream {_name(n, name)} command lacks path")
+            return
+        role = _ROLES.get(n)
+        if role is _Role.CREATE:
+            parent, leaf = self._parent_and_name(path)
+            if isinstance(parent.children.get(leaf), _Node):
+                raise StreamError(f"send stream creates {path}, which exists")
+            node = _Node(leaf, parent, None)
             node.content = True
-            if n == "LINK":
+            if n == _LINK:
                 # The kernel sends a file moved to another directory as LINK + UNLINK.
-                node.link_source = self._resolve(cmd.path("path_link"))
-            parent.children[name] = node
+                if path_link is None:
+                    raise StreamError(f"send stream {_name(n, name)} command lacks path_link")
+                node.link_source = self._resolve(path_link)
+            parent.children[leaf] = node
             self.nodes.append(node)
-        elif n == "RENAME":
-            node = self._resolve(cmd.path())
+        elif role is _Role.RENAME:
+            if path_to is None:
+                raise StreamError(f"send stream {_name(n, name)} command lacks path_to")
+            node = self._resolve(path)
             self._detach(node)
-            self._attach(node, cmd.path("path_to"))
-        elif n in ("UNLINK", "RMDIR"):
-            self._detach(self._resolve(cmd.path()))
-        elif n in _CONTENT:
-            self._resolve(cmd.path()).content = True
-        elif n in _META:
-            self._resolve(cmd.path()).meta = True
-        elif n == "UTIMES":
-            node = self._resolve(cmd.path())
+            self._attach(node, path_to)
+            self._resolved[path_to] = node  # what the next commands name (a new file's)
+        elif role is _Role.REMOVE:
+            self._detach(self._resolve(path))
+        elif role is _Role.CONTENT:
+            self._resolve(path).content = True
+        elif role is _Role.META:
+            self._resolve(path).meta = True
+        elif role is _Role.TIMES:
+            node = self._resolve(path)
             if not node.touched:
                 node.touched = True
                 self.touched.append(node)
@@ -513,6 +610,10 @@ class ChangeTracker:
 _MISSING: _Node | None = _Node("<missing>", None, None)
 
 
+def _name(number: int, name: str = "") -> str:
+    return name or COMMANDS.get(number) or f"cmd{number}"
+
+
 def _split(path: str) -> list[str]:
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
@@ -548,6 +649,7 @@ class FilesystemReader:
         self.p = p
         self.scope = scope
         self._links: dict[int, list[str]] | None = None
+        self._q_dirs: dict[str, bool] = {}
 
     @staticmethod
     def _descendants(root: Path, rel: str) -> Iterator[str]:
@@ -580,11 +682,25 @@ class FilesystemReader:
         return self._descendants(self.p, rel)
 
     def exists_q(self, rel: str) -> bool:
+        head = rel.rpartition("/")[0]
+        if head and not self._dir_in_q(head):
+            return False  # where it would be is no directory: nothing is there
         try:
             os.lstat(os.path.join(self.q, rel))
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
+
+    def _dir_in_q(self, rel: str) -> bool:
+        """Whether ``rel`` is a directory of Q, looked up once (Q is read-only)."""
+        known = self._q_dirs.get(rel)
+        if known is None:
+            try:
+                known = stat.S_ISDIR(os.stat(os.path.join(self.q, rel)).st_mode)
+            except (FileNotFoundError, NotADirectoryError):
+                known = False
+            self._q_dirs[rel] = known
+        return known
 
     def other_links_p(self, rel: str) -> list[str]:
         try:
@@ -625,7 +741,7 @@ def changes_in(stream: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeS
     tracker = ChangeTracker()
     # The kernel made the stream and root handed it over unchanged; the CRC check would
     # only cost time here (it is exercised in the tests). Parsing refuses malformed input.
-    tracker.feed(parse(stream, verify_crc=False, attrs=PATH_ATTRS))
+    tracker.feed_stream(stream)
     result = tracker.result(FilesystemReader(q, p, sub), sub)
     log.info("changes %s -> %s: %d commands, %d paths", q, p, tracker.commands, len(result.paths()))
     return result

@@ -2,7 +2,8 @@
 
 Every path is classified before any is written: live == Q → write F; live == F → already
 applied; otherwise a conflict, and then nothing is written at all. The writes go in
-batches of :data:`BATCH` paths. For each: every temporary written next to its target;
+batches of :data:`BATCH` paths. For each: every temporary written next to its target
+(a directory, or an empty file where live holds nothing, is made in place instead);
 one ``syncfs`` (a single commit, whatever the number of files and directories), which
 also makes the previous batch's renames durable, whose receipt lines then follow in one
 write and one fsync; then each target re-checked right before its temporary is renamed
@@ -16,6 +17,7 @@ per path), so a symlink planted in the live tree never redirects a write.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -114,11 +116,15 @@ class _Raced(Exception):
 
 class _Tree:
     """The directories of one root, each opened from its parent without following a
-    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`)."""
+    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`).
+    ``settled``: the tree does not change during the walk (a read-only snapshot, or the
+    live tree while only being classified: every write re-checks its target), so a
+    directory found missing is remembered as missing."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, settled: bool = False) -> None:
         self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.fds: OrderedDict[str, int] = OrderedDict()
+        self.missing: set[str] | None = set() if settled else None
 
     def __enter__(self) -> _Tree:
         return self
@@ -144,6 +150,8 @@ class _Tree:
         if fd is not None:
             self.fds.move_to_end(rel)
             return fd
+        if self.missing is not None and rel in self.missing:
+            return None
         head, _, name = rel.rpartition("/")
         pfd = self.dir(head)
         if pfd is None:
@@ -151,6 +159,8 @@ class _Tree:
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
         except FileNotFoundError:
+            if self.missing is not None:
+                self.missing.add(rel)
             return None
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
@@ -180,6 +190,23 @@ class _Tree:
         return _state_in(fd, path.rpartition("/")[2])
 
 
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def same_state(a: EntryState, b: EntryState) -> bool:
+    """``a == b``, field by field (the three-way check's comparison, made often)."""
+    return (a.kind, a.mode, a.sha256, a.target) == (b.kind, b.mode, b.sha256, b.target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _known(
+    kind: Literal["file", "dir", "symlink"], mode: int, sha256: str = "", target: str = ""
+) -> EntryState:
+    """A state read from the kernel (its fields already of their declared types), built
+    without validation and shared: most entries of one apply look alike."""
+    return EntryState.model_construct(kind=kind, mode=mode, sha256=sha256, target=target)
+
+
 def _hash_fd(fd: int) -> str:
     h = hashlib.sha256()
     while True:
@@ -196,15 +223,18 @@ def _state_in(dir_fd: int, name: str) -> EntryState:
         return _ABSENT
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISREG(st.st_mode):
+        if st.st_size == 0:  # what an empty file hashes to; it is also empty when read
+            return _known("file", mode, EMPTY_SHA256)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            return EntryState(kind="file", mode=mode, sha256=_hash_fd(fd))
+            return _known("file", mode, _hash_fd(fd))
         finally:
             os.close(fd)
     if stat.S_ISDIR(st.st_mode):
-        return EntryState(kind="dir", mode=mode)
+        return _known("dir", mode)
     if stat.S_ISLNK(st.st_mode):
-        return EntryState(kind="symlink", target=os.readlink(name, dir_fd=dir_fd))
+        target = os.readlink(name, dir_fd=dir_fd)
+        return _known("symlink", 0, "", target)
     return EntryState(kind="other", mode=mode)
 
 
@@ -229,7 +259,7 @@ def _conflict_reason(p: PathPlan) -> str:
 def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
     """Classify every path: Q == F → ``unchanged``; live == F → ``already``; live == Q →
     ``write``; otherwise ``conflict``. Reads only."""
-    with _Tree(q) as qt, _Tree(f) as ft, _Tree(live) as lt:
+    with _Tree(q, True) as qt, _Tree(f, True) as ft, _Tree(live, True) as lt:
         return _plan(qt, ft, lt, paths)
 
 
@@ -243,15 +273,15 @@ def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
         if ls.kind == "blocked" and _unblocked_by_apply(lt, path, by_path):
             ls = _ABSENT
         action: Literal["write", "already", "unchanged", "conflict"]
-        if qs == fs:
+        if same_state(qs, fs):
             action = "unchanged"  # nothing to settle here, whatever the live state
-        elif ls == fs:
+        elif same_state(ls, fs):
             action = "already"
-        elif ls == qs and ls.kind != "blocked" and fs.kind != "blocked":
+        elif same_state(ls, qs) and ls.kind != "blocked" and fs.kind != "blocked":
             action = "write"
         else:
             action = "conflict"
-        planned.append(PathPlan(path=path, action=action, q=qs, f=fs, live=ls))
+        planned.append(PathPlan.model_construct(path=path, action=action, q=qs, f=fs, live=ls))
         by_path[path] = planned[-1]
     removed = {p.path for p in planned if p.action == "write" and _needs_removal(p)}
     for i, p in enumerate(planned):
@@ -354,7 +384,7 @@ class _Batch:
 
 
 def _recheck(dir_fd: int, name: str, path: str, expected: EntryState) -> None:
-    if _state_in(dir_fd, name) != expected:
+    if not same_state(_state_in(dir_fd, name), expected):
         raise _Raced(path)
 
 
@@ -409,6 +439,9 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
             os.mkdir(name, 0o700, dir_fd=fd)
         os.chmod(name, p.f.mode, dir_fd=fd)
         return None
+    if p.f.sha256 == EMPTY_SHA256 and _before(p).kind == "absent" and p.f.mode & ~0o777 == 0:
+        _create_empty(fd, name, p)
+        return None
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     if p.f.kind == "symlink":
         os.symlink(p.f.target, tmp, dir_fd=fd)
@@ -418,6 +451,9 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
 
 
 def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
+    if expected.sha256 == EMPTY_SHA256:
+        _write_empty_temp(path, live_fd, tmp, expected)
+        return
     ffd = ft.parent(path)
     if ffd is None:
         raise StorageError(f"{path} vanished from the final snapshot")
@@ -443,6 +479,41 @@ def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: E
         raise
     finally:
         os.close(sfd)
+
+
+def _create_empty(dir_fd: int, name: str, p: PathPlan) -> None:
+    """An empty file F holds where the live project holds nothing, made in place: there
+    are no bytes to be half-written, ``O_EXCL`` is the re-check (whatever appeared there
+    since the plan stops the batch) and, where the umask allows, it is born with F's
+    mode, so even a crash right after leaves exactly F's state."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     p.f.mode, dir_fd=dir_fd)
+    except FileExistsError as exc:
+        raise _Raced(p.path) from exc
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != p.f.mode:  # a umask or default ACL
+            os.fchmod(fd, p.f.mode)
+    finally:
+        os.close(fd)
+
+
+def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
+    """The temporary of a file F holds empty: nothing of F to read, and the check that it
+    holds F's bytes is that it holds none."""
+    try:
+        dfd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
+        )
+        try:
+            os.fchmod(dfd, expected.mode)
+            if os.fstat(dfd).st_size != 0:
+                raise StorageError(f"copy of {path} does not match the final snapshot")
+        finally:
+            os.close(dfd)
+    except BaseException:
+        _unlink_quietly(live_fd, tmp)
+        raise
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:
@@ -526,9 +597,12 @@ def apply(
         check_relative(path)
     remove_stale_temps(live, paths)
     done = read_receipts(receipts)
-    with _Tree(q) as qt, _Tree(f) as ft:
-        with _Tree(live) as lt:
+    started = time.monotonic()
+    with _Tree(q, True) as qt, _Tree(f, True) as ft:
+        with _Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
+        log.info("apply: %d paths classified in %.1f s", len(plan.paths),
+                 time.monotonic() - started)
         already = [p.path for p in plan.paths if p.action == "already"]
         if plan.conflicts:
             log.warning("apply into %s: %d conflicts, nothing written", live, len(plan.conflicts))
@@ -576,13 +650,17 @@ class _Writer:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
         self.unsettled: list[_Batch] = []
         self.applied: list[str] = []
+        self.syncs, self.synced_for = 0, 0.0
 
     def sync(self, fd: int, force: bool = False) -> None:
         """One syncfs of the live filesystem (when ``force`` or a batch awaits it), then
         the receipts of every batch whose changes it made durable."""
         if not (force or self.unsettled):
             return
+        started = time.monotonic()
         syncfs(fd)
+        self.syncs += 1
+        self.synced_for += time.monotonic() - started
         if not self.unsettled:
             return
         self.log.add(entry for batch in self.unsettled for entry in batch.done)
@@ -627,6 +705,7 @@ def _write(
                       key=lambda p: (-depth(p.path), p.path))
     placements = sorted((p for p in writes if p.f.kind != "absent"),
                         key=lambda p: (depth(p.path), p.path))
+    started = time.monotonic()
     writer = _Writer(live, log_, len(writes), progress)
     try:
         for plans in _batches(removals):
@@ -634,6 +713,8 @@ def _write(
         for plans in _batches(placements):
             writer.batch(plans, ft, removing=False)
         writer.finish()
+        log.info("apply: %d paths written in %.1f s, %d syncs of the live filesystem in %.1f s",
+                 len(writes), time.monotonic() - started, writer.syncs, writer.synced_for)
     except _Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)

@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from cairn import untrusted
@@ -35,6 +36,7 @@ from cairn.settle_paths import (
     entry_reason,
     glob_regex,
     is_nested_subvolume,
+    parent,
     policy_reason,
 )
 
@@ -58,30 +60,17 @@ def build_candidate(
         {*changes.created, *changes.modified, *changes.metadata}, key=lambda s: (depth(s), s)
     )
     entries: dict[str, tuple[os.stat_result, str]] = {}
-    for path in present:
-        check_relative(path)
-        reason = policy_reason(path, policy, patterns)
-        if not reason:
-            try:  # P is the agent's: no link is followed on the way
-                st = untrusted.lstat(p, path)
-                target = untrusted.readlink(p, path) if stat.S_ISLNK(st.st_mode) else ""
-            except untrusted.UntrustedFileMissing:
-                reason = "missing from the proposal snapshot"
-            except untrusted.UntrustedFileError as exc:
-                reason = f"in the proposal snapshot: {exc.reason}"
-            else:
-                reason = entry_reason(path, st, target, policy)
-                if not reason and stat.S_ISREG(st.st_mode):
-                    if total + st.st_size > policy.max_total_bytes:
-                        reason = (
-                            f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
-                        )
-                    else:
-                        total += st.st_size
-                if not reason:
-                    entries[path] = (st, target)
-        if reason:
-            refused[path] = reason
+    not_dirs: set[str] = set()  # entries of P seen not to be directories
+    with untrusted.Dirs(p) as p_dirs:
+        for path in present:
+            check_relative(path)
+            reason = policy_reason(path, policy, patterns)
+            if not reason:
+                reason = _judge(p_dirs, path, policy, entries, not_dirs, total)
+                if not reason and path in entries and stat.S_ISREG(entries[path][0].st_mode):
+                    total += entries[path][0].st_size
+            if reason:
+                refused[path] = reason
 
     deletions = sorted(set(changes.deleted) - set(present), key=lambda s: (-depth(s), s))
     for path in deletions:
@@ -90,7 +79,8 @@ def build_candidate(
         if reason:
             refused[path] = reason
 
-    for path, reason in nested_subvolumes(q, p, changes).items():
+    # A path new in P that is no directory there holds no nested subvolume on either side.
+    for path, reason in nested_subvolumes(q, p, changes, not_dirs & set(changes.created)).items():
         refused.setdefault(path, reason)
 
     replaced_dirs = [
@@ -108,13 +98,18 @@ def build_candidate(
             except (OSError, StorageError) as exc:
                 raise _candidate_error(path, "delete", exc) from exc
             accepted.append(path)
-    for path, (st, target) in entries.items():
-        if path not in refused:
-            try:
-                _install(p, c, path, st, target)
-            except (OSError, StorageError, untrusted.UntrustedFileError) as exc:
-                raise _candidate_error(path, "write", exc) from exc
-            accepted.append(path)
+    with untrusted.Dirs(p) as p_dirs, untrusted.Dirs(c) as c_dirs:
+        for path, (st, target) in entries.items():
+            if path not in refused:
+                try:
+                    if stat.S_ISREG(st.st_mode):
+                        _install_file(p_dirs, c_dirs, p, c, path, st)
+                    else:
+                        _install(p, c, path, st, target)
+                        c_dirs.forget(path)  # a directory it replaced
+                except (OSError, StorageError, untrusted.UntrustedFileError) as exc:
+                    raise _candidate_error(path, "write", exc) from exc
+                accepted.append(path)
 
     report = CandidateReport(
         accepted=sorted(accepted),
@@ -127,6 +122,34 @@ def build_candidate(
     )
     log.info("candidate %s: %d accepted, %d refused", c, len(report.accepted), len(report.refused))
     return report
+
+
+def _judge(
+    p_dirs: untrusted.Dirs,
+    path: str,
+    policy: SettlementPolicy,
+    entries: dict[str, tuple[os.stat_result, str]],
+    not_dirs: set[str],
+    total: int,
+) -> str:
+    """Why the entry of P at ``path`` is refused ("" and recorded in ``entries`` if it is
+    not), read as :mod:`cairn.untrusted` reads: P is the agent's, no link is followed on
+    the way. ``total``: the bytes of regular files accepted so far."""
+    try:
+        st = untrusted.lstat(p_dirs, path)
+        target = untrusted.readlink(p_dirs, path) if stat.S_ISLNK(st.st_mode) else ""
+    except untrusted.UntrustedFileMissing:
+        return "missing from the proposal snapshot"
+    except untrusted.UntrustedFileError as exc:
+        return f"in the proposal snapshot: {exc.reason}"
+    if not stat.S_ISDIR(st.st_mode):
+        not_dirs.add(path)
+    reason = entry_reason(path, st, target, policy)
+    if not reason and stat.S_ISREG(st.st_mode) and total + st.st_size > policy.max_total_bytes:
+        reason = f"total size of the proposal exceeds {policy.max_total_bytes} bytes"
+    if not reason:
+        entries[path] = (st, target)
+    return reason
 
 
 def _candidate_error(
@@ -191,14 +214,17 @@ def _nested_names(root: Path, rel: str) -> set[str] | None:
     return found
 
 
-def nested_subvolumes(q: Path, p: Path, changes: ChangeSet) -> dict[str, str]:
+def nested_subvolumes(
+    q: Path, p: Path, changes: ChangeSet, not_dirs: AbstractSet[str] = frozenset()
+) -> dict[str, str]:
     """Nested subvolumes that differ between Q and P, with the reason they are refused.
 
     ``btrfs send`` leaves them out (a snapshot holds only an empty placeholder directory
     for each, and none of its files), so they are looked for in every directory whose
-    entries changed: those the stream touched and those that are new in P.
+    entries changed: those the stream touched and those that are new in P. ``not_dirs``:
+    paths the caller saw are a directory in neither Q nor P (not looked into).
     """
-    dirs = {*changes.touched, *changes.created, *changes.modified}
+    dirs = {*changes.touched, *changes.created, *changes.modified} - not_dirs
     found: dict[str, str] = {}
     for rel in sorted(dirs):
         in_p = _nested_names(p, rel)
@@ -258,6 +284,14 @@ def _c_entry(dst: Path) -> os.stat_result | None:
         return None
 
 
+def _c_entry_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """The entry ``name`` in C's directory ``dir_fd`` (not followed), or None."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
 def _check_same(fd: int, st: os.stat_result, path: str) -> None:
     """Refuse when the entry opened in P is not the one judged (P is read-only: never)."""
     now = os.fstat(fd)
@@ -265,12 +299,13 @@ def _check_same(fd: int, st: os.stat_result, path: str) -> None:
         raise StorageError(f"{path} changed in the proposal snapshot while it was read")
 
 
-def _copy_user_xattrs(src: int | str, dst: int | str) -> None:
+def _copy_user_xattrs(src: int | str, dst: int | str, fresh: bool = False) -> None:
     """Make the ``user.*`` xattrs of ``dst`` those of ``src`` (open fds, or the
-    ``/proc/self/fd`` names of ``O_PATH`` fds)."""
+    ``/proc/self/fd`` names of ``O_PATH`` fds); ``fresh``: ``dst`` was just created, so
+    it has none yet."""
     try:
         wanted = {n for n in os.listxattr(src) if n.startswith("user.")}
-        have = {n for n in os.listxattr(dst) if n.startswith("user.")}
+        have = set() if fresh else {n for n in os.listxattr(dst) if n.startswith("user.")}
     except OSError as exc:
         if exc.errno == errno.ENOTSUP:
             return
@@ -294,6 +329,68 @@ def _copy_dir_xattrs(p: Path, path: str, st: os.stat_result, dst: Path) -> None:
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def _install_file(
+    p_dirs: untrusted.Dirs, c_dirs: untrusted.Dirs, p: Path, c: Path, path: str,
+    st: os.stat_result,
+) -> None:
+    """:func:`_install` for a regular file, through directory fds kept open: P's file
+    opened through :mod:`cairn.untrusted` from its parent (no link followed on the way),
+    the copy made next to its target in C. A name C does not hold yet is created in
+    place (C is this unit's alone, and a candidate that fails is deleted whole);
+    otherwise a temporary is renamed over it."""
+    try:
+        c_parent = c_dirs.dir(parent(path))
+    except untrusted.UntrustedFileMissing:
+        _ensure_parents(p, c, path)
+        c_parent = c_dirs.dir(parent(path))
+    except untrusted.UntrustedFileError as exc:
+        raise StorageError(f"{c / parent(path)} is not a directory: {exc.reason}") from None
+    name = path.rpartition("/")[2]
+    mode = stat.S_IMODE(st.st_mode)
+    # Hard links inside the project are legitimate; P is read-only, so the size judged
+    # is the size read.
+    sfd = untrusted.open_file(p_dirs, path, owner=None, limit=st.st_size, single_link=False)
+    try:
+        _check_same(sfd, st, path)
+        made, dfd = _create_in_c(c_dirs, c_parent, path, mode)
+        try:
+            if st.st_size:
+                copy_file_data(sfd, dfd)
+            if stat.S_IMODE(os.fstat(dfd).st_mode) != mode:  # the umask took some bits
+                os.fchmod(dfd, mode)
+            _copy_user_xattrs(sfd, dfd, fresh=True)
+            if os.geteuid() == 0:
+                os.fchown(dfd, st.st_uid, st.st_gid)
+                os.fchmod(dfd, mode)  # chown clears setuid-like bits; restore the exact mode
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    if made != name:
+        os.rename(made, name, src_dir_fd=c_parent, dst_dir_fd=c_parent)
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _create_in_c(c_dirs: untrusted.Dirs, c_parent: int, path: str, mode: int) -> tuple[str, int]:
+    """A new file for ``path`` in C's directory ``c_parent``: at its name when C holds
+    nothing there (a directory there is removed first), else a temporary to be renamed
+    over it. Its name and a write fd."""
+    name = path.rpartition("/")[2]
+    try:
+        return name, os.open(name, _CREATE, mode, dir_fd=c_parent)
+    except FileExistsError:
+        pass
+    existing = _c_entry_at(c_parent, name)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        os.rmdir(name, dir_fd=c_parent)
+        c_dirs.forget(path)
+        return name, os.open(name, _CREATE, mode, dir_fd=c_parent)
+    tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
+    return tmp, os.open(tmp, _CREATE, mode, dir_fd=c_parent)
 
 
 def _install(p: Path, c: Path, path: str, st: os.stat_result, target: str) -> None:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any, ParamSpec, TypeVar
 from cairn.errors import CairnError
 
 __all__ = [
+    "Dirs",
     "UntrustedFileError",
     "UntrustedFileMissing",
     "is_regular_file",
@@ -64,6 +66,7 @@ _RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC  # search permission is enough
+DIRS_OPEN = 128  # directory fds one :class:`Dirs` keeps open (well below the default 1,024)
 
 
 class UntrustedFileError(CairnError):
@@ -178,13 +181,28 @@ def _open_beneath(dir_fd: int, rel: str, flags: int, where: str) -> int:
                 openat2_works = False
         return _walk_open(dir_fd, parts, flags)
     except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise UntrustedFileMissing(where, "does not exist") from None
-        if exc.errno in (errno.ELOOP, errno.EXDEV):
-            raise UntrustedFileError(where, "a symbolic link on the way; not followed") from None
-        if exc.errno == errno.ENOTDIR:
-            raise UntrustedFileError(where, "a component is not a directory") from None
-        raise UntrustedFileError(where, f"cannot open: {exc.strerror}") from None
+        raise _refusal(exc, where) from None
+
+
+def _refusal(exc: OSError, where: str) -> UntrustedFileError:
+    """The typed error for an open that the kernel refused."""
+    if exc.errno == errno.ENOENT:
+        return UntrustedFileMissing(where, "does not exist")
+    if exc.errno in (errno.ELOOP, errno.EXDEV):
+        return UntrustedFileError(where, "a symbolic link on the way; not followed")
+    if exc.errno == errno.ENOTDIR:
+        return UntrustedFileError(where, "a component is not a directory")
+    return UntrustedFileError(where, f"cannot open: {exc.strerror}")
+
+
+def _open_in(base: Dirs, rel: str, flags: int) -> int:
+    """:func:`_open_beneath` from the parent of ``rel`` that ``base`` holds open (reached
+    following no link): the last component is opened ``O_NOFOLLOW``."""
+    dir_fd, name = base.parent(rel)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _refusal(exc, _where(base.base, rel)) from None
 
 
 def _logged(func: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -231,14 +249,18 @@ def _check(st: os.stat_result, where: str, owner: Owners, single_link: bool) -> 
 
 @_logged
 def open_file(
-    base: Base, rel: str, *, owner: Owners, limit: int, single_link: bool = True
+    base: Base | Dirs, rel: str, *, owner: Owners, limit: int, single_link: bool = True
 ) -> int:
     """An fd (the caller closes it) of the regular file ``rel`` beneath ``base``, opened
     without following any link and without blocking, owned by ``owner``, with one link
     unless ``single_link`` is False, and at most ``limit`` bytes large when opened."""
-    where = _where(base, rel)
-    with _dir_fd(base) as dir_fd:
-        fd = _open_beneath(dir_fd, rel, _READ_FLAGS, where)
+    if isinstance(base, Dirs):
+        where = _where(base.base, rel)
+        fd = _open_in(base, rel, _READ_FLAGS)
+    else:
+        where = _where(base, rel)
+        with _dir_fd(base) as dir_fd:
+            fd = _open_beneath(dir_fd, rel, _READ_FLAGS, where)
     try:
         st = os.fstat(fd)
         _check(st, where, owner, single_link)
@@ -333,10 +355,70 @@ def _parent(base: Base, rel: str) -> Iterator[tuple[int, str]]:
             os.close(fd)
 
 
+class Dirs:
+    """The directories beneath a trusted root, each opened as :func:`open_file` reaches
+    one (no link followed in any component, ``O_PATH``), kept open for many look-ups in
+    a tree that does not change under the reader (a read-only snapshot, or one only the
+    reader writes; :meth:`forget` a directory it removed). The most recently used
+    :data:`DIRS_OPEN` stay open. Use as a context manager."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.root_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fds: OrderedDict[str, int] = OrderedDict()
+
+    def __enter__(self) -> Dirs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        os.close(self.root_fd)
+
+    def dir(self, rel: str) -> int:
+        """The fd of the directory ``rel`` ("" is the root), valid until the next call;
+        :class:`UntrustedFileError` (or :class:`UntrustedFileMissing`) as :func:`lstat`
+        would raise for an entry below it."""
+        if not rel:
+            return self.root_fd
+        fd = self.fds.get(rel)
+        if fd is not None:
+            self.fds.move_to_end(rel)
+            return fd
+        fd = _open_beneath(self.root_fd, rel, _DIR_FLAGS, _where(self.base, rel))
+        self.fds[rel] = fd
+        while len(self.fds) > DIRS_OPEN:
+            os.close(self.fds.popitem(last=False)[1])
+        return fd
+
+    def parent(self, rel: str) -> tuple[int, str]:
+        """The fd of the directory holding ``rel`` (see :meth:`dir`) and its last name.
+        :func:`lstat`, :func:`open_file` and :func:`readlink` take a :class:`Dirs` as
+        their ``base`` and read through it."""
+        head, _, name = rel.rpartition("/")
+        _parts(rel)
+        return self.dir(head), name
+
+    def forget(self, rel: str) -> None:
+        """Close what is open at or below ``rel`` (a directory just removed)."""
+        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
+            os.close(self.fds.pop(key))
+
+
 @_logged
-def lstat(base: Base, rel: str) -> os.stat_result:
+def lstat(base: Base | Dirs, rel: str) -> os.stat_result:
     """``lstat`` of ``rel`` beneath ``base`` where no *parent* component may be a link
     (the last one is not followed either). Absent: :class:`UntrustedFileMissing`."""
+    if isinstance(base, Dirs):
+        dir_fd, name = base.parent(rel)
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise UntrustedFileMissing(_where(base.base, rel), "does not exist") from None
     with _parent(base, rel) as (dir_fd, name):
         try:
             return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -345,8 +427,14 @@ def lstat(base: Base, rel: str) -> os.stat_result:
 
 
 @_logged
-def readlink(base: Base, rel: str) -> str:
+def readlink(base: Base | Dirs, rel: str) -> str:
     """The target of the symbolic link ``rel`` beneath ``base`` (no parent followed)."""
+    if isinstance(base, Dirs):
+        dir_fd, name = base.parent(rel)
+        try:
+            return os.readlink(name, dir_fd=dir_fd)
+        except OSError as exc:
+            raise UntrustedFileError(_where(base.base, rel), str(exc.strerror)) from None
     with _parent(base, rel) as (dir_fd, name):
         try:
             return os.readlink(name, dir_fd=dir_fd)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -32,17 +33,23 @@ log = logging.getLogger(__name__)
 def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResult:
     """C from P under the policy in ``work``; the report, inventory check and diff."""
     policy = SettlementPolicy.model_validate_json((work / "policy.json").read_bytes())
+    started = time.monotonic()
     change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+    parsed = time.monotonic()
 
     def view(root: Path) -> Path:
         return root / subpath if subpath else root
 
     report = build_candidate(view(q), view(p), view(c), change_set, policy)
-    return CandidateResult(
+    built = time.monotonic()
+    result = CandidateResult(
         **report.model_dump(),
         inventories_equal=inventories_equal(q, p, subpath) if not report.accepted else False,
         diff=unified_diff(q, c, subpath, report.accepted),
     )
+    log.info("candidate times: changes %.1f s, C built %.1f s, patch and checks %.1f s",
+             parsed - started, built - parsed, time.monotonic() - built)
+    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=200_000)
     parser.add_argument("--content", choices=("empty", "line"), default="empty")
+    parser.add_argument("--journal", type=Path,
+                        help="write the machine's journal of the settlement (broker, coordinator, "
+                        "candidate and apply units) here, with monotonic times")
     args = parser.parse_args(argv)
     deb = os.environ.get("CAIRN_DEB") or run(
         [REPO / "packaging" / "build-deb.sh"], timeout=900).stdout.decode().strip().splitlines()[-1]
@@ -89,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         counted = machine.exec(["sh", "-c", f"find {project}/gen -type f | wc -l"]).stdout
         diff = machine.exec(["cairn", "diff", run_id, "--patch"], user="alice",
                             timeout=120).stdout.decode(errors="replace")
+        if args.journal is not None:
+            units = ["cairn-broker.service", f"cairn-coordinator@{run_id}.service",
+                     f"cairn-candidate-{run_id}.service", f"cairn-apply-{run_id}-1.service"]
+            args.journal.write_bytes(machine.exec(
+                ["journalctl", "--no-pager", "-o", "short-monotonic",
+                 *(f"--unit={u}" for u in units)], timeout=120, check=False).stdout)
     start = marks["agent_finished"]
     print(json.dumps({
         "files": args.files, "content": args.content, "applied_files": int(counted),

@@ -305,6 +305,75 @@ def test_apply_killed_between_phases_resumes_to_the_same_tree(
     assert set(first.values()) <= {"written" if receipt_lines else "already"}
 
 
+def test_new_empty_files_are_made_in_place_and_a_crash_leaves_them_as_f(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    """An empty file new in F is created where it goes (``O_EXCL``, F's mode), not through
+    a temporary: killed after the first batch's creates, the apply leaves those paths
+    exactly as F holds them (no temporary, no receipt), and the re-run records them as
+    already applied."""
+    live = pool.root / "live"
+    pool.create_subvolume(live)
+    count = BATCH + 10
+
+    def agent(w: Path) -> None:
+        (w / "gen").mkdir()
+        for i in range(count):
+            (w / "gen" / f"e{i:04}").touch(mode=0o640)
+
+    q, f, accepted, _ = settle_run(pool, run_id, live, agent, SettlementPolicy())
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(accepted))
+    receipts = tmp_path / "receipts.jsonl"
+    code = (
+        "import json, sys; from pathlib import Path; from cairn.settle import apply; "
+        "a = sys.argv[1:]; apply(Path(a[0]), Path(a[1]), Path(a[2]), "
+        "json.loads(Path(a[3]).read_text()), Path(a[4]))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(q), str(f), str(live), str(plan_file), str(receipts)],
+        cwd=REPO, env={**os.environ, "CAIRN_FAILPOINTS": "apply-after-temps"}, timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL
+    made = sorted((live / "gen").iterdir())
+    assert len(made) == BATCH - 1  # the first batch: "gen" itself and BATCH - 1 files
+    assert all(m.stat().st_size == 0 and m.stat().st_mode & 0o777 == 0o640 for m in made)
+    assert not list(live.rglob(".cairn-apply.*"))
+    assert not receipts.exists() or receipts.read_text() == ""
+
+    result = apply(q, f, live, accepted, receipts)
+    assert result.status == "applied"
+    assert len(result.already_applied) == BATCH
+    assert inventories_equal(f, live)
+
+
+def test_a_file_a_person_made_where_an_empty_one_goes_stops_the_apply(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-place create of an empty file is its own re-check: a file a person made
+    there after the plan is never replaced, and the apply stops at it."""
+    live = live_project(pool)
+
+    def agent(w: Path) -> None:
+        (w / "src" / "empty.py").touch()
+        (w / "src" / "zz.py").touch()
+
+    q, f, accepted, _ = settle_run(pool, run_id, live, agent, SettlementPolicy())
+    real_make_parents = settle_apply._make_parents
+
+    def person_first(batch: object, ft: object, path: str) -> None:
+        if path == "src/empty.py":
+            (live / "src" / "empty.py").write_text("a person got there first\n")
+        real_make_parents(batch, ft, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(settle_apply, "_make_parents", person_first)
+    result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
+    assert result.status == "conflict"
+    assert [c.path for c in result.conflicts] == ["src/empty.py"]
+    assert (live / "src" / "empty.py").read_text() == "a person got there first\n"
+    assert not (live / "src" / "zz.py").exists()
+
+
 def test_a_persons_edit_during_the_apply_stops_it_and_is_kept(
     pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

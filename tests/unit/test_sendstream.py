@@ -13,7 +13,16 @@ import struct
 
 import pytest
 
-from cairn.sendstream import MAGIC, PATH_ATTRS, ChangeTracker, StreamError, crc32c, parse
+from cairn.sendstream import (
+    COMMANDS,
+    MAGIC,
+    PATH_ATTRS,
+    ChangeTracker,
+    StreamError,
+    crc32c,
+    parse,
+    parse_paths,
+)
 
 CAPTURED = base64.b64decode(
     "YnRyZnMtc3RyZWFtAAEAAABFAAAAAgCHu9uGDwABAFABABAAH5tICFno0UKN9pRGNDoskwIACAAIAAAAAAAAABQA"
@@ -190,6 +199,7 @@ def test_version_2_data_attribute_runs_to_end_of_command() -> None:
 
 
 UTIMES = 20
+COMMAND_NUMBERS = {v: k for k, v in COMMANDS.items()}
 
 
 def test_path_only_decoding_keeps_paths_and_drops_the_rest() -> None:
@@ -222,6 +232,29 @@ def test_path_only_decoding_still_refuses_a_skipped_attribute_past_its_command()
     half_header = one_command(CHMOD, path + b"\x05")
     with pytest.raises(StreamError, match="attribute header is truncated"):
         list(parse(half_header, attrs=PATH_ATTRS))
+    for bad in (too_long, half_header, CAPTURED[:-3], b"not a stream"):
+        with pytest.raises(StreamError):
+            list(parse(bad, attrs=PATH_ATTRS))
+        with pytest.raises(StreamError):
+            list(parse_paths(bad))
+
+
+def test_the_lean_stream_replay_is_the_command_replay() -> None:
+    lean = list(parse_paths(CAPTURED))
+    full = list(parse(CAPTURED, verify_crc=True))
+    assert [n for n, *_ in lean] == [COMMAND_NUMBERS[c.name] for c in full]
+    assert [paths for _, *paths in lean] == [
+        [c.path(k) if k in c.raw else None for k in ("path", "path_to", "path_link")]
+        for c in full
+    ]
+    t = ChangeTracker()
+    t.feed_stream(CAPTURED)
+    assert t.result() == tracked(CAPTURED)
+    lacking = encode([(SNAPSHOT, [p("P")]), (RENAME, [p("a")]), (END, [])])
+    with pytest.raises(StreamError, match="lacks path_to"):
+        ChangeTracker().feed_stream(lacking)
+    with pytest.raises(StreamError, match="lacks path_to"):
+        tracked(lacking)
 
 
 def test_a_path_named_again_after_its_directory_moved_is_refused() -> None:

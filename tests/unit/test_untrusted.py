@@ -785,8 +785,9 @@ READERS: list[tuple[str, str, set[str]]] = [
 ]
 # P, read by the owner's candidate unit (cairn.worker.candidate); root never reads it.
 PENDING: list[tuple[str, str, set[str]]] = [
-    ("cairn/settle_candidate.py", "build_candidate", {"lstat", "readlink"}),
+    ("cairn/settle_candidate.py", "_judge", {"lstat", "readlink"}),
     ("cairn/settle_candidate.py", "_install", {"open_file"}),
+    ("cairn/settle_candidate.py", "_install_file", {"open_file"}),
     ("cairn/settle.py", "_same_bytes", {"open_file"}),  # inventories_equal, root, P's bytes
 ]
 
@@ -932,3 +933,44 @@ def test_readlink_of_what_is_not_a_link_is_an_error(tmp_path: Path) -> None:
     assert untrusted.readlink(tmp_path, "link") == "/etc/shadow"  # read, never followed
     with pytest.raises(untrusted.UntrustedFileError, match="plain: Invalid argument"):
         untrusted.readlink(tmp_path, "plain")
+
+
+def test_reads_through_kept_open_directories_refuse_what_a_path_read_refuses(
+    tmp_path: Path,
+) -> None:
+    """``untrusted.Dirs`` as the base of lstat, readlink and open_file: the same answers
+    and refusals as reading from the root, with each directory opened once."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"abc")
+    (tmp_path / "d" / "link").symlink_to("f")
+    (tmp_path / "up").symlink_to("d")
+    os.mkfifo(tmp_path / "d" / "fifo")
+    with untrusted.Dirs(tmp_path) as dirs:
+        fd = untrusted.open_file(dirs, "d/f", owner=None, limit=3)
+        try:
+            assert os.read(fd, 10) == b"abc"
+        finally:
+            os.close(fd)
+        assert stat.S_ISLNK(untrusted.lstat(dirs, "d/link").st_mode)
+        assert untrusted.readlink(dirs, "d/link") == "f"
+        with pytest.raises(untrusted.UntrustedFileError, match="symbolic link"):
+            untrusted.open_file(dirs, "d/link", owner=None, limit=3)
+        with pytest.raises(untrusted.UntrustedFileError, match="symbolic link"):
+            untrusted.lstat(dirs, "up/f")
+        with pytest.raises(untrusted.UntrustedFileError, match="FIFO"):
+            untrusted.open_file(dirs, "d/fifo", owner=None, limit=3)
+        with pytest.raises(untrusted.UntrustedFileError, match="larger than 2"):
+            untrusted.open_file(dirs, "d/f", owner=None, limit=2)
+        with pytest.raises(untrusted.UntrustedFileMissing):
+            untrusted.lstat(dirs, "d/none")
+        with pytest.raises(untrusted.UntrustedFileMissing):
+            untrusted.lstat(dirs, "gone/f")
+        with pytest.raises(untrusted.UntrustedFileError, match="plain relative"):
+            untrusted.lstat(dirs, "d/../d/f")
+        # a directory replaced by a link after it was opened: forget() makes it count
+        assert dirs.fds
+        os.rename(tmp_path / "d", tmp_path / "e")
+        (tmp_path / "d").symlink_to("e")
+        dirs.forget("d")
+        with pytest.raises(untrusted.UntrustedFileError, match="symbolic link"):
+            untrusted.lstat(dirs, "d/f")
