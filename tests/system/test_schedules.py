@@ -25,7 +25,12 @@ UNIT_DIR = "/home/alice/.config/systemd/user"
 
 
 def cairn(machine: Machine, *argv: str, check: bool = True) -> str:
-    return machine.exec(["cairn", *argv], user="alice", check=check, timeout=120).stdout.decode()
+    proc = machine.exec(["cairn", *argv], user="alice", check=False, timeout=120)
+    if check and proc.returncode != 0:
+        pytest.fail(f"cairn {' '.join(argv)} failed ({proc.returncode}): "
+                    f"{proc.stderr.decode(errors='replace').strip()}\ncairnd's log:\n"
+                    f"{machine.journal('cairn.service')[-4000:]}")
+    return proc.stdout.decode()
 
 
 def user_systemctl(machine: Machine, *argv: str, check: bool = True) -> str:
