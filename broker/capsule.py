@@ -37,7 +37,7 @@ Verity = Literal["checked", "unsupported"]
 class VerifiedCapsule(BaseModel):
     """A capsule that passed :func:`verify_release` just now."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     hash: str
     path: str

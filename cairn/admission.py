@@ -47,7 +47,7 @@ class AdmissionConfig(Frozen):
     once, at most ``max_running_per_user`` of them one user's (by default, as many as the
     machine's limit: users share by taking turns)."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(defer_build=True, strict=True)
 
     max_running_runs: int | None = Field(default=None, ge=1, le=10_000)
     max_running_per_user: int | None = Field(default=None, ge=1, le=10_000)

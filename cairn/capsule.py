@@ -62,7 +62,7 @@ Hex64 = Annotated[str, Field(pattern=HASH_RE.pattern)]
 
 
 class CapsuleFile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     path: RelPath
     size: int = Field(ge=0)
@@ -74,7 +74,7 @@ class CapsuleFile(BaseModel):
 class Manifest(BaseModel):
     """What a capsule holds. Serialised only through :meth:`canonical_bytes`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     format: Literal[1] = 1
     cairn_version: str = Field(min_length=1, max_length=64)

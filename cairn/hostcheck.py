@@ -62,7 +62,7 @@ def linger_file(user: str) -> Path:
 class HostCheck(BaseModel):
     """One fact about the host: ``check`` names it, ``detail`` says what was found."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     check: str
     status: Status

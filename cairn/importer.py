@@ -36,7 +36,7 @@ MAX_LISTED_BYTES = 256 << 10
 
 
 class SkippedEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     path: str
     reason: str
@@ -47,7 +47,7 @@ class ImportStats(BaseModel):
     ``MAX_LISTED`` entries of at most ``MAX_LISTED_BYTES`` together; ``skipped_count``
     counts them all."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     files: int = 0
     directories: int = 0

@@ -36,14 +36,14 @@ UNIT_PREFIX = "cairn-notify-"
 class HookDir(BaseModel):
     """A directory of hooks and the one owner its files (and itself) must have."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     path: Path
     owner: int
 
 
 class Refused(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     path: Path
     reason: str
@@ -53,7 +53,7 @@ class Hooks(BaseModel):
     """The hooks to run, in order (user's first, then the host's; by name in each), and
     the files that were refused with why."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     run: list[Path]
     refused: list[Refused]

@@ -59,7 +59,7 @@ class RequestExpired(CairnError):
 
 
 class _Rules(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", strict=True)
 
     capabilities: dict[str, Decision] = {}
 
@@ -68,7 +68,7 @@ class Policy(BaseModel):
     """The parsed host policy. Strict: a value of the wrong TOML type (``"60"`` for a
     number) is refused, not converted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     default: Decision = "allow"
     approval_deadline_sec: int = Field(default=DEFAULT_DEADLINE_SEC, ge=1)
@@ -89,7 +89,7 @@ class Policy(BaseModel):
 class Evaluation(BaseModel):
     """The strictest decision over an operation's capabilities, with each one's reason."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     decision: Decision
     capabilities: dict[str, Decision]

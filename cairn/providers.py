@@ -39,7 +39,7 @@ PROVIDERS_FIX = (
 class ProviderEntry(BaseModel):
     """One ``[providers.NAME]`` table."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     base_url: str
     model: str
@@ -53,7 +53,7 @@ class ProviderEntry(BaseModel):
 class ProvidersFile(BaseModel):
     """The whole of ``providers.toml``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     default: str = ""
     providers: dict[str, ProviderEntry] = {}

@@ -35,7 +35,7 @@ class StoragePolicy(BaseModel):
     user's :data:`DEFAULT_KEEP_PER_USER` newest, and every launch keeps the default reserve
     free; an unattended host's pool stays flat."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     keep_days: int = Field(default=DEFAULT_KEEP_DAYS, ge=0)
     keep_per_user: int = Field(default=DEFAULT_KEEP_PER_USER, ge=0)

@@ -330,7 +330,7 @@ def decide(spec: ScheduleSpec, facts: AdmissionFacts) -> Decision:
 class HostScheduleConfig(Frozen):
     """``/etc/cairn/schedules.toml``."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(defer_build=True, strict=True)
 
     max_active_scheduled_runs: int = Field(default=DEFAULT_MACHINE_LIMIT, ge=0)
 

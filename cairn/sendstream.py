@@ -290,7 +290,7 @@ def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str 
 
 
 class Rename(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     old: str
     new: str
@@ -308,7 +308,7 @@ class ChangeSet(BaseModel):
     the stream itself leaves out.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     created: list[str] = []
     modified: list[str] = []

@@ -50,7 +50,7 @@ class EntryState(BaseModel):
     """What apply compares: type, permission bits, content hash, symlink target.
     ``blocked`` means a parent directory is missing as a directory (e.g. a symlink)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     kind: Literal["absent", "file", "dir", "symlink", "other", "blocked"]
     mode: int = 0
@@ -62,7 +62,7 @@ _ABSENT = EntryState(kind="absent")
 
 
 class PathPlan(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     path: str
     action: Literal["write", "already", "unchanged", "conflict"]
@@ -72,7 +72,7 @@ class PathPlan(BaseModel):
 
 
 class ApplyPlan(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     paths: list[PathPlan]
 
@@ -93,7 +93,7 @@ class ApplyReceipt(BaseModel):
     """One JSONL line in the receipts file; a batch's lines are written and fsync'd
     together, after the batch's paths are durably in place."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     path: str
     action: Literal["written", "deleted", "already"]

@@ -28,7 +28,7 @@ NESTED_SUBVOLUME = "nested subvolume: its contents are not part of the proposal"
 class SettlementPolicy(BaseModel):
     """Host policy for what of a proposal may reach the candidate."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     write_paths: list[str] = Field(default_factory=lambda: ["**"])
     allow_git_internals: bool = False

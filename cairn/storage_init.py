@@ -46,7 +46,7 @@ def write_mount_unit(image: Path, mountpoint: Path) -> str:
 class LoopPool(BaseModel):
     """What ``init_loop_pool`` did: the image, its mount point and the new filesystem."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     image: str
     mountpoint: str

@@ -82,7 +82,7 @@ def unit_object_path(name: str) -> str:
 class UnitState(BaseModel):
     """A unit's state as read from the manager in one pair of ``GetAll`` calls."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     name: str
     load_state: str

@@ -135,7 +135,7 @@ LogFields = Annotated[dict[str, str], AfterValidator(_check_log_fields)]
 class ResourceLimits(BaseModel):
     """cgroup limits from the launch description."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     memory_max: int = Field(ge=1024 * 1024, description="bytes")
     tasks_max: int = Field(ge=1)

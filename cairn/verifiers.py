@@ -37,7 +37,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class VerifierMatch(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     projects: list[str] = []
     definitions: list[str] = []
@@ -56,7 +56,7 @@ class CommandConfig(BaseModel):
     ``argv`` (argv[0] absolute), ``timeout_sec`` and ``environment`` (also the base of an
     evaluator, :mod:`cairn.evaluators`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     argv: list[str] = Field(min_length=1, max_length=256)
     timeout_sec: int = Field(ge=1, le=86_400)

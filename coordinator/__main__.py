@@ -16,6 +16,9 @@ def main() -> None:
         sys.exit(2)
     from cairn.coordinator.core import Coordinator
     from cairn.journal.runs import Busy, RunEnded
+    from cairn.protocol.base import build_loaded_models
+
+    build_loaded_models()  # before its threads (relay, agent socket, budget) use one
 
     try:
         sys.exit(Coordinator(sys.argv[1]).run())

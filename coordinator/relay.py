@@ -57,7 +57,7 @@ OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
 class TranscriptEntry(BaseModel):
     """One line of ``transcript.jsonl``: one request and what came back."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     seq: int
     at: float

@@ -13,7 +13,6 @@ each time it reads a command's parameters, several times per command at every st
 
 # ruff: noqa: E402 - typer is imported (without rich) by the call below, before any import
 
-import os
 import signal
 import sys
 from typing import Annotated
@@ -92,9 +91,6 @@ def _options(
     """Run reviewed, durable AI-agent workflows on systemd and Btrfs."""
 
 
-SKIP_SCHEMA_SELF_CHECK = "PYDANTIC_SKIP_VALIDATING_CORE_SCHEMAS"
-
-
 class Interrupted(BaseException):
     """Ctrl-C, raised past click (which would turn it into "Aborted!" and status 1)."""
 
@@ -106,10 +102,6 @@ def _on_sigint(signum: int, frame: object) -> None:
 def main() -> None:
     """Exit status: 0 success, 2 usage (or a refused request), 1 other error, 130 Ctrl-C.
     Every error is one line (``cairn: …``) with a ``hint:`` line, usage errors too."""
-    # pydantic 2.10 checks each schema it generates for a model against its own schema of
-    # schemas, built at the first one: a tenth of a command's CPU, for a check of pydantic's
-    # work (not of any data) that pydantic 2.11 dropped. Set before any model is built.
-    os.environ.setdefault(SKIP_SCHEMA_SELF_CHECK, "1")
     signal.signal(signal.SIGINT, _on_sigint)
     try:
         status = app(standalone_mode=False)

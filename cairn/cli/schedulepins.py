@@ -30,7 +30,7 @@ PIN_LIMIT = 1 << 20  # bytes; a pin holds a few scripted profiles at most
 class SchedulePin(BaseModel):
     """One confirmed revision of a schedule, as its owner sent it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     schedule_id: str
     revision: int

@@ -11,7 +11,7 @@ import json
 import sqlite3
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from cairn.canonical import canonical_json
 from cairn.errors import CairnError, NotFound, UsageError
@@ -515,6 +515,8 @@ class People(Writes):
 
 
 class QuestionRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     run_id: str
     op_id: str
     challenge: str
@@ -536,6 +538,8 @@ class QuestionRow(BaseModel):
 
 
 class ApprovalRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     run_id: str
     request_id: str
     op_id: str

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from cairn.canonical import canonical_json
 
@@ -45,6 +45,8 @@ def dumps(value: Any) -> str | None:
 
 
 class RunRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     run_id: str
     owner_uid: int
     definition: str
@@ -70,6 +72,8 @@ class RunRow(BaseModel):
 
 
 class OpRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     run_id: str
     scope: str
     seq: int
@@ -97,6 +101,8 @@ class OpRow(BaseModel):
 
 
 class EventRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     cursor: int
     run_id: str
     scope: str | None

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cairn.errors import JournalError
 from cairn.journal.rows import EventRow, OpRow
@@ -43,6 +43,8 @@ def read_snapshot(store: Store) -> Iterator[None]:
 class Unreadable(BaseModel):
     """A journal row a view could not read (bad JSON or a value outside its model)."""
 
+    model_config = ConfigDict(defer_build=True)
+
     table: str
     key: str
     reason: str
@@ -52,6 +54,8 @@ class EventWindow(BaseModel):
     """A bounded read of one run's events: the first ``head`` and the last ``tail`` of
     ``total``, with ``omitted`` between them; ``latest`` is the run's last event and
     ``divergence`` its last ``replay-diverged`` event, wherever they are."""
+
+    model_config = ConfigDict(defer_build=True)
 
     total: int
     head: list[EventRow]
@@ -74,6 +78,8 @@ class EventWindow(BaseModel):
 class OpEventSpan(BaseModel):
     """Where an operation's events start and end: the cursor of its first
     ``op-requested`` event and of its first move to a final state (``None``: none)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     op_id: str
     requested: int | None

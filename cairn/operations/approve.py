@@ -40,7 +40,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class ApproveCall(BaseModel):
     """What a ``flow.approve`` call sends and the journal stores."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     subject: str = Field(min_length=1, max_length=SUBJECT_MAX)
     expires_in: int | None = Field(default=None, ge=MIN_EXPIRY_SEC, le=MAX_EXPIRY_SEC)
@@ -54,7 +54,7 @@ class Decision(BaseModel):
     ``on_expiry="reject"``; ``reason`` says why (a person's reason, the deadline, the
     policy)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     approved: bool
     outcome: Outcome

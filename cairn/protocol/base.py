@@ -12,10 +12,35 @@ from cairn.protocol.names import LANE_KEY_RE, OP_ID_RE, RUN_ID_RE, SCOPE_RE
 from cairn.protocol.names import VERIFIER_NAME_RE as VERIFIER_NAME_RE
 
 
+def build_loaded_models() -> int:
+    """Build now every Cairn model loaded so far whose build was deferred; return how many.
+
+    Cairn's models defer their build to their first use (``defer_build=True``): a process
+    pays only for the models it uses. Pydantic's build on first use is not thread-safe,
+    so a process that uses models from several threads (cairnd, the broker, the
+    coordinator, ``cairn mcp``) calls this once its modules are imported and before it
+    starts them."""
+    pending = [
+        model
+        for model in _subclasses(BaseModel)
+        if model.__module__.split(".")[0] == "cairn" and not model.__pydantic_complete__
+    ]
+    for model in pending:
+        model.model_rebuild()
+    return len(pending)
+
+
+def _subclasses(cls: type[BaseModel]) -> set[type[BaseModel]]:
+    found: set[type[BaseModel]] = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
+
+
 class Frozen(BaseModel):
     """Immutable, and no key the model does not declare."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 RunId = Annotated[str, Field(pattern=RUN_ID_RE.pattern)]

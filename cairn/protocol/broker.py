@@ -85,7 +85,7 @@ class EvidenceIndex(Frozen):
     """What root reads of an agent operation's ``evidence/index.json`` (the coordinator
     writes it): the operations whose checkpoints the agent gets read-only."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="ignore", frozen=True, strict=True)
 
     incoming: list[OpId] = Field(default=[], max_length=10_000)
 

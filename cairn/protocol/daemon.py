@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
-from cairn.protocol.base import Frozen
+from cairn.protocol.base import Frozen, build_loaded_models
 from cairn.protocol.launch import ApplyMode, ProfileSpec
 from cairn.protocol.requestchecks import (
     LOG_CURSOR_RE,
@@ -504,10 +504,8 @@ class DaemonReply(Frozen):
 
 
 def build_models() -> None:
-    """Build every model of this protocol now. Pydantic's build on first use is not
-    thread-safe, so a process that uses them from several threads (cairnd, ``cairn mcp``)
-    calls this before it starts them."""
-    models: list[type[Frozen]] = [*MODEL_OF_OP.values(), RequestEnvelope, ErrorBody, DaemonReply]
-    for model in models:
-        model.model_rebuild()
+    """Build every model loaded so far, this protocol's request adapter with them
+    (:func:`cairn.protocol.base.build_loaded_models`): cairnd and ``cairn mcp`` call it
+    before they start their threads."""
+    build_loaded_models()
     DAEMON_REQUEST.rebuild()

@@ -34,13 +34,13 @@ class Open(BaseModel):
     """A message from the client: keys this server does not use are kept, not refused
     (the protocol adds optional fields with every revision)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, extra="allow", frozen=True, populate_by_name=True)
 
 
 class Closed(BaseModel):
     """A message this server writes: exactly the declared keys, by their wire names."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, populate_by_name=True)
 
 
 class Message(Open):
@@ -167,7 +167,7 @@ MAX_WATCH_SECONDS = 600
 class ToolArgs(BaseModel):
     """A tool's arguments: exactly these keys (a misspelt one is refused, not ignored)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class RunsArgs(ToolArgs):

@@ -30,7 +30,7 @@ MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")
 class MetricLine(Frozen):
     """The one JSON line an evaluator run prints."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     cairn_metrics: dict[MetricName, float] = Field(min_length=1, max_length=MAX_METRICS)
 

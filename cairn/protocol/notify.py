@@ -27,7 +27,7 @@ class WaitingItem(BaseModel):
     a decision on an operation or on the run's storage — with the command to run next
     (``command``) and every command that decides it (``commands``, that one first)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     kind: Literal["question", "approval", "blocked"]
     op_id: str | None = None
@@ -43,7 +43,7 @@ class NotifyEvent(BaseModel):
     """One notification. ``cursor`` orders them and is unique per host; a hook may see the
     same one twice only if the notifier was stopped while the hook ran."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     version: Literal[1] = NOTIFY_VERSION
     event: NotifyKind
@@ -61,7 +61,7 @@ class NotifyBatch(BaseModel):
     """cairnd's answer to the notifier: events after its cursor and the cursor to ask
     from next time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     events: list[NotifyEvent]
     cursor: int = Field(ge=0)

@@ -15,7 +15,7 @@ class ProgressReport(BaseModel):
     """What a helper says it has done: items (entries, paths) and bytes, of a total when
     known. Written by the owner's helper; validated before anything uses it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     done: int = Field(ge=0, le=MAX_COUNT)
     total: int | None = Field(default=None, ge=0, le=MAX_COUNT)

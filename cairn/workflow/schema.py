@@ -49,7 +49,9 @@ def show_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> Non
 
 
 MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, json_schema_extra=show_factory_defaults)
-"""The configuration of every workflow model, in source (``Model``) and rebuilt alike."""
+"""The configuration of every workflow model, in source (``Model``) and rebuilt alike. Not
+deferred like Cairn's own models: a workflow's models are built where the workflow
+defines them."""
 
 FACTORY_BUILTINS: dict[str, type] = {"list": list, "dict": dict, "set": set}
 
@@ -65,7 +67,7 @@ FIELD_DOC_KEYWORDS = ("description", "title")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class TypeSpec(_Frozen):

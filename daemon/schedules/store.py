@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from cairn import paths
 from cairn.errors import JournalError, NotFound, UsageError
@@ -97,6 +97,8 @@ def store_path() -> Path:
 
 
 class ScheduleRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     schedule_id: str
     owner_uid: int
     name: str
@@ -111,6 +113,8 @@ class ScheduleRow(BaseModel):
 
 
 class OccurrenceRow(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     schedule_id: str
     key: str
     trigger: Trigger

@@ -23,7 +23,7 @@ MAX_REPORTED = 3
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class Violation(_Frozen):
