@@ -504,14 +504,19 @@ class AgentOperations(Recovery, Lanes):
                 raise CairnError(f"agent unit {unit} did not exit after finish_work")
 
     def wait_gone(self, sd: Systemd, unit: str, timeout: float) -> bool:
-        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds."""
+        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds. Asked at once,
+        then after 10 ms, doubling to 200 ms: a worker ends milliseconds after it delivered
+        the finish, and every boundary waits for this."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        pause = 0.01
+        while True:
             state = sd.unit_state(unit)
             if state is None or state.active_state in ("inactive", "failed"):
                 return True
-            time.sleep(0.2)
-        return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.2)
 
     def write_evidence(self, op: OpRow, instruction: AgentInstruction) -> list[str]:
         """Lay out /evidence for the agent: current instruction plus earlier boundaries.
