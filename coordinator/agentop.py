@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -504,19 +505,8 @@ class AgentOperations(Recovery, Lanes):
                 raise CairnError(f"agent unit {unit} did not exit after finish_work")
 
     def wait_gone(self, sd: Systemd, unit: str, timeout: float) -> bool:
-        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds. Asked at once,
-        then after 10 ms, doubling to 200 ms: a worker ends milliseconds after it delivered
-        the finish, and every boundary waits for this."""
-        deadline = time.monotonic() + timeout
-        pause = 0.01
-        while True:
-            state = sd.unit_state(unit)
-            if state is None or state.active_state in ("inactive", "failed"):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.2)
+        """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds."""
+        return wait_unit_gone(sd, unit, timeout)
 
     def write_evidence(self, op: OpRow, instruction: AgentInstruction) -> list[str]:
         """Lay out /evidence for the agent: current instruction plus earlier boundaries.
@@ -612,3 +602,26 @@ def _mkdirs(path: Path) -> None:
 def _write_public(path: Path, text: str) -> None:
     path.write_text(text)
     os.chmod(path, 0o644)
+
+
+def wait_unit_gone(
+    sd: Systemd,
+    unit: str,
+    timeout: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds. Asked at once,
+    then after 10 ms, doubling to 200 ms: a worker ends milliseconds after it delivered
+    the finish, and every boundary waits for this."""
+    deadline = clock() + timeout
+    step = 0.01
+    while True:
+        state = sd.unit_state(unit)
+        if state is None or state.active_state in ("inactive", "failed"):
+            return True
+        if clock() >= deadline:
+            return False
+        pause(min(step, max(0.0, deadline - clock())))
+        step = min(step * 2, 0.2)

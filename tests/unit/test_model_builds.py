@@ -11,7 +11,6 @@ import threading
 
 from pydantic import BaseModel, ConfigDict
 
-from cairn.protocol.base import build_loaded_models
 from cairn.workflow import Model
 
 # The library and the process folders, as the package installs them.

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.coordinator import agentop
-from cairn.coordinator.agentop import AgentOperations
+from cairn.coordinator.agentop import wait_unit_gone
 from cairn.systemd import UnitState
 
 
@@ -20,7 +19,7 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
+    def pause(self, seconds: float) -> None:
         self.pauses.append(round(seconds, 3))
         self.now += seconds
 
@@ -42,31 +41,30 @@ class Manager:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(agentop, "time", fake)
-    return fake
+def clock() -> Clock:
+    return Clock()
 
 
-def wait_gone(manager: Manager, timeout: float) -> bool:
-    return AgentOperations.wait_gone(None, manager, "cairn-agent-x.service", timeout)  # type: ignore[arg-type]
+def wait_gone(manager: Manager, timeout: float, clock: Clock) -> bool:
+    return wait_unit_gone(manager, "cairn-agent-x.service", timeout,  # type: ignore[arg-type]
+                          clock=clock.monotonic, pause=clock.pause)
 
 
 def test_a_unit_that_ended_is_seen_at_the_first_question(clock: Clock) -> None:
     manager = Manager(running=0)
-    assert wait_gone(manager, 5.0)
+    assert wait_gone(manager, 5.0, clock)
     assert (manager.asked, clock.pauses) == (1, [])
 
 
 def test_a_unit_that_ends_soon_is_seen_after_tens_of_milliseconds(clock: Clock) -> None:
     manager = Manager(running=2)
-    assert wait_gone(manager, 5.0)
+    assert wait_gone(manager, 5.0, clock)
     assert clock.pauses == [0.01, 0.02]  # seen 30 ms in; a fixed 200 ms pause took 400 ms
 
 
 def test_the_pause_grows_to_a_fifth_of_a_second_and_the_timeout_holds(clock: Clock) -> None:
     manager = Manager(running=10_000)
-    assert not wait_gone(manager, 1.0)
+    assert not wait_gone(manager, 1.0, clock)
     assert clock.pauses[:7] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2]
     assert clock.now == pytest.approx(1.0)
     assert manager.asked == len(clock.pauses) + 1  # asked once more at the deadline
