@@ -26,7 +26,7 @@ RUNS_PER_CPU = 2  # agents mostly wait for a model or a tool; a run is rarely CP
 
 ADMISSION_FIX = (
     "its keys are max_running_runs and max_running_per_user, whole numbers of at least 1 "
-    "(see docs/people.md); fix the file or remove it to use the defaults"
+    "(see /usr/share/doc/cairn/docs/people.md); fix the file or remove it to use the defaults"
 )
 
 

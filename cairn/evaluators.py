@@ -35,7 +35,8 @@ from cairn.verifiers import CommandConfig
 
 FIX = (
     "an evaluator has argv (argv[0] an absolute path), timeout_sec, warmups, samples, "
-    "network = false and an optional [environment] (see docs/writing-workflows.md)"
+    "network = false and an optional [environment] "
+    "(see /usr/share/doc/cairn/docs/writing-workflows.md)"
 )
 
 

@@ -153,7 +153,8 @@ def provider_checks() -> tuple[list[HostCheck], dict[str, str]]:
     providers = load_providers(problems=Problems())
     if not providers.providers:
         return [HostCheck(check="providers", status="ok",
-                          detail="none configured (llm agents need one: docs/agents.md)")], {}
+                          detail="none configured (llm agents need one: "
+                          "/usr/share/doc/cairn/docs/agents.md)")], {}
     names = [f"{n} (default)" if n == providers.default else n for n in sorted(providers.providers)]
     checks = [HostCheck(check="providers", status="ok",
                         detail=f"{', '.join(names)}; not contacted")]
@@ -194,7 +195,7 @@ def credential_checks(needed: dict[str, str], stores: Sequence[Path]) -> list[Ho
                 check=check, status="fail",
                 detail=f"{credential} is in no credential store ({', '.join(map(str, stores))})",
                 fix=f"systemd-creds encrypt --name={credential} KEYFILE "
-                f"/etc/credstore.encrypted/{credential} (docs/agents.md)"))
+                f"/etc/credstore.encrypted/{credential} (/usr/share/doc/cairn/docs/agents.md)"))
         else:
             checks.append(HostCheck(check=check, status="ok", detail=str(found)))
     return checks

@@ -22,7 +22,7 @@ from cairn.schedules import host_config
 PROFILE_FIX = (
     "a profile has kind (command, llm or scripted) and, as its kind needs, argv, provider, "
     "system_prompt, max_steps, max_corrections, bash_timeout_sec, tool_output_limit "
-    "(see docs/agents.md and docs/examples/profiles.d)"
+    "(see /usr/share/doc/cairn/docs/agents.md and /usr/share/doc/cairn/examples/profiles.d)"
 )
 KNOWN_FILES = ("providers.toml", "policy.toml", "schedules.toml", "admission.toml")
 UNKNOWN_FIX = (

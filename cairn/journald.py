@@ -1,5 +1,5 @@
 """Log records and entries (``CAIRN_RUN=``…) in journald's native protocol, with priority
-and code location; why hand-written: docs/decisions/journal-logging.md."""
+and code location; why hand-written: /usr/share/doc/cairn/docs/decisions/journal-logging.md."""
 
 from __future__ import annotations
 

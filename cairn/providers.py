@@ -32,7 +32,7 @@ KEY_LIMIT = 16 << 10
 
 PROVIDERS_FIX = (
     "a [providers.NAME] table has base_url, model and optionally credential, auth_header, "
-    "auth_scheme, max_tokens_per_call, timeout_sec (see docs/agents.md)"
+    "auth_scheme, max_tokens_per_call, timeout_sec (see /usr/share/doc/cairn/docs/agents.md)"
 )
 
 
@@ -121,7 +121,7 @@ def load_credential(route: ModelRoute, directory: str | None = None) -> str:
             f"provider {route.provider} needs credential {route.credential}, but this "
             "process has no credentials",
             hint="add LoadCredential= or ImportCredential= for it to "
-            "cairn-coordinator@.service (see docs/agents.md)",
+            "cairn-coordinator@.service (see /usr/share/doc/cairn/docs/agents.md)",
         )
     file = Path(base) / route.credential
     try:
@@ -129,7 +129,7 @@ def load_credential(route: ModelRoute, directory: str | None = None) -> str:
     except FileNotFoundError as exc:
         raise NotFound(
             f"credential {route.credential} of provider {route.provider} is missing",
-            hint="see docs/agents.md: provider keys",
+            hint="see /usr/share/doc/cairn/docs/agents.md: provider keys",
         ) from exc
     if len(raw) > KEY_LIMIT:
         raise ValidationFailed(f"credential {route.credential} is larger than {KEY_LIMIT} bytes")

@@ -1,6 +1,7 @@
 """What root recorded as raw bytes (:class:`cairn.protocol.broker.RawBytes`: a helper
 unit's output, written as the run's owner), read on cairn's side: the size and sha256
-checked, then decoded or parsed here, never by root (docs/architecture.md, *Root trust*).
+checked, then decoded or parsed here, never by root
+(/usr/share/doc/cairn/docs/architecture.md, *Root trust*).
 
 A receipt from before root recorded raw bytes holds root's own parse; each reader here
 takes either shape.

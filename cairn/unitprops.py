@@ -21,12 +21,13 @@ Cairn's own state (``/var/lib/cairn``, ``/run/cairn``) is covered by an empty tm
 (``ProtectSystem=strict``). Mount points such as ``/workspace`` are created on the host
 root by systemd on first use (or shipped empty by the package).
 
-An agent is isolated from every process but its own (docs/decisions/agent-isolation.md):
-a private PID namespace with its own ``/proc`` (``ProtectProc=invisible`` alone hides only
-other users' processes, and ``/proc/<pid>/root`` of any process of the owner leads to the
-owner's whole file system, cairnd and the user manager), an empty ``/run`` (no system
-bus, journald, user-manager or PID 1 socket; its stdout stays connected to the journal),
-a private ``/dev/shm`` and IPC namespace, and no keyring calls (keyrings are per UID).
+An agent is isolated from every process but its own
+(/usr/share/doc/cairn/docs/decisions/agent-isolation.md): a private PID namespace with its
+own ``/proc`` (``ProtectProc=invisible`` alone hides only other users' processes, and
+``/proc/<pid>/root`` of any process of the owner leads to the owner's whole file system,
+cairnd and the user manager), an empty ``/run`` (no system bus, journald, user-manager or
+PID 1 socket; its stdout stays connected to the journal), a private ``/dev/shm`` and IPC
+namespace, and no keyring calls (keyrings are per UID).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from cairn.protocol.launch import VerifierSpec
 
 FIX = (
     "a verifier has argv (argv[0] an absolute path), timeout_sec, optional [environment] "
-    "and [match] with projects and/or definitions (see docs/settlement.md)"
+    "and [match] with projects and/or definitions (see /usr/share/doc/cairn/docs/settlement.md)"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -1,5 +1,5 @@
 """What waits for a person, and the command to run next: the one source of ``cairn
-inbox`` and of the notification hooks' ``waiting`` items (``docs/people.md``).
+inbox`` and of the notification hooks' ``waiting`` items (``/usr/share/doc/cairn/docs/people.md``).
 
 A run waits for someone when it has an open question, an open approval request (an
 agent that policy holds, a ``flow.approve``, a proposal held for ``cairn apply``), or

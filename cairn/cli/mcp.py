@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
 
 def mcp() -> None:
     """Serve the Model Context Protocol on stdin/stdout for an agent harness: your exposed
-    workflows as tools, and your runs, inbox and answers (docs/mcp.md). Nothing it offers
-    approves or applies."""
+    workflows as tools, and your runs, inbox and answers
+    (/usr/share/doc/cairn/docs/mcp.md). Nothing it offers approves or applies."""
     # here, not at the top: every cairn command would pay for these imports
     from importlib import metadata
 

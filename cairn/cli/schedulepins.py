@@ -1,5 +1,6 @@
 """What the owner confirmed for each of their schedules, kept by their own ``cairn``
-command in ``~/.config/cairn/schedules`` (docs/decisions/launch-attestation.md).
+command in ``~/.config/cairn/schedules``
+(/usr/share/doc/cairn/docs/decisions/launch-attestation.md).
 
 ``schedule create`` records what the person sent (project, definition, the review hash
 the CLI computed itself, arguments, scripted profiles) as pending for the revision cairnd

@@ -1,5 +1,6 @@
 """cairnd → the user's notifier → the user's hooks: what a hook reads on its stdin when a
-run starts waiting for a person, fails, or succeeds (``docs/notifications.md``)."""
+run starts waiting for a person, fails, or succeeds
+(``/usr/share/doc/cairn/docs/notifications.md``)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ import pytest
 
 from cairn.proc import run
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from docrefs import DOC_DIR, installed_names  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 CAPSULE_DIR = re.compile(r"^/usr/lib/cairn/releases/[0-9a-f]{64}(?=/|$)")
 PYTHON_DIR = re.compile(r"^/usr/lib/python3[.0-9]*/(?:dist|site)-packages/")
@@ -114,6 +117,27 @@ def test_deb_is_lintian_clean_with_pedantic_tags(deb: Path) -> None:
     # Every remaining tag is overridden in debian/cairn.lintian-overrides, with its reason.
     findings = [line for line in report.splitlines() if line[:2] in ("E:", "W:", "I:", "P:")]
     assert findings == [], report
+
+
+def test_every_document_named_and_every_readme_link_is_in_the_deb(deb: Path) -> None:
+    """Hints and unit comments name installed documents; the installed README's links and
+    the documents' links to each other resolve among the installed files, uncompressed."""
+    listed = run(["dpkg-deb", "-c", deb]).stdout.decode().splitlines()
+    raw = {line.split(maxsplit=5)[5].split(" -> ")[0].removeprefix(".") for line in listed}
+    doc = DOC_DIR
+    named = {f"{doc}{name}" for name in installed_names()}
+    assert sorted(named - raw - {p.rstrip("/") for p in raw}) == []
+    readme = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[^)#\s]+)", readme)
+    assert len(links) > 10
+    for link in links:
+        target = f"{doc}{link}"
+        assert target in raw or any(p.startswith(target) for p in raw), link
+    for page in (REPO / "docs").glob("*.md"):
+        for link in re.findall(r"\]\(([\w./-]+\.(?:md|svg))\)", page.read_text()):
+            if link.startswith("man/"):
+                continue  # man page sources: installed rendered, as man pages
+            assert f"{doc}docs/{link}" in raw, (page.name, link)
 
 
 def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
