@@ -179,7 +179,7 @@ def test_two_bad_profiles_are_one_error_naming_both_files_and_the_field(etc: Pat
     assert lines[2].startswith(f"  {codex}: max_steps: Input should be a valid integer")
     assert lines[3] == f"  {codex}: argvv: unknown field: remove it or correct its name"
     hint = caught.value.hint or ""
-    assert "TOML syntax" in hint and "docs/agents.md" in hint
+    assert "TOML syntax" in hint and "/usr/share/doc/cairn/docs/agents.md" in hint
 
 
 def test_a_profile_value_of_the_wrong_toml_type_is_not_converted(etc: Path) -> None:

@@ -1,23 +1,43 @@
-"""Every document that shipped text names is named where the packages install it,
-``/usr/share/doc/cairn/...``, and exists in the tree that becomes it. The system tier
-checks the same names against the built .deb (``tests/system/test_packages.py``)."""
+"""What the docs cite exists: every test file (and ``file.py::test``) they name, and every
+relative link, so a doc cannot point at a test or a page that is gone."""
 
 from __future__ import annotations
 
-from docrefs import BARE, REPO, in_tree, installed_names, shipped_texts
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+_TEST = re.compile(r"(tests/[A-Za-z0-9_/.-]+\.py)(?:::([A-Za-z_][A-Za-z0-9_]*))?")
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
 
-def test_shipped_text_names_documents_where_they_are_installed() -> None:
-    bare = [
-        f"{path.relative_to(REPO)}: {match.group(0)}"
-        for path, text in shipped_texts()
-        for match in BARE.finditer(text)
+def _name(doc: Path) -> str:
+    return str(doc.relative_to(REPO))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_cited_tests_exist(doc: Path) -> None:
+    text = " ".join(doc.read_text().split())  # a citation may wrap across lines
+    missing = []
+    for path, function in _TEST.findall(text):
+        file = REPO / path
+        if not file.is_file():
+            missing.append(path)
+        elif function and not re.search(rf"^(async )?def {function}\(", file.read_text(),
+                                        re.MULTILINE):
+            missing.append(f"{path}::{function}")
+    assert not missing, f"{_name(doc)} cites tests that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_relative_links_resolve(doc: Path) -> None:
+    broken = [
+        target
+        for target in _LINK.findall(doc.read_text())
+        if "://" not in target and not target.startswith("mailto:")
+        and not (doc.parent / target).exists()
     ]
-    assert bare == [], "name them as /usr/share/doc/cairn/docs/…"
-
-
-def test_every_installed_document_named_exists_in_the_tree() -> None:
-    names = installed_names()
-    assert {"docs/agents.md", "docs/people.md", "examples/profiles.d"} <= set(names)
-    missing = {name: where for name, where in names.items() if not in_tree(name).exists()}
-    assert missing == {}
+    assert not broken, f"{_name(doc)} links to what does not exist: {broken}"
