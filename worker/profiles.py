@@ -19,10 +19,17 @@ from typing import Any
 
 from cairn import untrusted
 from cairn.errors import CairnError
-from cairn.protocol.agent import AgentInstruction
+from cairn.fsutil import write_atomic
+from cairn.protocol.agent import (
+    COMMAND_FAILED_FILE,
+    COMMAND_FAILED_LIMIT,
+    STDERR_LINES,
+    AgentInstruction,
+    CommandFailure,
+)
 from cairn.protocol.launch import ScriptStep
 from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
-from cairn.worker.agentproc import run_to_exit
+from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
 
@@ -117,15 +124,22 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         shim = TcpShim(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)).start()
     if shim is not None:
         env.update(relay_environment(shim.port))
+    errors = Tail(COMMAND_FAILED_LIMIT)
     try:
         returncode, stdout = run_to_exit(
-            [a.replace("{prompt}", instruction.prompt) for a in argv], cwd=WORKSPACE, env=env
+            [a.replace("{prompt}", instruction.prompt) for a in argv], cwd=WORKSPACE, env=env,
+            stderr=errors,
         )
     finally:
         if shim is not None:
             shim.close()
     if returncode != 0:
-        raise CairnError(f"agent command {argv[0]} exited {returncode}")
+        failure = command_failure(returncode, errors.data)
+        try:
+            write_atomic(OUTPUTS / COMMAND_FAILED_FILE, failure.model_dump_json())
+        except OSError as exc:  # the status still reaches the journal, below
+            log.warning("cannot leave %s: %s", COMMAND_FAILED_FILE, exc)
+        raise CairnError(f"agent command {argv[0]} {failure.describe()}")
     result = read_result_file()
     if result is None:
         line = stdout.last_line("the last line of stdout")
@@ -133,6 +147,19 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
             raise CairnError(f"agent command {argv[0]} printed no result")
         result = parse(line, "the last line of stdout")
     return typed(result)
+
+
+def command_failure(returncode: int, stderr: bytes) -> CommandFailure:
+    """The CLI's exit status and its last :data:`STDERR_LINES` non-blank stderr lines (as
+    text, each cut to 300 characters), kept under :data:`COMMAND_FAILED_LIMIT` bytes as
+    JSON. A status from a signal is 128 + its number, as a shell reports it."""
+    status = 128 - returncode if returncode < 0 else returncode
+    lines = [line.strip()[:300] for line in stderr.decode("utf-8", "replace").splitlines()]
+    kept = [line for line in lines if line][-STDERR_LINES:]
+    while kept and len(CommandFailure(exit_status=status, stderr=kept).model_dump_json()
+                       .encode()) > COMMAND_FAILED_LIMIT:
+        kept = kept[1:]
+    return CommandFailure(exit_status=status, stderr=kept)
 
 
 def read_result_file() -> Any | None:
