@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,17 @@ def test_stderr_goes_on_to_the_journal_and_its_tail_is_kept(
     assert status == 2
     assert errors.data == b"progress\nerror: unexpected argument --full-auto\n"
     assert capfd.readouterr().err == "progress\nerror: unexpected argument --full-auto\n"
+
+
+def test_a_flood_on_stderr_is_passed_on_and_kept_bounded(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    errors = agentproc.Tail(COMMAND_FAILED_LIMIT)
+    code = "import sys\nfor _ in range(8): sys.stderr.write('e' * (1 << 20))\nsys.exit(1)"
+    status, _ = agentproc.run_to_exit([sys.executable, "-c", code], stderr=errors)
+    assert status == 1
+    assert errors.total == 8 << 20 and len(errors.data) == COMMAND_FAILED_LIMIT
+    assert len(capfd.readouterr().err) == 8 << 20
 
 
 def test_a_child_holding_stderr_does_not_hold_the_worker(tmp_path: Path) -> None:
