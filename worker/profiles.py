@@ -11,6 +11,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from cairn.protocol.agent import (
     AgentInstruction,
     CommandFailure,
 )
-from cairn.protocol.launch import ScriptStep
+from cairn.protocol.launch import MODEL_URL, OUTPUT_SCHEMA_FILE, PROMPT, ScriptStep
 from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
 from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
 OUTPUTS = Path(os.environ.get("CAIRN_OUTPUTS", "/outputs"))
+STATE = Path(os.environ.get("CAIRN_STATE", "/state"))
 # What agent CLIs read to find their API; the key is a placeholder the relay replaces.
 RELAY_KEY = "cairn-relay"
 
@@ -127,8 +129,8 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
     errors = Tail(COMMAND_FAILED_LIMIT)
     try:
         returncode, stdout = run_to_exit(
-            [a.replace("{prompt}", instruction.prompt) for a in argv], cwd=WORKSPACE, env=env,
-            stderr=errors,
+            filled_argv(argv, instruction, env.get("CAIRN_MODEL_URL", "")), cwd=WORKSPACE,
+            env=env, stderr=errors,
         )
     finally:
         if shim is not None:
@@ -147,6 +149,20 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
             raise CairnError(f"agent command {argv[0]} printed no result")
         result = parse(line, "the last line of stdout")
     return typed(result)
+
+
+def filled_argv(argv: list[str], instruction: AgentInstruction, model_url: str) -> list[str]:
+    """The profile's argv with its placeholders filled in (:data:`PROMPT`,
+    :data:`MODEL_URL`, :data:`OUTPUT_SCHEMA_FILE`, written to the agent's state directory
+    when used); any other text in braces stays as it is."""
+    if any(OUTPUT_SCHEMA_FILE in arg for arg in argv):
+        schema = STATE / "output-schema.json"
+        write_atomic(schema, json.dumps(instruction.output_schema, indent=2))
+    values = {PROMPT: instruction.prompt, MODEL_URL: model_url,
+              OUTPUT_SCHEMA_FILE: str(STATE / "output-schema.json")}
+    # one pass: a prompt that holds "{model_url}" stays the prompt it is
+    placeholders = re.compile("|".join(re.escape(p) for p in values))
+    return [placeholders.sub(lambda m: values[m.group(0)], arg) for arg in argv]
 
 
 def command_failure(returncode: int, stderr: bytes) -> CommandFailure:

@@ -1,5 +1,6 @@
-"""A command profile's CLI that exits non-zero says why, and costs one attempt when
-another would only repeat it (issue 29): the worker passes the CLI's stderr on to the
+"""A command profile's CLI (issue 29): its argv's placeholders (the prompt, the relay's
+URL, the answer's schema as a file), and when it exits non-zero it says why, and costs
+one attempt when another would only repeat it: the worker passes the CLI's stderr on to the
 journal and keeps its last lines in ``command-failed.json``; the coordinator reads that
 file as the agent's words (bounded, typed, escaped) and fails a usage or configuration
 error at once, with the CLI's own message."""
@@ -25,6 +26,7 @@ from cairn.protocol.agent import (
     STDERR_LINES,
     CommandFailure,
 )
+from cairn.protocol.launch import ProfileSpec
 from cairn.worker import agentproc, profiles
 
 __all__ = ["command_env", "coordinator", "desc"]  # fixtures of the modules above
@@ -124,3 +126,29 @@ def test_a_usage_error_fails_the_operation_once_with_the_clis_message(
     assert (caught.value.hint or "").startswith("not retried: another attempt would exit")
     row = coordinator.journal.get_op_by_id(op.run_id, op.op_id)
     assert (row.state, row.error, row.attempt) == ("failed", f"agent command {ended}", 1)
+
+
+# --- what a command profile's argv may hold -----------------------------------------
+
+
+def test_placeholders_are_filled_in_one_pass_and_other_braces_stay(
+    command_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiles, "STATE", command_env)
+    argv = ["cli", "-c", "openai_base_url={model_url}", "--schema", "{output_schema_file}",
+            '{"literal": 1}', "{prompt}"]
+    ask = instruction().model_copy(update={"prompt": "say {model_url} back"})
+    filled = profiles.filled_argv(argv, ask, "http://127.0.0.1:4242/v1")
+    assert filled == ["cli", "-c", "openai_base_url=http://127.0.0.1:4242/v1", "--schema",
+                      str(command_env / "output-schema.json"), '{"literal": 1}',
+                      "say {model_url} back"]
+    written = json.loads((command_env / "output-schema.json").read_text())
+    assert written == ask.output_schema
+
+
+def test_a_profile_that_uses_the_relay_url_must_name_a_provider() -> None:
+    with pytest.raises(ValueError, match="names no provider"):
+        ProfileSpec(name="codex", kind="command", argv=["codex", "{model_url}"])
+    with_provider = ProfileSpec(name="codex", kind="command", argv=["codex", "{model_url}"],
+                                provider="fake")
+    assert with_provider.argv[1] == "{model_url}"
