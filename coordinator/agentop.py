@@ -21,7 +21,7 @@ from cairn import paths, retention, untrusted
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
-from cairn.coordinator.base import MAX_ATTEMPTS, OperationError, RunBlocked
+from cairn.coordinator.base import MAX_ATTEMPTS, CommandFailed, OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError, StorageError
@@ -29,11 +29,19 @@ from cairn.fsutil import write_atomic
 from cairn.journal.rows import OpRow
 from cairn.journal.writes import AGENT_TIME_EVENT
 from cairn.operations import AGENT
-from cairn.protocol.agent import AgentInstruction, AgentMessage, Boundary
+from cairn.protocol.agent import (
+    COMMAND_FAILED_FILE,
+    COMMAND_FAILED_LIMIT,
+    AgentInstruction,
+    AgentMessage,
+    Boundary,
+    CommandFailure,
+)
 from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.resultjson import ResultInvalid, parse
 from cairn.systemd import Systemd
+from cairn.terminal import printable
 from cairn.unitprops import agent_unit_name
 
 log = logging.getLogger(__name__)
@@ -223,6 +231,10 @@ class AgentOperations(Recovery, Lanes):
             if invalid is not None:
                 self.judge_invalid(op, agent, invalid)
                 ended = f"result-invalid: {invalid.reason}"
+            elif (failure := self.read_command_failure(op)) is not None:
+                ended = printable(failure.describe())
+                if failure.deterministic and agent["network"] == "none":
+                    self.fail_deterministic(op, ended)
             self.retry_or_block(op, agent, ended)
             return None
         self.journal.update_op(
@@ -305,6 +317,36 @@ class AgentOperations(Recovery, Lanes):
             return None
         except (untrusted.UntrustedFileError, ResultInvalid, KeyError, TypeError):
             return ResultInvalid("file", "result-invalid.json is unreadable")
+
+    def read_command_failure(self, op: OpRow) -> CommandFailure | None:
+        """How the attempt's command-profile CLI failed (``command-failed.json``, written
+        beside the agent, so read as untrusted: bounded, typed, never trusted beyond its
+        words); None without one, or with one that does not read as one."""
+        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        try:
+            raw = untrusted.read_bytes(outputs, COMMAND_FAILED_FILE, owner=owner,
+                                       limit=COMMAND_FAILED_LIMIT)
+            return CommandFailure.model_validate(
+                parse(raw, COMMAND_FAILED_FILE, limit=COMMAND_FAILED_LIMIT, depth=2)
+            )
+        except (untrusted.UntrustedFileError, ResultInvalid, ValidationError):
+            return None
+
+    def fail_deterministic(self, op: OpRow, ended: str) -> None:
+        """Fail the operation at its first such attempt: the CLI exited with a status
+        another attempt would only repeat (a usage or configuration error; see
+        :data:`~cairn.protocol.agent.DETERMINISTIC_EXIT_STATUSES`)."""
+        error = f"agent command {ended}"
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+            result={"error": error, "kind": CommandFailed.code},
+            event="op-command-failed", event_data={"attempt": op.attempt, "final": True},
+        )
+        raise CommandFailed(
+            f"agent {op.op_id} {error}",
+            hint="not retried: another attempt would exit the same; fix the profile's argv or "
+            f"the CLI's configuration (its output: 'cairn logs {self.run_id}')",
+        )
 
     def judge_invalid(self, op: OpRow, agent: dict[str, Any], invalid: ResultInvalid) -> None:
         """Fail the operation for its invalid result when another attempt cannot change it:

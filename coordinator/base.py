@@ -55,6 +55,13 @@ class OperationError(CairnError):
     code = "operation-failed"
 
 
+class CommandFailed(OperationError):
+    """A command profile's CLI exited with a status another attempt would only repeat
+    (:data:`cairn.protocol.agent.DETERMINISTIC_EXIT_STATUSES`)."""
+
+    code = "command-failed"
+
+
 class CoordinatorBase:
     """One run's coordinator: the state ``Coordinator.__init__`` sets up, and the plumbing
     every concern uses."""

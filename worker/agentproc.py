@@ -11,6 +11,7 @@ the unit's cgroup when the worker ends.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import subprocess
 import time
@@ -67,38 +68,67 @@ def run_to_exit(
     env: dict[str, str] | None = None,
     stdin: int | None = None,
     keep: int = RESULT_LIMIT + _CHUNK,
+    stderr: Tail | None = None,
 ) -> tuple[int, Tail]:
     """Run ``argv`` with its stdout on a pipe; return its exit status and the tail of what
-    it printed, once it exited (see the module's docstring). ``OSError`` if it cannot
-    start."""
+    it printed, once it exited (see the module's docstring). ``stderr``: its standard
+    error goes through a pipe too, on to this process's own (the journal) as it comes,
+    its tail kept there. ``OSError`` if it cannot start."""
     tail = Tail(keep)
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE if stderr is not None else None)
     assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
+    out = proc.stdout.fileno()
+    streams = {out: tail}
+    if proc.stderr is not None and stderr is not None:
+        streams[proc.stderr.fileno()] = stderr
+    for fd in streams:
+        os.set_blocking(fd, False)
     try:
         with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
+            for fd in streams:
+                selector.register(fd, selectors.EVENT_READ)
             while proc.poll() is None:
-                if selector.select(POLL_SEC) and not _read_chunk(fd, tail):
-                    selector.unregister(fd)  # end of file: only the exit is left to see
+                for key, _ in selector.select(POLL_SEC):
+                    if not _read_chunk(key.fd, streams[key.fd], echo=key.fd != out):
+                        selector.unregister(key.fd)  # end of file
+                if not selector.get_map():  # every pipe closed: only the exit is left to see
                     proc.wait()
                     return proc.returncode, tail
+            left = [key.fd for key in selector.get_map().values()]
         deadline = time.monotonic() + DRAIN_SEC
-        while time.monotonic() < deadline and _read_chunk(fd, tail, drained=False):
+        while time.monotonic() < deadline and any(
+            [_read_chunk(fd, streams[fd], drained=False, echo=fd != out) for fd in left]
+        ):
             pass
     finally:
         proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
     return proc.returncode, tail
 
 
-def _read_chunk(fd: int, tail: Tail, *, drained: bool = True) -> bool:
-    """Read one chunk into ``tail``; False at end of file, and when the pipe holds
-    nothing right now unless ``drained`` (what a poll that found data returns)."""
+def _read_chunk(fd: int, tail: Tail, *, drained: bool = True, echo: bool = False) -> bool:
+    """Read one chunk into ``tail`` (and on to this process's stderr if ``echo``); False at
+    end of file, and when the pipe holds nothing right now unless ``drained`` (what a poll
+    that found data returns)."""
     try:
         chunk = os.read(fd, _CHUNK)
     except BlockingIOError:
         return drained
     if chunk:
         tail.add(chunk)
+        if echo:
+            _write_all(2, chunk)
     return bool(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [], POLL_SEC)
+        except OSError:
+            return  # nowhere to pass it on to: the tail still has it

@@ -11,6 +11,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -19,10 +20,17 @@ from typing import Any
 
 from cairn import untrusted
 from cairn.errors import CairnError
-from cairn.protocol.agent import AgentInstruction
-from cairn.protocol.launch import ScriptStep
+from cairn.fsutil import write_atomic
+from cairn.protocol.agent import (
+    COMMAND_FAILED_FILE,
+    COMMAND_FAILED_LIMIT,
+    STDERR_LINES,
+    AgentInstruction,
+    CommandFailure,
+)
+from cairn.protocol.launch import MODEL_URL, OUTPUT_SCHEMA_FILE, PROMPT, ScriptStep
 from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
-from cairn.worker.agentproc import run_to_exit
+from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
 
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 
 WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
 OUTPUTS = Path(os.environ.get("CAIRN_OUTPUTS", "/outputs"))
+STATE = Path(os.environ.get("CAIRN_STATE", "/state"))
 # What agent CLIs read to find their API; the key is a placeholder the relay replaces.
 RELAY_KEY = "cairn-relay"
 
@@ -117,15 +126,22 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         shim = TcpShim(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)).start()
     if shim is not None:
         env.update(relay_environment(shim.port))
+    errors = Tail(COMMAND_FAILED_LIMIT)
     try:
         returncode, stdout = run_to_exit(
-            [a.replace("{prompt}", instruction.prompt) for a in argv], cwd=WORKSPACE, env=env
+            filled_argv(argv, instruction, env.get("CAIRN_MODEL_URL", "")), cwd=WORKSPACE,
+            env=env, stderr=errors,
         )
     finally:
         if shim is not None:
             shim.close()
     if returncode != 0:
-        raise CairnError(f"agent command {argv[0]} exited {returncode}")
+        failure = command_failure(returncode, errors.data)
+        try:
+            write_atomic(OUTPUTS / COMMAND_FAILED_FILE, failure.model_dump_json())
+        except OSError as exc:  # the status still reaches the journal, below
+            log.warning("cannot leave %s: %s", COMMAND_FAILED_FILE, exc)
+        raise CairnError(f"agent command {argv[0]} {failure.describe()}")
     result = read_result_file()
     if result is None:
         line = stdout.last_line("the last line of stdout")
@@ -133,6 +149,33 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
             raise CairnError(f"agent command {argv[0]} printed no result")
         result = parse(line, "the last line of stdout")
     return typed(result)
+
+
+def filled_argv(argv: list[str], instruction: AgentInstruction, model_url: str) -> list[str]:
+    """The profile's argv with its placeholders filled in (:data:`PROMPT`,
+    :data:`MODEL_URL`, :data:`OUTPUT_SCHEMA_FILE`, written to the agent's state directory
+    when used); any other text in braces stays as it is."""
+    if any(OUTPUT_SCHEMA_FILE in arg for arg in argv):
+        schema = STATE / "output-schema.json"
+        write_atomic(schema, json.dumps(instruction.output_schema, indent=2))
+    values = {PROMPT: instruction.prompt, MODEL_URL: model_url,
+              OUTPUT_SCHEMA_FILE: str(STATE / "output-schema.json")}
+    # one pass: a prompt that holds "{model_url}" stays the prompt it is
+    placeholders = re.compile("|".join(re.escape(p) for p in values))
+    return [placeholders.sub(lambda m: values[m.group(0)], arg) for arg in argv]
+
+
+def command_failure(returncode: int, stderr: bytes) -> CommandFailure:
+    """The CLI's exit status and its last :data:`STDERR_LINES` non-blank stderr lines (as
+    text, each cut to 300 characters), kept under :data:`COMMAND_FAILED_LIMIT` bytes as
+    JSON. A status from a signal is 128 + its number, as a shell reports it."""
+    status = 128 - returncode if returncode < 0 else returncode
+    lines = [line.strip()[:300] for line in stderr.decode("utf-8", "replace").splitlines()]
+    kept = [line for line in lines if line][-STDERR_LINES:]
+    while kept and len(CommandFailure(exit_status=status, stderr=kept).model_dump_json()
+                       .encode()) > COMMAND_FAILED_LIMIT:
+        kept = kept[1:]
+    return CommandFailure(exit_status=status, stderr=kept)
 
 
 def read_result_file() -> Any | None:

@@ -1,9 +1,12 @@
-"""The agent socket (agent worker ⇄ coordinator) and ``boundary.json``, the record one
-completed agent operation leaves behind."""
+"""The agent socket (agent worker ⇄ coordinator), ``boundary.json``, the record one
+completed agent operation leaves behind, and ``command-failed.json``, what a command
+profile's failed CLI leaves."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
+
+from pydantic import ConfigDict
 
 from cairn.protocol.base import Frozen, OpId, RunId, ScopeId
 from cairn.protocol.launch import ProfileSpec
@@ -66,3 +69,35 @@ class Boundary(Frozen):
     checkpoint: dict[str, Any]
     predecessor: str | None
     usage: dict[str, int] = {}
+
+
+COMMAND_FAILED_FILE = "command-failed.json"
+"""What the worker leaves in /outputs when a command profile's CLI exits non-zero."""
+COMMAND_FAILED_LIMIT = 4096
+STDERR_LINES = 5
+"""The last lines of the CLI's standard error the worker keeps for the operation's error."""
+
+DETERMINISTIC_EXIT_STATUSES = frozenset({2, 64, 65, 66, 77, 78, 126, 127})
+"""Exit statuses that another attempt would only repeat: a usage error (2, and
+sysexits' EX_USAGE 64), bad input data (65, 66), no permission (77), a configuration
+error (78), a command that cannot run (126) or is not there (127)."""
+
+
+class CommandFailure(Frozen):
+    """A command profile's CLI exited non-zero: its status and its last stderr lines.
+    Written by the worker, which runs as the owner beside the agent: read as the agent's
+    own words (bounded, escaped when shown), never as a reason to trust anything."""
+
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
+
+    exit_status: int
+    stderr: list[str] = []
+
+    @property
+    def deterministic(self) -> bool:
+        return self.exit_status in DETERMINISTIC_EXIT_STATUSES
+
+    def describe(self) -> str:
+        """One line: ``exited 2: <its last stderr line>``."""
+        last = self.stderr[-1] if self.stderr else ""
+        return f"exited {self.exit_status}: {last}" if last else f"exited {self.exit_status}"

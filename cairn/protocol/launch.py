@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.protocol.base import VERIFIER_NAME_RE, Frozen, OpId, RunId
@@ -50,6 +50,14 @@ class ModelRoute(Frozen):
     timeout_sec: float = Field(default=300.0, gt=0)
 
 
+# What a command profile's argv may hold, filled in by the worker as it starts the CLI:
+# the prompt, the model relay's OpenAI-style base URL (ending in /v1; the profile must
+# name a provider), and a file holding the JSON schema the answer must fit.
+PROMPT = "{prompt}"
+MODEL_URL = "{model_url}"
+OUTPUT_SCHEMA_FILE = "{output_schema_file}"
+
+
 class ProfileSpec(Frozen):
     """How an agent profile runs, resolved and frozen at launch.
 
@@ -75,6 +83,12 @@ class ProfileSpec(Frozen):
     # "sha256:<hex>" of the host's profiles.d file this profile was read from (none for a
     # scripted profile the caller sent): root re-reads a command profile's argv from it.
     config_sha256: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+
+    @model_validator(mode="after")
+    def _model_url_needs_a_provider(self) -> ProfileSpec:
+        if not self.provider and any(MODEL_URL in arg for arg in self.argv):
+            raise ValueError(f"argv uses {MODEL_URL}, the relay's URL, but names no provider")
+        return self
 
     def sha256(self) -> str:
         """What root puts in the agent unit's environment (:data:`PROFILE_SHA256_ENV`): the

@@ -2,7 +2,9 @@
 ``$OPENAI_BASE_URL`` with ``$OPENAI_API_KEY`` (the relay's dummy), the answer written to
 ANSWER.txt and the key it was given to KEY_SEEN.txt, the result as the last stdout line.
 
-``python3 openai_client.py [EXTRA_JSON]``: EXTRA_JSON is merged into the output.
+``python3 openai_client.py [--base-url URL] [EXTRA_JSON]``: URL instead of
+``$OPENAI_BASE_URL`` (as ``codex -c openai_base_url=…`` takes it), written to
+BASE_SEEN.txt; EXTRA_JSON is merged into the output.
 """
 
 import json
@@ -10,8 +12,14 @@ import os
 import sys
 import urllib.request
 
+args = sys.argv[1:]
+base = os.environ["OPENAI_BASE_URL"]
+if args[:1] == ["--base-url"]:
+    base, args = args[1], args[2:]
+    with open("BASE_SEEN.txt", "w") as fh:
+        fh.write(base)
 request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    base + "/chat/completions",
     data=json.dumps({"model": "gpt-whatever",
                      "messages": [{"role": "user", "content": os.environ["CAIRN_PROMPT"]}]}
                     ).encode(),
@@ -23,6 +31,6 @@ with open("ANSWER.txt", "w") as fh:
     fh.write(text)
 with open("KEY_SEEN.txt", "w") as fh:
     fh.write(os.environ["OPENAI_API_KEY"])
-extra = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+extra = json.loads(args[0]) if args else {}
 print("working...")
 print(json.dumps({"output": {"summary": text, **extra}, "handoff": "from the client"}))

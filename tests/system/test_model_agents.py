@@ -239,12 +239,16 @@ def test_command_profile_runs_an_openai_client_through_the_relay(machine: Machin
     machine.exec(["install", "-d", "/etc/cairn/profiles.d"])
     machine.exec(["tee", "/etc/cairn/profiles.d/client.toml"], input=(
         b'kind = "command"\nprovider = "fake"\n'
-        b'argv = ["/usr/bin/python3", "-I", "/usr/local/lib/cairn-test/client.py"]\n'))
+        b'argv = ["/usr/bin/python3", "-I", "/usr/local/lib/cairn-test/client.py", '
+        b'"--base-url", "{model_url}"]\n'))
     _review, run_id = launch_reviewed(machine, "command_client.py", "what is the answer?")
     data = wait_finished(machine, run_id)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert data["run"]["output"] == {"summary": "the answer"}
     assert machine.exec(["cat", f"{PROJECT}/ANSWER.txt"]).stdout == b"the answer"
+    # the relay's URL reached the CLI through its argv ({model_url}), as codex takes it
+    base = machine.exec(["cat", f"{PROJECT}/BASE_SEEN.txt"]).stdout.decode()
+    assert base.startswith("http://127.0.0.1:") and base.endswith("/v1"), base
     seen = machine.exec(["cat", f"{PROJECT}/KEY_SEEN.txt"]).stdout.decode().strip()
     assert seen and key not in seen  # a dummy; the relay added the real one
     (op,) = data["operations"]

@@ -76,6 +76,24 @@ argv = ["/usr/bin/python3", "-c", "print('[' * 200000)"]
 """
 
 
+# A command agent whose CLI refuses its arguments (exit 2, as codex did with a removed
+# flag), and one that fails for a reason another attempt may not meet (exit 1); each says
+# why on stderr, with a control sequence in its words.
+USAGE = """\
+kind = "command"
+argv = ["/bin/sh", "-c", '''
+echo starting >&2
+printf 'error: unexpected argument \\033[31m--full-auto\\033[0m found\\n' >&2
+exit 2
+''']
+"""
+TRANSIENT = """\
+kind = "command"
+argv = ["/bin/sh", "-c", "echo 'upstream said 503' >&2; exit 1"]
+"""
+# The CLI's line as the journal keeps it: its control characters escaped.
+USAGE_ERROR = "exited 2: error: unexpected argument \\x1b[31m--full-auto\\x1b[0m found"
+
 @pytest.fixture(scope="module")
 def booted(deb: Path) -> Iterator[Machine]:
     with Machine(deb, with_pool=True) as machine:
@@ -143,7 +161,9 @@ def hostile_runs(booted: Machine) -> dict[str, dict[str, Any]]:
     ended: dict[str, dict[str, Any]] = {}
     for case, profile, where in (("repeated", REPEATED, project(booted)),
                                  ("background", BACKGROUND, background_project),
-                                 ("self-finish", SELF_FINISH, project(booted))):
+                                 ("self-finish", SELF_FINISH, project(booted)),
+                                 ("usage", USAGE, project(booted)),
+                                 ("transient", TRANSIENT, project(booted))):
         booted.exec(["tee", PROFILE], input=profile.encode())
         runs[case] = start(booted, where)
         ended.update(wait_all(booted, [runs[case]], timeout=400))
@@ -241,3 +261,36 @@ def test_an_agent_that_finishes_and_runs_on_is_stopped_after_a_grace(
     assert 10 <= quiesced < 60
     assert "agent-stopped-after-finish" in booted.journal(run_id=run_id)
     assert booted.exec(["pgrep", "-f", "sleep.614"], check=False).returncode == 1
+
+
+def test_a_clis_usage_error_fails_once_with_its_own_message(
+    booted: Machine, hostile_runs: dict[str, dict[str, Any]]
+) -> None:
+    """Exit 2 is a usage error: another attempt would only repeat it (and its model
+    calls). The operation fails at its first attempt, with the CLI's last stderr line,
+    its control sequences escaped."""
+    data = hostile_runs["usage"]
+    run_id = data["run"]["run_id"]
+    (op,) = data["operations"]
+    assert data["run"]["state"] == "failed"
+    assert op["state"] == "failed" and op["attempt"] == 1, op
+    assert op["error"] == f"agent command {USAGE_ERROR}"
+    assert "op-retry" not in {e["event"] for e in data["events"]}
+    shown = cairn(booted, "show", run_id)
+    assert USAGE_ERROR in shown and "\x1b" not in shown, shown
+    assert "not retried" in data["run"]["error"] or "not retried" in shown
+    # the CLI's stderr reached the run's logs as it came, escaped there too
+    logs = cairn(booted, "logs", run_id)
+    assert "starting" in logs and "\x1b" not in logs
+
+
+def test_a_cli_that_may_succeed_next_time_is_retried_and_says_why_it_failed(
+    booted: Machine, hostile_runs: dict[str, dict[str, Any]]
+) -> None:
+    data = hostile_runs["transient"]
+    (op,) = data["operations"]
+    assert data["run"]["state"] == "failed"
+    assert op["state"] == "failed" and op["attempt"] == 3, op
+    assert "exited 1: upstream said 503" in op["error"]
+    assert "(last: exited 1: upstream said 503)" in data["run"]["error"]
+    assert sum(e["event"] == "op-retry" for e in data["events"]) == 2
