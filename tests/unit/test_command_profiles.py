@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from cairn.errors import CairnError
 from cairn.protocol.agent import (
     COMMAND_FAILED_FILE,
     COMMAND_FAILED_LIMIT,
+    DETERMINISTIC_EXIT_STATUSES,
     STDERR_LINES,
     CommandFailure,
 )
@@ -152,3 +154,36 @@ def test_a_profile_that_uses_the_relay_url_must_name_a_provider() -> None:
     with_provider = ProfileSpec(name="codex", kind="command", argv=["codex", "{model_url}"],
                                 provider="fake")
     assert with_provider.argv[1] == "{model_url}"
+
+
+# --- what the documents say of it -----------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def statuses_in(text: str) -> set[int]:
+    """The exit statuses a passage lists: numbers, and ranges such as ``64–66``."""
+    found: set[int] = set()
+    for low, high in re.findall(r"\b(\d+)(?:–(\d+))?\b", text):
+        found |= set(range(int(low), int(high or low) + 1))
+    return found
+
+
+@pytest.mark.parametrize(("doc", "start", "end"), [
+    ("agents.md", "another attempt would only repeat", "fails"),
+    ("troubleshooting.md", "another attempt would only repeat", "`cairn show"),
+    ("architecture.md", "with a status another attempt would repeat", "`network"),
+])
+def test_the_documents_list_the_statuses_the_code_does_not_retry(
+    doc: str, start: str, end: str
+) -> None:
+    text = " ".join((DOCS / doc).read_text().split())
+    passage = text[text.index(start):]
+    passage = passage[:passage.index(end)]
+    assert statuses_in(passage) == DETERMINISTIC_EXIT_STATUSES, passage
+
+
+def test_the_documents_say_how_many_stderr_lines_are_kept() -> None:
+    for doc in ("agents.md", "troubleshooting.md"):
+        text = " ".join((DOCS / doc).read_text().split())
+        assert f"last {STDERR_LINES} " in text, doc
