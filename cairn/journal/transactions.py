@@ -14,8 +14,20 @@ from cairn.errors import JournalError
 @contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction on an autocommit connection
-    (``isolation_level=None``); commits on success, rolls back on any error."""
-    db.execute("BEGIN IMMEDIATE")
+    (``isolation_level=None``); commits on success, rolls back on any error.
+
+    A write lock still held by another connection when the busy timeout runs out (a
+    writer that was stopped or hangs inside its own transaction) is a ``JournalError``
+    that names the database, not a bare ``sqlite3.OperationalError``."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) not in (
+            sqlite3.SQLITE_BUSY,
+            sqlite3.SQLITE_LOCKED,
+        ):
+            raise
+        raise _locked(db) from exc
     try:
         yield db
     except BaseException:
@@ -23,6 +35,17 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
     else:
         db.execute("COMMIT")
+
+
+def _locked(db: sqlite3.Connection) -> JournalError:
+    (path,) = [row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"]
+    waited = int(db.execute("PRAGMA busy_timeout").fetchone()[0]) / 1000
+    return JournalError(
+        f"{path or 'the database'} stayed locked by another writer for {waited:g} s",
+        hint="a stopped or hung cairn process holds its write lock:"
+        " find it with 'ps -o pid,stat,unit,args -u cairn' (state T is stopped)"
+        " and continue or stop it",
+    )
 
 
 def migrate(db: sqlite3.Connection, migrations: Mapping[int, str], *, label: str) -> None:

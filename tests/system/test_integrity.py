@@ -30,6 +30,26 @@ def test_doctor_reports_missing_and_foreign_snapshots(machine: Machine) -> None:
     assert any(p.startswith(f"foreign subvolume at {checkpoint}") for p in report["problems"])
 
 
+JOURNAL_IS_FREE = (
+    "import sqlite3; db = sqlite3.connect('/var/lib/cairn/journal/journal.db',"
+    " timeout=0, isolation_level=None); db.execute('BEGIN IMMEDIATE'); db.execute('ROLLBACK')"
+)
+
+
+def freeze_outside_a_transaction(machine: Machine, unit: str) -> None:
+    """SIGSTOP the unit's coordinator at a moment it holds no journal write lock: stopped
+    inside a transaction it would block every writer (see the test below for what the
+    second coordinator then says), which is not the fencing this file tests."""
+    for _ in range(50):
+        machine.exec(["systemctl", "kill", "--kill-whom=main", "--signal=SIGSTOP", unit])
+        probe = ["runuser", "-u", "cairn", "--", "python3", "-c", JOURNAL_IS_FREE]
+        if machine.exec(probe, check=False).returncode == 0:
+            return
+        machine.exec(["systemctl", "kill", "--kill-whom=main", "--signal=SIGCONT", unit])
+        time.sleep(0.05)
+    raise AssertionError(f"{unit} held the journal's write lock at 50 tries")
+
+
 def test_fenced_coordinator_cannot_commit(machine: Machine) -> None:
     project, args = prepare(machine)
     machine.exec(
@@ -46,7 +66,7 @@ def test_fenced_coordinator_cannot_commit(machine: Machine) -> None:
             break
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    machine.exec(["systemctl", "kill", "--kill-whom=main", "--signal=SIGSTOP", unit])
+    freeze_outside_a_transaction(machine, unit)
     coordinator = ["/usr/libexec/cairn/cairn-coordinator", run_id]
     second = machine.exec(["runuser", "-u", "cairn", "--", *coordinator], check=False, timeout=60)
     assert second.returncode == 0 and "is held by" in second.stderr.decode()

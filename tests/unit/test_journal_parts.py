@@ -162,6 +162,26 @@ def test_rows_and_leases_use_the_injected_clock(journal: Journal, clock: Clock) 
     assert journal.events(RUN)[-1].at == clock.now
 
 
+def test_a_writer_stuck_in_its_transaction_is_a_journal_error_not_a_traceback(
+    journal: Journal,
+) -> None:
+    stuck = sqlite3.connect(journal.path, isolation_level=None)
+    stuck.execute("BEGIN IMMEDIATE")  # a coordinator stopped inside its transaction
+    try:
+        journal.db.execute("PRAGMA busy_timeout=50")
+        started = time.monotonic()
+        with pytest.raises(JournalError) as caught:
+            journal.acquire_lease(RUN, "second")
+        assert time.monotonic() - started >= 0.05
+        assert caught.value.code == "journal"
+        assert f"{journal.path} stayed locked by another writer for 0.05 s" in str(caught.value)
+        assert "ps -o pid,stat,unit,args -u cairn" in (caught.value.hint or "")
+    finally:
+        stuck.execute("ROLLBACK")
+        stuck.close()
+    assert journal.acquire_lease(RUN, "second") == 1  # nothing was lost meanwhile
+
+
 def test_the_coordinator_uses_the_journal_lease_ttl() -> None:
     from cairn.coordinator import core
 
