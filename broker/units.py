@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from cairn import failpoints, paths, proc, untrusted
+from cairn.background import yield_session
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
 from cairn.errors import BrokerRefused, CairnError, StorageError, SystemdError
@@ -84,6 +85,14 @@ def start_unit(name: str) -> None:
     with Systemd() as sd:
         job = sd.start_unit(name)
         sd.wait_started(job)
+        _as_background(sd.unit_state(name))
+
+
+def _as_background(state: UnitState | None) -> None:
+    """A run unit just started yields the CPU where sessions share it (cairn/background.py);
+    its children inherit the session, so this covers the unit."""
+    if state is not None and state.main_pid > 0:
+        yield_session(state.main_pid)
 
 
 class ChannelNotReady(Exception):
@@ -259,6 +268,7 @@ def start_agent(
         else:  # started before a broker restart and already gone: never run it twice
             log.warning("%s was started before a broker restart and has ended", name)
         state_now = sd.unit_state(name)
+        _as_background(state_now)
     return AgentStarted(
         unit=name,
         invocation_id=state_now.invocation_id if state_now else "",
@@ -390,6 +400,7 @@ def _run_to_end(
     with Systemd() as sd:
         job = sd.start_transient_service(name, helper_unit_properties(spec))
         sd.wait_started(job)
+        _as_background(sd.unit_state(name))
         state = sd.wait_inactive(name, timeout)
         if sync_journal:
             synced = proc.run(["journalctl", "--sync"], check=False)

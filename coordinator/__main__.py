@@ -14,11 +14,13 @@ def main() -> None:
     if len(sys.argv) != 2 or not paths.RUN_ID_RE.match(sys.argv[1]):
         print("usage: cairn-coordinator flow_<32 hex>", file=sys.stderr)
         sys.exit(2)
+    from cairn.background import yield_own_session
     from cairn.coordinator.core import Coordinator
     from cairn.journal.runs import Busy, RunEnded
     from cairn.protocol.base import build_loaded_models
 
     build_loaded_models()  # before its threads (relay, agent socket, budget) use one
+    yield_own_session()  # the broker did when it started the unit; not when systemd restarts it
 
     try:
         sys.exit(Coordinator(sys.argv[1]).run())

@@ -558,9 +558,11 @@ def _write(out: IO[str], message: BaseModel) -> None:
 
 
 def spawn(env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start a control worker: a separate interpreter in its own session, talking JSON
-    lines on stdin/stdout. It sandboxes itself (:mod:`cairn.workflow.sandbox`) before it
-    reads anything: no ``preexec_fn``, which is unsafe once the coordinator has threads."""
+    """Start a control worker: a separate interpreter in a process group of its own (in
+    the coordinator's session, so it shares the coordinator's CPU share:
+    :mod:`cairn.background`), talking JSON lines on stdin/stdout. It sandboxes itself
+    (:mod:`cairn.workflow.sandbox`) before it reads anything: no ``preexec_fn``, which is
+    unsafe once the coordinator has threads."""
     return subprocess.Popen(
         [sys.executable, "-I", "-m", "cairn.workflow.runtime"],
         stdin=subprocess.PIPE,
@@ -568,7 +570,7 @@ def spawn(env: dict[str, str]) -> subprocess.Popen[str]:
         env={**env, "PYTHONHASHSEED": "0"},
         text=True,
         close_fds=True,
-        start_new_session=True,
+        process_group=0,
     )
 
 

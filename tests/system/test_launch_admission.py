@@ -192,3 +192,32 @@ def test_list_and_show_tell_a_queued_run_and_its_place_and_cancel_drops_it(
     finally:
         booted.exec(["tee", "/etc/cairn/admission.toml"],
                     input=f"max_running_runs = {LIMIT}\n".encode())
+
+
+def test_a_running_run_is_background_work(idle_after: Machine) -> None:
+    """Every unit of a running run sits in cairn.slice and, where sessions share the CPU
+    (this machine: systemd has no CPU controller), its session has the autogroup nice 19,
+    so launches and people's shells keep their share while runs work."""
+    booted = idle_after
+    agent = f"/home/alice/agent-{secrets.token_hex(4)}.json"
+    slow = {"steps": [{"action": "sleep", "seconds": 20}], "output": {"summary": "done"},
+            "handoff": ""}
+    booted.exec(["tee", agent], user="alice", input=json.dumps(slow).encode())
+    run_id, _took, _said = launch(booted, "alice", agent)
+    coordinator = f"cairn-coordinator@{run_id}.service"
+    agent_unit = f"cairn-agent-{run_id}-root-1-1.service"
+    deadline = time.monotonic() + 120
+    while booted.exec(["systemctl", "is-active", agent_unit], check=False).returncode:
+        assert time.monotonic() < deadline, f"{agent_unit} never started"
+        time.sleep(0.5)
+    autogroups = booted.exec(["cat", "/proc/sys/kernel/sched_autogroup_enabled"]).stdout
+    for unit, slice_ in ((coordinator, "cairn.slice"), (agent_unit, "cairn-agents.slice")):
+        shown = booted.exec(["systemctl", "show", "-p", "Slice", "-p", "MainPID", unit])
+        props = dict(line.split("=", 1) for line in shown.stdout.decode().split())
+        assert props["Slice"] == slice_, unit
+        group = booted.exec(["cat", f"/proc/{props['MainPID']}/autogroup"]).stdout.decode()
+        if autogroups.strip() == b"1":
+            assert group.strip().endswith(" nice 19"), (unit, group)
+    assert booted.exec(["systemctl", "show", "-p", "CPUWeight", "--value", "cairn.slice"]
+                       ).stdout.decode().strip() == "20"
+    cairn(booted, "cancel", run_id)

@@ -307,10 +307,11 @@ def exchange(
     else:
         worker = subprocess.Popen(
             [sys.executable, "-I", "-c", wrapper], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, env=make_env(), start_new_session=True,
+            stdout=subprocess.PIPE, text=True, env=make_env(), process_group=0,
         )
     assert worker.stdin and worker.stdout
-    assert os.getsid(worker.pid) == worker.pid  # its own session
+    assert os.getpgid(worker.pid) == worker.pid  # a process group of its own
+    assert os.getsid(worker.pid) == os.getsid(0)  # the coordinator's session: its CPU share
     worker.stdin.write(StartWorkflow(source=source, filename="wf.py", args={"goal": "g"})
                        .model_dump_json() + "\n")
     worker.stdin.flush()

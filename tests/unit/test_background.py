@@ -1,0 +1,110 @@
+"""Runs yield the CPU where the kernel shares it by session (cairn/background.py), tried
+against this host's real kernel: a child in a session of its own gets the autogroup nice
+value, a process that is gone is left alone, and a kernel without autogroups is no error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn.background import (
+    AUTOGROUP_NICE,
+    autogroups_in_use,
+    yield_own_session,
+    yield_session,
+)
+
+AUTOGROUPS = autogroups_in_use()
+needs_autogroups = pytest.mark.skipif(
+    not AUTOGROUPS, reason="this kernel shares the CPU without autogroups"
+)
+
+
+def session_child() -> subprocess.Popen[bytes]:
+    """A process in a session of its own, blocked on its stdin until killed."""
+    return subprocess.Popen(["cat"], stdin=subprocess.PIPE, start_new_session=True)
+
+
+def test_the_switch_is_read_from_the_kernel(tmp_path: Path) -> None:
+    switch = tmp_path / "sched_autogroup_enabled"
+    switch.write_text("1\n")
+    assert autogroups_in_use(str(switch))
+    switch.write_text("0\n")
+    assert not autogroups_in_use(str(switch))
+    assert not autogroups_in_use(str(tmp_path / "missing"))
+
+
+@needs_autogroups
+def test_a_session_of_its_own_gets_the_background_nice() -> None:
+    child = session_child()
+    try:
+        before = Path(f"/proc/{child.pid}/autogroup").read_text()
+        assert before.endswith(" nice 0\n")
+        took = yield_session(child.pid)
+        after = Path(f"/proc/{child.pid}/autogroup").read_text()
+        assert took == after.endswith(f" nice {AUTOGROUP_NICE}\n")
+        if os.geteuid() == 0:  # exempt from the kernel's one-change-per-100-ms limit
+            assert took
+        assert after.split()[0] == before.split()[0]  # the same group, not a new one
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_is_gone_is_left_alone() -> None:
+    child = session_child()
+    child.kill()
+    child.wait()
+    assert yield_session(child.pid) is False
+
+
+def test_a_process_that_ended_and_was_not_reaped_is_left_alone() -> None:
+    """Its PID still names it (a zombie) and its pidfd says it ended: nothing is written,
+    as for a PID that was reused."""
+    child = session_child()
+    try:
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+        assert Path(f"/proc/{child.pid}").exists()
+        assert yield_session(child.pid) is False
+    finally:
+        child.wait()
+
+
+def test_a_kernel_without_autogroups_is_not_touched(tmp_path: Path) -> None:
+    child = session_child()
+    try:
+        assert yield_session(child.pid, switch=str(tmp_path / "missing")) is False
+        assert Path(f"/proc/{child.pid}/autogroup").read_text().endswith(" nice 0\n")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_does_not_lead_its_session_leaves_its_callers_alone() -> None:
+    """A coordinator run by a test (or by hand) shares the caller's session: lowering it
+    would lower the caller's shell."""
+    before = Path("/proc/self/autogroup").read_text()
+    assert os.getsid(0) != os.getpid()
+    assert yield_own_session() is False
+    assert Path("/proc/self/autogroup").read_text() == before
+
+
+@needs_autogroups
+def test_a_session_leader_yields_its_own_session() -> None:
+    code = (
+        "from pathlib import Path; from cairn.background import yield_own_session;"
+        "took = yield_own_session(); print(took, Path('/proc/self/autogroup').read_text())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        start_new_session=True,
+    ).stdout
+    if os.geteuid() == 0:
+        assert out.startswith("True ") and out.strip().endswith(f" nice {AUTOGROUP_NICE}")
+    else:
+        assert out.startswith("False ") or out.strip().endswith(f" nice {AUTOGROUP_NICE}")
