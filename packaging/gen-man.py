@@ -5,7 +5,7 @@
 
 Sources: ``docs/man/NAME.SECTION.md``, pandoc Markdown with a ``% NAME(SECTION) …``
 title block. In ``cairn.1.md`` the line ``@COMMANDS@`` becomes every visible command of
-the typer CLI (``cairn.cli.app``): its usage, help text and options, so the page cannot
+the typer CLI (``cairn.cli.commands.app``): its usage, help text and options, so the page cannot
 drift from the CLI. Writes ``DIR/NAME.SECTION.md`` for each source.
 """
 
@@ -48,7 +48,7 @@ def visible_commands() -> list[str]:
     """``cairn launch``, ``cairn storage init``, …: every command the page lists."""
     import typer
 
-    from cairn.cli import app
+    from cairn.cli.commands import app
 
     return [" ".join(["cairn", *path]) for path, _ in _walk(typer.main.get_command(app), [])]
 
@@ -57,7 +57,7 @@ def cli_commands() -> str:
     """Markdown for every visible leaf command of the CLI: usage, help, options."""
     import typer
 
-    from cairn.cli import app
+    from cairn.cli.commands import app
 
     parts: list[str] = []
     for path, command in _walk(typer.main.get_command(app), []):

@@ -8,19 +8,20 @@ description that is not what was asked for is never attested: root starts nothin
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import socket
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cairn.errors import PermissionDenied
-from cairn.protocol.attestation import DESCRIPTION_LIMIT, attestation_line
+from cairn.protocol.attestation import DESCRIPTION_LIMIT, attestation_line, launch_hash_of
+from cairn.protocol.names import RUN_ID_RE
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What the person asked for; each field given must hold in the description."""
+class Expected(NamedTuple):
+    """What the person asked for; each field given must hold in the description. (A named
+    tuple, not a dataclass: dataclasses loads inspect, and every launch would pay for it.)"""
 
     project: str | None = None
     definition: str | None = None
@@ -38,39 +39,53 @@ class Expected:
 
     def check(self, raw: bytes) -> tuple[str, str]:
         """(run ID, launch hash) of the description in ``raw`` if it is what was asked
-        for; otherwise :class:`PermissionDenied` naming the first difference."""
-        from cairn.protocol.launch import LaunchDescription  # only a launch pays for it
+        for; otherwise :class:`PermissionDenied` naming the first difference.
 
+        The description is read as JSON, not through its model (a launch loads no pydantic):
+        the hash is taken over exactly what was checked, and root starts the run only if
+        the description it validated hashes the same, so a field this side did not read as
+        root will (another type, a key root drops) is a refusal, never a different run."""
         try:
-            desc = LaunchDescription.model_validate_json(raw)
+            desc = json.loads(raw)
         except ValueError as exc:
             raise refusal("cairnd", f"sent a description this CLI cannot read ({exc})") from None
+        if not isinstance(desc, dict):
+            raise refusal("cairnd", "sent a description that is not a JSON object")
+        run_id = desc.get("run_id")
+        if not isinstance(run_id, str) or RUN_ID_RE.match(run_id) is None:
+            raise refusal("cairnd", f"sent a description with the run ID {run_id!r}")
         uid = os.getuid()
+        project = _mapping(desc.get("project"))
+        schedule = _mapping(desc.get("schedule"))
+        replay = _mapping(desc.get("replay"))
         wrong = [
             f"{what} is {actual!r}, not {wanted!r}"
             for what, actual, wanted in (
-                ("the owner", desc.owner_uid, uid),
-                ("the project's owner", desc.project.owner_uid, uid),
-                ("the project", desc.project.root, self.project),
-                ("the definition", desc.definition, self.definition),
-                ("the review hash", desc.review_hash, self.review_hash),
-                ("the run", desc.run_id, self.run_id),
-                ("the schedule", (desc.schedule or {}).get("id"), self.schedule_id),
-                ("the replayed run", desc.replay and desc.replay.source_run, self.replay_of),
-                ("the apply mode", desc.apply_mode, self.apply_mode),
+                ("the owner", desc.get("owner_uid"), uid),
+                ("the project's owner", project.get("owner_uid"), uid),
+                ("the project", project.get("root"), self.project),
+                ("the definition", desc.get("definition"), self.definition),
+                ("the review hash", desc.get("review_hash"), self.review_hash),
+                ("the run", run_id, self.run_id),
+                ("the schedule", schedule.get("id"), self.schedule_id),
+                ("the replayed run", replay.get("source_run"), self.replay_of),
+                ("the apply mode", desc.get("apply_mode"), self.apply_mode),
             )
-            if wanted is not None and actual != wanted
+            if wanted is not None and not _identical(actual, wanted)
         ]
-        if self.source is not None and desc.source != self.source:
+        if self.source is not None and desc.get("source") != self.source:
             wrong.append("the source is not the one sent")
-        changed = sorted(k for k, v in (self.args or {}).items() if not _same(desc.args.get(k), v))
+        frozen_args = _mapping(desc.get("args"))
+        changed = sorted(
+            k for k, v in (self.args or {}).items() if not _same(frozen_args.get(k), v)
+        )
         if changed:
             wrong.append(f"the arguments {', '.join(changed)} are not the ones sent")
         if self.scripted is not None:
             frozen = {
-                name: profile.model_dump(mode="json", exclude={"name"})
-                for name, profile in desc.profiles.items()
-                if profile.kind == "scripted"
+                name: {k: v for k, v in profile.items() if k != "name"}
+                for name, profile in _mapping(desc.get("profiles")).items()
+                if isinstance(profile, dict) and profile.get("kind") == "scripted"
             }
             sent = {
                 name: {k: v for k, v in spec.items() if k != "name"}
@@ -79,8 +94,19 @@ class Expected:
             if frozen != sent:
                 wrong.append("the scripted profiles are not the ones sent")
         if wrong:
-            raise refusal(desc.run_id, "; ".join(wrong))
-        return desc.run_id, desc.launch_hash()
+            raise refusal(run_id, "; ".join(wrong))
+        return run_id, launch_hash_of(desc)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A JSON object of the description, or an empty one in place of anything else (its
+    fields then differ from what was asked for, or root refuses the description)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _identical(actual: Any, wanted: Any) -> bool:
+    """Equal with the same JSON type: the owner ``"1000"`` or ``True`` is not ``1000``."""
+    return type(actual) is type(wanted) and actual == wanted
 
 
 def _same(frozen: Any, sent: Any) -> bool:

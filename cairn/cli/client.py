@@ -4,16 +4,19 @@ and exits.
 
 The protocol's models (pydantic) are imported by the commands that send a request, when
 they run, never at a ``cairn`` start: ``cairn --help``, ``--version`` and the shell's
-completion of a command name build no model and do not load pydantic."""
+completion of a command name build no model and do not load pydantic. ``cairn launch``
+sends its request as plain JSON and reads the reply without a model, and this module
+imports neither typer nor click, so a launch loads none of them
+(:mod:`cairn.cli.launching`)."""
 
 from __future__ import annotations
 
 import array
 import json
 import socket
+import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
-
-import typer
 
 from cairn import paths
 from cairn.cli.attest import Expected, exchange
@@ -27,14 +30,14 @@ if TYPE_CHECKING:
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
     """Print ``cairn: MESSAGE`` and ``hint: HINT`` on stderr, each one line with every
     control character escaped (they may quote a name an agent chose), and exit."""
-    typer.echo(f"cairn: {printable(message)}", err=True)
+    print(f"cairn: {printable(message)}", file=sys.stderr, flush=True)
     if hint:
-        typer.echo(f"hint: {printable(hint)}", err=True)
-    raise typer.Exit(code)
+        print(f"hint: {printable(hint)}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 def request(
-    body: OpRequest,
+    body: OpRequest | Mapping[str, Any],
     *,
     fd: int | None = None,
     timeout: float | None = None,
@@ -44,10 +47,13 @@ def request(
     ``fd``: a directory passed along (the project). ``expect``: the request may start a
     run, which this process attests if its description is what was asked for
     (:mod:`cairn.cli.attest`). ``timeout`` bounds each socket operation (an OSError when it
-    runs out)."""
-    from cairn.protocol.daemon import DaemonReply, request_line
+    runs out). A plain mapping is sent as it is (cairnd validates every request)."""
+    if isinstance(body, Mapping):
+        message = json.dumps(dict(body), ensure_ascii=False).encode() + b"\n"
+    else:
+        from cairn.protocol.daemon import request_line
 
-    message = request_line(body)
+        message = request_line(body)
     path = str(paths.daemon_socket())
     mine, theirs = socket.socketpair() if expect is not None else (None, None)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -77,19 +83,43 @@ def request(
             while chunk := sock.recv(1 << 16):
                 chunks.append(chunk)
             raw = b"".join(chunks)
+    return reply_result(raw)
+
+
+def reply_result(raw: bytes) -> Any:
+    """The result of cairnd's reply ``raw`` (:class:`cairn.protocol.daemon.DaemonReply`),
+    read as JSON; an error reply is raised as the CairnError it names, and a reply that is
+    not one is a CairnError saying so."""
     if not raw:
         raise CairnError(
             "cairnd closed the connection without an answer",
             hint="see 'journalctl -u cairn.service'",
         )
-    reply = DaemonReply.model_validate_json(raw)
-    if not reply.ok:
-        assert reply.error is not None
-        error = CairnError(reply.error.message, hint=reply.error.hint)
-        error.code = reply.error.code
-        raise error
-    return reply.result
+    try:
+        reply = json.loads(raw)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
+        raise _unreadable()
+    if reply["ok"]:
+        return reply.get("result")
+    body = reply.get("error")
+    if not isinstance(body, dict):
+        raise _unreadable()
+    code, message, hint = body.get("code"), body.get("message"), body.get("hint")
+    if not (isinstance(code, str) and isinstance(message, str)):
+        raise _unreadable()
+    error = CairnError(message, hint=hint if isinstance(hint, str) else None)
+    error.code = code
+    raise error
+
+
+def _unreadable() -> CairnError:
+    return CairnError(
+        "cairnd sent a reply this CLI cannot read",
+        hint="is the cairn package the same version as cairnd? see 'cairn doctor'",
+    )
 
 
 def emit(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    print(json.dumps(data, indent=2, sort_keys=True), flush=True)

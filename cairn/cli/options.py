@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -14,9 +12,7 @@ from typer.core import TyperGroup
 
 from cairn.cli.client import emit
 from cairn.cli.completion import definition_candidates, run_candidates
-from cairn.errors import UsageError
 from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
-from cairn.sizes import parse_size
 from cairn.terminal import printable
 
 
@@ -102,50 +98,6 @@ def renamed(command: Callable[..., None], old: str, new: str) -> Callable[..., N
         command(*args, **kwargs)
 
     return alias
-
-
-# Limits counted in bytes: their values may be written as sizes (2G, 512M).
-BYTE_LIMITS = frozenset({"memory_max"})
-
-
-def parse_limits(specs: list[str]) -> dict[str, int]:
-    """``--limit NAME=NUMBER`` options as a mapping (``NAME=SIZE`` for a byte limit)."""
-    limits: dict[str, int] = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        name = name.strip()
-        if sep and name in BYTE_LIMITS and value.strip():
-            limits[name] = parse_size(value)
-            continue
-        if not sep or not value.strip().isdigit():
-            raise UsageError(
-                f"--limit takes NAME=NUMBER, got {spec!r}",
-                hint="sizes such as 2G are for memory_max only",
-            )
-        limits[name] = int(value)
-    return limits
-
-
-def load_scripted(specs: list[str]) -> dict[str, dict[str, Any]]:
-    """``--scripted PROFILE=FILE.json`` options: each file read and validated as a
-    scripted profile named PROFILE."""
-    from cairn.protocol.launch import ProfileSpec  # only --scripted pays for it
-
-    scripted: dict[str, dict[str, Any]] = {}
-    for spec in specs:
-        name, sep, file = spec.partition("=")
-        if not sep or not name or not file:
-            raise UsageError(f"--scripted takes PROFILE=FILE.json, got {spec!r}")
-        try:
-            data = json.loads(Path(file).read_text())
-        except OSError as exc:
-            raise UsageError(f"cannot read {file}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}") from exc
-        scripted[name] = ProfileSpec.model_validate(
-            {"kind": "scripted", **data, "name": name}
-        ).model_dump()
-    return scripted
 
 
 def render_waiting(run_id: str, item: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
 import enum
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,9 +11,11 @@ from typing import Annotated, Any
 
 import typer
 
+from cairn.cli import launching
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import run_candidates
+from cairn.cli.launching import queued_note
 from cairn.cli.logs import logs
 from cairn.cli.options import (
     DefinitionArg,
@@ -23,12 +24,10 @@ from cairn.cli.options import (
     add_commands,
     check_run_ref,
     emit_or_empty,
-    load_scripted,
-    parse_limits,
     render_waiting,
 )
 from cairn.cli.watchview import progress_lines
-from cairn.errors import PermissionDenied, Unavailable
+from cairn.errors import Unavailable
 from cairn.protocol.names import RUN_ID_RE
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable, printable_lines
@@ -93,104 +92,22 @@ def launch(
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
     project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
-    from cairn.protocol.daemon import LaunchRequest
-    from cairn.protocol.launch import ProfileSpec
-
-    source = None
-    if definition.endswith(".py"):
-        # here, not at the top: every cairn command would pay for this import
-        from cairn.definitions.resolve import refuse_draft_file
-
-        refuse_draft_file(Path(definition), "launched")
-        try:
-            source = Path(definition).read_text()
-        except OSError as exc:
-            fail(f"cannot read {definition}: {exc.strerror}", code=2)
-    try:
-        parsed = json.loads(args)
-    except json.JSONDecodeError as exc:
-        fail(
-            f"--args is not JSON: {exc.msg} (column {exc.colno})",
-            hint='quote it for the shell: --args \'{"objective": "…"}\'',
-            code=2,
-        )
-    if not isinstance(parsed, dict):
-        fail("--args must be a JSON object", code=2)
-    root = project.expanduser().absolute()
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        fail(f"project {root} not found", code=2)
-    except NotADirectoryError:
-        fail(f"project {root} is not a directory", code=2)
-    except PermissionError:
-        fail(f"project {root} is not readable by you", code=2)
-    try:
-        if definition.startswith(("user:", "project:")):
-            source, confirm = _pinned(definition, confirm, fd, os.path.normpath(str(root)))
-        profiles = {
-            name: ProfileSpec.model_validate(spec)
-            for name, spec in load_scripted(scripted).items()
-        }
-        result = request(
-            LaunchRequest(
-                definition=definition,
-                source=source,
-                confirm=confirm,
-                limits=parse_limits(limit),
-                apply_mode=apply_mode.value,
-                args=parsed,
-                project=os.path.normpath(str(root)),
-                scripted=profiles,
-            ),
-            fd=fd,
-            expect=Expected(
-                project=os.path.normpath(str(root)),
-                definition=definition,
-                review_hash=confirm if source is not None else None,
-                source=source,
-                apply_mode=apply_mode.value,
-                args=parsed,
-                scripted={n: p.model_dump(mode="json") for n, p in profiles.items()},
-            ),
-        )
-    finally:
-        os.close(fd)
-    if json_out:
-        emit(result)
-        return
-    typer.echo(result["run_id"])
-    if result.get("state") == "queued":
-        typer.echo(queued_note(result["run_id"], result.get("position")), err=True)
-
-
-def queued_note(run_id: str, position: int | None) -> str:
-    """What a person is told of a run that waits for a machine-wide slot."""
-    where = f" (position {position})" if position else ""
-    return (
-        f"queued{where}: the machine runs as many runs as its limit allows; {run_id} "
-        "starts when a slot frees ('cairn show' tells its place, 'cairn cancel' drops it)"
+    # What it sends, and how 'cairn' reads this command line without typer: launching.
+    launching.launch(
+        definition,
+        args=args,
+        project=project,
+        scripted=scripted,
+        confirm=confirm,
+        limit=limit,
+        apply_mode=apply_mode.value,
+        json_out=json_out,
     )
 
 
 def full_run_id(ref: str) -> str | None:
     """``ref`` if it is a whole run ID (a prefix or ``@last`` is resolved by cairnd)."""
     return ref if RUN_ID_RE.match(ref) else None
-
-
-def _pinned(definition: str, confirm: str | None, fd: int, root: str) -> tuple[str, str]:
-    """(source, review hash) of a user: or project: definition as installed or trusted;
-    a --confirm given with it must be that hash."""
-    # here, not at the top: every cairn command would pay for this import
-    from cairn.definitions.resolve import for_launch
-
-    source, review_hash = for_launch(definition, fd, root)
-    if confirm is not None and confirm != review_hash:
-        raise PermissionDenied(
-            f"{definition} has review hash {review_hash}, not the confirmed {confirm}",
-            hint="launch it without --confirm: its install or trust decision confirms it",
-        )
-    return source, review_hash
 
 
 def list_runs(

@@ -6,7 +6,6 @@ checks), and install, check and remove the timer in the user's own systemd manag
 """
 
 
-import dataclasses
 import json
 import os
 import time
@@ -18,7 +17,8 @@ import typer
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import schedule_candidates
-from cairn.cli.options import DefinitionArg, JsonFlag, echo, emit_or_empty, load_scripted, renamed
+from cairn.cli.launching import load_scripted
+from cairn.cli.options import DefinitionArg, JsonFlag, echo, emit_or_empty, renamed
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -388,7 +388,7 @@ def _admit(
         try:
             source, source_error = _current_source(current, fd)
             if pin is not None:
-                expected = dataclasses.replace(pin.expected(), source=source)
+                expected = pin.expected()._replace(source=source)
             else:
                 expected = Expected(
                     schedule_id=schedule_id,

@@ -13,12 +13,25 @@ cannot write a line that arrives from the owner's side.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from cairn.canonical import canonical_json, sha256_hex
 
 ATTESTATION_RE = re.compile(rb"^attest-v1 (flow_[0-9a-f]{32}) (sha256:[0-9a-f]{64})\n\Z")
 ATTESTATION_LIMIT = 128
 # How long the broker waits for the owner's line after cairnd handed it the channel.
 ATTESTATION_TIMEOUT_SEC = 60.0
 DESCRIPTION_LIMIT = 16 << 20
+
+
+def launch_hash_of(description: dict[str, Any]) -> str:
+    """The launch hash of a description in its JSON form (``model_dump(mode="json")``, or
+    the description line as parsed): the owner hashes what it read, root what it validated,
+    and the two agree only when they are the same description."""
+    data = dict(description)
+    if data.get("replay", ...) is None:  # added later: a launched run's hash stays what it was
+        del data["replay"]
+    return "sha256:" + sha256_hex(canonical_json(data))
 
 
 def attestation_line(run_id: str, launch_hash: str) -> bytes:

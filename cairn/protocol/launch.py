@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.protocol.attestation import launch_hash_of
 from cairn.protocol.base import VERIFIER_NAME_RE, Frozen, OpId, RunId
 
 # When the verified proposal F reaches the live project: at once (``auto``), after the
@@ -194,7 +195,4 @@ class LaunchDescription(Frozen):
     replay: ReplayOrigin | None = None
 
     def launch_hash(self) -> str:
-        data = self.model_dump(mode="json")
-        if data["replay"] is None:  # added later: a launched run's hash stays what it was
-            del data["replay"]
-        return "sha256:" + sha256_hex(canonical_json(data))
+        return launch_hash_of(self.model_dump(mode="json"))

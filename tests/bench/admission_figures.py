@@ -2,11 +2,14 @@
 return when many launches arrive at once and most of them are queued, and how long until
 every run has ended. The goal: each ``cairn launch`` returns in under a second.
 
-    python3 tests/bench/admission_figures.py DEB [LAUNCHES] [LIMIT] [AT_ONCE]
+    python3 tests/bench/admission_figures.py DEB [LAUNCHES] [LIMIT] [AT_ONCE] [--scripted]
 
-Launches builtin:implement with a scripted agent that finishes at once, alternately as
-alice and bob, ``AT_ONCE`` ``cairn launch`` processes at a time, with ``max_running_runs
-= LIMIT``; prints one JSON line of figures. Each launch is timed inside the machine, by
+Launches builtin:implement, alternately as alice and bob, ``AT_ONCE`` ``cairn launch``
+processes at a time, with ``max_running_runs = LIMIT``; prints one JSON line of figures.
+The agent finishes at once: the host's configured command profile, as a person launches
+(``/etc/cairn/profiles.d/builtin-implementer.toml``), or with ``--scripted`` a scripted
+agent the caller sends (``--scripted PROFILE=FILE``, which the CLI validates with the
+protocol's model, so each launch loads pydantic). Each launch is timed inside the machine, by
 one driver script as a person's shell would see it (``setpriv`` to the user, then
 ``cairn launch``), so the host's ``nsenter`` is not part of the figure. Before that, the
 same number of ``cairn --version`` processes, as many at a time: the CLI's own start with
@@ -55,10 +58,10 @@ def timed(user, argv):
 def launch(i, user):
     project = f"{pwd.getpwnam(user).pw_dir}/p-bench-{i}"
     subprocess.run(as_user(user, ["mkdir", "-p", project]), check=True)
+    scripted = ["--scripted", f"builtin:implementer={agents[user]}"] if agents else []
     took, out, said = timed(user, [
         "cairn", "launch", "builtin:implement", "--project", project, "--args",
-        json.dumps({"objective": "admission"}), "--scripted",
-        f"builtin:implementer={agents[user]}"])
+        json.dumps({"objective": "admission"}), *scripted])
     return {"run": out[-1], "seconds": took, "queued": "queued" in said}
 
 
@@ -72,7 +75,20 @@ print(json.dumps({"version": version, "launched": launched,
 '''
 
 
-def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any]:
+# The agent of every run: write one file and answer at once.
+COMMAND_PROFILE = """\
+kind = "command"
+argv = ["/usr/bin/python3", "-I", "-c", '''
+import json, pathlib
+pathlib.Path("NOTES.md").write_text("admitted\\n")
+print(json.dumps({"output": {"summary": "wrote NOTES.md"}, "handoff": "one new file"}))
+''']
+"""
+
+
+def figures(
+    deb: Path, launches: int, limit: int, at_once: int, *, scripted: bool = False
+) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     sys.path.insert(0, os.fspath(repo / "tests" / "system"))
     from machine import Machine  # the system tier's harness
@@ -81,7 +97,13 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
     with Machine(deb, with_pool=True) as machine:
         machine.exec(["tee", "/etc/cairn/admission.toml"],
                      input=f"max_running_runs = {limit}\n".encode())
-        agents = {user: script(machine, user) for user in ("alice", "bob")}
+        if scripted:
+            agents = {user: script(machine, user) for user in ("alice", "bob")}
+        else:
+            agents = {}
+            machine.exec(["mkdir", "-p", "/etc/cairn/profiles.d"])
+            machine.exec(["tee", "/etc/cairn/profiles.d/builtin-implementer.toml"],
+                         input=COMMAND_PROFILE.encode())
         began = time.monotonic()
         out = machine.exec(["python3", "-I", "-c", DRIVER, str(launches), str(at_once),
                             json.dumps(agents)], timeout=3600).stdout
@@ -92,6 +114,7 @@ def figures(deb: Path, launches: int, limit: int, at_once: int) -> dict[str, Any
     took = sorted(r["seconds"] for r in launched)
     floor = sorted(data["version"])
     return {
+        "agent": "scripted" if scripted else "command profile",
         "launches": launches,
         "limit": limit,
         "at_once": at_once,
@@ -116,8 +139,8 @@ def _median(values: list[float]) -> float | None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a != "--scripted"]
     if not args:
         sys.exit(__doc__)
     numbers = [int(a) for a in args[1:]] + [64, 8, 16][len(args) - 1:]
-    print(json.dumps(figures(Path(args[0]), *numbers[:3])))
+    print(json.dumps(figures(Path(args[0]), *numbers[:3], scripted="--scripted" in sys.argv)))

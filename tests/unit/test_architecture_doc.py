@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from cairn.cli import app
+from cairn.cli.commands import app
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "architecture.md"

@@ -5,6 +5,7 @@ tests/unit/test_broker_socket.py and tests/system/test_cairn_attacker.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import socket
@@ -16,7 +17,7 @@ import pytest
 from cairn.cli.attest import Expected, exchange
 from cairn.errors import PermissionDenied
 from cairn.protocol.attestation import parse_attestation
-from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
+from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec, ReplayOrigin
 
 RUN = "flow_" + "d4" * 16
 ME = os.getuid()
@@ -68,7 +69,50 @@ def test_a_description_that_is_not_what_was_asked_for_is_never_attested(
 
 def test_an_unreadable_description_is_refused() -> None:
     with pytest.raises(PermissionDenied, match="cannot read"):
+        ASKED.check(b'{"run_id": \n')
+    with pytest.raises(PermissionDenied, match="not a JSON object"):
+        ASKED.check(b'["flow_"]\n')
+    with pytest.raises(PermissionDenied, match="with the run ID 1"):
         ASKED.check(b'{"run_id": 1}\n')
+
+
+def as_json(desc: LaunchDescription, **changes: object) -> bytes:
+    """The description's line with top-level fields changed as JSON, past its model."""
+    data = json.loads(desc.model_dump_json())
+    data.update(changes)
+    return json.dumps(data).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"owner_uid": str(ME)}, f"the owner is '{ME}', not {ME}"),
+        ({"owner_uid": float(ME)}, "the owner is"),
+        ({"project": {"root": "/home/me/p", "owner_uid": str(ME), "on_pool_fs": False}},
+         "the project's owner is"),
+        ({"project": None}, "the project's owner is None"),
+        ({"args": ["tidy"]}, "the arguments objective are not"),
+        ({"profiles": {"x": "scripted"}}, "the scripted profiles are not"),
+    ],
+)
+def test_a_field_of_another_json_type_is_a_difference(
+    changes: dict[str, object], why: str
+) -> None:
+    """The CLI reads the description as JSON, not through its model: a value the model
+    would coerce to what was asked for is still not what was asked for."""
+    with pytest.raises(PermissionDenied, match=f"not attesting {RUN}: .*{why}"):
+        ASKED.check(as_json(description(), **changes))
+
+
+def test_the_hash_is_the_models_only_for_the_description_root_validates() -> None:
+    """What the CLI hashes is what it read; root pins the run only if its validated
+    description hashes the same, so a key root drops changes the hash, not the run."""
+    desc = description()
+    assert ASKED.check(as_json(desc))[1] == desc.launch_hash()
+    assert ASKED.check(as_json(desc, smuggled="x"))[1] != desc.launch_hash()
+    origin = ReplayOrigin(source_run="flow_" + "e5" * 16, through_op="root-2", ops=["root-1"])
+    replayed = description(replay=origin)
+    assert ASKED.check(as_json(replayed))[1] == replayed.launch_hash() != desc.launch_hash()
 
 
 @pytest.fixture

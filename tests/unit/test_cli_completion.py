@@ -18,7 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from cairn import paths
-from cairn.cli import app
+from cairn.cli.commands import app
 from cairn.cli.completion import FILE, complete, short_ids
 from cairn.protocol.daemon import DaemonReply
 

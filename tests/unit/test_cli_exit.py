@@ -8,8 +8,9 @@ import sys
 CHILD = """
 import os, signal, sys
 from cairn import cli
+from cairn.cli.commands import app
 
-@cli.app.command("interrupt-me")
+@app.command("interrupt-me")
 def interrupt_me() -> None:
     os.kill(os.getpid(), signal.SIGINT)
     signal.pause()

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cairn.cli import app
+from cairn.cli.commands import app
 
 
 def command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import app, logs, main, people, runs, schedule, storage
+from cairn.cli import logs, main, people, runs, schedule, storage
+from cairn.cli.commands import app
 from cairn.cli.watchview import EventPrinter
 from cairn.errors import CairnError
 from cairn.mcp import server as mcp_server

@@ -3,18 +3,23 @@ named, byte limits take sizes, and ``cairn --version`` says which cairn this is.
 
 from __future__ import annotations
 
+import inspect
 import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from cairn.cli import app, runs
-from cairn.cli.options import parse_limits
+from cairn.cli import launching
+from cairn.cli.commands import app
+from cairn.cli.launching import parse_limits
 from cairn.errors import UsageError
 from cairn.protocol.daemon import LaunchRequest
+from cairn.protocol.launch import ProfileSpec
 
 
 @pytest.fixture
@@ -22,12 +27,12 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[LaunchRequest, Path]]:
     """What the CLI would send cairnd: the request and the directory its descriptor opens."""
     seen: list[tuple[LaunchRequest, Path]] = []
 
-    def request(req: LaunchRequest, fd: int | None = None, **_: Any) -> dict[str, Any]:
+    def request(req: dict[str, Any], fd: int | None = None, **_: Any) -> dict[str, Any]:
         assert fd is not None
-        seen.append((req, Path(os.readlink(f"/proc/self/fd/{fd}"))))
+        seen.append((LaunchRequest.model_validate(req), Path(os.readlink(f"/proc/self/fd/{fd}"))))
         return {"run_id": "flow_" + "0" * 32}
 
-    monkeypatch.setattr(runs, "request", request)
+    monkeypatch.setattr(launching, "request", request)
     return seen
 
 
@@ -71,3 +76,100 @@ def test_version_prints_the_installed_version() -> None:
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.output == f"cairn {metadata.version('cairn')}\n"
+
+
+# --- the command line read without click (cairn.cli.launching.read_argv) ---------------
+
+READ_AS_CLICK_DOES = [
+    ["launch", "builtin:implement"],
+    ["launch", "builtin:implement", "--project", "p", "--args", '{"a": -1}'],
+    ["launch", "--project=p", "wf.py", "--confirm", "sha256:" + "a" * 64, "--json"],
+    ["launch", "builtin:goal", "--limit", "max_agent_ops=3", "--limit=memory_max=2G",
+     "--scripted", "a=f.json", "--scripted", "b=g.json", "--apply", "never"],
+    ["launch", "builtin:goal", "--apply=ask", "--args", "{}", "--args", '{"x": 2}'],
+    ["launch", "builtin:goal", "--project", "", "--json", "--json"],
+    ["launch", "user:with=sign"],
+]
+HANDED_TO_CLICK = [
+    ["launch"],
+    ["launch", "--help"],
+    ["launch", "builtin:goal", "--help"],
+    ["launch", "a", "b"],
+    ["launch", "a", "--apply", "sometimes"],
+    ["launch", "a", "--args"],
+    ["launch", "a", "--project", "-p"],
+    ["launch", "a", "--json=yes"],
+    ["launch", "a", "--no-such-option"],
+    ["launch", "a", "--"],
+    ["launch", "-"],
+    ["--version", "launch", "a"],
+    ["show", "a"],
+]
+
+
+def parsed_by_click(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    seen: list[dict[str, Any]] = []
+
+    def launch(definition: str, **keywords: Any) -> None:
+        seen.append({"definition": definition, **keywords})
+
+    monkeypatch.setattr(launching, "launch", launch)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0 and len(seen) == 1, result.output
+    return {k: list(v) if isinstance(v, list | tuple) else v for k, v in seen[0].items()}
+
+
+@pytest.mark.parametrize("argv", READ_AS_CLICK_DOES, ids=" ".join)
+def test_a_launch_is_read_as_click_reads_it(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    defaults = {
+        name: list(p.default) if isinstance(p.default, tuple) else p.default
+        for name, p in inspect.signature(launching.launch).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    read = launching.read_argv(argv, {})
+    assert read is not None
+    assert {**defaults, **read} == parsed_by_click(argv, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", HANDED_TO_CLICK, ids=" ".join)
+def test_anything_else_is_left_to_click(argv: list[str]) -> None:
+    assert launching.read_argv(argv, {}) is None
+
+
+def test_a_completion_request_is_left_to_click() -> None:
+    argv = ["launch", "builtin:goal"]
+    assert launching.read_argv(argv, {launching.COMPLETION_ENV: "bash_complete"}) is None
+    assert launching.read_argv(argv, {}) is not None
+
+
+def test_the_reader_knows_exactly_the_typer_commands_options() -> None:
+    command = typer.main.get_command(app)
+    assert isinstance(command, click.Group)
+    launch = command.commands["launch"]
+    options = {
+        opt: None if param.is_flag else (param.name, param.multiple)
+        for param in launch.params
+        if isinstance(param, click.Option)
+        for opt in param.opts
+    }
+    assert options == {**launching.OPTIONS, "--json": None}
+    json_flag = next(p for p in launch.params if "--json" in p.opts)
+    assert json_flag.name == "json_out"
+    apply = next(p for p in launch.params if "--apply" in p.opts)
+    assert isinstance(apply.type, click.Choice)
+    assert tuple(apply.type.choices) == launching.APPLY_MODES
+    arguments = [p.name for p in launch.params if isinstance(p, click.Argument)]
+    assert arguments == ["definition"]
+    assert launching.COMPLETION_ENV == f"_{command.name.upper()}_COMPLETE"
+
+
+def test_the_request_names_every_field_cairnd_validates() -> None:
+    request = launching.launch_request(
+        definition="builtin:goal", source=None, confirm=None, limits={"max_agent_ops": 3},
+        apply_mode="never", args={"objective": "x"}, project="/p",
+        scripted={"a": ProfileSpec(name="a", kind="scripted").model_dump(mode="json")},
+    )
+    assert set(request) == set(LaunchRequest.model_fields)
+    assert LaunchRequest.model_validate(request).model_dump(mode="json") == request

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cairn import paths
-from cairn.cli import app
 from cairn.cli import logs as cli_logs
+from cairn.cli.commands import app
 from cairn.daemon import server, views
 from cairn.errors import CairnError, UsageError
 from cairn.journal.readwrite import Journal

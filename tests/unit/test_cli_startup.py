@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import pwd
+import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import click
 import typer
 
-from cairn.cli import app
+from cairn.cli.commands import app
 from cairn.proc import run
-from cairn.protocol.daemon import MODEL_OF_OP
+from cairn.protocol.attestation import parse_attestation
+from cairn.protocol.daemon import MODEL_OF_OP, LaunchRequest
+from cairn.protocol.launch import LaunchDescription, ProjectSpec
 
 # Each loaded only by the commands that use it; at the top it slowed every cairn start.
 COMMAND_ONLY = frozenset({
@@ -66,24 +72,97 @@ def dispatched(argv: list[str]) -> str:
     )
 
 
-def test_importing_the_cli_loads_no_command_only_module(tmp_path: Path) -> None:
-    loaded, _ = modules_after("import cairn.cli", tmp_path)
+# What a launch read without click loads none of (cairn.cli.launching): a burst of
+# launches costs about as many interpreters.
+LAUNCH_FREE = frozenset({"click", "typer", "pydantic", "pydantic_core", "cairn.cli.commands",
+                         "cairn.cli.runs", "cairn.protocol.daemon", "cairn.protocol.launch",
+                         "cairn.protocol.base", "cairn.definitions.resolve"})
+
+
+def test_the_command_tree_loads_no_command_only_module(tmp_path: Path) -> None:
+    loaded, _ = modules_after("import cairn.cli.commands", tmp_path)
     assert {"cairn.cli.runs", "cairn.cli.mcp", "cairn.cli.notify", "cairn.cli.workflow"} <= loaded
     assert sorted(COMMAND_ONLY & loaded) == []
+    bare, _ = modules_after("import cairn.cli", tmp_path)
+    assert sorted(LAUNCH_FREE & bare) == []
 
 
-def test_launch_and_show_load_no_command_only_module_and_build_only_their_request(
+def test_show_loads_no_command_only_module_and_builds_only_its_request(tmp_path: Path) -> None:
+    argv = ["show", "flow_" + "0" * 32]
+    loaded, stderr = modules_after(f"{dispatched(argv)}\n{BUILT}", tmp_path)
+    # No cairnd under this root: the command got as far as sending its request.
+    assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
+    assert sorted(COMMAND_ONLY & loaded) == []
+    assert stderr.splitlines()[-1] == "built show"
+
+
+def test_a_launch_loads_neither_click_nor_a_model(tmp_path: Path) -> None:
+    argv = ["launch", "builtin:implement", "--project", str(tmp_path), "--limit", "max_agent_ops=3"]
+    loaded, stderr = modules_after(dispatched(argv), tmp_path)
+    assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
+    assert sorted((LAUNCH_FREE | COMMAND_ONLY) & loaded) == []
+    helped, stderr = modules_after(dispatched(["launch", "--help"]), tmp_path)
+    assert "exit 0" in stderr and {"click", "typer", "cairn.cli.runs"} <= helped
+
+
+def test_a_whole_launch_attests_the_models_hash_without_loading_a_model(
     tmp_path: Path,
 ) -> None:
-    for argv in (
-        ["launch", "builtin:implement", "--project", str(tmp_path)],
-        ["show", "flow_" + "0" * 32],
-    ):
-        loaded, stderr = modules_after(f"{dispatched(argv)}\n{BUILT}", tmp_path)
-        # No cairnd under this root: the command got as far as sending its request.
-        assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
-        assert sorted(COMMAND_ONLY & loaded) == [], argv
-        assert stderr.splitlines()[-1] == f"built {argv[0]}"
+    """``cairn launch`` against a stand-in cairnd that freezes a description with the
+    protocol's model: the CLI, which reads it as JSON, attests the model's own hash, prints
+    the run and loads no model, click or typer."""
+    run_id = "flow_" + "c3" * 16
+    project = tmp_path / "proj"
+    project.mkdir()
+    (tmp_path / "run/cairn").mkdir(parents=True)
+    heard: dict[str, Any] = {}
+
+    def cairnd(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            line, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+            request = LaunchRequest.model_validate_json(line)
+            heard["request"] = request
+            heard["project"] = os.readlink(f"/proc/self/fd/{fds[0]}")
+            desc = frozen(run_id, request)
+            with socket.socket(fileno=fds[1]) as channel:
+                os.close(fds[0])
+                channel.sendall(desc.model_dump_json().encode() + b"\n")
+                heard["attestation"] = channel.recv(4096)
+            heard["hash"] = desc.launch_hash()
+            conn.sendall(json.dumps({"ok": True, "result": {"run_id": run_id,
+                                                            "state": "running"}}).encode())
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(tmp_path / "run/cairn/cairnd.sock"))
+        listener.listen(1)
+        thread = threading.Thread(target=cairnd, args=(listener,))
+        thread.start()
+        argv = ["launch", "builtin:implement", f"--project={project}", "--args",
+                '{"objective": "tidy"}', "--apply", "ask"]
+        proc = run([sys.executable, "-c", f"{dispatched(argv)}\n{REPORT}"],
+                   env={"CAIRN_ROOT": str(tmp_path)}, timeout=60)
+        thread.join(timeout=30)
+    stdout = proc.stdout.decode().splitlines()
+    assert stdout[0] == run_id and "exit 0" in proc.stderr.decode(), proc.stderr
+    assert sorted(LAUNCH_FREE & set(json.loads(stdout[-1]))) == []
+    assert heard["project"] == str(project)
+    assert (heard["request"].args, heard["request"].apply_mode) == ({"objective": "tidy"}, "ask")
+    assert parse_attestation(heard["attestation"]) == (run_id, heard["hash"])
+
+
+def frozen(run_id: str, request: LaunchRequest) -> LaunchDescription:
+    """The description a cairnd would freeze for ``request`` (its defaults and all)."""
+    account = pwd.getpwuid(os.getuid())
+    assert request.project is not None and request.definition is not None
+    return LaunchDescription(
+        run_id=run_id, owner_uid=account.pw_uid, owner_gid=account.pw_gid,
+        owner_name=account.pw_name, definition=request.definition, source="print(1)",
+        source_filename="implement.py", review_hash="sha256:" + "b" * 64, review={},
+        args={**request.args, "depth": 1.5},
+        project=ProjectSpec(root=request.project, owner_uid=account.pw_uid, on_pool_fs=False),
+        profiles={}, apply_mode=request.apply_mode, cairn_version="t", created_at=2.5,
+    )
 
 
 # Loaded only by a command that sends cairnd a request (the protocol's models) or checks a
@@ -119,7 +198,7 @@ def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
 EVERY_HELP = """
 import contextlib, io, json, sys
 {first}
-from cairn import cli
+from cairn.cli import commands as cli
 rich_at_start = "rich" in sys.modules
 import typer.main
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import app
 from cairn.cli import storage as cli_storage
+from cairn.cli.commands import app
 from cairn.errors import CairnError, UsageError
 from cairn.protocol.daemon import OpRequest, PruneRequest, RmRequest
 

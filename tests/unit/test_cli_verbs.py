@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import app, runs, schedule
+from cairn.cli import runs, schedule
+from cairn.cli.commands import app
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = {"run_id": "flow_" + "3fa9" * 8, "state": "running", "definition": "builtin:implement",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import app
+from cairn.cli.commands import app
 from cairn.hostconfig import check_host_config
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import app, runs
+from cairn.cli import launching
+from cairn.cli.commands import app
 from cairn.daemon import launch as daemon_launch
 from cairn.definitions import files, registry, resolve, trust, user
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, ValidationFailed
@@ -196,7 +197,7 @@ def test_launching_a_draft_file_sends_nothing(
     config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = user.create_draft("tidy")
-    monkeypatch.setattr(runs, "request", lambda *a, **k: pytest.fail("sent a draft"))
+    monkeypatch.setattr(launching, "request", lambda *a, **k: pytest.fail("sent a draft"))
     result = CliRunner().invoke(app, ["launch", str(path), "--confirm", review_hash(SOURCE)])
     assert isinstance(result.exception, UsageError)
     assert result.exception.message == "user:tidy is a draft; drafts cannot be launched"
@@ -382,11 +383,11 @@ def test_untrust_forgets_the_decision(config: Path, project: Path) -> None:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[LaunchRequest]:
     seen: list[LaunchRequest] = []
 
-    def request(req: LaunchRequest, fd: int | None = None, **_: Any) -> dict[str, Any]:
-        seen.append(req)
+    def request(req: dict[str, Any], fd: int | None = None, **_: Any) -> dict[str, Any]:
+        seen.append(LaunchRequest.model_validate(req))
         return {"run_id": "flow_" + "0" * 32}
 
-    monkeypatch.setattr(runs, "request", request)
+    monkeypatch.setattr(launching, "request", request)
     return seen
 
 

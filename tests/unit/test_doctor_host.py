@@ -19,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cairn import hostcheck, paths
-from cairn.cli import app, runs
+from cairn.cli import runs
+from cairn.cli.commands import app
 from cairn.daemon import doctor
 from cairn.errors import SystemdError, Unavailable
 from cairn.journal.readwrite import Journal

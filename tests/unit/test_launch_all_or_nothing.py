@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cairn import paths
-from cairn.cli import app
 from cairn.cli import people as people_cli
+from cairn.cli.commands import app
 from cairn.daemon import attest, launch, reconcile
 from cairn.errors import BrokerRefused, CairnError, Unavailable
 from cairn.journal.readwrite import Journal

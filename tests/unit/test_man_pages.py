@@ -88,7 +88,7 @@ def test_cairn_1_lists_every_visible_command_and_no_hidden_one(rendered: Path) -
     listed = re.findall(r"^## (cairn .+)$", source, re.MULTILINE)
     import typer
 
-    from cairn.cli import app
+    from cairn.cli.commands import app
 
     visible, hidden = [], []
     stack = [(typer.main.get_command(app), ["cairn"])]

@@ -284,8 +284,8 @@ def test_follow_starts_from_now_then_runs_hooks_for_each_new_event(
 ) -> None:
     from typer.testing import CliRunner
 
-    from cairn.cli import app
     from cairn.cli import notify as cli_notify
+    from cairn.cli.commands import app
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))

@@ -458,7 +458,8 @@ def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
 ) -> None:
     from typer.testing import CliRunner
 
-    from cairn.cli import app, runs
+    from cairn.cli import runs
+    from cairn.cli.commands import app
 
     sent: list[Any] = []
     source, new = "flow_" + "3fa9" * 8, "flow_" + "0b1c" * 8

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cairn import paths
-from cairn.cli import app, people, runs
+from cairn.cli import people, runs
+from cairn.cli.commands import app
 from cairn.daemon import runref, server, views
 from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import typer
 
-from cairn.cli import app
+from cairn.cli.commands import app
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "troubleshooting.md"

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from cairn import paths
 from cairn.canonical import canonical_json
-from cairn.cli import app, runs
+from cairn.cli import runs
+from cairn.cli.commands import app
 from cairn.daemon import views
 from cairn.errors import JournalError
 from cairn.journal.readwrite import Journal
