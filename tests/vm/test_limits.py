@@ -259,6 +259,11 @@ def test_tasks_max_stops_a_fork_bomb(vm: VirtualMachine) -> None:
     ]
     run_id = launch(vm, project, steps)
     cgroup = wait_agent_cgroup(vm, agent_unit(run_id))
+    # A run is background work (units/cairn.slice): its agent is placed under cairn.slice,
+    # which weighs 20 against the 100 of the services people use.
+    assert cgroup.startswith("/cairn.slice/cairn-agents.slice/"), cgroup
+    assert vm.read("/sys/fs/cgroup/cairn.slice/cpu.weight").strip() == "20"
+    assert vm.read("/sys/fs/cgroup/system.slice/cpu.weight").strip() == "100"
 
     def refused_forks(files: dict[str, str]) -> bool:
         return keyed(files["pids.events"])["max"] > 0
