@@ -22,7 +22,8 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     try:
         db.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:
-        if getattr(exc, "sqlite_errorcode", None) not in (
+        # the primary code: an extended one (SQLITE_BUSY_RECOVERY, _BUSY_TIMEOUT) is busy too
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (
             sqlite3.SQLITE_BUSY,
             sqlite3.SQLITE_LOCKED,
         ):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 
@@ -19,6 +19,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpState
 from cairn.journal.runs import Busy
 from cairn.journal.store import LEASE_TTL, SCHEMA_VERSION
+from cairn.journal.transactions import transaction
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
@@ -229,3 +230,42 @@ def test_the_reader_does_not_import_the_writers_or_the_policy() -> None:
     for module in ("cairn.policy", "cairn.journal.people", "cairn.journal.operations",
                    "cairn.journal.runs", "cairn.journal.readwrite"):
         assert module not in out
+
+
+class _Refusing:
+    """A connection whose BEGIN fails with one SQLite result code (the real lock is the
+    test above; extended codes cannot be provoked on demand)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def execute(self, sql: str, *args: object) -> Any:
+        if sql == "BEGIN IMMEDIATE":
+            error = sqlite3.OperationalError("busy")
+            error.sqlite_errorcode = self.code  # type: ignore[attr-defined]
+            raise error
+        if sql == "PRAGMA database_list":
+            return [(0, "main", "/j.db")]
+        return _Row(50)
+
+
+class _Row:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def fetchone(self) -> tuple[int]:
+        return (self.value,)
+
+
+# BUSY, LOCKED, BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT
+@pytest.mark.parametrize("code", [5, 6, 261, 517, 773])
+def test_an_extended_busy_code_is_a_lock_too(code: int) -> None:
+    with pytest.raises(JournalError, match="/j.db stayed locked"):
+        with transaction(_Refusing(code)):  # type: ignore[arg-type]
+            pass
+
+
+def test_another_operational_error_stays_what_it_is() -> None:
+    with pytest.raises(sqlite3.OperationalError):
+        with transaction(_Refusing(sqlite3.SQLITE_READONLY)):  # type: ignore[arg-type]
+            pass
