@@ -21,7 +21,7 @@ from cairn import failpoints, paths, proc, untrusted
 from cairn.background import yield_session
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
-from cairn.errors import BrokerRefused, CairnError, StorageError, SystemdError
+from cairn.errors import BrokerRefused, CairnError, NotFound, StorageError, SystemdError
 from cairn.netpolicy import (
     NETWORK_MODES,
     PROXY_PORT,
@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 
 PYTHON = "/usr/bin/python3"
 IMPORT_TIMEOUT = 6 * 3600.0
+# How long a helper an earlier broker left running gets to stop (TimeoutStopSec is 90 s).
+LEFTOVER_STOP_TIMEOUT = 120.0
+LEFTOVER_GONE_TIMEOUT = 10.0
 CANDIDATE_TIMEOUT = 3600.0
 APPLY_TIMEOUT = 3600.0
 INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
@@ -398,6 +401,7 @@ def _run_to_end(
     its ``_SYSTEMD_INVOCATION_ID`` (journald reads it off the loaded unit; a line taken
     in after the unit was collected has none, and a read by invocation would miss it)."""
     with Systemd() as sd:
+        _end_leftover(sd, name)
         job = sd.start_transient_service(name, helper_unit_properties(spec))
         sd.wait_started(job)
         _as_background(sd.unit_state(name))
@@ -409,6 +413,36 @@ def _run_to_end(
                             synced.stderr.decode(errors="replace").strip()[-300:])
         sd.unref(name)
     return state
+
+
+def end_leftover(name: str) -> None:
+    """Stop the helper unit ``name`` if an earlier broker started it and died before it
+    ended (a crash mid-verb), and wait until it has; a retried verb then owns the name and
+    whatever that unit was writing."""
+    with Systemd() as sd:
+        _end_leftover(sd, name)
+
+
+def _end_leftover(sd: Systemd, name: str) -> None:
+    state = sd.unit_state(name)
+    if state is None:
+        return
+    if not state.finished:
+        log.warning("%s was left %s by an earlier broker; stopping it", name, state.active_state)
+        sd.stop_unit(name)
+        try:
+            sd.wait_inactive(name, LEFTOVER_STOP_TIMEOUT)
+        except NotFound:
+            return  # stopped and collected
+    sd.reset_failed(name)  # a failed transient unit is collected only once reset
+    deadline = time.monotonic() + LEFTOVER_GONE_TIMEOUT
+    while sd.unit_state(name) is not None:  # until PID 1 has collected it: the name is free
+        if time.monotonic() > deadline:
+            raise BrokerRefused(
+                f"{name} has ended but stays loaded, so it cannot be started again",
+                hint=f"'systemctl reset-failed {name}', then retry the run",
+            )
+        time.sleep(0.1)
 
 
 def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
@@ -564,6 +598,10 @@ def progress_bind(run_id: str, phase: str) -> list[tuple[str, str]]:
     return [(str(paths.state_dir() / rel), "/progress")]
 
 
+def import_unit_name(run_id: str) -> str:
+    return f"cairn-import-{run_id}.service"
+
+
 def run_import(desc: LaunchDescription, project: Path, staging: Path) -> ImportDone:
     """Copy the project into ``staging`` as its owner (never capturing what they can't
     read); its statistics are the owner's bytes, recorded and never parsed here."""
@@ -587,7 +625,7 @@ def run_import(desc: LaunchDescription, project: Path, staging: Path) -> ImportD
         runtime_max_sec=int(IMPORT_TIMEOUT),
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    unit = run_helper(spec, f"cairn-import-{desc.run_id}.service", IMPORT_TIMEOUT)
+    unit = run_helper(spec, import_unit_name(desc.run_id), IMPORT_TIMEOUT)
     stats = untrusted.read_bytes(result_dir, "stats.json", owner=desc.owner_uid, limit=STATS_LIMIT)
     return ImportDone(**unit, stats_raw=RawBytes.of(stats))
 

@@ -249,6 +249,14 @@ def prepare_q(ctx: Context) -> QPrepared:
         receipt = pool.snapshot(subvolume, q, read_only=True)
         return QPrepared(q=receipt, subpath=str(subpath), imported=False, project_ino=st.st_ino)
     staging = pool.q_import_path(ctx.run_id)
+    left = [path for path in (q, staging) if path.exists() or path.is_symlink()]
+    if left:
+        # An earlier prepare-q died in its import (a broker crash); its unit may still be
+        # copying. None of it is kept: the import writes only into an empty subvolume.
+        units.end_leftover(units.import_unit_name(ctx.run_id))
+        for path in left:
+            log.info("discarding %s, left by an interrupted import", path)
+            pool.delete(path, pool.receipt(path))
     qgroup = pool.ensure_run_qgroup(ctx.run_id)
     pool.create_subvolume(staging, qgroup=qgroup)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)

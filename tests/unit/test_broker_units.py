@@ -173,6 +173,73 @@ def test_a_helper_unit_that_fails_is_an_error_naming_its_journal(
     assert caught.value.hint == f"see 'journalctl -u {name}'"
 
 
+class Leftover(Manager):
+    """PID 1 still holding a unit an earlier broker started (``left``): a stop ends it
+    (``collected``: and PID 1 collects it at once), a reset-failed lets it be collected."""
+
+    def __init__(self, left: UnitState, *, collected: bool = False,
+                 stays: bool = False) -> None:
+        super().__init__({left.name: left}, ended=state(left.name, "inactive"))
+        self.collected, self.stays = collected, stays
+
+    def stop_unit(self, name: str) -> None:
+        super().stop_unit(name)
+        self.states[name] = None if self.collected else state(name, "failed", result="signal")
+
+    def wait_inactive(self, name: str, timeout: float) -> UnitState:
+        if self.states.get(name) is None:
+            self.calls.append(("wait_inactive", name, timeout))
+            raise units.NotFound(f"unit {name} is not loaded")
+        if self.states[name].finished:  # type: ignore[union-attr]
+            self.calls.append(("wait_inactive", name, timeout))
+            return self.states[name]  # type: ignore[return-value]
+        return super().wait_inactive(name, timeout)
+
+    def reset_failed(self, name: str) -> None:
+        super().reset_failed(name)
+        if not self.stays:
+            self.states[name] = None
+
+
+@pytest.mark.parametrize("collected", [False, True])
+def test_a_helper_an_earlier_broker_left_running_is_stopped_before_it_starts_again(
+    host: Path, monkeypatch: pytest.MonkeyPatch, collected: bool
+) -> None:
+    name = units.import_unit_name(RUN)
+    pid1 = Leftover(state(name, "active"), collected=collected)
+    monkeypatch.setattr(units, "Systemd", pid1)
+    units.run_helper(helper(host), name, 60.0)
+    calls = [c[0] for c in pid1.calls]
+    before = ["stop_unit", "wait_inactive"] + ([] if collected else ["reset_failed"])
+    assert calls[:calls.index("start_transient_service")] == before
+    assert ("wait_inactive", name, units.LEFTOVER_STOP_TIMEOUT) in pid1.calls
+
+
+def test_a_failed_leftover_is_reset_and_one_never_running_is_left_alone(
+    host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = units.import_unit_name(RUN)
+    pid1 = Leftover(state(name, "failed", result="exit-code", status=1))
+    monkeypatch.setattr(units, "Systemd", pid1)
+    units.end_leftover(name)
+    assert [c[0] for c in pid1.calls] == ["reset_failed"] and pid1.states[name] is None
+    fresh = Manager()
+    monkeypatch.setattr(units, "Systemd", fresh)
+    units.end_leftover(name)
+    assert fresh.calls == []
+
+
+def test_a_leftover_that_stays_loaded_is_refused_with_what_to_run(
+    host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = units.import_unit_name(RUN)
+    monkeypatch.setattr(units, "Systemd", Leftover(state(name, "inactive"), stays=True))
+    monkeypatch.setattr(units, "LEFTOVER_GONE_TIMEOUT", 0.3)
+    with pytest.raises(units.BrokerRefused, match="stays loaded") as caught:
+        units.end_leftover(name)
+    assert caught.value.hint == f"'systemctl reset-failed {name}', then retry the run"
+
+
 class Journal:
     """``journalctl`` as the broker calls it: what it prints for each match, in turn."""
 
