@@ -710,6 +710,10 @@ def run_apply(
     return {**unit, "result": result.model_dump(mode="json")}
 
 
+def candidate_unit_name(run_id: str) -> str:
+    return f"cairn-candidate-{run_id}.service"
+
+
 def run_candidate(
     desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
 ) -> tuple[dict[str, Any], CandidateResult]:
@@ -741,7 +745,7 @@ def run_candidate(
         runtime_max_sec=int(CANDIDATE_TIMEOUT),
         log_fields={"CAIRN_RUN": desc.run_id},
     )
-    name = f"cairn-candidate-{desc.run_id}.service"
+    name = candidate_unit_name(desc.run_id)
     try:
         unit = run_helper(spec, name, CANDIDATE_TIMEOUT)
     except SystemdError as exc:

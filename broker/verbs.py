@@ -234,6 +234,20 @@ def check_generation(intent: Intent) -> None:
 # --- storage-v1 ----------------------------------------------------------------------
 
 
+def discard_interrupted(pool: storage.Pool, unit: str, *made: Path) -> None:
+    """What an earlier broker left of this verb when it died in it (a crash of any run
+    kills every verb in flight): the helper ``unit``, still running or not, is ended, and
+    the subvolumes in ``made`` it was building are deleted. No receipt names them, so the
+    retried verb starts from nothing."""
+    left = [path for path in made if path.exists() or path.is_symlink()]
+    if not left:
+        return
+    units.end_leftover(unit)
+    for path in left:
+        log.info("discarding %s, left by an interrupted %s", path, unit)
+        pool.delete(path, pool.receipt(path))
+
+
 def prepare_q(ctx: Context) -> QPrepared:
     """Q: a snapshot of the project's subvolume when it lives on the pool's filesystem,
     otherwise an import made by a unit that runs as the project's owner."""
@@ -249,14 +263,8 @@ def prepare_q(ctx: Context) -> QPrepared:
         receipt = pool.snapshot(subvolume, q, read_only=True)
         return QPrepared(q=receipt, subpath=str(subpath), imported=False, project_ino=st.st_ino)
     staging = pool.q_import_path(ctx.run_id)
-    left = [path for path in (q, staging) if path.exists() or path.is_symlink()]
-    if left:
-        # An earlier prepare-q died in its import (a broker crash); its unit may still be
-        # copying. None of it is kept: the import writes only into an empty subvolume.
-        units.end_leftover(units.import_unit_name(ctx.run_id))
-        for path in left:
-            log.info("discarding %s, left by an interrupted import", path)
-            pool.delete(path, pool.receipt(path))
+    # the import writes only into an empty subvolume
+    discard_interrupted(pool, units.import_unit_name(ctx.run_id), q, staging)
     qgroup = pool.ensure_run_qgroup(ctx.run_id)
     pool.create_subvolume(staging, qgroup=qgroup)
     os.chown(staging, ctx.desc.owner_uid, ctx.desc.owner_gid)
@@ -384,12 +392,14 @@ def settle_candidate(ctx: Context) -> CandidateBuilt:
     pool.verify(p, ctx.receipt("freeze-proposal", ProposalFrozen).p)
     stream = storage.metadata_stream(q, p)
     c = pool.settlement_path(ctx.run_id, "C")
+    f = pool.settlement_path(ctx.run_id, "F")
+    # the candidate unit brings up a fresh snapshot of Q, never one it half changed
+    discard_interrupted(pool, units.candidate_unit_name(ctx.run_id), f, c)
     qgroup = ctx.qgroup()
     c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
     try:
         work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
         unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
-        f = pool.settlement_path(ctx.run_id, "F")
         f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
     except BaseException:
         # no receipt will name this C: it goes, or it would be a subvolume nothing explains

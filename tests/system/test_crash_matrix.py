@@ -365,8 +365,8 @@ def test_write_matrix_tables(matrix: Matrix) -> None:
         "agent's effect once, and no unit, subvolume or intent left behind. One broker",
         "serves every run, so a broker row also kills the broker amid the other runs'",
         "calls; an evaluator it was waiting on then runs again (measured once), and an",
-        "import it was waiting on is stopped and made again into an empty subvolume",
-        "(`tests/btrfs/test_import_retry.py`).",
+        "import or candidate it was waiting on is stopped and made again from nothing",
+        "(`tests/btrfs/test_retried_helpers.py`).",
         f"{len(CELLS)} cells; the module took {matrix.seconds / 60:.1f} min.",
         "",
     ]

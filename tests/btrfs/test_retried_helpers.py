@@ -1,9 +1,11 @@
-"""A broker that dies during a run's import (a crash of any run kills the whole broker,
-and with it every verb in flight): the retried prepare-q stops the import unit if it
-still runs, discards what the import left (a half-filled staging subvolume, the Q already
-snapshotted from it) and imports again into an empty subvolume. Real journal, receipts
-and Btrfs through the broker's own ``carry_out``; the import unit is the importer run in
-this process with the unit's binds (the system tier's crash matrix runs the real unit)."""
+"""A broker that dies during a run's import or candidate (a crash of any run kills the
+whole broker, and with it every verb in flight): the retried prepare-q stops the import
+unit if it still runs, discards what the import left (a half-filled staging subvolume,
+the Q already snapshotted from it) and imports again into an empty subvolume; a retried
+settle-candidate discards a half-built C and its F and builds from a fresh snapshot of Q.
+Real journal, receipts and Btrfs through the broker's own ``carry_out``; the import unit
+is the importer run in this process with the unit's binds (the system tier's crash
+matrix runs the real units)."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ from typing import Any
 import pytest
 
 from cairn import importer, paths
-from cairn.broker import units
+from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.journal.readwrite import Journal
-from cairn.protocol.broker import QPrepared
+from cairn.protocol.broker import ProposalFrozen, QPrepared
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
-from cairn.storage import Pool, is_subvolume
+from cairn.protocol.settlement import CandidateResult
+from cairn.settle import inventories_equal
+from cairn.storage import Pool, SubvolumeReceipt, is_subvolume
 from cairn.unitprops import HelperUnitSpec
 from cairn.workflow.review import review_source
 
@@ -84,9 +88,9 @@ def imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield seen
 
 
-def new_run(project: Path, run_id: str) -> Coordinator:
+def new_desc(run_id: str, project: Path = Path("/home/owner/project")) -> LaunchDescription:
     review = review_source(WORKFLOW, filename="wf.py")
-    desc = LaunchDescription(
+    return LaunchDescription(
         run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="nobody",
         definition="/home/x/wf.py", source=WORKFLOW, source_filename="wf.py",
         review_hash=review.review_hash, review=review.model_dump(mode="json"),
@@ -95,6 +99,10 @@ def new_run(project: Path, run_id: str) -> Coordinator:
         profiles={"test:x": ProfileSpec(name="test:x", kind="scripted")},
         cairn_version="0", created_at=1.0,
     )
+
+
+def new_run(project: Path, run_id: str) -> Coordinator:
+    desc = new_desc(run_id, project)
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     coord = Coordinator(run_id)
@@ -152,3 +160,68 @@ def test_a_first_import_ends_no_leftover(
     coord.journal.close()
     assert imports == [f"ran {units.import_unit_name(run_id)}"]
     assert (broker_host.q_path(run_id) / "notes.txt").read_text() == "the whole project\n"
+
+
+# --- the candidate: C and F an earlier broker left -------------------------------------
+
+
+class Candidate:
+    """What ``settle_candidate`` asks of its verb's context, over a real pool: the run,
+    its description and the frozen P's receipt (the journal and receipts are the
+    import tests' above and the crash matrix's)."""
+
+    def __init__(self, pool: Pool, desc: LaunchDescription, frozen: SubvolumeReceipt) -> None:
+        self.run_id, self.desc, self._pool, self._frozen = desc.run_id, desc, pool, frozen
+
+    def pool(self) -> Pool:
+        return self._pool
+
+    def receipt(self, intent_id: str, model: type[ProposalFrozen]) -> ProposalFrozen:
+        assert intent_id == "freeze-proposal"
+        return ProposalFrozen(p=self._frozen)
+
+    def qgroup(self) -> None:
+        return None
+
+    def subpath(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("where", ["in the candidate unit", "after F's snapshot"])
+def test_a_retried_candidate_starts_from_a_fresh_snapshot_of_q(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    project = pool.root / f"project-{run_id}"
+    pool.create_subvolume(project)
+    (project / "notes.txt").write_text("before\n")
+    q = pool.snapshot(project, pool.q_path(run_id), read_only=True)
+    w = pool.snapshot(Path(q.path), pool.w_path(run_id, "root", 1), read_only=False)
+    (Path(w.path) / "notes.txt").write_text("after\n")
+    p = pool.snapshot(Path(w.path), pool.settlement_path(run_id, "P"), read_only=True)
+    c, f = pool.settlement_path(run_id, "C"), pool.settlement_path(run_id, "F")
+    pool.snapshot(Path(q.path), c, read_only=False)
+    (c / "notes.txt").write_text("half\n")  # what the interrupted unit got to
+    (c / "stray.txt").write_text("from the first attempt\n")
+    if where == "after F's snapshot":
+        pool.snapshot(c, f, read_only=True)
+    seen: list[str] = []
+
+    def run_candidate(desc: LaunchDescription, q_: Path, p_: Path, c_: Path, subpath: str,
+                      stream: bytes, work: Path) -> tuple[dict[str, Any], CandidateResult]:
+        assert inventories_equal(c_, q_), "C is not a fresh snapshot of Q"
+        (c_ / "notes.txt").write_text((p_ / "notes.txt").read_text())
+        seen.append("built")
+        return ({"unit": units.candidate_unit_name(desc.run_id), "invocation_id": "i"},
+                CandidateResult(accepted=["notes.txt"], refused=[], bytes_accepted=6,
+                                inventories_equal=False, diff=""))
+
+    monkeypatch.setattr(units, "run_candidate", run_candidate)
+    monkeypatch.setattr(units, "end_leftover", lambda name: seen.append(f"ended {name}"))
+    desc = LaunchDescription.model_validate({**new_desc(run_id).model_dump(), "project": {
+        "root": str(project), "owner_uid": OWNER, "on_pool_fs": True}})
+    built = verbs.settle_candidate(Candidate(pool, desc, p))  # type: ignore[arg-type]
+    assert seen == [f"ended {units.candidate_unit_name(run_id)}", "built"]
+    assert sorted(os.listdir(f)) == ["notes.txt"] and (f / "notes.txt").read_text() == "after\n"
+    assert built.f.uuid == pool.receipt(f).uuid and built.c.uuid == pool.receipt(c).uuid
+    assert built.accepted == ["notes.txt"]
