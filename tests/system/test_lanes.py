@@ -14,20 +14,31 @@ from machine import Machine
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "lanes.py").read_text()
-LANE = {
-    "steps": [
-        {
-            "action": "run",
-            "argv": [
-                "/bin/sh",
-                "-c",
-                "date +%s.%N > started-{prompt}; sleep 4; date +%s.%N > ended-{prompt}",
-            ],
-        },
-        {"action": "write", "path": "{prompt}.txt", "content": "lane {prompt}\n"},
-    ],
-    "output": {"text": "{prompt} done"},
-}
+
+
+def lane(seconds: int) -> dict[str, Any]:
+    """A lane's scripted agent: note when it starts, work ``seconds``, note when it ends."""
+    return {
+        "steps": [
+            {
+                "action": "run",
+                "argv": [
+                    "/bin/sh",
+                    "-c",
+                    f"date +%s.%N > started-{{prompt}}; sleep {seconds}; "
+                    "date +%s.%N > ended-{prompt}",
+                ],
+            },
+            {"action": "write", "path": "{prompt}.txt", "content": "lane {prompt}\n"},
+        ],
+        "output": {"text": "{prompt} done"},
+    }
+
+
+LANE = lane(4)
+# Long enough that no lane can finish between the test seeing all of them started and the
+# cancel reaching them, however loaded the machine (the cancel stops them, so it costs none).
+CANCELLED_LANE = lane(120)
 GATHER = {
     "steps": [
         {
@@ -49,14 +60,16 @@ def cairn(machine: Machine, *argv: str, user: str = "alice") -> str:
     return machine.exec(["cairn", *argv], user=user, timeout=120).stdout.decode()
 
 
-def launch(machine: Machine, names: list[str], *extra: str) -> tuple[str, str]:
+def launch(
+    machine: Machine, names: list[str], *extra: str, script: dict[str, Any] = LANE
+) -> tuple[str, str]:
     project = "/home/alice/lanes"
     machine.exec(["mkdir", "-p", project], user="alice")
     machine.exec(["tee", f"{project}/README"], user="alice", input=b"parent\n")
     machine.exec(["tee", "/home/alice/lanes.py"], user="alice", input=WORKFLOW.encode())
-    for name, script in (("lane", LANE), ("gather", GATHER)):
+    for name, agent in (("lane", script), ("gather", GATHER)):
         machine.exec(
-            ["tee", f"/home/alice/{name}.json"], user="alice", input=json.dumps(script).encode()
+            ["tee", f"/home/alice/{name}.json"], user="alice", input=json.dumps(agent).encode()
         )
     review = cairn(machine, "workflow", "review", "/home/alice/lanes.py")
     review_hash = review.strip().splitlines()[-1].split()[-1]
@@ -177,7 +190,7 @@ def test_coordinator_killed_while_lanes_run(machine: Machine) -> None:
 
 def test_cancel_stops_every_running_lane(machine: Machine) -> None:
     names = ["a", "b", "c"]
-    run_id, project = launch(machine, names)
+    run_id, project = launch(machine, names, script=CANCELLED_LANE)
     wait(
         machine,
         run_id,
