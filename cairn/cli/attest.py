@@ -47,7 +47,7 @@ class Expected(NamedTuple):
         root will (another type, a key root drops) is a refusal, never a different run."""
         try:
             desc = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser
             raise refusal("cairnd", f"sent a description this CLI cannot read ({exc})") from None
         if not isinstance(desc, dict):
             raise refusal("cairnd", "sent a description that is not a JSON object")

@@ -97,7 +97,7 @@ def reply_result(raw: bytes) -> Any:
         )
     try:
         reply = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's
         reply = None
     if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
         raise _unreadable()

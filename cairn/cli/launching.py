@@ -23,6 +23,7 @@ from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.errors import PermissionDenied, UsageError
 from cairn.sizes import parse_size
+from cairn.terminal import printable
 
 APPLY_MODES = ("auto", "ask", "never")
 # Limits counted in bytes: their values may be written as sizes (2G, 512M).
@@ -155,7 +156,8 @@ def launch(
     if json_out:
         emit(result)
         return
-    print(result["run_id"], flush=True)
+    # cairnd's words: escaped like every other text this CLI did not write
+    print(printable(result["run_id"]), flush=True)
     if result.get("state") == "queued":
         print(queued_note(result["run_id"], result.get("position")), file=sys.stderr, flush=True)
 
@@ -188,9 +190,9 @@ def launch_request(
 
 def queued_note(run_id: str, position: int | None) -> str:
     """What a person is told of a run that waits for a machine-wide slot."""
-    where = f" (position {position})" if position else ""
+    where = f" (position {printable(position)})" if position else ""
     return (
-        f"queued{where}: the machine runs as many runs as its limit allows; {run_id} "
+        f"queued{where}: the machine runs as many runs as its limit allows; {printable(run_id)} "
         "starts when a slot frees ('cairn show' tells its place, 'cairn cancel' drops it)"
     )
 
