@@ -20,14 +20,20 @@ else, é and CJK included, is kept. A backslash is kept as it is.
 
 from __future__ import annotations
 
+import functools
 import re
 
 _CONTROLS = (
     "\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
 )
-_ESCAPED = re.compile(f"[\t{_CONTROLS}]")
-_ESCAPED_BUT_TABS = re.compile(f"[{_CONTROLS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+@functools.cache
+def _escaped(*, tabs: bool) -> re.Pattern[str]:
+    """What :func:`printable` escapes (tabs too unless ``tabs``), compiled when first
+    needed: most text needs no pass, and a launch then compiles nothing."""
+    return re.compile(f"[{_CONTROLS}]" if tabs else f"[\t{_CONTROLS}]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -45,8 +51,13 @@ def printable(text: object, *, tabs: bool = False) -> str:
     terminal. With ``tabs``, a tab stays a tab (diff and log bodies)."""
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8", "backslashreplace")
-    pattern = _ESCAPED_BUT_TABS if tabs else _ESCAPED
-    return pattern.sub(_escape, str(text))
+    text = str(text)
+    # Every character escaped here is one Python does not call printable (a control, a
+    # format character, a line or paragraph separator, a surrogate): most text is shown
+    # as it is without a regular expression's pass.
+    if text.isprintable():
+        return text
+    return _escaped(tabs=tabs).sub(_escape, text)
 
 
 def printable_lines(text: str) -> str:

@@ -4,18 +4,20 @@ it and (admitted) start its coordinator."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pwd
 import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import cairn
 from cairn import paths, retention
@@ -109,8 +111,44 @@ def unconfirmed(definition: str, filename: str, review_hash: str) -> PermissionD
     )
 
 
+# One review or model build at a time: a burst of launches of one definition (cairnd
+# serves each on its own thread) then reviews it once, not once per launch that arrived
+# before the first review was remembered. Reviews are pure CPU: queueing costs nothing.
+_REVIEWING = threading.RLock()
+
+
+def reviewed(source: str, filename: str) -> Review:
+    """``review_source``, remembered: a review depends on nothing but the source and its
+    file name, and a definition is launched again and again. A rejected source is not
+    remembered."""
+    with _REVIEWING:
+        return _reviewed(source, filename)
+
+
+@functools.lru_cache(maxsize=32)
+def _reviewed(source: str, filename: str) -> Review:
+    return review_source(source, filename=filename)
+
+
+_INPUT_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def input_model(review: Review) -> type[BaseModel]:
+    """The workflow's input model, built once per review hash: building a model costs a
+    launch more than everything else cairnd does for it."""
+    with _REVIEWING:
+        model = _INPUT_MODELS.get(review.review_hash)
+        if model is None:
+            model = build_models(review.models)[review.workflow.input]
+            if len(_INPUT_MODELS) >= 32:
+                _INPUT_MODELS.clear()
+            _INPUT_MODELS[review.review_hash] = model
+        return model
+
+
 def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
-    model = build_models(review.models)[review.workflow.input]
+    """``args`` validated by the workflow's input model, as JSON."""
+    model = input_model(review)
     try:
         return model.model_validate(args).model_dump(mode="json")
     except ValidationError as exc:
@@ -250,12 +288,12 @@ def launch(
         raise UsageError("no definition given", hint="e.g. cairn launch builtin:implement")
     if request.source is not None:
         source, filename = request.source, source_filename(request.definition)
-        review = review_source(source, filename=filename)
+        review = reviewed(source, filename)
         if request.confirm != review.review_hash:
             raise unconfirmed(request.definition, filename, review.review_hash)
     else:
         source, filename = resolve_definition(request.definition)
-        review = review_source(source, filename=filename)
+        review = reviewed(source, filename)
     args = validate_args(review, request.args)
     project = check_project(request.project, fd, uid)
     desc = freeze(

@@ -9,12 +9,18 @@ typer, click or pydantic: many launches at once then cost little more than as ma
 interpreters.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import sys
 
 from cairn.errors import CairnError
 from cairn.terminal import printable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["Interrupted", "main"]
 
@@ -50,8 +56,17 @@ def _dispatch(argv: list[str]) -> int:
     keywords = launching.read_argv(argv, os.environ)
     if keywords is not None:
         launching.launch(**keywords)
-        return 0
+        _exit_at_once()
     return _with_click()
+
+
+def _exit_at_once() -> NoReturn:
+    """Exit 0 with what was printed flushed and without the interpreter's teardown: a
+    launch has nothing left to clean up, and the teardown would cost every launch 3 ms of
+    CPU (a tenth of it) when many start at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _with_click() -> int:

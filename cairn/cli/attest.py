@@ -10,32 +10,62 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
+import select
 import socket
-from typing import Any, NamedTuple
 
 from cairn.errors import PermissionDenied
 from cairn.protocol.attestation import DESCRIPTION_LIMIT, attestation_line, launch_hash_of
 from cairn.protocol.names import RUN_ID_RE
 
+TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
+if TYPE_CHECKING:
+    from typing import Any
 
-class Expected(NamedTuple):
-    """What the person asked for; each field given must hold in the description. (A named
-    tuple, not a dataclass: dataclasses loads inspect, and every launch would pay for it.)"""
 
-    project: str | None = None
-    definition: str | None = None
-    review_hash: str | None = None
-    source: str | None = None
-    run_id: str | None = None
-    schedule_id: str | None = None
-    replay_of: str | None = None
-    apply_mode: str | None = None
-    # The arguments sent (the description may add the input model's defaults).
-    args: dict[str, Any] | None = None
-    # The scripted profiles sent, as JSON; None: the run keeps those recorded earlier (a
-    # schedule, a replayed run, an upgraded run).
-    scripted: dict[str, dict[str, Any]] | None = None
+class Expected:
+    """What the person asked for; each field given must hold in the description. (A plain
+    class: a NamedTuple loads typing and a dataclass inspect, and every launch would pay.)"""
+
+    __slots__ = (
+        "project", "definition", "review_hash", "source", "run_id", "schedule_id",
+        "replay_of", "apply_mode", "args", "scripted",
+    )
+
+    def __init__(
+        self,
+        *,
+        project: str | None = None,
+        definition: str | None = None,
+        review_hash: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        schedule_id: str | None = None,
+        replay_of: str | None = None,
+        apply_mode: str | None = None,
+        args: dict[str, Any] | None = None,
+        scripted: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.project = project
+        self.definition = definition
+        self.review_hash = review_hash
+        self.source = source
+        self.run_id = run_id
+        self.schedule_id = schedule_id
+        self.replay_of = replay_of
+        self.apply_mode = apply_mode
+        # The arguments sent (the description may add the input model's defaults).
+        self.args = args
+        # The scripted profiles sent, as JSON; None: the run keeps those recorded earlier
+        # (a schedule, a replayed run, an upgraded run).
+        self.scripted = scripted
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"Expected({given})"
+
+    def replace(self, **changes: Any) -> Expected:
+        """A copy with ``changes`` (field names as the constructor takes them)."""
+        return Expected(**{**{k: getattr(self, k) for k in self.__slots__}, **changes})
 
     def check(self, raw: bytes) -> tuple[str, str]:
         """(run ID, launch hash) of the description in ``raw`` if it is what was asked
@@ -129,30 +159,29 @@ def refusal(run: str, why: str) -> PermissionDenied:
 def exchange(sock: socket.socket, channel: socket.socket, expected: Expected) -> bytes:
     """Read cairnd's reply on ``sock`` while answering the description that arrives on
     ``channel`` (at most one) with this process's attestation."""
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(channel, selectors.EVENT_READ)
+    poller = select.poll()  # not selectors: a launch would pay for importing it
+    poller.register(sock, select.POLLIN)
+    poller.register(channel, select.POLLIN)
+    from_channel = channel.fileno()
+    timeout = sock.gettimeout()
     reply: list[bytes] = []
     description = b""
-    watching = True
     try:
         while True:
-            ready = selector.select(sock.gettimeout())
+            ready = poller.poll(None if timeout is None else timeout * 1000)
             if not ready:
                 raise TimeoutError("cairnd did not answer in time")
-            for key, _ in ready:
-                if key.fileobj is channel:
+            for fd, _ in ready:
+                if fd == from_channel:
                     chunk = channel.recv(1 << 16)
                     description += chunk
                     if not chunk or len(description) > DESCRIPTION_LIMIT:
-                        selector.unregister(channel)
-                        watching = False
+                        poller.unregister(from_channel)
+                        channel.close()
                     elif description.endswith(b"\n"):
-                        selector.unregister(channel)
-                        watching = False
+                        poller.unregister(from_channel)
                         run_id, launch_hash = expected.check(description)
                         channel.sendall(attestation_line(run_id, launch_hash))
-                    if not watching:
                         channel.close()
                     continue
                 chunk = sock.recv(1 << 16)
@@ -160,5 +189,4 @@ def exchange(sock: socket.socket, channel: socket.socket, expected: Expected) ->
                     return b"".join(reply)
                 reply.append(chunk)
     finally:
-        selector.close()
         channel.close()

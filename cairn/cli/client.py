@@ -16,14 +16,16 @@ import json
 import socket
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from cairn import paths
 from cairn.cli.attest import Expected, exchange
 from cairn.errors import CairnError, Unavailable
 from cairn.terminal import printable
 
+TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
     from cairn.protocol.daemon import OpRequest
 
 
@@ -54,7 +56,7 @@ def request(
         from cairn.protocol.daemon import request_line
 
         message = request_line(body)
-    path = str(paths.daemon_socket())
+    path = paths.daemon_address()
     mine, theirs = socket.socketpair() if expect is not None else (None, None)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)

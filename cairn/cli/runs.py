@@ -4,6 +4,7 @@ logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
 import enum
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,7 @@ def launch(
     launching.launch(
         definition,
         args=args,
-        project=project,
+        project=os.fspath(project),
         scripted=scripted,
         confirm=confirm,
         limit=limit,

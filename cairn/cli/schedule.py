@@ -388,7 +388,7 @@ def _admit(
         try:
             source, source_error = _current_source(current, fd)
             if pin is not None:
-                expected = pin.expected()._replace(source=source)
+                expected = pin.expected().replace(source=source)
             else:
                 expected = Expected(
                     schedule_id=schedule_id,

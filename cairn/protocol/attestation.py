@@ -13,9 +13,12 @@ cannot write a line that arrives from the owner's side.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cairn.canonical import canonical_json, sha256_hex
+
+TYPE_CHECKING = False  # typing is for type checkers only: a launch imports this module
+if TYPE_CHECKING:
+    from typing import Any
 
 ATTESTATION_RE = re.compile(rb"^attest-v1 (flow_[0-9a-f]{32}) (sha256:[0-9a-f]{64})\n\Z")
 ATTESTATION_LIMIT = 128

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, get_args
@@ -181,6 +182,37 @@ def test_a_writer_stuck_in_its_transaction_is_a_journal_error_not_a_traceback(
         stuck.execute("ROLLBACK")
         stuck.close()
     assert journal.acquire_lease(RUN, "second") == 1  # nothing was lost meanwhile
+
+
+def test_the_threads_of_one_process_take_turns_without_sqlites_busy_handler(
+    journal: Journal,
+) -> None:
+    """cairnd serves each request on a thread with its own connection: their writes queue
+    on the process's own lock, so none meets another at SQLite's (here, with no busy
+    timeout at all, that would be a "stayed locked" error at once)."""
+    with journal.transaction() as db:
+        db.execute("CREATE TABLE burst (n INTEGER)")
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        db = sqlite3.connect(journal.path, isolation_level=None, timeout=0)
+        try:
+            for n in range(20):
+                with transaction(db):
+                    db.execute("INSERT INTO burst VALUES (?)", (n,))
+                    time.sleep(0.001)  # hold the write lock while the others try
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            db.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+    assert journal.db.execute("SELECT count(*) FROM burst").fetchone()[0] == 8 * 20
 
 
 def test_the_coordinator_uses_the_journal_lease_ttl() -> None:

@@ -6,6 +6,7 @@ On a real journal; the broker client is the only stand-in (one that raises)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -287,3 +288,33 @@ def test_the_command_says_whether_the_cancel_is_done_or_waits(
             "run_id": run_id, "action": "cancel", "outcome": o, "woken": False})
         result = CliRunner().invoke(app, ["cancel", run_id])
         assert result.exit_code == 0 and result.output == said
+
+
+def test_a_burst_of_launches_reviews_a_definition_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cairnd serves each launch on its own thread: the first review of a definition is
+    remembered and the others wait for it; a rejected source is reviewed every time."""
+    reviews: list[str] = []
+
+    def counted(source: str, *, filename: str) -> Any:
+        reviews.append(filename)
+        time.sleep(0.05)  # the others arrive while the first is reviewing
+        return review_source(source, filename=filename)
+
+    monkeypatch.setattr(launch, "review_source", counted)
+    launch._reviewed.cache_clear()
+    seen: list[Any] = []
+    threads = [threading.Thread(target=lambda: seen.append(launch.reviewed(WORKFLOW, "wf.py")))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reviews == ["wf.py"] and len(seen) == 8 and all(r is seen[0] for r in seen)
+    model = launch.input_model(seen[0])
+    assert launch.input_model(seen[0]) is model
+    assert launch.validate_args(seen[0], {"text": "x"}) == {"text": "x"}
+    with pytest.raises(CairnError):
+        launch.reviewed("import os\n", "bad.py")
+    with pytest.raises(CairnError):
+        launch.reviewed("import os\n", "bad.py")
+    assert reviews == ["wf.py", "bad.py", "bad.py"]

@@ -129,7 +129,10 @@ def test_every_import_is_stdlib_first_party_or_declared() -> None:
     required = set(pyproject_requirements()) | set(DISTRIBUTION_ONLY)
     declared = {name.removeprefix("python3-") for name in required}
     declared |= {module for module, package in IMPORT_NAMES.items() if package in required}
-    allowed = set(sys.stdlib_module_names) | FIRST_PARTY | declared
+    # the tests' interpreter may be older than the package's (Debian 13's): its newer
+    # standard modules, each imported with a fallback
+    newer_stdlib = {"_sha2"}
+    allowed = set(sys.stdlib_module_names) | newer_stdlib | FIRST_PARTY | declared
     undeclared = {}
     for folder in SOURCES:
         for path in sorted((REPO / folder).rglob("*.py")):

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cairn import terminal
 from cairn.settle_diff import quoted_path, unified_diff
 from cairn.terminal import printable, printable_lines
 
@@ -116,3 +117,13 @@ def test_a_patch_names_a_hostile_file_as_git_does_and_git_apply_reads_it(
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     subprocess.run(["git", "apply", "-"], cwd=work, input=patch.encode(), check=True)
     assert (work / name).read_text() == "line\x1b[2J\n"
+
+
+def test_every_character_it_escapes_is_one_python_does_not_call_printable() -> None:
+    # printable() shows text Python calls printable as it is, without its regular
+    # expression: that is right only if the expression matches no such character
+    pattern = terminal._escaped(tabs=False)
+    escaped = [chr(c) for c in range(0x110000) if pattern.fullmatch(chr(c))]
+    assert len(escaped) > 2048 + 64  # the surrogates, C0, C1, and more
+    assert [c for c in escaped if c.isprintable()] == []
+    assert printable("tab\there", tabs=True) == "tab\there"
