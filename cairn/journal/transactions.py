@@ -64,6 +64,8 @@ def migrate(db: sqlite3.Connection, migrations: Mapping[int, str], *, label: str
     transaction, recording each version in ``PRAGMA user_version``. A database newer than
     the code is refused; one another connection migrated meanwhile is left as it is."""
     latest = max(migrations)
+    if db.execute("PRAGMA user_version").fetchone()[0] == latest:
+        return  # current: no write lock to take (cairnd opens the journal per request)
     with transaction(db):
         current = db.execute("PRAGMA user_version").fetchone()[0]
         if current > latest:

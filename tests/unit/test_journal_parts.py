@@ -19,8 +19,9 @@ from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpState
 from cairn.journal.runs import Busy
+from cairn.journal.schema import MIGRATIONS
 from cairn.journal.store import LEASE_TTL, SCHEMA_VERSION
-from cairn.journal.transactions import transaction
+from cairn.journal.transactions import migrate, transaction
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
@@ -233,6 +234,21 @@ def test_reader_reads_and_cannot_write(journal: Journal) -> None:
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         reader.db.execute("DELETE FROM runs")
     reader.close()
+
+
+def test_a_current_journal_opens_without_taking_the_write_lock(journal: Journal) -> None:
+    """cairnd opens the journal for every request: a schema that is current is only read,
+    so an open never waits behind a writer (here one that holds its lock)."""
+    stuck = sqlite3.connect(journal.path, isolation_level=None)
+    stuck.execute("BEGIN IMMEDIATE")
+    try:
+        db = sqlite3.connect(journal.path, isolation_level=None, timeout=0)
+        migrate(db, MIGRATIONS, label="journal")  # a write lock asked for would be refused
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        db.close()
+    finally:
+        stuck.execute("ROLLBACK")
+        stuck.close()
 
 
 def test_reader_never_migrates(tmp_path: Path) -> None:
