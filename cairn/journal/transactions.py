@@ -16,6 +16,8 @@ from cairn.errors import JournalError
 # each request on its own) that met at BEGIN waited for a lock that was free most of that
 # time (in a burst of 64 launches, up to 0.5 s). Other processes meet at SQLite's lock.
 _WRITERS = threading.RLock()
+# How long a thread waits for its turn: as long as the stores wait for SQLite's lock.
+TURN_TIMEOUT_SEC = 30.0
 
 
 @contextmanager
@@ -24,10 +26,13 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     (``isolation_level=None``); commits on success, rolls back on any error. One thread of
     the process at a time is inside one (:data:`_WRITERS`).
 
-    A write lock still held by another connection when the busy timeout runs out (a
-    writer that was stopped or hangs inside its own transaction) is a ``JournalError``
-    that names the database, not a bare ``sqlite3.OperationalError``."""
-    with _WRITERS:
+    A write lock still held by another connection, or by another thread of this process,
+    when the busy timeout runs out (a writer that was stopped or hangs inside its own
+    transaction) is a ``JournalError`` that names the database, not a bare
+    ``sqlite3.OperationalError`` or a wait without end."""
+    if not _WRITERS.acquire(timeout=TURN_TIMEOUT_SEC):
+        raise _locked(db, TURN_TIMEOUT_SEC)
+    try:
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
@@ -46,11 +51,14 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             raise
         else:
             db.execute("COMMIT")
+    finally:
+        _WRITERS.release()
 
 
-def _locked(db: sqlite3.Connection) -> JournalError:
+def _locked(db: sqlite3.Connection, waited: float | None = None) -> JournalError:
     (path,) = [row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"]
-    waited = int(db.execute("PRAGMA busy_timeout").fetchone()[0]) / 1000
+    if waited is None:
+        waited = int(db.execute("PRAGMA busy_timeout").fetchone()[0]) / 1000
     return JournalError(
         f"{path or 'the database'} stayed locked by another writer for {waited:g} s",
         hint="a stopped or hung cairn process holds its write lock:"

@@ -14,6 +14,7 @@ from typing import Any, get_args
 import pytest
 
 from cairn.errors import JournalError
+from cairn.journal import transactions
 from cairn.journal.operations import OP_TRANSITIONS, IllegalTransition, check_op_transition
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
@@ -234,6 +235,33 @@ def test_reader_reads_and_cannot_write(journal: Journal) -> None:
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         reader.db.execute("DELETE FROM runs")
     reader.close()
+
+
+def test_a_thread_stuck_in_its_transaction_is_a_journal_error_for_the_others(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's own turn is bounded like SQLite's lock: a thread that never leaves
+    its transaction makes the others fail with the "stayed locked" error, not hang."""
+    monkeypatch.setattr(transactions, "TURN_TIMEOUT_SEC", 0.05)
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        db = sqlite3.connect(journal.path, isolation_level=None)
+        with transaction(db):
+            inside.set()
+            release.wait(10)
+        db.close()
+
+    holder = threading.Thread(target=stuck)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(JournalError, match="stayed locked by another writer for 0.05 s"):
+            journal.acquire_lease(RUN, "second")
+    finally:
+        release.set()
+        holder.join()
+    assert journal.acquire_lease(RUN, "second") == 1
 
 
 def test_a_current_journal_opens_without_taking_the_write_lock(journal: Journal) -> None:
