@@ -195,16 +195,18 @@ def test_the_threads_of_one_process_take_turns_without_sqlites_busy_handler(
     with journal.transaction() as db:
         db.execute("CREATE TABLE burst (n INTEGER)")
     failed: list[BaseException] = []
+    together = threading.Barrier(8, timeout=30)
 
     def writer() -> None:
         db = sqlite3.connect(journal.path, isolation_level=None, timeout=0)
         try:
-            for n in range(20):
+            for _ in range(20):
+                together.wait()  # all eight ask for the lock at once, every round
                 with transaction(db):
-                    db.execute("INSERT INTO burst VALUES (?)", (n,))
-                    time.sleep(0.001)  # hold the write lock while the others try
+                    db.executemany("INSERT INTO burst VALUES (?)", ((n,) for n in range(200)))
         except BaseException as exc:
             failed.append(exc)
+            together.abort()
         finally:
             db.close()
 
@@ -214,7 +216,7 @@ def test_the_threads_of_one_process_take_turns_without_sqlites_busy_handler(
     for thread in threads:
         thread.join()
     assert failed == []
-    assert journal.db.execute("SELECT count(*) FROM burst").fetchone()[0] == 8 * 20
+    assert journal.db.execute("SELECT count(*) FROM burst").fetchone()[0] == 8 * 20 * 200
 
 
 def test_the_coordinator_uses_the_journal_lease_ttl() -> None:

@@ -290,23 +290,44 @@ def test_the_command_says_whether_the_cancel_is_done_or_waits(
         assert result.exit_code == 0 and result.output == said
 
 
+class Turnstile:
+    """cairnd's review lock, counting the threads that reached it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.arrived = threading.Semaphore(0)
+
+    def __enter__(self) -> None:
+        self.arrived.release()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def test_a_burst_of_launches_reviews_a_definition_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """cairnd serves each launch on its own thread: the first review of a definition is
-    remembered and the others wait for it; a rejected source is reviewed every time."""
+    remembered and the others, which reached the review while it ran, wait for it; a
+    rejected source is reviewed every time."""
     reviews: list[str] = []
+    go = threading.Event()
 
     def counted(source: str, *, filename: str) -> Any:
         reviews.append(filename)
-        time.sleep(0.05)  # the others arrive while the first is reviewing
+        assert go.wait(30)  # until every launch of the burst has reached the review
         return review_source(source, filename=filename)
 
+    turnstile = Turnstile()
     monkeypatch.setattr(launch, "review_source", counted)
+    monkeypatch.setattr(launch, "_REVIEWING", turnstile)
     launch._reviewed.cache_clear()
     seen: list[Any] = []
     threads = [threading.Thread(target=lambda: seen.append(launch.reviewed(WORKFLOW, "wf.py")))
                for _ in range(8)]
     for thread in threads:
         thread.start()
+    assert all(turnstile.arrived.acquire(timeout=30) for _ in threads)
+    go.set()
     for thread in threads:
         thread.join()
     assert reviews == ["wf.py"] and len(seen) == 8 and all(r is seen[0] for r in seen)
