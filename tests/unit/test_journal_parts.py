@@ -281,6 +281,28 @@ def test_a_current_journal_opens_without_taking_the_write_lock(journal: Journal)
         stuck.close()
 
 
+def test_the_reads_of_every_launch_find_runs_by_state_without_a_scan(journal: Journal) -> None:
+    """A launch and the admission read the runs that hold slots and the queue; the journal
+    keeps every run ever recorded (~100 KiB each), so a scan would grow with the host's
+    age (20 ms a read at 10,000 runs). Every read of runs they make uses an index."""
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    queued = description().model_copy(update={"run_id": "flow_" + "1" * 32})
+    journal.launch_run(queued, machine_limit=0, user_limit=0)
+    journal.join_queue(queued.run_id)
+    journal.queue_snapshot()
+    journal.admit_queued(lambda queued, holding: [])
+    journal.db.set_trace_callback(None)
+    reads = [sql for sql in statements if sql.lstrip().upper().startswith("SELECT")
+             and " runs" in sql]
+    assert len(reads) >= 4, statements
+    for sql in reads:
+        plan = " | ".join(row[3] for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        assert "SCAN runs" not in plan and "SCAN r\b" not in plan, (sql, plan)
+        assert "USING INDEX" in plan or "USING COVERING INDEX" in plan or "PRIMARY KEY" in plan, (
+            sql, plan)
+
+
 def test_reader_never_migrates(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     sqlite3.connect(path).close()  # an empty database, schema 0
