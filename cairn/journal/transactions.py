@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from cairn.errors import JournalError
 
-# A process's writers take turns here before they ask SQLite: SQLite's busy handler sleeps
-# between tries (1 ms, then longer, up to 100 ms), so threads of one process (cairnd serves
-# each request on its own) that met at BEGIN waited for a lock that was free most of that
-# time (in a burst of 64 launches, up to 0.5 s). Other processes meet at SQLite's lock.
+# A process's writers take turns here before they ask SQLite (cairnd serves each request
+# on a thread of its own): a thread then waits for the one before it, not in a retry loop
+# (:func:`_begin`). Other processes meet at SQLite's lock.
 _WRITERS = threading.RLock()
 # How long a thread waits for its turn: as long as the stores wait for SQLite's lock.
 TURN_TIMEOUT_SEC = 30.0
@@ -33,17 +33,7 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     if not _WRITERS.acquire(timeout=TURN_TIMEOUT_SEC):
         raise _locked(db, TURN_TIMEOUT_SEC)
     try:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            # the primary code: an extended one (SQLITE_BUSY_RECOVERY, _BUSY_TIMEOUT) is
-            # busy too
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (
-                sqlite3.SQLITE_BUSY,
-                sqlite3.SQLITE_LOCKED,
-            ):
-                raise
-            raise _locked(db) from exc
+        _begin(db)
         try:
             yield db
         except BaseException:
@@ -53,6 +43,36 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             db.execute("COMMIT")
     finally:
         _WRITERS.release()
+
+
+def _begin(db: sqlite3.Connection, pause: Callable[[float], object] = time.sleep) -> None:
+    """``BEGIN IMMEDIATE``, waiting as long as ``db``'s busy timeout for another
+    connection's write lock, but trying again every few milliseconds: SQLite's own busy
+    handler sleeps ever longer between tries (after 53 ms of waiting it sleeps 25 ms, after
+    228 ms 100 ms), so a lock held for 2 ms could cost a waiter 100 ms more."""
+    timeout = int(db.execute("PRAGMA busy_timeout").fetchone()[0])
+    deadline = time.monotonic() + timeout / 1000
+    between = 0.0005
+    db.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                # the primary code: an extended one (SQLITE_BUSY_RECOVERY, _BUSY_TIMEOUT)
+                # is busy too
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (
+                    sqlite3.SQLITE_BUSY,
+                    sqlite3.SQLITE_LOCKED,
+                ):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise _locked(db, timeout / 1000) from exc
+            pause(between)
+            between = min(between * 2, 0.004)
+    finally:
+        db.execute(f"PRAGMA busy_timeout={timeout}")
 
 
 def _locked(db: sqlite3.Connection, waited: float | None = None) -> JournalError:

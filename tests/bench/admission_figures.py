@@ -2,7 +2,7 @@
 return when many launches arrive at once and most of them are queued, and how long until
 every run has ended. The goal: each ``cairn launch`` returns in under a second.
 
-    python3 tests/bench/admission_figures.py DEB [LAUNCHES] [LIMIT] [AT_ONCE] [--scripted]
+    python3 tests/bench/admission_figures.py DEB [LAUNCHES] [LIMIT] [AT_ONCE] [--scripted] [--warm]
 
 Launches builtin:implement, alternately as alice and bob, ``AT_ONCE`` ``cairn launch``
 processes at a time, with ``max_running_runs = LIMIT``; prints one JSON line of figures.
@@ -16,6 +16,11 @@ figure. Before that, the same number of interpreters importing what ``cairn laun
 imports, as many at a time: the launch path's own start with nothing else of cairn
 running, the floor under any launch's time on the machine (``start_*``). The system test
 ``tests/system/test_launch_admission.py`` asserts the limit and that every run succeeds.
+
+The machine is freshly booted: cairnd is running (it starts at boot) and the root broker
+is not, so the burst's first launch starts it and every launch in the burst waits behind
+its start. ``--warm`` launches one run first and waits for it to end, as on any host that
+has served a launch since it booted; the figures say which (``broker``).
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ print(json.dumps({"output": {"summary": "wrote NOTES.md"}, "handoff": "one new f
 
 
 def figures(
-    deb: Path, launches: int, limit: int, at_once: int, *, scripted: bool = False
+    deb: Path, launches: int, limit: int, at_once: int, *, scripted: bool = False,
+    warm: bool = False,
 ) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     sys.path.insert(0, os.fspath(repo / "tests" / "system"))
@@ -110,6 +116,14 @@ def figures(
             machine.exec(["mkdir", "-p", "/etc/cairn/profiles.d"])
             machine.exec(["tee", "/etc/cairn/profiles.d/builtin-implementer.toml"],
                          input=COMMAND_PROFILE.encode())
+        if warm:
+            # a host that has served a launch since it booted: the broker, which starts at
+            # its socket's first connection (docs/first-run.md), is running
+            machine.exec(["mkdir", "-p", "/home/alice/p-warm"], user="alice")
+            run = machine.exec(["cairn", "launch", "builtin:implement", "--project",
+                                "/home/alice/p-warm", "--args", '{"objective": "warm"}'],
+                               user="alice").stdout.decode().split()[-1]
+            wait_all_ended(machine, [run], timeout=600)
         began = time.monotonic()
         out = machine.exec(["python3", "-I", "-c", DRIVER, str(launches), str(at_once),
                             json.dumps(agents)], timeout=3600).stdout
@@ -121,6 +135,7 @@ def figures(
     floor = sorted(data["floor"])
     return {
         "agent": "scripted" if scripted else "command profile",
+        "broker": "running (warm)" if warm else "started by the burst (cold)",
         "launches": launches,
         "limit": limit,
         "at_once": at_once,
@@ -145,8 +160,9 @@ def _median(values: list[float]) -> float | None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--scripted"]
+    args = [a for a in sys.argv[1:] if a not in ("--scripted", "--warm")]
     if not args:
         sys.exit(__doc__)
     numbers = [int(a) for a in args[1:]] + [64, 8, 16][len(args) - 1:]
-    print(json.dumps(figures(Path(args[0]), *numbers[:3], scripted="--scripted" in sys.argv)))
+    print(json.dumps(figures(Path(args[0]), *numbers[:3], scripted="--scripted" in sys.argv,
+                             warm="--warm" in sys.argv)))

@@ -266,6 +266,29 @@ def test_a_thread_stuck_in_its_transaction_is_a_journal_error_for_the_others(
     assert journal.acquire_lease(RUN, "second") == 1
 
 
+def test_a_writer_waiting_for_another_connection_tries_again_every_few_ms(
+    journal: Journal,
+) -> None:
+    """SQLite's own busy handler waits ever longer between tries (100 ms after a quarter
+    second); the journal's writers try again every 4 ms at most, until the busy timeout."""
+    holder = sqlite3.connect(journal.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a coordinator inside its transaction
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 40:  # the holder commits after 40 tries
+            holder.execute("ROLLBACK")
+
+    try:
+        transactions._begin(journal.db, pause)
+        journal.db.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert len(pauses) == 40 and max(pauses) <= 0.004 and pauses[0] < 0.001
+    assert journal.db.execute("PRAGMA busy_timeout").fetchone()[0] == 30000  # as it was
+
+
 def test_a_current_journal_opens_without_taking_the_write_lock(journal: Journal) -> None:
     """cairnd opens the journal for every request: a schema that is current is only read,
     so an open never waits behind a writer (here one that holds its lock)."""
