@@ -17,10 +17,9 @@ imports, as many at a time: the launch path's own start with nothing else of cai
 running, the floor under any launch's time on the machine (``start_*``). The system test
 ``tests/system/test_launch_admission.py`` asserts the limit and that every run succeeds.
 
-The machine is freshly booted: cairnd is running (it starts at boot) and the root broker
-is not, so the burst's first launch starts it and every launch in the burst waits behind
-its start. ``--warm`` launches one run first and waits for it to end, as on any host that
-has served a launch since it booted; the figures say which (``broker``).
+The machine is freshly booted (cairnd and the root broker start at boot) and has served
+no launch yet; ``--warm`` launches one run first and waits for it to end, as on a host
+that has (the figures say which: ``host``).
 """
 
 from __future__ import annotations
@@ -116,9 +115,7 @@ def figures(
             machine.exec(["mkdir", "-p", "/etc/cairn/profiles.d"])
             machine.exec(["tee", "/etc/cairn/profiles.d/builtin-implementer.toml"],
                          input=COMMAND_PROFILE.encode())
-        if warm:
-            # a host that has served a launch since it booted: the broker, which starts at
-            # its socket's first connection (docs/first-run.md), is running
+        if warm:  # a host that has served a launch since it booted
             machine.exec(["mkdir", "-p", "/home/alice/p-warm"], user="alice")
             run = machine.exec(["cairn", "launch", "builtin:implement", "--project",
                                 "/home/alice/p-warm", "--args", '{"objective": "warm"}'],
@@ -135,7 +132,7 @@ def figures(
     floor = sorted(data["floor"])
     return {
         "agent": "scripted" if scripted else "command profile",
-        "broker": "running (warm)" if warm else "started by the burst (cold)",
+        "host": "one launch served before" if warm else "freshly booted",
         "launches": launches,
         "limit": limit,
         "at_once": at_once,

@@ -161,7 +161,8 @@ def _debian_enabled_units() -> set[str]:
 
 
 def _post_order(unit: str) -> int:
-    order = ["cairn.socket", "cairn-broker.socket", "cairn.service", "cairn-retention.timer"]
+    order = ["cairn.socket", "cairn-broker.socket", "cairn.service", "cairn-broker.service",
+             "cairn-retention.timer"]
     return order.index(unit)
 
 
