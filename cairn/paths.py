@@ -69,12 +69,15 @@ def egress_skipped_dir() -> Path:
 
 
 def daemon_socket() -> Path:
-    return runtime_dir() / "cairnd.sock"
+    """cairnd's socket, where :func:`daemon_address` says."""
+    from pathlib import Path
+
+    return Path(daemon_address())
 
 
 def daemon_address() -> str:
-    """:func:`daemon_socket` as the string a client connects to, made without pathlib
-    (which costs a ``cairn`` start 3-8 ms of CPU to import)."""
+    """cairnd's socket as the string a client connects to, made without pathlib (which
+    costs a ``cairn`` start 3-8 ms of CPU to import)."""
     return os.path.join(_root(), RUNTIME_DIR, "cairnd.sock")
 
 
