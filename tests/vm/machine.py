@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -322,9 +323,11 @@ class VirtualMachine:
             "qemu-system-x86_64",
             "-nodefaults",
             "-no-user-config",
-            # KVM guests hang at kernel start on the development hosts.
+            # KVM guests hang at kernel start on the development hosts. One host thread for
+            # all vCPUs: with one each, a vCPU ran the scheduler's code while the other
+            # patched it, and the guest panicked (test_the_guest_kernel_survives_cpu_quota_flips).
             "-accel",
-            "tcg,thread=multi",
+            f"tcg,thread={os.environ.get('CAIRN_VM_TCG_THREAD', 'single')}",
             "-cpu",
             "max",
             "-m",

@@ -337,3 +337,34 @@ def test_checkpoint_waits_for_an_empty_agent_cgroup(vm: VirtualMachine) -> None:
     committed = [i for i, line in enumerate(lines) if "boundary-committed root-1" in line]
     assert ended and committed, "\n".join(lines[-40:])
     assert ended[0] < committed[0]
+
+
+# -- the emulator itself -----------------------------------------------------------------
+
+# Every cpu.max that leaves or returns to "max" flips the kernel's cfs-bandwidth static key,
+# so the kernel rewrites a jump in its own scheduler code while the other vCPU runs it. With
+# one host thread per vCPU (tcg,thread=multi), QEMU 7.2 let that vCPU execute the half-patched
+# instruction: the guest panicked within seconds, and in CI during an agent's first launch.
+FLIP_CPU_QUOTA = """
+echo +cpu > /sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /sys/fs/cgroup/quota-flips
+( echo $BASHPID > /sys/fs/cgroup/quota-flips/cgroup.procs; while :; do /bin/true; done ) &
+busy=$!
+end=$(( $(date +%s) + 20 ))
+flips=0
+while [ "$(date +%s)" -lt "$end" ]; do
+  echo "20000 100000" > /sys/fs/cgroup/quota-flips/cpu.max
+  echo max > /sys/fs/cgroup/quota-flips/cpu.max
+  flips=$((flips + 1))
+done
+kill "$busy"; wait "$busy" 2>/dev/null
+echo "$flips"
+"""
+
+
+def test_the_guest_kernel_survives_cpu_quota_flips(vm: VirtualMachine) -> None:
+    flips = int(vm.exec(["bash", "-c", FLIP_CPU_QUOTA], timeout=180).stdout)
+    assert flips > 20, flips
+    assert vm.exec(["sh", "-c", "echo alive"], timeout=60).stdout == b"alive\n"
+    kernel = vm.exec(["journalctl", "-k", "--no-pager", "--output=cat"]).stdout.decode()
+    assert "Oops" not in kernel and "BUG:" not in kernel, kernel[-3000:]
