@@ -12,7 +12,6 @@ interpreters.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 from cairn.errors import CairnError
@@ -26,7 +25,8 @@ __all__ = ["Interrupted", "main"]
 
 
 class Interrupted(BaseException):
-    """Ctrl-C, raised past click (which would turn it into "Aborted!" and status 1)."""
+    """Ctrl-C under click, raised past it (click would turn a KeyboardInterrupt into
+    "Aborted!" and status 1)."""
 
 
 def _on_sigint(signum: int, frame: object) -> None:
@@ -36,10 +36,9 @@ def _on_sigint(signum: int, frame: object) -> None:
 def main() -> None:
     """Exit status: 0 success, 2 usage (or a refused request), 1 other error, 130 Ctrl-C.
     Every error is one line (``cairn: …``) with a ``hint:`` line, usage errors too."""
-    signal.signal(signal.SIGINT, _on_sigint)
     try:
         status = _dispatch(sys.argv[1:])
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):
         sys.exit(130)
     except CairnError as exc:
         # cairnd's errors quote runs, paths and answers: names an agent may have chosen
@@ -71,6 +70,10 @@ def _exit_at_once() -> NoReturn:
 
 def _with_click() -> int:
     """Run the typer app on ``sys.argv``; click's own errors become ``cairn:`` lines."""
+    # Not at the start: the signal module loads enum, which a launch does without.
+    import signal
+
+    signal.signal(signal.SIGINT, _on_sigint)
     import click
 
     from cairn.cli.commands import app

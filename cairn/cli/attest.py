@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import socket
 
 from cairn.errors import PermissionDenied
 from cairn.protocol.attestation import DESCRIPTION_LIMIT, attestation_line, launch_hash_of
@@ -19,6 +18,7 @@ from cairn.protocol.names import RUN_ID_RE
 
 TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
+    from _socket import socket
     from typing import Any
 
 
@@ -156,7 +156,7 @@ def refusal(run: str, why: str) -> PermissionDenied:
     )
 
 
-def exchange(sock: socket.socket, channel: socket.socket, expected: Expected) -> bytes:
+def exchange(sock: socket, channel: socket, expected: Expected) -> bytes:
     """Read cairnd's reply on ``sock`` while answering the description that arrives on
     ``channel`` (at most one) with this process's attestation."""
     poller = select.poll()  # not selectors: a launch would pay for importing it

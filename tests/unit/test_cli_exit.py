@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 CHILD = """
 import os, signal, sys
@@ -49,3 +53,41 @@ def test_a_usage_error_is_one_line_and_a_hint() -> None:
     first, hint = bad.stderr.splitlines()
     assert first.startswith("cairn: Invalid value for '--priority' / '-p': priority 'loud' is not")
     assert hint == "hint: see 'cairn logs --help'"
+
+
+def test_ctrl_c_while_a_launch_waits_for_cairnd_exits_130(tmp_path: Path) -> None:
+    """The launch path (cairn.cli.launching, without click) stopped while cairnd has not
+    answered: status 130 and no traceback, as under click."""
+    (tmp_path / "run/cairn").mkdir(parents=True)
+    connected = threading.Event()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(tmp_path / "run/cairn/cairnd.sock"))
+        listener.listen(1)
+
+        def silent_cairnd() -> None:
+            conn, _ = listener.accept()
+            connected.set()
+            with conn:
+                while conn.recv(1 << 16):
+                    pass  # reads the request, never answers
+
+        thread = threading.Thread(target=silent_cairnd)
+        thread.start()
+        env = {"PATH": "/usr/bin:/bin", "CAIRN_ROOT": str(tmp_path), "LC_ALL": "C.UTF-8"}
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from cairn import cli; sys.argv = "
+             f"['cairn', 'launch', 'builtin:implement', '--project', {str(tmp_path)!r}]; "
+             "cli.main()"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            assert connected.wait(timeout=60), "the launch never reached cairnd"
+            child.send_signal(signal.SIGINT)
+            _, stderr = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        thread.join(timeout=30)
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr

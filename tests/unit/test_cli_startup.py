@@ -51,8 +51,10 @@ BUILT = (
 
 REPORT = "import json, sys; print(json.dumps(sorted(sys.modules)))"
 REPO = str(Path(__file__).resolve().parents[2])
-# Standard modules a launch does without: each costs every launch 3-8 ms of CPU to import.
-LAUNCH_LEAN = frozenset({"typing", "pathlib", "dataclasses", "inspect"})
+# Standard modules a launch does without: each costs every launch 0.5-8 ms of CPU to import
+# (the client uses _socket, the C module beneath socket).
+LAUNCH_LEAN = frozenset({"typing", "pathlib", "dataclasses", "inspect", "socket", "signal",
+                         "selectors"})
 
 
 def modules_after(code: str, root: Path, *, bare: bool = False) -> tuple[set[str], str]:
