@@ -160,7 +160,10 @@ class Writes(JournalReader):
 
     def record_receipts(self, run_id: str, receipts: list[dict[str, Any]]) -> None:
         """Keep the broker's receipts beside the intents (the broker's own DB stays the
-        authority; this copy feeds views)."""
+        authority; this copy feeds views). None (a queued run's launch, which the broker
+        only pins) takes no write lock."""
+        if not receipts:
+            return
         with self.transaction() as db:
             for receipt in receipts:
                 db.execute(
