@@ -1,6 +1,8 @@
 """Runs yield the CPU where the kernel shares it by session (cairn/background.py), tried
 against this host's real kernel: a child in a session of its own gets the autogroup nice
-value, a process that is gone is left alone, and a kernel without autogroups is no error."""
+value, a process that is gone is left alone, and a kernel without autogroups is no error.
+A process still in PID 1's session or the caller's (a unit's main process before its
+``setsid()``) never lowers the share of that session."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ AUTOGROUPS = autogroups_in_use()
 needs_autogroups = pytest.mark.skipif(
     not AUTOGROUPS, reason="this kernel shares the CPU without autogroups"
 )
+
+
+def restore(autogroup: str) -> None:
+    """Put this session's nice value back if a failing check lowered it (root may)."""
+    if Path("/proc/self/autogroup").read_text() != autogroup and os.geteuid() == 0:
+        Path("/proc/self/autogroup").write_text(autogroup.split()[-1] + "\n")
 
 
 def session_child() -> subprocess.Popen[bytes]:
@@ -108,3 +116,57 @@ def test_a_session_leader_yields_its_own_session() -> None:
         assert out.startswith("True ") and out.strip().endswith(f" nice {AUTOGROUP_NICE}")
     else:
         assert out.startswith("False ") or out.strip().endswith(f" nice {AUTOGROUP_NICE}")
+
+
+@needs_autogroups
+def test_a_process_still_in_its_starters_session_leaves_that_session_alone() -> None:
+    """What the broker met: PID 1 forks a unit's main process and ends the start job
+    before the child has called ``setsid()``. Lowering "its" session then lowered PID 1's
+    own, for as long as the machine ran (every later unit start waited for PID 1)."""
+    mine = Path("/proc/self/autogroup").read_text()
+    child = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # in this test's session
+    try:
+        assert yield_session(child.pid, session_wait=0) is False
+        assert Path("/proc/self/autogroup").read_text() == mine
+        assert Path(f"/proc/{child.pid}/autogroup").read_text() == mine
+    finally:
+        child.kill()
+        child.wait()
+        restore(mine)
+
+
+@needs_autogroups
+def test_a_process_that_gets_a_session_of_its_own_a_moment_later_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child calls setsid() only when told, which the first pause of the wait does."""
+    mine = Path("/proc/self/autogroup").read_text()
+    late = "import os, sys; sys.stdin.readline(); os.setsid(); print('led', flush=True); " \
+        "sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", late], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        if not pauses:
+            child.stdin.write(b"lead\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == b"led\n"
+        pauses.append(seconds)
+
+    monkeypatch.setattr("cairn.background._pause", pause)
+    try:
+        assert os.getsid(child.pid) == os.getsid(0)
+        took = yield_session(child.pid)
+        assert len(pauses) == 1 and os.getsid(child.pid) == child.pid
+        group = Path(f"/proc/{child.pid}/autogroup").read_text()
+        assert group.split()[0] != mine.split()[0]
+        assert took == group.endswith(f" nice {AUTOGROUP_NICE}\n")
+        if os.geteuid() == 0:  # exempt from the kernel's one-change-per-100-ms limit
+            assert took
+        assert Path("/proc/self/autogroup").read_text() == mine
+    finally:
+        child.kill()
+        child.wait()
+        restore(mine)
