@@ -87,8 +87,7 @@ def _module_argv(module: str, *args: str) -> list[str]:
 def start_unit(name: str) -> None:
     with Systemd() as sd:
         job = sd.start_unit(name)
-        sd.wait_started(job)
-        _as_background(sd.unit_state(name))
+        _as_background(sd.wait_started(job))
 
 
 def _as_background(state: UnitState | None) -> None:
@@ -263,14 +262,14 @@ def start_agent(
     )
     name = agent_unit_name(desc.run_id, op_id, attempt)
     with Systemd() as sd:
-        if sd.unit_state(name) is not None:
+        state_now = sd.unit_state(name)
+        if state_now is not None:
             log.warning("adopting %s, started before a broker restart", name)
         elif _note_start(scratch, attempt):
             job = sd.start_transient_service(name, agent_unit_properties(spec))
-            sd.wait_started(job)
+            state_now = sd.wait_started(job)
         else:  # started before a broker restart and already gone: never run it twice
             log.warning("%s was started before a broker restart and has ended", name)
-        state_now = sd.unit_state(name)
         _as_background(state_now)
     return AgentStarted(
         unit=name,
@@ -403,8 +402,7 @@ def _run_to_end(
     with Systemd() as sd:
         _end_leftover(sd, name)
         job = sd.start_transient_service(name, helper_unit_properties(spec))
-        sd.wait_started(job)
-        _as_background(sd.unit_state(name))
+        _as_background(sd.wait_started(job))
         state = sd.wait_inactive(name, timeout)
         if sync_journal:
             synced = proc.run(["journalctl", "--sync"], check=False)

@@ -436,11 +436,13 @@ class Systemd:
             ) from e
         return _str(job)
 
-    def wait_started(self, job: str, timeout: float = 90.0) -> None:
-        """Wait for ``JobRemoved`` of ``job``; return if its result is ``done``, else raise.
+    def wait_started(self, job: str, timeout: float = 90.0) -> UnitState | None:
+        """Wait for ``JobRemoved`` of ``job``; if its result is ``done``, return the unit's
+        state read then (None if it is already collected), else raise.
 
-        Only jobs of units started through this object are tracked.
-        """
+        Only jobs of units started through this object are tracked. The state is the one
+        read for the outcome: a caller needs no second read (three calls to PID 1, which
+        answers them slowly while many runs start)."""
         deadline = time.monotonic() + timeout
         while job not in self._job_results:
             remaining = deadline - time.monotonic()
@@ -462,6 +464,7 @@ class Systemd:
             )
         if state is not None and state.control_group:
             self._last_cgroup[unit] = state.control_group
+        return state
 
     # -- reading -----------------------------------------------------------------------
 

@@ -67,7 +67,8 @@ def test_success_result_and_cgroup_emptiness(machine: Machine) -> None:
         with Systemd() as sd:
             job = sd.start_transient_service(
                 name, shell_props("echo written > /var/tmp/ok.txt; sleep 1"))
-            sd.wait_started(job)
+            started = sd.wait_started(job)
+            out["started"] = started.model_dump()
             running = sd.unit_state(name)
             out["running"] = running.model_dump()
             out["empty_while_running"] = cgroup_is_empty(running.control_group)
@@ -85,7 +86,8 @@ def test_success_result_and_cgroup_emptiness(machine: Machine) -> None:
     """,
     )
     running, final = out["running"], out["final"]
-    assert running["active_state"] == "active"
+    # wait_started returns the state it read for the outcome: the unit, running
+    assert out["started"] == running and running["active_state"] == "active"
     assert running["load_state"] == "loaded"
     assert running["main_pid"] > 0
     assert len(running["invocation_id"]) == 32

@@ -80,8 +80,10 @@ class Manager:
         self.states[name] = state(name, "active", control_group=f"/system.slice/{name}")
         return f"job-{name}"
 
-    def wait_started(self, job: str) -> None:
+    def wait_started(self, job: str) -> UnitState | None:
+        """As PID 1's: the state of the job's unit, read when the job ended."""
         self.calls.append(("wait_started", job))
+        return self.states.get(job.removeprefix("job-"))
 
     def wait_inactive(self, name: str, timeout: float) -> UnitState:
         self.calls.append(("wait_inactive", name, timeout))
