@@ -14,6 +14,7 @@ import time
 from cairn import paths
 from cairn.errors import BrokerRefused, CairnError, Unavailable
 from cairn.protocol.broker import BrokerReply, Verb
+from cairn.protocol.names import is_run_id
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def call_broker(
     when it answers with an error (carrying the broker's code and hint) and
     :class:`Unavailable` when it stays unreachable.
     """
-    if not paths.RUN_ID_RE.match(run_id):
+    if not is_run_id(run_id):
         raise CairnError(f"not a run ID: {run_id!r}")
     problem = ""
     for delay in (*RETRY_DELAYS, None):

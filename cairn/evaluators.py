@@ -29,8 +29,8 @@ from pydantic import Field
 
 from cairn import paths
 from cairn.config import Problems
-from cairn.protocol.base import VERIFIER_NAME_RE
 from cairn.protocol.launch import EvaluatorSpec
+from cairn.protocol.names import is_verifier_name
 from cairn.verifiers import CommandConfig
 
 FIX = (
@@ -59,7 +59,7 @@ def load_evaluators(problems: Problems) -> dict[str, EvaluatorConfig]:
     if not directory.is_dir():
         return found
     for file in sorted(directory.glob("*.toml")):
-        if not VERIFIER_NAME_RE.fullmatch(file.stem):
+        if not is_verifier_name(file.stem):
             problems.add(file, "", f"evaluator name {file.stem!r} is not [a-z0-9][a-z0-9_-]*",
                          "rename the file")
             continue
@@ -82,7 +82,7 @@ def frozen_evaluators(
     configured = load_evaluators(problems)
     specs: list[EvaluatorSpec] = []
     for name in sorted(wanted):
-        config = configured.get(name) if VERIFIER_NAME_RE.fullmatch(name) else None
+        config = configured.get(name) if is_verifier_name(name) else None
         if config is None:
             problems.add(*_unconfigured(name, wanted[name], sorted(configured)))
             continue
@@ -105,7 +105,7 @@ def _unconfigured(name: str, argument: str | None, configured: list[str]) -> tup
         return (evaluators_dir() / f"{name}.toml", "",
                 f"the workflow measures with evaluator {name!r}, which is not configured",
                 f"an administrator adds it: {FIX}")
-    where = evaluators_dir() / f"{name}.toml" if VERIFIER_NAME_RE.fullmatch(name) else (
+    where = evaluators_dir() / f"{name}.toml" if is_verifier_name(name) else (
         evaluators_dir())
     return (where, "",
             f"the launch argument {argument!r} names evaluator {name!r}, which is not "

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-from cairn.protocol.names import RUN_ID_RE as RUN_ID_RE
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path

@@ -40,7 +40,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from cairn.errors import UsageError
 from cairn.netpolicy import NetworkMode
-from cairn.protocol.names import OP_ID_RE, RUN_ID_RE
+from cairn.protocol.names import OP_ID_PATTERN, RUN_ID_PATTERN, is_op_id, is_run_id
 from cairn.systemd import Prop, validate_unit_name
 
 BOUNDARY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
@@ -148,8 +148,8 @@ class ResourceLimits(BaseModel):
 class AgentUnitSpec(ResourceLimits):
     """Everything the agent unit's properties are derived from (host paths are absolute)."""
 
-    run_id: str = Field(pattern=RUN_ID_RE.pattern)
-    op_id: str = Field(pattern=OP_ID_RE.pattern)
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    op_id: str = Field(pattern=OP_ID_PATTERN)
     uid: int = Field(ge=1, lt=2**32 - 1, description="the run owner; never root")
     gid: int = Field(ge=1, lt=2**32 - 1)
     exec_argv: Argv
@@ -239,9 +239,9 @@ class HelperUnitSpec(ResourceLimits):
 
 def agent_unit_name(run_id: str, op_id: str, attempt: int) -> str:
     """``cairn-agent-<run>-<op>-<attempt>.service``: a new name for every attempt."""
-    if not RUN_ID_RE.fullmatch(run_id):
+    if not is_run_id(run_id):
         raise UsageError(f"invalid run id {run_id!r}: expected flow_ and 32 lowercase hex digits")
-    if not OP_ID_RE.fullmatch(op_id):
+    if not is_op_id(op_id):
         raise UsageError(f"invalid operation id {op_id!r}: use [a-z0-9-], at most 128 characters")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt < 10**6:
         raise UsageError(f"invalid attempt {attempt!r}: use a whole number from 1")
@@ -429,7 +429,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
 
 def proxy_unit_name(run_id: str) -> str:
     """``cairn-proxy-<run>.socket`` (and its ``.service``): the run's allowlist proxy."""
-    if not RUN_ID_RE.fullmatch(run_id):
+    if not is_run_id(run_id):
         raise UsageError(f"invalid run id {run_id!r}: expected flow_ and 32 lowercase hex digits")
     return validate_unit_name(f"cairn-proxy-{run_id}.socket")
 

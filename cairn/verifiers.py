@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cairn import paths
 from cairn.config import Problems
-from cairn.protocol.base import VERIFIER_NAME_RE
 from cairn.protocol.launch import VerifierSpec
+from cairn.protocol.names import is_verifier_name
 
 FIX = (
     "a verifier has argv (argv[0] an absolute path), timeout_sec, optional [environment] "
@@ -103,7 +103,7 @@ def load_verifiers(problems: Problems) -> dict[str, VerifierConfig]:
         return found
     for file in sorted(directory.glob("*.toml")):
         name = file.stem
-        if not VERIFIER_NAME_RE.fullmatch(name):
+        if not is_verifier_name(name):
             problems.add(file, "", f"verifier name {name!r} is not [a-z0-9][a-z0-9_-]*",
                          "rename the file")
             continue

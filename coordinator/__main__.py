@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from cairn import journald, paths
+from cairn import journald
 from cairn.errors import CairnError
+from cairn.protocol.names import is_run_id
 
 
 def main() -> None:
     journald.setup_logging()
-    if len(sys.argv) != 2 or not paths.RUN_ID_RE.match(sys.argv[1]):
+    if len(sys.argv) != 2 or not is_run_id(sys.argv[1]):
         print("usage: cairn-coordinator flow_<32 hex>", file=sys.stderr)
         sys.exit(2)
     from cairn.background import yield_own_session

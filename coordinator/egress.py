@@ -21,6 +21,7 @@ from cairn import journald, paths
 from cairn.errors import CairnError
 from cairn.journal.reader import JournalReader
 from cairn.protocol.launch import LaunchDescription, ModelRoute
+from cairn.protocol.names import is_run_id
 from cairn.proxy import Allowlist, AllowlistProxy
 
 log = logging.getLogger("cairn.egress")
@@ -77,7 +78,7 @@ def serve(run_id: str) -> int:
 
 def main() -> None:
     journald.setup_logging()
-    if len(sys.argv) != 2 or not paths.RUN_ID_RE.match(sys.argv[1]):
+    if len(sys.argv) != 2 or not is_run_id(sys.argv[1]):
         print("usage: cairn-egress flow_<32 hex>", file=sys.stderr)
         sys.exit(2)
     try:

@@ -13,7 +13,7 @@ from cairn.daemon.views import is_admin
 from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.runs import RunMatch
-from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.names import is_run_id
 from cairn.protocol.requestchecks import LAST_RUN, run_ref_problem
 
 # How many runs an ambiguous prefix lists.
@@ -28,7 +28,7 @@ def resolve_run(journal: Journal, uid: int, ref: str) -> str:
     four hex digits, ``flow_`` optional) must match exactly one run the caller may see;
     none is :class:`NotFound`, several a :class:`UsageError` listing them.
     """
-    if RUN_ID_RE.fullmatch(ref):
+    if is_run_id(ref):
         return ref
     problem = run_ref_problem(ref)
     if problem is not None:

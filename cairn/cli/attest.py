@@ -8,13 +8,13 @@ description that is not what was asked for is never attested: root starts nothin
 
 from __future__ import annotations
 
-import json
 import os
 import select
 
+from cairn import leanjson
 from cairn.errors import PermissionDenied
 from cairn.protocol.attestation import DESCRIPTION_LIMIT, attestation_line, launch_hash_of
-from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.names import is_run_id
 
 TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
@@ -76,13 +76,13 @@ class Expected:
         the description it validated hashes the same, so a field this side did not read as
         root will (another type, a key root drops) is a refusal, never a different run."""
         try:
-            desc = json.loads(raw)
+            desc = leanjson.loads(raw)
         except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser
             raise refusal("cairnd", f"sent a description this CLI cannot read ({exc})") from None
         if not isinstance(desc, dict):
             raise refusal("cairnd", "sent a description that is not a JSON object")
         run_id = desc.get("run_id")
-        if not isinstance(run_id, str) or RUN_ID_RE.match(run_id) is None:
+        if not is_run_id(run_id):
             raise refusal("cairnd", f"sent a description with the run ID {run_id!r}")
         uid = os.getuid()
         project = _mapping(desc.get("project"))

@@ -14,12 +14,9 @@ from __future__ import annotations
 # The C module beneath socket: socket.py builds four enums and loads selectors, 1.5 ms of
 # every launch, and its wrapper class adds nothing this one request uses.
 import _socket
-import array
-import json
 import sys
-from collections.abc import Mapping
 
-from cairn import paths
+from cairn import leanjson, paths
 from cairn.cli.attest import Expected, exchange
 from cairn.errors import CairnError, Unavailable
 from cairn.terminal import printable
@@ -41,7 +38,7 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
 
 
 def request(
-    body: OpRequest | Mapping[str, Any],
+    body: OpRequest | dict[str, Any],
     *,
     fd: int | None = None,
     timeout: float | None = None,
@@ -51,9 +48,9 @@ def request(
     ``fd``: a directory passed along (the project). ``expect``: the request may start a
     run, which this process attests if its description is what was asked for
     (:mod:`cairn.cli.attest`). ``timeout`` bounds each socket operation (an OSError when it
-    runs out). A plain mapping is sent as it is (cairnd validates every request)."""
-    if isinstance(body, Mapping):
-        message = json.dumps(dict(body), ensure_ascii=False).encode() + b"\n"
+    runs out). A plain dict is sent as it is (cairnd validates every request)."""
+    if isinstance(body, dict):
+        message = leanjson.dumps(body).encode() + b"\n"
     else:
         from cairn.protocol.daemon import request_line
 
@@ -75,7 +72,8 @@ def request(
             ) from exc
         passed = [f for f in (fd, theirs.fileno() if theirs else None) if f is not None]
         if passed:
-            fds = array.array("i", passed).tobytes()
+            # as array("i", passed).tobytes() would, without array (which loads collections)
+            fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in passed)
             sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         else:
             sock.sendall(message)
@@ -103,7 +101,7 @@ def reply_result(raw: bytes) -> Any:
             hint="see 'journalctl -u cairn.service'",
         )
     try:
-        reply = json.loads(raw)
+        reply = leanjson.loads(raw)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's
         reply = None
     if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
@@ -129,4 +127,6 @@ def _unreadable() -> CairnError:
 
 
 def emit(data: Any) -> None:
+    import json  # only for --json: a launch loads leanjson, not json
+
     print(json.dumps(data, indent=2, sort_keys=True), flush=True)

@@ -12,20 +12,19 @@ holds them to it) and which calls :func:`launch` with what it parsed.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
 
+from cairn import leanjson
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.errors import PermissionDenied, UsageError
-from cairn.sizes import parse_size
 from cairn.terminal import printable
 
 # Read by type checkers only: typing and pathlib cost a launch 12 ms of CPU to import.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
 APPLY_MODES = ("auto", "ask", "never")
@@ -112,8 +111,8 @@ def launch(
         except OSError as exc:
             fail(f"cannot read {definition}: {exc.strerror}", code=2)
     try:
-        parsed = json.loads(args)
-    except json.JSONDecodeError as exc:
+        parsed = leanjson.loads(args)
+    except leanjson.JSONError as exc:
         fail(
             f"--args is not JSON: {exc.msg} (column {exc.colno})",
             hint='quote it for the shell: --args \'{"objective": "…"}\'',
@@ -224,6 +223,8 @@ def parse_limits(specs: Iterable[str]) -> dict[str, int]:
         name, sep, value = spec.partition("=")
         name = name.strip()
         if sep and name in BYTE_LIMITS and value.strip():
+            from cairn.sizes import parse_size  # sizes compile a pattern: only memory_max pays
+
             limits[name] = parse_size(value)
             continue
         if not sep or not value.strip().isdigit():
@@ -250,10 +251,10 @@ def load_scripted(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
             raise UsageError(f"--scripted takes PROFILE=FILE.json, got {spec!r}")
         try:
             with open(file) as opened:
-                data = json.loads(opened.read())
+                data = leanjson.loads(opened.read())
         except OSError as exc:
             raise UsageError(f"cannot read {file}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
+        except leanjson.JSONError as exc:
             raise UsageError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}") from exc
         scripted[name] = ProfileSpec.model_validate(
             {"kind": "scripted", **data, "name": name}

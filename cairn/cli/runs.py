@@ -29,7 +29,7 @@ from cairn.cli.options import (
 )
 from cairn.cli.watchview import progress_lines
 from cairn.errors import Unavailable
-from cairn.protocol.names import RUN_ID_RE
+from cairn.protocol.names import is_run_id
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable, printable_lines
 
@@ -108,7 +108,7 @@ def launch(
 
 def full_run_id(ref: str) -> str | None:
     """``ref`` if it is a whole run ID (a prefix or ``@last`` is resolved by cairnd)."""
-    return ref if RUN_ID_RE.match(ref) else None
+    return ref if is_run_id(ref) else None
 
 
 def list_runs(

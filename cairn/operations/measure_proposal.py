@@ -19,7 +19,7 @@ from typing import Any
 
 from cairn.experiments import measurement_request
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
-from cairn.protocol.base import VERIFIER_NAME_RE
+from cairn.protocol.names import is_verifier_name
 
 ARGUMENT = "evaluator:$args."
 """The capability prefix of a site whose evaluator a launch argument names
@@ -31,7 +31,7 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
     if (
         isinstance(first, ast.Constant)
         and isinstance(first.value, str)
-        and VERIFIER_NAME_RE.fullmatch(first.value)
+        and is_verifier_name(first.value)
     ):
         return SiteFacts(capabilities=frozenset({f"evaluator:{first.value}"}))
     why = "it is computed, neither a literal nor a launch argument"

@@ -12,15 +12,16 @@ cannot write a line that arrives from the owner's side.
 
 from __future__ import annotations
 
-import re
-
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.protocol.names import is_run_id
 
 TYPE_CHECKING = False  # typing is for type checkers only: a launch imports this module
 if TYPE_CHECKING:
     from typing import Any
 
-ATTESTATION_RE = re.compile(rb"^attest-v1 (flow_[0-9a-f]{32}) (sha256:[0-9a-f]{64})\n\Z")
+# The one line: "attest-v1 <run ID> sha256:<64 lowercase hex digits>\n", and nothing else.
+ATTESTATION_VERB = "attest-v1"
+ATTESTATION_LENGTH = len(ATTESTATION_VERB) + 1 + 37 + 1 + 71 + 1
 ATTESTATION_LIMIT = 128
 # How long the broker waits for the owner's line after cairnd handed it the channel.
 ATTESTATION_TIMEOUT_SEC = 60.0
@@ -39,15 +40,27 @@ def launch_hash_of(description: dict[str, Any]) -> str:
 
 def attestation_line(run_id: str, launch_hash: str) -> bytes:
     """The one line the owner writes: the run and the hash of the description it checked."""
-    line = f"attest-v1 {run_id} {launch_hash}\n".encode()
-    if ATTESTATION_RE.match(line) is None:
-        raise ValueError(f"not an attestation: {line!r}")
-    return line
+    if not (is_run_id(run_id) and is_launch_hash(launch_hash)):
+        raise ValueError(f"not an attestation: {run_id!r} {launch_hash!r}")
+    return f"{ATTESTATION_VERB} {run_id} {launch_hash}\n".encode()
 
 
 def parse_attestation(line: bytes) -> tuple[str, str] | None:
     """(run ID, launch hash) of an exact attestation line, else None."""
-    match = ATTESTATION_RE.match(line)
-    if match is None:
+    if len(line) != ATTESTATION_LENGTH or not line.endswith(b"\n") or not line.isascii():
         return None
-    return match.group(1).decode(), match.group(2).decode()
+    words = line[:-1].decode().split(" ")
+    if len(words) != 3 or words[0] != ATTESTATION_VERB:
+        return None
+    _, run_id, launch_hash = words
+    if not (is_run_id(run_id) and is_launch_hash(launch_hash)):
+        return None
+    return run_id, launch_hash
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_launch_hash(text: str) -> bool:
+    """``sha256:`` and 64 lowercase hex digits, as :func:`launch_hash_of` writes it."""
+    return len(text) == 71 and text.startswith("sha256:") and _HEX.issuperset(text[7:])

@@ -7,9 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cairn.protocol.names import INTENT_ID_RE as INTENT_ID_RE
-from cairn.protocol.names import LANE_KEY_RE, OP_ID_RE, RUN_ID_RE, SCOPE_RE
-from cairn.protocol.names import VERIFIER_NAME_RE as VERIFIER_NAME_RE
+from cairn.protocol.names import LANE_KEY_PATTERN, OP_ID_PATTERN, RUN_ID_PATTERN, SCOPE_PATTERN
 
 
 def build_loaded_models() -> int:
@@ -43,7 +41,7 @@ class Frozen(BaseModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
-RunId = Annotated[str, Field(pattern=RUN_ID_RE.pattern)]
-ScopeId = Annotated[str, Field(pattern=SCOPE_RE.pattern)]
-OpId = Annotated[str, Field(pattern=OP_ID_RE.pattern)]
-LaneKey = Annotated[str, Field(pattern=LANE_KEY_RE.pattern)]
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+ScopeId = Annotated[str, Field(pattern=SCOPE_PATTERN)]
+OpId = Annotated[str, Field(pattern=OP_ID_PATTERN)]
+LaneKey = Annotated[str, Field(pattern=LANE_KEY_PATTERN)]

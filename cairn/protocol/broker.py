@@ -10,8 +10,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import ConfigDict, Field
 
-from cairn.protocol.base import INTENT_ID_RE, Frozen, LaneKey, OpId, RunId, ScopeId
+from cairn.protocol.base import Frozen, LaneKey, OpId, RunId, ScopeId
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
+from cairn.protocol.names import INTENT_ID_PATTERN
 from cairn.protocol.settlement import AppliedCheck, ApplyResult, RefusedPath
 
 Verb = Literal["launch-v1", "storage-v1", "delete-v1"]
@@ -70,7 +71,7 @@ class Intent(Frozen):
     """What a coordinator or the daemon wants the broker to do. Paths are never given:
     the broker derives them from the run, scope and op IDs."""
 
-    intent_id: str = Field(pattern=INTENT_ID_RE.pattern)
+    intent_id: str = Field(pattern=INTENT_ID_PATTERN)
     run_id: RunId
     kind: IntentKind
     scope: ScopeId = "root"

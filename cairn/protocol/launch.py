@@ -11,7 +11,8 @@ from pydantic import Field, field_validator, model_validator
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.protocol.attestation import launch_hash_of
-from cairn.protocol.base import VERIFIER_NAME_RE, Frozen, OpId, RunId
+from cairn.protocol.base import Frozen, OpId, RunId
+from cairn.protocol.names import VERIFIER_NAME_PATTERN
 
 # When the verified proposal F reaches the live project: at once (``auto``), after the
 # owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
@@ -135,7 +136,7 @@ class VerifierSpec(Frozen):
     """A host-configured check of the proposal (``/etc/cairn/verifiers.d/NAME.toml``),
     frozen at launch with the sha256 of the file's bytes; see :mod:`cairn.verifiers`."""
 
-    name: str = Field(pattern=VERIFIER_NAME_RE.pattern)
+    name: str = Field(pattern=VERIFIER_NAME_PATTERN)
     argv: list[str] = Field(min_length=1)
     timeout_sec: int = Field(ge=1, le=86_400)
     environment: dict[str, str] = {}
@@ -146,7 +147,7 @@ class EvaluatorSpec(Frozen):
     """A host-configured measurement command (``/etc/cairn/evaluators.d/NAME.toml``) a
     reviewed workflow names, frozen at launch; see :mod:`cairn.evaluators`."""
 
-    name: str = Field(pattern=VERIFIER_NAME_RE.pattern)
+    name: str = Field(pattern=VERIFIER_NAME_PATTERN)
     argv: list[str] = Field(min_length=1)
     timeout_sec: int = Field(ge=1, le=86_400)
     environment: dict[str, str] = {}

@@ -41,7 +41,7 @@ from cairn.protocol.control import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.protocol.names import LANE_KEY_RE
+from cairn.protocol.names import is_lane_key
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
 
 M = TypeVar("M", bound=Model)
@@ -347,7 +347,7 @@ def _check_keys(keys: list[str]) -> None:
     if len(set(keys)) != len(keys):
         raise ValueError(f"lane keys repeat: {keys}")
     for key in keys:
-        if not isinstance(key, str) or not LANE_KEY_RE.match(key):
+        if not is_lane_key(key):
             raise ValueError(f"lane key {key!r}: use lowercase letters, digits and '-'")
 
 

@@ -194,4 +194,4 @@ def test_the_module_imports_only_the_standard_library() -> None:
         "('cairn', 'pydantic')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['cairn', 'cairn.canonical', 'cairn.netpolicy']"
+    assert out.stdout.strip() == "['cairn', 'cairn.canonical', 'cairn.leanjson', 'cairn.netpolicy']"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cairn import paths, untrusted
-from cairn.protocol.attestation import ATTESTATION_RE, attestation_line
+from cairn.protocol.attestation import attestation_line, parse_attestation
 
 RUN = "flow_" + "c" * 32
 
@@ -47,7 +47,7 @@ def test_a_new_file_is_never_written_where_a_directory_stands(tmp_path: Path) ->
 
 def test_only_a_well_formed_attestation_line_is_written() -> None:
     line = attestation_line(RUN, "sha256:" + "d" * 64)
-    assert ATTESTATION_RE.match(line) is not None
+    assert parse_attestation(line) == (RUN, "sha256:" + "d" * 64)
     with pytest.raises(ValueError, match="not an attestation"):
         attestation_line(RUN, "sha256:short")
     with pytest.raises(ValueError, match="not an attestation"):
