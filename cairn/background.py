@@ -97,10 +97,13 @@ def _in_a_session_of_its_own(pid: int, pidfd: int, wait: float) -> bool:
     process's, waiting up to ``wait`` seconds for it to be (:func:`_pause` between looks);
     False once it has ended."""
     deadline = time.monotonic() + wait
+    try:
+        kept = {os.getsid(1), os.getsid(0)}
+    except OSError:
+        return False
     while True:
         try:
             session = os.getsid(pid)
-            kept = {os.getsid(1), os.getsid(0)}
         except OSError:
             return False
         if _exited(pidfd):  # else getsid answered for this process, not a reused PID

@@ -13,7 +13,7 @@ cannot write a line that arrives from the owner's side.
 from __future__ import annotations
 
 from cairn.canonical import canonical_json, sha256_hex
-from cairn.protocol.names import is_run_id
+from cairn.protocol.names import is_hash, is_run_id
 
 TYPE_CHECKING = False  # typing is for type checkers only: a launch imports this module
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def launch_hash_of(description: dict[str, Any]) -> str:
 
 def attestation_line(run_id: str, launch_hash: str) -> bytes:
     """The one line the owner writes: the run and the hash of the description it checked."""
-    if not (is_run_id(run_id) and is_launch_hash(launch_hash)):
+    if not (is_run_id(run_id) and is_hash(launch_hash)):
         raise ValueError(f"not an attestation: {run_id!r} {launch_hash!r}")
     return f"{ATTESTATION_VERB} {run_id} {launch_hash}\n".encode()
 
@@ -53,14 +53,7 @@ def parse_attestation(line: bytes) -> tuple[str, str] | None:
     if len(words) != 3 or words[0] != ATTESTATION_VERB:
         return None
     _, run_id, launch_hash = words
-    if not (is_run_id(run_id) and is_launch_hash(launch_hash)):
+    if not (is_run_id(run_id) and is_hash(launch_hash)):
         return None
     return run_id, launch_hash
 
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def is_launch_hash(text: str) -> bool:
-    """``sha256:`` and 64 lowercase hex digits, as :func:`launch_hash_of` writes it."""
-    return len(text) == 71 and text.startswith("sha256:") and _HEX.issuperset(text[7:])

@@ -14,11 +14,12 @@ from pydantic import Field
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.protocol.base import Frozen
+from cairn.protocol.names import HASH_PATTERN
 
 NAME_PATTERN = r"[a-z][a-z0-9_-]{0,40}"
 NAME_RE = re.compile(rf"^{NAME_PATTERN}$")
 DEFINITION_RE = re.compile(rf"^(builtin|user|project):({NAME_PATTERN})$")
-HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+HASH_RE = re.compile(HASH_PATTERN)
 
 DefinitionName = Annotated[str, Field(pattern=NAME_RE.pattern)]
 ReviewHash = Annotated[str, Field(pattern=HASH_RE.pattern)]

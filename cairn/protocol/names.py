@@ -1,5 +1,5 @@
-"""The identifiers the protocols check: run, scope, operation, lane, intent, verifier and
-evaluator. Each has a pattern (``*_PATTERN``), which the protocol models type their fields
+"""The identifiers the protocols check: run, scope, operation, lane, intent, verifier,
+evaluator and hash. Each has a pattern (``*_PATTERN``), which the protocol models type their fields
 with (:mod:`cairn.protocol.base`). Those that code checks outside a model also have a check
 of the whole string (``is_*``) that needs no regular expression: ``cairn launch`` imports
 this module, and ``re`` would cost each launch 6 ms of CPU. A check accepts exactly what
@@ -19,6 +19,8 @@ OP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,127}$"
 LANE_KEY_PATTERN = r"^[a-z0-9][a-z0-9-]{0,30}$"
 INTENT_ID_PATTERN = r"^[a-z0-9][a-z0-9.-]{0,80}$"
 VERIFIER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+# A launch, review or definition hash: the hex SHA-256 of canonical JSON, named.
+HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 _HEX = frozenset("0123456789abcdef")
 _FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
@@ -46,6 +48,17 @@ def is_run_id(text: object) -> TypeGuard[str]:
         and len(text) == 37
         and text.startswith("flow_")
         and _HEX.issuperset(text[5:])
+    )
+
+
+def is_hash(text: object) -> TypeGuard[str]:
+    """A hash as Cairn names one: ``sha256:`` and 64 lowercase hex digits
+    (:data:`HASH_PATTERN`)."""
+    return (
+        isinstance(text, str)
+        and len(text) == 71
+        and text.startswith("sha256:")
+        and _HEX.issuperset(text[7:])
     )
 
 

@@ -163,6 +163,15 @@ def test_a_descriptor_that_is_not_a_local_stream_socket_is_refused() -> None:
         attestation_line(RUN, HASH).replace(b"attest-v1", b"attest-v2"),
         b"A" * 129,
         b'{"op": "launch"}\n',
+        # The line's exact length, each with one thing wrong: what a parser by length and
+        # words (not a pattern) must refuse too.
+        attestation_line(RUN, HASH).replace(b" ", b"  ", 1)[:-2] + b"\n",
+        attestation_line(RUN, HASH)[:-2] + b"\n\n",
+        attestation_line(RUN, HASH).replace(HASH.encode(), HASH.upper().encode()),
+        attestation_line(RUN, HASH).replace(b"flow_", b"flow-"),
+        attestation_line(RUN, HASH).replace(b"sha256:", b"sha512:"),
+        attestation_line(RUN, HASH)[:-3] + "é".encode() + b"\n",
+        attestation_line(RUN, HASH)[:20] + b"\n" + attestation_line(RUN, HASH)[21:],
     ],
 )
 def test_anything_but_one_exact_line_is_no_attestation(written: bytes) -> None:

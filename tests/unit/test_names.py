@@ -18,6 +18,7 @@ CHECKS: list[tuple[str, Callable[[object], bool]]] = [
     (names.OP_ID_PATTERN, names.is_op_id),
     (names.LANE_KEY_PATTERN, names.is_lane_key),
     (names.VERIFIER_NAME_PATTERN, names.is_verifier_name),
+    (names.HASH_PATTERN, names.is_hash),
 ]
 ALPHABET = "abcfz059-._\nA_ é/"
 
@@ -34,8 +35,11 @@ def test_each_check_accepts_what_its_pattern_accepts(
 
 @pytest.mark.parametrize(("pattern", "check"), CHECKS)
 def test_each_check_holds_its_bounds(pattern: str, check: Callable[[object], bool]) -> None:
-    longest = 37 if check is names.is_run_id else int(pattern.rsplit(",", 1)[1].split("}")[0]) + 1
-    good = "flow_" + "0" * 32 if check is names.is_run_id else "a" * longest
+    fixed = {names.is_run_id: "flow_" + "0" * 32, names.is_hash: "sha256:" + "0" * 64}
+    if check in fixed:
+        good = fixed[check]
+    else:
+        good = "a" * (int(pattern.rsplit(",", 1)[1].split("}")[0]) + 1)
     assert check(good) and re.fullmatch(pattern, good)
     for bad in (good + "\n", good + "a", good[:-1] + "A", "", "-" + good[1:], None, 5,
                 good.encode()):
