@@ -4,7 +4,9 @@ A command profile, verifier or evaluator is frozen in the launch description wit
 and the sha256 of its file's bytes. Before root runs one (or starts an agent that runs
 one), it reads that file itself — root-owned, writable by no one else, a regular file
 reached without a link — requires the same hash, and requires the frozen argv,
-environment and limits to be what the file says. A description cannot make root run a
+environment and limits to be what the file says. A command profile's files
+(``profiles.d/NAME.d/``, configuration its CLI reads) are given to its agent read-only only
+from a directory that only root can write. A description cannot make root run a
 command the administrator did not write.
 """
 
@@ -14,11 +16,13 @@ import hashlib
 import os
 import stat
 import tomllib
+from pathlib import Path
 from typing import Any
 
 from cairn import paths
 from cairn.errors import BrokerRefused
 from cairn.protocol.launch import EvaluatorSpec, ProfileSpec, VerifierSpec
+from cairn.protocol.names import is_profile_name, profile_file_stem
 
 CONFIG_LIMIT = 64 << 10
 # The defaults of an evaluator file's counts (cairn/evaluators.py EvaluatorConfig; a unit
@@ -29,7 +33,7 @@ EVALUATOR_DEFAULTS = {"warmups": 0, "samples": 1}
 def read_table(directory: str, name: str, frozen_sha256: str) -> dict[str, Any]:
     """The TOML table of ``/etc/cairn/<directory>/<name>.toml`` if its bytes still hash to
     ``frozen_sha256``."""
-    file = paths.config_dir() / directory / f"{name.replace(':', '-')}.toml"
+    file = paths.config_dir() / directory / f"{profile_file_stem(name)}.toml"
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -83,12 +87,36 @@ def check_evaluator(spec: EvaluatorSpec) -> None:
     )
 
 
-def check_profile(profile: ProfileSpec) -> None:
-    """A command profile's argv is its /etc file's; other kinds run no host command."""
+def check_profile(profile: ProfileSpec) -> Path | None:
+    """A command profile's argv and env are its /etc file's; other kinds run no host
+    command. Returns the profile's files to give its agent (:func:`profile_files`)."""
     if profile.kind != "command":
-        return
+        return None
     if not profile.config_sha256:
         raise BrokerRefused(f"command profile {profile.name} was frozen without its file")
+    if not is_profile_name(profile.name):
+        raise BrokerRefused(f"{profile.name!r} is not a profile name")
     data = read_table("profiles.d", profile.name, profile.config_sha256)
     _require_same(f"command profile {profile.name}",
-                  {"kind": profile.kind, "argv": profile.argv}, data)
+                  {"kind": profile.kind, "argv": profile.argv, "env": profile.env},
+                  {**data, "env": data.get("env", {})})
+    return profile_files(profile.name)
+
+
+def profile_files(name: str) -> Path | None:
+    """``/etc/cairn/profiles.d/NAME.d`` if the administrator made it: a directory (not a
+    link) that only root can write, whose files the agent's worker copies into the
+    agent's home. None if there is none."""
+    directory = paths.config_dir() / "profiles.d" / f"{profile_file_stem(name)}.d"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BrokerRefused(f"{directory} cannot be read: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise BrokerRefused(
+            f"{directory} is not a directory that only root can write",
+            hint="make it a directory owned by root with mode 0755, or remove it",
+        )
+    return directory

@@ -39,6 +39,7 @@ from cairn.protocol.broker import (
     RawBytes,
 )
 from cairn.protocol.launch import (
+    MODEL_ENV,
     PROFILE_SHA256_ENV,
     EvaluatorSpec,
     LaunchDescription,
@@ -126,6 +127,12 @@ def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
     raise BrokerRefused(f"agent descriptor {descriptor!r} is not in the run's review")
 
 
+def profile_model(desc: LaunchDescription, profile: ProfileSpec) -> str:
+    """The model of the route a profile's provider names in the pinned description."""
+    route = desc.routes.get(profile.provider) if profile.provider else None
+    return route.model if route is not None else ""
+
+
 def agent_profile(desc: LaunchDescription, descriptor: object) -> ProfileSpec:
     """The frozen profile the run's review gave the operation's agent descriptor."""
     name = _review_entry(desc, descriptor, "profile")
@@ -209,9 +216,13 @@ def start_agent(
     scratch: Path,
     *,
     profile_sha256: str,
+    model: str = "",
+    profile_files: Path | None = None,
 ) -> AgentStarted:
     """Start one agent attempt as the run owner inside its mount namespace. The worker
-    runs only a profile that hashes to ``profile_sha256`` (root's, in its environment).
+    runs only a profile that hashes to ``profile_sha256`` (root's, in its environment),
+    fills ``{model}`` with ``model`` and finds ``profile_files`` (a command profile's
+    directory in /etc/cairn) bound read-only.
 
     If the attempt's unit already exists (the broker died after starting it, before its
     receipt was stored), it is adopted rather than started twice.
@@ -232,6 +243,8 @@ def start_agent(
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
     environment = {**_failpoint_env(), PROFILE_SHA256_ENV: profile_sha256}
+    if model:
+        environment[MODEL_ENV] = model
     join_unit = None
     if network == "allowlist":
         join_unit = ensure_proxy(desc)
@@ -243,6 +256,7 @@ def start_agent(
         gid=desc.owner_gid,
         exec_argv=[PYTHON, "-I", "-B", f"{CAPSULE}/{release.entry}"],
         capsule=release.path,
+        profile_files=None if profile_files is None else str(profile_files),
         workspace=str(workspace),
         evidence_dir=str(evidence),
         incoming=incoming,

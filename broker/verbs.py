@@ -408,7 +408,9 @@ def settle_candidate(ctx: Context) -> CandidateBuilt:
         except Exception:
             log.exception("could not remove %s of a failed candidate", c)
         raise
-    return CandidateBuilt(**unit, **result.model_dump(), f=f_receipt, c=c_receipt)
+    built = result.model_dump()
+    built["ignored"] = built["ignored"] or None  # a receipt without any keeps its old JSON
+    return CandidateBuilt(**unit, **built, f=f_receipt, c=c_receipt)
 
 
 def verify_storage(ctx: Context) -> StorageVerified:
@@ -476,7 +478,7 @@ def start_agent(ctx: Context) -> AgentStarted:
     op = ctx.journal.get_op_by_id(ctx.run_id, op_id)
     descriptor = op.request.get("descriptor")
     profile = units.agent_profile(ctx.desc, descriptor)
-    hostfiles.check_profile(profile)
+    files = hostfiles.check_profile(profile)
     return units.start_agent(
         ctx.desc,
         op_id,
@@ -486,6 +488,8 @@ def start_agent(ctx: Context) -> AgentStarted:
         checkpoints,
         pool.run_dir(ctx.run_id) / "scratch" / op_id,
         profile_sha256=profile.sha256(),
+        model=units.profile_model(ctx.desc, profile),
+        profile_files=files,
     )
 
 

@@ -16,6 +16,7 @@ from cairn.admission import admission_config
 from cairn.config import Problem, Problems
 from cairn.policy import load_policy
 from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.names import profile_file_stem
 from cairn.providers import load_providers
 from cairn.schedules import host_config
 
@@ -36,7 +37,7 @@ def profiles_dir() -> Path:
 
 def profile_file(name: str) -> Path:
     """Where the host's profile ``name`` lives (``:`` is ``-`` in the file name)."""
-    return profiles_dir() / f"{name.replace(':', '-')}.toml"
+    return profiles_dir() / f"{profile_file_stem(name)}.toml"
 
 
 def check_profile(

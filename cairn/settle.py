@@ -65,9 +65,11 @@ _CHUNK = 1 << 20
 # -- inventories ------------------------------------------------------------------------
 
 
-def _entries(root: Path) -> Iterator[str]:
-    """Every path below ``root``, each directory listed through an fd reached following
-    no link (the tree may be the agent's)."""
+def _entries(root: Path, ignore: list[str] | None = None) -> Iterator[str]:
+    """Every path below ``root`` but those ``ignore`` matches and what lies below them,
+    each directory listed through an fd reached following no link (the tree may be the
+    agent's)."""
+    skipped = [glob_regex(g) for g in ignore or []]
     stack = [""]
     while stack:
         sub = stack.pop()
@@ -79,6 +81,8 @@ def _entries(root: Path) -> Iterator[str]:
             os.close(fd)
         for name, is_dir in listed:
             rel = f"{sub}/{name}" if sub else name
+            if skipped and any(p.match(rel) for p in skipped):
+                continue
             yield rel
             if is_dir:
                 stack.append(rel)
@@ -133,15 +137,18 @@ def _xattrs(root: Path, rel: str) -> dict[str, bytes]:
         os.close(fd)
 
 
-def inventories_equal(q: Path, p: Path, subpath: str = "") -> bool:
+def inventories_equal(
+    q: Path, p: Path, subpath: str = "", ignore: list[str] | None = None
+) -> bool:
     """Whether the trees under ``subpath`` of Q and P are identical: names, types, modes,
-    owners, symlink targets, file bytes and xattrs. Cost grows with the tree; use it only
-    to confirm that an empty change set really is empty. P (and Q) are read as
+    owners, symlink targets, file bytes and xattrs, leaving out what the ``ignore`` globs
+    match (:attr:`SettlementPolicy.ignore`). Cost grows with the tree; use it only to
+    confirm that an empty change set really is empty. P (and Q) are read as
     :mod:`cairn.untrusted` reads; an entry it refuses makes the trees unequal."""
     qr, pr = (q / subpath, p / subpath) if subpath else (q, p)
     try:
-        q_list = list(_entries(qr))
-        if set(q_list) != set(_entries(pr)):
+        q_list = list(_entries(qr, ignore))
+        if set(q_list) != set(_entries(pr, ignore)):
             return False
         for rel in q_list:
             qs, ps = untrusted.lstat(qr, rel), untrusted.lstat(pr, rel)

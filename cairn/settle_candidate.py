@@ -28,6 +28,7 @@ from cairn.protocol.settlement import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
+    IGNORED,
     NESTED_SUBVOLUME,
     TMP_PREFIX,
     SettlementPolicy,
@@ -35,6 +36,7 @@ from cairn.settle_paths import (
     depth,
     entry_reason,
     glob_regex,
+    ignored_by,
     is_nested_subvolume,
     parent,
     policy_reason,
@@ -53,7 +55,14 @@ def build_candidate(
     raises ``StorageError`` rather than leave C with half of a change.
     """
     patterns = [glob_regex(g) for g in policy.write_paths]
+    ignore = [glob_regex(g) for g in policy.ignore]
+    # Ignored paths are refused with IGNORED while dependents are worked out (what rests on
+    # one is left as in Q too), then reported apart.
     refused: dict[str, str] = {}
+
+    def judged(path: str) -> str:
+        check_relative(path)
+        return IGNORED if ignored_by(path, ignore) else policy_reason(path, policy, patterns)
     total = 0
 
     present = sorted(
@@ -63,8 +72,7 @@ def build_candidate(
     not_dirs: set[str] = set()  # entries of P seen not to be directories
     with untrusted.Dirs(p) as p_dirs:
         for path in present:
-            check_relative(path)
-            reason = policy_reason(path, policy, patterns)
+            reason = judged(path)
             if not reason:
                 reason = _judge(p_dirs, path, policy, entries, not_dirs, total)
                 if not reason and path in entries and stat.S_ISREG(entries[path][0].st_mode):
@@ -74,8 +82,7 @@ def build_candidate(
 
     deletions = sorted(set(changes.deleted) - set(present), key=lambda s: (-depth(s), s))
     for path in deletions:
-        check_relative(path)
-        reason = policy_reason(path, policy, patterns)
+        reason = judged(path)
         if reason:
             refused[path] = reason
 
@@ -113,14 +120,17 @@ def build_candidate(
 
     report = CandidateReport(
         accepted=sorted(accepted),
-        refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())],
+        refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())
+                 if v != IGNORED],
+        ignored=sorted(k for k, v in refused.items() if v == IGNORED),
         bytes_accepted=sum(
             entries[a][0].st_size
             for a in accepted
             if a in entries and stat.S_ISREG(entries[a][0].st_mode)
         ),
     )
-    log.info("candidate %s: %d accepted, %d refused", c, len(report.accepted), len(report.refused))
+    log.info("candidate %s: %d accepted, %d refused, %d ignored", c, len(report.accepted),
+             len(report.refused), len(report.ignored))
     return report
 
 

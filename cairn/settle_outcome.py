@@ -2,7 +2,9 @@
 
 A proposal that was refused in part never reads as a plain success: the label says how
 many paths were refused (``applied, 2 refused``), and ``complete`` is true only when every
-change of the proposal reached the live project (or there was none).
+change of the proposal reached the live project (or there was none). Paths left out as a
+profile's tool leftovers (``settle_ignore``) are counted apart (``no changes, 2 ignored``)
+and do not make a settlement incomplete.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def _paths(n: int) -> str:
 
 
 def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``{status, label, complete, accepted, applied, already_applied, refused,
+    """``{status, label, complete, accepted, applied, already_applied, refused, ignored,
     conflicts, reverted}`` of a settlement record; None when the run has none (yet)."""
     if not settlement:
         return None
@@ -33,8 +35,10 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
     candidate = settlement.get("candidate") or {}
     result = settlement.get("apply") or {}
     refused = _count(candidate, "refused")
+    ignored = _count(candidate, "ignored")
     conflicts = _count(result, "conflicts")
-    tail = f", {refused} refused" if refused else ""
+    tail = (f", {refused} refused" if refused else "") + (f", {ignored} ignored" if ignored
+                                                           else "")
     if status == "applied":
         label = "applied" + tail
     elif status == "refused":
@@ -69,6 +73,7 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
         "applied": _count(result, "applied"),
         "already_applied": _count(result, "already_applied"),
         "refused": refused,
+        "ignored": ignored,
         "conflicts": conflicts,
         "reverted": bool(revert) and revert.get("status") != "conflict",
     }

@@ -34,6 +34,9 @@ class SettlementPolicy(BaseModel):
     allow_git_internals: bool = False
     max_file_bytes: int = Field(default=64 << 20, ge=0)
     max_total_bytes: int = Field(default=1 << 30, ge=0)
+    # Globs of what the run's agent tools leave behind (the profiles' settle_ignore): a
+    # change there, or below it, is left out of C and reported as ignored, not refused.
+    ignore: list[str] = Field(default_factory=list)
 
 
 def check_relative(path: str) -> list[str]:
@@ -106,6 +109,14 @@ def policy_reason(path: str, policy: SettlementPolicy, patterns: list[re.Pattern
     if not any(p.match(path) for p in patterns):
         return "outside the write paths"
     return ""
+
+
+IGNORED = "ignored: a profile's settle_ignore"
+
+
+def ignored_by(path: str, patterns: list[re.Pattern[str]]) -> bool:
+    """Whether ``path`` or a directory above it matches one of the ignore ``patterns``."""
+    return any(p.match(at) for at in (path, *ancestors(path)) for p in patterns)
 
 
 def is_nested_subvolume(st: os.stat_result, parent_dev: int | None = None) -> bool:

@@ -40,6 +40,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from cairn.errors import UsageError
 from cairn.netpolicy import NetworkMode
+from cairn.protocol.launch import PROFILE_FILES_DIR
 from cairn.protocol.names import OP_ID_PATTERN, RUN_ID_PATTERN, is_op_id, is_run_id
 from cairn.systemd import Prop, validate_unit_name
 
@@ -169,6 +170,11 @@ class AgentUnitSpec(ResourceLimits):
         default=False, description="the coordinator serves a model relay (model.sock) too"
     )
     capsule: AbsPath | None = None
+    profile_files: AbsPath | None = Field(
+        default=None,
+        description="a command profile's /etc/cairn/profiles.d/NAME.d -> /run/cairn/profile, "
+        "read-only",
+    )
     network: NetworkMode = "none"
     join_unit: str | None = Field(
         default=None,
@@ -396,6 +402,8 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
     ]
     if spec.capsule is not None:
         ro_binds.append(_bind(spec.capsule, CAPSULE))
+    if spec.profile_files is not None:
+        ro_binds.append(_bind(spec.profile_files, PROFILE_FILES_DIR))
     if spec.network == "host":  # "-": not every host runs systemd-resolved
         ro_binds += [(path, path, True, MS_REC) for path in HOST_NETWORK_RUN_PATHS]
     env = {

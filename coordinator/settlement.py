@@ -64,7 +64,8 @@ class Settlement(CoordinatorBase):
             settlement["apply"] = applied.model_dump(mode="json")
             settlement["status"] = applied.status
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
-        self.event("settled", status=settlement["status"], refused=len(built.refused))
+        self.event("settled", status=settlement["status"], refused=len(built.refused),
+                   ignored=len(built.ignored or []))
         return settlement
 
     def verify_proposal(self) -> ProposalVerified:

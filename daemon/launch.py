@@ -43,13 +43,13 @@ from cairn.protocol.launch import (
     ReplayOrigin,
     SettlementPolicySpec,
 )
+from cairn.protocol.names import is_profile_name
 from cairn.providers import load_providers
 from cairn.validation import first_error, invalid
 from cairn.verifiers import matching_verifiers
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
-PROFILE_FILE_RE = re.compile(r"^[a-z0-9:_-]{1,80}$")
 PROFILE_BUILTIN_RE = re.compile(r"^builtin:([a-z][a-z0-9_-]{0,40})$")
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def resolve_profiles(
                 )
             read[name] = profile.model_copy(update={"name": name})
             continue
-        if not PROFILE_FILE_RE.match(name):
+        if not is_profile_name(name):
             raise UsageError(f"invalid profile name {name!r}")
         file = profile_file(name)
         builtin_prompts[name] = builtin_profile_prompt(name)
@@ -255,6 +255,15 @@ def resolve_routes(profiles: dict[str, ProfileSpec]) -> dict[str, ModelRoute]:
     providers = load_providers()
     names = sorted({p.provider for p in profiles.values() if p.provider})
     return {name: providers.route(name) for name in names}
+
+
+def settlement_policy(review: Review, profiles: dict[str, ProfileSpec]) -> SettlementPolicySpec:
+    """What of the run's proposal may settle: the workflow's write paths, less what any of
+    its profiles' tools leave behind (their ``settle_ignore``)."""
+    return SettlementPolicySpec(
+        write_paths=review.workflow.write_paths or ["**"],
+        ignore=sorted({glob for p in profiles.values() for glob in p.settle_ignore}),
+    )
 
 
 def resolve_limits(overrides: dict[str, int]) -> Limits:
@@ -392,7 +401,7 @@ def freeze(
         apply_mode=request.apply_mode,
         verifiers=verifiers,
         evaluators=evaluators,
-        policy=SettlementPolicySpec(write_paths=review.workflow.write_paths or ["**"]),
+        policy=settlement_policy(review, profiles),
         replay=replay,
     )
 

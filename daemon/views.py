@@ -135,6 +135,7 @@ def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         "summary": settlement_summary(row.settlement),
         "accepted": candidate.get("accepted", []),
         "refused": candidate.get("refused", []),
+        "ignored": candidate.get("ignored", []),
         "apply": settlement.get("apply"),
         "diff": candidate.get("diff", ""),
     }

@@ -44,7 +44,9 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResul
     built = time.monotonic()
     result = CandidateResult(
         **report.model_dump(),
-        inventories_equal=inventories_equal(q, p, subpath) if not report.accepted else False,
+        inventories_equal=(
+            inventories_equal(q, p, subpath, policy.ignore) if not report.accepted else False
+        ),
         diff=unified_diff(q, c, subpath, report.accepted),
     )
     log.info("candidate times: changes %.1f s, C built %.1f s, patch and checks %.1f s",

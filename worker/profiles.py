@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -28,7 +29,18 @@ from cairn.protocol.agent import (
     AgentInstruction,
     CommandFailure,
 )
-from cairn.protocol.launch import MODEL_URL, OUTPUT_SCHEMA_FILE, PROMPT, ScriptStep
+from cairn.protocol.launch import (
+    HOME,
+    MODEL,
+    MODEL_ENV,
+    MODEL_URL,
+    OUTPUT_SCHEMA_FILE,
+    PLACEHOLDERS,
+    PROFILE_FILES_DIR,
+    PROMPT,
+    ScriptStep,
+)
+from cairn.protocol.names import profile_file_stem
 from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
 from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
@@ -39,6 +51,7 @@ log = logging.getLogger(__name__)
 WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
 OUTPUTS = Path(os.environ.get("CAIRN_OUTPUTS", "/outputs"))
 STATE = Path(os.environ.get("CAIRN_STATE", "/state"))
+PROFILE_FILES = Path(PROFILE_FILES_DIR)
 # What agent CLIs read to find their API; the key is a placeholder the relay replaces.
 RELAY_KEY = "cairn-relay"
 
@@ -109,10 +122,22 @@ def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
 def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[str, Any], str]:
     """Run a host-configured agent CLI until it exits; its result is /outputs/result.json
     or its last stdout line (JSON with ``output`` and optional ``handoff``), judged by
-    :mod:`cairn.resultjson` (:class:`ResultInvalid`)."""
+    :mod:`cairn.resultjson` (:class:`ResultInvalid`). The profile's files are copied into
+    the agent's home first, and its ``env`` is set over Cairn's (placeholders filled)."""
+    home = os.environ.get("HOME", str(STATE))
+    try:
+        seed_home(PROFILE_FILES, Path(home))
+    except OSError as exc:
+        stem = profile_file_stem(instruction.profile.name)
+        raise CairnError(
+            f"cannot copy profile {instruction.profile.name}'s files into the agent's home: "
+            f"{exc.strerror}: {exc.filename}",
+            hint=f"every file in /etc/cairn/profiles.d/{stem}.d/ must be readable by the "
+            "run's owner",
+        ) from None
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": os.environ.get("HOME", "/state"),
+        "HOME": home,
         "LANG": "C.UTF-8",
         "CAIRN_PROMPT": instruction.prompt,
         # what the answer must fit (read by the agent-result wrapper, cairn.worker.agent_result)
@@ -126,11 +151,13 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         shim = TcpShim(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)).start()
     if shim is not None:
         env.update(relay_environment(shim.port))
+    values = placeholder_values(instruction, env.get("CAIRN_MODEL_URL", ""), home,
+                                [*argv, *instruction.profile.env.values()])
+    env.update({name: fill(text, values) for name, text in instruction.profile.env.items()})
     errors = Tail(COMMAND_FAILED_LIMIT)
     try:
         returncode, stdout = run_to_exit(
-            filled_argv(argv, instruction, env.get("CAIRN_MODEL_URL", "")), cwd=WORKSPACE,
-            env=env, stderr=errors,
+            [fill(arg, values) for arg in argv], cwd=WORKSPACE, env=env, stderr=errors,
         )
     finally:
         if shim is not None:
@@ -151,18 +178,76 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
     return typed(result)
 
 
-def filled_argv(argv: list[str], instruction: AgentInstruction, model_url: str) -> list[str]:
-    """The profile's argv with its placeholders filled in (:data:`PROMPT`,
-    :data:`MODEL_URL`, :data:`OUTPUT_SCHEMA_FILE`, written to the agent's state directory
-    when used); any other text in braces stays as it is."""
-    if any(OUTPUT_SCHEMA_FILE in arg for arg in argv):
-        schema = STATE / "output-schema.json"
+def placeholder_values(
+    instruction: AgentInstruction, model_url: str, home: str, texts: list[str]
+) -> dict[str, str]:
+    """What each of :data:`PLACEHOLDERS` stands for in this attempt. The answer's schema
+    is written to the agent's state directory only when one of ``texts`` uses it."""
+    schema = STATE / "output-schema.json"
+    if any(OUTPUT_SCHEMA_FILE in text for text in texts):
         write_atomic(schema, json.dumps(instruction.output_schema, indent=2))
     values = {PROMPT: instruction.prompt, MODEL_URL: model_url,
-              OUTPUT_SCHEMA_FILE: str(STATE / "output-schema.json")}
-    # one pass: a prompt that holds "{model_url}" stays the prompt it is
-    placeholders = re.compile("|".join(re.escape(p) for p in values))
-    return [placeholders.sub(lambda m: values[m.group(0)], arg) for arg in argv]
+              MODEL: os.environ.get(MODEL_ENV, ""), OUTPUT_SCHEMA_FILE: str(schema),
+              HOME: home}
+    assert set(values) == set(PLACEHOLDERS)
+    return values
+
+
+_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """``text`` with its placeholders replaced in one pass (a prompt that holds
+    "{model_url}" stays the prompt it is); any other text in braces stays as it is."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], text)
+
+
+def seed_home(source: Path, home: Path) -> list[str]:
+    """Copy the profile's files (root's read-only bind of /etc/cairn/profiles.d/NAME.d)
+    into the agent's home, keeping what is already there; return the paths copied.
+
+    Directories and regular files are copied with their permission bits (never set-ID);
+    symbolic links as links; anything else is left out. Nothing is followed: the copy
+    sees the tree the administrator wrote, not where its links point."""
+    copied: list[str] = []
+    if not source.is_dir() or source.is_symlink():
+        return copied
+    for top, dirs, files in os.walk(source):
+        relative = Path(top).relative_to(source)
+        target_dir = home / relative
+        for name in sorted(dirs):
+            here = Path(top) / name
+            if here.is_symlink():
+                files.append(name)  # copied below as the link it is, not walked
+                continue
+            (target_dir / name).mkdir(mode=os.lstat(here).st_mode & 0o777, exist_ok=True)
+        dirs[:] = [d for d in dirs if not (Path(top) / d).is_symlink()]
+        for name in sorted(files):
+            here, there = Path(top) / name, target_dir / name
+            if os.path.lexists(there):
+                continue
+            st = os.lstat(here)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(here), there)
+            elif stat.S_ISREG(st.st_mode):
+                _copy_file(here, there, st.st_mode & 0o777)
+            else:
+                continue
+            copied.append(str(relative / name))
+    return copied
+
+
+def _copy_file(source: Path, target: Path, mode: int) -> None:
+    """Copy a regular file, neither end reached through a link (the target is new)."""
+    reading = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        writing = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, mode)
+        with open(reading, "rb", closefd=False) as src, open(writing, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    finally:
+        os.close(reading)
 
 
 def command_failure(returncode: int, stderr: bytes) -> CommandFailure:

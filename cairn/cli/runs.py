@@ -226,6 +226,9 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
             typer.echo(f"  conflict: {_path_reason(conflict)}")
         for refused in settlement.get("candidate", {}).get("refused", []):
             typer.echo(f"  refused: {_path_reason(refused)}")
+        ignored = settlement.get("candidate", {}).get("ignored", [])
+        if ignored:
+            typer.echo(f"  ignored (settle_ignore): {', '.join(printable(p) for p in ignored)}")
     if run.get("output"):
         typer.echo(f"output: {json.dumps(run['output'])}")
     for line in progress_lines(data.get("progress") or {}):
@@ -440,6 +443,8 @@ def diff(
         typer.echo(f"# conflict, left untouched: {_path_reason(conflict)}")
     for refused in data.get("refused", []):
         typer.echo(f"# refused by policy: {_path_reason(refused)}")
+    for ignored in data.get("ignored", []):
+        typer.echo(f"# ignored (a profile's settle_ignore): {printable(ignored)}")
     typer.echo(printable_lines(data.get("diff", "")), nl=False)
 
 

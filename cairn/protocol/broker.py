@@ -256,14 +256,16 @@ class ProposalFrozen(ReceiptBody):
 
 class CandidateBuilt(ReceiptBody):
     """settle-candidate: the candidate unit that built C, what went into C and what did
-    not (``refused``: path and reason), F, and the diff of the accepted paths."""
+    not (``refused``: path and reason; ``ignored``: a profile's ``settle_ignore``, absent
+    when there was none), F, and the diff of the accepted paths."""
 
-    optional_keys = ("unit", "invocation_id")
+    optional_keys = ("unit", "invocation_id", "ignored")
 
     unit: str | None = None
     invocation_id: str | None = None
     accepted: list[str]
     refused: list[RefusedPath]
+    ignored: list[str] | None = None
     bytes_accepted: int
     f: SubvolumeReceipt
     c: SubvolumeReceipt

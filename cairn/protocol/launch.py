@@ -52,12 +52,22 @@ class ModelRoute(Frozen):
     timeout_sec: float = Field(default=300.0, gt=0)
 
 
-# What a command profile's argv may hold, filled in by the worker as it starts the CLI:
-# the prompt, the model relay's OpenAI-style base URL (ending in /v1; the profile must
-# name a provider), and a file holding the JSON schema the answer must fit.
+# What a command profile's argv and env values may hold, filled in by the worker as it
+# starts the CLI: the prompt, the model relay's OpenAI-style base URL (ending in /v1) and
+# the route's model (both need the profile to name a provider), a file holding the JSON
+# schema the answer must fit, and the agent's home (its writable state directory).
 PROMPT = "{prompt}"
 MODEL_URL = "{model_url}"
+MODEL = "{model}"
 OUTPUT_SCHEMA_FILE = "{output_schema_file}"
+HOME = "{home}"
+PLACEHOLDERS = (PROMPT, MODEL_URL, MODEL, OUTPUT_SCHEMA_FILE, HOME)
+# What a profile's env may not set: the unit's own (the home, the sockets, root's hash of
+# the profile and every other CAIRN_ name).
+RESERVED_ENV = ("HOME", "TMPDIR")
+RESERVED_ENV_PREFIX = "CAIRN_"
+_ENV_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_ENV_REST = _ENV_FIRST | frozenset("0123456789")
 
 
 class ProfileSpec(Frozen):
@@ -66,6 +76,8 @@ class ProfileSpec(Frozen):
     ``llm`` profiles carry their system prompt and name a route of the launch
     description (``provider``); ``command`` profiles may name one to reach the relay.
     ``model_attempts`` and ``model_retry_cap_sec``: :mod:`cairn.worker.retry`.
+    ``settle_ignore``: globs of what the profile's tool leaves in the workspace (its
+    history, caches); the run's settlement leaves those paths out and reports them.
     """
 
     name: str
@@ -74,6 +86,8 @@ class ProfileSpec(Frozen):
     output: dict[str, Any] = {}
     handoff: str = ""
     argv: list[str] = []
+    env: dict[str, str] = {}
+    settle_ignore: list[str] = []
     provider: str = ""
     system_prompt: str = ""
     max_steps: int = Field(default=60, ge=1, le=1000)
@@ -86,10 +100,37 @@ class ProfileSpec(Frozen):
     # scripted profile the caller sent): root re-reads a command profile's argv from it.
     config_sha256: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not (0 < len(name) <= 128 and name[0] in _ENV_FIRST
+                    and _ENV_REST.issuperset(name)):
+                raise ValueError(f"env: {name!r} is not a variable name (letters, digits, _)")
+            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"env: {name} is set by Cairn for every agent; choose "
+                                 "another name")
+            if "\0" in value:
+                raise ValueError(f"env: {name} holds a NUL character")
+        return env
+
+    @field_validator("settle_ignore")
+    @classmethod
+    def _project_globs(cls, globs: list[str]) -> list[str]:
+        for glob in globs:
+            parts = glob.split("/")
+            if not glob or glob.startswith("/") or "\0" in glob or ".." in parts:
+                raise ValueError(f"settle_ignore: {glob!r} is not a glob of paths inside the "
+                                 "project (relative, no '..')")
+        return globs
+
     @model_validator(mode="after")
-    def _model_url_needs_a_provider(self) -> ProfileSpec:
-        if not self.provider and any(MODEL_URL in arg for arg in self.argv):
-            raise ValueError(f"argv uses {MODEL_URL}, the relay's URL, but names no provider")
+    def _relay_placeholders_need_a_provider(self) -> ProfileSpec:
+        for placeholder, what in ((MODEL_URL, "the relay's URL"), (MODEL, "the model")):
+            if not self.provider and any(
+                placeholder in text for text in (*self.argv, *self.env.values())
+            ):
+                raise ValueError(f"{placeholder} ({what}) is used but no provider is named")
         return self
 
     def sha256(self) -> str:
@@ -99,6 +140,12 @@ class ProfileSpec(Frozen):
 
 
 PROFILE_SHA256_ENV = "CAIRN_PROFILE_SHA256"
+# The model of the route a command profile's provider names, as root read it from the
+# pinned description: what the worker fills {model} with.
+MODEL_ENV = "CAIRN_MODEL"
+# Where a command profile's files (/etc/cairn/profiles.d/NAME.d/) are bound read-only in
+# its agent's unit; the worker copies them into the agent's home before the CLI starts.
+PROFILE_FILES_DIR = "/run/cairn/profile"
 
 
 class Limits(Frozen):
@@ -130,6 +177,8 @@ class SettlementPolicySpec(Frozen):
     allow_git_internals: bool = False
     max_file_bytes: int = 64 << 20
     max_total_bytes: int = 1 << 30
+    # the settle_ignore globs of the run's profiles (:attr:`ProfileSpec.settle_ignore`)
+    ignore: list[str] = []
 
 
 class VerifierSpec(Frozen):

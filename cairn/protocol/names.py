@@ -1,10 +1,10 @@
 """The identifiers the protocols check: run, scope, operation, lane, intent, verifier,
-evaluator and hash. Each has a pattern (``*_PATTERN``), which the protocol models type their fields
-with (:mod:`cairn.protocol.base`). Those that code checks outside a model also have a check
-of the whole string (``is_*``) that needs no regular expression: ``cairn launch`` imports
-this module, and ``re`` would cost each launch 6 ms of CPU. A check accepts exactly what
-its pattern does (a test holds the two to each other); unlike ``re.match`` on a ``$``
-pattern, it refuses a trailing newline."""
+evaluator, agent profile and hash. Each has a pattern (``*_PATTERN``), which the protocol
+models type their fields with (:mod:`cairn.protocol.base`). Those that code checks outside
+a model also have a check of the whole string (``is_*``) that needs no regular expression:
+``cairn launch`` imports this module, and ``re`` would cost each launch 6 ms of CPU. A
+check accepts exactly what its pattern does (a test holds the two to each other); unlike
+``re.match`` on a ``$`` pattern, it refuses a trailing newline."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ OP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,127}$"
 LANE_KEY_PATTERN = r"^[a-z0-9][a-z0-9-]{0,30}$"
 INTENT_ID_PATTERN = r"^[a-z0-9][a-z0-9.-]{0,80}$"
 VERIFIER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+# An agent profile: ``builtin:NAME`` or the stem of /etc/cairn/profiles.d/NAME.toml (where
+# ``:`` is written ``-``); never a path.
+PROFILE_NAME_PATTERN = r"^[a-z0-9][a-z0-9:_-]{0,79}$"
 # A launch, review or definition hash: the hex SHA-256 of canonical JSON, named.
 HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
@@ -39,6 +42,7 @@ def _name(text: object, rest: frozenset[str], longest: int) -> TypeGuard[str]:
 
 _DASHED = _FIRST | {"-"}
 _UNDERSCORED = _DASHED | {"_"}
+_PROFILE = _UNDERSCORED | {":"}
 
 
 def is_run_id(text: object) -> TypeGuard[str]:
@@ -75,3 +79,14 @@ def is_lane_key(text: object) -> TypeGuard[str]:
 def is_verifier_name(text: object) -> TypeGuard[str]:
     """A verifier's or evaluator's name: :data:`VERIFIER_NAME_PATTERN`."""
     return _name(text, _UNDERSCORED, 64)
+
+
+def is_profile_name(text: object) -> TypeGuard[str]:
+    """An agent profile's name: :data:`PROFILE_NAME_PATTERN`."""
+    return _name(text, _PROFILE, 80)
+
+
+def profile_file_stem(name: str) -> str:
+    """The stem of a profile's files in /etc/cairn/profiles.d (``NAME.toml``,
+    ``NAME.d/``): ``:`` is written ``-``."""
+    return name.replace(":", "-")

@@ -34,10 +34,12 @@ class RefusedPath(Frozen):
 
 
 class CandidateReport(Frozen):
-    """What went into C (``accepted``, the paths to apply) and what did not, and why."""
+    """What went into C (``accepted``, the paths to apply) and what did not, and why;
+    ``ignored``: changes the run's profiles declared tool leftovers (``settle_ignore``)."""
 
     accepted: Paths
     refused: Annotated[list[RefusedPath], Field(max_length=MAX_PATHS)]
+    ignored: Paths = []
     bytes_accepted: int = Field(ge=0)
 
 

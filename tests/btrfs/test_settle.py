@@ -124,6 +124,54 @@ def test_candidate_refuses_what_policy_forbids(pool: Pool, run_id: str) -> None:
     assert (f / "docs" / "guide.md").read_text() == "guide\n"
 
 
+def test_a_profiles_tool_leftovers_are_ignored_not_refused(pool: Pool, run_id: str) -> None:
+    """aider's history and caches, Python's bytecode: left out of C, reported apart."""
+    live = live_project(pool)
+    (live / ".aider.conf.yml").write_text("model: x\n")
+
+    def agent(w: Path) -> None:
+        (w / "src" / "app.py").write_text("v2\n")
+        (w / ".aider.chat.history.md").write_text("the whole conversation\n")
+        (w / ".aider.tags.cache.v4").mkdir()
+        (w / ".aider.tags.cache.v4" / "cache.db").write_bytes(b"\0" * 100)
+        (w / ".aider.conf.yml").write_text("model: changed by the tool\n")
+        (w / "src" / "__pycache__").mkdir()
+        (w / "src" / "__pycache__" / "app.pyc").write_bytes(b"pyc")
+        os.rename(w / "old.txt", w / ".aider.old")  # a real file moved under an ignored name
+
+    policy = SettlementPolicy(ignore=[".aider*", "**/__pycache__"])
+    q, f, accepted, report = settle_run(pool, run_id, live, agent, policy)
+    assert accepted == ["src/app.py"]
+    assert report.ignored == [  # type: ignore[attr-defined]
+        ".aider.chat.history.md", ".aider.conf.yml", ".aider.old", ".aider.tags.cache.v4",
+        ".aider.tags.cache.v4/cache.db", "src/__pycache__", "src/__pycache__/app.pyc"]
+    # the rename's other side is a real change that cannot be made alone: refused, kept
+    reasons = {r.path: r.reason for r in report.refused}  # type: ignore[attr-defined]
+    assert list(reasons) == ["old.txt"]
+    assert (f / "old.txt").read_text() == "old\n"
+    assert (f / ".aider.conf.yml").read_text() == "model: x\n"
+    for left_out in (".aider.chat.history.md", ".aider.tags.cache.v4", "src/__pycache__"):
+        assert not os.path.lexists(f / left_out), left_out
+    assert (f / "src" / "app.py").read_text() == "v2\n"
+
+
+def test_a_proposal_of_only_ignored_changes_has_the_same_inventory(
+    pool: Pool, run_id: str
+) -> None:
+    live = live_project(pool)
+
+    def agent(w: Path) -> None:
+        (w / ".aider.input.history").write_text("fix it\n")
+
+    ignore = [".aider*"]
+    q, _f, accepted, report = settle_run(pool, run_id, live, agent,
+                                         SettlementPolicy(ignore=ignore))
+    assert accepted == [] and report.refused == []  # type: ignore[attr-defined]
+    p = pool.settlement_path(run_id, "P")
+    assert inventories_equal(q, p, ignore=ignore)
+    assert not inventories_equal(q, p)
+
+
 def test_refused_rename_destination_keeps_the_source(pool: Pool, run_id: str) -> None:
     live = live_project(pool)
 

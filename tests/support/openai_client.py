@@ -4,7 +4,10 @@ ANSWER.txt and the key it was given to KEY_SEEN.txt, the result as the last stdo
 
 ``python3 openai_client.py [--base-url URL] [EXTRA_JSON]``: URL instead of
 ``$OPENAI_BASE_URL`` (as ``codex -c openai_base_url=…`` takes it), written to
-BASE_SEEN.txt; EXTRA_JSON is merged into the output.
+BASE_SEEN.txt; EXTRA_JSON is merged into the output. What its profile gave it (the
+``CLIENT_*`` variables of its ``env``, and ``~/.config/client/config.json`` from its
+``profiles.d/NAME.d``) goes to PROFILE_SEEN.json. Like many CLIs it leaves a history of
+its own in the project, ``.client-history``.
 """
 
 import json
@@ -31,6 +34,13 @@ with open("ANSWER.txt", "w") as fh:
     fh.write(text)
 with open("KEY_SEEN.txt", "w") as fh:
     fh.write(os.environ["OPENAI_API_KEY"])
+config = os.path.expanduser("~/.config/client/config.json")
+with open("PROFILE_SEEN.json", "w") as fh:
+    json.dump({"env": {k: v for k, v in os.environ.items() if k.startswith("CLIENT_")},
+               "home": os.environ["HOME"],
+               "config": open(config).read() if os.path.exists(config) else None}, fh)
+with open(".client-history", "a") as fh:
+    fh.write(os.environ["CAIRN_PROMPT"] + "\n")
 extra = json.loads(args[0]) if args else {}
 print("working...")
 print(json.dumps({"output": {"summary": text, **extra}, "handoff": "from the client"}))

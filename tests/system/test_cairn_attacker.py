@@ -148,6 +148,9 @@ def test_a_descriptor_that_is_not_an_owners_channel_is_refused(
         ("$.project.root", '"/home/bob"'),
         ("$.profiles", '{"builtin:implementer": {"name": "builtin:implementer", '
                        '"kind": "command", "argv": ["/bin/sh", "-c", "id"]}}'),
+        ("$.profiles", '{"builtin:implementer": {"name": "builtin:implementer", '
+                       '"kind": "command", "argv": ["/usr/bin/true"], '
+                       '"env": {"LD_PRELOAD": "/tmp/evil.so"}}}'),
         ("$.policy.write_paths", '["../**"]'),
         ("$.source", '"print(1)"'),
         ("$.verifiers", '[{"name": "evil", "argv": ["/bin/sh"], "timeout_sec": 5, '

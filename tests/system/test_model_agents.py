@@ -240,7 +240,13 @@ def test_command_profile_runs_an_openai_client_through_the_relay(machine: Machin
     machine.exec(["tee", "/etc/cairn/profiles.d/client.toml"], input=(
         b'kind = "command"\nprovider = "fake"\n'
         b'argv = ["/usr/bin/python3", "-I", "/usr/local/lib/cairn-test/client.py", '
-        b'"--base-url", "{model_url}"]\n'))
+        b'"--base-url", "{model_url}"]\n'
+        b'settle_ignore = [".client-*"]\n'
+        b'[env]\nCLIENT_MODEL = "{model}"\nCLIENT_CONFIG = "{home}/.config/client"\n'))
+    # the CLI's own configuration, which the agent's home gets a copy of
+    machine.exec(["install", "-D", "-m", "0644", "/dev/stdin",
+                  "/etc/cairn/profiles.d/client.d/.config/client/config.json"],
+                 input=b'{"provider": "cairn-relay"}')
     _review, run_id = launch_reviewed(machine, "command_client.py", "what is the answer?")
     data = wait_finished(machine, run_id)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
@@ -251,6 +257,15 @@ def test_command_profile_runs_an_openai_client_through_the_relay(machine: Machin
     assert base.startswith("http://127.0.0.1:") and base.endswith("/v1"), base
     seen = machine.exec(["cat", f"{PROJECT}/KEY_SEEN.txt"]).stdout.decode().strip()
     assert seen and key not in seen  # a dummy; the relay added the real one
+    # the profile's env, its placeholders filled, and its files in the agent's own home
+    given = json.loads(machine.exec(["cat", f"{PROJECT}/PROFILE_SEEN.json"]).stdout)
+    assert given == {"env": {"CLIENT_MODEL": "fake-1", "CLIENT_CONFIG": "/state/.config/client"},
+                     "home": "/state", "config": '{"provider": "cairn-relay"}'}
+    # the client's own history is its profile's settle_ignore: left out, and said so
+    assert machine.exec(["test", "-e", f"{PROJECT}/.client-history"], check=False).returncode
+    assert data["settlement"]["candidate"]["ignored"] == [".client-history"]
+    shown = machine.exec(["cairn", "show", run_id], user="alice").stdout.decode()
+    assert "ignored (settle_ignore): .client-history" in shown, shown
     (op,) = data["operations"]
     boundary = f"/var/lib/cairn/runs/{run_id}/boundaries/{op['op_id']}"
     usage = json.loads(machine.exec(["cat", f"{boundary}/boundary.json"]).stdout)["usage"]

@@ -17,13 +17,14 @@ from pydantic import BaseModel, Field
 from cairn.errors import CairnError
 from cairn.proc import run
 from cairn.protocol.agent import AgentInstruction
-from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.launch import MODEL_ENV, ProfileSpec
 from cairn.worker import agent_result, profiles
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs/examples/profiles.d"
 PROSE_CLIS = ("aider", "claude", "codex", "opencode")
 PROMPT = "Add a CHANGELOG entry for the release."
+ROUTE_MODEL = "gpt-4.1-mini"
 
 # A stand-in agent CLI: records its argv, prints answer.txt of its working directory.
 STAND_IN = f"""#!{sys.executable}
@@ -56,6 +57,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(profiles, "WORKSPACE", tmp_path)
     monkeypatch.setattr(profiles, "OUTPUTS", tmp_path / "outputs")
     monkeypatch.setenv("CAIRN_MODEL_SOCKET", str(tmp_path / "model.sock"))
+    monkeypatch.setenv(MODEL_ENV, ROUTE_MODEL)  # root's, from the pinned route
     stand_in = tmp_path / "stand-in"
     stand_in.write_text(STAND_IN)
     stand_in.chmod(0o755)
@@ -95,7 +97,8 @@ def test_each_example_profile_ends_with_a_typed_result(
     assert handoff.startswith("I read the project and added an entry under Unreleased.")
     # the CLI got its own arguments, the prompt extended by the fields to end with
     got = json.loads((workspace / "argv.json").read_text())
-    expected = [PROMPT if a == "{prompt}" else a for a in profile.argv[7:]]
+    expected = [PROMPT if a == "{prompt}" else a.replace("{model}", ROUTE_MODEL)
+                for a in profile.argv[7:]]
     (at,) = [i for i, a in enumerate(expected) if a == PROMPT]
     assert got[:at] == expected[:at] and got[at + 1 :] == expected[at + 1 :]
     assert got[at].startswith(PROMPT + "\n\nWhen you are done, end your answer with one JSON")

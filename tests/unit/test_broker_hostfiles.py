@@ -72,6 +72,55 @@ def test_argv_the_file_does_not_say_is_refused() -> None:
                                                                                "/tmp/x.so"}}))
     with pytest.raises(BrokerRefused, match="command profile tool .* argv differ"):
         hostfiles.check_profile(frozen_profile().model_copy(update={"argv": evil}))
+    with pytest.raises(BrokerRefused, match="command profile tool .* env differ"):
+        hostfiles.check_profile(frozen_profile().model_copy(
+            update={"env": {"LD_PRELOAD": "/tmp/x.so"}}))
+
+
+def test_a_profiles_env_is_what_its_file_says(etc: Path) -> None:
+    (etc / "profiles.d/tool.toml").write_text(
+        'kind = "command"\nprovider = "fake"\nargv = ["/usr/bin/agent"]\n'
+        '[env]\nTOOL_MODEL = "{model}"\n')
+    profile = frozen_profile()
+    assert profile.env == {"TOOL_MODEL": "{model}"}
+    assert hostfiles.check_profile(profile) is None  # and no files to give the agent
+    for forged in ({}, {"TOOL_MODEL": "{model}", "PATH": "/tmp/evil"},
+                   {"TOOL_MODEL": "other"}):
+        with pytest.raises(BrokerRefused, match="env differ"):
+            hostfiles.check_profile(profile.model_copy(update={"env": forged}))
+
+
+@pytest.mark.parametrize("name", ["../../tool", "tool/x", "Tool", ""])
+def test_a_profile_name_that_is_no_name_is_refused(name: str) -> None:
+    with pytest.raises(BrokerRefused, match="is not a profile name"):
+        hostfiles.check_profile(frozen_profile().model_copy(update={"name": name}))
+
+
+def test_a_profiles_files_are_given_only_from_a_directory_only_root_writes(
+    etc: Path,
+) -> None:
+    files = etc / "profiles.d/tool.d"
+    files.mkdir()
+    os.chmod(files, 0o755)
+    assert hostfiles.check_profile(frozen_profile()) == files
+    os.chmod(files, 0o775)
+    with pytest.raises(BrokerRefused, match="tool.d is not a directory that only root can "
+                       "write"):
+        hostfiles.check_profile(frozen_profile())
+    os.chmod(files, 0o755)
+    os.chown(files, 1000, 1000)  # another user's directory
+    with pytest.raises(BrokerRefused, match="only root can write"):
+        hostfiles.check_profile(frozen_profile())
+    files.rmdir()
+    elsewhere = etc / "elsewhere.d"
+    elsewhere.mkdir()
+    files.symlink_to(elsewhere)
+    with pytest.raises(BrokerRefused, match="only root can write"):
+        hostfiles.check_profile(frozen_profile())
+    files.unlink()
+    files.write_text("not a directory")
+    with pytest.raises(BrokerRefused, match="only root can write"):
+        hostfiles.check_profile(frozen_profile())
 
 
 def test_a_file_changed_since_the_launch_is_not_run(etc: Path) -> None:

@@ -22,7 +22,14 @@ from test_broker_pins import RUN, description
 from cairn import paths
 from cairn.broker import units
 from cairn.errors import SystemdError
-from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, VerifierSpec
+from cairn.protocol.launch import (
+    MODEL_ENV,
+    EvaluatorSpec,
+    LaunchDescription,
+    ModelRoute,
+    ProfileSpec,
+    VerifierSpec,
+)
 from cairn.rawbytes import raw_bytes
 from cairn.systemd import UnitState
 from cairn.unitprops import HelperUnitSpec, agent_unit_name, proxy_unit_name
@@ -423,7 +430,9 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
     desc = allowlisting(short_host, "pypi.org").model_copy(update={
         "owner_uid": 1000, "owner_gid": 1000, "profiles": {
         "tool": ProfileSpec(name="tool", kind="command", argv=["/usr/bin/true"],
-                            provider="local")}})
+                            provider="local")},
+        "routes": {"local": ModelRoute(provider="local", base_url="http://127.0.0.1:11434/v1",
+                                       model="qwen2.5-coder:7b")}})
     release = SimpleNamespace(path=str(short_host / "capsule"), entry="worker.py",
                               hash="sha256:" + "3" * 64)
     monkeypatch.setattr(units, "verified_capsule", lambda _hash: release)
@@ -435,7 +444,9 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
     try:
         started = units.start_agent(desc, "op-1", "allowlist", 1, short_host / "w",
                                     {"op-0": short_host / "s0"}, short_host / "scratch",
-                                    profile_sha256="sha256:" + "4" * 64)
+                                    profile_sha256="sha256:" + "4" * 64,
+                                    model=units.profile_model(desc, desc.profiles["tool"]),
+                                    profile_files=short_host / "tool.d")
     finally:
         for sock in socks:
             sock.close()
@@ -444,9 +455,17 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
     assert spec.environment["HTTPS_PROXY"] == f"http://127.0.0.1:{units.PROXY_PORT}"
     assert spec.model_relay and spec.loopback_tcp
     assert spec.incoming == [("op-0", str(short_host / "s0"))]  # op-9 has no checkpoint
+    # {model} is the pinned route's, from root; the profile's files are root's directory
+    assert spec.environment[MODEL_ENV] == desc.routes["local"].model
+    assert spec.profile_files == str(short_host / "tool.d")
     assert pid1.names("start_transient_socket") == [PROXY]
     assert started.control_group == f"/system.slice/{started.unit}"
     assert started.capsule == release.hash
+
+
+def test_a_profile_without_a_provider_has_no_model() -> None:
+    desc = LaunchDescription.model_construct(routes={})
+    assert units.profile_model(desc, ProfileSpec(name="s", kind="scripted")) == ""
 
 
 def test_an_agent_unit_still_loaded_after_a_broker_restart_is_adopted(

@@ -28,7 +28,7 @@ from cairn.protocol.agent import (
     STDERR_LINES,
     CommandFailure,
 )
-from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.launch import MODEL_ENV, ProfileSpec
 from cairn.worker import agentproc, profiles
 
 __all__ = ["command_env", "coordinator", "desc"]  # fixtures of the modules above
@@ -137,19 +137,192 @@ def test_placeholders_are_filled_in_one_pass_and_other_braces_stay(
     command_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(profiles, "STATE", command_env)
+    monkeypatch.setenv(MODEL_ENV, "gpt-9")
     argv = ["cli", "-c", "openai_base_url={model_url}", "--schema", "{output_schema_file}",
-            '{"literal": 1}', "{prompt}"]
+            '{"literal": 1}', "{prompt}", "--model={model}", "{home}/.config"]
     ask = instruction().model_copy(update={"prompt": "say {model_url} back"})
-    filled = profiles.filled_argv(argv, ask, "http://127.0.0.1:4242/v1")
+    values = profiles.placeholder_values(ask, "http://127.0.0.1:4242/v1", "/state", argv)
+    filled = [profiles.fill(arg, values) for arg in argv]
     assert filled == ["cli", "-c", "openai_base_url=http://127.0.0.1:4242/v1", "--schema",
                       str(command_env / "output-schema.json"), '{"literal": 1}',
-                      "say {model_url} back"]
+                      "say {model_url} back", "--model=gpt-9", "/state/.config"]
     written = json.loads((command_env / "output-schema.json").read_text())
     assert written == ask.output_schema
 
 
+def test_the_schema_file_is_written_only_when_used(
+    command_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiles, "STATE", command_env)
+    profiles.placeholder_values(instruction(), "", "/state", ["cli", "{prompt}"])
+    assert not (command_env / "output-schema.json").exists()
+    profiles.placeholder_values(instruction(), "", "/state", ["SCHEMA={output_schema_file}"])
+    assert (command_env / "output-schema.json").exists()
+
+
+ENV_PRINTER = ("import json, os, sys; print(json.dumps({'output': {'summary': json.dumps("
+               "[os.environ.get(n) for n in sys.argv[1:]])}}))")
+
+
+def test_a_profiles_env_is_set_over_cairns_with_its_placeholders_filled(
+    command_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiles, "STATE", command_env)
+    monkeypatch.setattr(profiles, "PROFILE_FILES", command_env / "none")
+    monkeypatch.setenv(MODEL_ENV, "qwen-7b")
+    monkeypatch.setenv("HOME", "/state")
+    env = {"TOOL_MODEL": "{model}", "TOOL_TASK": "do: {prompt}", "LANG": "de_DE.UTF-8",
+           "TOOL_CONFIG": "{home}/tool.json", "TOOL_BRACES": "{other}"}
+    spec = ProfileSpec(name="tool", kind="command", provider="fake", env=env)
+    ask = instruction().model_copy(update={"profile": spec, "prompt": "p {model}"})
+    names = ["TOOL_MODEL", "TOOL_TASK", "LANG", "TOOL_CONFIG", "TOOL_BRACES", "HOME"]
+    with relay_shim_stubbed(monkeypatch):
+        output, _ = profiles.run_command([sys.executable, "-c", ENV_PRINTER, *names], ask)
+    assert json.loads(output["summary"]) == [
+        "qwen-7b", "do: p {model}", "de_DE.UTF-8", "/state/tool.json", "{other}", "/state"]
+
+
+@pytest.mark.parametrize(("name", "refusal"), [
+    ("HOME", "HOME is set by Cairn"),
+    ("TMPDIR", "TMPDIR is set by Cairn"),
+    ("CAIRN_PROFILE_SHA256", "CAIRN_PROFILE_SHA256 is set by Cairn"),
+    ("CAIRN_MODEL", "CAIRN_MODEL is set by Cairn"),
+    ("1ST", "not a variable name"),
+    ("A=B", "not a variable name"),
+    ("", "not a variable name"),
+    ("X" * 129, "not a variable name"),
+])
+def test_a_profile_may_not_set_what_cairn_sets_nor_a_name_that_is_no_name(
+    name: str, refusal: str
+) -> None:
+    with pytest.raises(ValueError, match=refusal):
+        ProfileSpec(name="tool", kind="command", env={name: "x"})
+    with pytest.raises(ValueError, match="NUL"):
+        ProfileSpec(name="tool", kind="command", env={"OK": "a\0b"})
+
+
+def test_the_model_placeholder_needs_a_provider_in_argv_and_env() -> None:
+    for fields in ({"argv": ["cli", "--model", "{model}"]}, {"env": {"M": "{model}"}},
+                   {"env": {"U": "{model_url}"}}):
+        with pytest.raises(ValueError, match="no provider is named"):
+            ProfileSpec(name="tool", kind="command", **fields)  # type: ignore[arg-type]
+        ProfileSpec(name="tool", kind="command", provider="fake", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("glob", ["/etc/*", "../up", "a/../b", "", "a\0b"])
+def test_settle_ignore_takes_only_globs_inside_the_project(glob: str) -> None:
+    with pytest.raises(ValueError, match="is not a glob of paths inside the project"):
+        ProfileSpec(name="aider", kind="command", settle_ignore=[glob])
+    assert ProfileSpec(name="aider", kind="command",
+                       settle_ignore=[".aider*", "**/__pycache__"]).settle_ignore
+
+
+def test_a_run_ignores_what_any_of_its_profiles_tools_leave_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_config_errors import TWO_AGENTS
+
+    from cairn.daemon.launch import resolve_profiles, settlement_policy
+    from cairn.workflow.review import review_source
+
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    profiles_d = tmp_path / "etc" / "cairn" / "profiles.d"
+    profiles_d.mkdir(parents=True)
+    (profiles_d / "claude.toml").write_text(
+        'kind = "command"\nargv = ["/usr/bin/claude"]\nsettle_ignore = [".claude/**"]\n')
+    (profiles_d / "codex.toml").write_text(
+        'kind = "command"\nargv = ["/usr/bin/codex"]\n'
+        'settle_ignore = ["**/__pycache__", ".claude/**"]\n')
+    review = review_source(TWO_AGENTS, filename="two.py")
+    policy = settlement_policy(review, resolve_profiles(review, {}))
+    assert policy.ignore == ["**/__pycache__", ".claude/**"]
+    assert policy.write_paths == ["**"]
+
+
+class relay_shim_stubbed:  # noqa: N801 - a context manager used as a phrase
+    """No relay socket in the unit tier: the shim's start and close do nothing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def __enter__(self) -> None:
+        from cairn.worker import shim
+
+        class Shim:
+            port = 4242
+
+            def __init__(self, path: str) -> None:
+                pass
+
+            def start(self) -> Shim:
+                return self
+
+            def close(self) -> None:
+                pass
+
+        self.monkeypatch.setattr(shim, "TcpShim", Shim)
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+# --- the profile's files, copied into the agent's home ------------------------------
+
+
+def test_the_profiles_files_are_copied_into_the_home_as_they_are(tmp_path: Path) -> None:
+    source, home = tmp_path / "tool.d", tmp_path / "home"
+    (source / ".config" / "tool").mkdir(parents=True)
+    (source / ".config" / "tool" / "config.json").write_text('{"provider": "relay"}')
+    (source / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(source / "run.sh", 0o4755)  # set-user-ID: never copied as such
+    (source / "link").symlink_to("/etc/shadow")  # a link stays a link, never followed
+    (source / "dirlink").symlink_to(source / ".config")
+    os.mkfifo(source / "fifo")  # neither read nor copied
+    home.mkdir()
+    (home / "run.sh").write_text("kept\n")  # what the home already holds stays
+    copied = profiles.seed_home(source, home)
+    assert sorted(copied) == [".config/tool/config.json", "dirlink", "link"]
+    assert (home / ".config/tool/config.json").read_text() == '{"provider": "relay"}'
+    assert (home / "run.sh").read_text() == "kept\n"
+    assert os.readlink(home / "link") == "/etc/shadow"
+    assert os.readlink(home / "dirlink") == str(source / ".config")
+    assert not os.path.lexists(home / "fifo")
+    (home / "run.sh").unlink()
+    assert profiles.seed_home(source, home) == ["run.sh"]
+    assert os.stat(home / "run.sh").st_mode & 0o7777 == 0o755
+
+
+def test_no_profile_files_is_no_copy(tmp_path: Path) -> None:
+    assert profiles.seed_home(tmp_path / "missing", tmp_path) == []
+    (tmp_path / "linked.d").symlink_to(tmp_path)
+    assert profiles.seed_home(tmp_path / "linked.d", tmp_path / "home") == []
+
+
+def test_profile_files_the_owner_cannot_read_fail_the_attempt_with_the_fix(
+    command_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = command_env / "tool.d"
+    source.mkdir()
+    (source / "secret.json").write_text("{}")
+    monkeypatch.setattr(profiles, "PROFILE_FILES", source)
+    monkeypatch.setenv("HOME", str(command_env / "home"))
+    (command_env / "home").mkdir()
+    real_open = os.open
+
+    def unreadable(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith("secret.json") and not flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", unreadable)
+    spec = ProfileSpec(name="my:tool", kind="command")
+    with pytest.raises(CairnError, match=r"cannot copy profile my:tool's files .*Permission "
+                       r"denied.*profiles.d/my-tool.d/ must be readable"):
+        profiles.run_command(["/bin/true"], instruction().model_copy(update={"profile": spec}))
+
+
 def test_a_profile_that_uses_the_relay_url_must_name_a_provider() -> None:
-    with pytest.raises(ValueError, match="names no provider"):
+    with pytest.raises(ValueError, match="no provider is named"):
         ProfileSpec(name="codex", kind="command", argv=["codex", "{model_url}"])
     with_provider = ProfileSpec(name="codex", kind="command", argv=["codex", "{model_url}"],
                                 provider="fake")

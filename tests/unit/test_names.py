@@ -19,8 +19,9 @@ CHECKS: list[tuple[str, Callable[[object], bool]]] = [
     (names.LANE_KEY_PATTERN, names.is_lane_key),
     (names.VERIFIER_NAME_PATTERN, names.is_verifier_name),
     (names.HASH_PATTERN, names.is_hash),
+    (names.PROFILE_NAME_PATTERN, names.is_profile_name),
 ]
-ALPHABET = "abcfz059-._\nA_ é/"
+ALPHABET = "abcfz059-._\nA_ é/:"
 
 
 @pytest.mark.parametrize(("pattern", "check"), CHECKS)

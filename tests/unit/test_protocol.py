@@ -175,6 +175,19 @@ def test_every_intent_kind_has_a_receipt_body() -> None:
                 "diff": "",
             },
         ),
+        (
+            "settle-candidate",
+            {
+                "accepted": [],
+                "refused": [],
+                "ignored": [".aider.chat.history.md"],
+                "bytes_accepted": 0,
+                "f": SUBVOLUME,
+                "c": SUBVOLUME,
+                "inventories_equal": True,
+                "diff": "",
+            },
+        ),
         ("delete-run", {"deleted": ["/pool/runs/r"], "proxy_removed": True}),
     ],
 )

@@ -6,12 +6,13 @@ from cairn.settle_outcome import summary
 
 
 def record(status: str, accepted: int = 0, refused: int = 0, conflicts: int = 0,
-           applied: int = 0) -> dict[str, object]:
+           applied: int = 0, ignored: int = 0) -> dict[str, object]:
     return {
         "status": status,
         "candidate": {
             "accepted": [f"a{i}" for i in range(accepted)],
             "refused": [{"path": f"r{i}", "reason": "x"} for i in range(refused)],
+            "ignored": [f".tool{i}" for i in range(ignored)],
         },
         "apply": {
             "applied": [f"a{i}" for i in range(applied)],
@@ -30,6 +31,10 @@ def test_labels() -> None:
         "conflict, 1 path": (record("conflict", 2, conflicts=1), False),
         "conflict, 2 paths, 1 refused": (record("conflict", 2, 1, conflicts=2), False),
         "no changes": (record("noop"), True),
+        # a tool's leftovers, left out on purpose, keep a settlement complete
+        "no changes, 2 ignored": (record("noop", ignored=2), True),
+        "applied, 1 refused, 3 ignored": (record("applied", 1, 1, applied=1, ignored=3), False),
+        "applied, 1 ignored": (record("applied", 1, applied=1, ignored=1), True),
         "not settled, none applied": (record("failed"), False),
     }
     for label, (rec, complete) in cases.items():
@@ -39,4 +44,4 @@ def test_labels() -> None:
     out = summary(record("applied", 3, 2, applied=3))
     assert out == {"status": "applied", "label": "applied, 2 refused", "complete": False,
                    "accepted": 3, "applied": 3, "already_applied": 0, "refused": 2,
-                   "conflicts": 0, "reverted": False}
+                   "ignored": 0, "conflicts": 0, "reverted": False}

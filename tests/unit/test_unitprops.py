@@ -199,6 +199,16 @@ def test_agent_mount_namespace() -> None:
     assert props["PrivateIPC"] == ("b", True)
 
 
+def test_a_command_profiles_files_are_bound_read_only_beside_the_channel() -> None:
+    props = as_dict(agent_unit_properties(agent_spec(
+        profile_files="/etc/cairn/profiles.d/opencode.d")))
+    assert binds(props, "BindReadOnlyPaths")["/run/cairn/profile"] == (
+        "/etc/cairn/profiles.d/opencode.d", False, MS_REC)
+    assert "/run/cairn/profile" not in binds(props, "BindPaths")
+    assert "/run/cairn/profile" not in binds(as_dict(agent_unit_properties(agent_spec())),
+                                             "BindReadOnlyPaths")
+
+
 def test_agent_without_capsule_and_with_hidden_pool() -> None:
     props = as_dict(agent_unit_properties(agent_spec(capsule=None, hidden_paths=["/srv/pool"])))
     assert "/runtime/capsule" not in binds(props, "BindReadOnlyPaths")
