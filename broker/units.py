@@ -39,10 +39,12 @@ from cairn.protocol.broker import (
     RawBytes,
 )
 from cairn.protocol.launch import (
+    MODEL_API_ENV,
     MODEL_ENV,
     PROFILE_SHA256_ENV,
     EvaluatorSpec,
     LaunchDescription,
+    ModelRoute,
     ProfileSpec,
     VerifierSpec,
 )
@@ -127,10 +129,9 @@ def agent_network(desc: LaunchDescription, descriptor: object) -> NetworkMode:
     raise BrokerRefused(f"agent descriptor {descriptor!r} is not in the run's review")
 
 
-def profile_model(desc: LaunchDescription, profile: ProfileSpec) -> str:
-    """The model of the route a profile's provider names in the pinned description."""
-    route = desc.routes.get(profile.provider) if profile.provider else None
-    return route.model if route is not None else ""
+def profile_route(desc: LaunchDescription, profile: ProfileSpec) -> ModelRoute | None:
+    """The route a profile's provider names in the pinned description, if any."""
+    return desc.routes.get(profile.provider) if profile.provider else None
 
 
 def agent_profile(desc: LaunchDescription, descriptor: object) -> ProfileSpec:
@@ -216,13 +217,13 @@ def start_agent(
     scratch: Path,
     *,
     profile_sha256: str,
-    model: str = "",
+    route: ModelRoute | None = None,
     profile_files: Path | None = None,
 ) -> AgentStarted:
     """Start one agent attempt as the run owner inside its mount namespace. The worker
     runs only a profile that hashes to ``profile_sha256`` (root's, in its environment),
-    fills ``{model}`` with ``model`` and finds ``profile_files`` (a command profile's
-    directory in /etc/cairn) bound read-only.
+    is told the model and API of its profile's ``route`` and finds ``profile_files`` (a
+    command profile's directory in /etc/cairn) bound read-only.
 
     If the attempt's unit already exists (the broker died after starting it, before its
     receipt was stored), it is adopted rather than started twice.
@@ -243,8 +244,8 @@ def start_agent(
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.
     release = verified_capsule(desc.capsule_hash)
     environment = {**_failpoint_env(), PROFILE_SHA256_ENV: profile_sha256}
-    if model:
-        environment[MODEL_ENV] = model
+    if route is not None:
+        environment.update({MODEL_ENV: route.model, MODEL_API_ENV: route.api})
     join_unit = None
     if network == "allowlist":
         join_unit = ensure_proxy(desc)

@@ -488,7 +488,7 @@ def start_agent(ctx: Context) -> AgentStarted:
         checkpoints,
         pool.run_dir(ctx.run_id) / "scratch" / op_id,
         profile_sha256=profile.sha256(),
-        model=units.profile_model(ctx.desc, profile),
+        route=units.profile_route(ctx.desc, profile),
         profile_files=files,
     )
 

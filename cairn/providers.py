@@ -10,6 +10,14 @@ The file names providers and where their keys come from; it never holds a key::
     credential = "cairn-provider-openai"     # a systemd credential of the coordinator
     max_tokens_per_call = 8192
 
+    [providers.anthropic]
+    api = "anthropic"                        # the API it speaks; "openai" when not said
+    base_url = "https://api.anthropic.com/v1"
+    model = "claude-sonnet-4-5"
+    credential = "cairn-provider-anthropic"
+    auth_header = "x-api-key"
+    auth_scheme = ""
+
 A key is read only by the coordinator, from ``$CREDENTIALS_DIRECTORY/<credential>``
 (``LoadCredential=``/``ImportCredential=`` of ``cairn-coordinator@.service``), so it is
 never in the agent's mount namespace, environment or launch description.
@@ -25,14 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cairn import paths
 from cairn.config import ConfigError, Problems
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
-from cairn.protocol.launch import ModelRoute
+from cairn.protocol.launch import ModelApi, ModelRoute
 
 KEY_LIMIT = 16 << 10
 
 
 PROVIDERS_FIX = (
-    "a [providers.NAME] table has base_url, model and optionally credential, auth_header, "
-    "auth_scheme, max_tokens_per_call, timeout_sec (see /usr/share/doc/cairn/docs/agents.md)"
+    "a [providers.NAME] table has base_url, model and optionally api (\"openai\" or "
+    "\"anthropic\"), credential, auth_header, auth_scheme, max_tokens_per_call, timeout_sec "
+    "(see /usr/share/doc/cairn/docs/agents.md)"
 )
 
 
@@ -43,6 +52,7 @@ class ProviderEntry(BaseModel):
 
     base_url: str
     model: str
+    api: ModelApi = "openai"
     credential: str = ""
     auth_header: str = "Authorization"
     auth_scheme: str = "Bearer"

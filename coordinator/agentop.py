@@ -21,7 +21,7 @@ from cairn import paths, retention, untrusted
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
-from cairn.coordinator.base import MAX_ATTEMPTS, CommandFailed, OperationError, RunBlocked
+from cairn.coordinator.base import CommandFailed, OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError, StorageError
@@ -360,7 +360,7 @@ class AgentOperations(Recovery, Lanes):
             and earlier.get("attempt", op.attempt) < op.attempt  # not this one, recorded
         )
         record = {"attempt": op.attempt, "reason": invalid.reason, "sha256": invalid.sha256}
-        if profile.kind != "scripted" and not repeated and op.attempt < MAX_ATTEMPTS:
+        if profile.kind != "scripted" and not repeated and op.attempt < profile.agent_attempts:
             self.journal.update_op(
                 self.run_id, op.op_id, token=self.token, result={"result_invalid": record},
                 event="op-result-invalid", event_data=record,
@@ -368,6 +368,7 @@ class AgentOperations(Recovery, Lanes):
             return
         why = ("a scripted agent answers the same" if profile.kind == "scripted" else
                "the same result as the attempt before" if repeated else
+               "its only attempt is used" if op.attempt == 1 else
                f"all {op.attempt} attempts are used")
         error = f"result-invalid: {invalid.reason}"
         self.journal.update_op(

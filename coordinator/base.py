@@ -32,7 +32,7 @@ from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.progress import ProgressPhase
 
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 3  # of a settlement step; an agent's are its profile's agent_attempts
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cairn import untrusted
-from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase, OperationError, RunBlocked
+from cairn.coordinator.base import CoordinatorBase, OperationError, RunBlocked
 from cairn.journal.rows import OpRow
 from cairn.protocol.broker import WCreated
 from cairn.restore_point import restore_point
@@ -64,17 +64,17 @@ class Recovery(CoordinatorBase):
                 f"{op.op_id} ended without a result and may have reached outside ({ended})",
                 hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
             )
-        if op.attempt >= MAX_ATTEMPTS:
+        if op.attempt >= self.desc.profiles[agent["profile"]].agent_attempts:
+            attempts = "1 attempt" if op.attempt == 1 else f"{op.attempt} attempts"
             self.journal.update_op(
                 self.run_id,
                 op.op_id,
                 token=self.token,
                 state="failed",
-                error=f"no finish_work in {op.attempt} attempts ({ended})",
+                error=f"no finish_work in {attempts} ({ended})",
             )
             raise OperationError(
-                f"agent {op.op_id} ended without finish_work in {op.attempt} attempts "
-                f"(last: {ended})",
+                f"agent {op.op_id} ended without finish_work in {attempts} (last: {ended})",
                 hint=f"see 'cairn logs {self.run_id}'",
             )
         self.clean_retry(op, ended)

@@ -46,6 +46,12 @@ OUTPUT_LIMIT_FIELD = {
     "/responses": "max_output_tokens",
     "/messages": "max_tokens",
 }
+# The paths of each API a provider may speak (ModelRoute.api).
+API_PATHS = {
+    "openai": ("/chat/completions", "/completions", "/responses"),
+    "anthropic": ("/messages",),
+}
+API_NAMES = {"openai": "OpenAI", "anthropic": "Anthropic"}
 FORWARDED_HEADERS = ("accept", "anthropic-version", "anthropic-beta", "openai-beta")
 # Provider reply headers a client needs to pace itself, passed back unchanged.
 RETURNED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
@@ -317,7 +323,16 @@ class ModelRelay:
         api_path = handler._api_path()
         limit_field = OUTPUT_LIMIT_FIELD.get(api_path)
         if limit_field is None:
+            self._discard_body(handler)
             handler._reply_error(404, "not_found", f"the relay does not serve {handler.path}")
+            return
+        if api_path not in API_PATHS[self.route.api]:
+            self._discard_body(handler)
+            handler._reply_error(
+                404, "not_found",
+                f"this profile's provider ({self.route.provider}) speaks the "
+                f"{API_NAMES[self.route.api]} API; the agent asked for {handler.path}",
+            )
             return
         body = self._read_body(handler)
         if body is None:
@@ -411,6 +426,16 @@ class ModelRelay:
             handler.send_header(header, text)
         handler.end_headers()
         handler.wfile.write(raw)
+
+    @staticmethod
+    def _discard_body(handler: _Handler) -> None:
+        """Read the body of a request that is refused whatever it says, so the client
+        gets the refusal rather than a connection reset while it is still sending."""
+        length = handler.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) <= REQUEST_LIMIT:
+            handler.rfile.read(int(length))
+        else:
+            handler.close_connection = True
 
     def _read_body(self, handler: _Handler) -> dict[str, Any] | None:
         try:

@@ -242,7 +242,14 @@ def resolve_profiles(
                 }
             )
         if profile.provider and name not in scripted:
-            providers.route(profile.provider)  # fail at launch, not when the agent starts
+            route = providers.route(profile.provider)  # fail at launch, not at agent start
+            if profile.kind == "llm" and route.api != "openai":
+                raise UsageError(
+                    f"profile {name}: Cairn's llm agent speaks the OpenAI chat API, and "
+                    f"provider {route.provider} speaks the {route.api} API",
+                    hint="give the profile a provider with api = \"openai\" (or an "
+                    "OpenAI-compatible gateway) in /etc/cairn/providers.toml",
+                )
         resolved[name] = profile
     unknown = sorted(set(scripted) - set(resolved))
     if unknown:

@@ -32,6 +32,7 @@ from cairn.protocol.agent import (
 from cairn.protocol.launch import (
     HOME,
     MODEL,
+    MODEL_API_ENV,
     MODEL_ENV,
     MODEL_URL,
     OUTPUT_SCHEMA_FILE,
@@ -150,7 +151,7 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
 
         shim = TcpShim(os.environ.get("CAIRN_MODEL_SOCKET", MODEL_SOCKET)).start()
     if shim is not None:
-        env.update(relay_environment(shim.port))
+        env.update(relay_environment(shim.port, os.environ.get(MODEL_API_ENV, "openai")))
     values = placeholder_values(instruction, env.get("CAIRN_MODEL_URL", ""), home,
                                 [*argv, *instruction.profile.env.values()])
     env.update({name: fill(text, values) for name, text in instruction.profile.env.items()})
@@ -296,17 +297,17 @@ def typed(result: Any) -> tuple[dict[str, Any], str]:
     return output, handoff if isinstance(handoff, str) else json.dumps(handoff)
 
 
-def relay_environment(port: int) -> dict[str, str]:
-    """Variables that point OpenAI- and Anthropic-style clients at the relay's shim."""
+def relay_environment(port: int, api: str) -> dict[str, str]:
+    """Variables that point the clients of the provider's API (``openai`` or
+    ``anthropic``) at the relay's shim: a CLI that also speaks the other API finds no
+    setting of it and keeps to the one the relay serves."""
     base = f"http://127.0.0.1:{port}"
-    return {
-        "OPENAI_BASE_URL": f"{base}/v1",
-        "OPENAI_API_BASE": f"{base}/v1",
-        "OPENAI_API_KEY": RELAY_KEY,
-        "ANTHROPIC_BASE_URL": base,
-        "ANTHROPIC_API_KEY": RELAY_KEY,
-        "CAIRN_MODEL_URL": f"{base}/v1",
-    }
+    if api == "anthropic":
+        family = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": RELAY_KEY}
+    else:
+        family = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_BASE": f"{base}/v1",
+                  "OPENAI_API_KEY": RELAY_KEY}
+    return {**family, "CAIRN_MODEL_URL": f"{base}/v1"}
 
 
 def flush_workspace(path: str = "/workspace") -> None:

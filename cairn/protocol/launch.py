@@ -17,6 +17,9 @@ from cairn.protocol.names import VERIFIER_NAME_PATTERN
 # When the verified proposal F reaches the live project: at once (``auto``), after the
 # owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
 ApplyMode = Literal["auto", "ask", "never"]
+# The API a provider speaks: OpenAI's (chat completions, completions, responses) or
+# Anthropic's (messages). The relay serves only that family's paths.
+ModelApi = Literal["openai", "anthropic"]
 
 
 class ScriptStep(Frozen):
@@ -45,6 +48,7 @@ class ModelRoute(Frozen):
     provider: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")
     base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
     model: str = Field(min_length=1, max_length=200)
+    api: ModelApi = "openai"
     credential: str = Field(default="", pattern=r"^([A-Za-z0-9_.-]{1,100})?$")
     auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
     auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z]{0,32}$")
@@ -94,6 +98,8 @@ class ProfileSpec(Frozen):
     max_corrections: int = Field(default=3, ge=0, le=20)
     bash_timeout_sec: float = Field(default=120.0, gt=0, le=3600)
     tool_output_limit: int = Field(default=16_384, ge=256, le=1 << 20)
+    # attempts of one agent operation that ends without a result (a clean retry each)
+    agent_attempts: int = Field(default=3, ge=1, le=10)
     model_attempts: int = Field(default=5, ge=1, le=20)
     model_retry_cap_sec: float = Field(default=60.0, gt=0, le=600)
     # "sha256:<hex>" of the host's profiles.d file this profile was read from (none for a
@@ -143,6 +149,9 @@ PROFILE_SHA256_ENV = "CAIRN_PROFILE_SHA256"
 # The model of the route a command profile's provider names, as root read it from the
 # pinned description: what the worker fills {model} with.
 MODEL_ENV = "CAIRN_MODEL"
+# ... and the API it speaks (:data:`ModelApi`): the worker points only that family's
+# client variables at the relay.
+MODEL_API_ENV = "CAIRN_MODEL_API"
 # Where a command profile's files (/etc/cairn/profiles.d/NAME.d/) are bound read-only in
 # its agent's unit; the worker copies them into the agent's home before the CLI starts.
 PROFILE_FILES_DIR = "/run/cairn/profile"

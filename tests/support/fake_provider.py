@@ -122,6 +122,8 @@ class FakeProvider:
                 self.requests.append(received)
             return
         if not handler.path.endswith("/chat/completions"):
+            with self._lock:  # received, and answered as an unknown path
+                self.requests.append(received)
             self._send_json(handler, 404, {"error": {"message": "not found"}})
             return
         index, turn = self._next_turn(received)

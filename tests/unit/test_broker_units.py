@@ -23,6 +23,7 @@ from cairn import paths
 from cairn.broker import units
 from cairn.errors import SystemdError
 from cairn.protocol.launch import (
+    MODEL_API_ENV,
     MODEL_ENV,
     EvaluatorSpec,
     LaunchDescription,
@@ -445,7 +446,7 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
         started = units.start_agent(desc, "op-1", "allowlist", 1, short_host / "w",
                                     {"op-0": short_host / "s0"}, short_host / "scratch",
                                     profile_sha256="sha256:" + "4" * 64,
-                                    model=units.profile_model(desc, desc.profiles["tool"]),
+                                    route=units.profile_route(desc, desc.profiles["tool"]),
                                     profile_files=short_host / "tool.d")
     finally:
         for sock in socks:
@@ -455,17 +456,18 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
     assert spec.environment["HTTPS_PROXY"] == f"http://127.0.0.1:{units.PROXY_PORT}"
     assert spec.model_relay and spec.loopback_tcp
     assert spec.incoming == [("op-0", str(short_host / "s0"))]  # op-9 has no checkpoint
-    # {model} is the pinned route's, from root; the profile's files are root's directory
-    assert spec.environment[MODEL_ENV] == desc.routes["local"].model
+    # {model} and the API are the pinned route's, from root; the profile's files root's
+    assert spec.environment[MODEL_ENV] == "qwen2.5-coder:7b"
+    assert spec.environment[MODEL_API_ENV] == "openai"
     assert spec.profile_files == str(short_host / "tool.d")
     assert pid1.names("start_transient_socket") == [PROXY]
     assert started.control_group == f"/system.slice/{started.unit}"
     assert started.capsule == release.hash
 
 
-def test_a_profile_without_a_provider_has_no_model() -> None:
+def test_a_profile_without_a_provider_has_no_route() -> None:
     desc = LaunchDescription.model_construct(routes={})
-    assert units.profile_model(desc, ProfileSpec(name="s", kind="scripted")) == ""
+    assert units.profile_route(desc, ProfileSpec(name="s", kind="scripted")) is None
 
 
 def test_an_agent_unit_still_loaded_after_a_broker_restart_is_adopted(

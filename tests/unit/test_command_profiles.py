@@ -28,7 +28,7 @@ from cairn.protocol.agent import (
     STDERR_LINES,
     CommandFailure,
 )
-from cairn.protocol.launch import MODEL_ENV, ProfileSpec
+from cairn.protocol.launch import MODEL_API_ENV, MODEL_ENV, ProfileSpec
 from cairn.worker import agentproc, profiles
 
 __all__ = ["command_env", "coordinator", "desc"]  # fixtures of the modules above
@@ -180,6 +180,33 @@ def test_a_profiles_env_is_set_over_cairns_with_its_placeholders_filled(
         output, _ = profiles.run_command([sys.executable, "-c", ENV_PRINTER, *names], ask)
     assert json.loads(output["summary"]) == [
         "qwen-7b", "do: p {model}", "de_DE.UTF-8", "/state/tool.json", "{other}", "/state"]
+
+
+@pytest.mark.parametrize(("api", "family", "absent"), [
+    ("openai", {"OPENAI_BASE_URL": "http://127.0.0.1:4242/v1",
+                "OPENAI_API_BASE": "http://127.0.0.1:4242/v1", "OPENAI_API_KEY": "cairn-relay"},
+     "ANTHROPIC_"),
+    ("anthropic", {"ANTHROPIC_BASE_URL": "http://127.0.0.1:4242",
+                   "ANTHROPIC_API_KEY": "cairn-relay"}, "OPENAI_"),
+])
+def test_only_the_providers_api_is_pointed_at_the_relay(
+    api: str, family: dict[str, str], absent: str, command_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CLI that speaks both APIs finds only the one the relay serves for this profile
+    (opencode picked Anthropic's when both keys were set)."""
+    monkeypatch.setattr(profiles, "PROFILE_FILES", command_env / "none")
+    monkeypatch.setenv(MODEL_API_ENV, api)
+    spec = ProfileSpec(name="tool", kind="command", provider="fake")
+    code = ("import json, os; print(json.dumps({'output': {'summary': json.dumps("
+            "{k: v for k, v in os.environ.items() if k[:7] in ('OPENAI_', 'ANTHROP', "
+            "'CAIRN_M')})}}))")
+    with relay_shim_stubbed(monkeypatch):
+        output, _ = profiles.run_command([sys.executable, "-c", code],
+                                         instruction().model_copy(update={"profile": spec}))
+    seen = json.loads(output["summary"])
+    assert seen == {**family, "CAIRN_MODEL_URL": "http://127.0.0.1:4242/v1"}
+    assert not any(k.startswith(absent) for k in seen)
 
 
 @pytest.mark.parametrize(("name", "refusal"), [

@@ -380,3 +380,21 @@ def test_builtin_llm_profiles_freeze_prompt_and_route(
     assert routes["local"].model == "small"
     assert routes["local"].credential == "cairn-provider-local"
     assert "sk-" not in profile.model_dump_json() + routes["local"].model_dump_json()
+
+
+def test_the_llm_agent_is_refused_a_provider_that_speaks_another_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cairn.daemon.launch import resolve_definition, resolve_profiles
+    from cairn.errors import UsageError
+    from cairn.workflow.review import review_source
+
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
+    (tmp_path / "etc" / "cairn").mkdir(parents=True)
+    (tmp_path / "etc" / "cairn" / "providers.toml").write_text(
+        'default = "claude"\n[providers.claude]\napi = "anthropic"\n'
+        'base_url = "https://api.anthropic.test/v1"\nmodel = "big"\n')
+    source, filename = resolve_definition("builtin:implement")
+    with pytest.raises(UsageError, match="profile builtin:implementer: Cairn's llm agent "
+                       "speaks the OpenAI chat API, and provider claude speaks the anthropic"):
+        resolve_profiles(review_source(source, filename=filename), {})

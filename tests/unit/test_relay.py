@@ -172,6 +172,28 @@ def test_unknown_paths_and_bad_bodies_are_refused(
     assert provider.requests == []
 
 
+def test_the_relay_serves_only_the_api_its_provider_speaks(
+    tmp_path: Path, credentials: Path, provider: FakeProvider
+) -> None:
+    """A CLI that speaks both APIs (opencode) must not reach an OpenAI-type provider with
+    Anthropic's /v1/messages, nor the other way round: the agent is told which it is."""
+    with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
+        status, body, _ = _post(relay, {"messages": []}, path="/v1/messages")
+    assert status == 404
+    assert json.loads(body)["error"]["message"] == (
+        "this profile's provider (fake) speaks the OpenAI API; the agent asked for "
+        "/v1/messages")
+    anthropic = _route(provider, api="anthropic")
+    with _relay(tmp_path, anthropic, TokenBudget(1000)) as relay:
+        status, body, _ = _post(relay, {"messages": []}, path="/v1/chat/completions")
+        assert status == 404 and b"speaks the Anthropic API" in body
+        assert provider.requests == []
+        _post(relay, {"messages": [{"role": "user", "content": "hi"}]}, path="/v1/messages")
+    (forwarded,) = provider.requests  # the fake knows no /messages; the relay sent it on
+    assert forwarded.path.endswith("/v1/messages")
+    assert forwarded.body["model"] == "fake-model-1" and forwarded.body["max_tokens"] == 500
+
+
 def test_an_unreachable_provider_is_a_502_not_a_crash(tmp_path: Path, credentials: Path) -> None:
     route = ModelRoute(provider="gone", base_url="http://127.0.0.1:9/v1", model="m",
                        credential="cairn-provider-fake", timeout_sec=5)
@@ -243,8 +265,16 @@ def test_providers_file(tmp_path: Path) -> None:
     assert (route.provider, route.model, route.credential, route.max_tokens_per_call) == (
         "local", "qwen", "", 2048
     )
+    assert route.api == "openai"  # when not said
     with pytest.raises(NotFound, match="not configured"):
         load_providers(file).route("openai")
+    file.write_text('[providers.claude]\napi = "anthropic"\nbase_url = "https://a.test/v1"\n'
+                    'model = "m"\n')
+    assert load_providers(file).route("claude").api == "anthropic"
+    file.write_text('[providers.x]\napi = "gemini"\nbase_url = "https://a.test/v1"\n'
+                    'model = "m"\n')
+    with pytest.raises(ConfigError, match=r"providers\.x\.api: .*'openai' or 'anthropic'"):
+        load_providers(file)
     file.write_text('default = "x"\n')
     with pytest.raises(ConfigError, match=r"providers.toml: default: default provider 'x'"):
         load_providers(file)

@@ -19,7 +19,7 @@ from test_untrusted import OWNER, RUN, agent_op, coordinator, desc, outputs_of, 
 
 from cairn import resultjson
 from cairn.coordinator.agentsock import AgentSocket
-from cairn.coordinator.base import MAX_ATTEMPTS, OperationError
+from cairn.coordinator.base import OperationError
 from cairn.protocol.agent import MESSAGE_LIMIT, AgentInstruction, AgentMessage, AgentReply
 from cairn.protocol.launch import ProfileSpec
 from cairn.resultjson import DEPTH_LIMIT, RESULT_LIMIT, ResultInvalid, parse
@@ -306,8 +306,8 @@ def judged(c: Any, op: Any, invalid: ResultInvalid) -> OperationError | None:
     return None
 
 
-def with_profile(c: Any, kind: str) -> None:
-    profile = ProfileSpec(name="builtin:implementer", kind=kind)  # type: ignore[arg-type]
+def with_profile(c: Any, kind: str, **fields: Any) -> None:
+    profile = ProfileSpec(name="builtin:implementer", kind=kind, **fields)  # type: ignore[arg-type]
     c.desc = c.desc.model_copy(update={"profiles": {"builtin:implementer": profile}})
 
 
@@ -341,11 +341,22 @@ def test_another_agent_is_retried_until_it_repeats_the_same_bytes(coordinator: A
 def test_the_last_attempt_fails_whatever_it_wrote(coordinator: Any) -> None:
     with_profile(coordinator, "command")
     op = agent_op(coordinator)
-    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=MAX_ATTEMPTS)
+    attempts = ProfileSpec(name="x", kind="command").agent_attempts
+    assert attempts == 3  # the default
+    coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, attempt=attempts)
     last = coordinator.journal.get_op_by_id(RUN, "root-1")
     failed = judged(coordinator, last, ResultInvalid("syntax", "x"))
-    assert failed is not None and f"all {MAX_ATTEMPTS} attempts are used" in str(failed)
+    assert failed is not None and f"all {attempts} attempts are used" in str(failed)
     assert op.attempt == 1
+
+
+def test_a_profile_of_one_attempt_fails_at_its_first_invalid_result(coordinator: Any) -> None:
+    """Retries of a command profile are its own setting: a CLI whose every attempt costs
+    model calls may be given one."""
+    with_profile(coordinator, "command", agent_attempts=1)
+    op = agent_op(coordinator)
+    failed = judged(coordinator, op, ResultInvalid("syntax", "x"))
+    assert failed is not None and "not retried: its only attempt is used" in str(failed)
 
 
 def test_the_workers_reason_is_read_as_untrusted(coordinator: Any) -> None:
@@ -377,3 +388,16 @@ def test_an_oversized_file_is_fingerprinted_by_its_size_and_head(command_env: Pa
     same = refused_hash(b"a", 10 << 20)
     assert same == refused_hash(b"a", 10 << 20)
     assert same != refused_hash(b"b", 10 << 20) and same != refused_hash(b"a", 11 << 20)
+
+
+def test_an_agent_without_a_result_is_retried_as_often_as_its_profile_says(
+    coordinator: Any,
+) -> None:
+    with_profile(coordinator, "command", agent_attempts=1)
+    op = agent_op(coordinator)
+    with pytest.raises(OperationError, match=r"ended without finish_work in 1 attempt "
+                       r"\(last: exited 1\)"):
+        coordinator.retry_or_block(op, {"profile": "builtin:implementer", "network": "none"},
+                                   "exited 1")
+    row = coordinator.journal.get_op_by_id(RUN, "root-1")
+    assert (row.state, row.error) == ("failed", "no finish_work in 1 attempt (exited 1)")
