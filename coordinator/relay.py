@@ -155,7 +155,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         relay = self.server.relay
-        if self._api_path() == "/models":
+        if self.headers.get("Upgrade", "").strip().lower() == "websocket":
+            # 426 is what a Responses client over WebSocket (codex) takes as "use HTTP" at
+            # once; any other refusal it retries for seconds before it falls back.
+            self._reply_error(426, "upgrade_required",
+                              "the model relay speaks HTTP only; send the request as a POST",
+                              {"Connection": "close"})
+            self.close_connection = True
+        elif self._api_path() == "/models":
             model = {"id": relay.route.model, "object": "model", "owned_by": relay.route.provider}
             self._reply_json(200, {"object": "list", "data": [model]})
         else:

@@ -3,7 +3,7 @@
 ANSWER.txt and the key it was given to KEY_SEEN.txt, the result as the last stdout line.
 
 ``python3 openai_client.py [--base-url URL] [EXTRA_JSON]``: URL instead of
-``$OPENAI_BASE_URL`` (as ``codex -c openai_base_url=…`` takes it), written to
+``$OPENAI_BASE_URL`` (as codex takes it, in a ``-c`` setting), written to
 BASE_SEEN.txt; EXTRA_JSON is merged into the output. What its profile gave it (the
 ``CLIENT_*`` variables of its ``env``, and ``~/.config/client/config.json`` from its
 ``profiles.d/NAME.d``) goes to PROFILE_SEEN.json. Like many CLIs it leaves a history of

@@ -26,10 +26,12 @@ PROSE_CLIS = ("aider", "claude", "codex", "opencode")
 PROMPT = "Add a CHANGELOG entry for the release."
 ROUTE_MODEL = "gpt-4.1-mini"
 
-# A stand-in agent CLI: records its argv, prints answer.txt of its working directory.
+# A stand-in agent CLI: records its argv and the relay URL it was given, prints
+# answer.txt of its working directory.
 STAND_IN = f"""#!{sys.executable}
-import json, pathlib, sys
+import json, os, pathlib, sys
 pathlib.Path("argv.json").write_text(json.dumps(sys.argv[1:]))
+pathlib.Path("model_url.txt").write_text(os.environ.get("CAIRN_MODEL_URL", ""))
 sys.stdout.write(pathlib.Path("answer.txt").read_text())
 """
 
@@ -97,7 +99,10 @@ def test_each_example_profile_ends_with_a_typed_result(
     assert handoff.startswith("I read the project and added an entry under Unreleased.")
     # the CLI got its own arguments, the prompt extended by the fields to end with
     got = json.loads((workspace / "argv.json").read_text())
-    expected = [PROMPT if a == "{prompt}" else a.replace("{model}", ROUTE_MODEL)
+    model_url = (workspace / "model_url.txt").read_text()
+    assert model_url.startswith("http://127.0.0.1:")
+    expected = [PROMPT if a == "{prompt}" else
+                a.replace("{model}", ROUTE_MODEL).replace("{model_url}", model_url)
                 for a in profile.argv[7:]]
     (at,) = [i for i, a in enumerate(expected) if a == PROMPT]
     assert got[:at] == expected[:at] and got[at + 1 :] == expected[at + 1 :]

@@ -194,6 +194,23 @@ def test_the_relay_serves_only_the_api_its_provider_speaks(
     assert forwarded.body["model"] == "fake-model-1" and forwarded.body["max_tokens"] == 500
 
 
+def test_a_websocket_upgrade_is_told_to_use_http(
+    tmp_path: Path, credentials: Path, provider: FakeProvider
+) -> None:
+    with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
+        conn = _UnixConnection(str(relay.socket_path), 10)
+        conn.request("GET", "/v1/responses", headers={
+            "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        conn.close()
+    assert response.status == 426
+    assert body["error"]["message"] == ("the model relay speaks HTTP only; send the request "
+                                        "as a POST")
+    assert provider.requests == []
+
+
 def test_an_unreachable_provider_is_a_502_not_a_crash(tmp_path: Path, credentials: Path) -> None:
     route = ModelRoute(provider="gone", base_url="http://127.0.0.1:9/v1", model="m",
                        credential="cairn-provider-fake", timeout_sec=5)
