@@ -8,6 +8,8 @@ check`` runs it as the caller; ``cairn doctor`` has cairnd run it as the user ``
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,23 @@ def check_profile(
     problems: Problems, file: Path, data: dict[str, Any], name: str
 ) -> ProfileSpec | None:
     """The table read from ``file`` as profile ``name``, or None with its problems
-    recorded."""
-    return problems.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+    recorded; a command profile's files (``NAME.d/``) must be a directory only root can
+    write, as the broker requires before it gives them to an agent."""
+    profile = problems.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
+    if profile is not None and profile.kind == "command":
+        directory = profiles_dir() / f"{profile_file_stem(name)}.d"
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return profile
+        except OSError as exc:
+            problems.add(directory, "", f"cannot be read: {exc.strerror}")
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            problems.add(directory, "", "not a directory that only root can write",
+                         fix="make it a directory owned by root with mode 0755, or remove it")
+            return None
+    return profile
 
 
 def check_host_config() -> list[Problem]:

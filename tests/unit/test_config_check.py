@@ -56,6 +56,20 @@ def test_every_file_is_checked_not_only_those_a_launch_reads(etc: Path) -> None:
     ]
 
 
+def test_a_command_profiles_files_another_user_could_write_are_a_problem(etc: Path) -> None:
+    """The broker refuses them when an agent starts; the check says so before a launch."""
+    (etc / "profiles.d/opencode.toml").write_text('kind = "command"\nargv = ["/bin/true"]\n')
+    files = etc / "profiles.d/opencode.d"
+    files.mkdir()
+    files.chmod(0o755)
+    assert check_host_config() == []
+    files.chmod(0o777)
+    (problem,) = check_host_config()
+    assert (problem.file, problem.message) == (files, "not a directory that only root can "
+                                                      "write")
+    assert "owned by root with mode 0755" in problem.fix
+
+
 def test_a_clean_host_passes_and_json_lists_the_problems(etc: Path) -> None:
     ok = CliRunner().invoke(app, ["config", "check"])
     assert ok.exit_code == 0 and ok.output == f"{etc}: no problems\n"
