@@ -8,9 +8,17 @@ answer into the typed result a ``command`` profile must end with,
             "--", "/usr/local/bin/claude", "-p", "{prompt}"]
 
 It adds to the prompt argument (the one holding ``$CAIRN_PROMPT``) the fields the answer
-must end with, as one JSON object (from ``$CAIRN_OUTPUT_SCHEMA``, set by the worker); runs
-the CLI with no stdin until it exits, its output copied to the unit's log; and reads the
-answer (its last MiB):
+must end with, as one JSON object (from ``$CAIRN_OUTPUT_SCHEMA``, set by the worker), in
+the way ``--answer STYLE`` (before ``--``) names, for the CLI's own conventions:
+
+- ``fenced`` (the default): in a ```` ```json ```` block at the end of the answer;
+- ``line``: on a last line of its own, no code block (aider reads a fenced block as a file
+  to write);
+- ``file``: written by the CLI's own tools to ``$CAIRN_RESULT_FILE`` (``/outputs/result.json``),
+  which the worker reads and judges itself; an answer without it is read as below.
+
+It runs the CLI with no stdin until it exits, its output copied to the unit's log, and
+reads the answer (its last MiB):
 
 - the last JSON object in it that has every required field of the schema (or is itself
   ``{"output": …, "handoff": …}``) is the output;
@@ -35,23 +43,53 @@ from cairn.worker.agentproc import run_to_exit
 
 HANDOFF_LIMIT = 8000
 ANSWER_LIMIT = 1 << 20  # the answer's last bytes kept; its JSON object is at the end
-USAGE = "usage: cairn-worker agent-result -- CLI [ARG…]"
+ANSWER_STYLES = ("fenced", "line", "file")
+RESULT_FILE = "/outputs/result.json"
+USAGE = "usage: cairn-worker agent-result [--answer fenced|line|file] -- CLI [ARG…]"
 
 
 class NoResult(Exception):
     """The CLI's answer cannot be made into the typed result."""
 
 
-def schema_hint(schema: dict[str, Any]) -> str:
-    """What the prompt asks the answer to end with."""
+def schema_hint(schema: dict[str, Any], style: str = "fenced",
+                result_file: str = RESULT_FILE) -> str:
+    """What the prompt asks the answer to end with, in the ``style`` of
+    :data:`ANSWER_STYLES`."""
     fields = ", ".join(
         f'"{name}" ({spec.get("type", "value")})'
         for name, spec in schema.get("properties", {}).items()
     )
+    if style == "line":
+        return ("\n\nWhen you are done, end your answer with one last line that holds only a "
+                f"JSON object, not in a code block, with these fields: {fields}.")
+    if style == "file":
+        return ("\n\nWhen you are done, write one JSON object with these fields to the file "
+                f"{result_file}: {fields}.")
     return (
         "\n\nWhen you are done, end your answer with one JSON object in a ```json block "
         f"with these fields: {fields}."
     )
+
+
+def parse_options(args: list[str]) -> tuple[str, list[str]] | None:
+    """(answer style, CLI argv) of the wrapper's arguments; None if they are not
+    ``[--answer STYLE] -- CLI [ARG…]`` (a CLI without ``--`` is taken as it is)."""
+    style = "fenced"
+    rest = list(args)
+    while rest and rest[0] != "--":
+        option = rest.pop(0)
+        if option.startswith("--answer="):
+            style = option.split("=", 1)[1]
+        elif option == "--answer" and rest:
+            style = rest.pop(0)
+        elif not option.startswith("-"):
+            return style, [option, *rest]  # no "--": the CLI itself
+        else:
+            return None
+        if style not in ANSWER_STYLES:
+            return None
+    return style, rest[1:] if rest[:1] == ["--"] else rest
 
 
 def with_hint(argv: list[str], prompt: str, hint: str) -> list[str]:
@@ -107,13 +145,15 @@ def typed_result(answer: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(args: list[str]) -> int:
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
+    parsed = parse_options(args)
+    if parsed is None or not parsed[1]:
         print(USAGE, file=sys.stderr)
         return 2
+    style, args = parsed
     schema: dict[str, Any] = json.loads(os.environ.get("CAIRN_OUTPUT_SCHEMA") or "{}")
-    argv = with_hint(args, os.environ.get("CAIRN_PROMPT", ""), schema_hint(schema))
+    result_file = os.environ.get("CAIRN_RESULT_FILE") or RESULT_FILE
+    argv = with_hint(args, os.environ.get("CAIRN_PROMPT", ""),
+                     schema_hint(schema, style, result_file))
     try:  # until the CLI exits, not until what it left behind closes stdout
         returncode, stdout = run_to_exit(argv, stdin=subprocess.DEVNULL, keep=ANSWER_LIMIT)
     except OSError as exc:
@@ -124,6 +164,8 @@ def main(args: list[str]) -> int:
     if returncode != 0:
         print(f"agent-result: {args[0]} exited {returncode}", file=sys.stderr)
         return returncode if returncode > 0 else 1
+    if style == "file" and os.path.lexists(result_file):
+        return 0  # the worker reads and judges the file itself, never through a link
     try:
         result = typed_result(answer, schema)
     except NoResult as exc:

@@ -141,8 +141,10 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
         "HOME": home,
         "LANG": "C.UTF-8",
         "CAIRN_PROMPT": instruction.prompt,
-        # what the answer must fit (read by the agent-result wrapper, cairn.worker.agent_result)
+        # what the answer must fit, and where it may be written (read by the agent-result
+        # wrapper, cairn.worker.agent_result)
         "CAIRN_OUTPUT_SCHEMA": json.dumps(instruction.output_schema),
+        "CAIRN_RESULT_FILE": str(OUTPUTS / "result.json"),
         **{k: os.environ[k] for k in PASSED_ENV if k in os.environ and k != "HOME"},
     }
     shim = None

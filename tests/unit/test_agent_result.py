@@ -71,11 +71,12 @@ def host_argv(name: str, launcher: Path, stand_in: Path) -> tuple[list[str], Pro
     data = tomllib.loads((EXAMPLES / f"{name}.toml").read_text())
     profile = ProfileSpec.model_validate({**data, "name": name})
     argv = list(profile.argv)
-    assert argv[:6] == ["/usr/bin/python3", "-I", "-B", "/runtime/capsule/cairn-worker",
-                        "agent-result", "--"], f"{name} does not use the wrapper"
-    assert argv[6] == f"/usr/local/bin/{name}"
-    return [sys.executable, "-I", "-B", str(launcher), *argv[4:6], str(stand_in), *argv[7:]], \
-        profile
+    assert argv[:5] == ["/usr/bin/python3", "-I", "-B", "/runtime/capsule/cairn-worker",
+                        "agent-result"], f"{name} does not use the wrapper"
+    cli = argv.index("--") + 1
+    assert argv[cli] == f"/usr/local/bin/{name}"
+    return [sys.executable, "-I", "-B", str(launcher), *argv[4:cli], str(stand_in),
+            *argv[cli + 1:]], profile
 
 
 def instruction(profile: ProfileSpec, model: type[BaseModel]) -> AgentInstruction:
@@ -103,11 +104,13 @@ def test_each_example_profile_ends_with_a_typed_result(
     assert model_url.startswith("http://127.0.0.1:")
     expected = [PROMPT if a == "{prompt}" else
                 a.replace("{model}", ROUTE_MODEL).replace("{model_url}", model_url)
-                for a in profile.argv[7:]]
+                for a in profile.argv[profile.argv.index("--") + 2:]]
     (at,) = [i for i, a in enumerate(expected) if a == PROMPT]
     assert got[:at] == expected[:at] and got[at + 1 :] == expected[at + 1 :]
-    assert got[at].startswith(PROMPT + "\n\nWhen you are done, end your answer with one JSON")
+    assert got[at].startswith(PROMPT + "\n\nWhen you are done, end your answer with one")
     assert '"summary" (string), "files" (integer)' in got[at]
+    # aider reads a fenced block as a file to write: its example asks for a bare line
+    assert ("```json" in got[at]) == (name != "aider"), got[at]
 
 
 def test_plain_prose_fills_a_schema_of_one_text_field(launcher: Path, workspace: Path) -> None:
@@ -124,6 +127,66 @@ def test_prose_that_cannot_fit_the_schema_fails_the_agent(
     argv, profile = host_argv("codex", launcher, workspace / "stand-in")
     with pytest.raises(CairnError, match="exited 3"):
         profiles.run_command(argv, instruction(profile, Change))
+
+
+def test_an_answer_written_to_the_result_file_is_left_to_the_worker(
+    launcher: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--answer file``: the CLI is asked to write the result with its own tools, and the
+    worker reads that file as it reads any agent's result.json."""
+    (workspace / "outputs").mkdir()
+    writer = workspace / "writer"
+    writer.write_text(f"""#!{sys.executable}
+import json, os, pathlib, sys
+pathlib.Path("argv.json").write_text(json.dumps(sys.argv[1:]))
+pathlib.Path(os.environ["CAIRN_RESULT_FILE"]).write_text(
+    json.dumps({{"summary": "written by the CLI", "files": 2}}))
+print("I wrote the result file.")
+""")
+    writer.chmod(0o755)
+    profile = ProfileSpec(name="tool", kind="command", argv=["x"])
+    argv = [sys.executable, "-I", "-B", str(launcher), "agent-result", "--answer", "file",
+            "--", str(writer), "{prompt}"]
+    output, _ = profiles.run_command(argv, instruction(profile, Change))
+    assert output == {"summary": "written by the CLI", "files": 2}
+    (asked,) = json.loads((workspace / "argv.json").read_text())
+    assert asked.endswith("write one JSON object with these fields to the file "
+                          f"{workspace / 'outputs' / 'result.json'}: \"summary\" (string), "
+                          '"files" (integer).')
+
+
+def test_a_result_file_asked_for_and_not_written_falls_back_to_the_answer(
+    launcher: Path, workspace: Path
+) -> None:
+    (workspace / "outputs").mkdir()
+    (workspace / "answer.txt").write_text('Done.\n{"summary": "from the answer", "files": 1}\n')
+    profile = ProfileSpec(name="tool", kind="command", argv=["x"])
+    argv = [sys.executable, "-I", "-B", str(launcher), "agent-result", "--answer=file", "--",
+            str(workspace / "stand-in"), "{prompt}"]
+    output, _ = profiles.run_command(argv, instruction(profile, Change))
+    assert output == {"summary": "from the answer", "files": 1}
+
+
+@pytest.mark.parametrize("args", [["--answer=yaml", "--", "cli"], ["--answer"],
+                                  ["--verbose", "--", "cli"], ["--answer", "line", "--"]])
+def test_the_wrappers_own_options_are_checked(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert agent_result.main(args) == 2
+    assert "usage: cairn-worker agent-result [--answer fenced|line|file] -- CLI" in (
+        capsys.readouterr().err)
+
+
+def test_each_style_asks_for_the_fields_its_own_way() -> None:
+    fields = '"summary" (string), "files" (integer)'
+    assert agent_result.schema_hint(schema(Change)).endswith(
+        f"one JSON object in a ```json block with these fields: {fields}.")
+    assert agent_result.schema_hint(schema(Change), "line").endswith(
+        f"one last line that holds only a JSON object, not in a code block, with these "
+        f"fields: {fields}.")
+    assert agent_result.parse_options(["--answer", "line", "--", "cli", "-p"]) == (
+        "line", ["cli", "-p"])
+    assert agent_result.parse_options(["cli", "--answer=x"]) == ("fenced", ["cli", "--answer=x"])
 
 
 # --- reading an answer --------------------------------------------------------------------

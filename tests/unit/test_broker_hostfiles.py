@@ -99,28 +99,29 @@ def test_a_profile_name_that_is_no_name_is_refused(name: str) -> None:
 def test_a_profiles_files_are_given_only_from_a_directory_only_root_writes(
     etc: Path,
 ) -> None:
+    profile = frozen_profile()  # what a launch froze; the directory changes after it
     files = etc / "profiles.d/tool.d"
     files.mkdir()
     os.chmod(files, 0o755)
-    assert hostfiles.check_profile(frozen_profile()) == files
+    assert hostfiles.check_profile(profile) == files
     os.chmod(files, 0o775)
     with pytest.raises(BrokerRefused, match="tool.d is not a directory that only root can "
                        "write"):
-        hostfiles.check_profile(frozen_profile())
+        hostfiles.check_profile(profile)
     os.chmod(files, 0o755)
     os.chown(files, 1000, 1000)  # another user's directory
     with pytest.raises(BrokerRefused, match="only root can write"):
-        hostfiles.check_profile(frozen_profile())
+        hostfiles.check_profile(profile)
     files.rmdir()
     elsewhere = etc / "elsewhere.d"
     elsewhere.mkdir()
     files.symlink_to(elsewhere)
     with pytest.raises(BrokerRefused, match="only root can write"):
-        hostfiles.check_profile(frozen_profile())
+        hostfiles.check_profile(profile)
     files.unlink()
     files.write_text("not a directory")
     with pytest.raises(BrokerRefused, match="only root can write"):
-        hostfiles.check_profile(frozen_profile())
+        hostfiles.check_profile(profile)
 
 
 def test_a_file_changed_since_the_launch_is_not_run(etc: Path) -> None:
