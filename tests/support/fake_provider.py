@@ -1,4 +1,5 @@
-"""A real HTTP server speaking the chat-completions protocol with scripted replies.
+"""A real HTTP server speaking the chat-completions protocol, and OpenAI's Responses API
+(``POST /v1/responses``, as codex calls it: server-sent events), with scripted replies.
 
 Tests start it on a loopback address (``FakeProvider(turns).start()``), point a model route
 at ``provider.base_url`` and read back what arrived in ``provider.requests``. Each turn is
@@ -121,6 +122,10 @@ class FakeProvider:
             with self._lock:
                 self.requests.append(received)
             return
+        if handler.path.endswith("/responses"):
+            index, turn = self._next_turn(received)
+            self._send_response_events(handler, index, turn, len(raw) // 4)
+            return
         if not handler.path.endswith("/chat/completions"):
             with self._lock:  # received, and answered as an unknown path
                 self.requests.append(received)
@@ -150,6 +155,28 @@ class FakeProvider:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": usage,
         })
+
+    @staticmethod
+    def _send_response_events(handler: BaseHTTPRequestHandler, index: int, turn: Turn,
+                              input_tokens: int) -> None:
+        """The Responses API's server-sent events of ``turn`` (codex reads only these)."""
+        rid = f"resp_{index}"
+        usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": turn.tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": input_tokens + turn.tokens}
+        items = response_items(turn, index)
+        events = [{"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
+                  *({"type": "response.output_item.done", "output_index": n, "item": item}
+                    for n, item in enumerate(items)),
+                  {"type": "response.completed",
+                   "response": {"id": rid, "status": "completed", "output": items, "usage": usage}}]
+        payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
+                           for e in events)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
 
     @staticmethod
     def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any,
@@ -189,6 +216,18 @@ class FakeProvider:
             event({"choices": [], "usage": usage})
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
+
+
+def response_items(turn: Turn, index: int) -> list[dict[str, Any]]:
+    """The output items of a Responses-API reply for ``turn``: its tool calls as
+    ``function_call`` items, else its text as one assistant message."""
+    if turn.tool_calls:
+        return [{"type": "function_call", "id": f"fc_{index}_{n}", "call_id": f"call_{index}_{n}",
+                 "name": name, "arguments": json.dumps(args), "status": "completed"}
+                for n, (name, args) in enumerate(turn.tool_calls)]
+    return [{"type": "message", "id": f"msg_{index}", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": turn.content or "",
+                          "annotations": []}]}]
 
 
 def turns_from_json(data: list[dict[str, Any]]) -> list[Turn]:

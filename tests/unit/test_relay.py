@@ -195,8 +195,10 @@ def test_the_relay_serves_only_the_api_its_provider_speaks(
 
 
 def test_a_websocket_upgrade_is_told_to_use_http(
-    tmp_path: Path, credentials: Path, provider: FakeProvider
+    tmp_path: Path, credentials: Path, provider: FakeProvider,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level("INFO", logger="cairn.coordinator.relay")
     with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
         conn = _UnixConnection(str(relay.socket_path), 10)
         conn.request("GET", "/v1/responses", headers={
@@ -209,6 +211,8 @@ def test_a_websocket_upgrade_is_told_to_use_http(
     assert body["error"]["message"] == ("the model relay speaks HTTP only; send the request "
                                         "as a POST")
     assert provider.requests == []
+    assert "the agent asked for a WebSocket on /v1/responses; told to use HTTP (426)" in (
+        caplog.text)
 
 
 def test_an_unreachable_provider_is_a_502_not_a_crash(tmp_path: Path, credentials: Path) -> None:
