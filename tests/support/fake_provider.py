@@ -64,10 +64,14 @@ class FakeProvider:
     """Serve ``turns`` in order on 127.0.0.1; the last turn repeats when they run out."""
 
     def __init__(self, turns: list[Turn], *, host: str = "127.0.0.1", port: int = 0,
-                 require_key: str | None = None) -> None:
+                 require_key: str | None = None, untooled: str | None = None) -> None:
         self.turns = turns
         self.require_key = require_key
+        # When set, a chat request that offers no tools (a CLI's side call, such as
+        # opencode's title of the session) gets this text and takes no turn.
+        self.untooled = untooled
         self.requests: list[Received] = []
+        self._served = 0  # turns taken
         self._lock = threading.Lock()
         provider = self
 
@@ -106,7 +110,8 @@ class FakeProvider:
     def _next_turn(self, received: Received) -> tuple[int, Turn]:
         with self._lock:
             self.requests.append(received)
-            index = len(self.requests) - 1
+            index = self._served
+            self._served += 1
             return index, self.turns[min(index, len(self.turns) - 1)]
 
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
@@ -131,7 +136,12 @@ class FakeProvider:
                 self.requests.append(received)
             self._send_json(handler, 404, {"error": {"message": "not found"}})
             return
-        index, turn = self._next_turn(received)
+        if self.untooled is not None and not body.get("tools"):
+            index, turn = -1, Turn(content=self.untooled)
+            with self._lock:
+                self.requests.append(received)
+        else:
+            index, turn = self._next_turn(received)
         if turn.status != 200:
             error = turn.error or {"message": f"scripted HTTP {turn.status}",
                                    "type": "scripted_error", "code": None}
@@ -230,7 +240,10 @@ def response_items(turn: Turn, index: int) -> list[dict[str, Any]]:
                           "annotations": []}]}]
 
 
-def turns_from_json(data: list[dict[str, Any]]) -> list[Turn]:
+def turns_from_json(data: list[dict[str, Any]] | dict[str, Any]) -> list[Turn]:
+    """The turns of a script: a list of turns, or ``{"turns": [...], "untooled": TEXT}``."""
+    if isinstance(data, dict):
+        data = data["turns"]
     return [
         Turn(content=t.get("content"),
              tool_calls=[(c["name"], c["arguments"]) for c in t.get("tool_calls", [])],
@@ -245,6 +258,9 @@ if __name__ == "__main__":
     port, script = int(sys.argv[1]), sys.argv[2]
     key = sys.argv[3] if len(sys.argv) > 3 else None
     with open(script) as fh:
-        provider = FakeProvider(turns_from_json(json.load(fh)), port=port, require_key=key)
+        loaded = json.load(fh)
+    untooled = loaded.get("untooled") if isinstance(loaded, dict) else None
+    provider = FakeProvider(turns_from_json(loaded), port=port, require_key=key,
+                            untooled=untooled)
     print(provider.base_url, flush=True)
     provider.server.serve_forever()

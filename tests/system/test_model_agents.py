@@ -47,7 +47,9 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
-def start_provider(machine: Machine, turns: list[dict[str, Any]], key: str) -> None:
+def start_provider(
+    machine: Machine, turns: list[dict[str, Any]] | dict[str, Any], key: str
+) -> None:
     machine.exec(["tee", "/root/fake_provider.py"],
                  input=(REPO / "tests" / "support" / "fake_provider.py").read_bytes())
     machine.exec(["tee", "/root/turns.json"], input=json.dumps(turns).encode())
