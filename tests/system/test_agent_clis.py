@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from agent_clis import ensure_codex, ensure_opencode, install
 from machine import Machine
@@ -43,22 +44,22 @@ def openai_provider(machine: Machine) -> None:
         'credential = "cairn-provider-fake"\n').encode())
 
 
-def test_codex_exec_changes_the_file_it_was_asked_to(machine: Machine) -> None:
-    version = install(machine, ensure_codex())
+def run_cli(machine: Machine, name: str, script: list[dict[str, Any]] | dict[str, Any]
+            ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+    """Launch a one-agent write workflow on the example profile ``name`` against the fake
+    provider playing ``script``; check that the CLI changed CHANGELOG.md as asked, that
+    only that was settled, that the output is typed and the key never reached the agent.
+    Return the run, its model calls (the transcript) and the seconds to its end."""
     key = configure(machine)
     openai_provider(machine)
     machine.exec(["tee", f"{PROJECT}/CHANGELOG.md"], user="alice", input=b"# Changelog\n")
-    edit = f"printf '{ENTRY}' >> CHANGELOG.md && echo appended"
-    answer = ("I added the entry under Unreleased.\n\n"
-              '```json\n{"summary": "added the entry for empty files"}\n```')
-    start_provider(machine, [
-        {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": edit}}], "tokens": 5},
-        {"content": answer, "tokens": 9},
-    ], key)
-    use_example_profile(machine, "codex")
+    start_provider(machine, script, key)
+    use_example_profile(machine, name)
+    workflow = (REPO / "tests/system/data/command_cli.py").read_text()
     started = time.monotonic()
-    _review, run_id = launch_reviewed(machine, "command_codex.py",
-                                      "Add a CHANGELOG entry: the parser accepts empty files")
+    _review, run_id = launch_reviewed(
+        machine, f"command_{name}.py", "Add a CHANGELOG entry: the parser accepts empty files",
+        source=workflow.replace('profile="PROFILE"', f'profile="{name}"').encode())
     data = wait_finished(machine, run_id)
     took = time.monotonic() - started
     assert data["run"]["state"] == "succeeded", (data["run"]["error"],
@@ -67,52 +68,43 @@ def test_codex_exec_changes_the_file_it_was_asked_to(machine: Machine) -> None:
     changelog = machine.exec(["cat", f"{PROJECT}/CHANGELOG.md"]).stdout.decode()
     assert changelog == "# Changelog\n" + ENTRY.replace("\\n", "\n")
     assert data["settlement"]["candidate"]["accepted"] == ["CHANGELOG.md"]
-    # Both calls went over HTTP through the relay: no WebSocket retries (the relay answers
-    # an upgrade 426), the real key added by the relay, the model the route's.
     (op,) = data["operations"]
     boundary = f"/var/lib/cairn/runs/{run_id}/boundaries/{op['op_id']}"
     transcript = machine.exec(["cat", f"{boundary}/transcript.jsonl"]).stdout.decode()
     assert key not in transcript
     calls = [json.loads(line) for line in transcript.splitlines()]
+    assert calls and all(c["status"] == 200 for c in calls)
+    return data, calls, took
+
+
+ANSWER = ("I added the entry under Unreleased.\n\n"
+          '```json\n{"summary": "added the entry for empty files"}\n```')
+
+
+def test_codex_exec_changes_the_file_it_was_asked_to(machine: Machine) -> None:
+    version = install(machine, ensure_codex())
+    edit = f"printf '{ENTRY}' >> CHANGELOG.md && echo appended"
+    data, calls, took = run_cli(machine, "codex", [
+        {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": edit}}], "tokens": 5},
+        {"content": ANSWER, "tokens": 9},
+    ])
+    # Both calls went over HTTP (the Responses API) through the relay, and codex never
+    # asked for a WebSocket, which the relay would have logged when it answered 426.
     assert [c["path"] for c in calls] == ["/responses", "/responses"], calls
-    assert all(c["status"] == 200 for c in calls)
-    relay_log = machine.journal(unit=f"cairn-coordinator@{run_id}.service")
-    assert relay_log.strip() and "asked for a WebSocket" not in relay_log  # not once
+    relay_log = machine.journal(unit=f"cairn-coordinator@{data['run']['run_id']}.service")
+    assert relay_log.strip() and "asked for a WebSocket" not in relay_log
     print(f"{version}: launch to succeeded in {took:.1f} s")
 
 
 def test_opencode_run_changes_the_file_it_was_asked_to(machine: Machine) -> None:
     version = install(machine, ensure_opencode())
-    key = configure(machine)
-    openai_provider(machine)
-    machine.exec(["tee", f"{PROJECT}/CHANGELOG.md"], user="alice", input=b"# Changelog\n")
     edit = f"printf '{ENTRY}' >> CHANGELOG.md"
-    answer = ("I added the entry under Unreleased.\n\n"
-              '```json\n{"summary": "added the entry for empty files"}\n```')
-    start_provider(machine, {"untooled": "Changelog entry", "turns": [
+    _data, calls, took = run_cli(machine, "opencode", {"untooled": "Changelog entry", "turns": [
         {"tool_calls": [{"name": "bash", "arguments": {
             "command": edit, "description": "Append the changelog entry"}}], "tokens": 5},
-        {"content": answer, "tokens": 9},
-    ]}, key)
-    use_example_profile(machine, "opencode")
-    started = time.monotonic()
-    _review, run_id = launch_reviewed(machine, "command_opencode.py",
-                                      "Add a CHANGELOG entry: the parser accepts empty files")
-    data = wait_finished(machine, run_id)
-    took = time.monotonic() - started
-    assert data["run"]["state"] == "succeeded", (data["run"]["error"],
-                                                  machine.journal(run_id=run_id)[-4000:])
-    assert data["run"]["output"] == {"summary": "added the entry for empty files"}
-    changelog = machine.exec(["cat", f"{PROJECT}/CHANGELOG.md"]).stdout.decode()
-    assert changelog == "# Changelog\n" + ENTRY.replace("\\n", "\n")
-    assert data["settlement"]["candidate"]["accepted"] == ["CHANGELOG.md"]
-    # opencode found its configuration in the agent's home, copied from opencode.d, and
-    # spoke only the OpenAI API through the relay
-    (op,) = data["operations"]
-    boundary = f"/var/lib/cairn/runs/{run_id}/boundaries/{op['op_id']}"
-    transcript = machine.exec(["cat", f"{boundary}/transcript.jsonl"]).stdout.decode()
-    assert key not in transcript
-    calls = [json.loads(line) for line in transcript.splitlines()]
+        {"content": ANSWER, "tokens": 9},
+    ]})
+    # opencode found its provider in the configuration copied from opencode.d into the
+    # agent's home, and spoke only the OpenAI API through the relay
     assert {c["path"] for c in calls} == {"/chat/completions"}, calls
-    assert all(c["status"] == 200 for c in calls)
     print(f"opencode {version}: launch to succeeded in {took:.1f} s")

@@ -91,11 +91,13 @@ def launch(machine: Machine, *extra: str) -> str:
     return out.stdout.decode().strip().splitlines()[-1]
 
 
-def launch_reviewed(machine: Machine, name: str, goal: str) -> tuple[str, str]:
-    """Review ``tests/system/data/NAME`` as alice and launch it with the review's hash;
-    return the review and the run ID."""
+def launch_reviewed(
+    machine: Machine, name: str, goal: str, source: bytes | None = None
+) -> tuple[str, str]:
+    """Review ``tests/system/data/NAME`` (or ``source`` under that name) as alice and
+    launch it with the review's hash; return the review and the run ID."""
     path = f"/home/alice/{name}"
-    workflow = (REPO / "tests" / "system" / "data" / name).read_bytes()
+    workflow = source or (REPO / "tests" / "system" / "data" / name).read_bytes()
     machine.exec(["tee", path], user="alice", input=workflow)
     review = machine.exec(["cairn", "workflow", "review", path], user="alice").stdout.decode()
     review_hash = review.strip().splitlines()[-1].split()[-1]

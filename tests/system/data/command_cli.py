@@ -1,4 +1,5 @@
-"""One write agent run by the codex example profile (a real codex exec) through the relay."""
+"""One write agent run by an agent CLI's example profile through the relay; the test puts
+the profile's name in place of PROFILE before it is reviewed."""
 
 from typing import Any
 
@@ -13,10 +14,10 @@ class Report(Model):
     summary: str = Field(min_length=1)
 
 
-edit = agent(profile="codex", access="write", network="none", output=Report)
+edit = agent(profile="PROFILE", access="write", network="none", output=Report)
 
 
-@workflow(description="Have codex change the project.", input=Goal, output=Report)
+@workflow(description="Have an agent CLI change the project.", input=Goal, output=Report)
 async def run(flow: Any, args: Goal) -> Report:
     result = await flow.agent(edit, prompt=args.goal)
     report: Report = result.output
