@@ -158,7 +158,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Upgrade", "").strip().lower() == "websocket":
             # 426 is what a Responses client over WebSocket (codex) takes as "use HTTP" at
             # once; any other refusal it retries for seconds before it falls back.
-            log.info("the agent asked for a WebSocket on %s; told to use HTTP (426)",
+            # %r: the path is the agent's words, and a log line reaches terminals
+            log.info("the agent asked for a WebSocket on %r; told to use HTTP (426)",
                      urlsplit(self.path).path)
             self._reply_error(426, "upgrade_required",
                               "the model relay speaks HTTP only; send the request as a POST",

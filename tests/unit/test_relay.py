@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -211,8 +212,24 @@ def test_a_websocket_upgrade_is_told_to_use_http(
     assert body["error"]["message"] == ("the model relay speaks HTTP only; send the request "
                                         "as a POST")
     assert provider.requests == []
-    assert "the agent asked for a WebSocket on /v1/responses; told to use HTTP (426)" in (
+    assert "the agent asked for a WebSocket on '/v1/responses'; told to use HTTP (426)" in (
         caplog.text)
+
+
+def test_an_agents_path_reaches_the_log_escaped(
+    tmp_path: Path, credentials: Path, provider: FakeProvider,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The path is the agent's: a terminal escape in it never reaches a log line raw."""
+    caplog.set_level("INFO", logger="cairn.coordinator.relay")
+    with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(relay.socket_path))
+            sock.sendall(b"GET /v1/\x1b[31mred HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                         b"Connection: Upgrade\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 426 ")
+    assert "asked for a WebSocket on '/v1/\\x1b[31mred'" in caplog.text
+    assert "\x1b" not in caplog.text
 
 
 def test_an_unreachable_provider_is_a_502_not_a_crash(tmp_path: Path, credentials: Path) -> None:
