@@ -41,7 +41,7 @@ def read_table(directory: str, name: str, frozen_sha256: str) -> dict[str, Any]:
                             hint="it was frozen at launch; launch the run again") from exc
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        if not stat.S_ISREG(st.st_mode) or not paths.only_root_writes(st):
             raise BrokerRefused(f"{file} is not a regular file that only root can write")
         raw = os.read(fd, CONFIG_LIMIT + 1)
     finally:
@@ -107,14 +107,14 @@ def profile_files(name: str) -> Path | None:
     """``/etc/cairn/profiles.d/NAME.d`` if the administrator made it: a directory (not a
     link) that only root can write, whose files the agent's worker copies into the
     agent's home. None if there is none."""
-    directory = paths.config_dir() / "profiles.d" / f"{profile_file_stem(name)}.d"
+    directory = paths.profile_files_dir(name)
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise BrokerRefused(f"{directory} cannot be read: {exc.strerror}") from exc
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or not paths.only_root_writes(st):
         raise BrokerRefused(
             f"{directory} is not a directory that only root can write",
             hint="make it a directory owned by root with mode 0755, or remove it",

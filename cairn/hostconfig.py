@@ -50,7 +50,7 @@ def check_profile(
     write, as the broker requires before it gives them to an agent."""
     profile = problems.model(file, ProfileSpec, {**data, "name": name}, fix=PROFILE_FIX)
     if profile is not None and profile.kind == "command":
-        directory = profiles_dir() / f"{profile_file_stem(name)}.d"
+        directory = paths.profile_files_dir(name)
         try:
             st = os.lstat(directory)
         except FileNotFoundError:
@@ -58,7 +58,7 @@ def check_profile(
         except OSError as exc:
             problems.add(directory, "", f"cannot be read: {exc.strerror}")
             return None
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        if not stat.S_ISDIR(st.st_mode) or not paths.only_root_writes(st):
             problems.add(directory, "", "not a directory that only root can write",
                          fix="make it a directory owned by root with mode 0755, or remove it")
             return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from cairn.protocol.names import profile_file_stem
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -105,6 +107,18 @@ def model_socket_path(run_id: str, op_id: str) -> Path:
 def config_dir() -> Path:
     """/etc/cairn: policy, providers, profiles, schedule limits (read by cairn.config)."""
     return _p("etc/cairn")
+
+
+def profile_files_dir(name: str) -> Path:
+    """/etc/cairn/profiles.d/NAME.d: a command profile's files, which its agents get as
+    their home's starting content (``:`` of the name is ``-``)."""
+    return config_dir() / "profiles.d" / f"{profile_file_stem(name)}.d"
+
+
+def only_root_writes(st: os.stat_result) -> bool:
+    """Whether a file in /etc/cairn, as ``lstat``/``fstat`` saw it, is one that root alone
+    can change: owned by root, writable by neither group nor others."""
+    return st.st_uid == 0 and not st.st_mode & 0o022
 
 
 def release_dir() -> Path:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn import untrusted
+from cairn import paths, untrusted
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.protocol.agent import (
@@ -41,7 +41,6 @@ from cairn.protocol.launch import (
     PROMPT,
     ScriptStep,
 )
-from cairn.protocol.names import profile_file_stem
 from cairn.resultjson import RESULT_LIMIT, ResultInvalid, fingerprint_stream, parse
 from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
@@ -129,12 +128,11 @@ def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[st
     try:
         seed_home(PROFILE_FILES, Path(home))
     except OSError as exc:
-        stem = profile_file_stem(instruction.profile.name)
         raise CairnError(
             f"cannot copy profile {instruction.profile.name}'s files into the agent's home: "
             f"{exc.strerror}: {exc.filename}",
-            hint=f"every file in /etc/cairn/profiles.d/{stem}.d/ must be readable by the "
-            "run's owner",
+            hint=f"every file in {paths.profile_files_dir(instruction.profile.name)}/ must be "
+            "readable by the run's owner",
         ) from None
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
