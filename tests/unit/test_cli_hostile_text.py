@@ -79,7 +79,8 @@ def show_view() -> dict[str, Any]:
         "settlement": {"status": "conflict",
                        "apply": {"applied": [EVIL], "already_applied": [EVIL],
                                  "conflicts": [{"path": EVIL, "reason": EVIL}]},
-                       "candidate": {"refused": [{"path": EVIL, "reason": EVIL}]}},
+                       "candidate": {"refused": [{"path": EVIL, "reason": EVIL}],
+                                     "ignored": [EVIL]}},
         "settlement_summary": {"label": EVIL},
         "progress": {"import": {"phase": EVIL, "done": 1, "total": 2, "at": AT}},
         "units": [EVIL],
@@ -100,7 +101,7 @@ INBOX = [
 ]
 DIFF = {"run_id": RUN, "status": "conflict", "summary": {"label": EVIL},
         "apply": {"conflicts": [{"path": EVIL, "reason": EVIL}]},
-        "refused": [{"path": EVIL, "reason": EVIL}],
+        "refused": [{"path": EVIL, "reason": EVIL}], "ignored": [EVIL],
         "diff": f"--- a/{EVIL}\n+++ b/{EVIL}\n@@ -1 +1 @@\n-\told\n+{EVIL}\n"}
 DOCTOR = {"host": [{"check": EVIL, "status": "fail", "detail": EVIL, "fix": EVIL}],
           "runs": [{"run_id": RUN, "state": "failed", "problems": [EVIL], "warnings": [EVIL],
