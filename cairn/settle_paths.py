@@ -116,6 +116,8 @@ IGNORED = "ignored: a profile's settle_ignore"
 
 def ignored_by(path: str, patterns: list[re.Pattern[str]]) -> bool:
     """Whether ``path`` or a directory above it matches one of the ignore ``patterns``."""
+    if not patterns:  # the usual case: no path's ancestors are worked out
+        return False
     return any(p.match(at) for at in (path, *ancestors(path)) for p in patterns)
 
 
