@@ -1,5 +1,6 @@
-"""A real HTTP server speaking the chat-completions protocol, and OpenAI's Responses API
-(``POST /v1/responses``, as codex calls it: server-sent events), with scripted replies.
+"""A real HTTP server speaking the chat-completions protocol, OpenAI's Responses API
+(``POST /v1/responses``, as codex calls it: server-sent events) and Anthropic's Messages API
+(``POST /v1/messages``, streamed or not, as Claude Code calls it), with scripted replies.
 
 Tests start it on a loopback address (``FakeProvider(turns).start()``), point a model route
 at ``provider.base_url`` and read back what arrived in ``provider.requests``. Each turn is
@@ -114,34 +115,43 @@ class FakeProvider:
             self._served += 1
             return index, self.turns[min(index, len(self.turns) - 1)]
 
+    def _take(self, received: Received) -> tuple[int, Turn]:
+        """The next turn, or the ``untooled`` text for a request that offers no tools."""
+        if self.untooled is not None and not received.body.get("tools"):
+            with self._lock:
+                self.requests.append(received)
+            return -1, Turn(content=self.untooled)
+        return self._next_turn(received)
+
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length", "0"))
         raw = handler.rfile.read(length)
         body = json.loads(raw)
         received = Received(handler.path, {k.lower(): v for k, v in handler.headers.items()},
                             body)
-        if self.require_key is not None and (
-            received.headers.get("authorization") != f"Bearer {self.require_key}"
+        if self.require_key is not None and self.require_key not in (
+            received.headers.get("authorization", "").removeprefix("Bearer "),
+            received.headers.get("x-api-key"),  # the Anthropic API's header
         ):
             self._send_json(handler, 401, {"error": {"message": "bad key", "type": "auth"}})
             with self._lock:
                 self.requests.append(received)
             return
-        if handler.path.endswith("/responses"):
+        path = handler.path.split("?", 1)[0]  # Claude Code asks for /v1/messages?beta=true
+        if path.endswith("/responses"):
             index, turn = self._next_turn(received)
             self._send_response_events(handler, index, turn, len(raw) // 4)
             return
-        if not handler.path.endswith("/chat/completions"):
+        if path.endswith("/messages"):
+            index, turn = self._take(received)
+            self._send_messages(handler, index, turn, body, len(raw) // 4)
+            return
+        if not path.endswith("/chat/completions"):
             with self._lock:  # received, and answered as an unknown path
                 self.requests.append(received)
             self._send_json(handler, 404, {"error": {"message": "not found"}})
             return
-        if self.untooled is not None and not body.get("tools"):
-            index, turn = -1, Turn(content=self.untooled)
-            with self._lock:
-                self.requests.append(received)
-        else:
-            index, turn = self._next_turn(received)
+        index, turn = self._take(received)
         if turn.status != 200:
             error = turn.error or {"message": f"scripted HTTP {turn.status}",
                                    "type": "scripted_error", "code": None}
@@ -180,6 +190,54 @@ class FakeProvider:
                     for n, item in enumerate(items)),
                   {"type": "response.completed",
                    "response": {"id": rid, "status": "completed", "output": items, "usage": usage}}]
+        payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
+                           for e in events)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+
+    @classmethod
+    def _send_messages(cls, handler: BaseHTTPRequestHandler, index: int, turn: Turn,
+                       body: dict[str, Any], input_tokens: int) -> None:
+        """An Anthropic Messages reply for ``turn``: one JSON message, or its stream events
+        (a text block, then a ``tool_use`` block per call, its input as JSON deltas)."""
+        if turn.status != 200:
+            error = turn.error or {"type": "api_error", "message": f"scripted HTTP {turn.status}"}
+            cls._send_json(handler, turn.status, {"type": "error", "error": error}, turn.headers)
+            return
+        blocks = message_blocks(turn, index)
+        stop = "tool_use" if turn.tool_calls else "end_turn"
+        message = {"id": f"msg_{index}", "type": "message", "role": "assistant",
+                   "model": body.get("model", ""), "content": blocks, "stop_reason": stop,
+                   "stop_sequence": None,
+                   "usage": {"input_tokens": input_tokens, "output_tokens": turn.tokens}}
+        if not body.get("stream"):
+            cls._send_json(handler, 200, message)
+            return
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+            **message, "content": [], "stop_reason": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}]
+        for n, block in enumerate(blocks):
+            if block["type"] == "text":
+                events += [{"type": "content_block_start", "index": n,
+                            "content_block": {"type": "text", "text": ""}},
+                           {"type": "content_block_delta", "index": n,
+                            "delta": {"type": "text_delta", "text": block["text"]}}]
+            else:
+                arguments = json.dumps(block["input"])
+                half = len(arguments) // 2
+                events += [{"type": "content_block_start", "index": n,
+                            "content_block": {**block, "input": {}}},
+                           *({"type": "content_block_delta", "index": n,
+                              "delta": {"type": "input_json_delta", "partial_json": part}}
+                             for part in (arguments[:half], arguments[half:]))]
+            events.append({"type": "content_block_stop", "index": n})
+        events += [{"type": "message_delta", "delta": {"stop_reason": stop,
+                                                       "stop_sequence": None},
+                    "usage": {"output_tokens": turn.tokens}},
+                   {"type": "message_stop"}]
         payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
                            for e in events)
         handler.send_response(200)
@@ -238,6 +296,17 @@ def response_items(turn: Turn, index: int) -> list[dict[str, Any]]:
     return [{"type": "message", "id": f"msg_{index}", "role": "assistant", "status": "completed",
              "content": [{"type": "output_text", "text": turn.content or "",
                           "annotations": []}]}]
+
+
+def message_blocks(turn: Turn, index: int) -> list[dict[str, Any]]:
+    """The content blocks of a Messages-API reply for ``turn``: its text, if any, then a
+    ``tool_use`` block per tool call."""
+    blocks: list[dict[str, Any]] = []
+    if turn.content:
+        blocks.append({"type": "text", "text": turn.content})
+    blocks += [{"type": "tool_use", "id": f"toolu_{index}_{n}", "name": name, "input": args}
+               for n, (name, args) in enumerate(turn.tool_calls)]
+    return blocks or [{"type": "text", "text": ""}]
 
 
 def turns_from_json(data: list[dict[str, Any]] | dict[str, Any]) -> list[Turn]:

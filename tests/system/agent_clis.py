@@ -5,10 +5,19 @@ Each is installed once from its registry into
 the only network use, at build time; a run never touches the network) and copied into a
 test machine at ``/usr/local/bin/NAME``, where the shipped example profile expects it.
 
-codex, opencode
+codex, opencode, claude
     ``npm install`` of the CLI's package brings its native binary for this architecture
-    (``@openai/codex-linux-x64``: a static musl executable; ``opencode-linux-x64``: one
-    file with its runtime); only that binary is kept, so the machine needs no Node.js.
+    (``@openai/codex-linux-x64``: a static musl executable; ``opencode-linux-x64`` and
+    ``@anthropic-ai/claude-code-linux-x64``: one file with its runtime, linked only
+    against glibc); only that binary is kept, so the machine needs no Node.js.
+
+aider
+    aider-chat declares Python < 3.13 and Debian 13 ships 3.13, which runs it once its
+    pins allow a 3.13 build (``data/aider-requirements.txt`` says which and why). pip
+    installs those wheels for CPython 3.13 into ``lib/`` (``--target``, no build, no
+    dependency resolution: the pins are the whole set); the machine gets that directory
+    at ``/opt/aider/lib`` and a launcher at ``/usr/local/bin/aider`` run by its own
+    ``/usr/bin/python3``.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,11 +35,21 @@ from cairn.proc import run
 
 CODEX_VERSION = "0.171.0"
 OPENCODE_VERSION = "1.18.33"
+CLAUDE_VERSION = "2.1.328"
+AIDER_VERSION = "0.86.2"
+AIDER_REQUIREMENTS = Path(__file__).parent / "data" / "aider-requirements.txt"
+AIDER_LAUNCHER = """#!/usr/bin/python3 -I
+import sys
+sys.path.insert(0, "/opt/aider/lib")
+from aider.main import main
+sys.exit(main())
+"""
 _ARCH = {"x86_64": "x64", "aarch64": "arm64"}
-# What npm needs of this host's environment to reach its registry: its config and cache
-# (HOME), a proxy and the certificate authorities a proxy may sign with.
-NPM_ENV = ("HOME", "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTPS_PROXY",
-           "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
+# What npm and pip need of this host's environment to reach their registries: their
+# config and cache (HOME), a proxy and the certificate authorities a proxy may sign with.
+REGISTRY_ENV = ("HOME", "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                "REQUESTS_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy",
+                "http_proxy", "no_proxy")
 _MUSL = {"x86_64": "x86_64-unknown-linux-musl", "aarch64": "aarch64-unknown-linux-musl"}
 
 
@@ -45,13 +65,11 @@ def _binary_in(package: str, version: str, inside: str) -> Path:
             return binary
         staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
         try:
-            env = {k: v for k, v in os.environ.items()
-                   if k in NPM_ENV or k.lower().startswith("npm_config_")}
             run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix",
-                 staging, f"{package}@{version}"], env=env, timeout=900)
+                 staging, f"{package}@{version}"], env=_registry_env("npm_config_"), timeout=900)
             found = staging / "node_modules" / inside
             said = run([found, "--version"]).stdout.decode().strip()
-            if not said.endswith(version):
+            if version not in said.split():  # "codex-cli 0.171.0", "2.1.328 (Claude Code)"
                 raise MachineError(f"npm installed {said!r}, not {package} {version}")
             home.mkdir(parents=True, exist_ok=True)
             shutil.copy2(found, home / f"{binary.name}.partial")
@@ -59,6 +77,13 @@ def _binary_in(package: str, version: str, inside: str) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return binary
+
+
+def _registry_env(prefix: str) -> dict[str, str]:
+    """This host's variables a registry client needs, and its own (``npm_config_*``,
+    ``PIP_*``)."""
+    return {k: v for k, v in os.environ.items()
+            if k in REGISTRY_ENV or k.lower().startswith(prefix.lower())}
 
 
 def _arch() -> str:
@@ -78,6 +103,51 @@ def ensure_opencode() -> Path:
     """The cached opencode binary of :data:`OPENCODE_VERSION`."""
     return _binary_in("opencode-ai", OPENCODE_VERSION,
                       f"opencode-linux-{_ARCH[_arch()]}/bin/opencode")
+
+
+def ensure_claude() -> Path:
+    """The cached Claude Code binary of :data:`CLAUDE_VERSION`."""
+    return _binary_in("@anthropic-ai/claude-code", CLAUDE_VERSION,
+                      f"@anthropic-ai/claude-code-linux-{_ARCH[_arch()]}/claude")
+
+
+def ensure_aider() -> Path:
+    """The cached ``lib/`` of :data:`AIDER_VERSION` for CPython 3.13 on this
+    architecture, installed once from PyPI under a lock."""
+    home = cache_dir() / "agent-clis" / f"aider-{AIDER_VERSION}"
+    lib = home / "lib"
+    if lib.is_dir():
+        return lib
+    with _locked(home.parent / f".{home.name}.lock"):
+        if lib.is_dir():
+            return lib
+        staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
+        try:
+            platforms = [f"--platform={tag}_{_arch()}" for tag in (
+                "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5",
+                "manylinux1")]
+            run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                 "--only-binary=:all:", "--ignore-requires-python", "--python-version=3.13",
+                 "--implementation=cp", "--abi=cp313", "--abi=abi3", "--abi=none",
+                 *platforms, "--target", staging / "lib", "-r", AIDER_REQUIREMENTS],
+                env=_registry_env("PIP_"), timeout=900)
+            home.mkdir(parents=True, exist_ok=True)
+            (staging / "lib").rename(lib)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return lib
+
+
+def install_aider(machine: Machine) -> str:
+    """aider's cached ``lib/`` at /opt/aider/lib in ``machine`` and its launcher at
+    /usr/local/bin/aider; its version."""
+    lib = ensure_aider()
+    shutil.copytree(lib, machine.merged / "opt/aider/lib", symlinks=True)
+    launcher = machine.merged / "usr/local/bin/aider"
+    launcher.write_text(AIDER_LAUNCHER)
+    launcher.chmod(0o755)
+    return machine.exec(["/usr/local/bin/aider", "--version"], timeout=120
+                        ).stdout.decode().strip()
 
 
 def install(machine: Machine, binary: Path) -> str:

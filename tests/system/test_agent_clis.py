@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_clis import ensure_codex, ensure_opencode, install
+from agent_clis import ensure_claude, ensure_codex, ensure_opencode, install, install_aider
 from machine import Machine
 from test_model_agents import PORT, PROJECT, configure, launch_reviewed, start_provider
 from test_recovery import wait_finished
@@ -36,22 +36,24 @@ def use_example_profile(machine: Machine, name: str) -> None:
                          input=path.read_bytes())
 
 
-def openai_provider(machine: Machine) -> None:
-    """The examples name the provider ``openai``: here it is the fake one."""
+def example_provider(machine: Machine, api: str) -> None:
+    """The provider the examples name after its API (``openai``, ``anthropic``): here the
+    fake one, with the Anthropic API's key header where it speaks that API."""
+    auth = 'auth_header = "x-api-key"\nauth_scheme = ""\n' if api == "anthropic" else ""
     machine.exec(["tee", "/etc/cairn/providers.toml"], input=(
-        'default = "openai"\n\n[providers.openai]\n'
+        f'default = "{api}"\n\n[providers.{api}]\napi = "{api}"\n'
         f'base_url = "http://127.0.0.1:{PORT}/v1"\nmodel = "fake-1"\n'
-        'credential = "cairn-provider-fake"\n').encode())
+        f'credential = "cairn-provider-fake"\n{auth}').encode())
 
 
-def run_cli(machine: Machine, name: str, script: list[dict[str, Any]] | dict[str, Any]
-            ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+def run_cli(machine: Machine, name: str, script: list[dict[str, Any]] | dict[str, Any],
+            api: str = "openai") -> tuple[dict[str, Any], list[dict[str, Any]], float]:
     """Launch a one-agent write workflow on the example profile ``name`` against the fake
     provider playing ``script``; check that the CLI changed CHANGELOG.md as asked, that
     only that was settled, that the output is typed and the key never reached the agent.
     Return the run, its model calls (the transcript) and the seconds to its end."""
     key = configure(machine)
-    openai_provider(machine)
+    example_provider(machine, api)
     machine.exec(["tee", f"{PROJECT}/CHANGELOG.md"], user="alice", input=b"# Changelog\n")
     start_provider(machine, script, key)
     use_example_profile(machine, name)
@@ -108,3 +110,34 @@ def test_opencode_run_changes_the_file_it_was_asked_to(machine: Machine) -> None
     # agent's home, and spoke only the OpenAI API through the relay
     assert {c["path"] for c in calls} == {"/chat/completions"}, calls
     print(f"opencode {version}: launch to succeeded in {took:.1f} s")
+
+
+def test_claude_print_mode_changes_the_file_it_was_asked_to(machine: Machine) -> None:
+    version = install(machine, ensure_claude())
+    edit = f"printf '{ENTRY}' >> CHANGELOG.md"
+    _data, calls, took = run_cli(machine, "claude", [
+        {"tool_calls": [{"name": "Bash", "arguments": {
+            "command": edit, "description": "Append the changelog entry"}}], "tokens": 5},
+        {"content": ANSWER, "tokens": 9},
+    ], api="anthropic")
+    # Claude Code streamed the Messages API through the relay, which sent the key in the
+    # Anthropic API's header (the fake answers 401 otherwise) and metered both calls
+    assert [c["path"] for c in calls] == ["/messages", "/messages"], calls
+    assert all(c["stream"] and c["usage"] for c in calls), calls
+    print(f"claude {version}: launch to succeeded in {took:.1f} s")
+
+
+def test_aider_message_changes_the_file_it_was_asked_to(machine: Machine) -> None:
+    version = install_aider(machine)
+    # aider's "whole" edit format (its default for a model it does not know): the path,
+    # then the file's new text in a fence; the result on a line of its own after it
+    whole = ("CHANGELOG.md\n```\n# Changelog\n" + ENTRY.replace("\\n", "\n") + "```\n\n"
+             '{"summary": "added the entry for empty files"}')
+    data, calls, took = run_cli(machine, "aider", [{"content": whole, "tokens": 9}])
+    assert {c["path"] for c in calls} == {"/chat/completions"}, calls
+    # aider's chat and input history were written beside the edit and settled out
+    ignored = data["settlement"]["candidate"].get("ignored", [])
+    assert ignored and all(path.startswith(".aider") for path in ignored), ignored
+    listing = machine.exec(["ls", "-A", PROJECT]).stdout.decode().split()
+    assert not [name for name in listing if name.startswith(".aider")], listing
+    print(f"{version}: launch to succeeded in {took:.1f} s")
