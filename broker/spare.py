@@ -126,6 +126,9 @@ def _untouched(path: Path, spare: storage.SubvolumeReceipt,
         return "it is read-only"
     if current.generation != spare.generation:
         return f"it was written (generation {current.generation}, receipt {spare.generation})"
-    if bytes(btrfsutil.subvolume_info(os.fspath(path)).parent_uuid).hex() != checkpoint.uuid:
-        return "it is not a snapshot of the checkpoint"
+    try:
+        if storage.parent_uuid(path) != checkpoint.uuid:
+            return "it is not a snapshot of the checkpoint"
+    except CairnError as exc:
+        return str(exc)
     return ""

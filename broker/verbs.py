@@ -318,7 +318,49 @@ def checkpoint(ctx: Context) -> Checkpointed:
     s.parent.mkdir(parents=True, exist_ok=True)
     receipt = pool.snapshot(w, s, read_only=True, qgroup=ctx.qgroup())
     failpoint("broker-after-snapshot", paths.run_state_dir(ctx.run_id))
-    return Checkpointed(s=receipt, op_id=op_id)
+    return Checkpointed(s=receipt, op_id=op_id, changed=boundary_changed(ctx, pool, w, receipt))
+
+
+def boundary_changed(
+    ctx: Context, pool: storage.Pool, w: Path, taken: storage.SubvolumeReceipt
+) -> bool | None:
+    """Whether the agent changed W: ``taken`` (S of ``w``) against the newest earlier
+    checkpoint of the same W, else the subvolume W was made from (Q, a checkpoint, a
+    fork's S), each found among this broker's own receipts and verified; None if none is,
+    or btrfs send failed (logged: the boundary stands without it)."""
+    scope_checkpoints: list[storage.SubvolumeReceipt] = []
+    made: list[storage.SubvolumeReceipt] = []
+    for r in ctx.store.for_run(ctx.run_id):
+        if r.kind == "checkpoint":
+            body = r.body(Checkpointed)
+            made.append(body.s)
+            if body.op_id.rsplit("-", 1)[0] == ctx.intent.scope and body.s.uuid != taken.uuid:
+                scope_checkpoints.append(body.s)  # an operation's ID is its scope-seq
+        elif r.kind == "prepare-q":
+            made += [r.body(QPrepared).q, *(r.body(QPrepared).reminted or {}).values()]
+        elif r.kind == "fork":
+            made.append(r.body(Forked).s)
+    try:
+        w_uuid, source = pool.receipt(w).uuid, storage.parent_uuid(w)
+        same_w = [c for c in scope_checkpoints if _parent_or_none(Path(c.path)) == w_uuid]
+        base = (max(same_w, key=lambda c: c.generation) if same_w
+                else next((m for m in made if m.uuid == source), None))
+        if base is None:
+            log.warning("%s: no subvolume of this run to compare it with", w)
+            return None
+        pool.verify(Path(base.path), base)
+        return storage.content_changed(Path(base.path), Path(taken.path))
+    except CairnError as exc:
+        log.warning("%s: not compared with where its agent began: %s", taken.path, exc.message)
+        return None
+
+
+def _parent_or_none(path: Path) -> str | None:
+    """The subvolume ``path`` was made from, or None if it is gone (deleted since)."""
+    try:
+        return storage.parent_uuid(path)
+    except CairnError:
+        return None
 
 
 def fork(ctx: Context) -> Forked:

@@ -6,7 +6,9 @@ import logging
 import os
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import IO
 
 from cairn.errors import ProcessFailed
 
@@ -54,3 +56,49 @@ def run(
         last = err.splitlines()[-1] if err else f"exit status {proc.returncode}"
         raise ProcessFailed(f"{args[0]} failed: {last}", returncode=proc.returncode, stderr=err)
     return proc
+
+
+class Output:
+    """A running command's stdout, read as it comes; it knows when it reached the end."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        self.ended = False
+
+    def read(self, size: int = -1) -> bytes:
+        """``size`` bytes (all if negative); fewer only at the end."""
+        data = self._pipe.read(size)
+        if size < 0 or len(data) < size:
+            self.ended = True
+        return data
+
+
+@contextmanager
+def reading(
+    argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None
+) -> Iterator[Output]:
+    """Run ``argv`` (environment and stdin as :func:`run`) and yield its stdout to read as
+    it comes, for output too large to hold. Leaving before the end kills the process;
+    reading to the end and leaving waits for it and checks its exit like
+    ``run(check=True)``. Its stderr is kept for that message, so it must stay small (a
+    command run quiet)."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("+ %s", shlex.join(args))
+    child = subprocess.Popen(
+        args, env=make_env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    output = Output(child.stdout)
+    try:
+        yield output
+    finally:
+        if not output.ended:
+            child.kill()
+        child.stdout.close()
+        err = child.stderr.read().decode(errors="replace").strip()
+        child.stderr.close()
+        child.wait()
+    if output.ended and child.returncode != 0:
+        last = err.splitlines()[-1] if err else f"exit status {child.returncode}"
+        raise ProcessFailed(f"{args[0]} failed: {last}", returncode=child.returncode, stderr=err)

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,8 +136,12 @@ def receipt(path: Path) -> SubvolumeReceipt:
     )
 
 
-def _parent_uuid(path: Path) -> str:
-    return bytes(btrfsutil.subvolume_info(os.fspath(path)).parent_uuid).hex()
+def parent_uuid(path: Path) -> str:
+    """The UUID of the subvolume ``path`` was snapshotted from (zeros if none)."""
+    try:
+        return bytes(btrfsutil.subvolume_info(os.fspath(path)).parent_uuid).hex()
+    except btrfsutil.BtrfsUtilError as exc:
+        raise StorageError(f"cannot read subvolume {path}: {exc}") from exc
 
 
 def verify(path: Path, expected: SubvolumeReceipt) -> SubvolumeReceipt:
@@ -170,6 +175,39 @@ def metadata_stream(q: Path, p: Path) -> bytes:
             raise StorageError(f"{snap} is not a Btrfs subvolume: {exc}") from exc
     # -q keeps progress text off stderr; the stream is metadata only, so it stays small.
     return proc.run(["btrfs", "-q", "send", "--no-data", "-p", q, p]).stdout
+
+
+# A send stream: its magic and version, then commands, each a header (payload length,
+# command, crc32c) and its payload. The frame (SUBVOL, SNAPSHOT, END) and UTIMES change no
+# content: reading a file moves its atime, a file made and removed again its directory's.
+_STREAM_MAGIC = b"btrfs-stream\x00"
+_COMMAND_HEADER = struct.Struct("<IHI")
+_FRAME_OR_TIMES = frozenset({1, 2, 20, 21})
+
+
+def content_changed(base: Path, snap: Path) -> bool:
+    """Whether read-only ``snap`` differs from read-only ``base`` in more than file times:
+    a name, type, mode, link, xattr or extent (root only). Reads ``btrfs send --no-data
+    -p BASE SNAP`` as it comes, only its commands' headers (never a path), and stops at
+    the first change: an agent that changed much costs no more than one that changed
+    little."""
+    for path in (base, snap):
+        if not btrfsutil.get_subvolume_read_only(os.fspath(path)):
+            raise StorageError(f"{path} must be a read-only snapshot to compare")
+    argv: list[str | os.PathLike[str]] = ["btrfs", "-q", "send", "--no-data", "-p", base, snap]
+    with proc.reading(argv) as stream:
+        magic = stream.read(len(_STREAM_MAGIC) + 4)
+        if not magic.startswith(_STREAM_MAGIC):
+            raise StorageError(f"btrfs send of {snap} gave no send stream")
+        while header := stream.read(_COMMAND_HEADER.size):
+            if len(header) < _COMMAND_HEADER.size:
+                raise StorageError(f"btrfs send of {snap} gave a cut-off send stream")
+            length, command, _crc = _COMMAND_HEADER.unpack(header)
+            if command not in _FRAME_OR_TIMES:
+                return True
+            if len(stream.read(length)) < length:
+                raise StorageError(f"btrfs send of {snap} gave a cut-off send stream")
+    return False
 
 
 class Pool:
@@ -259,7 +297,7 @@ class Pool:
             if not is_subvolume(dst):
                 raise StorageError(f"{dst} exists and is not a subvolume")
             rec = receipt(dst)
-            if rec.read_only or _parent_uuid(dst) != "00" * 16:
+            if rec.read_only or parent_uuid(dst) != "00" * 16:
                 raise StorageError(f"{dst} exists and is not the expected empty subvolume")
             return rec
         self._prepare_parent(dst)
@@ -287,7 +325,7 @@ class Pool:
         if dst.exists() or dst.is_symlink():
             if is_subvolume(dst):
                 rec = receipt(dst)
-                if _parent_uuid(dst) == src_uuid and rec.read_only == read_only:
+                if parent_uuid(dst) == src_uuid and rec.read_only == read_only:
                     return rec
             raise StorageError(f"{dst} exists and is not a snapshot of {src}")
         self._prepare_parent(dst)

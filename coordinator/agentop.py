@@ -37,7 +37,7 @@ from cairn.protocol.agent import (
     Boundary,
     CommandFailure,
 )
-from cairn.protocol.broker import AgentStarted, AgentStopped, Receipt
+from cairn.protocol.broker import AgentStarted, AgentStopped, Checkpointed, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.resultjson import ResultInvalid, parse
 from cairn.systemd import Systemd
@@ -57,6 +57,13 @@ class BudgetExhausted(OperationError):
     """A run budget is spent; the operation did not run."""
 
     code = "budget-exhausted"
+
+
+class NoChanges(OperationError):
+    """A write agent asked to change the project (``require_changes=True``) changed
+    nothing but file times."""
+
+    code = "no-changes"
 
 
 class AgentOperations(Recovery, Lanes):
@@ -402,6 +409,8 @@ class AgentOperations(Recovery, Lanes):
             ],
         )
         self.failpoint("after-snapshot")
+        if call.request.get("require_changes") and checkpoint.body(Checkpointed).changed is False:
+            self.fail_unchanged(op, checkpoint)
         starts = [
             r
             for r in self.journal.receipts(self.run_id)
@@ -439,6 +448,22 @@ class AgentOperations(Recovery, Lanes):
         self.event("boundary-committed", op_id=op.op_id, boundary=str(boundary))
         self.failpoint("after-commit")
         return result
+
+    def fail_unchanged(self, op: OpRow, checkpoint: Receipt) -> None:
+        """Fail the operation of a write agent that was required to change the project
+        and changed nothing (its checkpoint is recorded; nothing is retried: the same
+        prompt on the same W would likely do the same)."""
+        error = "it changed nothing in the project (the call requires changes)"
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+            result={"error": error, "kind": NoChanges.code}, checkpoint=checkpoint.data,
+            event="op-no-changes", event_data={"attempt": op.attempt},
+        )
+        raise NoChanges(
+            f"agent {op.op_id} finished, but {error}",
+            hint=f"see what it did with 'cairn logs {self.run_id}'; catch OperationFailed "
+            "(kind 'no-changes') in the workflow to go on without its changes",
+        )
 
     def wait_agent(self, unit: str, sock: AgentSocket) -> str:
         """Wait until the agent delivered its finish or its unit is gone; say how it ended.

@@ -178,9 +178,12 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
             typer.echo(f"             imported from {source['run_id']} "
                        f"{printable(source['op_id'])}")
         elif cp:
+            # the broker found nothing but file times changed in the agent's W
+            changed = (op.get("checkpoint") or {}).get("changed")
             typer.echo(
                 f"             checkpoint {printable(cp.get('path'))} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
+                + (", no changes" if changed is False else "")
             )
         for retry in op.get("retries", []):
             uuid = f" (uuid {retry['source_uuid']})" if retry.get("source_uuid") else ""

@@ -1,8 +1,11 @@
-"""``flow.agent(descriptor, prompt=, title=)``: one agent session in the scope's W.
+"""``flow.agent(descriptor, prompt=, title=, require_changes=)``: one agent session in the
+scope's W.
 
 Review: the first argument names a module-level agent descriptor; the site needs the
 descriptor's profile, ``write`` for write access and its network mode. Journal: the
-request is the descriptor's name, the prompt and the title. Coordinator: budgets, the
+request is the descriptor's name, the prompt, the title and ``require_changes`` when set
+(the operation then fails with kind ``no-changes`` if the broker counted none at its
+boundary). Coordinator: budgets, the
 capability policy (an approval may be needed), the unit, FINISH and the boundary
 (:mod:`cairn.coordinator.agentop`).
 """
@@ -29,6 +32,17 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
         )
         return None
     entry = state.agents[first.id]
+    for kw in call.keywords:
+        if kw.arg != "require_changes":
+            continue
+        if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool)):
+            state.reject(kw.value, "flow", "flow.agent require_changes= must be True or "
+                         f"False as a literal; got {ast.unparse(kw.value)!r}")
+            return None
+        if kw.value.value and entry.access != "write":
+            state.reject(kw.value, "flow", f"flow.agent require_changes=True needs a write "
+                         f"agent; {first.id} has access={entry.access!r}")
+            return None
     capabilities = {f"profile:{entry.profile}"}
     if entry.access == "write":
         capabilities.add("write")
@@ -37,9 +51,16 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
     return SiteFacts(descriptor=first.id, capabilities=frozenset(capabilities))
 
 
-def request(descriptor: str, prompt: str, title: str | None) -> dict[str, Any]:
-    """What the call sends and the journal stores."""
-    return {"descriptor": descriptor, "prompt": prompt, "title": title or descriptor}
+def request(
+    descriptor: str, prompt: str, title: str | None, require_changes: bool = False
+) -> dict[str, Any]:
+    """What the call sends and the journal stores (``require_changes`` only when asked:
+    the requests of runs journalled before it existed stay the same)."""
+    sent: dict[str, Any] = {"descriptor": descriptor, "prompt": prompt,
+                            "title": title or descriptor}
+    if require_changes:
+        sent["require_changes"] = True
+    return sent
 
 
 SPECS = (

@@ -244,10 +244,16 @@ class AgentStopped(ReceiptBody):
 
 
 class Checkpointed(ReceiptBody):
-    """checkpoint: S of the operation's W."""
+    """checkpoint: S of the operation's W, and ``changed``: whether S differs in more
+    than file times from the subvolume the agent's W held when it began (the scope's
+    previous checkpoint of the same W, else the one W was made from); absent when the
+    broker could not tell."""
+
+    optional_keys = ("changed",)
 
     s: SubvolumeReceipt
     op_id: str
+    changed: bool | None = None
 
 
 class ProposalFrozen(ReceiptBody):

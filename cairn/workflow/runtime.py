@@ -146,12 +146,24 @@ class Flow:
     # awaitable runs, and only the call site identifies the operation.
 
     def agent(
-        self, descriptor: AgentDescriptor, *, prompt: str, title: str | None = None
+        self,
+        descriptor: AgentDescriptor,
+        *,
+        prompt: str,
+        title: str | None = None,
+        require_changes: bool = False,
     ) -> Coroutine[Any, Any, AgentResult]:
+        """Run one agent session in the scope's W. ``require_changes``: a write agent
+        that changed nothing but file times fails (``OperationFailed``, kind
+        ``no-changes``) instead of succeeding."""
         name = self._names.get(id(descriptor))
         if name is None:
             raise TypeError("flow.agent needs a module-level agent(...) descriptor")
-        pending = self._call("agent", agent.request(name, prompt, title))
+        if not isinstance(require_changes, bool):
+            raise TypeError("flow.agent's require_changes is True or False")
+        if require_changes and descriptor.access != "write":
+            raise TypeError("flow.agent(require_changes=True) needs a write agent")
+        pending = self._call("agent", agent.request(name, prompt, title, require_changes))
         return _agent_result(pending, descriptor)
 
     def ask(self, question: str, *, schema: type[M] | None = None) -> Coroutine[Any, Any, M | str]:

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import btrfsutil
@@ -17,6 +18,7 @@ from cairn.settle import inventories_equal
 from cairn.storage import (
     Pool,
     containing_subvolume,
+    content_changed,
     is_same_filesystem,
     run_qgroup_name,
 )
@@ -279,3 +281,81 @@ def test_nothing_but_the_operations_own_result_is_taken_at_its_destination(
         pool.create_subvolume(plain)
     with pytest.raises(StorageError, match=f"{plain} is not a Btrfs subvolume"):
         pool.receipt(plain)
+
+
+def _agent_boundary(pool: Pool, run_id: str, name: str, act: Callable[[Path], object]) -> bool:
+    """What root sees at a boundary: a checkpoint, a W made from it, ``act`` on that W (an
+    agent at work), the W's next checkpoint, and whether the two differ."""
+    base = pool.checkpoint_path(run_id, f"{name}-base")
+    w = pool.w_path(run_id, name, 1)
+    source = pool.w_path(run_id, name, 0)
+    pool.create_subvolume(source)
+    populate(source)
+    pool.snapshot(source, base, read_only=True)
+    pool.snapshot(base, w, read_only=False)
+    act(w)
+    after = pool.checkpoint_path(run_id, f"{name}-after")
+    pool.snapshot(w, after, read_only=True)
+    return content_changed(base, after)
+
+
+def _make_and_remove(w: Path) -> None:
+    (w / "src" / "scratch.tmp").write_text("gone before the boundary")
+    (w / "src" / "scratch.tmp").unlink()
+    os.mkdir(w / "tmpdir")
+    os.rmdir(w / "tmpdir")
+
+
+def _read_everything(w: Path) -> None:
+    for path in w.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.read_bytes()
+    os.utime(w / "run.sh")  # a touch is a time, not a change
+
+
+@pytest.mark.parametrize(("act", "changed"), [
+    (_read_everything, False),
+    (_make_and_remove, False),
+    (lambda w: (w / "src" / "main.py").write_text("print('bye')\n"), True),
+    (lambda w: (w / "NOTES.md").write_text("new\n"), True),
+    (lambda w: (w / "secret").unlink(), True),
+    (lambda w: os.chmod(w / "secret", 0o644), True),
+    (lambda w: os.rename(w / "src", w / "lib"), True),
+    (lambda w: os.symlink("run.sh", w / "again"), True),
+], ids=["reads-and-touch", "made-and-removed", "edit", "new-file", "delete", "chmod",
+        "rename", "symlink"])
+def test_content_changed_sees_what_an_agent_changed_not_what_it_read(
+    pool: Pool, run_id: str, act: Callable[[Path], object], changed: bool
+) -> None:
+    assert _agent_boundary(pool, run_id, "scope", act) is changed
+
+
+def test_content_changed_reads_a_long_stream_of_times_as_no_change(
+    pool: Pool, run_id: str
+) -> None:
+    """An agent that touches every file of a large tree makes root read a stream of
+    thousands of UTIMES commands, header by header, and still see no change."""
+    def fill(w: Path) -> None:
+        for n in range(3000):
+            (w / "src" / f"f{n}.py").write_text("x\n")
+
+    def touch_again(w: Path) -> None:
+        for n in range(3000):
+            os.utime(w / "src" / f"f{n}.py", (n, n))
+
+    base = pool.checkpoint_path(run_id, "many-base")
+    source = pool.w_path(run_id, "many", 0)
+    pool.create_subvolume(source)
+    populate(source)
+    fill(source)
+    pool.snapshot(source, base, read_only=True)
+    w = pool.w_path(run_id, "many", 1)
+    pool.snapshot(base, w, read_only=False)
+    touch_again(w)
+    after = pool.checkpoint_path(run_id, "many-after")
+    pool.snapshot(w, after, read_only=True)
+    assert content_changed(base, after) is False
+    os.unlink(w / "src" / "f2999.py")
+    later = pool.checkpoint_path(run_id, "many-later")
+    pool.snapshot(w, later, read_only=True)
+    assert content_changed(base, later) is True

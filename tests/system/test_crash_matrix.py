@@ -276,12 +276,24 @@ def shape(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             for o in sorted(data["operations"], key=lambda o: (o["scope"], o["seq"]))]
 
 
+def changed(run: Run) -> dict[str, bool | None]:
+    """op -> whether the broker saw the agent change W at its boundary."""
+    return {o["op_id"]: (o.get("checkpoint") or {}).get("changed")
+            for o in run.data["operations"] if o["kind"] == "agent"}
+
+
 def test_undisturbed_runs_succeed(matrix: Matrix) -> None:
     outputs = {wf: r.data["run"]["output"] for wf, r in matrix.clean.items()}
     for wf, run in matrix.clean.items():
         assert run.data["run"]["state"] == "succeeded", (wf, run.data["run"]["error"])
         assert all(attempts == [1] for attempts in run.agent_starts.values()), wf
         assert run.units == [] and run.pending == [], (wf, run.units, run.pending)
+    # what root saw at each boundary: readers changed nothing, writers something
+    for wf in ("research", "review"):
+        assert set(changed(matrix.clean[wf]).values()) == {False}, changed(matrix.clean[wf])
+    for wf in ("implement", "goal"):
+        assert set(changed(matrix.clean[wf]).values()) == {True}, changed(matrix.clean[wf])
+    assert all(c is not None for r in matrix.clean.values() for c in changed(r).values())
     assert outputs["optimize"]["accepted"] == 1 and outputs["goal"]["attempts"] == 2
     assert matrix.clean["implement"].log == ["implemented"]
     assert matrix.clean["execute-plan"].log == ["point 1", "point 2"]
@@ -304,6 +316,8 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
     assert shape(data) == shape(clean.data)
     assert run.tree == clean.tree  # the live project, byte for byte
     assert run.log == clean.log  # every agent's line once, none of a killed attempt
+    # each boundary compared with where its agent began, retried or not
+    assert changed(run) == changed(clean)
     if failpoint != RESTART:
         assert run.fired, f"{failpoint} never fired"
     retried = {op for op, attempts in run.agent_starts.items() if len(attempts) > 1}

@@ -187,6 +187,8 @@ def test_requests_keep_their_shape() -> None:
         "title": "fix",
     }
     assert agent.request("fix", "p", "Title")["title"] == "Title"
+    assert agent.request("fix", "do it", None, False) == agent.request("fix", "do it", None)
+    assert agent.request("fix", "p", None, True)["require_changes"] is True
     assert ask.request("why?", None) == {"question": "why?"}
     assert ask.request("why?", "Answer") == {"question": "why?", "schema": "Answer"}
     assert fork.request(["a", "b"], 2) == {"lanes": ["a", "b"], "concurrency": 2}

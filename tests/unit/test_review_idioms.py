@@ -245,3 +245,23 @@ def test_the_guide_example_passes_review() -> None:
     result = review_source(blocks[0], filename="guide.py")
     fields = {f.name: f for f in result.models["Task"].fields}
     assert fields["limits"].default_factory == FactorySpec(kind="model", model="Limits")
+
+
+def test_the_guide_require_changes_example_passes_review() -> None:
+    """The guide's ``require_changes=`` snippet, as the body of a workflow, is reviewed
+    as written."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    (snippet,) = [b for b in blocks if "require_changes=True" in b]
+    body = "".join(f"    {line}\n" for line in snippet.splitlines())
+    source = (
+        "from typing import Any\n\n"
+        "from cairn.workflow import Field, Model, OperationFailed, agent, workflow\n\n\n"
+        "class Issue(Model):\n    issue: str = Field(min_length=1)\n\n\n"
+        "class Done(Model):\n    summary: str\n\n\n"
+        'fixer = agent(profile="builtin:implementer", access="write", output=Done)\n\n\n'
+        '@workflow(description="Fix it.", input=Issue, output=Done)\n'
+        "async def run(flow: Any, args: Issue) -> Done:\n"
+        f'{body}    return Done(summary="fixed")\n'
+    )
+    result = review_source(source, filename="guide.py")
+    assert [c.kind for c in result.calls] == ["agent", "agent"]

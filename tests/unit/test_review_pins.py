@@ -80,6 +80,7 @@ REJECTED = {
     "bad_flow_ask_schema": "e1b4d1210deb3aa8",
     "bad_flow_descriptor_var": "d8935a7fe8cbfd42",
     "bad_flow_escape": "abbc7717e6611780",
+    "bad_flow_require_changes": "dcd733a56b68bb87",
     # Changed when the review began refusing the kinds this release does not carry out:
     # the message lists only the operations a reviewed workflow may call.
     # The list of operations in its message grew by measure_proposal, settle_experiment,

@@ -20,6 +20,7 @@ DOC = REPO / "docs" / "architecture.md"
 PARSERS = frozenset({
     "model_validate_json", "model_validate", "loads", "read_json", "read_bytes", "read_text",
     "recv", "recvmsg", "parse_attestation", "parse_metric_output", "body", "typed_body",
+    "unpack", "unpack_from",
 })
 # Writers with no attacker of their own: their rows may name no test.
 TRUSTED_WRITERS = ("PID 1", "the kernel")
