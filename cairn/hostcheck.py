@@ -111,7 +111,22 @@ def pool_checks(root: Path, reserve: int = DEFAULT_RESERVE_BYTES) -> list[HostCh
         HostCheck(check="free space", status=status,
                   detail=f"{_size(free)} free, reserve {_size(reserve)}",
                   fix="" if status == "ok" else "delete finished runs or grow the pool"),
+        file_times_check(root),
     ]
+
+
+def file_times_check(root: Path) -> HostCheck:
+    """The pool mounted ``noatime``: otherwise every file an agent reads gets a new
+    access time, which each boundary's and each settlement's ``btrfs send`` must walk."""
+    if os.statvfs(root).f_flag & os.ST_NOATIME:
+        return HostCheck(check="file times", status="ok", detail="the pool is mounted noatime")
+    return HostCheck(
+        check="file times", status="warn",
+        detail="reading a file in the pool updates its access time: each agent boundary "
+        "compares every file the agent read",
+        fix="mount the pool with noatime (Options=loop,noatime in var-lib-cairn-pool.mount, "
+        "or in its fstab line)",
+    )
 
 
 def release_check(releases: Path, key: Path) -> HostCheck:

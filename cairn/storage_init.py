@@ -26,6 +26,10 @@ def init_loop_storage(image: Path, size: str, mountpoint: Path) -> tuple[LoopPoo
     return pool, write_mount_unit(image, mountpoint)
 
 
+# noatime: an agent that reads the project changes no file time, so a boundary's and the
+# settlement's btrfs send walk only what it wrote (reading updates every atime otherwise).
+MOUNT_OPTIONS = "loop,noatime"
+
 def write_mount_unit(image: Path, mountpoint: Path) -> str:
     """Persist the loop mount as a systemd mount unit, enabled for boot."""
     name = (
@@ -34,7 +38,7 @@ def write_mount_unit(image: Path, mountpoint: Path) -> str:
     unit = Path("/etc/systemd/system") / name
     unit.write_text(
         "[Unit]\nDescription=Cairn storage pool\nBefore=cairn-broker.service\n\n"
-        f"[Mount]\nWhat={image}\nWhere={mountpoint}\nType=btrfs\nOptions=loop\n\n"
+        f"[Mount]\nWhat={image}\nWhere={mountpoint}\nType=btrfs\nOptions={MOUNT_OPTIONS}\n\n"
         "[Install]\nWantedBy=local-fs.target\n"
     )
     if Path("/run/systemd/system").exists():
@@ -100,7 +104,7 @@ def init_loop_pool(
             os.close(fd)
         nodes = ["--nodesize", str(node_size)] if node_size else []
         proc.run(["mkfs.btrfs", "-q", *nodes, image], timeout=300)
-        proc.run(["mount", "-o", "loop", image, mountpoint], timeout=120)
+        proc.run(["mount", "-o", MOUNT_OPTIONS, image, mountpoint], timeout=120)
         mounted = True
         device = _mounted_source(mountpoint) or ""
         fsid = filesystem_uuid(mountpoint)

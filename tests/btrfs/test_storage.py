@@ -12,7 +12,7 @@ from pathlib import Path
 import btrfsutil
 import pytest
 
-from cairn import proc, retention
+from cairn import hostcheck, proc, retention
 from cairn.errors import StorageError, UsageError
 from cairn.settle import inventories_equal
 from cairn.storage import (
@@ -176,6 +176,8 @@ def test_loop_pool_with_quotas(tmp_path: Path, run_id: str) -> None:
         assert not (base / "other.img").exists()
         pool = Pool.open(Path(loop.mountpoint))
         assert pool.fsid == loop.fsid
+        # mounted noatime, so an agent's reads change nothing a boundary compares
+        assert hostcheck.file_times_check(Path(loop.mountpoint)).status == "ok"
         assert not pool.quota_enabled()
         assert pool.ensure_run_qgroup(run_id) is None  # never enables quotas itself
         proc.run(["btrfs", "quota", "enable", loop.mountpoint])

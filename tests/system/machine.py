@@ -367,7 +367,7 @@ class Machine:
         run(["truncate", "-s", POOL_IMAGE_SIZE, self.pool_image])
         run(["mkfs.btrfs", "-q", self.pool_image])
         self.pool_mount.mkdir()
-        run(["mount", "-o", "loop", self.pool_image, self.pool_mount])
+        run(["mount", "-o", "loop,noatime", self.pool_image, self.pool_mount])  # as storage init
 
     def _nspawn_argv(self) -> list[str]:
         argv = [

@@ -27,7 +27,7 @@ def test_doctor_checks_a_healthy_host_with_no_runs(machine: Machine) -> None:
     assert report["runs"] == [] and report["problems"] == 0
     status = statuses(report)
     for check in ("cairn.socket", "cairn-broker.socket", "pool", "release", "config",
-                  "providers", "linger"):
+                  "providers", "linger", "file times"):
         assert status[check] == "ok", (check, report["host"])
     assert status["free space"] in ("ok", "warn")  # the test pool is 2G
     code, text = doctor(machine)

@@ -272,6 +272,10 @@ def test_storage_init_makes_a_pool_that_survives_reboot_config(deb: Path) -> Non
         assert fstype.strip() == b"btrfs"
         enabled = machine.exec(["systemctl", "is-enabled", "var-lib-cairn-pool.mount"])
         assert enabled.stdout.strip() == b"enabled"
+        options = machine.exec(["findmnt", "-no", "OPTIONS", "/var/lib/cairn/pool"]).stdout
+        assert b"noatime" in options.split(b","), options  # now and after every boot:
+        unit = machine.exec(["systemctl", "cat", "var-lib-cairn-pool.mount"]).stdout
+        assert b"Options=loop,noatime" in unit
         again = machine.exec(["cairn", "storage", "init", "--loop", "1G"], check=False)
         assert again.returncode != 0 and "Traceback" not in again.stderr.decode()
         project = make_project(machine)
