@@ -13,7 +13,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -577,3 +577,27 @@ class Systemd:
             if e.dbus_name == NO_SUCH_UNIT:
                 return
             raise SystemdError(f"ResetFailedUnit({name}) failed: {e.detail}") from e
+
+
+def wait_unit_gone(
+    sd: Systemd,
+    unit: str,
+    timeout: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds. Asked at once,
+    then after 10 ms, doubling to 200 ms: a worker ends milliseconds after it delivered
+    the finish, and every boundary waits for this (as ``cairn doctor`` does for a
+    coordinator that ended its run and is still exiting)."""
+    deadline = clock() + timeout
+    step = 0.01
+    while True:
+        state = sd.unit_state(unit)
+        if state is None or state.active_state in ("inactive", "failed"):
+            return True
+        if clock() >= deadline:
+            return False
+        pause(min(step, max(0.0, deadline - clock())))
+        step = min(step * 2, 0.2)

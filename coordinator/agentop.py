@@ -11,7 +11,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +39,7 @@ from cairn.protocol.agent import (
 from cairn.protocol.broker import AgentStarted, AgentStopped, Checkpointed, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.resultjson import ResultInvalid, parse
-from cairn.systemd import Systemd
+from cairn.systemd import Systemd, wait_unit_gone
 from cairn.terminal import printable
 from cairn.unitprops import agent_unit_name
 
@@ -670,26 +669,3 @@ def _mkdirs(path: Path) -> None:
 def _write_public(path: Path, text: str) -> None:
     path.write_text(text)
     os.chmod(path, 0o644)
-
-
-def wait_unit_gone(
-    sd: Systemd,
-    unit: str,
-    timeout: float,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    pause: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Whether ``unit`` is inactive (or gone) within ``timeout`` seconds. Asked at once,
-    then after 10 ms, doubling to 200 ms: a worker ends milliseconds after it delivered
-    the finish, and every boundary waits for this."""
-    deadline = clock() + timeout
-    step = 0.01
-    while True:
-        state = sd.unit_state(unit)
-        if state is None or state.active_state in ("inactive", "failed"):
-            return True
-        if clock() >= deadline:
-            return False
-        pause(min(step, max(0.0, deadline - clock())))
-        step = min(step * 2, 0.2)

@@ -24,7 +24,7 @@ from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
 from cairn.rawbytes import applied_check
 from cairn.runlogs import run_units
-from cairn.systemd import Systemd
+from cairn.systemd import Systemd, wait_unit_gone
 from cairn.views.run import storage_status
 
 
@@ -73,6 +73,11 @@ def host_checks() -> tuple[list[HostCheck], dict[str, str]]:
     return checks + providers, credentials
 
 
+# How long a unit of a run that has ended may still be going: its coordinator records the
+# end, then closes the journal and exits.
+ENDING_GRACE_SEC = 10.0
+
+
 def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
     problems: list[str] = []
     receipts = journal.receipts(run.run_id)
@@ -91,7 +96,11 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
         for unit in run_units(receipts):
             state = sd.unit_state(unit)
             active = state is not None and state.active_state in ("active", "activating")
-            if run.state in TERMINAL_RUN_STATES and active:
+            # the coordinator records the end, then exits: a unit still going a moment
+            # after the run ended is on its way out, one still going after that is not
+            if run.state in TERMINAL_RUN_STATES and active and not wait_unit_gone(
+                sd, unit, max(0.0, run.updated_at + ENDING_GRACE_SEC - time.time())
+            ):
                 problems.append(
                     f"{unit} is still {state.active_state if state else ''} "
                     f"but the run is {run.state}"

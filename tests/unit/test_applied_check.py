@@ -211,3 +211,42 @@ def test_a_run_that_applied_nothing_is_not_checked(
     seen = stand_in_broker(j, monkeypatch, AppliedCheck())
     report = doctor.check_live(j, j.get_run(RUN))
     assert report == {"problems": [], "warnings": [], "notes": []} and not seen
+
+
+class ExitingUnits:
+    """systemd as cairnd's doctor sees it: the run's coordinator still ``active`` for the
+    first ``polls`` questions (it recorded the end and is on its way out), then gone."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+
+    def __enter__(self) -> ExitingUnits:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def unit_state(self, name: str) -> Any:
+        if name.startswith("cairn-coordinator@") and self.polls > 0:
+            self.polls -= 1
+            return type("State", (), {"active_state": "active"})()
+        return None
+
+
+@pytest.mark.parametrize(("polls", "problem"), [(3, False), (10_000, True)])
+def test_a_coordinator_on_its_way_out_after_the_run_ended_is_no_problem(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch, polls: int, problem: bool
+) -> None:
+    """The coordinator records the end, then exits: the doctor waits for it a moment
+    after the run ended, and only one still going past that is a problem."""
+    receipt = {"intent_id": "start-coordinator.1", "kind": "start-coordinator",
+               "data": {"unit": f"cairn-coordinator@{RUN}.service"}}
+    monkeypatch.setattr(journal, "receipts", lambda run_id: [receipt])
+    monkeypatch.setattr(doctor, "Systemd", lambda: ExitingUnits(polls))
+    monkeypatch.setattr(doctor, "ENDING_GRACE_SEC", 0.5)
+    (run,) = journal.list_runs(None)
+    problems = doctor.check_run(journal, run)["problems"]
+    assert bool(problems) is problem, problems
+    if problem:
+        assert problems == [f"cairn-coordinator@{RUN}.service is still active but the run "
+                            "is succeeded"]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.coordinator.agentop import wait_unit_gone
-from cairn.systemd import UnitState
+from cairn.systemd import UnitState, wait_unit_gone
 
 
 class Clock:
