@@ -190,13 +190,7 @@ class FakeProvider:
                     for n, item in enumerate(items)),
                   {"type": "response.completed",
                    "response": {"id": rid, "status": "completed", "output": items, "usage": usage}}]
-        payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
-                           for e in events)
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/event-stream")
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        _send_events(handler, events)
 
     @classmethod
     def _send_messages(cls, handler: BaseHTTPRequestHandler, index: int, turn: Turn,
@@ -238,13 +232,7 @@ class FakeProvider:
                                                        "stop_sequence": None},
                     "usage": {"output_tokens": turn.tokens}},
                    {"type": "message_stop"}]
-        payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
-                           for e in events)
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/event-stream")
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        _send_events(handler, events)
 
     @staticmethod
     def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any,
@@ -284,6 +272,17 @@ class FakeProvider:
             event({"choices": [], "usage": usage})
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
+
+
+def _send_events(handler: BaseHTTPRequestHandler, events: list[dict[str, Any]]) -> None:
+    """``events`` as one server-sent-events reply, each named by its ``type``."""
+    payload = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
+                       for e in events)
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
 
 
 def response_items(turn: Turn, index: int) -> list[dict[str, Any]]:

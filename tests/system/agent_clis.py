@@ -27,6 +27,7 @@ import platform
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from machine import Machine, MachineError, _locked, cache_dir
@@ -53,30 +54,40 @@ REGISTRY_ENV = ("HOME", "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR",
 _MUSL = {"x86_64": "x86_64-unknown-linux-musl", "aarch64": "aarch64-unknown-linux-musl"}
 
 
+def _cached(home: Path, name: str, build: Callable[[Path], Path]) -> Path:
+    """``home/name`` in the cache, made once under a lock: ``build(staging)`` makes it in
+    a fresh staging directory and returns it, and it is renamed into place whole."""
+    target = home / name
+    if target.exists():
+        return target
+    with _locked(home.parent / f".{home.name}.lock"):
+        if target.exists():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
+        try:
+            made = build(staging)
+            home.mkdir(parents=True, exist_ok=True)
+            made.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _binary_in(package: str, version: str, inside: str) -> Path:
     """The cached executable ``inside`` the npm install of ``package@version``, its
     ``--version`` checked; installed once, under a lock."""
+
+    def build(staging: Path) -> Path:
+        run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix",
+             staging, f"{package}@{version}"], env=_registry_env("npm_config_"), timeout=900)
+        found = staging / "node_modules" / inside
+        said = run([found, "--version"]).stdout.decode().strip()
+        if version not in said.split():  # "codex-cli 0.171.0", "2.1.328 (Claude Code)"
+            raise MachineError(f"npm installed {said!r}, not {package} {version}")
+        return found
+
     home = cache_dir() / "agent-clis" / f"{package.rsplit('/', 1)[-1]}-{version}"
-    binary = home / Path(inside).name
-    if binary.is_file():
-        return binary
-    with _locked(home.parent / f".{home.name}.lock"):
-        if binary.is_file():
-            return binary
-        staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
-        try:
-            run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix",
-                 staging, f"{package}@{version}"], env=_registry_env("npm_config_"), timeout=900)
-            found = staging / "node_modules" / inside
-            said = run([found, "--version"]).stdout.decode().strip()
-            if version not in said.split():  # "codex-cli 0.171.0", "2.1.328 (Claude Code)"
-                raise MachineError(f"npm installed {said!r}, not {package} {version}")
-            home.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(found, home / f"{binary.name}.partial")
-            (home / f"{binary.name}.partial").rename(binary)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return binary
+    return _cached(home, Path(inside).name, build)
 
 
 def _registry_env(prefix: str) -> dict[str, str]:
@@ -114,28 +125,18 @@ def ensure_claude() -> Path:
 def ensure_aider() -> Path:
     """The cached ``lib/`` of :data:`AIDER_VERSION` for CPython 3.13 on this
     architecture, installed once from PyPI under a lock."""
-    home = cache_dir() / "agent-clis" / f"aider-{AIDER_VERSION}"
-    lib = home / "lib"
-    if lib.is_dir():
-        return lib
-    with _locked(home.parent / f".{home.name}.lock"):
-        if lib.is_dir():
-            return lib
-        staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
-        try:
-            platforms = [f"--platform={tag}_{_arch()}" for tag in (
-                "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5",
-                "manylinux1")]
-            run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                 "--only-binary=:all:", "--ignore-requires-python", "--python-version=3.13",
-                 "--implementation=cp", "--abi=cp313", "--abi=abi3", "--abi=none",
-                 *platforms, "--target", staging / "lib", "-r", AIDER_REQUIREMENTS],
-                env=_registry_env("PIP_"), timeout=900)
-            home.mkdir(parents=True, exist_ok=True)
-            (staging / "lib").rename(lib)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return lib
+
+    def build(staging: Path) -> Path:
+        platforms = [f"--platform={tag}_{_arch()}" for tag in (
+            "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1")]
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--ignore-requires-python", "--python-version=3.13",
+             "--implementation=cp", "--abi=cp313", "--abi=abi3", "--abi=none",
+             *platforms, "--target", staging / "lib", "-r", AIDER_REQUIREMENTS],
+            env=_registry_env("PIP_"), timeout=900)
+        return staging / "lib"
+
+    return _cached(cache_dir() / "agent-clis" / f"aider-{AIDER_VERSION}", "lib", build)
 
 
 def install_aider(machine: Machine) -> str:
