@@ -30,6 +30,7 @@ def init_loop_storage(image: Path, size: str, mountpoint: Path) -> tuple[LoopPoo
 # settlement's btrfs send walk only what it wrote (reading updates every atime otherwise).
 MOUNT_OPTIONS = "loop,noatime"
 
+
 def write_mount_unit(image: Path, mountpoint: Path) -> str:
     """Persist the loop mount as a systemd mount unit, enabled for boot."""
     name = (

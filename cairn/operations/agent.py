@@ -2,12 +2,12 @@
 scope's W.
 
 Review: the first argument names a module-level agent descriptor; the site needs the
-descriptor's profile, ``write`` for write access and its network mode. Journal: the
-request is the descriptor's name, the prompt, the title and ``require_changes`` when set
-(the operation then fails with kind ``no-changes`` if the broker counted none at its
-boundary). Coordinator: budgets, the
-capability policy (an approval may be needed), the unit, FINISH and the boundary
-(:mod:`cairn.coordinator.agentop`).
+descriptor's profile, ``write`` for write access and its network mode; ``require_changes=``
+is a literal, and ``True`` only for a write agent. Journal: the request is the
+descriptor's name, the prompt, the title and ``require_changes`` when set (the operation
+then fails with kind ``no-changes`` if the broker saw no change at its boundary).
+Coordinator: budgets, the capability policy (an approval may be needed), the unit, FINISH
+and the boundary (:mod:`cairn.coordinator.agentop`).
 """
 
 from __future__ import annotations
