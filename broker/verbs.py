@@ -328,23 +328,21 @@ def boundary_changed(
     checkpoint of the same W, else the subvolume W was made from (Q, a checkpoint, a
     fork's S), each found among this broker's own receipts and verified; None if none is,
     or btrfs send failed (logged: the boundary stands without it)."""
-    scope_checkpoints: list[storage.SubvolumeReceipt] = []
-    made: list[storage.SubvolumeReceipt] = []
+    checkpoints = ctx.checkpoints()  # taken here or reminted
+    made = list(checkpoints.values())
     for r in ctx.store.for_run(ctx.run_id):
-        if r.kind == "checkpoint":
-            body = r.body(Checkpointed)
-            made.append(body.s)
-            if body.op_id.rsplit("-", 1)[0] == ctx.intent.scope and body.s.uuid != taken.uuid:
-                scope_checkpoints.append(body.s)  # an operation's ID is its scope-seq
-        elif r.kind == "prepare-q":
-            made += [r.body(QPrepared).q, *(r.body(QPrepared).reminted or {}).values()]
+        if r.kind == "prepare-q":
+            made.append(r.body(QPrepared).q)
         elif r.kind == "fork":
             made.append(r.body(Forked).s)
+    # an operation's ID is its scope-seq: only the scope's own checkpoints can be of this W
+    earlier = sorted((s for op, s in checkpoints.items() if s.uuid != taken.uuid
+                      and op.rsplit("-", 1)[0] == ctx.intent.scope),
+                     key=lambda s: s.generation, reverse=True)
     try:
         w_uuid, source = pool.receipt(w).uuid, storage.parent_uuid(w)
-        same_w = [c for c in scope_checkpoints if _parent_or_none(Path(c.path)) == w_uuid]
-        base = (max(same_w, key=lambda c: c.generation) if same_w
-                else next((m for m in made if m.uuid == source), None))
+        base = next((c for c in earlier if _parent_or_none(Path(c.path)) == w_uuid),
+                    None) or next((m for m in made if m.uuid == source), None)
         if base is None:
             log.warning("%s: no subvolume of this run to compare it with", w)
             return None

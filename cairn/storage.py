@@ -167,14 +167,21 @@ def metadata_stream(q: Path, p: Path) -> bytes:
     """``btrfs send --no-data -p Q P``: the kernel's description of how read-only ``p``
     differs from read-only ``q`` (root only). Root passes the bytes on and never parses
     them; :func:`cairn.sendstream.changes_in` does, in the owner's candidate unit."""
-    for snap in (q, p):
+    # the stream is metadata only, so it stays small
+    return proc.run(_metadata_send(q, p)).stdout
+
+
+def _metadata_send(base: Path, snap: Path) -> list[str | os.PathLike[str]]:
+    """The argv of ``btrfs send --no-data -p BASE SNAP``, both checked to be read-only
+    subvolumes (the kernel refuses anything else less clearly); -q keeps progress text
+    off stderr."""
+    for path in (base, snap):
         try:
-            if not btrfsutil.get_subvolume_read_only(os.fspath(snap)):
-                raise StorageError(f"{snap} must be a read-only snapshot to compute changes")
+            if not btrfsutil.get_subvolume_read_only(os.fspath(path)):
+                raise StorageError(f"{path} must be a read-only snapshot to compute changes")
         except btrfsutil.BtrfsUtilError as exc:
-            raise StorageError(f"{snap} is not a Btrfs subvolume: {exc}") from exc
-    # -q keeps progress text off stderr; the stream is metadata only, so it stays small.
-    return proc.run(["btrfs", "-q", "send", "--no-data", "-p", q, p]).stdout
+            raise StorageError(f"{path} is not a Btrfs subvolume: {exc}") from exc
+    return ["btrfs", "-q", "send", "--no-data", "-p", base, snap]
 
 
 # A send stream: its magic and version, then commands, each a header (payload length,
@@ -191,11 +198,7 @@ def content_changed(base: Path, snap: Path) -> bool:
     -p BASE SNAP`` as it comes, only its commands' headers (never a path), and stops at
     the first change: an agent that changed much costs no more than one that changed
     little."""
-    for path in (base, snap):
-        if not btrfsutil.get_subvolume_read_only(os.fspath(path)):
-            raise StorageError(f"{path} must be a read-only snapshot to compare")
-    argv: list[str | os.PathLike[str]] = ["btrfs", "-q", "send", "--no-data", "-p", base, snap]
-    with proc.reading(argv) as stream:
+    with proc.reading(_metadata_send(base, snap)) as stream:
         magic = stream.read(len(_STREAM_MAGIC) + 4)
         if not magic.startswith(_STREAM_MAGIC):
             raise StorageError(f"btrfs send of {snap} gave no send stream")
