@@ -94,6 +94,8 @@ def main() -> None:
                     failpoint("agent-before-finish", Path("/state"))
                 flush_workspace(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
                 write_result(message.output, message.handoff)
+                if instruction.attempt == 1:  # the result is on disk, never delivered
+                    failpoint("agent-after-result-file", Path("/state"))
                 channel.finish(message)
             except ResultInvalid as exc:
                 RESULT_FILE.unlink(missing_ok=True)

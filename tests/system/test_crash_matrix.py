@@ -341,6 +341,10 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
     else:  # on a miss, the run's own log says where the finish was lost
         assert retried == set() and retries == len(unstarted), (
             run.agent_starts, matrix.machine.journal(run_id=run.run_id)[-12000:])
+    from_file = {e["op_id"] for e in data["events"]
+                 if e["event"] == "op-finished" and e["data"]["via"] == "file"}
+    if failpoint == "agent-after-result-file":  # each finish settled from its file, once
+        assert from_file == set(clean.agent_starts), from_file
     assert set(run.measure_starts) == {u.replace(clean.run_id, run.run_id)
                                        for u in clean.measure_starts}
     if where != "broker":  # nothing measured twice

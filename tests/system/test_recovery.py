@@ -39,6 +39,8 @@ FAILPOINTS = {
     "apply-after-renames": ("apply", "every path renamed, not synced, no receipt"),
     "apply-after-receipts": ("apply", "every path applied with its receipt, no result"),
     "agent-before-finish": ("agent", "each agent's first attempt died without a result"),
+    "agent-after-result-file": ("agent", "each agent's first attempt wrote its result file "
+                                "and died before sending it"),
 }
 
 # Failpoints inside flow.measure_proposal and flow.settle_experiment, in the coordinator
@@ -182,9 +184,14 @@ def test_recovers_from_crash_at(machine: Machine, name: str) -> None:
     assert fired, f"failpoint {name} never fired"
 
     starts = unit_starts(machine, run_id)
-    if where == "agent":  # every first attempt dies; each is retried once, cleanly
+    used = [e["op_id"] for e in data["events"]
+            if e["event"] == "op-finished" and e["data"]["via"] == "file"]
+    if name == "agent-before-finish":  # every first attempt dies; each is retried once
         assert starts == {"root-1": [1, 2], "root-2": [1, 2], "root-3": [1, 2]}
         assert retries(data) == 3
+    elif name == "agent-after-result-file":  # each result settled from its file, once
+        assert starts == {"root-1": [1], "root-2": [1], "root-3": [1]}, starts
+        assert retries(data) == 0 and sorted(used) == ["root-1", "root-2", "root-3"]
     else:
         assert starts == {"root-1": [1], "root-2": [1], "root-3": [1]}, starts
         assert retries(data) == 0
