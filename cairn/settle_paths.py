@@ -12,6 +12,7 @@ import stat
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.errors import UsageError
+from cairn.pathrules import plain_parts
 from cairn.protocol.settlement import RefusedPath as RefusedPath
 
 # A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
@@ -41,11 +42,11 @@ class SettlementPolicy(BaseModel):
 
 def check_relative(path: str) -> list[str]:
     """The components of a normalized project-relative path; ``UsageError`` otherwise."""
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise UsageError(f"path {path!r} is not a normalized path inside the project")
     if "\0" in path:
         raise UsageError("path contains a NUL byte")
+    parts = plain_parts(path)
+    if parts is None:
+        raise UsageError(f"path {path!r} is not a normalized path inside the project")
     return parts
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from cairn.errors import CairnError
+from cairn.pathrules import plain_parts
 
 __all__ = [
     "Dirs",
@@ -138,8 +139,8 @@ def _walk_open(dir_fd: int, parts: list[str], flags: int) -> int:
 
 
 def _parts(rel: str) -> list[str]:
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+    parts = plain_parts(rel)
+    if parts is None:
         raise UntrustedFileError(repr(rel), "not a plain relative path")
     return parts
 

@@ -22,6 +22,7 @@ from typing import Any
 from cairn import paths, untrusted
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
+from cairn.pathrules import is_plain_relative
 from cairn.protocol.agent import (
     COMMAND_FAILED_FILE,
     COMMAND_FAILED_LIMIT,
@@ -90,8 +91,8 @@ def _fill(value: Any, instruction: AgentInstruction) -> Any:
 
 def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
     relative = _fill_text(step.path, instruction)
-    if relative.startswith("/") or ".." in relative.split("/"):
-        raise CairnError(f"scripted path {relative!r} leaves the workspace")
+    if relative and not is_plain_relative(relative):
+        raise CairnError(f"scripted path {relative!r} is not a plain path below the workspace")
     path = WORKSPACE / relative
     content = _fill_text(step.content, instruction)
     if step.action == "write":

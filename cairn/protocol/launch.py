@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cairn.canonical import canonical_json, sha256_hex
+from cairn.pathrules import is_plain_relative
 from cairn.protocol.attestation import launch_hash_of
 from cairn.protocol.base import Frozen, OpId, RunId
 from cairn.protocol.names import VERIFIER_NAME_PATTERN
@@ -33,11 +34,20 @@ class ScriptStep(Frozen):
     seconds: float = 0.0
     argv: list[str] = []
 
-    @field_validator("path", "target")
+    @field_validator("path")
     @classmethod
     def _relative(cls, value: str) -> str:
+        if value and not is_plain_relative(value):
+            raise ValueError(f"script path {value!r} is not a plain path below /workspace "
+                             "(relative; no '..', '.' or empty component)")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _target_inside(cls, value: str) -> str:
         if value.startswith("/") or ".." in value.split("/"):
-            raise ValueError("script paths are relative to /workspace and may not contain '..'")
+            raise ValueError("symlink targets are relative to /workspace and may not contain "
+                             "'..'")
         return value
 
 

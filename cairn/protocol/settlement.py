@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
+from cairn.pathrules import is_plain_relative
 from cairn.protocol.base import Frozen
 
 MAX_PATHS = 1_000_000
@@ -12,13 +13,7 @@ _DIFF_MAX = 4 * DIFF_LIMIT  # ends past DIFF_LIMIT: one more path (each side bou
 
 
 def _relative(path: str) -> str:
-    if (
-        not path
-        or len(path) > 4096
-        or path.startswith("/")
-        or "\0" in path
-        or any(p in ("", ".", "..") for p in path.split("/"))
-    ):
+    if len(path) > 4096 or not is_plain_relative(path):
         raise ValueError(f"{path[:200]!r} is not a normalized path inside the project")
     return path
 

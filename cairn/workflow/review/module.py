@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
+from cairn.pathrules import is_plain_relative
 from cairn.settle_paths import glob_regex
 from cairn.workflow.review.agents import review_agent
 from cairn.workflow.review.manifest import WorkflowEntry
@@ -202,14 +203,7 @@ def write_paths_of(node: ast.expr) -> tuple[list[str] | None, str]:
         if not (isinstance(element, ast.Constant) and isinstance(element.value, str)):
             return None, usage
         glob = element.value
-        segments = glob.split("/")
-        if (
-            not glob
-            or len(glob) > 256
-            or "\0" in glob
-            or "\\" in glob
-            or any(s in ("", ".", "..") for s in segments)
-        ):
+        if len(glob) > 256 or "\\" in glob or not is_plain_relative(glob):
             return None, f"write_paths= glob {glob!r} is not a normalized path inside the project"
         try:
             glob_regex(glob)
