@@ -11,32 +11,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from cairn.protocol.settlement_record import SETTLED_WITHOUT_CONFLICT, SettlementRecord
+
 # ``--apply ask``: the proposal waits for the owner as an approval request of this ID,
 # recorded against no operation (the settlement is not one).
 APPLY_REQUEST_ID = "apply"
 SETTLEMENT_OP = "settlement"
 
 
-def _count(holder: dict[str, Any], key: str) -> int:
-    value = holder.get(key)
-    return len(value) if isinstance(value, list) else 0
-
-
 def _paths(n: int) -> str:
     return f"{n} path" if n == 1 else f"{n} paths"
 
 
-def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
+def summary(settlement: SettlementRecord | None) -> dict[str, Any] | None:
     """``{status, label, complete, accepted, applied, already_applied, refused, ignored,
     conflicts, reverted}`` of a settlement record; None when the run has none (yet)."""
-    if not settlement:
+    if settlement is None:
         return None
-    status = str(settlement.get("status", "not settled"))
-    candidate = settlement.get("candidate") or {}
-    result = settlement.get("apply") or {}
-    refused = _count(candidate, "refused")
-    ignored = _count(candidate, "ignored")
-    conflicts = _count(result, "conflicts")
+    status = settlement.status
+    accepted = len(settlement.candidate_list("accepted"))
+    refused = len(settlement.candidate_list("refused"))
+    ignored = len(settlement.candidate_list("ignored"))
+    conflicts = len(settlement.apply.conflicts)
     tail = (f", {refused} refused" if refused else "") + (f", {ignored} ignored" if ignored
                                                            else "")
     if status == "applied":
@@ -48,32 +44,26 @@ def summary(settlement: dict[str, Any] | None) -> dict[str, Any] | None:
     elif status == "noop":
         label = "no changes" + tail
     elif status == "verification-failed":
-        failed = [c for c in (settlement.get("verification") or {}).get("checks", [])
-                  if not c.get("passed")]
-        name = failed[0].get("name", "?") if failed else "?"
-        label = f"check {name} failed, none applied{tail}"
+        failed = settlement.verification.first_failed() if settlement.verification else None
+        label = f"check {(failed or {}).get('name', '?')} failed, none applied{tail}"
     elif status == "failed":
         label = f"not settled, none applied{tail}"
     elif status == "waiting":
-        label = f"waiting for 'cairn apply', {_paths(_count(candidate, 'accepted'))}{tail}"
-    elif status == "held":
-        label = f"held, {_paths(_count(candidate, 'accepted'))} not applied{tail}"
-    else:
-        label = status + tail
-    revert = settlement.get("revert") or {}
-    if revert.get("status") == "conflict":
-        label += ", revert refused"
-    elif revert:
-        label += ", reverted"
+        label = f"waiting for 'cairn apply', {_paths(accepted)}{tail}"
+    else:  # held
+        label = f"held, {_paths(accepted)} not applied{tail}"
+    revert = settlement.revert
+    if revert is not None:
+        label += ", revert refused" if revert.status == "conflict" else ", reverted"
     return {
         "status": status,
         "label": label,
-        "complete": status in ("applied", "noop") and refused == 0 and conflicts == 0,
-        "accepted": _count(candidate, "accepted"),
-        "applied": _count(result, "applied"),
-        "already_applied": _count(result, "already_applied"),
+        "complete": status in SETTLED_WITHOUT_CONFLICT and refused == 0 and conflicts == 0,
+        "accepted": accepted,
+        "applied": len(settlement.apply.applied),
+        "already_applied": len(settlement.apply.already_applied),
         "refused": refused,
         "ignored": ignored,
         "conflicts": conflicts,
-        "reverted": bool(revert) and revert.get("status") != "conflict",
+        "reverted": revert is not None and revert.status != "conflict",
     }

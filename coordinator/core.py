@@ -49,6 +49,7 @@ from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import StorageVerified
 from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
@@ -176,20 +177,21 @@ class Coordinator(Replay, Settlement, Lease):
         if self.journal.get_run(self.run_id).state in TERMINAL_RUN_STATES:
             shutil.rmtree(paths.agent_socket_dir(self.run_id), ignore_errors=True)
 
-    def finish_run(self, output: dict[str, Any], settlement: dict[str, Any] | None) -> None:
-        if settlement is not None and settlement["status"] == "verification-failed":
-            (check,) = [c for c in settlement["verification"]["checks"] if not c["passed"]]
+    def finish_run(self, output: dict[str, Any], settlement: SettlementRecord | None) -> None:
+        if settlement is not None and settlement.status == "verification-failed":
+            assert settlement.verification is not None
+            check = settlement.verification.first_failed() or {}
             self.journal.set_run_state(
                 self.run_id,
                 "failed",
                 token=self.token,
                 output=output,
-                error=f"proposal not applied: check {check['name']} failed "
-                f"({check['result']}, exit status {check['exit_status']}); "
+                error=f"proposal not applied: check {check.get('name')} failed "
+                f"({check.get('result')}, exit status {check.get('exit_status')}); "
                 f"see 'cairn show {self.run_id}'",
             )
-        elif settlement is not None and settlement["status"] == "conflict":
-            conflicts = [c["path"] for c in settlement["apply"]["conflicts"]]
+        elif settlement is not None and settlement.status == "conflict":
+            conflicts = [c.path for c in settlement.apply.conflicts]
             self.journal.set_run_state(
                 self.run_id,
                 "failed",

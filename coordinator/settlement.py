@@ -12,6 +12,12 @@ from cairn.coordinator.interactions import RunSuspended
 from cairn.errors import BrokerRefused, StorageError
 from cairn.policy import fingerprint, load_policy
 from cairn.protocol.broker import ApplyDone, CandidateBuilt, ProposalVerified, Receipt
+from cairn.protocol.settlement_record import (
+    AppliedPaths,
+    SettlementRecord,
+    SettlementStatus,
+    Verification,
+)
 from cairn.rawbytes import apply_result, readable_verification
 from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
@@ -19,15 +25,11 @@ from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 class Settlement(CoordinatorBase):
     """P → changes → C → F → live."""
 
-    @staticmethod
-    def nothing_applied() -> dict[str, list[str]]:
-        return {"applied": [], "already_applied": [], "conflicts": []}
-
     def needs_settlement(self) -> bool:
         return any(a["access"] == "write" for a in self.review["agents"].values())
 
-    def settle(self) -> dict[str, Any]:
-        """P → changes → C → F → live, each step a broker receipt."""
+    def settle(self) -> SettlementRecord:
+        """P → changes → C → F → live, each step a broker receipt; the record kept."""
         try:
             freeze, candidate = self.broker(
                 "storage-v1",
@@ -40,31 +42,32 @@ class Settlement(CoordinatorBase):
             )
         except BrokerRefused as exc:
             if exc.code == StorageError.code:  # a full pool: nothing reached the live project
-                not_settled = {
-                    "status": "failed", "error": exc.message, "apply": self.nothing_applied()
-                }
+                not_settled = SettlementRecord(status="failed", error=exc.message)
                 self.journal.set_settlement(self.run_id, not_settled, token=self.token)
             raise
         built = candidate.body(CandidateBuilt)
-        settlement: dict[str, Any] = {"candidate": candidate.data}
         verified = self.verify_proposal() if built.accepted and self.desc.verifiers else None
-        if verified is not None:
-            settlement["verification"] = readable_verification(verified)
+        verification = (None if verified is None
+                        else Verification.model_validate(readable_verification(verified)))
+
+        def record(status: SettlementStatus, **outcome: Any) -> SettlementRecord:
+            return SettlementRecord(status=status, candidate=candidate.data,
+                                    verification=verification, **outcome)
+
         failed = verified is not None and not verified.passed
-        held = self.held_back(built, settlement) if built.accepted and not failed else None
+        held = (self.held_back(built, record("waiting")) if built.accepted and not failed
+                else None)
         if not built.accepted:
-            settlement["status"] = "noop" if built.inventories_equal else "refused"
-            settlement["apply"] = self.nothing_applied()
+            settlement = record("noop" if built.inventories_equal else "refused")
         elif failed:
-            settlement.update(status="verification-failed", apply=self.nothing_applied())
+            settlement = record("verification-failed")
         elif held is not None:
-            settlement.update(status="held", held=held, apply=self.nothing_applied())
+            settlement = record("held", held=held)
         else:
             applied = apply_result(self.apply_proposal().body(ApplyDone))
-            settlement["apply"] = applied.model_dump(mode="json")
-            settlement["status"] = applied.status
+            settlement = record(applied.status, apply=AppliedPaths.of(applied))
         self.journal.set_settlement(self.run_id, settlement, token=self.token)
-        self.event("settled", status=settlement["status"], refused=len(built.refused),
+        self.event("settled", status=settlement.status, refused=len(built.refused),
                    ignored=len(built.ignored or []))
         return settlement
 
@@ -77,11 +80,11 @@ class Settlement(CoordinatorBase):
                        result=check.result, exit_status=check.exit_status)
         return result
 
-    def held_back(self, built: CandidateBuilt, settlement: dict[str, Any]) -> str | None:
+    def held_back(self, built: CandidateBuilt, waiting: SettlementRecord) -> str | None:
         """Why F stays out of the live project, or None to apply it now. With ``--apply
         ask`` the proposal becomes an approval request and the run waits, with no process
         of it alive, until the owner decides (``cairn apply`` approves it); meanwhile the
-        settlement record says ``waiting``, so ``cairn diff`` shows what would be written."""
+        settlement record is ``waiting``, so ``cairn diff`` shows what would be written."""
         mode = self.desc.apply_mode
         if mode == "auto":
             return None
@@ -110,7 +113,6 @@ class Settlement(CoordinatorBase):
                 deadline=time.time() + load_policy().approval_deadline_sec,
             )
         if request.state == "waiting":
-            waiting = {**settlement, "status": "waiting", "apply": self.nothing_applied()}
             self.journal.set_settlement(self.run_id, waiting, token=self.token)
             raise RunSuspended("the proposal waits for 'cairn apply'", state="waiting")
         if request.state == "approved":

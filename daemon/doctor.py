@@ -22,6 +22,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.rawbytes import applied_check
 from cairn.runlogs import run_units
 from cairn.systemd import Systemd, wait_unit_gone
@@ -122,10 +123,8 @@ def check_live(journal: Journal, run: RunRow) -> dict[str, Any]:
     (why the check was skipped), neither of which is a problem; ``problems``: the check
     could not run."""
     result: dict[str, Any] = {"problems": [], "warnings": [], "notes": []}
-    applied = (run.settlement or {}).get("apply") or {}
-    if run.state not in TERMINAL_RUN_STATES or not (
-        applied.get("applied") or applied.get("already_applied")
-    ):
+    settlement = SettlementRecord.read(run.settlement)
+    if run.state not in TERMINAL_RUN_STATES or settlement is None or not settlement.apply.touched:
         return result
     receipts = journal.receipts(run.run_id)
     if storage_status(receipts)["deleted"]:

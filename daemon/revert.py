@@ -18,6 +18,7 @@ from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import ApplyDone, Intent
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.rawbytes import apply_result
 
 
@@ -28,8 +29,8 @@ def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
             f"run {run.run_id} is {run.state}; only a finished run can be reverted",
             hint=f"wait for it to finish, or stop it with 'cairn stop {run.run_id}'",
         )
-    applied = (run.settlement or {}).get("apply") or {}
-    if not (applied.get("applied") or applied.get("already_applied")):
+    settlement = SettlementRecord.read(run.settlement)
+    if settlement is None or not settlement.apply.touched:
         raise UsageError(
             f"run {run.run_id} applied nothing to the live project; there is nothing to revert",
             hint=f"see its settlement with 'cairn diff {run.run_id}'",
@@ -43,6 +44,7 @@ def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         attempt=attempt,
     )
     receipt = carry_out_one(journal, intent, "launch-v1", timeout=3600)
-    result = apply_result(receipt.body(ApplyDone)).model_dump(mode="json")
+    result = apply_result(receipt.body(ApplyDone))
     journal.record_revert(run.run_id, result, actor_uid=uid)
-    return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit, **result}
+    return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit,
+            **result.model_dump(mode="json")}

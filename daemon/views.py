@@ -12,6 +12,7 @@ from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.runlogs import journalctl_argv, log_units, split_cursor
 from cairn.settle_outcome import summary as settlement_summary
 from cairn.views.run import run_view
@@ -79,7 +80,7 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
             "owner_uid": r.owner_uid,
             "created_at": r.created_at,
             "current_op": _current_op(journal, r.run_id),
-            "settlement_summary": settlement_summary(r.settlement),
+            "settlement_summary": settlement_summary(SettlementRecord.read(r.settlement)),
         }
         for r in runs
     ]
@@ -127,15 +128,17 @@ def journalctl_failed(stderr: str, request: LogsRequest) -> CairnError:
 
 def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
     row = visible_run(journal, run_id, uid)
-    settlement = row.settlement or {}
-    candidate = settlement.get("candidate", {})
+    settlement = SettlementRecord.read(row.settlement)
+    if settlement is None:
+        return {"run_id": row.run_id, "status": "not settled", "summary": None,
+                "accepted": [], "refused": [], "ignored": [], "apply": None, "diff": ""}
     return {
         "run_id": row.run_id,
-        "status": settlement.get("status", "not settled"),
-        "summary": settlement_summary(row.settlement),
-        "accepted": candidate.get("accepted", []),
-        "refused": candidate.get("refused", []),
-        "ignored": candidate.get("ignored", []),
-        "apply": settlement.get("apply"),
-        "diff": candidate.get("diff", ""),
+        "status": settlement.status,
+        "summary": settlement_summary(settlement),
+        "accepted": settlement.candidate_list("accepted"),
+        "refused": settlement.candidate_list("refused"),
+        "ignored": settlement.candidate_list("ignored"),
+        "apply": settlement.apply.model_dump(mode="json"),
+        "diff": str((settlement.candidate or {}).get("diff", "")),
     }

@@ -4,17 +4,18 @@ moving a resting run to new reviewed source."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from cairn.errors import CairnError, NotFound, UsageError
-from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, RunState, dumps
+from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, RunState, dumps, loads
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.settlement import ApplyResult
+from cairn.protocol.settlement_record import Revert, SettlementRecord
 
 
 class RunEnded(CairnError):
@@ -132,32 +133,36 @@ class Runs(Writes):
             self._event(db, run_id, "run-failed", {"error": error, "by": "launch"})
             return True
 
-    def set_settlement(self, run_id: str, settlement: dict[str, Any], *, token: int) -> None:
+    def set_settlement(self, run_id: str, settlement: SettlementRecord, *, token: int) -> None:
         with self.transaction() as db:
             self._fence(db, run_id, token)
             db.execute(
                 "UPDATE runs SET settlement=?, updated_at=? WHERE run_id=?",
-                (dumps(settlement), self.clock(), run_id),
+                (dumps(settlement.stored()), self.clock(), run_id),
             )
-            self._event(db, run_id, "settlement", {"status": settlement.get("status")})
+            self._event(db, run_id, "settlement", {"status": settlement.status})
 
-    def record_revert(self, run_id: str, result: dict[str, Any], *, actor_uid: int) -> None:
+    def record_revert(self, run_id: str, result: ApplyResult, *, actor_uid: int) -> None:
         """Keep the outcome of ``cairn revert`` in the finished run's settlement record
-        (``settlement["revert"]``) with a ``reverted`` event. The daemon writes it; a
-        finished run has no coordinator holding its lease."""
+        (its ``revert``) with a ``reverted`` event. The daemon writes it; a finished run
+        has no coordinator holding its lease."""
         with self.transaction() as db:
             row = db.execute("SELECT settlement FROM runs WHERE run_id=?", (run_id,)).fetchone()
-            if row is None or row["settlement"] is None:
+            settlement = SettlementRecord.read(None if row is None else loads(row["settlement"]))
+            if settlement is None:
                 raise NotFound(f"run {run_id} has no settlement to revert")
-            settlement = json.loads(row["settlement"])
-            settlement["revert"] = {**result, "by_uid": actor_uid, "at": self.clock()}
+            revert = Revert(status=result.status, applied=result.applied,
+                            already_applied=result.already_applied,
+                            conflicts=result.conflicts, by_uid=actor_uid, at=self.clock())
             db.execute(
                 "UPDATE runs SET settlement=?, updated_at=? WHERE run_id=?",
-                (dumps(settlement), self.clock(), run_id),
+                (dumps(settlement.model_copy(update={"revert": revert}).stored()),
+                 self.clock(), run_id),
             )
-            kinds = ("applied", "already_applied", "conflicts")
-            counts = {k: len(result.get(k) or []) for k in kinds}
-            self._event(db, run_id, "reverted", {"status": result.get("status"), **counts})
+            counts = {"applied": len(result.applied),
+                      "already_applied": len(result.already_applied),
+                      "conflicts": len(result.conflicts)}
+            self._event(db, run_id, "reverted", {"status": result.status, **counts})
 
     # --- listing runs -----------------------------------------------------------------
 

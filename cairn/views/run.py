@@ -20,6 +20,7 @@ from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, r
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.runlogs import run_units
 from cairn.settle_outcome import summary as settlement_summary
 from cairn.views import integrity
@@ -81,6 +82,12 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         *integrity.open_requests(ops, questions, approvals),
         *list_problems,
     ]
+    try:
+        settlement = SettlementRecord.read(row.settlement)
+    except JournalError as exc:  # shown as what it is, not as no settlement at all
+        problems.append(Contradiction("unreadable-record", None,
+                                      f"runs row {run_id} settlement: {exc.message}"))
+        settlement = None
     divergence = events.divergence
     origin = journal.launch_description(run_id).replay
     imported = set(origin.ops) if origin else set()
@@ -120,8 +127,8 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         ],
         "units": run_units(receipts),
         "storage": storage_status(receipts),
-        "settlement": row.settlement,
-        "settlement_summary": settlement_summary(row.settlement),
+        "settlement": None if settlement is None else settlement.stored(),
+        "settlement_summary": settlement_summary(settlement),
         "schedule": journal.launch_description(run_id).schedule,
         "replayed_from": None if origin is None else {
             "run_id": origin.source_run, "through": origin.through_op, "imported": len(imported)

@@ -17,6 +17,7 @@ from pathlib import Path
 import btrfsutil
 import pytest
 
+from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
 from cairn.sendstream import changes
 from cairn.settle import (
     CandidateReport,
@@ -124,8 +125,8 @@ def test_directory_replaced_by_a_refused_symlink_keeps_its_files(
     assert result.status == "applied" and result.applied == ["README"]
     assert inventories_equal(s.q, live, "src")  # the live subtree is byte-identical
     assert (live / "README").read_text() == "readme v2\n"
-    outcome = summary({"status": result.status, "candidate": s.report.model_dump(),
-                       "apply": result.model_dump()})
+    outcome = summary(SettlementRecord(status=result.status, candidate=s.report.model_dump(),
+                                       apply=AppliedPaths.of(result)))
     assert outcome is not None
     assert outcome["label"] == "applied, 4 refused" and not outcome["complete"]
 

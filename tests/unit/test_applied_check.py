@@ -18,6 +18,7 @@ from cairn.errors import BrokerRefused
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Intent, Receipt
 from cairn.protocol.settlement import AppliedCheck
+from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
 from cairn.settle import apply, check_applied
 from cairn.worker import apply as apply_worker
 
@@ -105,7 +106,8 @@ def journal(tmp_path: Path) -> Journal:
     j = Journal(tmp_path / "journal.db", create=True)
     j.create_run(description(), intents=[])
     token = j.acquire_lease(RUN, "t", ttl=60)
-    j.set_settlement(RUN, {"status": "applied", "apply": {"applied": ["a.txt", "b.txt"]}},
+    j.set_settlement(RUN, SettlementRecord(status="applied",
+                                           apply=AppliedPaths(applied=["a.txt", "b.txt"])),
                      token=token)
     j.set_run_state(RUN, "succeeded", token=token)
     return j

@@ -12,6 +12,8 @@ from test_journal import RUN, description
 from cairn.daemon.revert import revert
 from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal
+from cairn.protocol.settlement import ApplyResult
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.settle_outcome import summary
 
 
@@ -25,7 +27,7 @@ def journal(tmp_path: Path) -> Journal:
 def finish(journal: Journal, settlement: dict[str, object] | None) -> None:
     token = journal.acquire_lease(RUN, "t", ttl=60)
     if settlement is not None:
-        journal.set_settlement(RUN, settlement, token=token)
+        journal.set_settlement(RUN, SettlementRecord.model_validate(settlement), token=token)
     journal.set_run_state(RUN, "succeeded", token=token)
 
 
@@ -48,11 +50,14 @@ def test_another_users_run_is_not_found(journal: Journal) -> None:
 
 def test_the_outcome_is_kept_in_the_settlement_with_an_event(journal: Journal) -> None:
     finish(journal, {"status": "applied", "apply": {"applied": ["a"]}})
-    journal.record_revert(RUN, {"status": "applied", "applied": ["a"]}, actor_uid=1001)
+    journal.record_revert(RUN, ApplyResult(status="applied", applied=["a"]), actor_uid=1001)
     settlement = journal.get_run(RUN).settlement
     assert settlement is not None and settlement["revert"]["applied"] == ["a"]
-    assert summary(settlement)["label"] == "applied, reverted"  # type: ignore[index]
+    assert settlement["revert"]["by_uid"] == 1001 and "held" not in settlement
+    assert summary(SettlementRecord.read(settlement))["label"] == "applied, reverted"  # type: ignore[index]
     (event,) = [e for e in journal.events(RUN) if e.event == "reverted"]
     assert event.data == {"status": "applied", "applied": 1, "already_applied": 0, "conflicts": 0}
-    journal.record_revert(RUN, {"status": "conflict", "conflicts": [{}]}, actor_uid=1001)
-    assert summary(journal.get_run(RUN).settlement)["label"] == "applied, revert refused"  # type: ignore[index]
+    refused = ApplyResult(status="conflict", conflicts=[{"path": "a", "reason": "changed"}])  # type: ignore[list-item]
+    journal.record_revert(RUN, refused, actor_uid=1001)
+    stored = SettlementRecord.read(journal.get_run(RUN).settlement)
+    assert summary(stored)["label"] == "applied, revert refused"  # type: ignore[index]

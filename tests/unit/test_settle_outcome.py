@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from cairn.protocol.settlement_record import SettlementRecord
 from cairn.settle_outcome import summary
 
 
 def record(status: str, accepted: int = 0, refused: int = 0, conflicts: int = 0,
-           applied: int = 0, ignored: int = 0) -> dict[str, object]:
-    return {
+           applied: int = 0, ignored: int = 0) -> SettlementRecord:
+    return SettlementRecord.model_validate({
         "status": status,
         "candidate": {
             "accepted": [f"a{i}" for i in range(accepted)],
@@ -19,7 +20,7 @@ def record(status: str, accepted: int = 0, refused: int = 0, conflicts: int = 0,
             "already_applied": [],
             "conflicts": [{"path": f"c{i}", "reason": "y"} for i in range(conflicts)],
         },
-    }
+    })
 
 
 def test_labels() -> None:
