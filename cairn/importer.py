@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if writer is not None:
-            writer.report(progress)
+            writer.report(progress.done, progress.total, bytes_done=progress.bytes_done,
+                          bytes_total=progress.bytes_total)
 
     try:
         stats = copy_tree(args.src, args.dst, progress=report)

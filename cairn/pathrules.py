@@ -1,5 +1,6 @@
-"""The one definition of a plain relative path: what every reader of a project path, an
-untrusted file name or a protocol path accepts.
+"""Path rules: the one definition of a plain relative path (what every reader of a
+project path, an untrusted file name or a protocol path accepts), the walk up a path
+(parent, depth, ancestors), and the name Cairn's own temporaries take in a tree it writes.
 
 A plain relative path names an entry below a directory in exactly one way: not empty, not
 absolute, no NUL, and no empty, ``.`` or ``..`` component (so no ``a//b``, ``./a``, ``a/``
@@ -9,9 +10,12 @@ file, a model's ``ValueError``) and add their own bounds (a protocol's length li
 
 from __future__ import annotations
 
-__all__ = ["is_plain_relative", "plain_parts"]
+from cairn.errors import UsageError
 
 _NOT_NAMES = ("", ".", "..")
+# The candidate's and the apply's temporaries beside their targets (a stale one is removed
+# by the next apply; a proposal may not name one).
+TMP_PREFIX = ".cairn-apply."
 
 
 def plain_parts(path: str) -> list[str] | None:
@@ -27,3 +31,37 @@ def plain_parts(path: str) -> list[str] | None:
 def is_plain_relative(path: str) -> bool:
     """Whether ``path`` is a plain relative path (see the module doc)."""
     return plain_parts(path) is not None
+
+
+def check_relative(path: str) -> list[str]:
+    """The components of a plain relative path inside the project; ``UsageError``
+    otherwise."""
+    if "\0" in path:
+        raise UsageError("path contains a NUL byte")
+    parts = plain_parts(path)
+    if parts is None:
+        raise UsageError(f"path {path!r} is not a normalized path inside the project")
+    return parts
+
+
+def parent(path: str) -> str:
+    """``a/b/c`` → ``a/b``; a top-level path's parent is the root, ``""``."""
+    return path.rpartition("/")[0]
+
+
+def depth(path: str) -> int:
+    return path.count("/")
+
+
+def under(path: str, top: str) -> bool:
+    """Whether ``path`` is ``top`` or below it."""
+    return path == top or path.startswith(top + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """The proper ancestors of a relative path, nearest first (the root "" excluded)."""
+    out = []
+    while "/" in path:
+        path = path.rpartition("/")[0]
+        out.append(path)
+    return out

@@ -18,6 +18,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from cairn import untrusted
+from cairn.pathrules import check_relative
 from cairn.protocol.settlement import (
     ApplyConflict,
     ApplyResult,
@@ -35,7 +36,7 @@ from cairn.settle_apply import (
     plan_apply,
 )
 from cairn.settle_candidate import build_candidate, open_beneath
-from cairn.settle_paths import SettlementPolicy, check_relative, glob_regex
+from cairn.settle_paths import SettlementPolicy, glob_regex
 
 __all__ = [
     "ApplyConflict",

@@ -16,9 +16,11 @@ per path), so a symlink planted in the live tree never redirects a write.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -26,17 +28,15 @@ import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Literal, get_args
 
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
 from cairn.fsutil import copy_file_data, syncfs
-from cairn.protocol.settlement import AppliedCheck, ApplyConflict, ApplyResult
-from cairn.settle_paths import TMP_PREFIX, ancestors, check_relative, depth, parent
+from cairn.pathrules import TMP_PREFIX, ancestors, check_relative, depth, parent
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,19 @@ _OPEN_DIRS = 128  # directory fds one walk keeps open (well below the default 1,
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class EntryState(BaseModel):
+# Dataclasses, not pydantic, whose import was most of the apply unit's start; root checks
+# what the unit writes (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
+
+EntryKind = Literal["absent", "file", "dir", "symlink", "other", "blocked"]
+ReceiptAction = Literal["written", "deleted", "already"]
+
+
+@dataclass(frozen=True, slots=True)
+class EntryState:
     """What apply compares: type, permission bits, content hash, symlink target.
     ``blocked`` means a parent directory is missing as a directory (e.g. a symlink)."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
-
-    kind: Literal["absent", "file", "dir", "symlink", "other", "blocked"]
+    kind: EntryKind
     mode: int = 0
     sha256: str = ""
     target: str = ""
@@ -61,9 +67,8 @@ class EntryState(BaseModel):
 _ABSENT = EntryState(kind="absent")
 
 
-class PathPlan(BaseModel):
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
-
+@dataclass(frozen=True, slots=True)
+class PathPlan:
     path: str
     action: Literal["write", "already", "unchanged", "conflict"]
     q: EntryState
@@ -71,34 +76,77 @@ class PathPlan(BaseModel):
     live: EntryState
 
 
-class ApplyPlan(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid")
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A path the apply may not write (root reads it as an ``ApplyConflict``)."""
 
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class ApplyPlan:
     paths: list[PathPlan]
 
     @property
-    def conflicts(self) -> list[ApplyConflict]:
-        return [
-            ApplyConflict(path=p.path, reason=_conflict_reason(p))
-            for p in self.paths
-            if p.action == "conflict"
-        ]
+    def conflicts(self) -> list[Conflict]:
+        return [Conflict(p.path, _conflict_reason(p)) for p in self.paths
+                if p.action == "conflict"]
 
     @property
     def writes(self) -> list[PathPlan]:
         return [p for p in self.paths if p.action == "write"]
 
 
-class ApplyReceipt(BaseModel):
+@dataclass(frozen=True, slots=True)
+class ApplyReceipt:
     """One JSONL line in the receipts file; a batch's lines are written and fsync'd
     together, after the batch's paths are durably in place."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
-
     path: str
-    action: Literal["written", "deleted", "already"]
+    action: ReceiptAction
     f: EntryState
     at: float
+
+    def line(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> ApplyReceipt:
+        """The receipt a line holds; ``ValueError`` for one that holds none (a torn
+        last line)."""
+        try:
+            data = json.loads(line)
+            f = EntryState(**data["f"])
+            receipt = cls(**{**data, "f": f})
+        except (TypeError, KeyError) as exc:  # a key missing or unknown, a list, ...
+            raise ValueError("not a receipt") from exc
+        if not (isinstance(receipt.path, str) and receipt.action in get_args(ReceiptAction)
+                and type(receipt.at) in (int, float) and f.kind in get_args(EntryKind)
+                and type(f.mode) is int and isinstance(f.sha256, str)
+                and isinstance(f.target, str)):
+            raise ValueError("not a receipt")
+        return receipt
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What an apply did; the apply unit writes it as root's ``ApplyResult``."""
+
+    status: Literal["applied", "conflict", "noop"]
+    applied: list[str] = field(default_factory=list)
+    already_applied: list[str] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What the live project holds at the applied paths (root's ``AppliedCheck``)."""
+
+    as_applied: list[str]
+    reverted: list[str]
+    changed: list[str]
+    receipt_differs: list[str]
 
 
 class _Blocked(Exception):
@@ -204,7 +252,7 @@ def _known(
 ) -> EntryState:
     """A state read from the kernel (its fields already of their declared types), built
     without validation and shared: most entries of one apply look alike."""
-    return EntryState.model_construct(kind=kind, mode=mode, sha256=sha256, target=target)
+    return EntryState(kind, mode, sha256, target)
 
 
 def _hash_fd(fd: int) -> str:
@@ -281,13 +329,13 @@ def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
             action = "write"
         else:
             action = "conflict"
-        planned.append(PathPlan.model_construct(path=path, action=action, q=qs, f=fs, live=ls))
+        planned.append(PathPlan(path, action, qs, fs, ls))
         by_path[path] = planned[-1]
     removed = {p.path for p in planned if p.action == "write" and _needs_removal(p)}
     for i, p in enumerate(planned):
         if p.action == "write" and p.live.kind == "dir" and p.path in removed:
             if _extra_entries(lt, p.path, removed):
-                planned[i] = p.model_copy(update={"action": "conflict"})
+                planned[i] = dataclasses.replace(p, action="conflict")
     return ApplyPlan(paths=planned)
 
 
@@ -332,7 +380,7 @@ def read_receipts(receipts: Path) -> dict[str, ApplyReceipt]:
     for line in text.splitlines():
         if line.strip():
             try:
-                rec = ApplyReceipt.model_validate_json(line)
+                rec = ApplyReceipt.from_line(line)
             except ValueError:
                 continue  # a torn last line from a crash; the path is re-checked anyway
             done[rec.path] = rec
@@ -350,8 +398,7 @@ class _ReceiptLog:
     def add(self, entries: Iterable[_Entry]) -> None:
         """Append one line per entry in a single write, then one fsync."""
         now = time.time()
-        lines = [ApplyReceipt(path=p, action=a, f=f, at=now).model_dump_json() + "\n"
-                 for p, a, f in entries]
+        lines = [ApplyReceipt(p, a, f, now).line() for p, a, f in entries]
         if lines:
             os.write(self.fd, "".join(lines).encode())
             os.fsync(self.fd)
@@ -585,7 +632,7 @@ def apply(
     paths: list[str],
     receipts: Path,
     progress: Callable[[int, int], None] | None = None,
-) -> ApplyResult:
+) -> Applied:
     """Settle F into ``live`` for ``paths`` with the three-way check (see module doc).
 
     Every path is checked before any is written; with a conflict nothing is written.
@@ -606,10 +653,10 @@ def apply(
         already = [p.path for p in plan.paths if p.action == "already"]
         if plan.conflicts:
             log.warning("apply into %s: %d conflicts, nothing written", live, len(plan.conflicts))
-            return ApplyResult(status="conflict", already_applied=already,
-                               conflicts=plan.conflicts)
+            return Applied(status="conflict", already_applied=already,
+                           conflicts=plan.conflicts)
         if not any(p.action != "unchanged" for p in plan.paths):
-            return ApplyResult(status="noop")
+            return Applied(status="noop")
         log_ = _ReceiptLog(receipts)
         try:
             found: list[_Entry] = [(p.path, "already", p.f) for p in plan.paths
@@ -623,15 +670,14 @@ def apply(
             log_.close()
     if isinstance(applied, _Stopped):
         log.warning("apply into %s: %s changed during the apply; stopped", live, applied.path)
-        return ApplyResult(
+        return Applied(
             status="conflict",
             applied=sorted(applied.applied),
             already_applied=already,
-            conflicts=[ApplyConflict(path=applied.path,
-                                     reason="changed in the live project during the apply")],
+            conflicts=[Conflict(applied.path, "changed in the live project during the apply")],
         )
     log.info("applied %d paths into %s (%d already there)", len(applied), live, len(already))
-    return ApplyResult(status="applied", applied=sorted(applied), already_applied=already)
+    return Applied(status="applied", applied=sorted(applied), already_applied=already)
 
 
 class _Stopped(_Raced):
@@ -724,7 +770,7 @@ def _write(
     return writer.applied
 
 
-def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> AppliedCheck:
+def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path) -> Checked:
     """What ``live`` holds at every path of ``paths`` and of the apply's ``receipts`` file
     (``cairn doctor``): F's state, Q's (reverted) or neither (changed since); and every
     receipt whose recorded F state is not what F holds. Reads only; never follows a
@@ -746,7 +792,7 @@ def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path
                 found["reverted"].append(path)
             else:
                 found["changed"].append(path)
-    return AppliedCheck(
+    return Checked(
         as_applied=found["as_applied"],
         reverted=found["reverted"],
         changed=found["changed"],

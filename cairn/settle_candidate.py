@@ -24,21 +24,18 @@ from pathlib import Path
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.fsutil import copy_file_data
+from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent
 from cairn.protocol.settlement import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
     IGNORED,
     NESTED_SUBVOLUME,
-    TMP_PREFIX,
     SettlementPolicy,
-    check_relative,
-    depth,
     entry_reason,
     glob_regex,
     ignored_by,
     is_nested_subvolume,
-    parent,
     policy_reason,
 )
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from cairn.pathrules import ancestors, depth, parent
 from cairn.sendstream import ChangeSet
-from cairn.settle_paths import ancestors, depth, parent
 
 
 def close_refusals(

@@ -11,8 +11,7 @@ import stat
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cairn.errors import UsageError
-from cairn.pathrules import plain_parts
+from cairn.pathrules import ancestors, depth
 from cairn.protocol.settlement import RefusedPath as RefusedPath
 
 # A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
@@ -22,7 +21,6 @@ _SUBVOL_PLACEHOLDER_INO = 2
 _SUBVOL_TOP_INO = 256
 # The name prefix of a temporary a settlement step writes before its rename into place,
 # in C (the candidate) or in the live project (the apply); the apply removes leftovers.
-TMP_PREFIX = ".cairn-apply."
 NESTED_SUBVOLUME = "nested subvolume: its contents are not part of the proposal"
 
 
@@ -38,16 +36,6 @@ class SettlementPolicy(BaseModel):
     # Globs of what the run's agent tools leave behind (the profiles' settle_ignore): a
     # change there, or below it, is left out of C and reported as ignored, not refused.
     ignore: list[str] = Field(default_factory=list)
-
-
-def check_relative(path: str) -> list[str]:
-    """The components of a normalized project-relative path; ``UsageError`` otherwise."""
-    if "\0" in path:
-        raise UsageError("path contains a NUL byte")
-    parts = plain_parts(path)
-    if parts is None:
-        raise UsageError(f"path {path!r} is not a normalized path inside the project")
-    return parts
 
 
 def _segment_regex(segment: str) -> str:
@@ -191,24 +179,3 @@ def entry_reason(path: str, st: os.stat_result, target: str, policy: SettlementP
     if not stat.S_ISLNK(mode) and st.st_uid == os.geteuid() and mode & needed != needed:
         return f"not readable by its owner (mode {stat.S_IMODE(mode):04o})"
     return ""
-
-
-def parent(path: str) -> str:
-    return path.rpartition("/")[0]
-
-
-def depth(path: str) -> int:
-    return path.count("/")
-
-
-def under(path: str, top: str) -> bool:
-    return path == top or path.startswith(top + "/")
-
-
-def ancestors(path: str) -> list[str]:
-    """The proper ancestors of a relative path, nearest first (the root "" excluded)."""
-    out = []
-    while "/" in path:
-        path = path.rpartition("/")[0]
-        out.append(path)
-    return out

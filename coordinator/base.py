@@ -26,7 +26,7 @@ from cairn.failpoints import failpoint
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.operations import spec_of
-from cairn.progress import NoteGate, ProgressRelay, prepare_progress_dir
+from cairn.progress_relay import NoteGate, ProgressRelay, prepare_progress_dir
 from cairn.protocol.broker import Intent, Receipt, Verb
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription

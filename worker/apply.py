@@ -16,19 +16,26 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
 from cairn import journald, settle_apply
-from cairn.errors import CairnError
+from cairn.errors import CairnError, ValidationFailed
 from cairn.fsutil import write_atomic
 from cairn.progress import ProgressWriter
-from cairn.protocol.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
-_PATHS = TypeAdapter(list[str])
+
+def read_plan(path: Path) -> list[str]:
+    """The paths to apply: root's plan file, a JSON list of strings."""
+    try:
+        paths = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise ValidationFailed(f"{path} is not JSON: {exc}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ValidationFailed(f"{path} is not a JSON list of paths")
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,20 +54,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(done: int, total: int) -> None:
         if writer is not None:
-            progress = ProgressReport(done=done, total=total)
             if done == total:
-                writer.final(progress)
+                writer.final(done, total)
             else:
-                writer.report(progress)
+                writer.report(done, total)
 
     if args.check:
         return check(args)
     try:
-        paths = _PATHS.validate_json(args.plan.read_bytes())
+        paths = read_plan(args.plan)
         result = settle_apply.apply(args.q, args.f, args.live, paths, args.receipts, report)
-        data = json.loads(result.model_dump_json())
-        write_atomic(args.result, json.dumps(data, indent=2, sort_keys=True) + "\n")
-    except (CairnError, OSError, ValidationError) as exc:
+        write_atomic(args.result, json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
+    except (CairnError, OSError) as exc:
         print(f"cairn.worker.apply: {exc}", file=sys.stderr)
         return 1
     log.info("apply %s: %d applied, %d already, %d conflicts", result.status,
@@ -70,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def check(args: argparse.Namespace) -> int:
     try:
-        paths = _PATHS.validate_json(args.plan.read_bytes())
+        paths = read_plan(args.plan)
         result = settle_apply.check_applied(args.q, args.f, args.live, paths, args.receipts)
-        write_atomic(args.result, result.model_dump_json(indent=2) + "\n")
-    except (CairnError, OSError, ValidationError) as exc:
+        write_atomic(args.result, json.dumps(asdict(result), indent=2) + "\n")
+    except (CairnError, OSError) as exc:
         print(f"cairn.worker.apply: {exc}", file=sys.stderr)
         return 1
     log.info("check: %d as applied, %d reverted, %d changed since", len(result.as_applied),

@@ -32,9 +32,9 @@ from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_
 from synth import Editor, build_project
 from verdicts import PROFILED_PREFIX, PROFILED_WHOLE
 
-from cairn.protocol.settlement import ApplyResult
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
+from cairn.settle_apply import Applied
 from cairn.storage import Pool
 
 CHANGED = 1000
@@ -47,7 +47,7 @@ PROFILED = {
     "hash (plan, re-checks, copy check)": ("_hash_fd",),
     "copy data (reflink)": ("copy_file_data",),
     "stat/open/mkdir/unlink": ("posix.stat", "posix.open", "posix.mkdir", "posix.unlink"),
-    "receipt lines (pydantic)": ("model_dump_json",),
+    "receipt lines (json)": ("line",),
 }
 
 
@@ -89,7 +89,7 @@ def settled_project(pool: Pool, scratch: Path, n_files: int, k: int) -> Iterator
         shutil.rmtree(work, ignore_errors=True)
 
 
-ApplyFn = Callable[..., ApplyResult]
+ApplyFn = Callable[..., Applied]
 
 
 def load_apply(module_file: Path) -> ApplyFn:

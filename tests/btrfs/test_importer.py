@@ -11,7 +11,8 @@ import pytest
 
 from cairn import proc
 from cairn.importer import copy_tree
-from cairn.progress import PROGRESS_FILE, read_report
+from cairn.progress import PROGRESS_FILE
+from cairn.progress_relay import read_report
 from cairn.protocol.progress import ProgressReport
 from cairn.settle import inventories_equal
 from cairn.storage import Pool

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from cairn.protocol.broker import BrokerReply, Intent, Receipt
 from cairn.protocol.settlement import AppliedCheck
 from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
 from cairn.settle import apply, check_applied
+from cairn.settle_apply import ApplyReceipt, EntryState
 from cairn.worker import apply as apply_worker
 
 ALICE = 1001
@@ -49,7 +51,10 @@ def test_each_applied_path_is_as_applied_reverted_or_changed_since(
 ) -> None:
     q, f, live, receipts = applied
     paths = ["a.txt", "b.txt", "c.txt", "gone.txt"]
-    assert check_applied(q, f, live, paths, receipts) == AppliedCheck(as_applied=paths)
+    checked = check_applied(q, f, live, paths, receipts)
+    # what the check unit writes is what root reads, strictly
+    assert AppliedCheck.model_validate(asdict(checked), strict=True) == AppliedCheck(
+        as_applied=paths)
 
     (live / "a.txt").write_text("old a\n")  # reverted by hand: Q's content
     (live / "b.txt").write_text("a person's edit\n")
@@ -252,3 +257,32 @@ def test_a_coordinator_on_its_way_out_after_the_run_ended_is_no_problem(
     if problem:
         assert problems == [f"cairn-coordinator@{RUN}.service is still active but the run "
                             "is succeeded"]
+
+
+# A line as the apply unit wrote it before it dropped pydantic (model_dump_json): the
+# next apply of the same run, after an upgrade, reads it the same.
+EARLIER_LINE = ('{"path":"a.txt","action":"written","f":{"kind":"file","mode":420,'
+                '"sha256":"' + "e" * 64 + '","target":""},"at":1796520091.5}')
+
+
+def test_a_receipt_line_reads_back_and_an_earlier_one_reads_the_same() -> None:
+    receipt = ApplyReceipt.from_line(EARLIER_LINE)
+    state = EntryState("file", 420, "e" * 64)
+    assert receipt == ApplyReceipt("a.txt", "written", state, 1796520091.5)
+    assert receipt.line() == EARLIER_LINE + "\n"
+
+
+@pytest.mark.parametrize("line", [
+    '{"path": "a.txt", "act',  # torn by a crash
+    "[]", "null", '"a.txt"',
+    EARLIER_LINE.replace('"written"', '"moved"'),
+    EARLIER_LINE.replace('"kind":"file"', '"kind":"fifo"'),
+    EARLIER_LINE.replace('"mode":420', '"mode":"420"'),
+    EARLIER_LINE.replace('"mode":420', '"mode":true'),
+    EARLIER_LINE.replace('"at":1796520091.5', '"at":"now"'),
+    EARLIER_LINE.replace('"path":"a.txt"', '"path":7'),
+    EARLIER_LINE.replace('"at":', '"by":1,"at":'),
+])
+def test_a_line_that_is_no_receipt_is_refused(line: str) -> None:
+    with pytest.raises(ValueError):
+        ApplyReceipt.from_line(line)

@@ -11,10 +11,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from cairn import untrusted
 from cairn.errors import UsageError
-from cairn.pathrules import is_plain_relative, plain_parts
+from cairn.pathrules import check_relative, is_plain_relative, plain_parts
 from cairn.protocol.launch import ScriptStep
 from cairn.protocol.settlement import ProjectPath
-from cairn.settle_paths import check_relative
 
 ALPHABET = ("a", "b", "/", ".", "\0")
 STRINGS = ["".join(chars) for n in range(7) for chars in itertools.product(ALPHABET, repeat=n)]

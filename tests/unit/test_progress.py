@@ -14,14 +14,12 @@ from pydantic import ValidationError
 
 from cairn.cli.watchview import EventPrinter, progress_bar, progress_lines, progress_text
 from cairn.importer import copy_tree, count_tree
-from cairn.progress import (
+from cairn.progress import PROGRESS_FILE, ProgressWriter, Throttle
+from cairn.progress_relay import (
     NOTE_LIMIT,
-    PROGRESS_FILE,
     REPORT_LIMIT,
     NoteGate,
     ProgressRelay,
-    ProgressWriter,
-    Throttle,
     prepare_progress_dir,
     read_report,
 )
@@ -72,11 +70,11 @@ def test_the_writer_replaces_the_file_at_most_every_interval(tmp_path: Path) -> 
     written = []
     for i in range(20):  # 20 reports, 0.1 s apart: 2 s
         clock.now += 0.1
-        if writer.report(ProgressReport(done=i)):
+        if writer.report(i):
             written.append(i)
     assert written == [0, 5, 10, 15]
     assert read_report(tmp_path, ME) == ProgressReport(done=15)
-    writer.final(ProgressReport(done=20, total=20))
+    writer.final(20, 20)
     assert read_report(tmp_path, ME) == ProgressReport(done=20, total=20)
     assert sorted(os.listdir(tmp_path)) == [PROGRESS_FILE]  # no temporary file left
 
