@@ -13,8 +13,8 @@ from __future__ import annotations
 from cairn.errors import UsageError
 
 _NOT_NAMES = ("", ".", "..")
-# The candidate's and the apply's temporaries beside their targets (a stale one is removed
-# by the next apply; a proposal may not name one).
+# The name prefix of a temporary a settlement step writes before its rename into place,
+# in C (the candidate) or in the live project (the apply); the apply removes leftovers.
 TMP_PREFIX = ".cairn-apply."
 
 

@@ -19,8 +19,6 @@ from cairn.protocol.settlement import RefusedPath as RefusedPath
 # its top directory has inode 256 (BTRFS_FIRST_FREE_OBJECTID), which no other entry has.
 _SUBVOL_PLACEHOLDER_INO = 2
 _SUBVOL_TOP_INO = 256
-# The name prefix of a temporary a settlement step writes before its rename into place,
-# in C (the candidate) or in the live project (the apply); the apply removes leftovers.
 NESTED_SUBVOLUME = "nested subvolume: its contents are not part of the proposal"
 
 
