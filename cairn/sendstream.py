@@ -18,10 +18,9 @@ import stat
 import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol
-
-from pydantic import BaseModel, ConfigDict
 
 from cairn.errors import StorageError
 
@@ -289,14 +288,14 @@ def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str 
         yield cmd, path, path_to, path_link
 
 
-class Rename(BaseModel):
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
-
+@dataclass(frozen=True, slots=True)
+class Rename:
     old: str
     new: str
 
 
-class ChangeSet(BaseModel):
+@dataclass(slots=True)
+class ChangeSet:
     """Per-path differences of P against Q, relative to the project root.
 
     ``created``: in P, not in Q. ``deleted``: in Q, not in P. ``modified``: in both, but
@@ -308,14 +307,12 @@ class ChangeSet(BaseModel):
     the stream itself leaves out.
     """
 
-    model_config = ConfigDict(defer_build=True, extra="forbid")
-
-    created: list[str] = []
-    modified: list[str] = []
-    deleted: list[str] = []
-    metadata: list[str] = []
-    renamed: list[Rename] = []
-    touched: list[str] = []
+    created: list[str] = field(default_factory=list)
+    modified: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    metadata: list[str] = field(default_factory=list)
+    renamed: list[Rename] = field(default_factory=list)
+    touched: list[str] = field(default_factory=list)
 
     def paths(self) -> list[str]:
         """Every path whose final state differs, sorted."""

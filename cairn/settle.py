@@ -19,12 +19,6 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.pathrules import check_relative
-from cairn.protocol.settlement import (
-    ApplyConflict,
-    ApplyResult,
-    CandidateReport,
-    RefusedPath,
-)
 from cairn.settle_apply import (
     ApplyPlan,
     ApplyReceipt,
@@ -39,14 +33,10 @@ from cairn.settle_candidate import build_candidate, open_beneath
 from cairn.settle_paths import SettlementPolicy, glob_regex
 
 __all__ = [
-    "ApplyConflict",
     "ApplyPlan",
     "ApplyReceipt",
-    "ApplyResult",
-    "CandidateReport",
     "EntryState",
     "PathPlan",
-    "RefusedPath",
     "SettlementPolicy",
     "apply",
     "build_candidate",

@@ -19,13 +19,13 @@ import os
 import secrets
 import stat
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from pathlib import Path
 
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.fsutil import copy_file_data
 from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent
-from cairn.protocol.settlement import CandidateReport, RefusedPath
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
@@ -42,9 +42,30 @@ from cairn.settle_paths import (
 log = logging.getLogger(__name__)
 
 
+# Dataclasses, not pydantic (the candidate unit starts from this module); root reads what
+# the unit writes as a CandidateResult
+# (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A change left out of C, and why (a ``RefusedPath`` to root)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What went into C and what did not."""
+
+    accepted: list[str]
+    refused: list[Refused]
+    ignored: list[str]
+    bytes_accepted: int
+
+
 def build_candidate(
     q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
-) -> CandidateReport:
+) -> Report:
     """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P.
 
     Paths are relative to the project root inside each of ``q``, ``p`` and ``c``.
@@ -115,10 +136,9 @@ def build_candidate(
                     raise _candidate_error(path, "write", exc) from exc
                 accepted.append(path)
 
-    report = CandidateReport(
+    report = Report(
         accepted=sorted(accepted),
-        refused=[RefusedPath(path=k, reason=v) for k, v in sorted(refused.items())
-                 if v != IGNORED],
+        refused=[Refused(k, v) for k, v in sorted(refused.items()) if v != IGNORED],
         ignored=sorted(k for k, v in refused.items() if v == IGNORED),
         bytes_accepted=sum(
             entries[a][0].st_size

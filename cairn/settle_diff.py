@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cairn import untrusted
-from cairn.protocol.settlement import DIFF_LIMIT
+from cairn.protocol.limits import DIFF_LIMIT
 
 TEXT_LIMIT = DIFF_LIMIT // 2  # one path's patch stays below DIFF_LIMIT plus its headers
 MATCH_BUDGET = 1_000_000  # (lines of a changed middle) x (edits) one file may cost

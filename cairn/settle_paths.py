@@ -5,14 +5,14 @@ depend on them is in :mod:`cairn.settle_deps`; building C is :mod:`cairn.settle_
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from cairn.errors import ValidationFailed
 from cairn.pathrules import ancestors, depth
-from cairn.protocol.settlement import RefusedPath as RefusedPath
 
 # A nested subvolume shows, inside a snapshot of the subvolume that holds it, as an empty
 # directory with this inode number (BTRFS_EMPTY_SUBVOL_DIR_OBJECTID); in a live subvolume
@@ -22,18 +22,34 @@ _SUBVOL_TOP_INO = 256
 NESTED_SUBVOLUME = "nested subvolume: its contents are not part of the proposal"
 
 
-class SettlementPolicy(BaseModel):
-    """Host policy for what of a proposal may reach the candidate."""
+@dataclass(frozen=True, slots=True)
+class SettlementPolicy:
+    """Host policy for what of a proposal may reach the candidate: the launch
+    description's ``SettlementPolicySpec``, as root hands it to the candidate unit."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid")
-
-    write_paths: list[str] = Field(default_factory=lambda: ["**"])
+    write_paths: list[str] = field(default_factory=lambda: ["**"])
     allow_git_internals: bool = False
-    max_file_bytes: int = Field(default=64 << 20, ge=0)
-    max_total_bytes: int = Field(default=1 << 30, ge=0)
+    max_file_bytes: int = 64 << 20
+    max_total_bytes: int = 1 << 30
     # Globs of what the run's agent tools leave behind (the profiles' settle_ignore): a
     # change there, or below it, is left out of C and reported as ignored, not refused.
-    ignore: list[str] = Field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SettlementPolicy:
+        """The policy in root's ``policy.json``; ``ValidationFailed`` if it is not one."""
+        try:
+            policy = cls(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ValidationFailed(f"policy.json is not a settlement policy: {exc}") from None
+        globs = (policy.write_paths, policy.ignore)
+        if not (all(isinstance(g, list) and all(isinstance(s, str) for s in g) for g in globs)
+                and type(policy.allow_git_internals) is bool
+                and all(type(n) is int and n >= 0
+                        for n in (policy.max_file_bytes, policy.max_total_bytes))):
+            raise ValidationFailed("policy.json is not a settlement policy: a field of the "
+                                   "wrong type")
+        return policy
 
 
 def _segment_regex(segment: str) -> str:

@@ -5,34 +5,40 @@ Runs in ``cairn-candidate-<run>.service`` as the project owner, with Q and P (wh
 subvolumes) read-only and C writable, so no file the agent wrote is ever copied by root.
 Reads ``stream`` (the kernel's ``btrfs send --no-data -p Q P``, handed over by the broker)
 and ``policy.json`` from DIR, brings C to Q plus the changes of P that policy allows, and
-writes ``result.json`` (:class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C
-cannot be built it writes ``failure.json`` (why, and what to do) and exits 1.
+writes ``result.json`` (what root reads as a
+:class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C cannot be built it
+writes ``failure.json`` (why, and what to do: a ``CandidateFailure``) and exits 1. It
+loads no pydantic (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
-
-from pydantic import ValidationError
+from typing import Any
 
 from cairn import journald
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
-from cairn.protocol.settlement import CandidateFailure, CandidateResult
+from cairn.protocol.limits import TEXT_LIMIT
 from cairn.sendstream import changes_in
-from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
+from cairn.settle import inventories_equal
+from cairn.settle_candidate import build_candidate
 from cairn.settle_diff import unified_diff
+from cairn.settle_paths import SettlementPolicy
 
 log = logging.getLogger(__name__)
 
 
-def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResult:
-    """C from P under the policy in ``work``; the report, inventory check and diff."""
-    policy = SettlementPolicy.model_validate_json((work / "policy.json").read_bytes())
+def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> dict[str, Any]:
+    """C from P under the policy in ``work``; the report, inventory check and diff, as
+    ``result.json`` holds them."""
+    policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
     started = time.monotonic()
     change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
     parsed = time.monotonic()
@@ -42,13 +48,13 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResul
 
     report = build_candidate(view(q), view(p), view(c), change_set, policy)
     built = time.monotonic()
-    result = CandidateResult(
-        **report.model_dump(),
-        inventories_equal=(
+    result = {
+        **asdict(report),
+        "inventories_equal": (
             inventories_equal(q, p, subpath, policy.ignore) if not report.accepted else False
         ),
-        diff=unified_diff(q, c, subpath, report.accepted),
-    )
+        "diff": unified_diff(q, c, subpath, report.accepted),
+    }
     log.info("candidate times: changes %.1f s, C built %.1f s, patch and checks %.1f s",
              parsed - started, built - parsed, time.monotonic() - built)
     return result
@@ -69,17 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     journald.setup_logging()
     try:
         result = build(args.q, args.p, args.c, args.subpath, args.work)
-    except (CairnError, OSError, ValidationError) as exc:
+    except (CairnError, OSError) as exc:
         failure = (
-            CandidateFailure(message=exc.message[:4096], hint=(exc.hint or "")[:4096])
+            {"message": exc.message[:TEXT_LIMIT], "hint": (exc.hint or "")[:TEXT_LIMIT]}
             if isinstance(exc, CairnError)
-            else CandidateFailure(message=f"cannot build the candidate: {exc}"[:4096])
+            else {"message": f"cannot build the candidate: {exc}"[:TEXT_LIMIT], "hint": ""}
         )
-        write_atomic(args.work / "failure.json", failure.model_dump_json() + "\n")
-        print(f"cairn.worker.candidate: {failure.message}", file=sys.stderr)
+        write_atomic(args.work / "failure.json", json.dumps(failure) + "\n")
+        print(f"cairn.worker.candidate: {failure['message']}", file=sys.stderr)
         return 1
-    write_atomic(args.work / "result.json", result.model_dump_json() + "\n")
-    log.info("candidate: %d accepted, %d refused", len(result.accepted), len(result.refused))
+    write_atomic(args.work / "result.json", json.dumps(result) + "\n")
+    log.info("candidate: %d accepted, %d refused", len(result["accepted"]),
+             len(result["refused"]))
     return 0
 
 

@@ -6,21 +6,20 @@ from pydantic import AfterValidator, Field
 
 from cairn.pathrules import is_plain_relative
 from cairn.protocol.base import Frozen
+from cairn.protocol.limits import DIFF_LIMIT, MAX_PATHS, TEXT_LIMIT
 
-MAX_PATHS = 1_000_000
-DIFF_LIMIT = 256 << 10
 _DIFF_MAX = 4 * DIFF_LIMIT  # ends past DIFF_LIMIT: one more path (each side bounded), a line
 
 
 def _relative(path: str) -> str:
-    if len(path) > 4096 or not is_plain_relative(path):
+    if len(path) > TEXT_LIMIT or not is_plain_relative(path):
         raise ValueError(f"{path[:200]!r} is not a normalized path inside the project")
     return path
 
 
 ProjectPath = Annotated[str, AfterValidator(_relative)]
 Paths = Annotated[list[ProjectPath], Field(max_length=MAX_PATHS)]
-Reason = Annotated[str, Field(max_length=4096)]
+Reason = Annotated[str, Field(max_length=TEXT_LIMIT)]
 
 
 class RefusedPath(Frozen):

@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import btrfsutil
@@ -20,12 +21,12 @@ import pytest
 from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
 from cairn.sendstream import changes
 from cairn.settle import (
-    CandidateReport,
     SettlementPolicy,
     apply,
     build_candidate,
     inventories_equal,
 )
+from cairn.settle_candidate import Report
 from cairn.settle_outcome import summary
 from cairn.settle_paths import NESTED_SUBVOLUME
 from cairn.storage import Pool, is_subvolume
@@ -69,7 +70,7 @@ def project(pool: Pool, owner: int = 0) -> Path:
 
 
 class Settled:
-    def __init__(self, q: Path, p: Path, f: Path, report: CandidateReport) -> None:
+    def __init__(self, q: Path, p: Path, f: Path, report: Report) -> None:
         self.q, self.p, self.f, self.report = q, p, f, report
         self.reasons = {r.path: r.reason for r in report.refused}
 
@@ -125,8 +126,8 @@ def test_directory_replaced_by_a_refused_symlink_keeps_its_files(
     assert result.status == "applied" and result.applied == ["README"]
     assert inventories_equal(s.q, live, "src")  # the live subtree is byte-identical
     assert (live / "README").read_text() == "readme v2\n"
-    outcome = summary(SettlementRecord(status=result.status, candidate=s.report.model_dump(),
-                                       apply=AppliedPaths.of(result)))
+    outcome = summary(SettlementRecord(status=result.status, candidate=asdict(s.report),
+                                       apply=AppliedPaths.model_validate(asdict(result))))
     assert outcome is not None
     assert outcome["label"] == "applied, 4 refused" and not outcome["complete"]
 

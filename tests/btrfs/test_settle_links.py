@@ -16,12 +16,12 @@ import pytest
 
 from cairn.sendstream import ChangeSet, changes
 from cairn.settle import (
-    CandidateReport,
     SettlementPolicy,
     apply,
     build_candidate,
     inventories_equal,
 )
+from cairn.settle_candidate import Report
 from cairn.settle_paths import symlink_reason
 from cairn.storage import Pool
 
@@ -57,14 +57,14 @@ class Run:
         pool.snapshot(self.q, self.c, read_only=False)
         self.f = pool.settlement_path(run_id, "F")
 
-    def settle(self, change_set: ChangeSet | None = None) -> CandidateReport:
+    def settle(self, change_set: ChangeSet | None = None) -> Report:
         cs = change_set if change_set is not None else changes(self.q, self.p)
         report = build_candidate(self.q, self.p, self.c, cs, SettlementPolicy())
         self.pool.snapshot(self.c, self.f, read_only=True)
         return report
 
 
-def reasons(report: CandidateReport) -> dict[str, str]:
+def reasons(report: Report) -> dict[str, str]:
     return {r.path: r.reason for r in report.refused}
 
 

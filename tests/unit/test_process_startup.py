@@ -18,7 +18,8 @@ NOT_A_HELPERS = frozenset({"typer", "click", "rich", "cairn.cli", "cairn.workflo
 # The model relay's client and server (http.client, ssl, ...): only for an agent or a run
 # that reaches a model.
 MODEL_HTTP = frozenset({"http.client", "http.server", "ssl", "socketserver"})
-PYDANTIC = frozenset({"pydantic", "pydantic_core", "annotated_types", "cairn.protocol"})
+PYDANTIC_ITSELF = frozenset({"pydantic", "pydantic_core", "annotated_types"})
+PYDANTIC = PYDANTIC_ITSELF | {"cairn.protocol"}
 
 NOT_AT_START = {
     # The apply unit applies a plan: no stream parser, no storage, no broker protocol, and
@@ -34,8 +35,11 @@ NOT_AT_START = {
         "jeepney",
         "sqlite3",
     },
-    # The candidate unit parses the stream it is handed; root made it.
-    "cairn.worker.candidate": NOT_A_HELPERS | MODEL_HTTP | {
+    # The candidate unit parses the stream it is handed; root made it. No pydantic either
+    # (its bounds come from cairn.protocol.limits, plain numbers).
+    "cairn.worker.candidate": NOT_A_HELPERS | MODEL_HTTP | PYDANTIC_ITSELF | {
+        "cairn.protocol.settlement",
+        "cairn.protocol.base",
         "cairn.protocol.broker",
         "cairn.storage",
         "btrfsutil",
