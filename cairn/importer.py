@@ -18,14 +18,12 @@ import stat
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from cairn.errors import CairnError, UsageError
 from cairn.fsutil import copy_file_data
 from cairn.progress import WRITE_INTERVAL, Clock, ProgressWriter, Throttle
-from cairn.protocol.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +33,20 @@ MAX_LISTED = 1000
 MAX_LISTED_BYTES = 256 << 10
 
 
-class SkippedEntry(BaseModel):
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
-
+# Dataclasses, not pydantic (the import unit starts from this module); cairnd and the
+# coordinator read the statistics as cairn.protocol.importstats.ImportStats
+# (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
+@dataclass(frozen=True, slots=True)
+class Skipped:
     path: str
     reason: str
 
 
-class ImportStats(BaseModel):
+@dataclass(slots=True)
+class Stats:
     """Counts of what was copied and what was not. ``skipped`` lists at most
     ``MAX_LISTED`` entries of at most ``MAX_LISTED_BYTES`` together; ``skipped_count``
     counts them all."""
-
-    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     files: int = 0
     directories: int = 0
@@ -58,19 +57,33 @@ class ImportStats(BaseModel):
     unreadable: int = 0
     xattrs_not_copied: int = 0
     skipped_count: int = 0
-    skipped: list[SkippedEntry] = []
-
-    _listed_bytes: int = PrivateAttr(default=0)
+    skipped: list[Skipped] = field(default_factory=list)
+    _listed_bytes: int = field(default=0, repr=False)
 
     def skip(self, path: str, reason: str) -> None:
         self.skipped_count += 1
         size = len(json.dumps([path, reason])) + 32  # escaped, with the entry's keys
         if len(self.skipped) < MAX_LISTED and self._listed_bytes + size <= MAX_LISTED_BYTES:
             self._listed_bytes += size
-            self.skipped.append(SkippedEntry(path=path, reason=reason))
+            self.skipped.append(Skipped(path, reason))
+
+    def as_json(self) -> str:
+        data = asdict(self)
+        del data["_listed_bytes"]
+        return json.dumps(data)
 
 
-def _copy_xattrs(src: Path, dst: Path, rel: str, stats: ImportStats) -> None:
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Entries and bytes copied, of the totals counted first (a ``ProgressReport``)."""
+
+    done: int
+    total: int
+    bytes_done: int
+    bytes_total: int
+
+
+def _copy_xattrs(src: Path, dst: Path, rel: str, stats: Stats) -> None:
     try:
         names = os.listxattr(src, follow_symlinks=False)
     except OSError as exc:
@@ -123,10 +136,10 @@ def copy_tree(
     src: Path,
     dst: Path,
     *,
-    progress: Callable[[ProgressReport], None] | None = None,
+    progress: Callable[[Progress], None] | None = None,
     interval: float = WRITE_INTERVAL,
     clock: Clock = time.monotonic,
-) -> ImportStats:
+) -> Stats:
     """Copy the tree at ``src`` into the existing empty directory ``dst``.
 
     With ``progress``, the totals are counted first; then ``progress(report)`` is called
@@ -142,18 +155,16 @@ def copy_tree(
     if dst == src or dst.is_relative_to(src) or src.is_relative_to(dst):
         raise UsageError("import source and destination overlap")
 
-    stats = ImportStats()
+    stats = Stats()
     links: dict[tuple[int, int], Path] = {}
     done = 0
     total, bytes_total = count_tree(src) if progress is not None else (0, 0)
     throttle = Throttle(interval, clock)
     throttle.ready()  # the first report comes after one interval, not at entry one
 
-    def report() -> ProgressReport:
-        return ProgressReport(
-            done=done, total=max(total, done), bytes_done=stats.bytes,
-            bytes_total=max(bytes_total, stats.bytes),
-        )
+    def report() -> Progress:
+        return Progress(done=done, total=max(total, done), bytes_done=stats.bytes,
+                        bytes_total=max(bytes_total, stats.bytes))
     # Directories get their modes and times after their contents (a read-only directory
     # could not be filled, and filling one moves its mtime), deepest first.
     finish: list[tuple[os.stat_result, Path]] = []
@@ -245,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     writer = ProgressWriter(args.progress, interval=0) if args.progress else None
 
-    def report(progress: ProgressReport) -> None:
+    def report(progress: Progress) -> None:
         print(
             f"imported {progress.done}/{progress.total} entries, "
             f"{progress.bytes_done}/{progress.bytes_total} bytes",
@@ -264,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"cairn.importer: {exc}", file=sys.stderr)
         return 1
-    print(stats.model_dump_json())
+    print(stats.as_json())
     if args.stats is not None:
-        args.stats.write_text(stats.model_dump_json())
+        args.stats.write_text(stats.as_json())
     return 0
 
 

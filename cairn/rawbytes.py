@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from cairn.errors import CairnError
-from cairn.importer import ImportStats
 from cairn.protocol.broker import (
     RAW_LIMIT,
     AppliedChecked,
@@ -28,6 +27,7 @@ from cairn.protocol.broker import (
     QPrepared,
     RawBytes,
 )
+from cairn.protocol.importstats import ImportStats
 from cairn.protocol.settlement import AppliedCheck, ApplyResult
 from cairn.validation import first_error
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from cairn import proc
-from cairn.importer import copy_tree
+from cairn.importer import Progress, copy_tree
 from cairn.progress import PROGRESS_FILE
 from cairn.progress_relay import read_report
-from cairn.protocol.progress import ProgressReport
 from cairn.settle import inventories_equal
 from cairn.storage import Pool
 
@@ -48,7 +47,7 @@ def test_copy_preserves_the_tree(pool: Pool, run_id: str, btrfs_mount: Path) -> 
     make_project(src)
     dst = pool.q_import_path(run_id)
     pool.create_subvolume(dst)
-    seen: list[ProgressReport] = []
+    seen: list[Progress] = []
     stats = copy_tree(src, dst, progress=seen.append)
     assert stats.skipped_special == 1 and stats.skipped[0].path == "fifo"
     assert stats.hardlinks == 1 and stats.symlinks == 2 and stats.unreadable == 0
@@ -131,7 +130,7 @@ def test_import_reports_progress_at_least_once_a_second(
     dst = pool.q_import_path(run_id)
     pool.create_subvolume(dst)
     clock = StepClock(0.002)
-    seen: list[tuple[float, ProgressReport]] = []
+    seen: list[tuple[float, Progress]] = []
     copy_tree(src, dst, progress=lambda r: seen.append((clock.now, r)), clock=clock)
     times = [at for at, _ in seen]
     assert len(seen) >= 11

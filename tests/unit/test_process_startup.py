@@ -73,7 +73,7 @@ NOT_AT_START = {
         "cairn.storage",
         "jeepney",
     },
-    "cairn.importer": NOT_A_HELPERS | MODEL_HTTP | {
+    "cairn.importer": NOT_A_HELPERS | MODEL_HTTP | PYDANTIC | {
         "cairn.protocol.broker",
         "jeepney",
         "sqlite3",

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from cairn.cli.watchview import EventPrinter, progress_bar, progress_lines, progress_text
-from cairn.importer import copy_tree, count_tree
+from cairn.importer import Progress, copy_tree, count_tree
 from cairn.progress import PROGRESS_FILE, ProgressWriter, Throttle
 from cairn.progress_relay import (
     NOTE_LIMIT,
@@ -160,7 +160,7 @@ def test_import_progress_comes_by_the_clock_with_totals(tmp_path: Path) -> None:
     os.link(src / "d" / "f3", src / "hard")
     assert count_tree(src) == (42, sum(range(40)))
     clock = FakeClock(step=0.05)  # every read of the clock: 50 ms later
-    seen: list[ProgressReport] = []
+    seen: list[Progress] = []
     stats = copy_tree(src, dst, progress=seen.append, interval=0.5, clock=clock)
     assert len(seen) >= 4
     assert all(r.total == 42 and r.bytes_total == sum(range(40)) for r in seen)

@@ -37,7 +37,7 @@ from test_untrusted import (  # the owner's helper units, faked without systemd
 from cairn import untrusted
 from cairn.broker import units, verbs
 from cairn.errors import BrokerRefused
-from cairn.importer import ImportStats
+from cairn.importer import Stats
 from cairn.protocol.broker import (
     AppliedChecked,
     ApplyDone,
@@ -48,6 +48,7 @@ from cairn.protocol.broker import (
     RawBytes,
     Receipt,
 )
+from cairn.protocol.importstats import ImportStats
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
 from cairn.protocol.measurement import MeasurementEnvironment
 from cairn.rawbytes import (
@@ -357,9 +358,11 @@ ENVIRONMENT = MeasurementEnvironment(evaluator="bench", config_sha256="a" * 64, 
 
 
 def test_the_importers_stats_stay_below_what_root_records() -> None:
-    stats = ImportStats()
+    stats = Stats()
     for i in range(5000):
         stats.skip("\x1b" * 4000 + str(i), "file not readable")
-    data = stats.model_dump_json().encode()
+    data = stats.as_json().encode()
     assert len(data) < units.STATS_LIMIT and stats.skipped_count == 5000
     assert 0 < len(stats.skipped) < 5000
+    read = ImportStats.model_validate_json(data, strict=True)  # as cairnd reads it
+    assert read.skipped_count == 5000 and len(read.skipped) == len(stats.skipped)
