@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cairn.errors import CairnError, UsageError
 from cairn.fsutil import copy_file_data
+from cairn.pathrules import printable_name
 from cairn.progress import WRITE_INTERVAL, Clock, ProgressWriter, Throttle
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class Stats:
         size = len(json.dumps([path, reason])) + 32  # escaped, with the entry's keys
         if len(self.skipped) < MAX_LISTED and self._listed_bytes + size <= MAX_LISTED_BYTES:
             self._listed_bytes += size
-            self.skipped.append(Skipped(path, reason))
+            self.skipped.append(Skipped(printable_name(path), reason))
 
     def as_json(self) -> str:
         data = asdict(self)

@@ -65,3 +65,10 @@ def ancestors(path: str) -> list[str]:
         path = path.rpartition("/")[0]
         out.append(path)
     return out
+
+
+def printable_name(path: str) -> str:
+    """``path`` as text that is valid UTF-8, for a report: a name byte that is not UTF-8
+    (kept by Python as a surrogate escape) is written ``\\xNN``. A reader can show it; no
+    path names it any more, so it is only for paths that are reported, never acted on."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

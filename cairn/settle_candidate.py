@@ -25,7 +25,7 @@ from pathlib import Path
 from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.fsutil import copy_file_data
-from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent
+from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent, printable_name
 from cairn.sendstream import ChangeSet
 from cairn.settle_deps import close_refusals
 from cairn.settle_paths import (
@@ -138,8 +138,9 @@ def build_candidate(
 
     report = Report(
         accepted=sorted(accepted),
-        refused=[Refused(k, v) for k, v in sorted(refused.items()) if v != IGNORED],
-        ignored=sorted(k for k, v in refused.items() if v == IGNORED),
+        refused=[Refused(printable_name(k), v) for k, v in sorted(refused.items())
+                 if v != IGNORED],
+        ignored=sorted(printable_name(k) for k, v in refused.items() if v == IGNORED),
         bytes_accepted=sum(
             entries[a][0].st_size
             for a in accepted

@@ -153,3 +153,30 @@ def test_an_entry_the_owner_cannot_read_is_refused_by_name(pool: Pool, run_id: s
     assert "src/shut/inner.py" in refused
     assert "src/app.py" in result.accepted and "src/new.py" in result.accepted
     assert not (s.c / "proj" / "src" / "locked.py").exists()
+
+
+def not_utf8(proj: Path) -> None:
+    """The agent leaves a file whose name is not UTF-8, and one such file that a
+    profile's settle_ignore leaves out."""
+    for name in (b"src/bad\xff.py", b"src/.cache\xfe"):
+        path = os.fsencode(proj) + b"/" + name
+        with open(path, "wb") as fh:
+            fh.write(b"x\n")
+        os.lchown(path, OWNER, OWNER)
+
+
+def test_a_name_that_is_not_utf8_is_refused_and_reported_as_text(
+    pool: Pool, run_id: str
+) -> None:
+    s = Settlement(pool, run_id, also=not_utf8)
+    policy = SettlementPolicy(write_paths=POLICY.write_paths, ignore=["src/.cache*"])
+    (s.work / "policy.json").write_text(json.dumps(asdict(policy)))
+    done = s.run_as_owner()
+    assert done.returncode == 0, done.stderr
+    result = CandidateResult.model_validate_json((s.work / "result.json").read_bytes(),
+                                                 strict=True)  # as root reads it
+    refused = {r.path: r.reason for r in result.refused}
+    assert refused["src/bad\\xff.py"] == "file name is not valid UTF-8"
+    assert result.ignored == ["src/.cache\\xfe"]
+    assert "src/app.py" in result.accepted
+    assert not os.path.lexists(os.fsencode(s.c / "proj") + b"/src/bad\xff.py")

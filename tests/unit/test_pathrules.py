@@ -5,13 +5,14 @@ characters that make a path ambiguous."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from cairn import untrusted
 from cairn.errors import UsageError
-from cairn.pathrules import check_relative, is_plain_relative, plain_parts
+from cairn.pathrules import check_relative, is_plain_relative, plain_parts, printable_name
 from cairn.protocol.launch import ScriptStep
 from cairn.protocol.settlement import ProjectPath
 
@@ -72,3 +73,10 @@ def test_a_scripted_step_takes_no_path_or_a_plain_one() -> None:
     for spelled_twice in ("a//b", "./a", "a/", "a/."):
         with pytest.raises(ValidationError, match="not a plain path below /workspace"):
             step(spelled_twice)
+
+
+def test_a_name_that_is_not_utf8_is_reported_as_text() -> None:
+    name = os.fsdecode(b"src/bad\xff\xfe.py")
+    assert printable_name(name) == "src/bad\\xff\\xfe.py"
+    assert printable_name("src/ok-é.py") == "src/ok-é.py"  # valid UTF-8 stays as it is
+    printable_name(name).encode("utf-8")  # no surrogate left

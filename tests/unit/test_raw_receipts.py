@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -366,3 +367,10 @@ def test_the_importers_stats_stay_below_what_root_records() -> None:
     assert 0 < len(stats.skipped) < 5000
     read = ImportStats.model_validate_json(data, strict=True)  # as cairnd reads it
     assert read.skipped_count == 5000 and len(read.skipped) == len(stats.skipped)
+
+
+def test_a_skipped_name_that_is_not_utf8_is_recorded_as_text() -> None:
+    stats = Stats()
+    stats.skip(os.fsdecode(b"pipe\xff"), "special file (FIFO)")
+    read = ImportStats.model_validate_json(stats.as_json().encode(), strict=True)
+    assert [(s.path, s.reason) for s in read.skipped] == [("pipe\\xff", "special file (FIFO)")]
