@@ -126,8 +126,16 @@ class Run:
     subvolumes: set[str] = field(default_factory=set)
     units: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    # Every event of the run, from the journal ('cairn show' lists a window of them).
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
+EVENTS = (  # argv: the journal, then the runs
+    "import json, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(json.dumps(["
+    "{'run_id': r, 'event': e, 'op_id': o, 'data': json.loads(d)} for r, e, o, d in "
+    "db.execute('SELECT run_id, event, op_id, data FROM events WHERE run_id IN (%s) ORDER BY "
+    "cursor' % ','.join('?' * len(sys.argv[2:])), sys.argv[2:])]))"
+)
 PENDING = (
     "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print('\\n'.join("
     "r[0] + ' ' + r[1] for r in db.execute('SELECT run_id, intent_id FROM intents i WHERE "
@@ -191,6 +199,8 @@ def finish_phase(machine: Machine, runs: list[Run], failpoint: str | None) -> No
                           ).stdout.decode()
     volumes = machine.exec(["btrfs", "subvolume", "list", "/var/lib/cairn/pool"]
                            ).stdout.decode()
+    events = json.loads(machine.exec(["python3", "-c", EVENTS, "/var/lib/cairn/journal/journal.db",
+                                      *(r.run_id for r in runs)]).stdout)
     pending = machine.exec(["python3", "-c", PENDING, "/var/lib/cairn/journal/journal.db"]
                            ).stdout.decode().split("\n")
     for run in runs:
@@ -215,6 +225,7 @@ def finish_phase(machine: Machine, runs: list[Run], failpoint: str | None) -> No
         run.units = [line for line in listed.splitlines()
                      if line and " inactive " not in f" {line} "]
         run.pending = [p.split()[1] for p in pending if p.startswith(rid + " ")]
+        run.events = [e for e in events if e["run_id"] == rid]
 
 
 @dataclass
@@ -321,7 +332,7 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
     if failpoint != RESTART:
         assert run.fired, f"{failpoint} never fired"
     retried = {op for op, attempts in run.agent_starts.items() if len(attempts) > 1}
-    retries = sum(1 for e in data["events"] if e["event"] == "op-retry")
+    retries = sum(1 for e in run.events if e["event"] == "op-retry")
     assert set(run.agent_starts) == set(clean.agent_starts)
     where, situation = SITUATIONS[failpoint]
     # A broker that died after recording an agent's attempt and before starting its unit
@@ -337,11 +348,11 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
     elif failpoint == RESTART:  # the agents running at the power-off, retried once
         assert retried and retries == len(retried)
         assert all(len(a) == 2 for a in run.agent_starts.values() if len(a) > 1)
-        assert any(e["event"] == "reconciled" for e in data["events"])
+        assert any(e["event"] == "reconciled" for e in run.events)
     else:  # on a miss, the run's own log says where the finish was lost
         assert retried == set() and retries == len(unstarted), (
             run.agent_starts, matrix.machine.journal(run_id=run.run_id)[-12000:])
-    from_file = {e["op_id"] for e in data["events"]
+    from_file = {e["op_id"] for e in run.events
                  if e["event"] == "op-finished" and e["data"]["via"] == "file"}
     if failpoint == "agent-after-result-file":  # each finish settled from its file, once
         assert from_file == set(clean.agent_starts), from_file
@@ -359,7 +370,7 @@ def test_cell(matrix: Matrix, workflow: str, failpoint: str) -> None:
         return sorted(re.sub(r"/W\.\d+$", "/W", v) for v in volumes)
 
     assert generic(run.subvolumes) == generic(clean.subvolumes)
-    restarts = sum(1 for e in data["events"] if e["event"] == "lease-acquired") - 1
+    restarts = sum(1 for e in run.events if e["event"] == "lease-acquired") - 1
     if where == "coordinator":
         assert restarts >= 1
     RESULTS[(workflow, failpoint)] = {
