@@ -63,16 +63,39 @@ def _libc() -> ctypes.CDLL:
 
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
+_BTRFS_SUPER_MAGIC = 0x9123683E
+_STATFS_SIZE = 256  # struct statfs is 120 bytes on 64-bit Linux; its f_type comes first
+
+
+def on_btrfs(fd: int) -> bool:
+    """Whether the filesystem holding ``fd`` is Btrfs (``fstatfs(2)``'s ``f_type``)."""
+    buf = ctypes.create_string_buffer(_STATFS_SIZE)
+    if _libc().fstatfs(fd, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF == _BTRFS_SUPER_MAGIC
+
+
+def clone_file(src_fd: int, dst_fd: int) -> bool:
+    """Make ``dst_fd`` share every byte of ``src_fd`` (a reflink, ``FICLONE``: metadata
+    only, no data written); False where the filesystem cannot (then nothing changed)."""
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+    except OSError:
+        return False  # not the same filesystem, or no reflink support
+    return True
 
 
 def copy_file_data(src_fd: int, dst_fd: int) -> int:
     """Copy every byte of ``src_fd`` to ``dst_fd`` (a reflink when the filesystem can);
     the number of bytes ``dst_fd`` then holds."""
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+    if clone_file(src_fd, dst_fd):
         return os.fstat(dst_fd).st_size
-    except OSError:
-        pass  # not the same filesystem, or no reflink support: copy the bytes
+    return copy_bytes(src_fd, dst_fd)
+
+
+def copy_bytes(src_fd: int, dst_fd: int) -> int:
+    """Write every byte read from ``src_fd`` to ``dst_fd``; the number written."""
     total = 0
     while True:
         chunk = os.read(src_fd, _CHUNK)

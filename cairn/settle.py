@@ -19,18 +19,10 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.pathrules import check_relative
-from cairn.settle_apply import (
-    ApplyPlan,
-    ApplyReceipt,
-    EntryState,
-    PathPlan,
-    apply,
-    check_applied,
-    entry_state,
-    plan_apply,
-)
+from cairn.settle_apply import ApplyPlan, ApplyReceipt, PathPlan, apply, check_applied, plan_apply
 from cairn.settle_candidate import build_candidate, open_beneath
 from cairn.settle_paths import SettlementPolicy, glob_regex
+from cairn.settle_walk import EntryState, entry_state
 
 __all__ = [
     "ApplyPlan",

@@ -3,11 +3,16 @@
 Every path is classified before any is written: live == Q → write F; live == F → already
 applied; otherwise a conflict, and then nothing is written at all. The writes go in
 batches of :data:`BATCH` paths. For each: every temporary written next to its target
-(a directory, or an empty file where live holds nothing, is made in place instead);
-one ``syncfs`` (a single commit, whatever the number of files and directories), which
-also makes the previous batch's renames durable, whose receipt lines then follow in one
-write and one fsync; then each target re-checked right before its temporary is renamed
-over it. A last ``syncfs`` and receipt write close the apply. A receipt therefore proves
+(a directory, or an empty file where live holds nothing, is made in place instead); a
+barrier where the temporaries need one; then each target re-checked right before its
+temporary is renamed over it. The barrier is one ``syncfs`` (a single commit, whatever
+the number of files and directories), which also makes the earlier batches' renames
+durable, whose receipt lines then follow in one write and one fsync. A temporary needs
+it unless the live filesystem is Btrfs and the temporary holds no byte written through
+the page cache (F's data shared by a reflink, a symlink, no data): Btrfs commits
+metadata in whole transactions, in order, so no crash keeps a rename and loses what the
+temporary was made of. Without barriers a ``syncfs`` still comes every :data:`UNSETTLED`
+batches, and a last one with its receipts closes the apply. A receipt therefore proves
 its path durably holds F; a crash loses at most the receipts of the batches not yet
 synced, and the re-run finds those paths already equal to F. Every directory is reached
 component by component without following a symlink (and opened once per walk, not once
@@ -18,53 +23,43 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
-import hashlib
 import json
 import logging
 import os
 import secrets
 import stat
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Literal, get_args
 
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
-from cairn.fsutil import copy_file_data, syncfs
+from cairn.fsutil import clone_file, copy_bytes, fsync_dir, on_btrfs, syncfs
 from cairn.pathrules import TMP_PREFIX, ancestors, check_relative, depth, parent
+from cairn.settle_walk import (
+    ABSENT,
+    EMPTY_SHA256,
+    Blocked,
+    EntryKind,
+    EntryState,
+    Tree,
+    hash_fd,
+    same_state,
+    state_in,
+)
 
 log = logging.getLogger(__name__)
 
-BATCH = 1024  # paths per syncfs and receipt write: what a crash can leave without a receipt
-_CHUNK = 1 << 20
-_OPEN_DIRS = 128  # directory fds one walk keeps open (well below the default 1,024)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+BATCH = 1024  # paths per batch: temporaries, one barrier when they need it, renames
+UNSETTLED = 8  # batches at most between two syncfs: what a crash can leave without receipts
 
 
 # Dataclasses, not pydantic, whose import was most of the apply unit's start; root checks
 # what the unit writes (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
 
-EntryKind = Literal["absent", "file", "dir", "symlink", "other", "blocked"]
 ReceiptAction = Literal["written", "deleted", "already"]
-
-
-@dataclass(frozen=True, slots=True)
-class EntryState:
-    """What apply compares: type, permission bits, content hash, symlink target.
-    ``blocked`` means a parent directory is missing as a directory (e.g. a symlink)."""
-
-    kind: EntryKind
-    mode: int = 0
-    sha256: str = ""
-    target: str = ""
-
-
-_ABSENT = EntryState(kind="absent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +104,10 @@ class ApplyReceipt:
     at: float
 
     def line(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":")) + "\n"
+        f = self.f  # spelled out: dataclasses.asdict deep-copies each field, recursively
+        state = {"kind": f.kind, "mode": f.mode, "sha256": f.sha256, "target": f.target}
+        return json.dumps({"path": self.path, "action": self.action, "f": state, "at": self.at},
+                          separators=(",", ":")) + "\n"
 
     @classmethod
     def from_line(cls, line: str) -> ApplyReceipt:
@@ -149,148 +147,10 @@ class Checked:
     receipt_differs: list[str]
 
 
-class _Blocked(Exception):
-    pass
-
-
 class _Raced(Exception):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.path = path
-
-
-# -- walking a tree without following links ---------------------------------------------
-
-
-class _Tree:
-    """The directories of one root, each opened from its parent without following a
-    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`).
-    ``settled``: the tree does not change during the walk (a read-only snapshot, or the
-    live tree while only being classified: every write re-checks its target), so a
-    directory found missing is remembered as missing."""
-
-    def __init__(self, root: Path, settled: bool = False) -> None:
-        self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.fds: OrderedDict[str, int] = OrderedDict()
-        self.missing: set[str] | None = set() if settled else None
-
-    def __enter__(self) -> _Tree:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-        os.close(self.root_fd)
-
-    def dir(self, rel: str) -> int | None:
-        """The fd of directory ``rel`` ("" is the root); None when a component is missing;
-        raises ``_Blocked`` when a component exists but is not a directory. Valid until
-        the next call."""
-        if not rel:
-            return self.root_fd
-        fd = self.fds.get(rel)
-        if fd is not None:
-            self.fds.move_to_end(rel)
-            return fd
-        if self.missing is not None and rel in self.missing:
-            return None
-        head, _, name = rel.rpartition("/")
-        pfd = self.dir(head)
-        if pfd is None:
-            return None
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
-        except FileNotFoundError:
-            if self.missing is not None:
-                self.missing.add(rel)
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
-                raise _Blocked(rel) from exc
-            raise
-        self.fds[rel] = fd
-        while len(self.fds) > _OPEN_DIRS:
-            os.close(self.fds.popitem(last=False)[1])
-        return fd
-
-    def parent(self, path: str) -> int | None:
-        return self.dir(parent(path))
-
-    def forget(self, rel: str) -> None:
-        """Close what is open at or below ``rel`` (a directory just removed)."""
-        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
-            os.close(self.fds.pop(key))
-
-    def state(self, path: str) -> EntryState:
-        """The state of ``path`` in this tree."""
-        try:
-            fd = self.parent(path)
-        except _Blocked:
-            return EntryState(kind="blocked")
-        if fd is None:
-            return _ABSENT
-        return _state_in(fd, path.rpartition("/")[2])
-
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-
-
-def same_state(a: EntryState, b: EntryState) -> bool:
-    """``a == b``, field by field (the three-way check's comparison, made often)."""
-    return (a.kind, a.mode, a.sha256, a.target) == (b.kind, b.mode, b.sha256, b.target)
-
-
-@functools.lru_cache(maxsize=4096)
-def _known(
-    kind: Literal["file", "dir", "symlink"], mode: int, sha256: str = "", target: str = ""
-) -> EntryState:
-    """A state read from the kernel (its fields already of their declared types), built
-    without validation and shared: most entries of one apply look alike."""
-    return EntryState(kind, mode, sha256, target)
-
-
-def _hash_fd(fd: int) -> str:
-    h = hashlib.sha256()
-    while True:
-        chunk = os.read(fd, _CHUNK)
-        if not chunk:
-            return h.hexdigest()
-        h.update(chunk)
-
-
-def _state_in(dir_fd: int, name: str) -> EntryState:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return _ABSENT
-    mode = stat.S_IMODE(st.st_mode)
-    if stat.S_ISREG(st.st_mode):
-        if st.st_size == 0:  # what an empty file hashes to; it is also empty when read
-            return _known("file", mode, EMPTY_SHA256)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        try:
-            return _known("file", mode, _hash_fd(fd))
-        finally:
-            os.close(fd)
-    if stat.S_ISDIR(st.st_mode):
-        return _known("dir", mode)
-    if stat.S_ISLNK(st.st_mode):
-        target = os.readlink(name, dir_fd=dir_fd)
-        return _known("symlink", 0, "", target)
-    return EntryState(kind="other", mode=mode)
-
-
-def entry_state(root: Path, path: str) -> EntryState:
-    """The state of ``root/path`` without following symlinks anywhere on the way."""
-    check_relative(path)
-    with _Tree(root) as tree:
-        return tree.state(path)
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -307,19 +167,19 @@ def _conflict_reason(p: PathPlan) -> str:
 def plan_apply(q: Path, f: Path, live: Path, paths: list[str]) -> ApplyPlan:
     """Classify every path: Q == F → ``unchanged``; live == F → ``already``; live == Q →
     ``write``; otherwise ``conflict``. Reads only."""
-    with _Tree(q, True) as qt, _Tree(f, True) as ft, _Tree(live, True) as lt:
+    with Tree(q, True) as qt, Tree(f, True) as ft, Tree(live, True) as lt:
         return _plan(qt, ft, lt, paths)
 
 
-def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
+def _plan(qt: Tree, ft: Tree, lt: Tree, paths: list[str]) -> ApplyPlan:
     planned: list[PathPlan] = []
     by_path: dict[str, PathPlan] = {}
     for path in sorted(set(paths)):  # a directory sorts before what it holds
         qs, fs, ls = qt.state(path), ft.state(path), lt.state(path)
         # Q and F are the run's own snapshots: below a non-directory nothing exists there.
-        qs, fs = (_ABSENT if s.kind == "blocked" else s for s in (qs, fs))
+        qs, fs = (ABSENT if s.kind == "blocked" else s for s in (qs, fs))
         if ls.kind == "blocked" and _unblocked_by_apply(lt, path, by_path):
-            ls = _ABSENT
+            ls = ABSENT
         action: Literal["write", "already", "unchanged", "conflict"]
         if same_state(qs, fs):
             action = "unchanged"  # nothing to settle here, whatever the live state
@@ -339,7 +199,7 @@ def _plan(qt: _Tree, ft: _Tree, lt: _Tree, paths: list[str]) -> ApplyPlan:
     return ApplyPlan(paths=planned)
 
 
-def _unblocked_by_apply(lt: _Tree, path: str, by_path: dict[str, PathPlan]) -> bool:
+def _unblocked_by_apply(lt: Tree, path: str, by_path: dict[str, PathPlan]) -> bool:
     """Whether the live non-directory that blocks ``path`` is one this apply replaces
     with a directory (file → directory in the proposal): then ``path`` is absent."""
     for top in reversed(ancestors(path)):
@@ -351,10 +211,10 @@ def _unblocked_by_apply(lt: _Tree, path: str, by_path: dict[str, PathPlan]) -> b
     return False
 
 
-def _extra_entries(lt: _Tree, path: str, removed: set[str]) -> bool:
+def _extra_entries(lt: Tree, path: str, removed: set[str]) -> bool:
     try:
         fd = lt.dir(path)
-    except _Blocked:
+    except Blocked:
         return True
     if fd is None:
         return False
@@ -391,9 +251,19 @@ _Entry = tuple[str, Literal["written", "deleted", "already"], EntryState]  # a r
 
 
 class _ReceiptLog:
+    """The receipts file, opened for appending. A new one is made durable at once: that
+    it exists tells a re-run that temporaries may have been left (:func:`apply`)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            self.fd = os.open(path, flags | os.O_EXCL, 0o600)
+        except FileExistsError:
+            self.fd = os.open(path, flags, 0o600)
+        else:
+            os.fsync(self.fd)
+            fsync_dir(path.parent)
 
     def add(self, entries: Iterable[_Entry]) -> None:
         """Append one line per entry in a single write, then one fsync."""
@@ -411,16 +281,21 @@ class _ReceiptLog:
 
 
 class _Batch:
-    """One batch's live directory walk and the receipts of what it changed."""
+    """One batch's live directory walk and the receipts of what it changed.
+    ``ordered``: the live filesystem commits metadata whole and in order (Btrfs), so a
+    temporary that holds no bytes written through the page cache needs no barrier before
+    its rename; ``bytes_written``: one of this batch's temporaries does."""
 
-    def __init__(self, live: Path) -> None:
-        self.tree = _Tree(live)
+    def __init__(self, live: Path, ordered: bool) -> None:
+        self.tree = Tree(live)
         self.done: list[_Entry] = []
+        self.ordered = ordered
+        self.bytes_written = False
 
     def parent_fd(self, path: str) -> int:
         try:
             fd = self.tree.parent(path)
-        except _Blocked as exc:
+        except Blocked as exc:
             raise _Raced(path) from exc
         if fd is None:
             raise _Raced(path)
@@ -429,9 +304,14 @@ class _Batch:
     def close(self) -> None:
         self.tree.close()
 
+    def needs_barrier(self, temps: int) -> bool:
+        """Whether ``temps`` temporaries must be made durable before their renames: a
+        rename that became durable first would leave a crash a target without its data."""
+        return self.bytes_written or (temps > 0 and not self.ordered)
+
 
 def _recheck(dir_fd: int, name: str, path: str, expected: EntryState) -> None:
-    if not same_state(_state_in(dir_fd, name), expected):
+    if not same_state(state_in(dir_fd, name), expected):
         raise _Raced(path)
 
 
@@ -451,12 +331,12 @@ def _remove(batch: _Batch, p: PathPlan) -> None:
         os.unlink(name, dir_fd=fd)
 
 
-def _make_parents(batch: _Batch, ft: _Tree, path: str) -> None:
+def _make_parents(batch: _Batch, ft: Tree, path: str) -> None:
     """Create missing live parent directories with F's modes (never through symlinks)."""
     try:
         if batch.tree.dir(parent(path)) is not None:
             return  # the common case: the parent is there
-    except _Blocked as exc:
+    except Blocked as exc:
         raise _Raced(path) from exc
     for sub in reversed(ancestors(path)):
         fd = batch.parent_fd(sub)
@@ -470,10 +350,10 @@ def _make_parents(batch: _Batch, ft: _Tree, path: str) -> None:
 
 
 def _before(p: PathPlan) -> EntryState:
-    return _ABSENT if _needs_removal(p) else p.q
+    return ABSENT if _needs_removal(p) else p.q
 
 
-def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
+def _prepare(batch: _Batch, ft: Tree, p: PathPlan) -> str | None:
     """Directories are made (or re-moded) at once; anything else gets a temporary next
     to its target, whose name is returned."""
     _make_parents(batch, ft, p.path)
@@ -492,15 +372,18 @@ def _prepare(batch: _Batch, ft: _Tree, p: PathPlan) -> str | None:
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     if p.f.kind == "symlink":
         os.symlink(p.f.target, tmp, dir_fd=fd)
-    else:
-        _write_temp_from_f(ft, p.path, fd, tmp, p.f)
+    elif not _write_temp_from_f(ft, p.path, fd, tmp, p.f):
+        batch.bytes_written = True
     return tmp
 
 
-def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
+def _write_temp_from_f(ft: Tree, path: str, live_fd: int, tmp: str, expected: EntryState) -> bool:
+    """The temporary ``tmp`` holding F's ``path``, checked against F (its hash, or for a
+    reflink its size); True when it holds no byte written through the page cache (F's
+    data shared by a reflink, or none), False when the bytes were copied."""
     if expected.sha256 == EMPTY_SHA256:
         _write_empty_temp(path, live_fd, tmp, expected)
-        return
+        return True
     ffd = ft.parent(path)
     if ffd is None:
         raise StorageError(f"{path} vanished from the final snapshot")
@@ -511,21 +394,28 @@ def _write_temp_from_f(ft: _Tree, path: str, live_fd: int, tmp: str, expected: E
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
         )
         try:
-            copy_file_data(sfd, dfd)
+            cloned = clone_file(sfd, dfd)
+            if cloned:  # F's own extents: the same bytes as long as it is as long
+                same = os.fstat(dfd).st_size == os.fstat(sfd).st_size
+            else:
+                copy_bytes(sfd, dfd)
             os.fchmod(dfd, expected.mode)
         finally:
             os.close(dfd)
-        check = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=live_fd)
-        try:
-            if _hash_fd(check) != expected.sha256:
-                raise StorageError(f"copy of {path} does not match the final snapshot")
-        finally:
-            os.close(check)
+        if not cloned:
+            check = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=live_fd)
+            try:
+                same = hash_fd(check) == expected.sha256
+            finally:
+                os.close(check)
+        if not same:
+            raise StorageError(f"copy of {path} does not match the final snapshot")
     except BaseException:
         _unlink_quietly(live_fd, tmp)
         raise
     finally:
         os.close(sfd)
+    return cloned
 
 
 def _create_empty(dir_fd: int, name: str, p: PathPlan) -> None:
@@ -570,10 +460,11 @@ def _unlink_quietly(dir_fd: int, name: str) -> None:
         pass
 
 
-def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan], synced: Callable[[bool], None],
+def _place(batch: _Batch, ft: Tree, plans: list[PathPlan], synced: Callable[[bool], None],
            marker: Path) -> None:
-    """Temporaries for every path of the batch, ``synced(any_temps)``, then each
-    target re-checked and its temporary renamed over it; a path that changed meanwhile
+    """Temporaries for every path of the batch, ``synced(barrier)`` (whether they must be
+    durable before their renames: :meth:`_Batch.needs_barrier`), then each target
+    re-checked and its temporary renamed over it; a path that changed meanwhile
     stops the batch (``_Raced``) with every temporary removed and what was renamed
     recorded in ``batch.done``."""
     temps: list[tuple[PathPlan, str]] = []
@@ -584,7 +475,7 @@ def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan], synced: Callable[[bo
                 batch.done.append((p.path, "written", p.f))
             else:
                 temps.append((p, tmp))
-        synced(bool(temps))
+        synced(batch.needs_barrier(len(temps)))
         failpoint("apply-after-temps", marker)
         while temps:
             p, tmp = temps[0]
@@ -598,7 +489,7 @@ def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan], synced: Callable[[bo
         for p, tmp in temps:
             try:
                 left_in = batch.tree.parent(p.path)
-            except _Blocked:
+            except Blocked:
                 continue
             if left_in is not None:
                 _unlink_quietly(left_in, tmp)
@@ -607,11 +498,11 @@ def _place(batch: _Batch, ft: _Tree, plans: list[PathPlan], synced: Callable[[bo
 def remove_stale_temps(live: Path, paths: list[str]) -> None:
     """Remove temp files an interrupted apply left next to the paths it was writing
     (only names with this module's prefix; never through a symlink)."""
-    with _Tree(live) as tree:
+    with Tree(live) as tree:
         for folder in sorted({parent(p) for p in paths}):
             try:
                 fd = tree.dir(folder)
-            except _Blocked:
+            except Blocked:
                 continue
             if fd is None:
                 continue
@@ -642,11 +533,12 @@ def apply(
     """
     for path in paths:
         check_relative(path)
-    remove_stale_temps(live, paths)
+    if receipts.exists():  # made before the first temporary: only then can one be left
+        remove_stale_temps(live, paths)
     done = read_receipts(receipts)
     started = time.monotonic()
-    with _Tree(q, True) as qt, _Tree(f, True) as ft:
-        with _Tree(live, True) as lt:  # only classified: every write re-checks its target
+    with Tree(q, True) as qt, Tree(f, True) as ft:
+        with Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
         log.info("apply: %d paths classified in %.1f s", len(plan.paths),
                  time.monotonic() - started)
@@ -662,7 +554,7 @@ def apply(
             found: list[_Entry] = [(p.path, "already", p.f) for p in plan.paths
                                    if p.action == "already" and p.path not in done]
             if found:  # a crashed run's renames may not be durable yet: first make them so
-                with _Tree(live) as lt:
+                with Tree(live) as lt:
                     syncfs(lt.root_fd)
                 log_.add(found)
             applied = _write(plan, ft, live, log_, progress)
@@ -687,21 +579,25 @@ class _Stopped(_Raced):
 
 
 class _Writer:
-    """Batches in order, pipelined: one ``syncfs`` makes a batch's temporaries durable
-    and with them what the batches before it renamed or removed, whose receipts then
-    follow (so a receipt is never written before its path is durably F)."""
+    """Batches in order, pipelined: one ``syncfs`` makes durable what every batch before
+    it renamed or removed (and the temporaries of the batch that asked for it), whose
+    receipts then follow, so a receipt is never written before its path is durably F.
+    A batch asks for one only when its temporaries need a barrier; otherwise the next
+    ``syncfs`` comes after :data:`UNSETTLED` batches, or at the end."""
 
     def __init__(self, live: Path, log_: _ReceiptLog, total: int,
                  progress: Callable[[int, int], None] | None) -> None:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
-        self.unsettled: list[_Batch] = []
+        self.unsettled: list[list[_Entry]] = []  # each batch's receipts-to-be
         self.applied: list[str] = []
         self.syncs, self.synced_for = 0, 0.0
+        with Tree(live) as tree:
+            self.ordered = on_btrfs(tree.root_fd)
 
     def sync(self, fd: int, force: bool = False) -> None:
-        """One syncfs of the live filesystem (when ``force`` or a batch awaits it), then
-        the receipts of every batch whose changes it made durable."""
-        if not (force or self.unsettled):
+        """One syncfs of the live filesystem when ``force`` or :data:`UNSETTLED` batches
+        await it, then the receipts of every batch whose changes it made durable."""
+        if not force and len(self.unsettled) < UNSETTLED:
             return
         started = time.monotonic()
         syncfs(fd)
@@ -709,17 +605,15 @@ class _Writer:
         self.synced_for += time.monotonic() - started
         if not self.unsettled:
             return
-        self.log.add(entry for batch in self.unsettled for entry in batch.done)
+        self.log.add(entry for done in self.unsettled for entry in done)
         failpoint("apply-after-receipts", self.log.path.parent)
-        while self.unsettled:
-            batch = self.unsettled.pop(0)
-            self.applied += [path for path, _, _ in batch.done]
-            batch.close()
+        self.applied += [path for done in self.unsettled for path, _, _ in done]
+        self.unsettled.clear()
         if self.progress is not None:
             self.progress(len(self.applied), self.total)
 
-    def batch(self, plans: list[PathPlan], ft: _Tree, removing: bool) -> None:
-        batch = _Batch(self.live)
+    def batch(self, plans: list[PathPlan], ft: Tree, removing: bool) -> None:
+        batch = _Batch(self.live, self.ordered)
         try:
             if removing:
                 self.sync(batch.tree.root_fd)
@@ -732,15 +626,17 @@ class _Writer:
                        self.log.path.parent)
             failpoint("apply-after-renames", self.log.path.parent)
         finally:
-            self.unsettled.append(batch)  # after a race too: what it did is kept
+            self.unsettled.append(batch.done)  # after a race too: what it did is kept
+            batch.close()
 
     def finish(self) -> None:
-        with _Tree(self.live) as tree:
-            self.sync(tree.root_fd)
+        if self.unsettled:
+            with Tree(self.live) as tree:
+                self.sync(tree.root_fd, force=True)
 
 
 def _write(
-    plan: ApplyPlan, ft: _Tree, live: Path, log_: _ReceiptLog,
+    plan: ApplyPlan, ft: Tree, live: Path, log_: _ReceiptLog,
     progress: Callable[[int, int], None] | None,
 ) -> list[str] | _Stopped:
     """Removals (deepest first), then placements (shallowest first), batch by batch;
@@ -764,9 +660,6 @@ def _write(
     except _Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)
-    finally:
-        for batch in writer.unsettled:
-            batch.close()
     return writer.applied
 
 
@@ -778,12 +671,12 @@ def check_applied(q: Path, f: Path, live: Path, paths: list[str], receipts: Path
     done = read_receipts(receipts)
     found: dict[str, list[str]] = {"as_applied": [], "reverted": [], "changed": []}
     differs: list[str] = []
-    with _Tree(q) as qt, _Tree(f) as ft, _Tree(live) as lt:
+    with Tree(q) as qt, Tree(f) as ft, Tree(live) as lt:
         for path in sorted(set(paths) | set(done)):
             check_relative(path)
             fs, qs, ls = ft.state(path), qt.state(path), lt.state(path)
-            fs, qs = (_ABSENT if s.kind == "blocked" else s for s in (fs, qs))
-            ls = _ABSENT if ls.kind == "blocked" and fs.kind == "absent" else ls
+            fs, qs = (ABSENT if s.kind == "blocked" else s for s in (fs, qs))
+            ls = ABSENT if ls.kind == "blocked" and fs.kind == "absent" else ls
             if path in done and done[path].f != fs:
                 differs.append(path)
             if ls == fs:

@@ -32,6 +32,7 @@ from storage_figures import _drop_subvolume, _fresh_subvolume, _settle_io, loop_
 from synth import Editor, build_project
 from verdicts import PROFILED_PREFIX, PROFILED_WHOLE
 
+from cairn import proc
 from cairn.sendstream import changes
 from cairn.settle import SettlementPolicy, apply, build_candidate
 from cairn.settle_apply import Applied
@@ -44,8 +45,8 @@ PROFILED = {
     "fsync": ("posix.fsync",),
     "syncfs": ("syncfs",),
     "rename": ("posix.rename",),
-    "hash (plan, re-checks, copy check)": ("_hash_fd",),
-    "copy data (reflink)": ("copy_file_data",),
+    "hash (plan, re-checks, copy check)": ("_hash_fd", "hash_fd",),
+    "copy data (reflink)": ("copy_file_data", "clone_file", "copy_bytes"),
     "stat/open/mkdir/unlink": ("posix.stat", "posix.open", "posix.mkdir", "posix.unlink"),
     "receipt lines (json)": ("line",),
 }
@@ -123,6 +124,27 @@ def apply_once(pool: Pool, s: Settled, profile: cProfile.Profile | None = None,
     return sw.elapsed
 
 
+def apply_alternating(pool: Pool, s: Settled, rounds: int) -> list[float]:
+    """``rounds`` timed applies into one live project with its own metadata (a copy of
+    Q, its data reflinked, as the importer's Q shares a project's data on the same
+    Btrfs): Q → F, then F → Q, and so on, each with the same 1,000 changes."""
+    live, receipts = s.work / "live", s.work / "receipts.jsonl"
+    _drop_subvolume(live)
+    btrfsutil.create_subvolume(os.fspath(live))
+    proc.run(["cp", "-a", "--reflink=always", f"{s.q}/.", os.fspath(live)], timeout=600)
+    samples, base, target = [], s.q, s.f
+    for _ in range(rounds):
+        receipts.unlink(missing_ok=True)
+        _settle_io(pool.root.parent)
+        with Stopwatch() as sw:
+            result = apply(base, target, live, s.accepted, receipts)
+        if result.status != "applied" or len(result.applied) != len(s.accepted):
+            raise AssertionError(f"apply: {result.status}, {len(result.conflicts)} conflicts")
+        samples.append(sw.elapsed)
+        base, target = target, base
+    return samples
+
+
 def profile_phases(profile: cProfile.Profile) -> list[tuple[str, float]]:
     """Where one profiled apply spent its time: the plan (cumulative) and each phase of
     :data:`PROFILED` (own time summed over calls, the call count in its name), slowest
@@ -173,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--apply-from", type=Path, metavar="FILE",
                         help="measure the apply function of this module file instead")
+    parser.add_argument("--own-live", action="store_true",
+                        help="also time applies into a live project with its own metadata")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("apply_figures.py: run as root (loop devices, Btrfs)", file=sys.stderr)
@@ -191,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"apply of {len(s.accepted)} paths, project of {n:,} files: "
                           f"median {median * 1000:.1f} ms, max {samples[-1] * 1000:.1f} ms "
                           f"(n={len(samples)})")
+                    if args.own_live:
+                        own = sorted(apply_alternating(pool, s, args.repeat))
+                        print(f"  live with its own metadata, Q → F and back: median "
+                              f"{own[len(own) // 2] * 1000:.1f} ms, max {own[-1] * 1000:.1f} ms "
+                              f"(n={len(own)})")
                     if args.profile:
                         prof = cProfile.Profile()
                         total = apply_once(pool, s, prof, apply_fn)

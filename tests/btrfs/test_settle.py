@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn import settle_apply
+from cairn import fsutil, settle_apply
 from cairn.sendstream import changes
 from cairn.settle import (
     SettlementPolicy,
@@ -194,8 +194,9 @@ def test_apply_clean_then_already_applied(pool: Pool, run_id: str, tmp_path: Pat
     result = apply(q, f, live, accepted, receipts, lambda n, total: progress.append((n, total)))
     assert result.status == "applied" and not result.conflicts
     assert sorted(result.applied) == sorted(accepted)
-    # one report per batch (the deletions, then the placements), counting up to all
-    assert progress == [(2, len(accepted)), (len(accepted), len(accepted))]
+    # one report per syncfs: here, on the pool's Btrfs with reflinked temporaries, the
+    # deletions' batch and the placements' share the one at the end
+    assert progress == [(len(accepted), len(accepted))]
     assert inventories_equal(f, live)
     assert stat.S_IMODE(os.lstat(live / "src" / "util.py").st_mode) == 0o755
     lines = [json.loads(line) for line in receipts.read_text().splitlines()]
@@ -286,21 +287,45 @@ def test_partial_apply_resumes_from_receipts(pool: Pool, run_id: str, tmp_path: 
     assert inventories_equal(f, live)
 
 
-# failpoint -> (paths holding F at the crash, receipt lines at the crash); the first
-# batch of BATCH paths is where each fires.
+# The crashed apply below has four batches (3 * BATCH + 50 paths). Its temporaries are
+# reflinks of F on the live project's own Btrfs ("reflinked": no barrier before the renames,
+# one syncfs at the end) or, with the reflink refused, copies of F's bytes ("copied": a
+# syncfs before each batch's renames, as on any other filesystem).
+COUNT = 3 * BATCH + 50
+# mode -> failpoint -> (paths holding F at the crash, receipt lines at the crash,
+# temporaries left); the first batch is where each fires but "apply-after-receipts",
+# which fires at the first syncfs with receipts to write.
 APPLY_CRASHES = {
-    "apply-after-temps": (0, 0),  # every temporary of the batch written and synced
-    "mid-apply": (1, 0),  # one path renamed into place, the rest of the batch not
-    "apply-after-renames": (BATCH, 0),  # the batch renamed, its directories synced
-    # the next batch's temporaries and the first batch's renames synced, its receipts
-    # fsync'd, the next batch not renamed
-    "apply-after-receipts": (BATCH, BATCH),
+    "copied": {
+        "apply-after-temps": (0, 0, BATCH),  # the batch's temporaries written and synced
+        "mid-apply": (1, 0, BATCH - 1),  # one path renamed into place, the rest not
+        "apply-after-renames": (BATCH, 0, 0),  # the batch renamed
+        # the next batch's temporaries and the first batch's renames synced, its
+        # receipts fsync'd, the next batch not renamed
+        "apply-after-receipts": (BATCH, BATCH, BATCH),
+    },
+    "reflinked": {
+        "apply-after-temps": (0, 0, BATCH),  # the batch's temporaries made, not synced
+        "mid-apply": (1, 0, BATCH - 1),
+        "apply-after-renames": (BATCH, 0, 0),
+        # no barrier before: every batch renamed, then the one syncfs and every receipt
+        "apply-after-receipts": (COUNT, COUNT, 0),
+    },
 }
+APPLY_CHILD = (
+    "import json, sys; from pathlib import Path; from cairn import settle_apply; "
+    "a = sys.argv[1:]; "
+    "settle_apply.clone_file = (lambda src, dst: False) if a[5] == 'copied' else "
+    "settle_apply.clone_file; "
+    "settle_apply.apply(Path(a[0]), Path(a[1]), Path(a[2]), "
+    "json.loads(Path(a[3]).read_text()), Path(a[4]))"
+)
 
 
-@pytest.mark.parametrize("failpoint", sorted(APPLY_CRASHES))
+@pytest.mark.parametrize(("mode", "failpoint"), [
+    (mode, failpoint) for mode, table in APPLY_CRASHES.items() for failpoint in sorted(table)])
 def test_apply_killed_between_phases_resumes_to_the_same_tree(
-    pool: Pool, run_id: str, tmp_path: Path, failpoint: str
+    pool: Pool, run_id: str, tmp_path: Path, mode: str, failpoint: str
 ) -> None:
     """SIGKILLed at each phase boundary of a batch, the apply leaves exactly the state the
     phase promises; run again it ends with live == F, no temporary left, and one receipt
@@ -308,7 +333,7 @@ def test_apply_killed_between_phases_resumes_to_the_same_tree(
     live = pool.root / "live"
     pool.create_subvolume(live)
     (live / "data").mkdir()
-    count = 3 * BATCH + 50
+    count = COUNT
     for i in range(count):
         (live / "data" / f"f{i:04}").write_text(f"old {i}\n")
 
@@ -321,25 +346,19 @@ def test_apply_killed_between_phases_resumes_to_the_same_tree(
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(accepted))
     receipts = tmp_path / "receipts.jsonl"
-    code = (
-        "import json, sys; from pathlib import Path; from cairn.settle import apply; "
-        "a = sys.argv[1:]; apply(Path(a[0]), Path(a[1]), Path(a[2]), "
-        "json.loads(Path(a[3]).read_text()), Path(a[4]))"
-    )
     child = subprocess.run(
-        [sys.executable, "-c", code, str(q), str(f), str(live), str(plan_file), str(receipts)],
+        [sys.executable, "-c", APPLY_CHILD, str(q), str(f), str(live), str(plan_file),
+         str(receipts), mode],
         cwd=REPO, env={**os.environ, "CAIRN_FAILPOINTS": failpoint}, timeout=120,
     )
     assert child.returncode == -signal.SIGKILL
     assert (tmp_path / f"failpoint-{failpoint}").exists()
 
-    holding_f, receipt_lines = APPLY_CRASHES[failpoint]
+    holding_f, receipt_lines, temps_left = APPLY_CRASHES[mode][failpoint]
     contents = [(live / "data" / f"f{i:04}").read_text() for i in range(count)]
     assert sum(c.startswith("new") for c in contents) == holding_f
     assert receipts.read_text().count("\n") == receipt_lines
-    temps = list(live.rglob(".cairn-apply.*"))
-    left = {"apply-after-temps": BATCH, "mid-apply": BATCH - 1, "apply-after-receipts": BATCH}
-    assert len(temps) == left.get(failpoint, 0)
+    assert len(list(live.rglob(".cairn-apply.*"))) == temps_left
 
     result = apply(q, f, live, accepted, receipts)
     assert result.status == "applied"
@@ -373,13 +392,9 @@ def test_new_empty_files_are_made_in_place_and_a_crash_leaves_them_as_f(
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(accepted))
     receipts = tmp_path / "receipts.jsonl"
-    code = (
-        "import json, sys; from pathlib import Path; from cairn.settle import apply; "
-        "a = sys.argv[1:]; apply(Path(a[0]), Path(a[1]), Path(a[2]), "
-        "json.loads(Path(a[3]).read_text()), Path(a[4]))"
-    )
     child = subprocess.run(
-        [sys.executable, "-c", code, str(q), str(f), str(live), str(plan_file), str(receipts)],
+        [sys.executable, "-c", APPLY_CHILD, str(q), str(f), str(live), str(plan_file),
+         str(receipts), "reflinked"],
         cwd=REPO, env={**os.environ, "CAIRN_FAILPOINTS": "apply-after-temps"}, timeout=120,
     )
     assert child.returncode == -signal.SIGKILL
@@ -430,13 +445,14 @@ def test_a_persons_edit_during_the_apply_stops_it_and_is_kept(
     renamed before it stays, with receipts, and no temporary is left behind."""
     live = live_project(pool)
     q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
-    real_syncfs = settle_apply.syncfs
+    real_failpoint = settle_apply.failpoint
 
-    def edit_then_sync(fd: int) -> None:
-        (live / "src" / "new.py").write_text("a person got there first\n")
-        real_syncfs(fd)
+    def edit_after_temps(name: str, marker: Path) -> None:
+        if name == "apply-after-temps":
+            (live / "src" / "new.py").write_text("a person got there first\n")
+        real_failpoint(name, marker)
 
-    monkeypatch.setattr(settle_apply, "syncfs", edit_then_sync)
+    monkeypatch.setattr(settle_apply, "failpoint", edit_after_temps)
     receipts = tmp_path / "receipts.jsonl"
     result = apply(q, f, live, accepted, receipts)
     assert result.status == "conflict"
@@ -446,6 +462,68 @@ def test_a_persons_edit_during_the_apply_stops_it_and_is_kept(
     assert not list(live.rglob(".cairn-apply.*"))
     recorded = {json.loads(line)["path"] for line in receipts.read_text().splitlines()}
     assert recorded == set(result.applied) and "src/new.py" not in recorded
+
+
+@pytest.mark.parametrize("mode", ["reflinked", "copied"])
+def test_only_copied_bytes_need_a_barrier_before_the_renames(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """On the live project's own Btrfs a temporary that shares F's data (a reflink) is
+    metadata that commits in order with its rename: the whole apply makes one syncfs,
+    after the renames, then writes its receipts. Bytes copied into a temporary get a
+    syncfs before the first rename, as on every other filesystem."""
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
+    events: list[str] = []
+    real_syncfs, real_rename = settle_apply.syncfs, os.rename
+
+    def syncfs(fd: int) -> None:
+        events.append("syncfs")
+        real_syncfs(fd)
+
+    def rename(src: str, dst: str, **kwargs: int) -> None:
+        if src.startswith(".cairn-apply."):
+            events.append("rename")
+        real_rename(src, dst, **kwargs)
+
+    monkeypatch.setattr(settle_apply, "syncfs", syncfs)
+    monkeypatch.setattr(os, "rename", rename)
+    if mode == "copied":
+        monkeypatch.setattr(settle_apply, "clone_file", lambda src, dst: False)
+    receipts = tmp_path / "receipts.jsonl"
+    progress: list[tuple[int, int]] = []
+    result = apply(q, f, live, accepted, receipts, lambda n, total: progress.append((n, total)))
+    assert result.status == "applied"
+    assert inventories_equal(f, live)
+    renames, total = events.count("rename"), len(accepted)
+    assert renames >= 2
+    if mode == "reflinked":
+        assert events == ["rename"] * renames + ["syncfs"]
+        assert progress == [(total, total)]
+    else:  # the first syncfs also settles the deletions' batch (old.txt, docs/guide.md)
+        assert events == ["syncfs"] + ["rename"] * renames + ["syncfs"]
+        assert progress == [(2, total), (total, total)]
+    assert {json.loads(line)["path"] for line in receipts.read_text().splitlines()} == set(
+        result.applied)
+
+
+def test_clone_file_shares_data_on_one_btrfs_and_declines_across_filesystems(
+    pool: Pool, tmp_path: Path
+) -> None:
+    data = os.urandom(70_000)
+    (pool.root / "src").write_bytes(data)
+    fds = [os.open(pool.root / "src", os.O_RDONLY),
+           os.open(pool.root / "same", os.O_WRONLY | os.O_CREAT, 0o600),
+           os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT, 0o600)]
+    try:
+        assert fsutil.on_btrfs(fds[1]) and not fsutil.on_btrfs(fds[2])
+        assert fsutil.clone_file(fds[0], fds[1]) is True
+        assert fsutil.clone_file(fds[0], fds[2]) is False
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert (pool.root / "same").read_bytes() == data
+    assert (tmp_path / "other").read_bytes() == b""
 
 
 def test_worker_main_reports_conflict_as_an_outcome(

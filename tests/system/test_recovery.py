@@ -261,14 +261,16 @@ def test_write_reliability_table() -> None:
         "",
         "### Apply phases",
         "",
-        "The apply writes in batches (`cairn/settle_apply.py`): temporaries, one `syncfs`,",
-        "the previous batch's receipts, then the renames. The four `apply` rows above kill",
-        "it between those phases in a machine; "
+        "The apply writes in batches (`cairn/settle_apply.py`): temporaries, one `syncfs`",
+        "where they need it (bytes copied into them: always here, where the live project",
+        "is not on the pool's Btrfs), the earlier batches' receipts, then the renames. The",
+        "four `apply` rows above kill it between those phases in a machine; "
         "`tests/btrfs/test_settle.py::test_apply_killed_between_phases_resumes_to_the_same_"
-        "tree` kills it at the same failpoints with several batches on a real Btrfs and",
-        "checks the state each phase promises (how many paths hold F, how many receipts,",
-        "how many temporaries), then that the re-run ends with live equal to F, no",
-        "temporary left and exactly one receipt per path.",
+        "tree` kills it at the same failpoints with several batches on a real Btrfs, with",
+        "temporaries copied and with temporaries reflinked from F (no `syncfs` before the",
+        "renames, one at the end), and checks the state each phase promises (how many",
+        "paths hold F, how many receipts, how many temporaries), then that the re-run ends",
+        "with live equal to F, no temporary left and exactly one receipt per path.",
         "",
     ]
     write_section("reference", lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,29 @@ def test_syncfs_commits_the_filesystem_of_an_open_fd_and_refuses_a_closed_one(
         assert fsutil.syncfs(fd) is None
     finally:
         os.close(fd)
+
+
+def test_on_btrfs_tells_the_filesystem_type_stat_reports(tmp_path: Path) -> None:
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert fsutil.on_btrfs(fd) is (kind == "btrfs")
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as caught:
+        fsutil.on_btrfs(fd)  # closed
+    assert caught.value.errno == errno.EBADF
+
+
+def test_copy_bytes_copies_every_chunk(tmp_path: Path) -> None:
+    data = os.urandom(3 * (1 << 20) + 17)  # more than one chunk
+    (tmp_path / "src").write_bytes(data)
+    src = os.open(tmp_path / "src", os.O_RDONLY)
+    dst = os.open(tmp_path / "dst", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        assert fsutil.copy_bytes(src, dst) == len(data)
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert (tmp_path / "dst").read_bytes() == data
