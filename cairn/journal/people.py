@@ -218,7 +218,8 @@ class People(Writes):
     ) -> tuple[Literal["approved", "rejected", "expired"], bool]:
         """Decide a waiting approval request; exactly one concurrent decider wins, the
         others get :class:`AlreadyAnswered`. A decision after the deadline expires the
-        request instead (committed) and returns ``expired``."""
+        request instead (committed) and returns ``expired``, as does any decision on a
+        request that expired before it."""
         now = self.clock() if now is None else now
         with self.transaction() as db:
             run = self._people_run(db, run_id)
@@ -229,6 +230,8 @@ class People(Writes):
                 raise NotFound(
                     f"{run_id} has no approval request {request_id}", hint="see 'cairn inbox'"
                 )
+            if row["state"] == "expired":
+                return "expired", False  # by an earlier decision or cairnd's deadline timer
             if row["state"] != "waiting":
                 raise AlreadyAnswered(
                     f"approval request {request_id} of {run_id} is already answered "

@@ -156,8 +156,9 @@ def test_an_expired_approval_is_journalled_once_and_replayed(root: Path) -> None
         assert woken == [RUN] and journal.get_run(RUN).state == "pending"
         expired = journal.approval(RUN, approval.request_id)
         assert expired is not None and expired.state == "expired" and expired.actor_uid is None
-        # a person too late is refused: the decision was journalled once
-        with pytest.raises(CairnError, match="already answered"):
+        # a person too late hears it expired, as if they had been the one to expire it;
+        # the decision was journalled once
+        with pytest.raises(CairnError, match="recorded as expired"):
             people.decide(journal, RUN, daemon_request(
                 "reject", run_id=RUN, request_id=approval.request_id, reason="late"), OWNER)
         assert seconds_to_next(journal, time.time()) == LOOK_AGAIN_SEC
