@@ -166,7 +166,7 @@ def verify(path: Path, expected: SubvolumeReceipt) -> SubvolumeReceipt:
 def metadata_stream(q: Path, p: Path) -> bytes:
     """``btrfs send --no-data -p Q P``: the kernel's description of how read-only ``p``
     differs from read-only ``q`` (root only). Root passes the bytes on and never parses
-    them; :func:`cairn.sendstream.changes_in` does, in the owner's candidate unit."""
+    them; :func:`cairn.settle.changes.changes_in` does, in the owner's candidate unit."""
     # the stream is metadata only, so it stays small
     return proc.run(_metadata_send(q, p)).stdout
 

@@ -19,7 +19,7 @@ from cairn.protocol.settlement_record import (
     Verification,
 )
 from cairn.rawbytes import apply_result, readable_verification
-from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
+from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
 
 class Settlement(CoordinatorBase):

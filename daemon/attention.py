@@ -16,7 +16,7 @@ from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import RunRow
 from cairn.protocol.notify import WaitingItem
-from cairn.settle_outcome import APPLY_REQUEST_ID
+from cairn.settle.outcome import APPLY_REQUEST_ID
 
 
 def question_item(run_id: str, question: QuestionRow) -> WaitingItem:

@@ -49,7 +49,7 @@ from cairn.protocol.daemon import (
     StopRequest,
     WatchRequest,
 )
-from cairn.settle_outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
+from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models

@@ -14,7 +14,7 @@ from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.runlogs import journalctl_argv, log_units, split_cursor
-from cairn.settle_outcome import summary as settlement_summary
+from cairn.settle.outcome import summary as settlement_summary
 from cairn.views.run import run_view
 
 ADMIN_GROUP = "cairn-admin"

@@ -19,10 +19,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from cairn import journald, settle_apply
+from cairn import journald
 from cairn.errors import CairnError, ValidationFailed
 from cairn.fsutil import write_atomic
 from cairn.progress import ProgressWriter
+from cairn.settle import apply as settle_apply
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from cairn import journald
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.protocol.limits import TEXT_LIMIT
-from cairn.sendstream import changes_in
-from cairn.settle import inventories_equal
-from cairn.settle_candidate import build_candidate
-from cairn.settle_diff import unified_diff
-from cairn.settle_paths import SettlementPolicy
+from cairn.settle.candidate import build_candidate
+from cairn.settle.changes import changes_in
+from cairn.settle.diff import unified_diff
+from cairn.settle.inventory import inventories_equal
+from cairn.settle.paths import SettlementPolicy
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from cairn.journal.rows import OpRow
 from cairn.journal.snapshot import OpEventSpan, Unreadable
 from cairn.operations import FORK_KINDS
 from cairn.operations.spec import Contradiction
-from cairn.settle_outcome import SETTLEMENT_OP
+from cairn.settle.outcome import SETTLEMENT_OP
 
 ROOT_SCOPE = "root"
 

@@ -22,7 +22,7 @@ from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.runlogs import run_units
-from cairn.settle_outcome import summary as settlement_summary
+from cairn.settle.outcome import summary as settlement_summary
 from cairn.views import integrity
 
 # How many of a run's events a view lists: its first ones (how it began) and its last.

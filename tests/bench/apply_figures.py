@@ -2,7 +2,7 @@
 goes. Run as root, alone: ``.venv/bin/python tests/bench/apply_figures.py`` (a loop
 Btrfs under ``--workdir``, always detached afterwards); ``--profile`` adds a cProfile
 breakdown of one apply; ``--apply-from FILE`` measures the ``apply`` of another version
-of the module (``git show REV:cairn/settle.py > FILE``) for a before/after. ``./dev
+of the module (``git show REV:cairn/settle/apply.py > FILE``) for a before/after. ``./dev
 bench`` measures the same apply inside its tree figures.
 
 The edits are the suite's agent-like mix (70 % modified, 20 % new, 10 % deleted); the
@@ -33,9 +33,10 @@ from synth import Editor, build_project
 from verdicts import PROFILED_PREFIX, PROFILED_WHOLE
 
 from cairn import proc
-from cairn.sendstream import changes
-from cairn.settle import SettlementPolicy, apply, build_candidate
-from cairn.settle_apply import Applied
+from cairn.settle.apply import Applied, apply
+from cairn.settle.candidate import build_candidate
+from cairn.settle.changes import changes
+from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool
 
 CHANGED = 1000

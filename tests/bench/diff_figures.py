@@ -4,7 +4,7 @@ tests/bench/diff_figures.py`` (a loop Btrfs under ``--workdir``, always detached
 afterwards); ``--profile`` splits one detection into the ``btrfs send`` subprocess, the
 stream parse, the replay and the reads of Q and P (cProfile); ``--changes-from FILE``
 measures the ``changes`` of another version of the module (``git show
-REV:cairn/sendstream.py > FILE``) for a before/after; ``--node-size`` makes the pool's
+REV:cairn/settle/changes.py > FILE``) for a before/after; ``--node-size`` makes the pool's
 Btrfs with other node sizes. ``./dev bench`` measures the same detection inside its
 tree figures.
 
@@ -36,7 +36,7 @@ from measure import Stopwatch, collect
 from storage_figures import ShadowGit, _drop_subvolume, _fresh_subvolume, _settle_io, loop_pool
 from synth import Editor, build_project
 
-from cairn.sendstream import ChangeSet, changes, changes_in
+from cairn.settle.changes import ChangeSet, changes, changes_in
 from cairn.storage import Pool, metadata_stream
 
 CHANGED = 1000
@@ -160,7 +160,7 @@ def profile_lines(profile: cProfile.Profile, total: float, stream_bytes: int) ->
     cumulative: dict[str, float] = {}
     own: dict[str, tuple[int, float]] = {}
     for (file, _line, func), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        if "sendstream" in file or "storage" in file:
+        if any(part in file for part in ("changes.py", "sendstream", "storage")):
             cumulative[func] = max(cumulative.get(func, 0.0), ct)
         for phase, names in OWN.items():
             if func in names and (phase != "pydantic ChangeSet" or "pydantic" in file):

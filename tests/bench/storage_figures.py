@@ -2,7 +2,7 @@
 change detection, three-way apply and fork, each beside its comparison on the same tree.
 
 Cairn's side is always the library code the broker and coordinator run
-(:class:`cairn.storage.Pool`, :func:`cairn.sendstream.changes`,
+(:class:`cairn.storage.Pool`, :func:`cairn.settle.changes.changes`,
 :func:`cairn.settle.build_candidate` / :func:`cairn.settle.apply`,
 :class:`cairn.journal.readwrite.Journal`, the broker's
 :class:`cairn.broker.receipts.ReceiptStore`). Page caches are warm for every method alike:
@@ -39,8 +39,10 @@ from cairn.protocol.agent import Boundary
 from cairn.protocol.broker import AgentStarted, Checkpointed, Intent
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
-from cairn.sendstream import changes
-from cairn.settle import SettlementPolicy, apply, build_candidate
+from cairn.settle.apply import apply
+from cairn.settle.candidate import build_candidate
+from cairn.settle.changes import changes
+from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool, SubvolumeReceipt
 from cairn.storage_init import init_loop_pool, remove_loop_pool
 from cairn.worker.profiles import flush_workspace

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from cairn.protocol.settlement import CandidateFailure, CandidateResult
-from cairn.sendstream import changes
-from cairn.settle import SettlementPolicy, build_candidate, inventories_equal
+from cairn.settle.candidate import build_candidate
+from cairn.settle.changes import changes
+from cairn.settle.inventory import inventories_equal
+from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool, metadata_stream
 
 pytestmark = pytest.mark.btrfs

@@ -1,4 +1,4 @@
-"""``sendstream.changes`` against real ``btrfs send`` streams, checked against a full
+"""``cairn.settle.changes.changes`` against real ``btrfs send`` streams, checked against a full
 walk of Q and P (the ground truth the stream must reproduce)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cairn import proc
-from cairn.sendstream import PATH_ATTRS, ChangeTracker, changes, parse
+from cairn.settle.changes import PATH_ATTRS, ChangeTracker, changes, parse
 from cairn.storage import Pool
 
 pytestmark = pytest.mark.btrfs

@@ -13,7 +13,7 @@ from cairn import proc
 from cairn.importer import Progress, copy_tree
 from cairn.progress import PROGRESS_FILE
 from cairn.progress_relay import read_report
-from cairn.settle import inventories_equal
+from cairn.settle.inventory import inventories_equal
 from cairn.storage import Pool
 
 pytestmark = pytest.mark.btrfs

@@ -24,8 +24,8 @@ from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Checkpointed, Intent, QPrepared, Receipt
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
-from cairn.sendstream import changes
-from cairn.settle import inventories_equal
+from cairn.settle.changes import changes
+from cairn.settle.inventory import inventories_equal
 from cairn.storage import Pool
 from cairn.workflow.review import review_source
 

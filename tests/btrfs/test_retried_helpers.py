@@ -24,7 +24,7 @@ from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import ProposalFrozen, QPrepared
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.settlement import CandidateResult
-from cairn.settle import inventories_equal
+from cairn.settle.inventory import inventories_equal
 from cairn.storage import Pool, SubvolumeReceipt, is_subvolume
 from cairn.unitprops import HelperUnitSpec
 from cairn.workflow.review import review_source

@@ -13,17 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from cairn import fsutil, settle_apply
-from cairn.sendstream import changes
-from cairn.settle import (
-    SettlementPolicy,
-    apply,
-    build_candidate,
-    glob_regex,
-    inventories_equal,
-    plan_apply,
-)
-from cairn.settle_apply import BATCH
+from cairn import fsutil
+from cairn.settle import apply as settle_apply
+from cairn.settle.apply import BATCH, apply, plan_apply
+from cairn.settle.candidate import build_candidate
+from cairn.settle.changes import changes
+from cairn.settle.inventory import inventories_equal
+from cairn.settle.paths import SettlementPolicy, glob_regex
 from cairn.storage import Pool
 
 pytestmark = pytest.mark.btrfs
@@ -313,7 +309,7 @@ APPLY_CRASHES = {
     },
 }
 APPLY_CHILD = (
-    "import json, sys; from pathlib import Path; from cairn import settle_apply; "
+    "import json, sys; from pathlib import Path; from cairn.settle import apply as settle_apply; "
     "a = sys.argv[1:]; "
     "settle_apply.clone_file = (lambda src, dst: False) if a[5] == 'copied' else "
     "settle_apply.clone_file; "

@@ -19,16 +19,12 @@ import btrfsutil
 import pytest
 
 from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
-from cairn.sendstream import changes
-from cairn.settle import (
-    SettlementPolicy,
-    apply,
-    build_candidate,
-    inventories_equal,
-)
-from cairn.settle_candidate import Report
-from cairn.settle_outcome import summary
-from cairn.settle_paths import NESTED_SUBVOLUME
+from cairn.settle.apply import apply
+from cairn.settle.candidate import Report, build_candidate
+from cairn.settle.changes import changes
+from cairn.settle.inventory import inventories_equal
+from cairn.settle.outcome import summary
+from cairn.settle.paths import NESTED_SUBVOLUME, SettlementPolicy
 from cairn.storage import Pool, is_subvolume
 
 pytestmark = pytest.mark.btrfs

@@ -14,15 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cairn.sendstream import ChangeSet, changes
-from cairn.settle import (
-    SettlementPolicy,
-    apply,
-    build_candidate,
-    inventories_equal,
-)
-from cairn.settle_candidate import Report
-from cairn.settle_paths import symlink_reason
+from cairn.settle.apply import apply
+from cairn.settle.candidate import Report, build_candidate
+from cairn.settle.changes import ChangeSet, changes
+from cairn.settle.inventory import inventories_equal
+from cairn.settle.paths import SettlementPolicy, symlink_reason
 from cairn.storage import Pool
 
 pytestmark = pytest.mark.btrfs

@@ -14,7 +14,7 @@ import pytest
 
 from cairn import hostcheck, proc, retention
 from cairn.errors import StorageError, UsageError
-from cairn.settle import inventories_equal
+from cairn.settle.inventory import inventories_equal
 from cairn.storage import (
     Pool,
     containing_subvolume,

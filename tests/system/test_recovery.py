@@ -261,7 +261,7 @@ def test_write_reliability_table() -> None:
         "",
         "### Apply phases",
         "",
-        "The apply writes in batches (`cairn/settle_apply.py`): temporaries, one `syncfs`",
+        "The apply writes in batches (`cairn/settle/apply.py`): temporaries, one `syncfs`",
         "where they need it (bytes copied into them: always here, where the live project",
         "is not on the pool's Btrfs), the earlier batches' receipts, then the renames. The",
         "four `apply` rows above kill it between those phases in a machine; "

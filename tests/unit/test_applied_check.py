@@ -20,8 +20,7 @@ from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Intent, Receipt
 from cairn.protocol.settlement import AppliedCheck
 from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
-from cairn.settle import apply, check_applied
-from cairn.settle_apply import ApplyReceipt, EntryState
+from cairn.settle.apply import ApplyReceipt, EntryState, apply, check_applied
 from cairn.worker import apply as apply_worker
 
 ALICE = 1001

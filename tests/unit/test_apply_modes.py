@@ -16,7 +16,7 @@ from cairn.errors import UsageError
 from cairn.protocol.broker import CandidateBuilt, SubvolumeReceipt
 from cairn.protocol.launch import ApplyMode, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.settlement_record import SettlementRecord
-from cairn.settle_outcome import APPLY_REQUEST_ID, summary
+from cairn.settle.outcome import APPLY_REQUEST_ID, summary
 from cairn.workflow.review import review_source
 
 __all__ = ["root"]  # the fixture, shared with test_interactions

@@ -36,6 +36,7 @@ def test_the_installed_broker_maps_back_to_the_tree() -> None:
 def test_dev_test_runs_every_tier_under_coverage_and_reports_it() -> None:
     dev = (REPO / "dev").read_text()
     assert re.search(r"CAIRN_BROKER_COVERAGE=\S+ \.venv/bin/python -m coverage run \\\n"
-                     r"\s+-m pytest -q -ra tests/unit tests/btrfs tests/system tests/vm", dev)
+                     r"\s+-m pytest -q -ra (--\S+ )*tests/unit tests/btrfs tests/system tests/vm",
+                     dev)
     assert ".venv/bin/python -m coverage combine" in dev
     assert ".venv/bin/python -m coverage report" in dev

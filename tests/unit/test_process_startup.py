@@ -26,8 +26,8 @@ NOT_AT_START = {
     # no pydantic (root checks what it writes; docs/decisions/helpers-without-pydantic.md).
     "cairn.worker.apply": NOT_A_HELPERS | MODEL_HTTP | PYDANTIC | {
         "cairn.protocol.broker",
-        "cairn.settle_candidate",
-        "cairn.sendstream",
+        "cairn.settle.candidate",
+        "cairn.settle.changes",
         "cairn.storage",
         "btrfsutil",
         "cairn.proc",

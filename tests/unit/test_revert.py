@@ -14,7 +14,7 @@ from cairn.errors import NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.settlement import ApplyResult
 from cairn.protocol.settlement_record import SettlementRecord
-from cairn.settle_outcome import summary
+from cairn.settle.outcome import summary
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from cairn.sendstream import (
+from cairn.settle.changes import (
     COMMANDS,
     MAGIC,
     PATH_ATTRS,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cairn import settle_diff
 from cairn.protocol.settlement import DIFF_LIMIT
-from cairn.settle_diff import TEXT_LIMIT, unified_diff
+from cairn.settle import diff as settle_diff
+from cairn.settle.diff import TEXT_LIMIT, unified_diff
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cairn.protocol.settlement_record import SettlementRecord
-from cairn.settle_outcome import summary
+from cairn.settle.outcome import summary
 
 
 def record(status: str, accepted: int = 0, refused: int = 0, conflicts: int = 0,

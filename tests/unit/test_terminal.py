@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairn import terminal
-from cairn.settle_diff import quoted_path, unified_diff
+from cairn.settle.diff import quoted_path, unified_diff
 from cairn.terminal import printable, printable_lines
 
 NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

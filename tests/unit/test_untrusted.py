@@ -36,7 +36,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
-from cairn.settle_diff import unified_diff
+from cairn.settle.diff import unified_diff
 from cairn.unitprops import RECORD_SERVICE_RESULT, SERVICE_RESULT_FILE
 from cairn.worker import candidate
 from cairn.worker.__main__ import write_result
@@ -780,15 +780,16 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("broker/units.py", "run_import", {"read_bytes"}),
     ("broker/units.py", "run_apply", {"read_bytes", "write_new"}),
     ("broker/units.py", "run_candidate", {"read_bytes", "write_new"}),
-    ("cairn/settle_diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
+    ("cairn/settle/diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
     ("broker/units.py", "_socket_in", {"lstat"}),  # agent.sock, model.sock in the channel
 ]
 # P, read by the owner's candidate unit (cairn.worker.candidate); root never reads it.
 PENDING: list[tuple[str, str, set[str]]] = [
-    ("cairn/settle_candidate.py", "_judge", {"lstat", "readlink"}),
-    ("cairn/settle_candidate.py", "_install", {"open_file"}),
-    ("cairn/settle_candidate.py", "_install_file", {"open_file"}),
-    ("cairn/settle.py", "_same_bytes", {"open_file"}),  # inventories_equal, root, P's bytes
+    ("cairn/settle/candidate.py", "_judge", {"lstat", "readlink"}),
+    ("cairn/settle/candidate.py", "_install", {"open_file"}),
+    ("cairn/settle/candidate.py", "_install_file", {"open_file"}),
+    # inventories_equal, root, P's bytes
+    ("cairn/settle/inventory.py", "_same_bytes", {"open_file"}),
 ]
 
 # Where agent-written (or owner-written) files live, as the host names them; the last

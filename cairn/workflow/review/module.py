@@ -7,7 +7,7 @@ import ast
 import re
 
 from cairn.pathrules import is_plain_relative
-from cairn.settle_paths import glob_regex
+from cairn.settle.paths import glob_regex
 from cairn.workflow.review.agents import review_agent
 from cairn.workflow.review.manifest import WorkflowEntry
 from cairn.workflow.review.model_classes import review_model_class

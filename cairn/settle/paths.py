@@ -1,6 +1,6 @@
 """Path policy for proposal settlement (ARCHITECTURE §9): which single entry of a
 proposal host policy allows, judged path by path. How refusals spread to the changes that
-depend on them is in :mod:`cairn.settle_deps`; building C is :mod:`cairn.settle_candidate`.
+depend on them is in :mod:`cairn.settle.deps`; building C is :mod:`cairn.settle.candidate`.
 """
 
 from __future__ import annotations

@@ -663,7 +663,7 @@ class FilesystemReader:
                 it = os.scandir(top / sub if sub else top)
             except PermissionError:
                 # The owner's unit cannot list it: the settlement refuses that directory
-                # by name (settle_paths.entry_reason), and with it what it holds.
+                # by name (paths.entry_reason), and with it what it holds.
                 continue
             with it:
                 for entry in it:

@@ -1,12 +1,5 @@
-"""Proposal settlement (ARCHITECTURE §9): the candidate C and the three-way live apply.
-
-``build_candidate`` (:mod:`cairn.settle_candidate`, with the path policy in
-:mod:`cairn.settle_paths` and the dependency rules in :mod:`cairn.settle_deps`) copies
-into C (a writable snapshot of Q) only the changes of P that host policy allows, each
-whole with what depends on it. ``apply`` (:mod:`cairn.settle_apply`) writes F into the
-live project: live == Q → write F; live == F → already applied; anything else →
-conflict, and then nothing is written at all.
-"""
+"""Whether two trees are the same, entry by entry: the check that an empty change set
+of Q and P really is empty (:func:`inventories_equal`)."""
 
 from __future__ import annotations
 
@@ -18,27 +11,8 @@ from itertools import zip_longest
 from pathlib import Path
 
 from cairn import untrusted
-from cairn.pathrules import check_relative
-from cairn.settle_apply import ApplyPlan, ApplyReceipt, PathPlan, apply, check_applied, plan_apply
-from cairn.settle_candidate import build_candidate, open_beneath
-from cairn.settle_paths import SettlementPolicy, glob_regex
-from cairn.settle_walk import EntryState, entry_state
-
-__all__ = [
-    "ApplyPlan",
-    "ApplyReceipt",
-    "EntryState",
-    "PathPlan",
-    "SettlementPolicy",
-    "apply",
-    "build_candidate",
-    "check_applied",
-    "check_relative",
-    "entry_state",
-    "glob_regex",
-    "inventories_equal",
-    "plan_apply",
-]
+from cairn.settle.candidate import open_beneath
+from cairn.settle.paths import glob_regex
 
 log = logging.getLogger(__name__)
 

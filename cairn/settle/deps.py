@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cairn.pathrules import ancestors, depth, parent
-from cairn.sendstream import ChangeSet
+from cairn.settle.changes import ChangeSet
 
 
 def close_refusals(

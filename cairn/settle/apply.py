@@ -38,7 +38,7 @@ from cairn.errors import StorageError
 from cairn.failpoints import failpoint
 from cairn.fsutil import clone_file, copy_bytes, fsync_dir, on_btrfs, syncfs
 from cairn.pathrules import TMP_PREFIX, ancestors, check_relative, depth, parent
-from cairn.settle_walk import (
+from cairn.settle.walk import (
     ABSENT,
     EMPTY_SHA256,
     Blocked,

@@ -1,8 +1,8 @@
 """The candidate C (ARCHITECTURE §9): a writable snapshot of Q brought to Q plus only the
 changes of P that host policy allows, each change whole with what depends on it.
 
-Which single entry policy allows is :mod:`cairn.settle_paths`; how refusals spread is
-:mod:`cairn.settle_deps`. Nested subvolumes and other entries the send stream does not
+Which single entry policy allows is :mod:`cairn.settle.paths`; how refusals spread is
+:mod:`cairn.settle.deps`. Nested subvolumes and other entries the send stream does not
 carry are looked for in the directories the stream touched and reported as refused, so
 nothing of a proposal disappears without a reason.
 
@@ -26,9 +26,9 @@ from cairn import untrusted
 from cairn.errors import StorageError
 from cairn.fsutil import copy_file_data
 from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent, printable_name
-from cairn.sendstream import ChangeSet
-from cairn.settle_deps import close_refusals
-from cairn.settle_paths import (
+from cairn.settle.changes import ChangeSet
+from cairn.settle.deps import close_refusals
+from cairn.settle.paths import (
     IGNORED,
     NESTED_SUBVOLUME,
     SettlementPolicy,
