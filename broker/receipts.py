@@ -152,7 +152,7 @@ def shared() -> ReceiptStore:
     was replaced). One connection for all request threads, so they queue on its lock
     and never on SQLite's busy timeout: with a connection per request, a launch burst
     on a slow disk failed a launch with "database is locked"."""
-    global _shared
+    global _shared  # noqa: PLW0603  (one store per broker process, made on first use)
     with _shared_lock:
         if _shared is None or not _shared.is_current():
             if _shared is not None:

@@ -11,6 +11,7 @@ from which only the owner's one line is read. The reply is one JSON line
 from __future__ import annotations
 
 import array
+import contextlib
 import logging
 import os
 import pwd
@@ -43,10 +44,8 @@ CarryOut = Callable[[str, str, Attestation | None, frozenset[int]], list[Receipt
 
 def allowed_uids() -> set[int]:
     uids = {0}
-    try:
+    with contextlib.suppress(KeyError):
         uids.add(pwd.getpwnam("cairn").pw_uid)
-    except KeyError:
-        pass
     return uids
 
 
@@ -193,7 +192,5 @@ class BrokerServer:
         # No "hint" key unless there is a hint: a client older than the field (a coordinator
         # started before an upgrade) refuses keys it does not know.
         exclude = {"hint"} if reply.hint is None else None
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(reply.model_dump_json(exclude=exclude).encode() + b"\n")
-        except OSError:
-            pass

@@ -238,7 +238,7 @@ def start_agent(
     if not _socket_in(channel, "agent.sock"):
         raise ChannelNotReady(f"{op_id}: the coordinator is not listening for this agent yet")
     scratch.mkdir(parents=True, exist_ok=True)
-    os.chmod(scratch, 0o755)
+    os.chmod(scratch, 0o755)  # noqa: S103  (each attempt's state below is owned and closed)
     state = _owned_subdir(scratch, f"state.{attempt}", desc)
     incoming = [(b, str(checkpoints[b])) for b in evidence_index(evidence) if b in checkpoints]
     # Sealed release (issue 9): the agent runs only the verified capsule's worker.

@@ -3,6 +3,7 @@ shim): a threaded accept loop and a two-way bridge between two sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Self
@@ -29,10 +30,8 @@ class ThreadedServer:
         return self
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.listener.close()
         self._thread.join(timeout=5)
 
@@ -76,12 +75,8 @@ def bridge(near: socket.socket, far: socket.socket) -> None:
 
 def pump(src: socket.socket, dst: socket.socket) -> None:
     """Copy until EOF, then half-close ``dst`` so the peer sees the end of the request."""
-    try:
+    with contextlib.suppress(OSError):
         while chunk := src.recv(CHUNK):
             dst.sendall(chunk)
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass

@@ -15,6 +15,7 @@ only when listed. Names are resolved here, on the host, never by the agent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import socket
 import sys
@@ -149,12 +150,10 @@ def _read_head(client: socket.socket) -> bytes | None:
 
 
 def _status(client: socket.socket, code: int, reason: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         client.sendall(
             f"HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
         )
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import btrfsutil
 
 from cairn import proc
 from cairn.errors import NotFound, ProcessFailed, StorageError, UsageError
-from cairn.protocol.broker import SubvolumeReceipt as SubvolumeReceipt
+from cairn.protocol.broker import SubvolumeReceipt as SubvolumeReceipt  # noqa: PLC0414  (re-export)
 
 log = logging.getLogger(__name__)
 

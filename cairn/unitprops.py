@@ -75,7 +75,7 @@ INACCESSIBLE_PATHS = ("/etc/cairn",)
 # D-Bus, journald, user managers, other services) and /dev/shm, which PrivateDevices=
 # would otherwise bind from the host, where files outlive the unit and other users read
 # them. The mode of /dev/shm is the usual sticky world-writable one.
-PRIVATE_TMPFS = (("/run", "mode=0755"), ("/dev/shm", "mode=1777"))
+PRIVATE_TMPFS = (("/run", "mode=0755"), ("/dev/shm", "mode=1777"))  # noqa: S108
 # What name resolution needs of /run when an agent has the host's network.
 HOST_NETWORK_RUN_PATHS = ("/run/systemd/resolve",)
 SHELL = "/bin/sh"
@@ -409,7 +409,7 @@ def agent_unit_properties(spec: AgentUnitSpec) -> list[Prop]:
     env = {
         **spec.environment,
         "HOME": STATE,
-        "TMPDIR": "/tmp",
+        "TMPDIR": "/tmp",  # noqa: S108  (the unit's own PrivateTmp=)
         "CAIRN_AGENT_SOCKET": AGENT_SOCKET,
         **({"CAIRN_MODEL_SOCKET": MODEL_SOCKET} if spec.model_relay else {}),
     }

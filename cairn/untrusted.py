@@ -168,7 +168,7 @@ def _where(base: Base, rel: str) -> str:
 
 def _open_beneath(dir_fd: int, rel: str, flags: int, where: str) -> int:
     """Open ``rel`` beneath ``dir_fd`` following no link; typed errors for refusals."""
-    global openat2_works
+    global openat2_works  # noqa: PLW0603  (learnt once per process: the kernel's answer)
     parts = _parts(rel)
     try:
         if openat2_works is not False:

@@ -166,7 +166,7 @@ class AgentOperations(Recovery, Lanes):
         for earlier in outputs.parent.glob("outputs.*"):  # only the last attempt's files stay
             _remove_tree(earlier)
         outputs.mkdir(parents=True, exist_ok=True)
-        os.chmod(outputs, 0o777)  # the owner's agent writes here; runs/ itself is 0750
+        os.chmod(outputs, 0o777)  # noqa: S103  (the owner's agent writes here; runs/ is 0750)
         start = self.intent(
             "start-agent",
             f"start-agent.{op.op_id}.{op.attempt}",
@@ -663,7 +663,7 @@ def _mkdirs(path: Path) -> None:
         path = path.parent
     for directory in reversed(missing):
         directory.mkdir()
-        os.chmod(directory, 0o755)
+        os.chmod(directory, 0o755)  # noqa: S103  (world-readable is this helper's contract)
 
 
 def _write_public(path: Path, text: str) -> None:

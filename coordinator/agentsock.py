@@ -56,7 +56,7 @@ class AgentSocket:
             path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(path))
-        os.chmod(path, 0o666)  # the owner's UID connects; SO_PEERCRED decides
+        os.chmod(path, 0o666)  # noqa: S103  (the owner's UID connects; SO_PEERCRED decides)
         self.sock.listen(4)
         self.thread = threading.Thread(target=self._serve, name=f"agent-{path.name}", daemon=True)
         self.thread.start()

@@ -18,6 +18,7 @@ one table by operation kind (:mod:`~cairn.coordinator.dispatch`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -166,10 +167,8 @@ class Coordinator(Replay, Settlement, Lease):
             self.discard_prestarted_worker()
             self._stop_heartbeat.set()
             self.remove_channels_if_ended()
-            try:
+            with contextlib.suppress(LeaseLost):
                 self.journal.release_lease(self.run_id, self.token)
-            except LeaseLost:
-                pass
 
     def remove_channels_if_ended(self) -> None:
         """A run that ended has no agent left: its socket directory goes. (Not before:

@@ -63,6 +63,6 @@ HANDLERS: Mapping[OperationKind, Handler] = {
     "approve": Handlers.answer_approve,
     "measure_proposal": Handlers.answer_measure,
     "settle_experiment": Handlers.answer_settle_experiment,
-    **{kind: Handlers.answer_fork for kind in FORK_KINDS},
-    **{kind: Handlers.answer_marker for kind in MARKER_KINDS},
+    **dict.fromkeys(FORK_KINDS, Handlers.answer_fork),
+    **dict.fromkeys(MARKER_KINDS, Handlers.answer_marker),
 }

@@ -78,7 +78,6 @@ class Recovery(CoordinatorBase):
                 hint=f"see 'cairn logs {self.run_id}'",
             )
         self.clean_retry(op, ended)
-        return None
 
     def clean_retry(self, op: OpRow, reason: str) -> None:
         """Record the next attempt on a fresh W restored from the checkpoint the scope's W

@@ -286,7 +286,7 @@ class ModelRelay:
         self.transcript.touch()
         server = _Server(str(self.socket_path), _Handler)
         server.relay = self
-        os.chmod(self.socket_path, 0o666)
+        os.chmod(self.socket_path, 0o666)  # noqa: S103  (SO_PEERCRED decides)
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,

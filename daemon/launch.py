@@ -235,7 +235,7 @@ def resolve_profiles(
     resolved: dict[str, ProfileSpec] = {}
     for name, profile in read.items():
         if profile.kind == "llm":
-            profile = profile.model_copy(
+            profile = profile.model_copy(  # noqa: PLW2901  (the resolved profile)
                 update={
                     "provider": profile.provider or providers.route().provider,
                     "system_prompt": profile.system_prompt or builtin_prompts.get(name) or "",

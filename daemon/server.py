@@ -8,6 +8,7 @@ about who it is are never read.
 from __future__ import annotations
 
 import array
+import contextlib
 import logging
 import os
 import socket
@@ -281,10 +282,8 @@ def handle(conn: socket.socket) -> None:
             for passed in (fd, channel):
                 if passed is not None:
                     os.close(passed)
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(reply.model_dump_json().encode() + b"\n")
-        except OSError:
-            pass
 
 
 def serve(listener: socket.socket) -> None:

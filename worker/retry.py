@@ -69,7 +69,7 @@ class Backoff:
     cap: float = 60.0
     wait: Callable[[float], None] = time.sleep
     now: Callable[[], float] = time.time
-    jitter: Callable[[], float] = field(default_factory=lambda: random.Random().random)
+    jitter: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311
 
     def delay(self, retry: int, advised: float | None) -> float:
         """Seconds before retry number ``retry`` (1 for the first): the server's advice,

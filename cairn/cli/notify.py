@@ -117,7 +117,7 @@ def list_hooks() -> None:
 def test(
     event: Annotated[
         str, typer.Option(help="waiting, blocked, failed or succeeded.")
-    ] = "succeeded",
+    ] = "succeeded",  # noqa: PT028  (the notify test command, not a test)
 ) -> None:
     """Send a sample event (run ``flow_000…``) to every hook."""
     # here, not at the top: every cairn command would pay for this import

@@ -534,7 +534,7 @@ class QuestionRow(BaseModel):
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> QuestionRow:
-        data = {k: row[k] for k in row.keys() if k in cls.model_fields or k == "schema"}
+        data = {k: row[k] for k in row.keys() if k in cls.model_fields or k == "schema"}  # noqa: SIM118  (a Row iterates values)
         data["json_schema"] = json.loads(data.pop("schema"))
         data["answer"] = loads(data["answer"])
         return cls.model_validate(data)
@@ -559,7 +559,7 @@ class ApprovalRow(BaseModel):
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> ApprovalRow:
-        data = {k: row[k] for k in row.keys() if k in cls.model_fields}
+        data = {k: row[k] for k in row.keys() if k in cls.model_fields}  # noqa: SIM118
         data["prepared"] = json.loads(data["prepared"])
         data["evaluation"] = json.loads(data["evaluation"])
         return cls.model_validate(data)

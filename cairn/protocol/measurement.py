@@ -44,8 +44,8 @@ class MetricLine(Frozen):
 
 def parse_metric_output(output: bytes) -> dict[str, float] | None:
     """The values of the last valid metric line in ``output``; None when there is none."""
-    for line in reversed(output.splitlines()):
-        line = line.strip()
+    for raw in reversed(output.splitlines()):
+        line = raw.strip()
         if len(line) > MAX_LINE or not line.startswith(b"{") or METRIC_LINE_KEY_B not in line:
             continue
         if line.count(b"{") != 2 or b"[" in line:  # a metric line is two objects deep

@@ -21,6 +21,7 @@ per path), so a symlink planted in the live tree never redirects a write.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -193,9 +194,9 @@ def _plan(qt: Tree, ft: Tree, lt: Tree, paths: list[str]) -> ApplyPlan:
         by_path[path] = planned[-1]
     removed = {p.path for p in planned if p.action == "write" and _needs_removal(p)}
     for i, p in enumerate(planned):
-        if p.action == "write" and p.live.kind == "dir" and p.path in removed:
-            if _extra_entries(lt, p.path, removed):
-                planned[i] = dataclasses.replace(p, action="conflict")
+        if (p.action == "write" and p.live.kind == "dir" and p.path in removed
+                and _extra_entries(lt, p.path, removed)):
+            planned[i] = dataclasses.replace(p, action="conflict")
     return ApplyPlan(paths=planned)
 
 
@@ -454,10 +455,8 @@ def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def _place(batch: _Batch, ft: Tree, plans: list[PathPlan], synced: Callable[[bool], None],

@@ -276,7 +276,7 @@ def parse_paths(data: bytes) -> Iterator[tuple[int, str | None, str | None, str 
             if alen < 0:
                 raise StreamError("send stream attribute header is truncated")
             start = at + tlv_size
-            at = start + alen
+            at = start + alen  # noqa: PLW2901  (the frame's cursor)
             if at > end:
                 raise StreamError("send stream attribute is truncated")
             if atype == _PATH:

@@ -224,12 +224,13 @@ def _grouped(codes: list[Opcode]) -> Iterator[list[Opcode]]:
         codes[-1] = t, i1, min(i2, i1 + CONTEXT), j1, min(j2, j1 + CONTEXT)
     group: list[Opcode] = []
     for t, i1, i2, j1, j2 in codes:
+        start_i, start_j = i1, j1
         if t == "equal" and i2 - i1 > 2 * CONTEXT:
             group.append((t, i1, i1 + CONTEXT, j1, j1 + CONTEXT))
             yield group
             group = []
-            i1, j1 = max(i1, i2 - CONTEXT), max(j1, j2 - CONTEXT)
-        group.append((t, i1, i2, j1, j2))
+            start_i, start_j = max(i1, i2 - CONTEXT), max(j1, j2 - CONTEXT)
+        group.append((t, start_i, i2, start_j, j2))
     if group and not (len(group) == 1 and group[0][0] == "equal"):
         yield group
 

@@ -110,7 +110,7 @@ def open_requests(
                     "question-without-waiting-operation",
                     q.op_id,
                     f"a question waits on {q.op_id}, which is "
-                    + (state[q.op_id] if q.op_id in state else "not in the journal"),
+                    + state.get(q.op_id, "not in the journal"),
                 )
             )
     for a in approvals:

@@ -36,14 +36,14 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import Boundary
-from cairn.protocol.broker import AgentStarted, Checkpointed, Intent
+from cairn.protocol.broker import AgentStarted, Checkpointed, Intent, SubvolumeReceipt
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.settle.apply import apply
 from cairn.settle.candidate import build_candidate
 from cairn.settle.changes import changes
 from cairn.settle.paths import SettlementPolicy
-from cairn.storage import Pool, SubvolumeReceipt
+from cairn.storage import Pool
 from cairn.storage_init import init_loop_pool, remove_loop_pool
 from cairn.worker.profiles import flush_workspace
 

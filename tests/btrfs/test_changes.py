@@ -195,10 +195,10 @@ def random_ops(w: Path, rng: random.Random, count: int, tag: str) -> None:
         elif op == "rmtree" and len(dirs) > 1:
             victim = rng.choice(dirs[1:])
             for dirpath, dirnames, filenames in os.walk(victim, topdown=False):
-                for n in filenames:
-                    os.unlink(Path(dirpath, n))
-                for n in dirnames:
-                    p = Path(dirpath, n)
+                for name in filenames:
+                    os.unlink(Path(dirpath, name))
+                for name in dirnames:
+                    p = Path(dirpath, name)
                     (os.unlink if p.is_symlink() else os.rmdir)(p)
             os.rmdir(victim)
         elif op == "link":

@@ -8,7 +8,6 @@ have run."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +56,14 @@ async def run(flow: Any, args: Ask) -> Ask:
 
 
 @pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[Path]:
+def host(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Path:
     pool = broker_host
     monkeypatch.setattr(attest, "call_broker", lambda verb, run_id, **_: BrokerReply(ok=True))
     project = pool.root / "project"
     pool.create_subvolume(project)
     (project / "notes.txt").write_text("before\n")
     os.chown(project, OWNER, OWNER)
-    yield project
+    return project
 
 
 def finished_source(project: Path, pool: Pool) -> None:

@@ -406,7 +406,7 @@ def test_an_agent_that_writes_past_the_reserve_is_stopped_and_only_its_run_fails
     pool.snapshot(pool.root / f"project-{run_id}", w, read_only=False)
     watch = retention.watch()
     written = 0
-    with pytest.raises(StorageError) as caught, open(w / "fill", "wb") as out:
+    with pytest.raises(StorageError) as caught, open(w / "fill", "wb") as out:  # noqa: PT012
         while written < 512 << 20:
             watch.check("agent root-1")
             out.write(os.urandom(4 << 20))

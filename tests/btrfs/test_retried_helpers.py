@@ -10,7 +10,6 @@ matrix runs the real units)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,11 @@ from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.journal.readwrite import Journal
-from cairn.protocol.broker import ProposalFrozen, QPrepared
+from cairn.protocol.broker import ProposalFrozen, QPrepared, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.settlement import CandidateResult
 from cairn.settle.inventory import inventories_equal
-from cairn.storage import Pool, SubvolumeReceipt, is_subvolume
+from cairn.storage import Pool, is_subvolume
 from cairn.unitprops import HelperUnitSpec
 from cairn.workflow.review import review_source
 
@@ -66,7 +65,7 @@ def project(broker_host: Pool, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def imports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each import unit run, as the importer with the unit's binds; yields the unit names
     asked to end as leftovers (their order among the imports too)."""
     seen: list[str] = []
@@ -85,7 +84,7 @@ def imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(units, "run_helper", run_helper)
     monkeypatch.setattr(units, "end_leftover", lambda name: seen.append(f"ended {name}"))
-    yield seen
+    return seen
 
 
 def new_desc(run_id: str, project: Path = Path("/home/owner/project")) -> LaunchDescription:

@@ -61,7 +61,7 @@ def test_checkpoint_holds_exactly_w_and_w_continues(pool: Pool, run_id: str) -> 
     assert (s / "src" / "main.py").read_text() == "print('hi')\n"
     assert not (s / "new").exists()
     assert not inventories_equal(w, s)
-    with pytest.raises(OSError) as exc:
+    with pytest.raises(OSError, match="Read-only file system") as exc:
         (s / "src" / "main.py").write_text("x")
     assert exc.value.errno == errno.EROFS
     pool.verify(w, pool.receipt(w))  # W is still the same subvolume after S

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import urllib.request
+from pathlib import Path
 
 args = sys.argv[1:]
 base = os.environ["OPENAI_BASE_URL"]
@@ -38,7 +39,7 @@ config = os.path.expanduser("~/.config/client/config.json")
 with open("PROFILE_SEEN.json", "w") as fh:
     json.dump({"env": {k: v for k, v in os.environ.items() if k.startswith("CLIENT_")},
                "home": os.environ["HOME"],
-               "config": open(config).read() if os.path.exists(config) else None}, fh)
+               "config": Path(config).read_text() if os.path.exists(config) else None}, fh)
 with open(".client-history", "a") as fh:
     fh.write(os.environ["CAIRN_PROMPT"] + "\n")
 extra = json.loads(args[0]) if args else {}

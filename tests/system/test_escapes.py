@@ -701,8 +701,8 @@ def coordinator_sandbox(machine: Machine) -> list[str]:
     text = machine.exec(["cat", "/usr/lib/systemd/system/cairn-coordinator@.service"])
     service = text.stdout.decode().split("[Service]", 1)[1]
     args: list[str] = []
-    for line in service.splitlines():
-        line = line.strip()
+    for raw in service.splitlines():
+        line = raw.strip()
         if line and not line.startswith("#") and not line.startswith(NOT_SANDBOX):
             args += ["-p", line.replace("%i", "flow_" + "0" * 32)]
     return args

@@ -66,7 +66,7 @@ async def run(flow: Any, args: Goal) -> Step:
 '''
 
 # Installed as alice's user:failing and scheduled: it fails quoting its agent.
-FAILING = WORKFLOW.split("fetch = agent(")[0] + '''
+FAILING = WORKFLOW.split("fetch = agent(", maxsplit=1)[0] + '''
 @workflow(description="Fails in its agent's words.", input=Goal, output=Step)
 async def run(flow: Any, args: Goal) -> Step:
     first = await flow.agent(write, prompt=args.goal)

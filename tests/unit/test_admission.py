@@ -32,7 +32,7 @@ ALICE, BOB = 2001, 2002
 
 
 @pytest.fixture(autouse=True)
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     (tmp_path / "etc/cairn/profiles.d").mkdir(parents=True)
@@ -40,7 +40,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         'kind = "command"\nargv = ["/bin/true"]\n'
     )
     monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
-    yield tmp_path
+    return tmp_path
 
 
 def limit(host: Path, text: str) -> None:

@@ -283,5 +283,5 @@ def test_a_receipt_line_reads_back_and_an_earlier_one_reads_the_same() -> None:
     EARLIER_LINE.replace('"at":', '"by":1,"at":'),
 ])
 def test_a_line_that_is_no_receipt_is_refused(line: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011  (JSON's own error, or 'not a receipt')
         ApplyReceipt.from_line(line)

@@ -7,7 +7,6 @@ and the notifier with the commands to run next."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,11 +84,11 @@ def test_review_refuses_arguments_it_cannot_check(call: str, message: str) -> No
 
 
 @pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     (tmp_path / "var/lib/cairn/journal").mkdir(parents=True)
     (tmp_path / "etc/cairn").mkdir(parents=True)
-    yield tmp_path
+    return tmp_path
 
 
 def journal_of(root: Path) -> Journal:

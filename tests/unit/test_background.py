@@ -30,14 +30,14 @@ def restore(autogroup: str) -> None:
     """Put this session's nice value back if a failing check lowered it (root may)."""
     if autogroup and Path("/proc/self/autogroup").read_text() != autogroup \
             and os.geteuid() == 0:
-        Path("/proc/self/autogroup").write_text(autogroup.split()[-1] + "\n")
+        Path("/proc/self/autogroup").write_text(autogroup.rsplit(maxsplit=1)[-1] + "\n")
 
 
 def group_name(autogroup: str) -> str:
     """The group's name as ``/proc/PID/autogroup`` shows it; a process whose session was
     never made after boot (a CI runner's, in a container whose init never called
     ``setsid()``) is in the kernel's default group, which that file shows as nothing."""
-    return autogroup.split()[0] if autogroup else "the default group"
+    return autogroup.split(maxsplit=1)[0] if autogroup else "the default group"
 
 
 def session_child() -> subprocess.Popen[bytes]:

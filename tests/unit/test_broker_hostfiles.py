@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ PROFILE = 'kind = "command"\nargv = ["/usr/bin/agent", "--task"]\n'
 
 
 @pytest.fixture(autouse=True)
-def etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     for name, text in (("verifiers.d/check.toml", VERIFIER),
                        ("evaluators.d/bench.toml", EVALUATOR),
@@ -36,7 +35,7 @@ def etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(text)
         os.chmod(file, 0o644)
-    yield paths.config_dir()
+    return paths.config_dir()
 
 
 def frozen_profile() -> ProfileSpec:

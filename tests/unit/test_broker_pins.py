@@ -35,13 +35,13 @@ SERVICE = frozenset({ME + 4242})
 
 
 @pytest.fixture(autouse=True)
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     paths.broker_db_path().parent.mkdir(parents=True)
     (tmp_path / "home/owner/project").mkdir(parents=True)
     (tmp_path / "home/victim").mkdir(parents=True)
-    yield tmp_path
+    return tmp_path
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_the_proxy_is_started_with_the_reviews_domains_unless_it_listens(
         assert pid1.names("reset_failed") == reset
         (_call, name, _props, service), waited = pid1.calls[-2:]
         assert name == PROXY and waited == ("wait_started", f"job-{PROXY}")
-        argv = dict((k, v) for k, _sig, v in service)["ExecStart"][0][1]
+        argv = {k: v for k, _sig, v in service}["ExecStart"][0][1]
         assert argv[-4:] == ["--allow", "docs.example.org", "--allow", "pypi.org"]
         assert "ignored.example" not in argv
     listening = Manager({PROXY: state(PROXY, "active")})

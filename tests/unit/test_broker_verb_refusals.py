@@ -36,14 +36,14 @@ from cairn.unitprops import agent_unit_name
 
 
 @pytest.fixture(autouse=True)
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     paths.broker_db_path().parent.mkdir(parents=True)
     (tmp_path / "home/owner/project").mkdir(parents=True)
     stand_in = storage.Pool(tmp_path / "pool", "stand-in")
     monkeypatch.setattr(verbs.Context, "pool", lambda self: stand_in)
-    yield tmp_path
+    return tmp_path
 
 
 @pytest.fixture

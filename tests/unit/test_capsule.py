@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import ValidationError
 
 from cairn import capsule, capsule_build
 from cairn.broker import capsule as broker_capsule
@@ -202,7 +203,7 @@ def test_fsverity_digest_matches_fsverity_utils(tmp_path: Path, size: int) -> No
 def test_manifest_rejects_paths_outside_the_capsule() -> None:
     entry = {"size": 0, "mode": 0o644, "sha256": "0" * 64, "fsverity": "0" * 64}
     for bad in ("../etc/passwd", "/abs", "a/../b", "manifest.json", "a//b"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValidationError):
             capsule.CapsuleFile.model_validate({"path": bad, **entry})
 
 

@@ -27,7 +27,8 @@ cli.main()
 def _cairn(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": "/nonexistent", "LC_ALL": "C.UTF-8"}
     return subprocess.run(
-        [sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, env=env, timeout=60,
+        check=False,
     )
 
 

@@ -162,7 +162,7 @@ def test_the_reader_knows_exactly_the_typer_commands_options() -> None:
     assert tuple(apply.type.choices) == launching.APPLY_MODES
     arguments = [p.name for p in launch.params if isinstance(p, click.Argument)]
     assert arguments == ["definition"]
-    assert launching.COMPLETION_ENV == f"_{command.name.upper()}_COMPLETE"
+    assert f"_{command.name.upper()}_COMPLETE" == launching.COMPLETION_ENV
 
 
 def test_the_request_names_every_field_cairnd_validates() -> None:

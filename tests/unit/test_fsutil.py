@@ -49,7 +49,7 @@ def test_a_failed_rename_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None
     target = tmp_path / "taken"
     target.mkdir()
     (target / "inside").write_text("keep")
-    with pytest.raises(OSError):
+    with pytest.raises(IsADirectoryError):
         fsutil.write_atomic(target, "new")
     assert (target / "inside").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
@@ -60,7 +60,7 @@ def test_syncfs_commits_the_filesystem_of_an_open_fd_and_refuses_a_closed_one(
 ) -> None:
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     os.close(fd)
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(OSError, match="Bad file descriptor") as caught:
         fsutil.syncfs(fd)  # a closed fd: EBADF, not the sync(2) fallback
     assert caught.value.errno == errno.EBADF
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -78,7 +78,7 @@ def test_on_btrfs_tells_the_filesystem_type_stat_reports(tmp_path: Path) -> None
         assert fsutil.on_btrfs(fd) is (kind == "btrfs")
     finally:
         os.close(fd)
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(OSError, match="Bad file descriptor") as caught:
         fsutil.on_btrfs(fd)  # closed
     assert caught.value.errno == errno.EBADF
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,11 +48,11 @@ RUN = "flow_" + "0" * 31 + "a"
 
 
 @pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     (tmp_path / "var/lib/cairn/journal").mkdir(parents=True)
     (tmp_path / "etc/cairn").mkdir(parents=True)
-    yield tmp_path
+    return tmp_path
 
 
 def set_policy(root: Path, text: str) -> None:

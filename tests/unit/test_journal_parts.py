@@ -400,12 +400,12 @@ class _Row:
 # BUSY, LOCKED, BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT
 @pytest.mark.parametrize("code", [5, 6, 261, 517, 773])
 def test_an_extended_busy_code_is_a_lock_too(code: int) -> None:
-    with pytest.raises(JournalError, match="/j.db stayed locked"):
-        with transaction(_Refusing(code)):  # type: ignore[arg-type]
-            pass
+    with (pytest.raises(JournalError, match="/j.db stayed locked"),
+          transaction(_Refusing(code))):  # type: ignore[arg-type]
+        pass
 
 
 def test_another_operational_error_stays_what_it_is() -> None:
-    with pytest.raises(sqlite3.OperationalError):
-        with transaction(_Refusing(sqlite3.SQLITE_READONLY)):  # type: ignore[arg-type]
-            pass
+    with (pytest.raises(sqlite3.OperationalError, match="busy"),
+          transaction(_Refusing(sqlite3.SQLITE_READONLY))):  # type: ignore[arg-type]
+        pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ RUN = "flow_" + "c" * 32
 
 
 @pytest.fixture
-def journal_file(tmp_path: Path) -> Iterator[Path]:
+def journal_file(tmp_path: Path) -> Path:
     path = tmp_path / "journal.db"
     Journal(path, create=True).close()
     raw = sqlite3.connect(path)
@@ -33,7 +32,7 @@ def journal_file(tmp_path: Path) -> Iterator[Path]:
     )
     raw.commit()
     raw.close()
-    yield path
+    return path
 
 
 def write(path: Path, sql: str, *params: object) -> None:

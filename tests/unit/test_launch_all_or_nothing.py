@@ -59,7 +59,7 @@ OWNER = os.getuid() or 65534
 
 
 @pytest.fixture(autouse=True)
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     (tmp_path / "etc/cairn/profiles.d").mkdir(parents=True)
@@ -69,7 +69,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     # No Btrfs pool here: the free-space admission before a launch is tested on a real
     # pool in tests/btrfs/test_retention_pool.py.
     monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
-    yield tmp_path
+    return tmp_path
 
 
 @pytest.fixture

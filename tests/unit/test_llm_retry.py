@@ -245,9 +245,9 @@ def test_backoff_grows_to_its_cap() -> None:
 def test_the_profile_bounds_the_attempts() -> None:
     profile = ProfileSpec(name="p", kind="llm")
     assert (profile.model_attempts, profile.model_retry_cap_sec) == (5, 60.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="model_attempts"):
         ProfileSpec(name="p", kind="llm", model_attempts=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="model_retry_cap_sec"):
         ProfileSpec(name="p", kind="llm", model_retry_cap_sec=3600)
 
 

@@ -40,7 +40,7 @@ def test_each_check_holds_its_bounds(pattern: str, check: Callable[[object], boo
     if check in fixed:
         good = fixed[check]
     else:
-        good = "a" * (int(pattern.rsplit(",", 1)[1].split("}")[0]) + 1)
+        good = "a" * (int(pattern.rsplit(",", 1)[1].split("}", maxsplit=1)[0]) + 1)
     assert check(good) and re.fullmatch(pattern, good)
     for bad in (good + "\n", good + "a", good[:-1] + "A", "", "-" + good[1:], None, 5,
                 good.encode()):

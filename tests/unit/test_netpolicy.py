@@ -124,7 +124,7 @@ def review_accepts(entry: object) -> bool:
         review = review_source(workflow_with(entry), filename="fetch.py")
     except ReviewRejected as exc:
         # the descriptor is refused, so flow.agent(fetch, ...) names no descriptor either
-        assert [(v.rule, v.message) for v in exc.violations][0] == (
+        assert [(v.rule, v.message) for v in exc.violations][0] == (  # noqa: PT017
             "agent", f"allowlist entry {entry!r} is not a domain name"
         )
         return False
@@ -138,7 +138,7 @@ def broker_accepts(entry: object) -> bool:
     try:
         allowed = units.run_allowlist(description({"agents": {"fetch": agent}}))
     except BrokerRefused as exc:
-        assert "is not a domain" in exc.message
+        assert "is not a domain" in exc.message  # noqa: PT017
         return False
     assert isinstance(entry, str) and allowed == [entry.lower()]
     return True

@@ -154,7 +154,7 @@ class Started:
         self.units.append((name, props))
 
     def hooks(self) -> list[str]:
-        return [dict((n, v) for n, _s, v in props)["ExecStart"][0][0] for _u, props in self.units]
+        return [{n: v for n, _s, v in props}["ExecStart"][0][0] for _u, props in self.units]
 
 
 def test_hooks_never_run_as_root(hooks_dir: Path) -> None:

@@ -94,7 +94,7 @@ write = "deny"
     assert evaluate(policy, ["write"], pinned).decision == "deny"
 
 
-@pytest.mark.parametrize("text, message", [
+@pytest.mark.parametrize(("text", "message"), [
     ("[capabilities]\nwrite = \"maybe\"\n", "capabilities.write"),
     ("default = \n", "not valid TOML"),
     ("surprise = 1\n", "surprise"),

@@ -23,10 +23,9 @@ def test_leaving_early_ends_the_process_without_an_error() -> None:
 
 
 def test_a_failing_command_read_to_the_end_raises_with_its_last_stderr_line() -> None:
-    with pytest.raises(ProcessFailed, match="it went wrong"):  # noqa: PT012 - read, then exit
-        with proc.reading(["/bin/sh", "-c", "echo partial; echo 'it went wrong' >&2; exit 3"]
-                          ) as out:
-            assert out.read() == b"partial\n"
+    with (pytest.raises(ProcessFailed, match="it went wrong"),  # noqa: PT012 - read, then exit
+          proc.reading(["/bin/sh", "-c", "echo partial; echo 'it went wrong' >&2; exit 3"]) as out):
+        assert out.read() == b"partial\n"
 
 
 def test_the_environment_is_the_minimal_one() -> None:

@@ -193,7 +193,7 @@ def test_watch_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     ]
     tty, plain = io.StringIO(), io.StringIO()
     for out, is_tty in ((tty, True), (plain, False)):
-        printer = EventPrinter(out, tty=is_tty, render=lambda e: json.dumps(e))
+        printer = EventPrinter(out, tty=is_tty, render=json.dumps)
         for event in events:
             printer.event(event)
         printer.line("done")

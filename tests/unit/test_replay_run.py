@@ -35,12 +35,12 @@ from cairn.protocol.broker import (
     Intent,
     Receipt,
     RunDeleted,
+    SubvolumeReceipt,
 )
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
 from cairn.replay import select_imports
-from cairn.storage import SubvolumeReceipt
 from cairn.views.run import run_view
 from cairn.workflow.review import review_source
 
@@ -145,7 +145,7 @@ def test_a_lane_still_open_makes_its_fork_incomplete() -> None:
 
 
 @pytest.fixture(autouse=True)
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     (tmp_path / "etc/cairn/profiles.d").mkdir(parents=True)
@@ -155,7 +155,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     # No Btrfs pool here: free-space admission is tested on a real pool in tests/btrfs.
     monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
     monkeypatch.setattr(daemon_replay.retention, "admit", lambda what: 1 << 40)
-    yield tmp_path
+    return tmp_path
 
 
 @pytest.fixture

@@ -109,13 +109,13 @@ def test_an_unreadable_age_is_a_usage_error() -> None:
 
 
 @pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.config_dir().mkdir(parents=True)
     paths.journal_path().parent.mkdir(parents=True)
     for module in (views, runref, lifecycle):
         monkeypatch.setattr(module, "is_admin", lambda uid: uid == 0)
-    yield tmp_path
+    return tmp_path
 
 
 def test_without_a_policy_file_retention_is_on_with_its_defaults(host: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +49,13 @@ def run_id(hex_digits: str) -> str:
 
 
 @pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.journal_path().parent.mkdir(parents=True)
     # Whoever runs the tests, ADMIN administers cairn and ALICE and BOB do not.
     for module in (views, runref):
         monkeypatch.setattr(module, "is_admin", lambda uid: uid == ADMIN)
-    yield tmp_path
+    return tmp_path
 
 
 class Clock:

@@ -181,9 +181,9 @@ def test_reads_inside_a_snapshot_do_not_see_later_commits(journal: Journal) -> N
 def test_a_view_refuses_to_be_built_outside_a_snapshot(journal: Journal) -> None:
     with pytest.raises(JournalError, match="one read snapshot"):
         run_view(journal, journal.get_run(RUN))
-    with journal.transaction(), pytest.raises(JournalError, match="inside another"):
-        with read_snapshot(journal):
-            pass
+    with (journal.transaction(), pytest.raises(JournalError, match="inside another"),
+          read_snapshot(journal)):
+        pass
 
 
 # --- fail closed ----------------------------------------------------------------------

@@ -207,7 +207,7 @@ class OomRun:
 @pytest.fixture(scope="module")
 def oom_run(vm: VirtualMachine) -> OomRun:
     """A run whose agent touches more memory than MemoryMax, finished."""
-    assert ALLOCATION_CAP + (512 << 20) < vm.memory_mib << 20, "the VM is too small"
+    assert vm.memory_mib << 20 > ALLOCATION_CAP + (512 << 20), "the VM is too small"
     project = make_project(vm, "oom")
     run_id = launch(vm, project, [{"action": "run", "argv": ["python3", "-c", ALLOCATE]}])
     cgroup = wait_agent_cgroup(vm, agent_unit(run_id))

@@ -26,9 +26,12 @@ def review_module_level(state: ReviewState) -> None:
             review_model_class(state, stmt)
         elif isinstance(stmt, ast.Assign) and is_api_call(stmt.value, "agent"):
             review_agent(state, stmt)
-        elif isinstance(stmt, ast.AsyncFunctionDef) and stmt.decorator_list:
-            if review_workflow_function(state, stmt):
-                workflows.append(stmt)
+        elif (
+            isinstance(stmt, ast.AsyncFunctionDef)
+            and stmt.decorator_list
+            and review_workflow_function(state, stmt)
+        ):
+            workflows.append(stmt)
     for node in ast.walk(state.tree):
         if isinstance(node, ast.Import | ast.ImportFrom) and node not in state.tree.body:
             state.reject(node, "import", "imports belong at the top level of the module")

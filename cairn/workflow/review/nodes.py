@@ -4,6 +4,7 @@ the literal values review reads without running anything."""
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,7 +69,7 @@ def _is_json(value: Any) -> bool:
     if value is None or isinstance(value, str | bool | int):
         return True
     if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
+        return not math.isnan(value) and value not in (float("inf"), float("-inf"))
     if isinstance(value, list):
         return all(_is_json(v) for v in value)
     if isinstance(value, dict):
@@ -83,13 +84,11 @@ def bound_names(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
             yield node, node.id
         elif isinstance(node, ast.arg):
             yield node, node.arg
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield node, node.name
-        elif isinstance(node, ast.ClassDef):
-            yield node, node.name
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            yield node, node.name
-        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+        elif isinstance(
+            node,
+            ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.ExceptHandler
+            | ast.MatchAs | ast.MatchStar,
+        ) and node.name:
             yield node, node.name
         elif isinstance(node, ast.MatchMapping) and node.rest:
             yield node, node.rest

@@ -55,35 +55,27 @@ DENIED_MEMBERS: dict[tuple[str, str], str] = {
 API_NAMES = frozenset({"agent", "workflow", "Field", "Model", "OperationFailed"})
 
 
-FORBIDDEN_NAMES: dict[str, str] = {
-    name: "workflows reach the outside only through flow.* calls"
-    for name in ("open", "input", "print", "breakpoint", "help", "exit", "quit")
-}
-FORBIDDEN_NAMES.update(
-    {
-        name: "workflows may not run code built from strings"
-        for name in ("eval", "exec", "compile", "__import__")
-    }
+FORBIDDEN_NAMES: dict[str, str] = dict.fromkeys(
+    ("open", "input", "print", "breakpoint", "help", "exit", "quit"),
+    "workflows reach the outside only through flow.* calls",
 )
 FORBIDDEN_NAMES.update(
-    {
-        name: "attributes and namespaces are reached only by plain names"
-        for name in ("getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars", "dir")
-    }
+    dict.fromkeys(
+        ("eval", "exec", "compile", "__import__"),
+        "workflows may not run code built from strings",
+    )
 )
 FORBIDDEN_NAMES.update(
-    {
-        name: "workflows define only Model classes and plain functions"
-        for name in (
-            "type",
-            "object",
-            "super",
-            "classmethod",
-            "staticmethod",
-            "property",
-            "memoryview",
-        )
-    }
+    dict.fromkeys(
+        ("getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars", "dir"),
+        "attributes and namespaces are reached only by plain names",
+    )
+)
+FORBIDDEN_NAMES.update(
+    dict.fromkeys(
+        ("type", "object", "super", "classmethod", "staticmethod", "property", "memoryview"),
+        "workflows define only Model classes and plain functions",
+    )
 )
 FORBIDDEN_NAMES["id"] = "its value differs between replays"
 
