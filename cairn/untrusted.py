@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar
 
 from cairn.errors import CairnError
 from cairn.pathrules import plain_parts
@@ -67,7 +67,7 @@ _RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC  # search permission is enough
-DIRS_OPEN = 128  # directory fds one :class:`Dirs` keeps open (well below the default 1,024)
+DIRS_OPEN = 128  # directory fds one :class:`OpenDirs` keeps open (well below the default 1,024)
 
 
 class UntrustedFileError(CairnError):
@@ -356,19 +356,18 @@ def _parent(base: Base, rel: str) -> Iterator[tuple[int, str]]:
             os.close(fd)
 
 
-class Dirs:
-    """The directories beneath a trusted root, each opened as :func:`open_file` reaches
-    one (no link followed in any component, ``O_PATH``), kept open for many look-ups in
-    a tree that does not change under the reader (a read-only snapshot, or one only the
-    reader writes; :meth:`forget` a directory it removed). The most recently used
-    :data:`DIRS_OPEN` stay open. Use as a context manager."""
+class OpenDirs:
+    """Directory fds beneath one root, each opened by the subclass without following a
+    link and kept open for many look-ups (the most recently used :data:`DIRS_OPEN`) in
+    a tree that does not change under the reader, or one only the reader writes
+    (:meth:`forget` a directory it removed). Use as a context manager."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
         self.root_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.fds: OrderedDict[str, int] = OrderedDict()
 
-    def __enter__(self) -> Dirs:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -380,21 +379,42 @@ class Dirs:
         self.fds.clear()
         os.close(self.root_fd)
 
+    def cached(self, rel: str) -> int | None:
+        """The open fd of ``rel`` (now the most recently used), or None."""
+        fd = self.fds.get(rel)
+        if fd is not None:
+            self.fds.move_to_end(rel)
+        return fd
+
+    def keep(self, rel: str, fd: int) -> int:
+        """Hold ``fd`` as the directory ``rel``, closing the least recently used beyond
+        :data:`DIRS_OPEN`; returns ``fd``."""
+        self.fds[rel] = fd
+        while len(self.fds) > DIRS_OPEN:
+            os.close(self.fds.popitem(last=False)[1])
+        return fd
+
+    def forget(self, rel: str) -> None:
+        """Close what is open at or below ``rel`` (a directory just removed)."""
+        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
+            os.close(self.fds.pop(key))
+
+
+class Dirs(OpenDirs):
+    """The directories beneath a trusted root, each opened as :func:`open_file` reaches
+    one (no link followed in any component, ``O_PATH``)."""
+
     def dir(self, rel: str) -> int:
         """The fd of the directory ``rel`` ("" is the root), valid until the next call;
         :class:`UntrustedFileError` (or :class:`UntrustedFileMissing`) as :func:`lstat`
         would raise for an entry below it."""
         if not rel:
             return self.root_fd
-        fd = self.fds.get(rel)
+        fd = self.cached(rel)
         if fd is not None:
-            self.fds.move_to_end(rel)
             return fd
-        fd = _open_beneath(self.root_fd, rel, _DIR_FLAGS, _where(self.base, rel))
-        self.fds[rel] = fd
-        while len(self.fds) > DIRS_OPEN:
-            os.close(self.fds.popitem(last=False)[1])
-        return fd
+        return self.keep(rel, _open_beneath(self.root_fd, rel, _DIR_FLAGS,
+                                            _where(self.base, rel)))
 
     def parent(self, rel: str) -> tuple[int, str]:
         """The fd of the directory holding ``rel`` (see :meth:`dir`) and its last name.
@@ -403,11 +423,6 @@ class Dirs:
         head, _, name = rel.rpartition("/")
         _parts(rel)
         return self.dir(head), name
-
-    def forget(self, rel: str) -> None:
-        """Close what is open at or below ``rel`` (a directory just removed)."""
-        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
-            os.close(self.fds.pop(key))
 
 
 @_logged

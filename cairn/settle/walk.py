@@ -9,16 +9,14 @@ import functools
 import hashlib
 import os
 import stat
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 from cairn.pathrules import check_relative, parent
+from cairn.untrusted import OpenDirs
 
 _CHUNK = 1 << 20
-_OPEN_DIRS = 128  # directory fds one walk keeps open (well below the default 1,024)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 EntryKind = Literal["absent", "file", "dir", "symlink", "other", "blocked"]
@@ -42,31 +40,15 @@ class Blocked(Exception):
     """A component of the path exists but is not a directory (a symlink, a file)."""
 
 
-class Tree:
-    """The directories of one root, each opened from its parent without following a
-    symlink and kept open for the walk (the most recently used :data:`_OPEN_DIRS`).
-    ``settled``: the tree does not change during the walk (a read-only snapshot, or the
-    live tree while only being classified: every write re-checks its target), so a
-    directory found missing is remembered as missing."""
+class Tree(OpenDirs):
+    """The directories of one root, each opened from its parent (``O_NOFOLLOW``, so
+    listable) and kept open for the walk. ``settled``: the tree does not change during
+    the walk (a read-only snapshot, or the live tree while only being classified: every
+    write re-checks its target), so a directory found missing is remembered as missing."""
 
     def __init__(self, root: Path, settled: bool = False) -> None:
-        self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.fds: OrderedDict[str, int] = OrderedDict()
+        super().__init__(root)
         self.missing: set[str] | None = set() if settled else None
-
-    def __enter__(self) -> Tree:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-        os.close(self.root_fd)
 
     def dir(self, rel: str) -> int | None:
         """The fd of directory ``rel`` ("" is the root); None when a component is missing;
@@ -74,9 +56,8 @@ class Tree:
         the next call."""
         if not rel:
             return self.root_fd
-        fd = self.fds.get(rel)
+        fd = self.cached(rel)
         if fd is not None:
-            self.fds.move_to_end(rel)
             return fd
         if self.missing is not None and rel in self.missing:
             return None
@@ -94,18 +75,10 @@ class Tree:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 raise Blocked(rel) from exc
             raise
-        self.fds[rel] = fd
-        while len(self.fds) > _OPEN_DIRS:
-            os.close(self.fds.popitem(last=False)[1])
-        return fd
+        return self.keep(rel, fd)
 
     def parent(self, path: str) -> int | None:
         return self.dir(parent(path))
-
-    def forget(self, rel: str) -> None:
-        """Close what is open at or below ``rel`` (a directory just removed)."""
-        for key in [k for k in self.fds if k == rel or k.startswith(rel + "/")]:
-            os.close(self.fds.pop(key))
 
     def state(self, path: str) -> EntryState:
         """The state of ``path`` in this tree."""
