@@ -21,10 +21,10 @@ from cairn.protocol.launch import LaunchDescription
 from cairn.replay import same_identity, select_imports
 
 if TYPE_CHECKING:
-    from cairn.broker.verbs import Context
+    from cairn.broker.verbs import IntentContext
 
 
-def remint_q(ctx: Context) -> QPrepared:
+def remint_q(ctx: IntentContext) -> QPrepared:
     """Remint the replay's source Q and imported checkpoints under the new run."""
     origin = ctx.desc.replay
     assert origin is not None
@@ -93,7 +93,7 @@ def remint_q(ctx: Context) -> QPrepared:
     )
 
 
-def source_checkpoints(ctx: Context, source: str) -> dict[str, SubvolumeReceipt]:
+def source_checkpoints(ctx: IntentContext, source: str) -> dict[str, SubvolumeReceipt]:
     """Every checkpoint S the broker made for ``source``, by operation: agent boundaries,
     forks, and those a replayed source had reminted itself."""
     found: dict[str, SubvolumeReceipt] = {}

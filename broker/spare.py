@@ -27,7 +27,7 @@ from cairn.failpoints import failpoint
 from cairn.protocol.broker import Receipt, WCreated
 
 if TYPE_CHECKING:
-    from cairn.broker.verbs import Context
+    from cairn.broker.verbs import IntentContext
     from cairn.operation_kinds import OperationKind
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def spare_path(pool: storage.Pool, run_id: str, scope: str, op_id: str) -> Path:
     return pool.w_path(run_id, scope, 0).with_name(f"spare.{op_id}")
 
 
-def made(ctx: Context) -> list[tuple[str, storage.SubvolumeReceipt]]:
+def made(ctx: IntentContext) -> list[tuple[str, storage.SubvolumeReceipt]]:
     """The spares made for the intent's scope, oldest first, by the settlement that made
     each (a make-spare receipt's body is the spare's ``WCreated``)."""
     return [
@@ -60,7 +60,7 @@ def gone(receipts: list[Receipt]) -> set[Path]:
     return {Path(s.path) for s in spares if s.uuid in taken or latest[Path(s.path).parent] != s}
 
 
-def make_spare(ctx: Context) -> WCreated:
+def make_spare(ctx: IntentContext) -> WCreated:
     """The settlement's checkpoint as the scope's new spare, owned like W; the scope's
     older spares are deleted."""
     op_id, checkpoint = ctx.intent.op_id, ctx.intent.from_checkpoint
@@ -87,7 +87,7 @@ def make_spare(ctx: Context) -> WCreated:
     return WCreated(w=pool.receipt(path), source_uuid=ctx.checkpoint(checkpoint).uuid)
 
 
-def take(ctx: Context, pool: storage.Pool, w: Path, checkpoint: storage.SubvolumeReceipt
+def take_as_w(ctx: IntentContext, pool: storage.Pool, w: Path, checkpoint: storage.SubvolumeReceipt
          ) -> WCreated | None:
     """The scope's latest spare renamed to ``w`` if it is the untouched spare of
     ``checkpoint`` (or already renamed there before a crash), or None: snapshot instead."""

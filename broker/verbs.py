@@ -95,7 +95,7 @@ def carry_out(
                 continue
             if done is None:
                 try:
-                    body = execute(intent, desc, pin, journal, store)
+                    body = handle_intent(intent, desc, pin, journal, store)
                 except units.ChannelNotReady as exc:
                     log.info("%s left pending: %s", intent.intent_id, exc)
                     continue
@@ -115,18 +115,19 @@ def carry_out(
         journal.close()
 
 
-def execute(
+def handle_intent(
     intent: Intent,
     desc: LaunchDescription,
     pin: Pin | None,
     journal: JournalReader,
     store: ReceiptStore,
 ) -> ReceiptBody:
+    """Carry out ``intent`` with the handler of its kind."""
     handler = HANDLERS[intent.kind]
-    return handler(Context(intent, desc, pin, journal, store))
+    return handler(IntentContext(intent, desc, pin, journal, store))
 
 
-class Context:
+class IntentContext:
     """What a handler may use: the intent, the launch description its owner attested and
     its pin (None only for a delete of a run never pinned), the journal (read) and the
     broker's own receipts."""
@@ -226,7 +227,8 @@ class Context:
         return found
 
 
-def check_generation(intent: Intent) -> None:
+def check_generation_and_attempt(intent: Intent) -> None:
+    """Refuse an intent whose generation or attempt number is out of range."""
     if not 1 <= intent.generation <= 10_000 or not 1 <= intent.attempt <= 100:
         raise BrokerRefused(f"{intent.intent_id}: generation/attempt out of range")
 
@@ -248,7 +250,7 @@ def discard_interrupted(pool: storage.Pool, unit: str, *made: Path) -> None:
         pool.delete(path, pool.receipt(path))
 
 
-def prepare_q(ctx: Context) -> QPrepared:
+def prepare_q(ctx: IntentContext) -> QPrepared:
     """Q: a snapshot of the project's subvolume when it lives on the pool's filesystem,
     otherwise an import made by a unit that runs as the project's owner."""
     if ctx.desc.replay is not None:
@@ -276,15 +278,15 @@ def prepare_q(ctx: Context) -> QPrepared:
     )
 
 
-def create_w(ctx: Context) -> WCreated:
-    check_generation(ctx.intent)
+def create_w(ctx: IntentContext) -> WCreated:
+    check_generation_and_attempt(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     if ctx.intent.from_checkpoint:
         source = pool.checkpoint_path(ctx.run_id, ctx.intent.from_checkpoint)
         taken = ctx.checkpoint(ctx.intent.from_checkpoint)
         pool.verify(source, taken)
-        swapped = spare.take(ctx, pool, w, taken)
+        swapped = spare.take_as_w(ctx, pool, w, taken)
         if swapped is not None:
             return swapped
     else:
@@ -297,10 +299,10 @@ def create_w(ctx: Context) -> WCreated:
     return WCreated(w=receipt, source_uuid=taken.uuid)
 
 
-def checkpoint(ctx: Context) -> Checkpointed:
+def checkpoint(ctx: IntentContext) -> Checkpointed:
     """S of W after the agent's unit is gone and its cgroup is empty (QUIESCE proven here,
     not taken on the coordinator's word)."""
-    check_generation(ctx.intent)
+    check_generation_and_attempt(ctx.intent)
     op_id = ctx.require_op()
     started = [
         body
@@ -322,7 +324,7 @@ def checkpoint(ctx: Context) -> Checkpointed:
 
 
 def boundary_changed(
-    ctx: Context, pool: storage.Pool, w: Path, taken: storage.SubvolumeReceipt
+    ctx: IntentContext, pool: storage.Pool, w: Path, taken: storage.SubvolumeReceipt
 ) -> bool | None:
     """Whether the agent changed W: ``taken`` (S of ``w``) against the newest earlier
     checkpoint of the same W, else the subvolume W was made from (Q, a checkpoint, a
@@ -361,9 +363,9 @@ def _parent_or_none(path: Path) -> str | None:
         return None
 
 
-def fork(ctx: Context) -> Forked:
+def fork(ctx: IntentContext) -> Forked:
     """S of the parent's W at the fork, then one writable W per lane made from it."""
-    check_generation(ctx.intent)
+    check_generation_and_attempt(ctx.intent)
     if ctx.intent.op_id is None or not ctx.intent.lanes:
         raise BrokerRefused(f"{ctx.intent.intent_id} names no fork operation or no lanes")
     op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
@@ -387,16 +389,16 @@ def fork(ctx: Context) -> Forked:
     return Forked(s=s_receipt, op_id=op.op_id, lanes=lanes)
 
 
-def drop_w(ctx: Context) -> WDropped:
+def drop_w(ctx: IntentContext) -> WDropped:
     """Delete a W generation replaced by a restore or clean retry."""
-    check_generation(ctx.intent)
+    check_generation_and_attempt(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
     pool.delete(w, w_receipt(ctx))
     return WDropped(deleted=str(w))
 
 
-def w_receipt(ctx: Context) -> storage.SubvolumeReceipt:
+def w_receipt(ctx: IntentContext) -> storage.SubvolumeReceipt:
     """The receipt of the intent's W generation: its create-w, or for a lane's first W its
     fork."""
     made = ctx.store.get(ctx.run_id, f"create-w.{ctx.intent.scope}.{ctx.intent.generation}")
@@ -414,8 +416,8 @@ def w_receipt(ctx: Context) -> storage.SubvolumeReceipt:
     return created
 
 
-def freeze_proposal(ctx: Context) -> ProposalFrozen:
-    check_generation(ctx.intent)
+def freeze_proposal(ctx: IntentContext) -> ProposalFrozen:
+    check_generation_and_attempt(ctx.intent)
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, "root", ctx.intent.generation)
     p = pool.settlement_path(ctx.run_id, "P")
@@ -423,7 +425,7 @@ def freeze_proposal(ctx: Context) -> ProposalFrozen:
     return ProposalFrozen(p=receipt)
 
 
-def settle_candidate(ctx: Context) -> CandidateBuilt:
+def settle_candidate(ctx: IntentContext) -> CandidateBuilt:
     """C = Q + the allowed changes of P, built by the owner's candidate unit from the
     kernel's change stream; F = frozen C. Root only snapshots and passes bytes on."""
     pool = ctx.pool()
@@ -453,7 +455,7 @@ def settle_candidate(ctx: Context) -> CandidateBuilt:
     return CandidateBuilt(**unit, **built, f=f_receipt, c=c_receipt)
 
 
-def verify_storage(ctx: Context) -> StorageVerified:
+def verify_storage(ctx: IntentContext) -> StorageVerified:
     """Cross-check the run's subvolumes against the receipts: every recorded subvolume
     still there and still itself, nothing on disk that no receipt explains, a checkpoint
     for every committed agent operation."""
@@ -498,7 +500,7 @@ def verify_storage(ctx: Context) -> StorageVerified:
 # --- launch-v1 -----------------------------------------------------------------------
 
 
-def start_coordinator(ctx: Context) -> CoordinatorStarted:
+def start_coordinator(ctx: IntentContext) -> CoordinatorStarted:
     run = ctx.journal.get_run(ctx.run_id)
     if run.state in TERMINAL_RUN_STATES:  # e.g. failed at launch: never started later
         raise BrokerRefused(f"run {ctx.run_id} is {run.state}; its coordinator is not started")
@@ -508,8 +510,8 @@ def start_coordinator(ctx: Context) -> CoordinatorStarted:
     return CoordinatorStarted(unit=name)
 
 
-def start_agent(ctx: Context) -> AgentStarted:
-    check_generation(ctx.intent)
+def start_agent(ctx: IntentContext) -> AgentStarted:
+    check_generation_and_attempt(ctx.intent)
     op_id = ctx.require_op()
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)
@@ -533,13 +535,13 @@ def start_agent(ctx: Context) -> AgentStarted:
     )
 
 
-def stop_agent(ctx: Context) -> AgentStopped:
-    check_generation(ctx.intent)
+def stop_agent(ctx: IntentContext) -> AgentStopped:
+    check_generation_and_attempt(ctx.intent)
     op_id = ctx.require_op()
     return units.stop_agent(ctx.desc, op_id, ctx.intent.attempt)
 
 
-def start_apply(ctx: Context) -> ApplyDone:
+def start_apply(ctx: IntentContext) -> ApplyDone:
     candidate = ctx.receipt("settle-candidate", CandidateBuilt)
     pool = ctx.pool()
     ctx.check_project()
@@ -555,7 +557,7 @@ def start_apply(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
-def start_revert(ctx: Context) -> ApplyDone:
+def start_revert(ctx: IntentContext) -> ApplyDone:
     """Undo the run's apply: the apply unit with F as the base and Q as the target, over
     the paths the candidate accepted, so only paths still holding F go back to Q."""
     run = ctx.journal.get_run(ctx.run_id)
@@ -581,7 +583,7 @@ def start_revert(ctx: Context) -> ApplyDone:
     return ApplyDone.model_validate(done)
 
 
-def check_applied(ctx: Context) -> AppliedChecked:
+def check_applied(ctx: IntentContext) -> AppliedChecked:
     """For ``cairn doctor``: what the live project holds at every path the run's apply
     wrote, read by a unit that runs as the project's owner and writes nothing."""
     run = ctx.journal.get_run(ctx.run_id)
@@ -610,7 +612,7 @@ def check_applied(ctx: Context) -> AppliedChecked:
     return AppliedChecked.model_validate(done)
 
 
-def verify_proposal(ctx: Context) -> ProposalVerified:
+def verify_proposal(ctx: IntentContext) -> ProposalVerified:
     """Run the host's checks frozen in the launch description, each over a fresh writable
     snapshot of F that is deleted afterwards; stop at the first that fails."""
     ctx.receipt("settle-candidate", CandidateBuilt)
@@ -637,12 +639,12 @@ MEASURE: OperationKind = "measure_proposal"
 ERROR_OUTPUT_LIMIT = 2048  # the tail of a failed evaluator run's output its receipt keeps
 
 
-def measure_checkpoint(ctx: Context) -> MeasurementTaken:
+def measure_checkpoint(ctx: IntentContext) -> MeasurementTaken:
     """Run the evaluator the journalled ``measure_proposal`` operation names (frozen in the
     launch description) over a fresh writable snapshot of the scope's W, deleted
     afterwards: its warm-ups, then its samples, each a unit; stop at the first run that
     fails or prints no metric line."""
-    check_generation(ctx.intent)
+    check_generation_and_attempt(ctx.intent)
     if ctx.intent.op_id is None:
         raise BrokerRefused(f"{ctx.intent.intent_id} names no operation")
     op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
@@ -690,7 +692,7 @@ def measure_checkpoint(ctx: Context) -> MeasurementTaken:
 # --- delete-v1 -----------------------------------------------------------------------
 
 
-def delete_run(ctx: Context) -> RunDeleted:
+def delete_run(ctx: IntentContext) -> RunDeleted:
     """Every subvolume of a finished, settled run (its qgroup too); journal rows and
     receipts stay. The intent carries nothing but the run: anything else is refused."""
     if ctx.intent.model_dump(exclude={"run_id"}) != DELETE_INTENT:

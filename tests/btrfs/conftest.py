@@ -114,7 +114,7 @@ def broker_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> 
                       paths.config_dir()):
         directory.mkdir(parents=True)
     paths.pool_dir().symlink_to(pool.root)
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+    monkeypatch.setattr(verbs.IntentContext, "pool", lambda self: pool)
     monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
         ok=True, receipts=carry_out_attested(verb, run_id)))
     return pool

@@ -37,7 +37,7 @@ def test_verify_storage_names_foreign_unexplained_and_missing_checkpoints(
         intent = Intent(intent_id="verify-storage", run_id=run_id, kind="verify-storage")
         journal = ops(("root-1", "agent", "committed"), ("root-2", "agent", "running"),
                       ("root-3", "shell", "committed"))
-        ctx = verbs.Context(intent, None, None, journal, store)  # type: ignore[arg-type]
+        ctx = verbs.IntentContext(intent, None, None, journal, store)  # type: ignore[arg-type]
         clean = verbs.verify_storage(ctx)
         assert clean.problems == ["root-1 is committed but has no checkpoint receipt"]
         assert clean.checked == 1

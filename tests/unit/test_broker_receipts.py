@@ -117,7 +117,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     project = tmp_path / "project"
     project.mkdir()
     pool = FakePool(tmp_path / "pool")
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: pool)
+    monkeypatch.setattr(verbs.IntentContext, "pool", lambda self: pool)
     monkeypatch.setattr(verbs, "reclaim", lambda root, timeout: 0)  # no Btrfs cleaner here
     monkeypatch.setattr(storage, "is_same_filesystem", lambda a, b: True)
     monkeypatch.setattr(storage, "containing_subvolume", lambda p: (p, Path("sub")))
@@ -164,7 +164,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
 
 def _do(host: dict[str, Any], intent_id: str, kind: str, **fields: Any) -> dict[str, Any]:
     intent = Intent(intent_id=intent_id, run_id=RUN, kind=kind, **fields)  # type: ignore[arg-type]
-    body = verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
+    body = verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     receipt = host["store"].put(intent, body)
     stored = host["store"].get(RUN, intent_id)
     assert stored is not None and stored.data == receipt.data
@@ -241,7 +241,7 @@ def test_a_lane_w_is_restored_from_its_forks_s_and_nothing_else_is(host: dict[st
         intent = Intent(intent_id=f"create-w.{scope}.2", run_id=RUN, kind="create-w",
                         scope=scope, generation=2, from_checkpoint="root-2")
         with pytest.raises(BrokerRefused, match="needs checkpoint.root-2, which was not done"):
-            verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
+            verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     assert not (run / "W" / "root.2").exists()
 
 
@@ -288,7 +288,7 @@ def test_delete_refuses_a_run_that_is_not_finished(host: dict[str, Any], state: 
     _do(host, "prepare-q", "prepare-q")
     intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
     with pytest.raises(BrokerRefused, match=f"is {state}; only finished runs are deleted"):
-        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
+        verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     assert host["pool"].made  # nothing deleted
 
 
@@ -299,9 +299,10 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
     host["journal"].run.state = "succeeded"
     intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
     with pytest.raises(BrokerRefused, match="never settled"):
-        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
+        verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     host["journal"].run.settlement = {"status": "applied"}
-    assert verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"]).deleted
+    deleted = verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
+    assert deleted.deleted
 
 
 @pytest.mark.parametrize(
@@ -318,7 +319,7 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
 def test_delete_takes_nothing_but_the_run(host: dict[str, Any], fields: dict[str, Any]) -> None:
     intent = Intent(**{"intent_id": "delete-run", "run_id": RUN, "kind": "delete-run", **fields})
     with pytest.raises(BrokerRefused, match="a delete names only the run"):
-        verbs.execute(intent, host["desc"], host["pin"], host["journal"], host["store"])
+        verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
 
 
 def test_start_coordinator_receipt(host: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     paths.broker_db_path().parent.mkdir(parents=True)
     (tmp_path / "home/owner/project").mkdir(parents=True)
     stand_in = storage.Pool(tmp_path / "pool", "stand-in")
-    monkeypatch.setattr(verbs.Context, "pool", lambda self: stand_in)
+    monkeypatch.setattr(verbs.IntentContext, "pool", lambda self: stand_in)
     return tmp_path
 
 
@@ -203,7 +203,8 @@ def test_the_coordinator_of_an_ended_run_is_never_started(journal: Journal) -> N
         desc = reader.launch_description(RUN)
         with pytest.raises(BrokerRefused,
                            match=f"run {RUN} is failed; its coordinator is not started"):
-            verbs.start_coordinator(verbs.Context(intent, desc, store.pin(RUN), reader, store))
+            verbs.start_coordinator(
+                verbs.IntentContext(intent, desc, store.pin(RUN), reader, store))
     finally:
         store.close()
         reader.close()
@@ -335,7 +336,7 @@ def test_a_full_pool_is_named_an_agent_not_yet_listening_is_left_pending(
                                       OSError(errno.EIO, "Input/output error"),
                                       units.ChannelNotReady("op-1: not listening yet")]
 
-    def handler(ctx: verbs.Context) -> object:
+    def handler(ctx: verbs.IntentContext) -> object:
         raise failures.pop(0)
 
     monkeypatch.setitem(verbs.HANDLERS, "drop-w", handler)
@@ -356,7 +357,7 @@ def test_a_handler_never_acts_for_a_run_without_a_pin(journal: Journal) -> None:
     reader, store = JournalReader(paths.journal_path()), ReceiptStore()
     try:
         intent = Intent(intent_id="delete-run", run_id=RUN, kind="delete-run")
-        ctx = verbs.Context(intent, reader.launch_description(RUN), None, reader, store)
+        ctx = verbs.IntentContext(intent, reader.launch_description(RUN), None, reader, store)
         with pytest.raises(BrokerRefused, match=f"{RUN} was never attested by its owner"):
             ctx.check_project()
     finally:

@@ -19,7 +19,7 @@ from attested import pin_as_attested
 from cairn import paths
 from cairn.broker.receipts import ReceiptStore
 from cairn.broker.remint import remint_q, source_checkpoints
-from cairn.broker.verbs import Context
+from cairn.broker.verbs import IntentContext
 from cairn.daemon import attest, launch
 from cairn.daemon import replay as daemon_replay
 from cairn.errors import BrokerRefused, NotFound, UsageError
@@ -290,14 +290,14 @@ def subvolume(path: str) -> SubvolumeReceipt:
                             read_only=True, generation=1)
 
 
-def broker_context(run_id: str) -> Context:
+def broker_context(run_id: str) -> IntentContext:
     reader = JournalReader(paths.journal_path())
     store = ReceiptStore()
     intent = Intent(intent_id="prepare-q", run_id=run_id, kind="prepare-q")
     desc = reader.launch_description(run_id)
     if desc.replay is not None:
         pin_as_attested(desc.replay.source_run)
-    return Context(intent, desc, pin_as_attested(run_id), reader, store)
+    return IntentContext(intent, desc, pin_as_attested(run_id), reader, store)
 
 
 def test_the_broker_refuses_a_replayed_run_whose_imported_rows_were_tampered_with(
@@ -384,7 +384,7 @@ def test_the_broker_remints_only_a_finished_source_of_the_same_run_with_a_q(
     })
     journal.create_run(orphan, intents=[])
     reader, store = JournalReader(paths.journal_path()), ReceiptStore()
-    context = Context(Intent(intent_id="prepare-q", run_id=orphan.run_id, kind="prepare-q"),
+    context = IntentContext(Intent(intent_id="prepare-q", run_id=orphan.run_id, kind="prepare-q"),
                       orphan, pin_as_attested(orphan.run_id), reader, store)
     with pytest.raises(BrokerRefused, match=f"replay source {ghost}: no run {ghost}"):
         remint_q(context)
@@ -399,7 +399,7 @@ def test_the_broker_remints_only_from_another_run_its_owner_attested_on_this_pro
     assert desc.replay is not None
     reader, store = JournalReader(paths.journal_path()), ReceiptStore()
     intent = Intent(intent_id="prepare-q", run_id=new, kind="prepare-q")
-    unpinned_source = Context(intent, desc, pin_as_attested(new), reader, store)
+    unpinned_source = IntentContext(intent, desc, pin_as_attested(new), reader, store)
     with pytest.raises(BrokerRefused,
                        match=f"replay source {source} was never attested by its owner"):
         remint_q(unpinned_source)

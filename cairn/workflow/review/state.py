@@ -78,7 +78,7 @@ class ReviewState:
         return found
 
 
-class Context(NamedTuple):
+class StatementContext(NamedTuple):
     """Where a statement sits: in an async function, in a finally block, in a loop there."""
 
     in_async: bool = False

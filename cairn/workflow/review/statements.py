@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from cairn.workflow.review.calls import visit_flow_use
 from cairn.workflow.review.formats import literal_format_refusal
 from cairn.workflow.review.nodes import is_dunder, param_names
-from cairn.workflow.review.state import Context, ReviewState
+from cairn.workflow.review.state import ReviewState, StatementContext
 from cairn.workflow.review.subset import (
     BUILTIN_EXCEPTIONS,
     FORBIDDEN_NAMES,
@@ -24,15 +24,15 @@ from cairn.workflow.review.subset import (
 
 def review_statements(state: ReviewState) -> None:
     """Walk every statement and expression of the module."""
-    visit_block(state, state.tree.body, Context())
+    visit_block(state, state.tree.body, StatementContext())
 
 
-def visit_block(state: ReviewState, body: Iterable[ast.stmt], ctx: Context) -> None:
+def visit_block(state: ReviewState, body: Iterable[ast.stmt], ctx: StatementContext) -> None:
     for stmt in body:
         visit_stmt(state, stmt, ctx)
 
 
-def visit_stmt(state: ReviewState, stmt: ast.stmt, ctx: Context) -> None:
+def visit_stmt(state: ReviewState, stmt: ast.stmt, ctx: StatementContext) -> None:
     if isinstance(stmt, ast.While):
         state.reject(
             stmt,
@@ -116,7 +116,7 @@ def visit_function(state: ReviewState, fn: ast.FunctionDef | ast.AsyncFunctionDe
             "on the module's async workflow function",
         )
     args = fn.args
-    outer = Context()
+    outer = StatementContext()
     visit_exprs(
         state,
         [
@@ -128,7 +128,7 @@ def visit_function(state: ReviewState, fn: ast.FunctionDef | ast.AsyncFunctionDe
         ],
         outer,
     )
-    visit_block(state, fn.body, Context(in_async=isinstance(fn, ast.AsyncFunctionDef)))
+    visit_block(state, fn.body, StatementContext(in_async=isinstance(fn, ast.AsyncFunctionDef)))
 
 
 def review_handler(state: ReviewState, handler: ast.ExceptHandler) -> None:
@@ -164,7 +164,7 @@ def is_exception_class(state: ReviewState, node: ast.expr) -> bool:
     return False
 
 
-def visit_exprs(state: ReviewState, exprs: Iterable[ast.expr], ctx: Context) -> None:
+def visit_exprs(state: ReviewState, exprs: Iterable[ast.expr], ctx: StatementContext) -> None:
     for expr in exprs:
         visit_expr(state, expr, ctx.in_async)
 
