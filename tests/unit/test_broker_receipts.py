@@ -301,8 +301,8 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
     with pytest.raises(BrokerRefused, match="never settled"):
         verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     host["journal"].run.settlement = {"status": "applied"}
-    deleted = verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
-    assert deleted.deleted
+    receipt = verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
+    assert receipt.deleted
 
 
 @pytest.mark.parametrize(
