@@ -260,8 +260,9 @@ def admit(what: str) -> int:
 
 @dataclass(frozen=True)
 class PoolWatch:
-    """The reserve held while an agent writes: its coordinator checks the pool at every
-    poll of the agent (twice a second) and stops the agent once the pool is below the
+    """The reserve held while an agent writes: its coordinator checks the pool ten times
+    a second (free space net of writes Btrfs has not committed yet,
+    :meth:`cairn.storage.Pool.free_bytes`) and stops the agent once the pool is below the
     reserve, before the pool is full and other runs' snapshots or settlements fail."""
 
     pool: storage.Pool

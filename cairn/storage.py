@@ -35,6 +35,10 @@ _BTRFS_IOC_FS_INFO = 0x8400941F
 _FS_INFO_SIZE = 1024
 _FSID_OFFSET = 16
 
+# Data Btrfs has promised since its last commit: extents written (bytes_reserved) and
+# buffered writes not yet written (bytes_may_use).
+_UNCOMMITTED_DATA = ("bytes_reserved", "bytes_may_use")
+
 DEFAULT_RUN_QUOTA_BYTES = 4 << 30
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -437,8 +441,22 @@ class Pool:
         return run_qgroup_id(run)
 
     def free_bytes(self) -> int:
+        """Bytes still free for data: statfs's available space less the data Btrfs has
+        handed to writes since its last transaction commit. statfs counts those only at
+        the commit (every 30 s, or when a new chunk is allocated), so alone it stays up to
+        a data chunk too high while someone writes."""
         st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize
+        return max(0, st.f_bavail * st.f_frsize - self.uncommitted_data_bytes())
+
+    def uncommitted_data_bytes(self) -> int:
+        """Data space Btrfs has reserved for writes it has not committed (sysfs
+        ``allocation/data/bytes_reserved`` plus ``bytes_may_use``, readable by anyone); 0
+        where sysfs does not say."""
+        allocation = Path("/sys/fs/btrfs", self.fsid, "allocation", "data")
+        try:
+            return sum(int((allocation / name).read_text()) for name in _UNCOMMITTED_DATA)
+        except (OSError, ValueError):
+            return 0
 
 
 def run_qgroup_id(run: str) -> int:

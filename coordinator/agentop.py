@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 INVALID_FILE_LIMIT = 4096
 FINISH_GRACE_SEC = 10.0
+# How often a running agent's unit and the run's controls are looked at, and how many
+# times the pool's free space is checked in between (cairn.retention.PoolWatch).
+AGENT_POLL_SEC = 0.5
+POOL_CHECKS_PER_POLL = 5
 
 if TYPE_CHECKING:
     from cairn.coordinator.relay import ModelRelay
@@ -476,15 +480,19 @@ class AgentOperations(Recovery, Lanes):
                     return "finished"
                 if state is None or state.active_state in ("inactive", "failed"):
                     # the worker may have written its result just before exiting
-                    sock.finished.wait(0.5)
+                    sock.finished.wait(AGENT_POLL_SEC)
                     return "gone" if state is None else f"{state.active_state}/{state.result}"
                 if "cancel" in self.journal.pending_controls(self.run_id):
                     return self.stop_for_cancel(sock)
-                try:
-                    pool.check(f"agent {sock.instruction.op_id}")
-                except StorageError as full:
-                    self.stop_for_pool_full(sock, full)
-                sock.finished.wait(0.5)
+                # the pool more often than the unit: an agent writing at disk speed is
+                # past the reserve by what it writes until it is stopped
+                for _ in range(POOL_CHECKS_PER_POLL):
+                    try:
+                        pool.check(f"agent {sock.instruction.op_id}")
+                    except StorageError as full:
+                        self.stop_for_pool_full(sock, full)
+                    if sock.finished.wait(AGENT_POLL_SEC / POOL_CHECKS_PER_POLL):
+                        break
         raise CairnError(f"agent unit {unit} did not stop in time")
 
     def stop_for_cancel(self, sock: AgentSocket) -> str:

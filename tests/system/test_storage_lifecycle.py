@@ -262,7 +262,9 @@ def test_an_agent_writing_past_the_reserve_is_stopped_and_its_run_fails_in_one_l
     assert machine.exec(["cat", f"{project}/CHANGELOG.md"]).stdout == b"# Changelog\n"
     free = settled_free(machine)
     print(f"free once the agent was stopped: {free // MIB} MiB")
-    assert free > 64 * MIB  # stopped before the pool was full
+    # stopped within half the reserve of crossing it, though the agent writes ~150 MiB/s
+    # and Btrfs's statfs moves by whole data chunks (208 MiB on this pool)
+    assert free > 128 * MIB
     integrity = machine.exec(["python3", "-c", (
         "import sqlite3; print(sqlite3.connect('/var/lib/cairn/journal/journal.db')"
         ".execute('PRAGMA integrity_check').fetchone()[0])")]).stdout.decode().strip()
