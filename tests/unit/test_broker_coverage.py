@@ -35,8 +35,12 @@ def test_the_installed_broker_maps_back_to_the_tree() -> None:
 
 def test_dev_test_runs_every_tier_under_coverage_and_reports_it() -> None:
     dev = (REPO / "dev").read_text()
-    assert re.search(r"CAIRN_BROKER_COVERAGE=\S+ \.venv/bin/python -m coverage run \\\n"
-                     r"\s+-m pytest -q -ra (--\S+ )*tests/unit tests/btrfs tests/system tests/vm",
-                     dev)
+    assert re.search(r"\ntier\(\) \{\n(\s+#.*\n)*\s+\.venv/bin/python -m coverage run -m pytest "
+                     r"(-\S+ )*\"\$@\"\n\}", dev)
+    test = dev[dev.index("\n    test)\n"):dev.index("\n        ;;\n", dev.index("\n    test)\n"))]
+    assert 'export CAIRN_BROKER_COVERAGE="$PWD/.coverage-broker"' in test
+    tiers = re.findall(r"^\s+tier ((?:tests/\w+ ?)+)", test, re.MULTILINE)
+    assert sorted(" ".join(tiers).split()) == [
+        "tests/btrfs", "tests/system", "tests/unit", "tests/vm"]
     assert ".venv/bin/python -m coverage combine" in dev
     assert ".venv/bin/python -m coverage report" in dev
