@@ -1,6 +1,7 @@
 """The CLI as a person at a shell uses it, in a booted machine with the package installed:
-``cairn logs -f`` following a run, shell completion offering the caller's runs, and old
-command names still working beside the new ones."""
+``cairn logs -f`` following a run, shell completion offering the caller's runs, old
+command names still working beside the new ones, and a workflow of the language's newer
+idioms reviewed and run."""
 
 from __future__ import annotations
 
@@ -176,3 +177,53 @@ def test_completion_offers_the_callers_live_run_ids(booted: Machine) -> None:
     assert "--follow" in bash_complete(booted, "cairn logs --f")
     assert bash_complete(booted, "cairn launch builtin:imp") == ["implement"]
     cairn(booted, "cancel", run_id)
+
+
+METHOD_NAMED = '''"""A launch argument named like a str method, and a bounded while."""
+
+from cairn.workflow import Field, Model, workflow
+
+
+class Export(Model):
+    format: str = Field(min_length=1)
+
+
+class Done(Model):
+    summary: str
+
+
+@workflow(description="Export in the asked format.", input=Export, output=Done)
+async def run(flow, args: Export) -> Done:
+    passes = 0
+    while passes < 3:
+        passes += 1
+    return Done(summary=f"exported as {args.format} in {passes} passes")
+'''
+
+
+def test_an_argument_named_format_and_a_bounded_while_pass_review_and_run(
+    booted: Machine,
+) -> None:
+    path = f"/home/alice/export-{secrets.token_hex(4)}.py"
+    booted.exec(["tee", path], user="alice", input=METHOD_NAMED.encode())
+    review = cairn(booted, "workflow", "review", path)
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    run_id = cairn(booted, "launch", path, "--confirm", review_hash,
+                   "--project", new_project(booted),
+                   "--args", '{"format": "{0.__class__}"}').strip().splitlines()[-1]
+    data = wait_for(booted, run_id, finished)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"summary": "exported as {0.__class__} in 3 passes"}
+    # the same read on a value the review cannot know is refused, and so is a while
+    # whose counter does not start at a literal
+    booted.exec(["tee", path], user="alice",
+                input=METHOD_NAMED.replace("{args.format}", "{(x := args).format}").encode())
+    again = booted.exec(["cairn", "workflow", "review", path], user="alice", check=False)
+    assert again.returncode != 0
+    assert "'.format()' is not allowed in a workflow" in again.stderr.decode()
+    unbounded = METHOD_NAMED.replace("    passes = 0\n", "    passes = len(args.format)\n")
+    booted.exec(["tee", path], user="alice", input=unbounded.encode())
+    again = booted.exec(["cairn", "workflow", "review", path], user="alice", check=False)
+    assert again.returncode != 0
+    assert "'while' with a bound on 'passes' needs 'passes = <int>' right before it" in (
+        again.stderr.decode())

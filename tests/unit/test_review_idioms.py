@@ -1,7 +1,8 @@
 """Safe idioms the review accepts: ``Field(default_factory=...)`` of ``list``, ``dict`` or a
-model of the module, and ``str.format`` on a literal string whose fields are plain
-positions or names. The refusals beside them live in the ``bad_factory_*`` and
-``bad_format_*`` fixtures (checked by test_review.py and pinned by test_review_pins.py)."""
+model of the module, ``str.format`` on a literal string whose fields are plain positions or
+names, launch arguments named like methods, and ``while`` with a literal bound. The
+refusals beside them live here and in the ``bad_factory_*``, ``bad_format_*`` and
+``bad_while`` fixtures (checked by test_review.py and pinned by test_review_pins.py)."""
 
 from __future__ import annotations
 
@@ -223,6 +224,154 @@ def test_a_literal_format_is_accepted_wherever_it_stands() -> None:
     ]
     for line in lines:
         review_source(with_line(line), filename="wf.py")
+
+
+# a launch-argument field named like a method is a value
+
+
+METHOD_NAMED = '''"""Fields named like str methods and interpreter attributes."""
+
+from cairn.workflow import Field, Model, workflow
+
+
+class Export(Model):
+    format: str = Field(min_length=1)
+    mro: int = 0
+    co_author: str = "nobody"
+
+
+class Done(Model):
+    summary: str
+
+
+@workflow(description="Read fields whatever their names.", input=Export, output=Done)
+async def run(flow, args: Export) -> Done:
+    return Done(summary=f"{args.format}/{args.mro}/{args.co_author}")
+'''
+
+
+def test_a_launch_argument_named_format_is_read_as_a_field_and_runs() -> None:
+    review_source(METHOD_NAMED, filename="wf.py")
+    calls, end = drive(METHOD_NAMED, {"format": "{0.__class__}", "mro": 3}, [])
+    assert calls == []
+    assert end == {"type": "return", "output": {"summary": "{0.__class__}/3/nobody"}}
+    # the guide's example, as written
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    (example,) = [b for b in blocks if "class Export(Model)" in b]
+    header = ("from cairn.workflow import Field, Model, workflow\n\n\n"
+              "class Done(Model):\n    summary: str\n\n\n")
+    review_source(header + example, filename="guide.py")
+    _calls, end = drive(header + example, {"format": "csv"}, [])
+    assert end == {"type": "return", "output": {"summary": "exported as csv"}}
+
+
+HELPER = "\n\ndef show(x: Export) -> str:\n    return f'{x.format}'\n"
+
+
+@pytest.mark.parametrize(("old", "new", "rules"), [
+    # not the launch arguments: a local, a model built here, a helper's parameter
+    ("{args.format}/", "{(x := args).format}/", "format"),
+    ("{args.format}/", "{Done(summary='s').format}/", "format"),
+    ("return Done(", "return Done(summary=show(args)) or Done(", "format"),
+    # the launch arguments bound again, a field it does not declare, the value's method
+    ("    return Done(", "    args = Export(format='{}')\n    return Done(",
+     "format introspection introspection"),
+    ("{args.co_author}", "{args.co_code}", "introspection"),
+    ("{args.format}/", "{args.format.format(1)}/", "format"),
+])
+def test_the_same_names_elsewhere_stay_refused(old: str, new: str, rules: str) -> None:
+    source = METHOD_NAMED.replace(old, new) + (HELPER if "show(" in new else "")
+    assert source != METHOD_NAMED
+    assert [r for r, _m in rules_and_messages(source)] == rules.split()
+
+
+# while with a literal bound
+
+
+BOUNDED = '''"""Retry an agent until it says ok, at most three times."""
+
+from cairn.workflow import Field, Model, agent, workflow
+
+
+class Task(Model):
+    goal: str = Field(min_length=1)
+
+
+class Step(Model):
+    text: str
+
+
+writer = agent(profile="builtin:implementer", output=Step)
+
+
+@workflow(description="Bounded retries.", input=Task, output=Step)
+async def run(flow, args: Task) -> Step:
+    done = False
+    attempt = 0
+    while attempt < 3 and not done:
+        attempt += 1
+        step = await flow.agent(writer, prompt=f"{args.goal}, try {attempt}")
+        done = step.output.text == "ok"
+    return step.output
+'''
+
+
+def test_a_while_with_a_literal_bound_is_accepted_and_runs() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    (example,) = [b for b in blocks if "while attempt < 3" in b]
+    assert example in BOUNDED  # the guide shows this workflow's loop as written
+    review_source(BOUNDED, filename="wf.py")
+    calls, end = drive(BOUNDED, {"goal": "g"},
+                       [answer("text", "no", "root-1"), answer("text", "ok", "root-2")])
+    assert [c.request["prompt"] for c in calls] == ["g, try 1", "g, try 2"]
+    assert end == {"type": "return", "output": {"text": "ok"}}
+    calls, end = drive(BOUNDED, {"goal": "g"}, [answer("text", "no", f"root-{n}")
+                                                 for n in (1, 2, 3)])
+    assert len(calls) == 3 and end == {"type": "return", "output": {"text": "no"}}
+    for variant in (("attempt < 3 and not done", "attempt <= 2"),
+                    ("attempt = 0", "attempt: int = 0"),
+                    ("attempt += 1", "attempt += 2"),
+                    ("attempt < 3 and not done", "not done and attempt < 3")):
+        review_source(BOUNDED.replace(*variant), filename="wf.py")
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    # no counter in the test
+    ("attempt < 3 and not done", "not done", "needs a literal bound"),
+    ("attempt < 3 and not done", "attempt < 3 or not done", "needs a literal bound"),
+    ("attempt < 3 and not done", "attempt > -3", "needs a literal bound"),
+    ("attempt < 3 and not done", "attempt < len(args.goal)", "needs a literal bound"),
+    ("attempt < 3 and not done", "0 <= attempt < 3", "needs a literal bound"),
+    ("attempt < 3 and not done", "attempt < 3.5", "needs a literal bound"),
+    # the counter not raised first, or not by a positive int literal
+    ("        attempt += 1\n", "        attempt += 0\n", "must raise it first"),
+    ("        attempt += 1\n", "        attempt -= 1\n", "must raise it first"),
+    ("        attempt += 1\n", "        attempt += len(args.goal)\n", "must raise it first"),
+    ("        attempt += 1\n", "        attempt += True\n", "must raise it first"),
+    ("        attempt += 1\n        step", "        step", "must raise it first"),
+    ("        attempt += 1\n        step = await flow.agent(writer, prompt=f\"{args.goal}, "
+     "try {attempt}\")\n", "        step = await flow.agent(writer, prompt=f\"{args.goal}, "
+     "try {attempt}\")\n        attempt += 1\n", "must raise it first"),
+    # the counter not set to an int literal right before the loop
+    ("    attempt = 0\n", "    attempt = 0\n    done = False\n", "right before"),
+    ("    attempt = 0\n", "    attempt = 0.0\n", "right before"),
+    ("    attempt = 0\n", "    attempt = False\n", "right before"),
+    ("    attempt = 0\n", "    attempt = -len(args.goal)\n", "right before"),
+    ("    attempt = 0\n", "    attempt = other = 0\n", "right before"),
+    # bound again inside the loop
+    ("        done = step", "        attempt = 0\n        done = step", "again"),
+    ("        done = step", "        done = (attempt := 0) == 0 and step", "again"),
+    ("        done = step", "        for attempt in range(2):\n            pass\n"
+     "        done = step", "again"),
+])
+def test_a_while_without_a_literal_bound_is_refused_saying_why(
+    old: str, new: str, says: str
+) -> None:
+    source = BOUNDED.replace(old, new, 1)
+    assert source != BOUNDED
+    found = rules_and_messages(source)
+    assert [rule for rule, _m in found] == ["while"], found
+    assert says in found[0][1] and "\n" not in found[0][1]
 
 
 # the control worker runs what review accepts

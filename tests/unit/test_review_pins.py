@@ -123,7 +123,9 @@ REJECTED = {
     "bad_rebind_exception": "87df98bc630c5cfe",
     "bad_two_workflows": "2340cb9c9de31dd7",
     "bad_typing_eval": "c460c24fb371c42b",
-    "bad_while": "24896e7d213fb7b7",
+    # Changed when a 'while' with a literal bound became allowed (ARCHITECTURE §4.2): the
+    # refusal says what bound would do.
+    "bad_while": "c183449c7c531847",
     "bad_workflow_description": "4c2984949d01a458",
 }
 

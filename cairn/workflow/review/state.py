@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from cairn.workflow.review.manifest import AgentEntry, CallSite, Violation, WorkflowEntry
 from cairn.workflow.review.nodes import bound_names, position_of
-from cairn.workflow.schema import ModelSpec
+from cairn.workflow.schema import FieldSpec, ModelSpec
 
 
 class ReviewState:
@@ -46,6 +46,18 @@ class ReviewState:
 
     def str_argument(self, node: ast.expr) -> tuple[str | None, str]:
         """See :class:`cairn.operations.spec.ReviewContext`."""
+        field, why = self.input_field(node)
+        if field is None:
+            return None, why
+        if field.type.kind != "str":
+            model = self.workflow.input if self.workflow else ""
+            return None, f"{model}.{field.name} is {field.type.render()}, not str"
+        return field.name, ""
+
+    def input_field(self, node: ast.expr) -> tuple[FieldSpec | None, str]:
+        """The declared field of the launch arguments that ``node`` reads: ``args.<field>``
+        inside the @workflow function, where the runtime binds ``args`` to the validated
+        input model and nothing binds it again; else None and why not."""
         fn, workflow = self.workflow_node, self.workflow
         if fn is None or workflow is None:
             return None, "only the @workflow function reads launch arguments"
@@ -65,9 +77,7 @@ class ReviewState:
         field = next((f for f in model.fields if f.name == node.attr), None) if model else None
         if field is None:
             return None, f"{workflow.input} has no field {node.attr!r}"
-        if field.type.kind != "str":
-            return None, f"{workflow.input}.{node.attr} is {field.type.render()}, not str"
-        return node.attr, ""
+        return field, ""
 
     def ancestors(self, node: ast.AST) -> list[ast.AST]:
         found: list[ast.AST] = []

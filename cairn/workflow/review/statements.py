@@ -1,7 +1,8 @@
 """Every statement and expression: loops, scopes, ``try``, decorators, forbidden names,
 dunder and introspection access, module members; ``flow`` uses go to
 :mod:`cairn.workflow.review.calls`, ``.format`` on a literal string to
-:mod:`cairn.workflow.review.formats`."""
+:mod:`cairn.workflow.review.formats`, the bound of a ``while`` to
+:mod:`cairn.workflow.review.loops`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 
 from cairn.workflow.review.calls import visit_flow_use
 from cairn.workflow.review.formats import literal_format_refusal
+from cairn.workflow.review.loops import while_bound_refusal
 from cairn.workflow.review.nodes import is_dunder, param_names
 from cairn.workflow.review.state import ReviewState, StatementContext
 from cairn.workflow.review.subset import (
@@ -34,12 +36,9 @@ def visit_block(state: ReviewState, body: Iterable[ast.stmt], ctx: StatementCont
 
 def visit_stmt(state: ReviewState, stmt: ast.stmt, ctx: StatementContext) -> None:
     if isinstance(stmt, ast.While):
-        state.reject(
-            stmt,
-            "while",
-            "'while' is not allowed in a workflow (loop over "
-            "finite values: 'for _ in range(N)' or flow.repeat_until)",
-        )
+        refusal = while_bound_refusal(state, stmt)
+        if refusal:
+            state.reject(stmt, "while", refusal)
     elif isinstance(stmt, ast.Global | ast.Nonlocal):
         word = "global" if isinstance(stmt, ast.Global) else "nonlocal"
         state.reject(
@@ -251,7 +250,10 @@ def visit_attribute(state: ReviewState, node: ast.Attribute) -> None:
         reason = literal_format_refusal(str(node.value.value))
         if reason:
             state.reject(node, "format", reason)
-    elif attr in INTROSPECTION_ATTRIBUTES or attr.startswith(INTROSPECTION_PREFIXES):
+    elif (
+        attr in INTROSPECTION_ATTRIBUTES or attr.startswith(INTROSPECTION_PREFIXES)
+    ) and not state.input_field(node)[0]:
+        # a declared field of the validated launch arguments is a value, never a method
         if attr in ("format", "format_map"):
             state.reject(
                 node,
