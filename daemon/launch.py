@@ -29,7 +29,8 @@ from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, Val
 from cairn.evaluators import frozen_evaluators
 from cairn.hostconfig import check_profile, profile_file
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import OpRow
+from cairn.journal.rows import OpRow, RunRow
+from cairn.journal.runs import RunKeyTaken
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.policy import load_policy
 from cairn.protocol.daemon import LaunchRequest
@@ -312,6 +313,9 @@ def launch(
         review = reviewed(source, filename)
     args = validate_args(review, request.args)
     project = check_project(request.project, fd, uid)
+    key = request.run_key
+    if key is not None and (earlier := journal.run_by_key(uid, key)) is not None:
+        return launched_before(journal, earlier, request, review.review_hash, args, project)
     desc = freeze(
         request,
         uid,
@@ -325,16 +329,62 @@ def launch(
     )
     attest.require_channel()  # an unattested launch is refused before the run exists
     retention.admit("launch")  # a full pool refuses the launch before the run exists
+    try:
+        admitted = admit_or_queue(journal, desc, run_key=key)
+    except RunKeyTaken as taken:  # a concurrent launch of the same key recorded it first
+        return launched_before(journal, taken.run, request, review.review_hash, args, project)
     return {
         "run_id": desc.run_id,
         "review_hash": review.review_hash,
         "launch_hash": desc.launch_hash(),
-        **admit_or_queue(journal, desc),
+        **admitted,
+    }
+
+
+def launched_before(
+    journal: Journal,
+    earlier: RunRow,
+    request: LaunchRequest,
+    review_hash: str,
+    args: dict[str, Any],
+    project: ProjectSpec,
+) -> dict[str, Any]:
+    """The answer to a launch whose run key names ``earlier``: that run, when it was
+    launched with the same definition, reviewed source, arguments and project; otherwise
+    a ``UsageError`` naming what differs (a key names one launch, not a slot to reuse)."""
+    desc = journal.launch_description(earlier.run_id)
+    differs = [
+        what
+        for what, same in (
+            ("definition", desc.definition == request.definition),
+            ("source", desc.review_hash == review_hash),
+            ("arguments", desc.args == args),
+            ("project", desc.project.root == project.root),
+        )
+        if not same
+    ]
+    if differs:
+        raise UsageError(
+            f"run key {earlier.run_key} already names run {earlier.run_id}, launched with "
+            f"another {', '.join(differs)}",
+            hint=f"use another --run-key, or see that run with 'cairn show {earlier.run_id}'",
+        )
+    log.info("launch of run key %s answered with run %s", earlier.run_key, earlier.run_id)
+    return {
+        "run_id": earlier.run_id,
+        "review_hash": desc.review_hash,
+        "launch_hash": desc.launch_hash(),
+        "state": earlier.state,
+        "launched_before": True,
     }
 
 
 def admit_or_queue(
-    journal: Journal, desc: LaunchDescription, *, imported: Sequence[OpRow] = ()
+    journal: Journal,
+    desc: LaunchDescription,
+    *,
+    imported: Sequence[OpRow] = (),
+    run_key: str | None = None,
 ) -> dict[str, Any]:
     """Record the new run through the machine-wide admission (:mod:`cairn.admission`):
     started now if a slot is free, else ``queued`` — pinned on its owner's attestation
@@ -343,7 +393,11 @@ def admit_or_queue(
     queued, its ``position`` (1 = next)."""
     config = admission.current_config()
     admitted = journal.launch_run(
-        desc, machine_limit=config.machine_limit, user_limit=config.user_limit, imported=imported
+        desc,
+        machine_limit=config.machine_limit,
+        user_limit=config.user_limit,
+        imported=imported,
+        run_key=run_key,
     )
     start_or_fail(journal, desc)  # with no start intent (queued), the broker only pins
     if admitted:

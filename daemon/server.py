@@ -143,6 +143,8 @@ def parse(raw: bytes) -> OpRequest:
             raise unknown_op(first["input"]) from None
         if first["type"] == "run_ref":
             raise UsageError(first["msg"], hint="list your runs with 'cairn ps'") from None
+        if first["type"] == "run_key":
+            raise UsageError(first["msg"], hint="e.g. --run-key nightly-2026-12-06") from None
         raise UsageError(f"malformed request: {first['loc']}: {first['msg']}") from None
     request: OpRequest = envelope.request()
     return request

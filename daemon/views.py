@@ -79,6 +79,7 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
             "project": r.project,
             "owner_uid": r.owner_uid,
             "created_at": r.created_at,
+            "run_key": r.run_key,
             "current_op": _current_op(journal, r.run_id),
             "settlement_summary": settlement_summary(SettlementRecord.read(r.settlement)),
         }

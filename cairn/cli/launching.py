@@ -39,6 +39,7 @@ OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--confirm": ("confirm", False),
     "--limit": ("limit", True),
     "--apply": ("apply_mode", False),
+    "--run-key": ("run_key", False),
     "--json": None,
 }
 # A shell's completion request reaches click through its environment, whatever the argv.
@@ -94,10 +95,12 @@ def launch(
     confirm: str | None = None,
     limit: Iterable[str] = (),
     apply_mode: str = "auto",
+    run_key: str | None = None,
     json_out: bool = False,
 ) -> None:
     """Launch ``definition`` on ``project`` and print the new run's ID (or, with
-    ``json_out``, cairnd's answer); a queued run says so on stderr."""
+    ``json_out``, cairnd's answer); a queued run says so on stderr, and so does a run
+    ``run_key`` named before (its ID is printed: the launch is not made again)."""
     source = None
     if definition.endswith(".py"):
         # here, not at the top: only a workflow file pays for the definitions and review
@@ -143,6 +146,7 @@ def launch(
                 args=parsed,
                 project=root,
                 scripted=profiles,
+                run_key=run_key,
             ),
             fd=fd,
             expect=Expected(
@@ -162,7 +166,14 @@ def launch(
         return
     # cairnd's words: escaped like every other text this CLI did not write
     print(printable(result["run_id"]), flush=True)
-    if result.get("state") == "queued":
+    if result.get("launched_before"):
+        print(
+            f"run key {printable(run_key)} names run {printable(result['run_id'])} "
+            f"({printable(result.get('state'))}), launched before: not launched again",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif result.get("state") == "queued":
         print(queued_note(result["run_id"], result.get("position")), file=sys.stderr, flush=True)
 
 
@@ -176,6 +187,7 @@ def launch_request(
     args: dict[str, Any],
     project: str,
     scripted: dict[str, dict[str, Any]],
+    run_key: str | None = None,
 ) -> dict[str, Any]:
     """The ``launch`` request as it goes on the socket: every field of
     :class:`~cairn.protocol.daemon.LaunchRequest`, in its JSON form."""
@@ -189,6 +201,7 @@ def launch_request(
         "confirm": confirm,
         "limits": limits,
         "apply_mode": apply_mode,
+        "run_key": run_key,
     }
 
 

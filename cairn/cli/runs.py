@@ -89,6 +89,13 @@ def launch(
             "never: keep the proposal for 'cairn diff RUN --patch'.",
         ),
     ] = ApplyModeOption.auto,
+    run_key: Annotated[
+        str | None,
+        typer.Option(
+            help="KEY: your name for this run (a date, a ticket, a commit). A launch you "
+            "made before with the same key prints that run's ID instead of starting another."
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
@@ -102,6 +109,7 @@ def launch(
         confirm=confirm,
         limit=limit,
         apply_mode=apply_mode.value,
+        run_key=run_key,
         json_out=json_out,
     )
 
@@ -148,6 +156,8 @@ def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
     run = data["run"]
     typer.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
     typer.echo(f"project {printable(run['project'])}")
+    if run.get("run_key"):
+        typer.echo(f"run key {printable(run['run_key'])}")
     if run["state"] == "queued":
         typer.echo(queued_note(run["run_id"], run.get("position")))
     if run.get("error"):

@@ -14,8 +14,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 
 from cairn.admission import SLOT_STATES, Queued
-from cairn.journal.rows import OpRow
-from cairn.journal.runs import Runs
+from cairn.journal.rows import OpRow, RunState
+from cairn.journal.runs import RunKeyTaken, Runs
 from cairn.protocol.broker import Intent
 from cairn.protocol.launch import LaunchDescription
 
@@ -35,22 +35,33 @@ class Queue(Runs):
         machine_limit: int,
         user_limit: int,
         imported: Sequence[OpRow] = (),
+        run_key: str | None = None,
     ) -> bool:
         """Record a new run (a replay's with the operations it imports): admitted
         (``pending``, with its start intent) when the machine has a free slot, its owner is
         under their share and no run is queued; otherwise ``queued``, with no intent. True
-        when admitted."""
-        with self.transaction() as db:
-            holding = self._holding(db)
-            waiting = db.execute("SELECT 1 FROM runs WHERE state='queued' LIMIT 1").fetchone()
-            admitted = (
-                waiting is None
-                and sum(holding.values()) < machine_limit
-                and holding.get(desc.owner_uid, 0) < user_limit
-            )
-            intents = [start_intent(desc.run_id)] if admitted else []
-            self._insert_run(db, desc, "pending" if admitted else "queued", intents, imported)
-            return admitted
+        when admitted. :class:`RunKeyTaken` when the owner has a run of ``run_key``
+        already (a concurrent launch of the same key recorded it first)."""
+        try:
+            with self.transaction() as db:
+                holding = self._holding(db)
+                waiting = db.execute(
+                    "SELECT 1 FROM runs WHERE state='queued' LIMIT 1"
+                ).fetchone()
+                admitted = (
+                    waiting is None
+                    and sum(holding.values()) < machine_limit
+                    and holding.get(desc.owner_uid, 0) < user_limit
+                )
+                intents = [start_intent(desc.run_id)] if admitted else []
+                state: RunState = "pending" if admitted else "queued"
+                self._insert_run(db, desc, state, intents, imported, run_key=run_key)
+                return admitted
+        except sqlite3.IntegrityError:
+            taken = self.run_by_key(desc.owner_uid, run_key) if run_key is not None else None
+            if taken is None:
+                raise
+            raise RunKeyTaken(taken) from None
 
     def join_queue(self, run_id: str) -> bool:
         """The queued run's description is pinned on its owner's word: it may be started

@@ -61,6 +61,7 @@ class RunRow(BaseModel):
     lease_expires: float
     created_at: float
     updated_at: float
+    run_key: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RunRow:

@@ -30,6 +30,14 @@ class Busy(CairnError):
     code = "busy"
 
 
+class RunKeyTaken(UsageError):
+    """The owner already has a run of this run key (``run``): a retried launch."""
+
+    def __init__(self, run: RunRow) -> None:
+        super().__init__(f"run key {run.run_key} already names run {run.run_id}")
+        self.run = run
+
+
 class RunMatch(NamedTuple):
     """What a person needs to tell runs apart: one run a prefix of its ID matched."""
 
@@ -50,6 +58,13 @@ class Runs(Writes):
         with self.transaction() as db:
             self._insert_run(db, desc, "pending", intents, imported)
 
+    def run_by_key(self, owner_uid: int, run_key: str) -> RunRow | None:
+        """The owner's run recorded with ``run_key`` (``cairn launch --run-key``), if any."""
+        row = self.db.execute(
+            "SELECT * FROM runs WHERE owner_uid=? AND run_key=?", (owner_uid, run_key)
+        ).fetchone()
+        return RunRow.from_row(row) if row is not None else None
+
     def _insert_run(
         self,
         db: sqlite3.Connection,
@@ -57,11 +72,12 @@ class Runs(Writes):
         state: RunState,
         intents: list[Intent],
         imported: Sequence[OpRow] = (),
+        run_key: str | None = None,
     ) -> None:
         now = self.clock()
         db.execute(
             "INSERT INTO runs (run_id, owner_uid, definition, review_hash, project, state,"
-            " launch, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            " launch, created_at, updated_at, run_key) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (
                 desc.run_id,
                 desc.owner_uid,
@@ -72,6 +88,7 @@ class Runs(Writes):
                 desc.model_dump_json(),
                 now,
                 now,
+                run_key,
             ),
         )
         for intent in intents:

@@ -139,6 +139,12 @@ MIGRATIONS: dict[int, str] = {
     4: """
     CREATE INDEX runs_state ON runs(state, owner_uid);
     """,
+    # the caller's name for a run (cairn launch --run-key): one run per owner and key, so
+    # a retried launch finds the run its first attempt recorded instead of starting another
+    5: """
+    ALTER TABLE runs ADD COLUMN run_key TEXT;
+    CREATE UNIQUE INDEX runs_key ON runs(owner_uid, run_key) WHERE run_key IS NOT NULL;
+    """,
 }
 
 assert max(MIGRATIONS) == SCHEMA_VERSION

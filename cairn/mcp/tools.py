@@ -304,6 +304,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 args=args.args,
                 project=str(root),
                 apply_mode=args.apply,
+                run_key=args.run_key,
             ),
             fd=fd,
             expect=Expected(
@@ -322,4 +323,6 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 "project": str(root), "state": result.get("state", "pending")}
     if result.get("position") is not None:
         launched["position"] = result["position"]  # queued for a machine-wide slot
+    if result.get("launched_before"):
+        launched["launched_before"] = True  # the run this run_key named, not a new one
     return launched

@@ -10,6 +10,7 @@ are what they were before requests had a model per op.
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen, build_loaded_models
 from cairn.protocol.launch import ApplyMode, ProfileSpec
+from cairn.protocol.names import RUN_KEY_PATTERN
 from cairn.protocol.requestchecks import (
     LOG_CURSOR_RE,
     MAX_LOG_LINES,
@@ -38,6 +40,23 @@ def _run_ref(ref: str | None) -> str | None:
 
 
 RunRef = Annotated[str | None, AfterValidator(_run_ref)]
+
+_RUN_KEY = re.compile(RUN_KEY_PATTERN)
+
+
+def _run_key(key: str | None) -> str | None:
+    if key is not None and not _RUN_KEY.fullmatch(key):
+        raise PydanticCustomError(
+            "run_key",
+            "run key {key} is not a name: use 1 to 128 letters, digits and . _ : @ + -, "
+            "starting with a letter or digit",
+            {"key": repr(key[:200])},
+        )
+    return key
+
+
+# A caller's name for a run (``cairn launch --run-key``).
+RunKey = Annotated[str | None, AfterValidator(_run_key)]
 
 
 # Every model here is built on its first use, not at import: the CLI, started for each
@@ -62,7 +81,9 @@ class PingRequest(OpRequest):
 
 class LaunchRequest(OpRequest):
     """Launch a workflow: a definition name, or a workflow file's ``source`` (read by the
-    client) with the review hash the person confirmed for it (``confirm``)."""
+    client) with the review hash the person confirmed for it (``confirm``). With
+    ``run_key``, a launch its owner made before under the same key is answered with that
+    run instead of a new one."""
 
     op: Literal["launch"] = "launch"
     definition: str | None = None
@@ -73,6 +94,7 @@ class LaunchRequest(OpRequest):
     confirm: str | None = None
     limits: dict[str, int] = {}
     apply_mode: ApplyMode = "auto"
+    run_key: RunKey = None
 
 
 class ListRequest(OpRequest):
@@ -463,6 +485,7 @@ class RequestEnvelope(Frozen):
     after_cursor: LogCursor = None
     older_than: int | None = None
     keep: int | None = None
+    run_key: RunKey = None
 
     @field_validator("op")
     @classmethod

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cairn.protocol.names import RUN_KEY_PATTERN
+
 JSONRPC: Literal["2.0"] = "2.0"
 
 # Revisions reachable through the ``initialize`` handshake, oldest to newest; the tools,
@@ -214,4 +216,10 @@ class LaunchArgs(ToolArgs):
         default="auto",
         description="auto: the proposal settles into the project; ask: it waits for a "
         "person's 'cairn apply'; never: it is only kept.",
+    )
+    run_key: str | None = Field(
+        default=None,
+        pattern=RUN_KEY_PATTERN,
+        description="Your name for this run: a call repeated with the same key (and the "
+        "same arguments) returns the run the first call started instead of another.",
     )

@@ -1,5 +1,5 @@
 """The identifiers the protocols check: run, scope, operation, lane, intent, verifier,
-evaluator, agent profile and hash. Each has a pattern (``*_PATTERN``), which the protocol
+evaluator, agent profile, hash and run key. Each has a pattern (``*_PATTERN``), which the protocol
 models type their fields with (:mod:`cairn.protocol.base`). Those that code checks outside
 a model also have a check of the whole string (``is_*``) that needs no regular expression:
 ``cairn launch`` imports this module, and ``re`` would cost each launch 6 ms of CPU. A
@@ -24,6 +24,8 @@ VERIFIER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 PROFILE_NAME_PATTERN = r"^[a-z0-9][a-z0-9:_-]{0,79}$"
 # A launch, review or definition hash: the hex SHA-256 of canonical JSON, named.
 HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+# A caller's name for a run (``cairn launch --run-key``): a date, a ticket, a commit.
+RUN_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
 
 _HEX = frozenset("0123456789abcdef")
 _FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")

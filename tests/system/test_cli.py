@@ -227,3 +227,38 @@ def test_an_argument_named_format_and_a_bounded_while_pass_review_and_run(
     assert again.returncode != 0
     assert "'while' with a bound on 'passes' needs 'passes = <int>' right before it" in (
         again.stderr.decode())
+
+
+def test_a_launch_repeated_with_its_run_key_prints_the_same_run(booted: Machine) -> None:
+    path = f"/home/alice/agent-{secrets.token_hex(4)}.json"
+    script = {"steps": [{"action": "append", "path": "CHANGELOG.md", "content": "- keyed\n"}],
+              "output": {"summary": "done"}, "handoff": ""}
+    booted.exec(["tee", path], user="alice", input=json.dumps(script).encode())
+    key = f"nightly-{secrets.token_hex(4)}"
+    argv = ["cairn", "launch", "builtin:implement", "--project", new_project(booted),
+            "--args", '{"objective": "keyed"}', "--scripted", f"builtin:implementer={path}",
+            "--run-key", key]
+    first = booted.exec(argv, user="alice")
+    run_id = first.stdout.decode().strip().splitlines()[-1]
+    again = booted.exec(argv, user="alice")  # a retry: the same run, not a second one
+
+    assert again.stdout.decode().strip().splitlines()[-1] == run_id
+    assert f"run key {key} names run {run_id} (" in again.stderr.decode()
+    assert "launched before: not launched again" in again.stderr.decode()
+    data = wait_for(booted, run_id, finished)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["run_key"] == key
+    assert f"run key {key}" in cairn(booted, "show", run_id)
+    listed = json.loads(cairn(booted, "list", "--json"))
+    assert [r["run_id"] for r in listed if r.get("run_key") == key] == [run_id]
+    # the same key with other arguments is a mistake, said in one line
+    other = [*argv]
+    other[other.index('{"objective": "keyed"}')] = '{"objective": "other"}'
+    refused = booted.exec(other, user="alice", check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.decode().splitlines()[0] == (
+        f"cairn: run key {key} already names run {run_id}, launched with another arguments")
+    # a key is a name
+    bad = booted.exec([*argv[:-1], "no spaces"], user="alice", check=False)
+    assert bad.returncode == 2
+    assert "run key 'no spaces' is not a name" in bad.stderr.decode()

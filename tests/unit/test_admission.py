@@ -1,11 +1,14 @@
 """One machine-wide admission for every launch (cairn/admission.py, cairn/journal/queue.py,
 daemon/admission.py): a launch over the limit is recorded ``queued``, pinned on its owner's
 attestation during the launch, and started later by cairnd without it, fairly between
-users. On a real journal; the broker client is the only stand-in."""
+users; a launch under a run key its owner used before is answered with that run. On a real
+journal; the broker client is the only stand-in."""
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import secrets
 import time
 from collections.abc import Iterator
@@ -19,10 +22,11 @@ from cairn import admission as rules
 from cairn import paths
 from cairn.admission import AdmissionConfig, Queued, admission_order, default_machine_limit
 from cairn.config import ConfigError
-from cairn.daemon import admission, attest, launch, reconcile
+from cairn.daemon import admission, attest, launch, reconcile, server
 from cairn.errors import BrokerRefused, UsageError
 from cairn.hostconfig import check_host_config
 from cairn.journal.readwrite import Journal
+from cairn.journal.runs import RunKeyTaken
 from cairn.protocol.broker import BrokerReply, Receipt
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import LaunchDescription
@@ -277,3 +281,120 @@ def test_a_queued_run_the_broker_will_not_start_fails_and_frees_its_slot(
     assert run.state == "failed"
     assert run.error == "the queued run could not start: project /p is gone"
     assert admission.admit_waiting(journal) == [after]
+
+
+# --- run keys: a caller's name for a run (cairn launch --run-key, the MCP's run_key); the
+# CLI in a booted machine: tests/system/test_cli.py --------------------------------------
+
+
+REVIEW_HASH = review_source(WORKFLOW, filename="one.py").review_hash
+
+
+def launch_keyed(
+    journal: Journal, host: Path, key: str | None, *, text: str = "go", uid: int = OWNER
+) -> dict[str, Any]:
+    project = host / "project"
+    project.mkdir(exist_ok=True)
+    if os.getuid() == 0:
+        os.chown(project, uid, -1)
+    request = LaunchRequest(definition="one.py", source=WORKFLOW, confirm=REVIEW_HASH,
+                            args={"text": text}, project=str(project), run_key=key)
+    fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return launch.launch(journal, request, uid, fd)
+    finally:
+        os.close(fd)
+
+
+def runs_of(journal: Journal) -> list[tuple[str, str | None]]:
+    rows = journal.db.execute("SELECT run_id, run_key FROM runs ORDER BY created_at")
+    return [(r["run_id"], r["run_key"]) for r in rows]
+
+
+def test_a_second_launch_of_a_key_answers_with_the_first_run(
+    journal: Journal, host: Path, broker: Broker
+) -> None:
+    first = launch_keyed(journal, host, "nightly-2026-12-06")
+    again = launch_keyed(journal, host, "nightly-2026-12-06")
+
+    assert "launched_before" not in first
+    assert again["launched_before"] is True
+    assert (again["run_id"], again["launch_hash"]) == (first["run_id"], first["launch_hash"])
+    assert again["state"] == journal.get_run(first["run_id"]).state == "running"
+    assert runs_of(journal) == [(first["run_id"], "nightly-2026-12-06")]
+    assert broker.started == [first["run_id"]]  # started once
+    assert journal.get_run(first["run_id"]).run_key == "nightly-2026-12-06"
+    # without a key every launch is a new run
+    other = launch_keyed(journal, host, None)
+    assert other["run_id"] != first["run_id"] and len(runs_of(journal)) == 2
+
+
+def test_the_same_key_with_other_arguments_is_refused_naming_the_run(
+    journal: Journal, host: Path, broker: Broker
+) -> None:
+    first = launch_keyed(journal, host, "pr-1234")
+
+    with pytest.raises(UsageError) as refused:
+        launch_keyed(journal, host, "pr-1234", text="something else")
+
+    assert refused.value.message == (
+        f"run key pr-1234 already names run {first['run_id']}, launched with another "
+        "arguments"
+    )
+    assert refused.value.hint is not None and f"cairn show {first['run_id']}" in refused.value.hint
+    assert runs_of(journal) == [(first["run_id"], "pr-1234")]
+
+
+def test_a_key_is_one_owners(journal: Journal, host: Path, broker: Broker) -> None:
+    other = next(p.pw_uid for p in pwd.getpwall() if p.pw_uid not in (0, OWNER))
+    mine = launch_keyed(journal, host, "release")
+    theirs = launch_keyed(journal, host, "release", uid=other)
+    assert mine["run_id"] != theirs["run_id"]
+    assert "launched_before" not in theirs
+    assert {r for r, _k in runs_of(journal)} == {mine["run_id"], theirs["run_id"]}
+
+
+def test_two_launches_of_one_key_racing_record_one_run(
+    journal: Journal, host: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second launch looked before the first recorded its run: the journal's unique
+    key refuses its insert, and it answers with the first run."""
+    first = launch_keyed(journal, host, "race")
+    looked: list[str] = []
+
+    def before_the_first_recorded(self: Journal, owner_uid: int, run_key: str) -> Any:
+        looked.append(run_key)
+        if len(looked) == 1:
+            return None
+        return original(self, owner_uid, run_key)
+
+    original = Journal.run_by_key
+    monkeypatch.setattr(Journal, "run_by_key", before_the_first_recorded)
+    again = launch_keyed(journal, host, "race")
+
+    assert looked == ["race", "race"]
+    assert again["launched_before"] is True and again["run_id"] == first["run_id"]
+    assert runs_of(journal) == [(first["run_id"], "race")]
+    assert broker.started == [first["run_id"]]
+
+
+def test_the_journal_refuses_a_second_run_of_a_key(journal: Journal, host: Path,
+                                                   broker: Broker) -> None:
+    first = launch_keyed(journal, host, "k")
+    desc = journal.launch_description(first["run_id"])
+    copy = desc.model_copy(update={"run_id": "flow_" + "ab" * 16})
+    with pytest.raises(RunKeyTaken) as taken:
+        journal.launch_run(copy, machine_limit=8, user_limit=8, run_key="k")
+    assert taken.value.run.run_id == first["run_id"]
+    journal.launch_run(copy, machine_limit=8, user_limit=8, run_key="k2")  # another key: fine
+    assert len(runs_of(journal)) == 2
+
+
+@pytest.mark.parametrize("key", ["", "-x", "a b", "../etc", "x" * 129, "k\n", "ключ"])
+def test_a_key_that_is_not_a_name_is_refused_in_one_line(key: str) -> None:
+    body = {**LaunchRequest(definition="builtin:implement").model_dump(mode="json"),
+            "run_key": key}
+    with pytest.raises(UsageError) as refused:
+        server.parse(json.dumps(body).encode() + b"\n")
+    assert refused.value.message.startswith(f"run key {key[:200]!r} is not a name: use 1 to 128")
+    assert "\n" not in refused.value.message and refused.value.hint

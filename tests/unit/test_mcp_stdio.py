@@ -100,7 +100,7 @@ def test_tools_are_the_exposed_workflows_and_the_fixed_tools(client: StdioClient
     objective = schema["properties"]["args"]["properties"]["objective"]
     assert (objective["minLength"], objective["maxLength"]) == (1, 20_000)
     assert schema["properties"]["args"]["required"] == ["objective"]
-    assert set(schema["properties"]) == {"args", "project", "apply"}
+    assert set(schema["properties"]) == {"args", "project", "apply", "run_key"}
 
 
 def test_cairn_runs_are_the_callers_runs_from_cairnd(
@@ -131,6 +131,24 @@ def test_a_workflow_tool_launches_the_installed_source_on_the_servers_directory(
     st = os.stat(project)
     assert daemon.passed == [(st.st_dev, st.st_ino)]  # the project, as an open descriptor
     assert daemon.channels == 1  # and the channel the server attests the launch on
+
+
+def test_a_workflow_tool_passes_its_run_key_and_says_when_the_run_was_launched_before(
+    client: StdioClient, daemon: StandInDaemon, project: Path
+) -> None:
+    client.initialize()
+    daemon.answers["launch"] = {**daemon.answers["launch"], "state": "running",
+                                "launched_before": True}
+    result = client.call("user_fix-flaky", {"args": {"objective": "x"}, "run_key": "pr-7"})
+    assert result["structuredContent"] == {
+        "run_id": RUN, "definition": "user:fix-flaky", "project": str(project),
+        "state": "running", "launched_before": True,
+    }
+    [launch] = daemon.asked
+    assert launch["run_key"] == "pr-7"
+    bad = client.call("user_fix-flaky", {"args": {"objective": "x"}, "run_key": "a b"})
+    assert bad["isError"] is True and "run_key" in bad["content"][0]["text"]
+    assert len(daemon.asked) == 1  # a key that is not a name never reaches cairnd
 
 
 def test_unknown_and_approving_tools_are_protocol_errors(
