@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cairn.cli.client import request
+from cairn.cli.client import emit, request
+from cairn.cli.options import JsonFlag
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
 from cairn.terminal import printable
@@ -99,12 +100,16 @@ def follow(
 
 
 @notify_app.command("list")
-def list_hooks() -> None:
+def list_hooks(json_out: JsonFlag = False) -> None:
     """The hooks that would run, in order, and the files refused with why."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.notify import discover_hooks, hook_dirs
 
     hooks = discover_hooks(hook_dirs(os.getuid()))
+    if json_out:
+        emit({"run": [str(hook) for hook in hooks.run],
+              "refused": [{"path": str(r.path), "reason": r.reason} for r in hooks.refused]})
+        return
     for hook in hooks.run:
         typer.echo(f"runs     {printable(hook)}")
     for refused in hooks.refused:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from cairn.cli.client import emit
+from cairn.cli.options import JsonFlag
 from cairn.terminal import printable, printable_lines
 
 project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
@@ -19,6 +21,7 @@ def project_trust(
         str | None,
         typer.Option(help="The trust hash you confirmed (printed without --confirm)."),
     ] = None,
+    json_out: JsonFlag = False,
 ) -> None:
     """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
     trust hash. With it: trust them as they are now (a definition that changes later is
@@ -31,16 +34,25 @@ def project_trust(
     root = trust.project_root(path)
     if confirm is not None:
         record = trust.trust(root, confirm)
+        if json_out:
+            emit({"project": root, "trusted": True, "trust_hash": record.trust_hash,
+                  "definitions": {f"project:{n}": h for n, h in record.definitions.items()}})
+            return
         names = ", ".join(f"project:{n}" for n in record.definitions)
         typer.echo(printable(f"trusted {root}: {names}"))
         return
     with trust.open_project(root) as fd:
         reviews = trust.review_project(fd, root)
+    hashes = {n: r.review_hash for n, r in reviews.items()}
+    if json_out:  # printing decides nothing: "trusted" is false until --confirm
+        emit({"project": root, "trusted": False, "trust_hash": trust_hash(root, hashes),
+              "definitions": {f"project:{n}": h for n, h in hashes.items()}})
+        return
     for name, review in reviews.items():
         typer.echo(printable(f"== project:{name}"))
         typer.echo(printable_lines(render_review(review)))
         typer.echo("")
-    expected = trust_hash(root, {n: r.review_hash for n, r in reviews.items()})
+    expected = trust_hash(root, hashes)
     typer.echo(f"trust_hash: {expected}")
     typer.echo(printable(f"to trust them: cairn project trust {root} --confirm {expected}"))
 

@@ -139,13 +139,18 @@ def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
 
 
 @workflow_app.command("diff")
-def workflow_diff(definition: str, file: Path) -> None:
+def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> None:
     """What installing FILE over user:NAME would change in its manifest."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import user
 
     record = user.installed(_user_name(definition), purpose="compared")
     new_hash, lines = user.manifest_diff(record, file)
+    if json_out:
+        emit({"definition": f"user:{record.name}", "file": str(file),
+              "installed_hash": record.review_hash, "review_hash": new_hash,
+              "changed": new_hash != record.review_hash, "manifest_diff": lines})
+        return
     if new_hash == record.review_hash:
         typer.echo(printable(f"no change: {file} is user:{record.name} as installed ({new_hash})"))
         return

@@ -163,6 +163,14 @@ def test_show_and_diff(config: Path, wf: Path) -> None:
     assert "-  summary: str  (min_length=1, max_length=4000)" in diff.output
     assert "+  summary: str  (min_length=1, max_length=5000)" in diff.output
     assert f"--replace --confirm {review_hash(CHANGED)}" in diff.output
+    as_json = CliRunner().invoke(app, ["workflow", "diff", "user:fix-flaky", str(new), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.output)
+    assert (data["definition"], data["installed_hash"], data["review_hash"], data["changed"]) \
+        == ("user:fix-flaky", review_hash(SOURCE), review_hash(CHANGED), True)
+    assert "+  summary: str  (min_length=1, max_length=5000)" in data["manifest_diff"]
+    same = CliRunner().invoke(app, ["workflow", "diff", "user:fix-flaky", str(wf), "--json"])
+    assert json.loads(same.output)["changed"] is False
 
 
 # --- drafts ---------------------------------------------------------------------------------
@@ -273,7 +281,14 @@ def test_trust_binds_a_project_to_its_definitions_content(config: Path, project:
     printed = CliRunner().invoke(app, ["project", "trust", str(project)])
     assert printed.exit_code == 0, printed.output
     assert f"trust_hash: {project_hash(project)}" in printed.output
+    as_json = CliRunner().invoke(app, ["project", "trust", str(project), "--json"])
+    assert json.loads(as_json.output) == {
+        "project": str(project), "trusted": False, "trust_hash": project_hash(project),
+        "definitions": {"project:tidy": review_hash(SOURCE, "tidy")}}
     assert trust.trusted_project(str(project)) is None  # printing decides nothing
+    confirmed = CliRunner().invoke(app, ["project", "trust", str(project), "--confirm",
+                                         project_hash(project), "--json"])
+    assert json.loads(confirmed.output) == {**json.loads(as_json.output), "trusted": True}
     trust.trust(str(project), project_hash(project))
     assert launch_project(project) == (SOURCE, review_hash(SOURCE, "tidy"))
     rows = [r for r in resolve.listing() if r["definition"] == "project:tidy"]

@@ -108,6 +108,28 @@ def test_only_safe_executables_are_hooks(hooks_dir: Path, tmp_path: Path) -> Non
     }
 
 
+def test_notify_list_prints_the_hooks_and_the_refusals_as_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from cairn.cli.commands import app
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("CAIRN_ROOT", str(tmp_path / "host"))
+    mine = tmp_path / "config" / "cairn" / "notify.d"
+    mine.mkdir(parents=True, mode=0o755)
+    good = hook(mine, "record")
+    hook(mine, "loose", 0o777)
+    result = CliRunner().invoke(app, ["notify", "list", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {
+        "run": [str(good)],
+        "refused": [{"path": str(mine / "loose"),
+                     "reason": "writable by its group or others (chmod go-w)"}],
+    }
+
+
 def test_an_unsafe_directory_runs_nothing(hooks_dir: Path, tmp_path: Path) -> None:
     hook(hooks_dir, "good")
     os.chmod(hooks_dir, 0o777)
