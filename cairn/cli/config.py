@@ -6,9 +6,9 @@ import typer
 
 from cairn import paths
 from cairn.cli.client import emit
-from cairn.cli.options import JsonFlag
+from cairn.cli.options import CairnGroup, JsonFlag
 
-config_app = typer.Typer(help="Host configuration.", no_args_is_help=True)
+config_app = typer.Typer(cls=CairnGroup, help="Host configuration.", no_args_is_help=True)
 
 
 @config_app.command("check")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cairn.cli.client import emit, request
-from cairn.cli.options import JsonFlag
+from cairn.cli.options import CairnGroup, JsonFlag
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
 from cairn.terminal import printable
@@ -25,6 +25,7 @@ NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
 MANAGER_JOIN_SEC = 30.0
 
 notify_app = typer.Typer(
+    cls=CairnGroup,
     help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
     no_args_is_help=True,
 )

@@ -26,12 +26,40 @@ def check_run_ref(ref: str | None) -> str | None:
 
 
 class CairnGroup(TyperGroup):
-    """The ``cairn`` command group: help shows a default only where there is one to show
-    (never ``[default: None]``) and marks a required parameter once, with its ``*``."""
+    """The ``cairn`` command group and its sub-groups: help shows a default only where
+    there is one to show (never ``[default: None]``) and marks a required parameter once,
+    with its ``*``; a mistyped command is answered with the closest one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         quiet_defaults(self)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            typed = args[0] if args else ""
+            close = closest_command(self, ctx, typed)
+            if close is None:
+                raise
+            raise click.UsageError(
+                f"No such command {typed!r}. Did you mean {close!r}?", ctx
+            ) from None
+
+
+def closest_command(group: click.Group, ctx: click.Context, typed: str) -> str | None:
+    """The visible command of ``group`` closest to ``typed``, if one is close enough."""
+    import difflib  # only a mistyped command pays for it
+
+    names = [
+        name
+        for name in group.list_commands(ctx)
+        if (command := group.get_command(ctx, name)) is not None and not command.hidden
+    ]
+    close = difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def quiet_defaults(command: click.Command) -> None:

@@ -8,10 +8,12 @@ from typing import Annotated
 import typer
 
 from cairn.cli.client import emit
-from cairn.cli.options import JsonFlag
+from cairn.cli.options import CairnGroup, JsonFlag
 from cairn.terminal import printable, printable_lines
 
-project_app = typer.Typer(help="Trust a project's own definitions.", no_args_is_help=True)
+project_app = typer.Typer(
+    cls=CairnGroup, help="Trust a project's own definitions.", no_args_is_help=True
+)
 
 
 @project_app.command("trust")

@@ -18,7 +18,7 @@ from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
-from cairn.cli.options import DefinitionArg, JsonFlag, echo, emit_or_empty, renamed
+from cairn.cli.options import CairnGroup, DefinitionArg, JsonFlag, echo, emit_or_empty, renamed
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     )
 
 schedule_app = typer.Typer(
+    cls=CairnGroup,
     help="Recurring runs as systemd user timers, with reviewed, finite permission.",
     no_args_is_help=True,
 )

@@ -13,11 +13,11 @@ import typer
 
 from cairn import paths
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import JsonFlag, RunArg, add_commands, check_run_ref, echo
+from cairn.cli.options import CairnGroup, JsonFlag, RunArg, add_commands, check_run_ref, echo
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.sizes import parse_age
 
-storage_app = typer.Typer(help="Storage pools.", no_args_is_help=True)
+storage_app = typer.Typer(cls=CairnGroup, help="Storage pools.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:

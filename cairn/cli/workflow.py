@@ -13,11 +13,11 @@ import click
 import typer
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import JsonFlag, emit_or_empty
+from cairn.cli.options import CairnGroup, JsonFlag, emit_or_empty
 from cairn.errors import UsageError
 from cairn.terminal import printable, printable_lines
 
-workflow_app = typer.Typer(help="Workflow definitions.", no_args_is_help=True)
+workflow_app = typer.Typer(cls=CairnGroup, help="Workflow definitions.", no_args_is_help=True)
 
 ConfirmOption = Annotated[
     str, typer.Option(help="The review hash you confirmed (sha256:…, from 'workflow review').")

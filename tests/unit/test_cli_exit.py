@@ -56,6 +56,20 @@ def test_a_usage_error_is_one_line_and_a_hint() -> None:
     assert hint == "hint: see 'cairn logs --help'"
 
 
+def test_a_mistyped_command_is_answered_with_the_closest_one() -> None:
+    for argv, said, hint in (
+        (["lanuch"], "No such command 'lanuch'. Did you mean 'launch'?", "cairn"),
+        (["schedule", "lst"], "No such command 'lst'. Did you mean 'list'?", "cairn schedule"),
+        (["workflow", "reveiw"], "No such command 'reveiw'. Did you mean 'review'?",
+         "cairn workflow"),
+        (["storage", "dff"], "No such command 'dff'. Did you mean 'df'?", "cairn storage"),
+        (["zzzz"], "No such command 'zzzz'.", "cairn"),  # nothing close: no guess
+    ):
+        proc = _cairn(*argv)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [f"cairn: {said}", f"hint: see '{hint} --help'"]
+
+
 def test_ctrl_c_while_a_launch_waits_for_cairnd_exits_130(tmp_path: Path) -> None:
     """The launch path (cairn.cli.launching, without click) stopped while cairnd has not
     answered: status 130 and no traceback, as under click."""
