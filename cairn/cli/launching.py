@@ -41,6 +41,7 @@ OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--apply": ("apply_mode", False),
     "--run-key": ("run_key", False),
     "--json": None,
+    "--watch": None,  # a launch that stays to follow its run: read by the typer command
 }
 # A shell's completion request reaches click through its environment, whatever the argv.
 COMPLETION_ENV = "_CAIRN_COMPLETE"
@@ -67,7 +68,7 @@ def read_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | N
             return None
         spec = OPTIONS[name]
         if spec is None:
-            if eq:
+            if eq or name != "--json":
                 return None
             given["json_out"] = True
             continue
@@ -97,10 +98,11 @@ def launch(
     apply_mode: str = "auto",
     run_key: str | None = None,
     json_out: bool = False,
-) -> None:
+) -> str:
     """Launch ``definition`` on ``project`` and print the new run's ID (or, with
     ``json_out``, cairnd's answer); a queued run says so on stderr, and so does a run
-    ``run_key`` named before (its ID is printed: the launch is not made again)."""
+    ``run_key`` named before (its ID is printed: the launch is not made again). Returns
+    the run's ID."""
     source = None
     if definition.endswith(".py"):
         # here, not at the top: only a workflow file pays for the definitions and review
@@ -161,9 +163,10 @@ def launch(
         )
     finally:
         os.close(fd)
+    run_id: str = result["run_id"]
     if json_out:
         emit(result)
-        return
+        return run_id
     # cairnd's words: escaped like every other text this CLI did not write
     print(printable(result["run_id"]), flush=True)
     if result.get("launched_before"):
@@ -175,6 +178,7 @@ def launch(
         )
     elif result.get("state") == "queued":
         print(queued_note(result["run_id"], result.get("position")), file=sys.stderr, flush=True)
+    return run_id
 
 
 def launch_request(

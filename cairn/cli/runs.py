@@ -96,12 +96,25 @@ def launch(
             "made before with the same key prints that run's ID instead of starting another."
         ),
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Then follow the run as 'cairn watch' does; exit 0 only if it succeeds.",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
     project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
+    if watch and json_out:
+        raise typer.BadParameter(
+            "--watch prints the run's events as lines; for JSON, follow it with "
+            "'cairn watch RUN --json'",
+            param_hint="'--watch'",
+        )
     # What it sends, and how 'cairn' reads this command line without typer: launching.
-    launching.launch(
+    run_id = launching.launch(
         definition,
         args=args,
         project=os.fspath(project),
@@ -112,6 +125,10 @@ def launch(
         run_key=run_key,
         json_out=json_out,
     )
+    if watch:
+        from cairn.cli.people import watch as follow
+
+        follow(run_id)
 
 
 def full_run_id(ref: str) -> str | None:

@@ -230,6 +230,7 @@ def test_an_argument_named_format_and_a_bounded_while_pass_review_and_run(
 
 
 def test_a_launch_repeated_with_its_run_key_prints_the_same_run(booted: Machine) -> None:
+    """... and a launch with --watch follows its run to the end."""
     path = f"/home/alice/agent-{secrets.token_hex(4)}.json"
     script = {"steps": [{"action": "append", "path": "CHANGELOG.md", "content": "- keyed\n"}],
               "output": {"summary": "done"}, "handoff": ""}
@@ -238,13 +239,16 @@ def test_a_launch_repeated_with_its_run_key_prints_the_same_run(booted: Machine)
     argv = ["cairn", "launch", "builtin:implement", "--project", new_project(booted),
             "--args", '{"objective": "keyed"}', "--scripted", f"builtin:implementer={path}",
             "--run-key", key]
-    first = booted.exec(argv, user="alice")
-    run_id = first.stdout.decode().strip().splitlines()[-1]
+    # --watch: the launch stays, follows the run and exits with its outcome
+    first = booted.exec([*argv, "--watch"], user="alice", timeout=300)
+    printed = first.stdout.decode().strip().splitlines()
+    run_id = printed[0]
+    assert printed[-1] == f'{run_id} succeeded: {{"summary": "done"}}', printed
     again = booted.exec(argv, user="alice")  # a retry: the same run, not a second one
 
     assert again.stdout.decode().strip().splitlines()[-1] == run_id
-    assert f"run key {key} names run {run_id} (" in again.stderr.decode()
-    assert "launched before: not launched again" in again.stderr.decode()
+    assert f"run key {key} names run {run_id} (succeeded), launched before: not launched " \
+        "again" in again.stderr.decode()
     data = wait_for(booted, run_id, finished)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert data["run"]["run_key"] == key

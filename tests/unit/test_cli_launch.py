@@ -89,9 +89,12 @@ READ_AS_CLICK_DOES = [
     ["launch", "builtin:goal", "--apply=ask", "--args", "{}", "--args", '{"x": 2}'],
     ["launch", "builtin:goal", "--project", "", "--json", "--json"],
     ["launch", "user:with=sign"],
+    ["launch", "builtin:goal", "--run-key", "nightly-1"],
 ]
 HANDED_TO_CLICK = [
     ["launch"],
+    ["launch", "builtin:goal", "--watch"],
+    ["launch", "builtin:goal", "--watch=yes"],
     ["launch", "--help"],
     ["launch", "builtin:goal", "--help"],
     ["launch", "a", "b"],
@@ -173,3 +176,42 @@ def test_the_request_names_every_field_cairnd_validates() -> None:
     )
     assert set(request) == set(LaunchRequest.model_fields)
     assert LaunchRequest.model_validate(request).model_dump(mode="json") == request
+
+
+# --- launch --watch ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("state", "status"), [("succeeded", 0), ("failed", 1)])
+def test_launch_watch_follows_the_new_run_and_exits_with_its_outcome(
+    state: str, status: int, sent: list[tuple[LaunchRequest, Path]],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    from cairn.cli import people
+
+    followed: list[Any] = []
+
+    def watch_request(body: Any, **_kwargs: Any) -> dict[str, Any]:
+        followed.append(body)
+        return {"run_id": body.run_id, "cursor": 1, "more": False, "finished": True,
+                "state": state, "error": "it broke" if state == "failed" else None,
+                "output": {"summary": "done"}, "waiting": [],
+                "events": [{"event": f"run-{state}", "at": 1.0, "op_id": None, "data": {}}]}
+
+    monkeypatch.setattr(people, "request", watch_request)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["launch", "builtin:implement", "--watch"])
+    assert result.exit_code == status, result.output
+    run_id = "flow_" + "0" * 32
+    assert result.output.splitlines()[0] == run_id
+    assert [(b.op, b.run_id, b.cursor) for b in followed] == [("watch", run_id, 0)]
+    assert len(sent) == 1
+
+
+def test_launch_watch_with_json_is_refused_before_anything_is_sent(
+    sent: list[tuple[LaunchRequest, Path]],
+) -> None:
+    result = CliRunner().invoke(app, ["launch", "builtin:implement", "--watch", "--json"])
+    assert result.exit_code == 2
+    assert "--watch prints the run's events as lines" in result.output
+    assert sent == []
+
