@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -74,6 +75,10 @@ def quiet_defaults(command: click.Command) -> None:
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+YesFlag = Annotated[
+    bool,
+    typer.Option("--yes", "-y", help="Do it without asking (asked only on a terminal)."),
+]
 RunArg = Annotated[
     str,
     typer.Argument(
@@ -87,6 +92,28 @@ DefinitionArg = Annotated[
         autocompletion=definition_candidates,
     ),
 ]
+
+
+def asks(yes: bool) -> bool:
+    """Whether :func:`confirm_or_stop` would ask: a terminal, and no ``--yes``."""
+    return not yes and sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def confirm_or_stop(question: str, *, yes: bool) -> None:
+    """Ask a person at a terminal ``question`` before something that cannot be undone:
+    anything but ``y`` or ``yes`` stops the command (exit 1) with nothing changed. With
+    ``yes``, or without a terminal (a script, a timer, a pipe), it goes on unasked."""
+    if not asks(yes):
+        return
+    sys.stderr.write(f"{printable(question)} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    if answer.strip().lower() not in ("y", "yes"):
+        if not answer.endswith("\n"):
+            sys.stderr.write("\n")
+        echo("cairn: not confirmed; nothing was changed (--yes does it without asking)",
+             err=True)
+        raise typer.Exit(1)
 
 
 def echo(line: object, *, err: bool = False) -> None:

@@ -3,17 +3,21 @@ pause, resume, stop, cancel and watch. Added to the main app by :func:`register`
 
 
 import datetime
-import json
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cairn.cli.client import fail, request
-from cairn.cli.options import JsonFlag, RunArg, add_commands, emit_or_empty, render_waiting
-from cairn.cli.watchview import EventPrinter
+from cairn.cli.options import (
+    JsonFlag,
+    RunArg,
+    YesFlag,
+    add_commands,
+    confirm_or_stop,
+    emit_or_empty,
+)
+from cairn.cli.watchview import follow
 from cairn.terminal import printable
 
 if TYPE_CHECKING:
@@ -132,11 +136,15 @@ def stop(run_id: RunArg) -> None:
     _control(StopRequest, run_id)
 
 
-def cancel(run_id: RunArg) -> None:
+def cancel(run_id: RunArg, yes: YesFlag = False) -> None:
     """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
     withdrawn (at once when no coordinator holds the run, else at its next safe point)."""
     from cairn.protocol.daemon import CancelRequest
 
+    confirm_or_stop(
+        f"Cancel run {run_id}? Its running agents are stopped and it cannot be resumed.",
+        yes=yes,
+    )
     _control(CancelRequest, run_id)
 
 
@@ -146,34 +154,7 @@ def watch(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
 ) -> None:
     """Follow a run live (rebuilt from the journal); one line when it ends."""
-    from cairn.protocol.daemon import WatchRequest
-
-    cursor = 0
-    shown_waiting: list[dict[str, Any]] = []
-    out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)
-    try:
-        while True:
-            polled = time.monotonic()
-            data = request(WatchRequest(run_id=run_id, cursor=cursor))
-            run_id = data["run_id"]  # a prefix or @last names this run from now on
-            for event in data["events"]:
-                if json_out:
-                    out.line(json.dumps(event))
-                else:
-                    out.event(event)
-            cursor = data["cursor"]
-            if data["more"]:
-                continue
-            if data["waiting"] != shown_waiting:
-                shown_waiting = data["waiting"]
-                for item in shown_waiting:
-                    out.line(f"waiting: {render_waiting(data['run_id'], item)}")
-            if data["finished"]:
-                out.line(completion_line(data))
-                raise typer.Exit(0 if data["state"] == "succeeded" else 1)
-            time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    follow(run_id, interval=interval, json_out=json_out)
 
 
 def render_item(item: dict[str, Any]) -> str:
@@ -228,19 +209,3 @@ def render_item(item: dict[str, Any]) -> str:
         f"  cairn approve {run} {request_id} --fingerprint {printable(item['fingerprint'])}\n"
         f"  cairn reject {run} {request_id} --reason …"
     )
-
-
-def render_event(event: dict[str, Any]) -> str:
-    at = datetime.datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
-    where = f" {printable(event['op_id'])}" if event.get("op_id") else ""
-    data = " ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(event["data"].items()))
-    return f"{at} {printable(event['event'])}{where}" + (f" {data}" if data else "")
-
-
-def completion_line(data: dict[str, Any]) -> str:
-    line = f"{data['run_id']} {data['state']}"
-    if data.get("error"):
-        line += f": {printable(data['error'])}"
-    elif data.get("output") is not None:
-        line += f": {json.dumps(data['output'], sort_keys=True)}"
-    return line

@@ -22,12 +22,14 @@ from cairn.cli.options import (
     DefinitionArg,
     JsonFlag,
     RunArg,
+    YesFlag,
     add_commands,
     check_run_ref,
+    confirm_or_stop,
     emit_or_empty,
     render_waiting,
 )
-from cairn.cli.watchview import progress_lines
+from cairn.cli.watchview import follow, progress_lines
 from cairn.errors import Unavailable
 from cairn.protocol.names import is_run_id
 from cairn.protocol.requestchecks import RUN_REF_HELP
@@ -126,8 +128,6 @@ def launch(
         json_out=json_out,
     )
     if watch:
-        from cairn.cli.people import watch as follow
-
         follow(run_id)
 
 
@@ -478,11 +478,16 @@ def diff(
     typer.echo(printable_lines(data.get("diff", "")), nl=False)
 
 
-def revert(run_id: RunArg, json_out: JsonFlag = False) -> None:
+def revert(run_id: RunArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
     """Undo what a finished run applied: every path still as the run left it gets its
     content from before the run back. Nothing is written if any path changed since."""
     from cairn.protocol.daemon import RevertRequest
 
+    confirm_or_stop(
+        f"Revert what run {run_id} applied to its project? Every path still as the run "
+        "left it gets its content from before the run back.",
+        yes=yes,
+    )
     data = request(RevertRequest(run_id=run_id))
     if json_out:
         emit(data)

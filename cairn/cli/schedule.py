@@ -18,7 +18,16 @@ from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
-from cairn.cli.options import CairnGroup, DefinitionArg, JsonFlag, echo, emit_or_empty, renamed
+from cairn.cli.options import (
+    CairnGroup,
+    DefinitionArg,
+    JsonFlag,
+    YesFlag,
+    confirm_or_stop,
+    echo,
+    emit_or_empty,
+    renamed,
+)
 from cairn.cli.timers import (
     apply_timers,
     install_timer,
@@ -301,10 +310,14 @@ def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 
 @schedule_app.command("delete")
-def delete(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+def delete(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
     """Delete the schedule (future launches only) and its timer."""
     from cairn.protocol.daemon import ScheduleDeleteRequest
 
+    _check_id(schedule_id)  # a malformed ID is refused before anything is asked
+    confirm_or_stop(
+        f"Delete schedule {schedule_id} and its timer? The runs it launched stay.", yes=yes
+    )
     _stop(schedule_id, ScheduleDeleteRequest, "deleted", json_out)
 
 

@@ -13,7 +13,17 @@ import typer
 
 from cairn import paths
 from cairn.cli.client import emit, fail, request
-from cairn.cli.options import CairnGroup, JsonFlag, RunArg, add_commands, check_run_ref, echo
+from cairn.cli.options import (
+    CairnGroup,
+    JsonFlag,
+    RunArg,
+    YesFlag,
+    add_commands,
+    asks,
+    check_run_ref,
+    confirm_or_stop,
+    echo,
+)
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.sizes import parse_age
 
@@ -103,6 +113,7 @@ def rm(
         list[str],
         typer.Argument(metavar="RUN...", help=RUN_REF_HELP, show_default=False),
     ],
+    yes: YesFlag = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Delete finished runs' storage (Q, W, checkpoints, P, C, F); their journal rows and
@@ -111,10 +122,17 @@ def rm(
 
     for ref in run_ids:
         check_run_ref(ref)
-    # Every run is checked before any is deleted: one that must stay deletes none.
-    for ref in run_ids:
-        request(RmRequest(run_id=ref, dry_run=True))
-    done = [request(RmRequest(run_id=ref)) for ref in run_ids]
+    # Every run is checked before any is deleted: one that must stay deletes none. What a
+    # reference resolved to then is what goes (a prefix is not resolved twice).
+    checked = [request(RmRequest(run_id=ref, dry_run=True)) for ref in run_ids]
+    going = [run["run_id"] for run in checked if not run["already_gone"]]
+    if going:
+        confirm_or_stop(
+            f"Delete the storage of {len(going)} run(s): {', '.join(going)}? Their history "
+            "stays; 'cairn revert' no longer works for them.",
+            yes=yes,
+        )
+    done = [request(RmRequest(run_id=run["run_id"])) for run in checked]
     if json_out:
         emit(done)
         return
@@ -151,6 +169,7 @@ def prune(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only print what would be deleted.")
     ] = False,
+    yes: YesFlag = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Delete finished runs' storage by rule; without --older-than or --keep, by the host
@@ -158,6 +177,16 @@ def prune(
     from cairn.protocol.daemon import PruneRequest
 
     age = None if older_than is None else parse_age(older_than)
+    if not dry_run and asks(yes):
+        preview = request(PruneRequest(older_than=age, keep=keep, dry_run=True))
+        count = len(preview["delete"])
+        whose = " of every user" if os.geteuid() == 0 else ""
+        if count:
+            confirm_or_stop(
+                f"Delete the storage of {count} finished run(s){whose}? 'cairn prune "
+                "--dry-run' lists them; their history stays.",
+                yes=yes,
+            )
     data = request(PruneRequest(older_than=age, keep=keep, dry_run=dry_run))
     if json_out:
         emit(data)

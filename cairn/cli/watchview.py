@@ -1,12 +1,20 @@
-"""How ``cairn watch`` and ``cairn show`` render progress and agent notes: a progress bar
-redrawn in place on a terminal, one plain line per report otherwise."""
+"""Following a run (``cairn watch``, ``cairn launch --watch``) and how it and ``cairn
+show`` render events, progress and agent notes: a progress bar redrawn in place on a
+terminal, one plain line per report otherwise."""
 
 from __future__ import annotations
 
 import datetime
+import json
+import sys
+import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
+import typer
+
+from cairn.cli.client import request
+from cairn.cli.options import render_waiting
 from cairn.terminal import printable
 
 BAR_WIDTH = 30
@@ -101,3 +109,53 @@ def progress_lines(progress: dict[str, dict[str, Any]]) -> list[str]:
         f"progress: {progress_text(data)} at {clock(data['at'])}"
         for _phase, data in sorted(progress.items())
     ]
+
+
+def follow(run_id: str, *, interval: float = 1.0, json_out: bool = False) -> NoReturn:
+    """Print the run's events from its start and as they come (polling cairnd every
+    ``interval`` seconds), what it waits for, and one line when it ends; exit 0 when it
+    succeeded, 1 when it ended otherwise, 130 on Ctrl-C."""
+    from cairn.protocol.daemon import WatchRequest
+
+    cursor = 0
+    shown_waiting: list[dict[str, Any]] = []
+    out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)
+    try:
+        while True:
+            polled = time.monotonic()
+            data = request(WatchRequest(run_id=run_id, cursor=cursor))
+            run_id = data["run_id"]  # a prefix or @last names this run from now on
+            for event in data["events"]:
+                if json_out:
+                    out.line(json.dumps(event))
+                else:
+                    out.event(event)
+            cursor = data["cursor"]
+            if data["more"]:
+                continue
+            if data["waiting"] != shown_waiting:
+                shown_waiting = data["waiting"]
+                for item in shown_waiting:
+                    out.line(f"waiting: {render_waiting(data['run_id'], item)}")
+            if data["finished"]:
+                out.line(completion_line(data))
+                raise typer.Exit(0 if data["state"] == "succeeded" else 1)
+            time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def render_event(event: dict[str, Any]) -> str:
+    at = datetime.datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
+    where = f" {printable(event['op_id'])}" if event.get("op_id") else ""
+    data = " ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(event["data"].items()))
+    return f"{at} {printable(event['event'])}{where}" + (f" {data}" if data else "")
+
+
+def completion_line(data: dict[str, Any]) -> str:
+    line = f"{data['run_id']} {data['state']}"
+    if data.get("error"):
+        line += f": {printable(data['error'])}"
+    elif data.get("output") is not None:
+        line += f": {json.dumps(data['output'], sort_keys=True)}"
+    return line

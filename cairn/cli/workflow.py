@@ -13,7 +13,7 @@ import click
 import typer
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import CairnGroup, JsonFlag, emit_or_empty
+from cairn.cli.options import CairnGroup, JsonFlag, YesFlag, confirm_or_stop, emit_or_empty
 from cairn.errors import UsageError
 from cairn.terminal import printable, printable_lines
 
@@ -166,13 +166,19 @@ def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> No
 
 
 @workflow_app.command("remove")
-def workflow_remove(definition: str) -> None:
+def workflow_remove(definition: str, yes: YesFlag = False) -> None:
     """Remove an installed user:NAME (and its exposure, if it was exposed)."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import registry, user
 
     name = _user_name(definition)
     registry.load_registry()  # a malformed registry refuses before anything is removed
+    record = user.installed(name, purpose="removed")
+    confirm_or_stop(
+        f"Remove user:{record.name} ({record.review_hash}) and its exposure? Installing it "
+        "again takes a new review.",
+        yes=yes,
+    )
     record = user.remove(name)
     registry.unexpose(f"user:{name}", missing_ok=True)
     typer.echo(f"removed user:{record.name}  {record.review_hash}")

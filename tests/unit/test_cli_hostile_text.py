@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cairn.cli import logs, main, people, runs, schedule, storage
+from cairn.cli import logs, main, options, people, runs, schedule, storage, watchview
 from cairn.cli.commands import app
 from cairn.cli.watchview import EventPrinter
 from cairn.errors import CairnError
@@ -195,14 +195,14 @@ def test_logs_escape_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_watch_escapes_events_notes_progress_waiting_and_the_end() -> None:
     out = io.StringIO()
-    printer = EventPrinter(out, tty=True, render=people.render_event)
+    printer = EventPrinter(out, tty=True, render=watchview.render_event)
     printer.event({"event": "progress", "at": AT, "data": {"phase": EVIL, "done": 1,
                                                            "total": 2}})
     printer.event({"event": "agent-note", "at": AT, "op_id": EVIL, "data": {"text": EVIL}})
     printer.event({"event": EVIL, "at": AT, "op_id": EVIL, "data": {EVIL: EVIL}})
     for item in INBOX[:2]:
-        printer.line(people.render_waiting(RUN, item))
-    printer.line(people.completion_line({"run_id": RUN, "state": "failed", "error": EVIL}))
+        printer.line(options.render_waiting(RUN, item))
+    printer.line(watchview.completion_line({"run_id": RUN, "state": "failed", "error": EVIL}))
     text = out.getvalue().replace("\r\x1b[K", "")  # the bar cairn itself redraws
     assert raw_controls(text) == [], text
 
@@ -214,7 +214,7 @@ def test_watch_command_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
                          "data": {"text": EVIL}},
                         {"event": "op-failed", "at": AT, "op_id": EVIL,
                          "data": {"error": EVIL}}]}
-    monkeypatch.setattr(people, "request", fake(reply))
+    monkeypatch.setattr(watchview, "request", fake(reply))
     result = CliRunner(mix_stderr=False).invoke(app, ["watch", RUN])
     assert result.exit_code == 1 and raw_controls(result.stdout) == [], result.stdout
     assert result.stdout.count("\\x1b]0;pwned") >= 4

@@ -186,7 +186,7 @@ def test_launch_watch_follows_the_new_run_and_exits_with_its_outcome(
     state: str, status: int, sent: list[tuple[LaunchRequest, Path]],
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    from cairn.cli import people
+    from cairn.cli import watchview
 
     followed: list[Any] = []
 
@@ -197,7 +197,7 @@ def test_launch_watch_follows_the_new_run_and_exits_with_its_outcome(
                 "output": {"summary": "done"}, "waiting": [],
                 "events": [{"event": f"run-{state}", "at": 1.0, "op_id": None, "data": {}}]}
 
-    monkeypatch.setattr(people, "request", watch_request)
+    monkeypatch.setattr(watchview, "request", watch_request)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["launch", "builtin:implement", "--watch"])
     assert result.exit_code == status, result.output

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cairn import paths
-from cairn.cli import people, runs
+from cairn.cli import runs, watchview
 from cairn.cli.commands import app
 from cairn.daemon import runref, server, views
 from cairn.errors import NotFound, UsageError
@@ -353,7 +353,7 @@ def test_watch_follows_the_run_a_reference_first_resolved_to(
         return {"run_id": full, "state": "succeeded", "events": [], "cursor": 0,
                 "waiting": [], "output": None, "error": None, **next(replies)}
 
-    monkeypatch.setattr(people, "request", request)
+    monkeypatch.setattr(watchview, "request", request)
     result = CliRunner().invoke(app, ["watch", "@last"])
     assert result.exit_code == 0, result.output
     assert asked == ["@last", full]
