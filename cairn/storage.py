@@ -223,6 +223,7 @@ class Pool:
     def __init__(self, root: Path, fsid: str) -> None:
         self.root = root
         self.fsid = fsid
+        self._data_allocation = Path("/sys/fs/btrfs", fsid, "allocation", "data")
 
     @classmethod
     def open(cls, root: Path) -> Pool:
@@ -452,9 +453,10 @@ class Pool:
         """Data space Btrfs has reserved for writes it has not committed (sysfs
         ``allocation/data/bytes_reserved`` plus ``bytes_may_use``, readable by anyone); 0
         where sysfs does not say."""
-        allocation = Path("/sys/fs/btrfs", self.fsid, "allocation", "data")
         try:
-            return sum(int((allocation / name).read_text()) for name in _UNCOMMITTED_DATA)
+            return sum(
+                int((self._data_allocation / name).read_text()) for name in _UNCOMMITTED_DATA
+            )
         except (OSError, ValueError):
             return 0
 

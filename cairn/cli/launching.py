@@ -168,16 +168,16 @@ def launch(
         emit(result)
         return run_id
     # cairnd's words: escaped like every other text this CLI did not write
-    print(printable(result["run_id"]), flush=True)
+    print(printable(run_id), flush=True)
     if result.get("launched_before"):
         print(
-            f"run key {printable(run_key)} names run {printable(result['run_id'])} "
+            f"run key {printable(run_key)} names run {printable(run_id)} "
             f"({printable(result.get('state'))}), launched before: not launched again",
             file=sys.stderr,
             flush=True,
         )
     elif result.get("state") == "queued":
-        print(queued_note(result["run_id"], result.get("position")), file=sys.stderr, flush=True)
+        print(queued_note(run_id, result.get("position")), file=sys.stderr, flush=True)
     return run_id
 
 

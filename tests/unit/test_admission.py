@@ -91,17 +91,20 @@ def broker(journal: Journal, monkeypatch: pytest.MonkeyPatch) -> Broker:
     return fake
 
 
-def launch_one(journal: Journal, host: Path) -> dict[str, Any]:
+def launch_one(
+    journal: Journal, host: Path, run_key: str | None = None, *, text: str = "go",
+    uid: int = OWNER,
+) -> dict[str, Any]:
     project = host / "project"
     project.mkdir(exist_ok=True)
     if os.getuid() == 0:
-        os.chown(project, OWNER, -1)
+        os.chown(project, uid, -1)
     review = review_source(WORKFLOW, filename="one.py")
     request = LaunchRequest(definition="one.py", source=WORKFLOW, confirm=review.review_hash,
-                            args={"text": "go"}, project=str(project))
+                            args={"text": text}, project=str(project), run_key=run_key)
     fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return launch.launch(journal, request, OWNER, fd)
+        return launch.launch(journal, request, uid, fd)
     finally:
         os.close(fd)
 
@@ -287,25 +290,6 @@ def test_a_queued_run_the_broker_will_not_start_fails_and_frees_its_slot(
 # CLI in a booted machine: tests/system/test_cli.py --------------------------------------
 
 
-REVIEW_HASH = review_source(WORKFLOW, filename="one.py").review_hash
-
-
-def launch_keyed(
-    journal: Journal, host: Path, key: str | None, *, text: str = "go", uid: int = OWNER
-) -> dict[str, Any]:
-    project = host / "project"
-    project.mkdir(exist_ok=True)
-    if os.getuid() == 0:
-        os.chown(project, uid, -1)
-    request = LaunchRequest(definition="one.py", source=WORKFLOW, confirm=REVIEW_HASH,
-                            args={"text": text}, project=str(project), run_key=key)
-    fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return launch.launch(journal, request, uid, fd)
-    finally:
-        os.close(fd)
-
-
 def runs_of(journal: Journal) -> list[tuple[str, str | None]]:
     rows = journal.db.execute("SELECT run_id, run_key FROM runs ORDER BY created_at")
     return [(r["run_id"], r["run_key"]) for r in rows]
@@ -314,8 +298,8 @@ def runs_of(journal: Journal) -> list[tuple[str, str | None]]:
 def test_a_second_launch_of_a_key_answers_with_the_first_run(
     journal: Journal, host: Path, broker: Broker
 ) -> None:
-    first = launch_keyed(journal, host, "nightly-2026-12-06")
-    again = launch_keyed(journal, host, "nightly-2026-12-06")
+    first = launch_one(journal, host, "nightly-2026-12-06")
+    again = launch_one(journal, host, "nightly-2026-12-06")
 
     assert "launched_before" not in first
     assert again["launched_before"] is True
@@ -325,17 +309,17 @@ def test_a_second_launch_of_a_key_answers_with_the_first_run(
     assert broker.started == [first["run_id"]]  # started once
     assert journal.get_run(first["run_id"]).run_key == "nightly-2026-12-06"
     # without a key every launch is a new run
-    other = launch_keyed(journal, host, None)
+    other = launch_one(journal, host, None)
     assert other["run_id"] != first["run_id"] and len(runs_of(journal)) == 2
 
 
 def test_the_same_key_with_other_arguments_is_refused_naming_the_run(
     journal: Journal, host: Path, broker: Broker
 ) -> None:
-    first = launch_keyed(journal, host, "pr-1234")
+    first = launch_one(journal, host, "pr-1234")
 
     with pytest.raises(UsageError) as refused:
-        launch_keyed(journal, host, "pr-1234", text="something else")
+        launch_one(journal, host, "pr-1234", text="something else")
 
     assert refused.value.message == (
         f"run key pr-1234 already names run {first['run_id']}, launched with another "
@@ -347,8 +331,8 @@ def test_the_same_key_with_other_arguments_is_refused_naming_the_run(
 
 def test_a_key_is_one_owners(journal: Journal, host: Path, broker: Broker) -> None:
     other = next(p.pw_uid for p in pwd.getpwall() if p.pw_uid not in (0, OWNER))
-    mine = launch_keyed(journal, host, "release")
-    theirs = launch_keyed(journal, host, "release", uid=other)
+    mine = launch_one(journal, host, "release")
+    theirs = launch_one(journal, host, "release", uid=other)
     assert mine["run_id"] != theirs["run_id"]
     assert "launched_before" not in theirs
     assert {r for r, _k in runs_of(journal)} == {mine["run_id"], theirs["run_id"]}
@@ -359,7 +343,7 @@ def test_two_launches_of_one_key_racing_record_one_run(
 ) -> None:
     """The second launch looked before the first recorded its run: the journal's unique
     key refuses its insert, and it answers with the first run."""
-    first = launch_keyed(journal, host, "race")
+    first = launch_one(journal, host, "race")
     looked: list[str] = []
 
     def before_the_first_recorded(self: Journal, owner_uid: int, run_key: str) -> Any:
@@ -370,7 +354,7 @@ def test_two_launches_of_one_key_racing_record_one_run(
 
     original = Journal.run_by_key
     monkeypatch.setattr(Journal, "run_by_key", before_the_first_recorded)
-    again = launch_keyed(journal, host, "race")
+    again = launch_one(journal, host, "race")
 
     assert looked == ["race", "race"]
     assert again["launched_before"] is True and again["run_id"] == first["run_id"]
@@ -380,7 +364,7 @@ def test_two_launches_of_one_key_racing_record_one_run(
 
 def test_the_journal_refuses_a_second_run_of_a_key(journal: Journal, host: Path,
                                                    broker: Broker) -> None:
-    first = launch_keyed(journal, host, "k")
+    first = launch_one(journal, host, "k")
     desc = journal.launch_description(first["run_id"])
     copy = desc.model_copy(update={"run_id": "flow_" + "ab" * 16})
     with pytest.raises(RunKeyTaken) as taken:

@@ -60,7 +60,7 @@ def show_view() -> dict[str, Any]:
     side = {"kind": EVIL, "location": EVIL, "predecessor": None, "request": {"p": EVIL}}
     return {
         "run": {"run_id": RUN, "state": "failed", "definition": EVIL, "project": EVIL,
-                "error": EVIL, "output": {"x": EVIL}},
+                "error": EVIL, "output": {"x": EVIL}, "run_key": EVIL},
         "replayed_from": {"run_id": RUN, "through": EVIL, "imported": 1},
         "storage": {"deleted": True, "deleted_at": AT, "subvolumes": 2},
         "integrity": {"ok": False, "issues": [{"code": "x", "op_id": None, "message": EVIL}]},

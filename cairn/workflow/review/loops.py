@@ -77,14 +77,12 @@ def _raised_counter(stmt: ast.stmt) -> str | None:
 def _set_to_int_before(state: ReviewState, loop: ast.While, counter: str) -> bool:
     """Whether the statement right before ``loop`` sets ``counter`` to an int literal."""
     parent = state.parents.get(loop)
-    for field in ("body", "orelse", "finalbody"):
-        block = getattr(parent, field, None)
-        if isinstance(block, list) and any(s is loop for s in block):
-            index = next(i for i, s in enumerate(block) if s is loop)
-            before = block[index - 1] if index else None
-            break
-    else:
-        return False
+    blocks = (getattr(parent, field, None) for field in ("body", "orelse", "finalbody"))
+    before = next(
+        (block[i - 1] for block in blocks if isinstance(block, list)
+         for i, stmt in enumerate(block) if stmt is loop and i),
+        None,
+    )
     if isinstance(before, ast.Assign) and len(before.targets) == 1:
         target, value = before.targets[0], before.value
     elif isinstance(before, ast.AnnAssign) and before.value is not None:
