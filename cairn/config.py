@@ -130,6 +130,11 @@ class Problems:
             line = raw[: exc.start].count(b"\n") + 1
             self.add(file, f"line {line}", "not UTF-8 text", "save the file as UTF-8")
             return None
+        return self.toml_text(file, text)
+
+    def toml_text(self, file: Path, text: str) -> dict[str, Any] | None:
+        """The table ``text`` holds, as the content ``file`` would have (a command about to
+        write it checks it first), or None when it has a problem (recorded)."""
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

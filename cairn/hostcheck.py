@@ -172,7 +172,8 @@ def provider_checks() -> tuple[list[HostCheck], dict[str, str]]:
                           "/usr/share/doc/cairn/docs/agents.md)")], {}
     names = [f"{n} (default)" if n == providers.default else n for n in sorted(providers.providers)]
     checks = [HostCheck(check="providers", status="ok",
-                        detail=f"{', '.join(names)}; not contacted")]
+                        detail=f"{', '.join(names)}; not contacted "
+                        "('sudo cairn doctor --providers' asks each)")]
     needed = {}
     for name, entry in sorted(providers.providers.items()):
         if not entry.credential:

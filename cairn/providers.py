@@ -94,15 +94,18 @@ def providers_path() -> Path:
     return paths.config_dir() / "providers.toml"
 
 
-def load_providers(path: Path | None = None, *, problems: Problems | None = None) -> ProvidersFile:
+def load_providers(
+    path: Path | None = None, *, problems: Problems | None = None, text: str | None = None
+) -> ProvidersFile:
     """Parse ``providers.toml``; a missing file means no providers. Every problem of the
     file is raised together as a :class:`cairn.config.ConfigError`, or, given
     ``problems``, recorded there (and no providers returned) for the caller to raise with
-    the problems of the files it loads with this one."""
+    the problems of the files it loads with this one. With ``text``, that is checked as
+    the file's content instead of what the file holds."""
     found = Problems() if problems is None else problems
     file = path or providers_path()
     before = len(found)
-    data = found.toml(file)
+    data = found.toml(file) if text is None else found.toml_text(file, text)
     loaded = None if data is None else found.model(file, ProvidersFile, data, fix=PROVIDERS_FIX)
     if loaded is not None and loaded.default and loaded.default not in loaded.providers:
         found.add(file, "default", f"default provider {loaded.default!r} has no "
@@ -144,8 +147,13 @@ def load_credential(route: ModelRoute, directory: str | None = None) -> str:
     if len(raw) > KEY_LIMIT:
         raise ValidationFailed(f"credential {route.credential} is larger than {KEY_LIMIT} bytes")
     key = raw.decode("utf-8", errors="replace").strip()
-    if not key or "\ufffd" in key or any(ord(c) < 0x21 or ord(c) == 0x7F for c in key):
+    if not is_key_text(key):
         raise ValidationFailed(
             f"credential {route.credential} must be one line of printable characters"
         )
     return key
+
+
+def is_key_text(key: str) -> bool:
+    """A provider key as the relay sends it: printable, no space, no line break."""
+    return bool(key) and "\ufffd" not in key and all(0x21 <= ord(c) != 0x7F for c in key)

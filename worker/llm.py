@@ -16,7 +16,6 @@ import http.client
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 from cairn.errors import CairnError
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
 from cairn.resultjson import ResultInvalid, parse
+from cairn.unixhttp import UnixHTTPConnection
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.retry import QUOTA_CODE, Backoff, retry_after, retryable_status
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
@@ -49,22 +49,6 @@ class BudgetSpent(CairnError):
     """The run's model token budget is spent; the relay refuses further calls."""
 
     code = "budget-spent"
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("relay", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 @dataclass
@@ -140,7 +124,7 @@ class RelayClient:
         )
 
     def _post(self, body: bytes, attempt: int) -> _Reply:
-        conn = _UnixConnection(self.path, self.timeout)
+        conn = UnixHTTPConnection(self.path, self.timeout)
         try:
             conn.request("POST", "/v1/chat/completions", body=body,
                          headers={"Content-Type": "application/json",

@@ -24,6 +24,7 @@ from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
 from cairn.cli.options import CairnGroup
 from cairn.cli.project import project_app
+from cairn.cli.provider import provider_app
 from cairn.cli.schedule import schedule_app
 from cairn.cli.storage import storage_app
 from cairn.cli.workflow import workflow_app
@@ -49,6 +50,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(project_app, name="project")
 app.add_typer(notify_app, name="notify")
 app.add_typer(config_app, name="config")
+app.add_typer(provider_app, name="provider")
 completion.register(app)
 
 

@@ -384,6 +384,9 @@ def doctor(
             autocompletion=run_candidates,
         ),
     ] = None,
+    providers: Annotated[bool, typer.Option(
+        "--providers", help="Also ask each model provider for one short answer, as "
+        "'cairn provider test' does (root).")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Check the host (sockets, pool, free space, release, config, providers, credentials,
@@ -393,7 +396,9 @@ def doctor(
     from cairn.hostcheck import HostCheck
     from cairn.protocol.daemon import DoctorRequest
 
-    data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor()
+    if providers and run_id:
+        fail("--providers checks the host, not a run", hint="leave out RUN", code=2)
+    data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor(providers)
     if json_out:
         emit(data)
     else:
@@ -418,9 +423,10 @@ def doctor(
         raise typer.Exit(1)
 
 
-def host_doctor() -> dict[str, Any]:
+def host_doctor(providers: bool = False) -> dict[str, Any]:
     """cairnd's report with the checks only the caller can make added: the credential
-    stores (as root) and the caller's linger. Without cairnd, say so, as a failed check."""
+    stores (as root), the caller's linger and, with ``providers``, one answer of each
+    provider (as root). Without cairnd, say so, as a failed check."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
     from cairn.protocol.daemon import DoctorRequest, ScheduleListRequest
@@ -435,10 +441,33 @@ def host_doctor() -> dict[str, Any]:
     local = [
         *credential_checks(data.get("credentials", {}), credential_stores()),
         linger_check(schedules),
+        *(provider_answers() if providers else []),
     ]
     data["host"] = [*data.get("host", []), *(c.model_dump() for c in local)]
     data["problems"] += sum(1 for c in local if c.status == "fail")
     return data
+
+
+def provider_answers() -> list[Any]:
+    """``HostCheck``s, one a provider: its answer to one short request through the model
+    relay (:func:`cairn.provider_setup.probe_provider`), as root; a warning otherwise."""
+    from cairn.config import Problems
+    from cairn.hostcheck import HostCheck
+    from cairn.provider_setup import probe_provider
+    from cairn.providers import load_providers
+
+    if os.geteuid() != 0:
+        return [HostCheck(check="provider answers", status="warn",
+                          detail="not asked: only root may use the providers' keys",
+                          fix="sudo cairn doctor --providers")]
+    checks = []
+    for name in sorted(load_providers(problems=Problems()).providers):
+        answered, line = probe_provider(name)
+        checks.append(HostCheck(
+            check=f"answer of {name}", status="ok" if answered else "fail", detail=line,
+            fix="" if answered else "see cairn-providers.toml(5); then sudo cairn provider "
+            f"test {name}"))
+    return checks
 
 
 def diff(

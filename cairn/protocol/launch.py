@@ -13,7 +13,7 @@ from cairn.canonical import canonical_json, sha256_hex
 from cairn.pathrules import is_plain_relative
 from cairn.protocol.attestation import launch_hash_of
 from cairn.protocol.base import Frozen, OpId, RunId
-from cairn.protocol.names import VERIFIER_NAME_PATTERN
+from cairn.protocol.names import PROVIDER_NAME_PATTERN, VERIFIER_NAME_PATTERN
 
 # When the verified proposal F reaches the live project: at once (``auto``), after the
 # owner's ``cairn apply RUN`` (``ask``), or never (``never``: F stays for ``cairn diff``).
@@ -55,7 +55,7 @@ class ModelRoute(Frozen):
     """Where the model relay sends an agent's requests, frozen at launch. ``credential``
     names a systemd credential of the coordinator (never the key); empty: no key."""
 
-    provider: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")
+    provider: str = Field(pattern=PROVIDER_NAME_PATTERN)
     base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
     model: str = Field(min_length=1, max_length=200)
     api: ModelApi = "openai"

@@ -22,6 +22,8 @@ VERIFIER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 # An agent profile: ``builtin:NAME`` or the stem of /etc/cairn/profiles.d/NAME.toml (where
 # ``:`` is written ``-``); never a path.
 PROFILE_NAME_PATTERN = r"^[a-z0-9][a-z0-9:_-]{0,79}$"
+# A model provider's name: a [providers.NAME] table of /etc/cairn/providers.toml.
+PROVIDER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
 # A launch, review or definition hash: the hex SHA-256 of canonical JSON, named.
 HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 # A caller's name for a run (``cairn launch --run-key``): a date, a ticket, a commit.
@@ -86,6 +88,11 @@ def is_verifier_name(text: object) -> TypeGuard[str]:
 def is_profile_name(text: object) -> TypeGuard[str]:
     """An agent profile's name: :data:`PROFILE_NAME_PATTERN`."""
     return _name(text, _PROFILE, 80)
+
+
+def is_provider_name(text: object) -> TypeGuard[str]:
+    """A model provider's name: :data:`PROVIDER_NAME_PATTERN`."""
+    return _name(text, _UNDERSCORED, 41)
 
 
 def profile_file_stem(name: str) -> str:

@@ -48,18 +48,22 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 def start_provider(
-    machine: Machine, turns: list[dict[str, Any]] | dict[str, Any], key: str
+    machine: Machine, turns: list[dict[str, Any]] | dict[str, Any], key: str | None,
+    *, port: int = PORT, unit: str = "fake-provider",
 ) -> None:
+    """The fake provider on ``port`` of the machine's loopback as unit ``unit``, asking
+    for ``key`` (None: no key)."""
     machine.exec(["tee", "/root/fake_provider.py"],
                  input=(REPO / "tests" / "support" / "fake_provider.py").read_bytes())
-    machine.exec(["tee", "/root/turns.json"], input=json.dumps(turns).encode())
-    machine.exec(["systemctl", "stop", "fake-provider.service"], check=False)
-    machine.exec(["systemd-run", "--unit=fake-provider", "--collect", "python3",
-                  "/root/fake_provider.py", str(PORT), "/root/turns.json", key])
+    machine.exec(["tee", f"/root/{unit}.json"], input=json.dumps(turns).encode())
+    machine.exec(["systemctl", "stop", f"{unit}.service"], check=False)
+    machine.exec(["systemd-run", f"--unit={unit}", "--collect", "python3",
+                  "/root/fake_provider.py", str(port), f"/root/{unit}.json",
+                  *([key] if key is not None else [])])
     deadline = time.monotonic() + 30
-    probe = f"import socket; socket.create_connection(('127.0.0.1', {PORT}), timeout=1)"
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1)"
     while machine.exec(["python3", "-c", probe], check=False).returncode != 0:
-        assert time.monotonic() < deadline, machine.journal("fake-provider.service")
+        assert time.monotonic() < deadline, machine.journal(f"{unit}.service")
         time.sleep(0.2)
 
 

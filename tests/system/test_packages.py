@@ -152,6 +152,7 @@ def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
         "/usr/lib/systemd/user/cairn-schedule-reconcile.service",
         "/usr/share/man/man1/cairn.1",
         "/usr/share/doc/cairn/examples/changelog-agent.json",
+        "/usr/share/doc/cairn/examples/providers.toml",
         "PYTHON/cairn/broker/capsule.py",
         "/usr/lib/cairn/releases/HASH/manifest.sig",
     ):

@@ -121,7 +121,8 @@ def test_providers_by_name_only_and_the_credentials_they_need(
     monkeypatch.setattr(socket.socket, "connect", no_network)
     checks, needed = hostcheck.provider_checks()
     assert [c.line() for c in checks] == [
-        "ok    providers: local, odd, openai (default); not contacted",
+        "ok    providers: local, odd, openai (default); not contacted "
+        "('sudo cairn doctor --providers' asks each)",
         "fail  credential of odd: odd-key never reaches the coordinator, which imports only "
         'cairn-provider-*; fix: set credential = "cairn-provider-odd" in providers.toml',
     ]

@@ -22,7 +22,8 @@ from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.relay import ModelRelay, TranscriptEntry
 from cairn.errors import CairnError
 from cairn.protocol.launch import ModelRoute, ProfileSpec
-from cairn.worker.llm import BudgetSpent, RelayClient, _Reply, _UnixConnection
+from cairn.unixhttp import UnixHTTPConnection
+from cairn.worker.llm import BudgetSpent, RelayClient, _Reply
 from cairn.worker.retry import Backoff, retry_after, retryable_status
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -193,7 +194,7 @@ def test_the_relay_passes_status_and_pacing_headers_through(setup: Any) -> None:
     s: Setup = setup([Turn(status=429, headers=headers, error=RATE_LIMITED),
                       Turn(status=529, headers={"Retry-After": "5"})], budget=100_000)
     for expected in (429, 529):
-        conn = _UnixConnection(str(s.relay.socket_path), 10)
+        conn = UnixHTTPConnection(str(s.relay.socket_path), 10)
         conn.request("POST", "/v1/chat/completions", body=json.dumps({"messages": []}).encode(),
                      headers={"Content-Type": "application/json"})
         response = conn.getresponse()

@@ -25,7 +25,7 @@ from cairn.coordinator.relay import (
 from cairn.errors import NotFound, PermissionDenied, ValidationFailed
 from cairn.protocol.launch import ModelRoute
 from cairn.providers import load_credential, load_providers
-from cairn.worker.llm import _UnixConnection
+from cairn.unixhttp import UnixHTTPConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from fake_provider import FakeProvider, Turn  # noqa: E402
@@ -61,7 +61,7 @@ def _relay(tmp_path: Path, route: ModelRoute, budget: TokenBudget) -> ModelRelay
 
 def _post(relay: ModelRelay, body: dict[str, Any], path: str = "/v1/chat/completions",
           headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
-    conn = _UnixConnection(str(relay.socket_path), 10)
+    conn = UnixHTTPConnection(str(relay.socket_path), 10)
     try:
         conn.request("POST", path, body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json", **(headers or {})})
@@ -161,11 +161,11 @@ def test_unknown_paths_and_bad_bodies_are_refused(
 ) -> None:
     with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
         assert _post(relay, {}, path="/v1/files")[0] == 404
-        conn = _UnixConnection(str(relay.socket_path), 10)
+        conn = UnixHTTPConnection(str(relay.socket_path), 10)
         conn.request("POST", "/v1/chat/completions", body=b"[1, 2]")
         assert conn.getresponse().status == 400
         conn.close()
-        conn = _UnixConnection(str(relay.socket_path), 10)
+        conn = UnixHTTPConnection(str(relay.socket_path), 10)
         conn.request("GET", "/v1/models")
         models = json.loads(conn.getresponse().read())
         conn.close()
@@ -201,7 +201,7 @@ def test_a_websocket_upgrade_is_told_to_use_http(
 ) -> None:
     caplog.set_level("INFO", logger="cairn.coordinator.relay")
     with _relay(tmp_path, _route(provider), TokenBudget(1000)) as relay:
-        conn = _UnixConnection(str(relay.socket_path), 10)
+        conn = UnixHTTPConnection(str(relay.socket_path), 10)
         conn.request("GET", "/v1/responses", headers={
             "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})

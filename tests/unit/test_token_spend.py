@@ -19,7 +19,7 @@ from cairn.coordinator.relay import ModelRelay
 from cairn.journal.readwrite import Journal
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import ModelRoute
-from cairn.worker.llm import _UnixConnection
+from cairn.unixhttp import UnixHTTPConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from fake_provider import FakeProvider, Turn  # noqa: E402
@@ -50,7 +50,7 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
 
 
 def ask(relay: ModelRelay) -> None:
-    conn = _UnixConnection(str(relay.socket_path), 10)
+    conn = UnixHTTPConnection(str(relay.socket_path), 10)
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
