@@ -1,6 +1,7 @@
 """Shell completion: what the shipped bash, zsh and fish scripts ask ``cairn`` for.
 
-The scripts (``packaging/completions/``) run the hidden command
+The scripts (``cairn/cli/shells/``: the packages install them, ``cairn completion SHELL``
+prints them) run the hidden command
 ``cairn __complete -- WORD… CURRENT`` with the words of the command line before the cursor
 and the word being completed. It answers one candidate a line, ``VALUE<TAB>DESCRIPTION``,
 or ``:file`` when the shell should complete a file name itself. Commands and options come
@@ -126,8 +127,36 @@ def complete_command(
         typer.echo(line)
 
 
+# Each shell's script in cairn/cli/shells/.
+SCRIPTS = {"bash": "cairn.bash", "zsh": "_cairn", "fish": "cairn.fish"}
+
+
+def completion(
+    shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish.")],
+) -> None:
+    """Print the completion script for SHELL: the one the packages install, for an install
+    from PyPI or a checkout. Save it where the shell looks:
+
+    cairn completion bash > ~/.local/share/bash-completion/completions/cairn
+
+    cairn completion zsh > ~/.zfunc/_cairn  (a directory on $fpath, before compinit)
+
+    cairn completion fish > ~/.config/fish/completions/cairn.fish
+    """
+    from importlib.resources import files  # only this command reads package data
+
+    name = SCRIPTS.get(shell)
+    if name is None:
+        raise typer.BadParameter(f"{shell!r} is not one of {', '.join(SCRIPTS)}",
+                                 param_hint="SHELL")
+    typer.echo(files("cairn.cli").joinpath("shells", name).read_text(encoding="utf-8"),
+               nl=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the hidden ``__complete`` command to ``app`` (the main ``cairn`` app)."""
+    """Add ``completion`` and the hidden ``__complete`` command to ``app`` (the main
+    ``cairn`` app)."""
+    app.command("completion")(completion)
     app.command(
         "__complete",
         hidden=True,

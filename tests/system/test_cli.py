@@ -155,6 +155,8 @@ def test_the_package_ships_completion_for_three_shells(booted: Machine) -> None:
     for shell, path in COMPLETIONS.items():
         text = booted.exec(["cat", path]).stdout.decode()
         assert "cairn __complete --" in text, shell
+        # what `cairn completion SHELL` prints for an install without the package
+        assert booted.exec(["cairn", "completion", shell], user="alice").stdout.decode() == text
 
 
 def test_completion_offers_the_callers_live_run_ids(booted: Machine) -> None:

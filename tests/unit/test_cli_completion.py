@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,11 @@ from typer.testing import CliRunner
 
 from cairn import paths
 from cairn.cli.commands import app
-from cairn.cli.completion import FILE, complete, short_ids
+from cairn.cli.completion import FILE, SCRIPTS, complete, short_ids
 from cairn.protocol.daemon import DaemonReply
 
 REPO = Path(__file__).resolve().parents[2]
-COMPLETIONS = REPO / "packaging" / "completions"
+SHELLS = REPO / "cairn" / "cli" / "shells"
 LIVE = "flow_3fa9c0d1" + "0" * 24
 TWIN = "flow_3fa9c0d2" + "0" * 24
 OLD = "flow_7b21" + "e" * 28
@@ -160,8 +161,12 @@ def test_the_bash_script_offers_a_live_run_id(daemon: FakeDaemon, tmp_path: Path
     bin_dir.mkdir()
     (bin_dir / "cairn").write_text(f"#!/bin/sh\nexec {sys.executable} -m cairn.cli \"$@\"\n")
     (bin_dir / "cairn").chmod(0o755)
+    printed = subprocess.run([sys.executable, "-m", "cairn.cli", "completion", "bash"],
+                             capture_output=True, check=True, timeout=60).stdout
+    assert printed == (SHELLS / "cairn.bash").read_bytes()
+    (tmp_path / "cairn.bash").write_bytes(printed)
     script = (
-        f"source {COMPLETIONS / 'bash' / 'cairn'}\n"
+        f"source {tmp_path / 'cairn.bash'}\n"
         'COMP_LINE="cairn logs -f 3f"; COMP_POINT=${#COMP_LINE}; _cairn\n'
         'printf "%s\\n" "${COMPREPLY[@]}"\n'
     )
@@ -174,17 +179,35 @@ def test_the_bash_script_offers_a_live_run_id(daemon: FakeDaemon, tmp_path: Path
 
 def test_the_scripts_ask_the_hidden_command_and_are_shipped() -> None:
     shipped = {
-        "bash/cairn": "usr/share/bash-completion/completions",
-        "zsh/_cairn": "usr/share/zsh/vendor-completions",
-        "fish/cairn.fish": "usr/share/fish/vendor_completions.d",
+        "cairn.bash": "usr/share/bash-completion/completions/cairn",
+        "_cairn": "usr/share/zsh/vendor-completions/_cairn",
+        "cairn.fish": "usr/share/fish/vendor_completions.d/cairn.fish",
     }
-    install = (REPO / "packaging" / "debian" / "cairn.install").read_text().splitlines()
+    rules = (REPO / "packaging" / "debian" / "rules").read_text()
     spec = (REPO / "packaging" / "rpm" / "cairn.spec").read_text()
-    for name, directory in shipped.items():
-        assert "cairn __complete --" in (COMPLETIONS / name).read_text(), name
-        assert f"packaging/completions/{name} {directory}" in install
-        assert f"packaging/completions/{name}" in spec
+    for name, installed in shipped.items():
+        assert "cairn __complete --" in (SHELLS / name).read_text(), name
+        assert f"cairn/cli/shells/{name} debian/cairn/{installed}\n" in rules
+        assert f"install -Dpm0644 cairn/cli/shells/{name} " in spec
+    assert sorted(p.name for p in SHELLS.iterdir()) == sorted(shipped)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["package-data"]["cairn.cli"] == ["shells/*"]
     for installed in ("%{_datadir}/bash-completion/completions/cairn",
                       "%{_datadir}/zsh/site-functions/_cairn",
                       "%{_datadir}/fish/vendor_completions.d/cairn.fish"):
         assert spec.count(installed) == 2, installed  # installed, and listed in %files
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_each_shells_script(shell: str) -> None:
+    result = CliRunner().invoke(app, ["completion", shell])
+    assert result.exit_code == 0
+    assert result.stdout == (SHELLS / SCRIPTS[shell]).read_text()
+
+
+def test_completion_of_another_shell_is_refused_in_one_line() -> None:
+    result = subprocess.run([sys.executable, "-m", "cairn.cli", "completion", "tcsh"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "'tcsh' is not one of bash, zsh, fish" in result.stderr
