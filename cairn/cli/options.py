@@ -123,6 +123,17 @@ def echo(line: object, *, err: bool = False) -> None:
     typer.echo(printable(line), err=err)
 
 
+def columns(rows: list[list[str]]) -> list[str]:
+    """``rows`` (a header first) as aligned lines: every cell escaped
+    (:func:`~cairn.terminal.printable`), two spaces between columns, the last unpadded."""
+    cells = [[printable(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
+    return [
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+        for row in cells
+    ]
+
+
 def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
     """With ``--json`` print ``items`` as JSON; without it print ``empty`` when there are
     none. True when that is all a listing command has to print."""

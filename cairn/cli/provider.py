@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import CairnGroup, JsonFlag, YesFlag, confirm_or_stop, echo
+from cairn.cli.options import CairnGroup, JsonFlag, YesFlag, columns, confirm_or_stop, echo
 
 provider_app = typer.Typer(
     cls=CairnGroup,
@@ -124,17 +124,13 @@ def provider_list(json_out: JsonFlag = False) -> None:
         echo("no model provider is configured; add one with: sudo cairn provider add NAME "
              "--base-url URL --model MODEL")
         return
-    header = ("NAME", "API", "MODEL", "BASE URL", "KEY")
-    table = [header] + [
-        (("* " if r["default"] else "  ") + str(r["name"]), str(r["api"]), str(r["model"]),
-         str(r["base_url"]), str(r["key"]))
+    table = [["  NAME", "API", "MODEL", "BASE URL", "KEY"]] + [
+        [("* " if r["default"] else "  ") + str(r["name"]), str(r["api"]), str(r["model"]),
+         str(r["base_url"]), str(r["key"])]
         for r in rows
     ]
-    table[0] = ("  " + header[0], *header[1:])
-    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
-    for row in table:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        echo("  ".join([*cells, row[-1]]))
+    for line in columns(table):
+        typer.echo(line)
 
 
 @provider_app.command("test")

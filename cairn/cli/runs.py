@@ -15,7 +15,7 @@ import typer
 from cairn.cli import launching
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
-from cairn.cli.completion import run_candidates
+from cairn.cli.completion import run_candidates, short_ids
 from cairn.cli.launching import queued_note
 from cairn.cli.logs import logs
 from cairn.cli.options import (
@@ -25,7 +25,9 @@ from cairn.cli.options import (
     YesFlag,
     add_commands,
     check_run_ref,
+    columns,
     confirm_or_stop,
+    echo,
     emit_or_empty,
     render_waiting,
 )
@@ -140,26 +142,110 @@ def list_runs(
     all_users: Annotated[
         bool, typer.Option("--all", help="All users' runs (cairn-admin).")
     ] = False,
+    state: Annotated[
+        list[str],
+        typer.Option("--state", "-s", metavar="STATE",
+                     help="Only runs in STATE (repeatable): queued, running, waiting, paused, "
+                     "blocked, succeeded, failed, stopped, cancelled."),
+    ] = [],  # noqa: B006 - typer reads the default
+    limit: Annotated[
+        int | None, typer.Option("--limit", "-n", min=1, help="At most N runs, the newest.")
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only the full run IDs, one a line.")
+    ] = False,
+    template: Annotated[
+        str | None,
+        typer.Option("--format", metavar="TEMPLATE",
+                     help="Each run as TEMPLATE, with {FIELD} for a field of --json, e.g. "
+                     "'{run_id} {state} {project}'."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """List runs: state, definition, current operation (also: cairn ps)."""
+    """List your runs, newest first: a short ID (a unique prefix; any command takes it),
+    state, definition, project, current operation, settlement (also: cairn ps).
+
+    Example: cairn list --state failed --limit 5
+    """
     from cairn.protocol.daemon import PsRequest
 
-    runs = request(PsRequest(all_users=all_users))
+    if sum((quiet, template is not None, json_out)) > 1:
+        fail("--quiet, --format and --json each choose the output; give one", code=2)
+    wanted = _run_states(state)
+    runs = [r for r in request(PsRequest(all_users=all_users))
+            if not wanted or r["state"] in wanted][:limit]
+    if quiet:
+        for r in runs:
+            typer.echo(r["run_id"])
+        return
+    if template is not None:
+        for r in runs:
+            echo(_formatted(template, r))
+        return
     if emit_or_empty(runs, json_out, empty="no runs"):
         return
-    typer.echo(
-        f"{'RUN':<38} {'STATE':<10} {'DEFINITION':<22} {'CURRENT':<22} {'SETTLEMENT':<24} STARTED"
-    )
+    short = short_ids(r["run_id"] for r in runs)
+    home = str(Path.home())
+    header = ["ID", "STATE", "DEFINITION", "PROJECT", "CURRENT", "SETTLEMENT", "STARTED"]
+    rows = []
     for r in runs:
         op = r["current_op"]
-        current = printable(f"{op['op_id']} {op['state']}") if op else "-"
-        settled = printable((r.get("settlement_summary") or {}).get("label", "-"))
-        state = f"queued#{r['position']}" if r.get("position") else r["state"]
-        typer.echo(
-            f"{r['run_id']:<38} {state:<10} {printable(r['definition']):<22} "
-            f"{current:<22} {settled:<24} {_age(r['created_at'])}"
-        )
+        project = r["project"]
+        if project == home or project.startswith(home + "/"):
+            project = "~" + project[len(home):]
+        rows.append([
+            short[r["run_id"]],
+            f"queued#{r['position']}" if r.get("position") else r["state"],
+            r["definition"],
+            project,
+            f"{op['op_id']} {op['state']}" if op else "-",
+            (r.get("settlement_summary") or {}).get("label", "-"),
+            _age(r["created_at"]),
+        ])
+        if all_users:
+            rows[-1].insert(1, _user_name(r.get("owner_uid")))
+    if all_users:
+        header.insert(1, "OWNER")
+    for line in columns([header, *rows]):
+        typer.echo(line)
+
+
+def _run_states(given: list[str]) -> set[str]:
+    """The ``--state`` values, each a run state (refused in one line otherwise)."""
+    from typing import get_args
+
+    from cairn.journal.rows import RunState
+
+    known = get_args(RunState)
+    for name in given:
+        if name not in known:
+            raise typer.BadParameter(f"{name!r} is not a run state; one of {', '.join(known)}",
+                                     param_hint="--state")
+    return set(given)
+
+
+def _formatted(template: str, run: dict[str, Any]) -> str:
+    """``template`` with each ``{FIELD}`` replaced by that field of the run's --json."""
+    fields = {k: "-" if v is None else v for k, v in run.items()}
+    try:
+        return template.format_map(fields)
+    except KeyError as exc:
+        fail(f"--format names {exc.args[0]!r}, which no run has",
+             hint=f"fields: {', '.join(sorted(run))}", code=2)
+    except (ValueError, IndexError, AttributeError) as exc:
+        fail(f"--format {template!r} is not a template: {exc}",
+             hint="write each field as {FIELD}, e.g. '{run_id} {state}'", code=2)
+
+
+def _user_name(uid: int | None) -> str:
+    import pwd
+
+    if uid is None:
+        return "-"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def show(run_id: RunArg, json_out: JsonFlag = False) -> None:

@@ -117,6 +117,19 @@ def test_new_and_old_command_names_both_work(booted: Machine) -> None:
     listed = json.loads(cairn(booted, "list", "--json"))
     assert run_id in [r["run_id"] for r in listed]
     assert json.loads(cairn(booted, "ps", "--json")) == listed
+    # the listing's filters and forms, against cairnd's own answer
+    succeeded = [r["run_id"] for r in listed if r["state"] == "succeeded"]
+    assert cairn(booted, "list", "-q", "--state", "succeeded").splitlines() == succeeded
+    assert cairn(booted, "list", "-q", "-n", "1").splitlines() == [listed[0]["run_id"]]
+    assert cairn(booted, "list", "--format", "{run_id} {project}").splitlines() == [
+        f"{r['run_id']} {r['project']}" for r in listed]
+    table = cairn(booted, "list").splitlines()
+    row = next(line for line in table if run_id.removeprefix("flow_").startswith(line.split()[0]))
+    project = next(r["project"] for r in listed if r["run_id"] == run_id)
+    assert row.split()[1:4] == [
+        "succeeded", "builtin:implement", project.replace("/home/alice", "~", 1)], table
+    # the short ID it shows names the run
+    assert show(booted, row.split()[0])["run"]["run_id"] == run_id
     booted.enable_user_manager("alice")
     for old, new, args in (("inspect", "show", ["0123456789ab"]), ("reconcile", "repair", [])):
         now = booted.exec(["cairn", "schedule", new, *args], user="alice", check=False)

@@ -136,7 +136,7 @@ COMMANDS: dict[str, tuple[Any, Any]] = {
     "diff": (runs, DIFF),
     "doctor": (runs, DOCTOR),
     "list": (runs, [{"run_id": RUN, "state": "running", "definition": EVIL, "created_at": AT,
-                     "current_op": {"op_id": EVIL, "state": "running"},
+                     "project": EVIL, "current_op": {"op_id": EVIL, "state": "running"},
                      "settlement_summary": {"label": EVIL}}]),
     "revert": (runs, {"run_id": RUN, "status": "conflict", "applied": [],
                       "conflicts": [{"path": EVIL, "reason": EVIL}]}),

@@ -77,3 +77,67 @@ def test_help_lists_the_new_names_only() -> None:
 def test_the_user_manager_runs_the_new_name() -> None:
     unit = (REPO / "units/user/cairn-schedule-reconcile.service").read_text()
     assert "ExecStart=/usr/bin/cairn schedule repair\n" in unit
+
+
+def _listing(monkeypatch: pytest.MonkeyPatch, home: Path) -> list[dict[str, Any]]:
+    monkeypatch.setenv("HOME", str(home))
+    listed = [
+        {**RUN, "run_id": "flow_3fa9c0d1" + "0" * 24, "state": "failed",
+         "project": f"{home}/src/demo", "created_at": 2.0, "run_key": None,
+         "current_op": {"op_id": "root-1", "state": "failed"}},
+        {**RUN, "run_id": "flow_3fa9c0d2" + "0" * 24, "state": "succeeded",
+         "project": "/srv/app", "created_at": 1.0, "run_key": None,
+         "settlement_summary": {"label": "applied 2 paths"}},
+        {**RUN, "run_id": "flow_7b21" + "e" * 28, "state": "queued", "position": 3,
+         "project": "/srv/other\x1b[2J", "created_at": 0.0, "run_key": None},
+    ]
+    monkeypatch.setattr(runs, "request", lambda body, **_: listed)
+    return listed
+
+
+def test_list_shows_short_ids_the_project_and_escapes_what_it_quotes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _listing(monkeypatch, tmp_path)
+    out = runner().invoke(app, ["list"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "DEFINITION", "PROJECT", "CURRENT", "SETTLEMENT",
+                                "STARTED"]
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["3fa9c0d1", "failed"], ["3fa9c0d2", "succeeded"], ["7b21eeee", "queued#3"]]
+    assert "~/src/demo" in lines[1] and "root-1 failed" in lines[1]
+    assert "applied 2 paths" in lines[2]
+    assert "/srv/other\\x1b[2J" in lines[3] and "\x1b" not in out.stdout
+    assert max(len(line) for line in lines) < 120
+
+
+def test_list_filters_by_state_limits_and_prints_ids_or_a_template(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    listed = _listing(monkeypatch, tmp_path)
+    ids = [r["run_id"] for r in listed]
+    quiet = runner().invoke(app, ["list", "-q", "--state", "failed", "-s", "queued"])
+    assert quiet.stdout.splitlines() == [ids[0], ids[2]]
+    assert runner().invoke(app, ["list", "-q", "-n", "1"]).stdout.splitlines() == ids[:1]
+    formatted = runner().invoke(app, ["list", "--format", "{state}:{run_key}:{project}"])
+    assert formatted.stdout.splitlines() == [
+        f"failed:-:{tmp_path}/src/demo", "succeeded:-:/srv/app", "queued:-:/srv/other\\x1b[2J"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--state", "done"], "'done' is not a run state"),
+     (["--format", "{nope}"], "--format names 'nope', which no run has"),
+     (["--format", "{state"], "is not a template"),
+     (["-q", "--json"], "give one"),
+     (["--limit", "0"], "--limit")],
+)
+def test_list_refuses_a_bad_option_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], says: str
+) -> None:
+    _listing(monkeypatch, tmp_path)
+    out = runner().invoke(app, ["list", *args])
+    assert out.exit_code == 2
+    assert says in out.stderr
+    assert out.stdout == ""
