@@ -55,6 +55,12 @@ def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:
     return units
 
 
+def operation_units(run_id: str, op_id: str, units: list[str]) -> list[str]:
+    """The agent units of operation ``op_id`` among ``units`` (one an attempt)."""
+    attempt = re.compile(rf"cairn-agent-{run_id}-{re.escape(op_id)}-[0-9]+\.service")
+    return [unit for unit in units if attempt.fullmatch(unit)]
+
+
 def _run_unit_re(run_id: str) -> re.Pattern[str]:
     return re.compile(rf"cairn-[a-z]+-{run_id}(-[a-z0-9-]+)?\.(service|socket)")
 
@@ -79,9 +85,15 @@ def journalctl_argv(units: list[str], query: LogsRequest) -> list[str]:
     argv = ["journalctl", "--no-pager", "--quiet", "--show-cursor", f"--output={query.output}"]
     if query.priority is not None:
         argv.append(f"--priority={query.priority}")
+    if query.grep is not None:
+        argv.append(f"--grep={query.grep}")
+    if query.until is not None:
+        argv.append(f"--until={query.until}")
     if query.after_cursor is not None:
         argv += [f"--after-cursor={query.after_cursor}", f"--lines={FOLLOW_BATCH}"]
     else:
+        if query.reverse:
+            argv.append("--reverse")
         if query.since is not None:
             argv.append(f"--since={query.since}")
         if query.lines is not None:

@@ -13,7 +13,7 @@ from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest
 from cairn.protocol.settlement_record import SettlementRecord
-from cairn.runlogs import journalctl_argv, log_units, split_cursor
+from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
 from cairn.views.run import run_view
 
@@ -103,6 +103,13 @@ def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:
     from and whether the run has ended (``cairn logs -f`` stops then)."""
     row = visible_run(journal, request.run_id, uid)
     units = log_units(row.run_id, journal.receipts(row.run_id))
+    if request.op_id is not None:
+        units = operation_units(row.run_id, request.op_id, units)
+        if not units:
+            raise NotFound(
+                f"operation {request.op_id} of {row.run_id} started no agent unit",
+                hint=f"'cairn show {row.run_id}' lists its operations",
+            )
     proc = run(journalctl_argv(units, request), check=False, timeout=LOG_TIMEOUT)
     if proc.returncode != 0:
         raise journalctl_failed(proc.stderr.decode(errors="replace"), request)
@@ -119,11 +126,17 @@ def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:
 def journalctl_failed(stderr: str, request: LogsRequest) -> CairnError:
     """journalctl's refusal as one line; a time it cannot read is the caller's mistake."""
     last = (stderr.strip().splitlines() or ["journalctl failed"])[-1]
-    if request.since is not None and "timestamp" in last.lower():
+    given = [(o, v) for o, v in (("--since", request.since), ("--until", request.until)) if v]
+    if given and "timestamp" in last.lower():
+        # journalctl names the value it could not read; else the one time given
+        option, value = next(((o, v) for o, v in given if v in last), given[0])
         return UsageError(
-            f"--since {request.since!r} is not a time journalctl can read",
-            hint="e.g. --since '1 hour ago', --since today, --since '2026-01-02 10:00'",
+            f"{option} {value!r} is not a time journalctl can read",
+            hint=f"e.g. {option} '1 hour ago', {option} today, {option} '2026-01-02 10:00'",
         )
+    if request.grep is not None and ("pattern" in last.lower() or "regex" in last.lower()):
+        return UsageError(f"--grep {request.grep!r}: {last}",
+                          hint="a PCRE2 pattern, e.g. --grep 'error|warning'")
     return CairnError(f"journalctl: {last}", hint="see 'journalctl -u cairn.service'")
 
 

@@ -11,11 +11,14 @@ import typer
 
 from cairn.cli.client import request
 from cairn.cli.options import RunArg
+from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
     MAX_LOG_LINES,
+    log_grep_problem,
     log_priority_problem,
     log_since_problem,
+    log_until_problem,
 )
 from cairn.terminal import printable_lines
 
@@ -37,6 +40,12 @@ def _check(problem_of: Callable[[str], str | None]) -> Callable[[str | None], st
         return value
 
     return check
+
+
+def _op_problem(value: str) -> str | None:
+    if is_op_id(value):
+        return None
+    return f"{value[:40]!r} is not an operation ID (cairn show RUN lists them, e.g. root-1)"
 
 
 def _check_output(value: str) -> str:
@@ -65,6 +74,41 @@ def logs(
             show_default=False,
         ),
     ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHEN",
+            help="Entries up to this time, as journalctl reads it.",
+            callback=_check(log_until_problem),
+            show_default=False,
+        ),
+    ] = None,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep", "-g",
+            metavar="PATTERN",
+            help="Only entries whose message matches PATTERN (journalctl's PCRE2; "
+            "case-insensitive when all lower case).",
+            callback=_check(log_grep_problem),
+            show_default=False,
+        ),
+    ] = None,
+    op_id: Annotated[
+        str | None,
+        typer.Option(
+            "--op",
+            metavar="OP",
+            help="Only the agent units of operation OP (as cairn show names it), every "
+            "attempt.",
+            callback=_check(_op_problem),
+            show_default=False,
+        ),
+    ] = None,
+    reverse: Annotated[
+        bool,
+        typer.Option("--reverse", "-r", help="Newest entries first (not with -f)."),
+    ] = False,
     priority: Annotated[
         str | None,
         typer.Option(
@@ -99,14 +143,24 @@ def logs(
     ] = None,
 ) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
-    a process could set)."""
+    a process could set).
+
+    Example: cairn logs @last --op root-1 -g 'error|warning' --since '1 hour ago'
+    """
     from cairn.protocol.daemon import LogsRequest
 
+    if reverse and follow:
+        raise typer.BadParameter("-r shows the newest first; -f follows what comes after "
+                                 "them: give one", param_hint="--reverse")
     first = LogsRequest.model_validate(
         {
             "run_id": run_id,
             "since": since,
+            "until": until,
             "priority": priority,
+            "grep": grep,
+            "op_id": op_id,
+            "reverse": reverse,
             "output": output,
             "lines": lines if lines is not None else default_lines(follow, since),
         }
@@ -153,7 +207,10 @@ def follow_logs(
         if cursor is not None:
             query = LogsRequest(
                 run_id=reply["run_id"],
+                until=query.until,
                 priority=query.priority,
+                grep=query.grep,
+                op_id=query.op_id,
                 output=query.output,
                 after_cursor=cursor,
             )

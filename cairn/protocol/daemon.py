@@ -19,13 +19,15 @@ from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen, build_loaded_models
 from cairn.protocol.launch import ApplyMode, ProfileSpec
-from cairn.protocol.names import RUN_KEY_PATTERN
+from cairn.protocol.names import OP_ID_PATTERN, RUN_KEY_PATTERN
 from cairn.protocol.requestchecks import (
     LOG_CURSOR_RE,
     MAX_LOG_LINES,
     LogOutput,
+    log_grep_problem,
     log_priority_problem,
     log_since_problem,
+    log_until_problem,
     run_ref_problem,
 )
 
@@ -135,17 +137,24 @@ def _checked(
 
 LogPriority = Annotated[str | None, AfterValidator(_checked(log_priority_problem))]
 LogSince = Annotated[str | None, AfterValidator(_checked(log_since_problem))]
+LogUntil = Annotated[str | None, AfterValidator(_checked(log_until_problem))]
+LogGrep = Annotated[str | None, AfterValidator(_checked(log_grep_problem))]
 LogCursor = Annotated[str | None, Field(pattern=LOG_CURSOR_RE.pattern)]
 LogLines = Annotated[int | None, Field(ge=0, le=MAX_LOG_LINES)]
 
 
 class LogsRequest(RunRequest):
-    """The journal of a run's units: the last ``lines`` entries (all without it), or,
-    when following, the entries after ``after_cursor``, the last one the reader has."""
+    """The journal of a run's units (of one operation's agent units with ``op_id``): the
+    last ``lines`` entries (all without it), newest first with ``reverse``, or, when
+    following, the entries after ``after_cursor``, the last one the reader has."""
 
     op: Literal["logs"] = "logs"
     since: LogSince = None
+    until: LogUntil = None
     priority: LogPriority = None
+    grep: LogGrep = None
+    op_id: Annotated[str | None, Field(pattern=OP_ID_PATTERN)] = None
+    reverse: bool = False
     output: LogOutput = "short-iso"
     lines: LogLines = None
     after_cursor: LogCursor = None
@@ -479,7 +488,10 @@ class RequestEnvelope(Frozen):
     reason: str = ""
     cursor: int = 0
     since: LogSince = None
+    until: LogUntil = None
     priority: LogPriority = None
+    grep: LogGrep = None
+    reverse: bool = False
     output: LogOutput = "short-iso"
     lines: LogLines = None
     after_cursor: LogCursor = None

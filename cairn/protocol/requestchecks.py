@@ -66,6 +66,7 @@ LOG_PRIORITY_RE = re.compile(rf"^{_LEVEL}(?:\.\.{_LEVEL})?$")
 LOG_CURSOR_RE = re.compile(r"^[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,9}$")
 MAX_LOG_SINCE = 64
 MAX_LOG_LINES = 10_000
+MAX_LOG_GREP = 256
 
 
 def log_priority_problem(value: str) -> str | None:
@@ -81,6 +82,23 @@ def log_priority_problem(value: str) -> str | None:
 def log_since_problem(value: str) -> str | None:
     """Why ``value`` cannot be a ``--since`` time for journalctl (one line), or None.
     Whether journalctl can read it as a time is journalctl's to say."""
+    return _log_time_problem(value, "--since")
+
+
+def log_until_problem(value: str) -> str | None:
+    """Why ``value`` cannot be an ``--until`` time for journalctl (one line), or None."""
+    return _log_time_problem(value, "--until")
+
+
+def _log_time_problem(value: str, option: str) -> str | None:
     if 0 < len(value) <= MAX_LOG_SINCE and value.isprintable():
         return None
-    return f"--since takes a time of at most {MAX_LOG_SINCE} printable characters"
+    return f"{option} takes a time of at most {MAX_LOG_SINCE} printable characters"
+
+
+def log_grep_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a ``--grep`` pattern (one line), or None. Whether it is a
+    regular expression is journalctl's to say."""
+    if 0 < len(value) <= MAX_LOG_GREP and value.isprintable():
+        return None
+    return f"--grep takes a pattern of at most {MAX_LOG_GREP} printable characters"

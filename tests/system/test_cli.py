@@ -111,6 +111,39 @@ def test_logs_filters_by_priority_and_prints_journal_json(booted: Machine) -> No
     assert b"is not a time journalctl can read" in since.stderr
 
 
+def test_logs_narrows_to_an_operation_a_pattern_and_a_time_and_reverses(
+    booted: Machine,
+) -> None:
+    run_id = launch_script(booted, [{"action": "append", "path": "CHANGELOG.md",
+                                     "content": "- narrowed\n"}])
+    data = wait_for(booted, run_id, finished, timeout=240)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    op_id = data["operations"][0]["op_id"]
+
+    def entries(*args: str) -> list[dict[str, str]]:
+        out = cairn(booted, "logs", "-o", "json", "-n", "10000", *args, run_id)
+        return [json.loads(line) for line in out.splitlines()]
+
+    every = entries()
+    agent = f"cairn-agent-{run_id}-{op_id}-"
+    only_op = entries("--op", op_id)
+    assert only_op and len(only_op) < len(every)
+    # the agent units' own entries, and PID 1's about them
+    assert all(e.get("UNIT" if e.get("_PID") == "1" else "_SYSTEMD_UNIT", "").startswith(agent)
+               for e in only_op), only_op
+    newest_first = entries("-r")
+    assert [e["__CURSOR"] for e in newest_first] == [e["__CURSOR"] for e in reversed(every)]
+    word = "Deactivated"
+    matched = entries("-g", word)
+    assert matched and all(word in e["MESSAGE"] for e in matched)
+    assert len(matched) < len(every)
+    assert entries("--until", "2000-01-01") == []
+    missing = booted.exec(["cairn", "logs", "--op", "root-99", run_id], user="alice",
+                          check=False)
+    assert missing.returncode == 2  # an object that does not exist (cairn(1), EXIT STATUS)
+    assert b"operation root-99 of " in missing.stderr and b"started no agent unit" in missing.stderr
+
+
 def test_new_and_old_command_names_both_work(booted: Machine) -> None:
     run_id = launch_script(booted, [])
     wait_for(booted, run_id, finished, timeout=240)

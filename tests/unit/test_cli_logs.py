@@ -21,7 +21,13 @@ from cairn.errors import CairnError, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LogsRequest, daemon_request, request_line
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
-from cairn.runlogs import FOLLOW_BATCH, journalctl_argv, log_units, split_cursor
+from cairn.runlogs import (
+    FOLLOW_BATCH,
+    journalctl_argv,
+    log_units,
+    operation_units,
+    split_cursor,
+)
 from cairn.workflow.review import review_source
 
 RUN = "flow_" + "3fa9" + "0" * 28
@@ -60,6 +66,34 @@ def test_every_choice_is_one_option_word_before_the_matches() -> None:
     assert "--priority=err..warning" in argv and "--output=json" in argv
     assert "--file=/etc/shadow" not in argv
     assert argv.index("--lines=5") < argv.index(f"_SYSTEMD_UNIT={UNITS[0]}")
+
+
+def test_grep_until_and_reverse_are_journalctls_own_options_one_word_each() -> None:
+    argv = journalctl_argv(UNITS, query(grep="--file=x|error", until="-1h", reverse=True,
+                                        lines=20))
+    assert "--grep=--file=x|error" in argv and "--until=-1h" in argv and "--reverse" in argv
+    assert "--file=x|error" not in argv and "-1h" not in argv
+    assert argv.index("--reverse") < argv.index(f"_SYSTEMD_UNIT={UNITS[0]}")
+    # following goes forward from the cursor: never reversed, still filtered
+    following = journalctl_argv(UNITS, query(grep="error", reverse=True, after_cursor=CURSOR))
+    assert "--reverse" not in following and "--grep=error" in following
+
+
+def test_one_operation_is_its_agent_units_of_every_attempt() -> None:
+    units = [*UNITS, f"cairn-agent-{RUN}-root-1-2.service", f"cairn-agent-{RUN}-root-10-1.service",
+             f"cairn-import-{RUN}.service"]
+    assert operation_units(RUN, "root-1", units) == [
+        f"cairn-agent-{RUN}-root-1-1.service", f"cairn-agent-{RUN}-root-1-2.service"]
+    assert operation_units(RUN, "root-2", units) == []
+
+
+def test_an_operation_without_an_agent_unit_is_not_found_and_journalctl_is_not_run(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_journalctl(monkeypatch, "")
+    with pytest.raises(CairnError, match="operation root-9 of .* started no agent unit"):
+        views.logs(journal, query(op_id="root-9"), 1001)
+    assert calls == []
 
 
 def test_following_reads_forward_from_the_cursor_in_batches() -> None:
@@ -176,6 +210,8 @@ def test_a_time_journalctl_cannot_read_is_a_usage_error(
     with pytest.raises(UsageError, match="'soon-ish' is not a time journalctl can read") as err:
         views.logs(journal, query(since="soon-ish"), 1001)
     assert err.value.hint is not None and "1 hour ago" in err.value.hint
+    with pytest.raises(UsageError, match="^--until 'soon-ish' is not a time"):
+        views.logs(journal, query(since="today", until="soon-ish"), 1001)
 
 
 @pytest.mark.parametrize(
@@ -201,6 +237,10 @@ def test_the_socket_refuses_a_bad_query(field: str, value: Any, message: str) ->
         (["--output", "pretty"], "'pretty' is not one of"),
         (["--since", "x\ty"], "--since takes a time of at most 64 printable characters"),
         (["-n", "-3"], "-3 is not in the range"),
+        (["--until", ""], "--until takes a time of at most 64 printable characters"),
+        (["-g", "a\nb"], "--grep takes a pattern of at most 256 printable characters"),
+        (["--op", "Root 1"], "'Root 1' is not an operation ID"),
+        (["-r", "-f"], "give one"),
     ],
 )
 def test_bad_options_are_one_line_usage_errors(
