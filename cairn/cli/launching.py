@@ -34,6 +34,7 @@ BYTE_LIMITS = frozenset({"memory_max"})
 # The typer command's options: option -> (keyword of launch(), repeatable); None: a flag.
 OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--args": ("args", False),
+    "--arg": ("arg", True),
     "--project": ("project", False),
     "--scripted": ("scripted", True),
     "--confirm": ("confirm", False),
@@ -54,7 +55,7 @@ def read_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | N
     then reads and, when wrong, explains."""
     if not argv or argv[0] != "launch" or COMPLETION_ENV in environ:
         return None
-    given: dict[str, Any] = {"scripted": [], "limit": []}
+    given: dict[str, Any] = {"scripted": [], "limit": [], "arg": []}
     definition = None
     words = iter(argv[1:])
     for word in words:
@@ -87,10 +88,27 @@ def read_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | N
     return {"definition": definition, **given}
 
 
+def arg_pairs(pairs: Iterable[str]) -> dict[str, Any]:
+    """``--arg KEY=VALUE`` options as arguments: VALUE read as JSON where it is JSON (3,
+    true, null, [1, 2], "quoted text"), else taken as the text it is."""
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key or not key.isidentifier():
+            fail(f"--arg {pair!r} is not KEY=VALUE",
+                 hint="e.g. --arg objective='add a CHANGELOG entry' --arg attempts=3", code=2)
+        try:
+            found[key] = leanjson.loads(text)
+        except leanjson.JSONError:
+            found[key] = text
+    return found
+
+
 def launch(
     definition: str,
     *,
     args: str = "{}",
+    arg: Iterable[str] = (),
     project: str | os.PathLike[str] = ".",
     scripted: Iterable[str] = (),
     confirm: str | None = None,
@@ -125,6 +143,7 @@ def launch(
         )
     if not isinstance(parsed, dict):
         fail("--args must be a JSON object", code=2)
+    parsed.update(arg_pairs(arg))
     root = os.path.abspath(os.path.expanduser(project))
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

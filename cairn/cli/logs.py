@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cairn.cli.client import request
-from cairn.cli.options import RunArg
+from cairn.cli.options import NoPagerFlag, RunArg, paged
 from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
@@ -109,6 +109,7 @@ def logs(
         bool,
         typer.Option("--reverse", "-r", help="Newest entries first (not with -f)."),
     ] = False,
+    no_pager: NoPagerFlag = False,
     priority: Annotated[
         str | None,
         typer.Option(
@@ -166,7 +167,8 @@ def logs(
         }
     )
     if not follow:
-        typer.echo(printable_lines(request(first)["text"]), nl=False)
+        with paged(no_pager):
+            typer.echo(printable_lines(request(first)["text"]), nl=False)
         return
     try:
         follow_logs(

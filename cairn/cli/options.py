@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
+import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import click
@@ -92,6 +96,55 @@ DefinitionArg = Annotated[
         autocompletion=definition_candidates,
     ),
 ]
+
+
+NoPagerFlag = Annotated[
+    bool,
+    typer.Option("--no-pager", help="Print straight to the terminal, without a pager."),
+]
+# What a pager needs of the caller's environment (everything else stays out).
+PAGER_ENV = ("TERM", "LESS", "LESSCHARSET", "HOME", "COLUMNS", "LINES")
+DEFAULT_PAGER = "less -FRX"
+
+
+@contextlib.contextmanager
+def paged(no_pager: bool) -> Iterator[None]:
+    """Send what the block prints through a pager when standard output is a terminal
+    and it is longer than the screen: ``$PAGER`` (split as a shell would, run without
+    one), else ``less -FRX``. ``no_pager``, a pipe or an empty ``$PAGER`` prints as is.
+    Every text is escaped before it is printed, so the pager never gets a raw control."""
+    if no_pager or not sys.stdout.isatty():
+        yield
+        return
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        _page(buffer.getvalue())
+
+
+def _page(text: str) -> None:
+    import shlex
+    import shutil
+
+    command = shlex.split(os.environ.get("PAGER", DEFAULT_PAGER))
+    if not command or text.count("\n") < shutil.get_terminal_size().lines - 1:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from cairn import proc
+
+    env = {name: os.environ[name] for name in PAGER_ENV if name in os.environ}
+    # Ctrl-C is the pager's (less clears its prompt); the command waits for it to quit
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc.run(command, input=text.encode(), env=env, check=False, capture=False)
+    except OSError:  # no such pager: the text still reaches the terminal
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def asks(yes: bool) -> bool:

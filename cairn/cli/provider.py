@@ -175,3 +175,8 @@ def provider_rm(name: NameArg, yes: YesFlag = False) -> None:
     gone = setup.remove_keys(credential) if own else []
     echo(f"provider {name} removed from {file}"
          + (f"; key {', '.join(map(str, gone))} deleted" if gone else ""))
+
+
+# One removal verb everywhere (rm); the words people also type stay, hidden.
+provider_app.command("remove", hidden=True)(provider_rm)
+provider_app.command("delete", hidden=True)(provider_rm)

@@ -21,6 +21,7 @@ from cairn.cli.logs import logs
 from cairn.cli.options import (
     DefinitionArg,
     JsonFlag,
+    NoPagerFlag,
     RunArg,
     YesFlag,
     add_commands,
@@ -29,6 +30,7 @@ from cairn.cli.options import (
     confirm_or_stop,
     echo,
     emit_or_empty,
+    paged,
     render_waiting,
 )
 from cairn.cli.watchview import follow, progress_lines
@@ -66,6 +68,14 @@ def _age(ts: float) -> str:
 def launch(
     definition: DefinitionArg,
     args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
+    arg: Annotated[
+        list[str],
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="One workflow argument (repeatable; over --args): VALUE is read as JSON "
+            "where it is JSON (3, true, [1, 2]), else as text.",
+        ),
+    ] = [],  # noqa: B006 - typer reads the default
     project: Annotated[
         Path,
         typer.Option(help="The project directory (yours).", show_default="the current directory"),
@@ -121,6 +131,7 @@ def launch(
     run_id = launching.launch(
         definition,
         args=args,
+        arg=arg,
         project=os.fspath(project),
         scripted=scripted,
         confirm=confirm,
@@ -248,14 +259,20 @@ def _user_name(uid: int | None) -> str:
         return str(uid)
 
 
-def show(run_id: RunArg, json_out: JsonFlag = False) -> None:
-    """Operations, boundaries, checkpoints, proposal and apply result of a run."""
+def show(run_id: RunArg, no_pager: NoPagerFlag = False, json_out: JsonFlag = False) -> None:
+    """Operations, boundaries, checkpoints, proposal and apply result of a run (through
+    $PAGER or less on a terminal, when longer than the screen)."""
     from cairn.protocol.daemon import ShowRequest
 
     data = request(ShowRequest(run_id=run_id))
     if json_out:
         emit(data)
         return
+    with paged(no_pager):
+        _print_show(data)
+
+
+def _print_show(data: dict[str, Any]) -> None:
     run = data["run"]
     typer.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
     typer.echo(f"project {printable(run['project'])}")
@@ -565,9 +582,11 @@ def diff(
             help="Only the unified diff of the accepted paths, for 'git apply' or 'patch -p1'.",
         ),
     ] = False,
+    no_pager: NoPagerFlag = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """What the run applied (or refused) in the live project."""
+    """What the run applied (or refused) in the live project (through $PAGER or less on a
+    terminal, when longer than the screen)."""
     from cairn.protocol.daemon import DiffRequest
 
     data = request(DiffRequest(run_id=run_id))
@@ -578,6 +597,11 @@ def diff(
         # exact, for 'git apply' or 'patch' (a lone surrogate, never in a real diff, as ?)
         typer.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
         return
+    with paged(no_pager):
+        _print_diff(data, patch)
+
+
+def _print_diff(data: dict[str, Any], patch: bool) -> None:
     if patch:
         typer.echo(printable_lines(data.get("diff", "")), nl=False)
         return

@@ -309,9 +309,9 @@ def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
     _stop(schedule_id, SchedulePauseRequest, "paused", json_out)
 
 
-@schedule_app.command("delete")
-def delete(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
-    """Delete the schedule (future launches only) and its timer."""
+@schedule_app.command("rm")
+def rm(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
+    """Delete the schedule (future launches only) and its timer; also 'schedule delete'."""
     from cairn.protocol.daemon import ScheduleDeleteRequest
 
     _check_id(schedule_id)  # a malformed ID is refused before anything is asked
@@ -586,6 +586,8 @@ def repair() -> None:
         echo(_report(retried))
 
 
+# One removal verb everywhere (rm); the word people also type stays, hidden.
+schedule_app.command("delete", hidden=True)(rm)
 # The names of an earlier release, hidden; each says what it is called now.
 schedule_app.command("inspect", hidden=True)(
     renamed(show, "schedule inspect", "schedule show")

@@ -165,9 +165,10 @@ def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> No
     ))
 
 
-@workflow_app.command("remove")
-def workflow_remove(definition: str, yes: YesFlag = False) -> None:
-    """Remove an installed user:NAME (and its exposure, if it was exposed)."""
+@workflow_app.command("rm")
+def workflow_rm(definition: str, yes: YesFlag = False) -> None:
+    """Remove an installed user:NAME (and its exposure, if it was exposed); also
+    'workflow remove'."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import registry, user
 
@@ -182,6 +183,10 @@ def workflow_remove(definition: str, yes: YesFlag = False) -> None:
     record = user.remove(name)
     registry.unexpose(f"user:{name}", missing_ok=True)
     typer.echo(f"removed user:{record.name}  {record.review_hash}")
+
+
+# One removal verb everywhere (rm); the word people also type stays, hidden.
+workflow_app.command("remove", hidden=True)(workflow_rm)
 
 
 @workflow_app.command("expose")

@@ -38,7 +38,7 @@ def launch_script(machine: Machine, steps: list[dict[str, object]], user: str = 
     machine.exec(["tee", path], user=user, input=json.dumps(script).encode())
     out = cairn(
         machine, "launch", "builtin:implement", "--project", new_project(machine, user),
-        "--args", json.dumps({"objective": "cli"}), "--scripted",
+        "--arg", "objective=cli", "--scripted",
         f"builtin:implementer={path}", user=user,
     )
     return out.strip().splitlines()[-1]
@@ -115,9 +115,12 @@ def test_logs_narrows_to_an_operation_a_pattern_and_a_time_and_reverses(
     booted: Machine,
 ) -> None:
     run_id = launch_script(booted, [{"action": "append", "path": "CHANGELOG.md",
-                                     "content": "- narrowed\n"}])
+                                     "content": "- {prompt}\n"}])
     data = wait_for(booted, run_id, finished, timeout=240)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    # the objective launch_script gave with --arg objective=cli
+    changelog = booted.exec(["cat", f"{data['run']['project']}/CHANGELOG.md"]).stdout
+    assert changelog == b"# Changelog\n- cli\n"
     op_id = data["operations"][0]["op_id"]
 
     def entries(*args: str) -> list[dict[str, str]]:

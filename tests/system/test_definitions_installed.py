@@ -90,7 +90,7 @@ def test_install_list_show_remove(booted: Machine) -> None:
     assert "  async def run(flow: Any, args: Objective) -> Summary:" in shown
     bobs = json.loads(cairn(booted, "workflow", "list", "--json", user="bob"))
     assert "user:listed" not in {row["definition"] for row in bobs}
-    cairn(booted, "workflow", "remove", "user:listed")
+    cairn(booted, "workflow", "rm", "user:listed")
     assert "user:listed" not in listed(booted)
     assert failing(booted, "workflow", "show", "user:listed")[0] == (
         "cairn: user:listed is not installed"

@@ -81,6 +81,7 @@ def ops(daemon: StandInDaemon) -> list[tuple[str, bool]]:
 @pytest.mark.parametrize(("argv", "question"), [
     (["cancel", RUN], f"Cancel run {RUN}? Its running agents are stopped"),
     (["revert", RUN], f"Revert what run {RUN} applied to its project?"),
+    (["schedule", "rm", "0123456789ab"], "Delete schedule 0123456789ab and its timer?"),
     (["schedule", "delete", "0123456789ab"], "Delete schedule 0123456789ab and its timer?"),
 ])
 def test_no_at_the_prompt_changes_nothing(

@@ -59,6 +59,33 @@ def test_a_named_project_still_wins(
     assert sent[0][0].project == str(tmp_path / "other")
 
 
+def test_arg_pairs_are_json_where_json_and_text_otherwise_over_args(
+    tmp_path: Path, sent: list[tuple[LaunchRequest, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [
+        "launch", "builtin:implement", "--args", '{"objective": "old", "keep": 1}',
+        "--arg", "objective=add a CHANGELOG entry", "--arg", "attempts=3", "--arg", "dry=true",
+        "--arg", 'version="1.0"', "--arg", "tags=[1, 2]", "--arg", "empty=", "--arg", "eq=a=b",
+    ])
+    assert result.exit_code == 0, result.output
+    assert sent[0][0].args == {"objective": "add a CHANGELOG entry", "keep": 1, "attempts": 3,
+                               "dry": True, "version": "1.0", "tags": [1, 2], "empty": "",
+                               "eq": "a=b"}
+
+
+@pytest.mark.parametrize("pair", ["novalue", "=x", "two words=x", "1st=x"])
+def test_an_arg_that_is_not_key_equals_value_is_refused_before_anything_is_sent(
+    tmp_path: Path, sent: list[tuple[LaunchRequest, Path]], monkeypatch: pytest.MonkeyPatch,
+    pair: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner(mix_stderr=False).invoke(app, ["launch", "builtin:implement", "--arg", pair])
+    assert result.exit_code == 2
+    assert f"--arg {pair!r} is not KEY=VALUE" in result.stderr
+    assert sent == []
+
+
 def test_memory_limit_takes_a_size_and_counts_do_not() -> None:
     assert parse_limits(["memory_max=2G", "max_agent_ops=20"]) == {
         "memory_max": 2 << 30,
@@ -90,6 +117,7 @@ READ_AS_CLICK_DOES = [
     ["launch", "builtin:goal", "--project", "", "--json", "--json"],
     ["launch", "user:with=sign"],
     ["launch", "builtin:goal", "--run-key", "nightly-1"],
+    ["launch", "builtin:goal", "--arg", "objective=a b", "--arg=n=3", "--args", '{"x": 1}'],
 ]
 HANDED_TO_CLICK = [
     ["launch"],

@@ -72,6 +72,15 @@ def test_help_lists_the_new_names_only() -> None:
     for name in ("list", "show", "doctor", "repair"):
         assert f" {name} " in schedules, name
     assert " inspect " not in schedules and " reconcile " not in schedules
+    # one removal verb everywhere; the other words people type still work, unlisted
+    for group, others in (("schedule", ("delete",)), ("workflow", ("remove",)),
+                          ("provider", ("remove", "delete"))):
+        shown = runner().invoke(app, [group, "--help"], terminal_width=120).stdout
+        assert " rm " in shown, group
+        for other in others:
+            assert f" {other} " not in shown, (group, other)
+            works = runner().invoke(app, [group, other, "--help"], terminal_width=120)
+            assert works.exit_code == 0 and f"Usage: cairn {group} {other} " in works.stdout
 
 
 def test_the_user_manager_runs_the_new_name() -> None:
