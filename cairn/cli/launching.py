@@ -43,6 +43,7 @@ OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--run-key": ("run_key", False),
     "--json": None,
     "--watch": None,  # a launch that stays to follow its run: read by the typer command
+    "--wait": None,  # likewise
 }
 # A shell's completion request reaches click through its environment, whatever the argv.
 COMPLETION_ENV = "_CAIRN_COMPLETE"

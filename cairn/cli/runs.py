@@ -117,16 +117,31 @@ def launch(
             help="Then follow the run as 'cairn watch' does; exit 0 only if it succeeds.",
         ),
     ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Then wait until the run ends, saying only what it waits for and how it "
+            "ended; exit 0 only if it succeeds.",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
-    project:NAME of a project you trusted, or a reviewed FILE.py with --confirm."""
-    if watch and json_out:
+    project:NAME of a project you trusted, or a reviewed FILE.py with --confirm.
+
+    Example: cairn launch builtin:implement --arg objective='add a CHANGELOG entry' --wait
+    """
+    stays = "--watch" if watch else "--wait" if wait else None
+    if stays and json_out:
         raise typer.BadParameter(
-            "--watch prints the run's events as lines; for JSON, follow it with "
+            f"{stays} prints the run's lines as it goes; for JSON, follow it with "
             "'cairn watch RUN --json'",
-            param_hint="'--watch'",
+            param_hint=f"'{stays}'",
         )
+    if watch and wait:
+        raise typer.BadParameter("--watch already waits for the run; give one",
+                                 param_hint="'--wait'")
     # What it sends, and how 'cairn' reads this command line without typer: launching.
     run_id = launching.launch(
         definition,
@@ -140,8 +155,8 @@ def launch(
         run_key=run_key,
         json_out=json_out,
     )
-    if watch:
-        follow(run_id)
+    if watch or wait:
+        follow(run_id, events=watch)
 
 
 def full_run_id(ref: str) -> str | None:

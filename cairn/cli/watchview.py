@@ -111,10 +111,13 @@ def progress_lines(progress: dict[str, dict[str, Any]]) -> list[str]:
     ]
 
 
-def follow(run_id: str, *, interval: float = 1.0, json_out: bool = False) -> NoReturn:
+def follow(
+    run_id: str, *, interval: float = 1.0, json_out: bool = False, events: bool = True
+) -> NoReturn:
     """Print the run's events from its start and as they come (polling cairnd every
-    ``interval`` seconds), what it waits for, and one line when it ends; exit 0 when it
-    succeeded, 1 when it ended otherwise, 130 on Ctrl-C."""
+    ``interval`` seconds; without ``events`` none of them), what it waits for, and one
+    line when it ends; exit 0 when it succeeded, 1 when it ended otherwise, 130 on
+    Ctrl-C."""
     from cairn.protocol.daemon import WatchRequest
 
     cursor = 0
@@ -125,7 +128,7 @@ def follow(run_id: str, *, interval: float = 1.0, json_out: bool = False) -> NoR
             polled = time.monotonic()
             data = request(WatchRequest(run_id=run_id, cursor=cursor))
             run_id = data["run_id"]  # a prefix or @last names this run from now on
-            for event in data["events"]:
+            for event in data["events"] if events else ():
                 if json_out:
                     out.line(json.dumps(event))
                 else:

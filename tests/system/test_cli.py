@@ -147,6 +147,18 @@ def test_logs_narrows_to_an_operation_a_pattern_and_a_time_and_reverses(
     assert b"operation root-99 of " in missing.stderr and b"started no agent unit" in missing.stderr
 
 
+def test_launch_wait_returns_once_the_run_has_ended_with_its_outcome(booted: Machine) -> None:
+    path = f"/home/alice/agent-{secrets.token_hex(4)}.json"
+    script = {"steps": [], "output": {"summary": "waited"}, "handoff": ""}
+    booted.exec(["tee", path], user="alice", input=json.dumps(script).encode())
+    out = cairn(booted, "launch", "builtin:implement", "--project", new_project(booted),
+                "--arg", "objective=wait", "--scripted", f"builtin:implementer={path}", "--wait")
+    run_id, *between, last = out.splitlines()
+    assert last == f'{run_id} succeeded: {{"summary": "waited"}}'
+    assert between == []  # no events: that is --watch
+    assert show(booted, run_id)["run"]["state"] == "succeeded"
+
+
 def test_new_and_old_command_names_both_work(booted: Machine) -> None:
     run_id = launch_script(booted, [])
     wait_for(booted, run_id, finished, timeout=240)

@@ -122,6 +122,7 @@ READ_AS_CLICK_DOES = [
 HANDED_TO_CLICK = [
     ["launch"],
     ["launch", "builtin:goal", "--watch"],
+    ["launch", "builtin:goal", "--wait"],
     ["launch", "builtin:goal", "--watch=yes"],
     ["launch", "--help"],
     ["launch", "builtin:goal", "--help"],
@@ -227,19 +228,29 @@ def test_launch_watch_follows_the_new_run_and_exits_with_its_outcome(
 
     monkeypatch.setattr(watchview, "request", watch_request)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["launch", "builtin:implement", "--watch"])
-    assert result.exit_code == status, result.output
-    run_id = "flow_" + "0" * 32
-    assert result.output.splitlines()[0] == run_id
-    assert [(b.op, b.run_id, b.cursor) for b in followed] == [("watch", run_id, 0)]
-    assert len(sent) == 1
+    for flag in ("--watch", "--wait"):
+        followed.clear()
+        result = CliRunner().invoke(app, ["launch", "builtin:implement", flag])
+        assert result.exit_code == status, result.output
+        run_id = "flow_" + "0" * 32
+        lines = result.output.splitlines()
+        assert lines[0] == run_id
+        assert [(b.op, b.run_id, b.cursor) for b in followed] == [("watch", run_id, 0)]
+        # --watch prints the events; --wait only how the run ended
+        assert any(f"run-{state}" in line for line in lines[1:-1]) == (flag == "--watch")
+        assert lines[-1].startswith(f"{run_id} {state}"), lines
+    assert len(sent) == 2
 
 
 def test_launch_watch_with_json_is_refused_before_anything_is_sent(
     sent: list[tuple[LaunchRequest, Path]],
 ) -> None:
-    result = CliRunner().invoke(app, ["launch", "builtin:implement", "--watch", "--json"])
-    assert result.exit_code == 2
-    assert "--watch prints the run's events as lines" in result.output
+    for argv, says in ((["--watch", "--json"], "--watch prints the run's lines as it goes"),
+                       (["--wait", "--json"], "--wait prints the run's lines as it goes"),
+                       (["--watch", "--wait"], "--watch already waits for the run")):
+        result = CliRunner().invoke(app, ["launch", "builtin:implement", *argv],
+                                    terminal_width=200)
+        assert result.exit_code == 2
+        assert says in result.output
     assert sent == []
 
