@@ -4,9 +4,11 @@
     python3 packaging/gen-man.py --out DIR
 
 Sources: ``docs/man/NAME.SECTION.md``, pandoc Markdown with a ``% NAME(SECTION) …``
-title block. In ``cairn.1.md`` the line ``@COMMANDS@`` becomes every visible command of
-the typer CLI (``cairn.cli.commands.app``): its usage, help text and options, so the page cannot
-drift from the CLI. Writes ``DIR/NAME.SECTION.md`` for each source.
+title block whose date line is ``% @DATE@``: the month of the newest entry of
+``packaging/debian/changelog``, so every page carries the same date. In ``cairn.1.md`` the
+line ``@COMMANDS@`` becomes every visible command of the typer CLI
+(``cairn.cli.commands.app``): its usage, help text and options, so the page cannot drift
+from the CLI. Writes ``DIR/NAME.SECTION.md`` for each source.
 """
 
 from __future__ import annotations
@@ -75,17 +77,33 @@ def cli_commands() -> str:
     return "\n".join(parts)
 
 
+def release_date() -> str:
+    """The month and year of the newest entry of packaging/debian/changelog (the version
+    the pages describe): every page's date, from this one source."""
+    import email.utils
+
+    changelog = (REPO / "packaging" / "debian" / "changelog").read_text()
+    found = re.search(r"^ -- .+?  (.+)$", changelog, re.M)
+    if found is None:
+        raise SystemExit("gen-man: packaging/debian/changelog has no trailer line with a date")
+    return email.utils.parsedate_to_datetime(found.group(1)).strftime("%B %Y")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     commands = cli_commands()
+    date = release_date()
     args.out.mkdir(parents=True, exist_ok=True)
     for source in sorted(SOURCES.iterdir()):
         if not SOURCE_RE.match(source.name):
             raise SystemExit(f"gen-man: {source.name} is not NAME.SECTION.md (section 1, 5 or 8)")
         text = source.read_text().replace("@COMMANDS@", commands)
+        if text.split("\n")[2:3] != ["% @DATE@"]:
+            raise SystemExit(f"gen-man: {source.name}'s title block must end with % @DATE@")
+        text = text.replace("% @DATE@", f"% {date}", 1)
         target = args.out / source.name
         target.write_text(text)
         print(target)

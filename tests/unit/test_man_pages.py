@@ -153,3 +153,25 @@ def test_cairn_1_schedule_example_names_a_definition_that_schedules() -> None:
     review = review_source(draft_source(name), filename=f"{name}.py")
     assert validate_args(review, json.loads(options["--args"]))
     assert normalize_calendar(options["--calendar"], options["--timezone"])
+
+
+def test_every_page_carries_the_one_date_of_the_release(rendered: Path) -> None:
+    """The sources say ``% @DATE@``; the pages get the month of debian/changelog's newest
+    entry, so no page can carry another date."""
+    import email.utils
+
+    changelog = (REPO / "packaging/debian/changelog").read_text()
+    stamp = re.search(r"^ -- .+?  (.+)$", changelog, re.M)
+    assert stamp is not None
+    month = email.utils.parsedate_to_datetime(stamp.group(1)).strftime("%B %Y")
+    for source in sorted((REPO / "docs/man").glob("*.md")):
+        assert source.read_text().split("\n")[:3][2] == "% @DATE@", source.name
+        assert (rendered / source.name).read_text().split("\n")[2] == f"% {month}", source.name
+
+
+@pytest.mark.parametrize("page", ["cairnd.8", "cairn-broker.8"])
+def test_section_8_pages_say_how_they_exit_and_show_examples(rendered: Path, page: str) -> None:
+    env = {"MANWIDTH": "80", "MAN_DISABLE_SECCOMP": "1"}
+    shown = run(["man", "-E", "UTF-8", "-l", rendered / page], env=env).stdout.decode()
+    headings = [line for line in shown.splitlines() if line and not line.startswith(" ")]
+    assert "EXIT STATUS" in headings and "EXAMPLES" in headings, headings
