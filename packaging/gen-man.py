@@ -78,11 +78,13 @@ def cli_commands() -> str:
 
 
 def release_date() -> str:
-    """The month and year of the newest entry of packaging/debian/changelog (the version
-    the pages describe): every page's date, from this one source."""
+    """The month and year of the newest entry of the Debian changelog (the version the
+    pages describe): every page's date, from this one source. The .deb's build moves
+    packaging/debian to debian/ (with an entry of its own for --version)."""
     import email.utils
 
-    changelog = (REPO / "packaging" / "debian" / "changelog").read_text()
+    moved = REPO / "debian" / "changelog"
+    changelog = (moved if moved.exists() else REPO / "packaging/debian/changelog").read_text()
     found = re.search(r"^ -- .+?  (.+)$", changelog, re.M)
     if found is None:
         raise SystemExit("gen-man: packaging/debian/changelog has no trailer line with a date")

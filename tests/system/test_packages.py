@@ -28,7 +28,8 @@ PACKAGE_METADATA = re.compile(r"\.(?:dist|egg)-info(?:/|$)|/__pycache__(?:/|$)")
 
 # What each package has that the other must not: Debian's changelog, copyright and
 # lintian overrides, and its enablement symlink for every user manager; Fedora's licence
-# directory and its presets (Fedora enables units through presets only).
+# directory, and the presets an administrator may copy (Fedora's packages enable nothing
+# themselves).
 DEB_ONLY = {
     "/usr/share/doc/cairn/changelog",
     "/usr/share/doc/cairn/copyright",
@@ -39,14 +40,14 @@ DEB_ONLY = {
     "/usr/share/zsh/vendor-completions/_cairn",
 }
 RPM_ONLY = {
-    "/usr/share/licenses/cairn/copyright",
-    "/usr/lib/systemd/system-preset/80-cairn.preset",
-    "/usr/lib/systemd/user-preset/80-cairn.preset",
+    "/usr/share/licenses/cairn/LICENSE",
+    "/usr/share/doc/cairn/presets/80-cairn.preset",
+    "/usr/share/doc/cairn/presets/80-cairn-user.preset",
     "/usr/share/zsh/site-functions/_cairn",
 }
 PRESETS = {
-    "/usr/lib/systemd/system-preset/80-cairn.preset": "packaging/presets/80-cairn.preset",
-    "/usr/lib/systemd/user-preset/80-cairn.preset": "packaging/presets/80-cairn-user.preset",
+    "/usr/share/doc/cairn/presets/80-cairn.preset": "packaging/presets/80-cairn.preset",
+    "/usr/share/doc/cairn/presets/80-cairn-user.preset": "packaging/presets/80-cairn-user.preset",
 }
 
 
@@ -164,11 +165,14 @@ def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
     assert not any("release-key.pem" in p or "__pycache__" in p for p in in_rpm)
 
 
-def test_rpm_presets_enable_the_sockets(rpm: str) -> None:
+def test_rpm_enables_nothing_itself_and_ships_the_presets_to_copy(rpm: str) -> None:
     query = run(["rpm", "-qp", "--qf", "[%{FILEDIGESTS} %{FILENAMES}\n]", rpm])
     digests = dict(reversed(line.split(" ", 1)) for line in query.stdout.decode().splitlines())
     for installed, source in PRESETS.items():
         assert digests[installed] == hashlib.sha256((REPO / source).read_bytes()).hexdigest()
+    assert not [p for p in digests if "-preset/" in p]  # no preset systemd would read
+    licence = hashlib.sha256((REPO / "LICENSE").read_bytes()).hexdigest()
+    assert digests["/usr/share/licenses/cairn/LICENSE"] == licence
 
     scripts = rpm_scriptlets(rpm)
     assert "preset cairn.socket cairn-broker.socket cairn.service" in scripts["post"]

@@ -166,7 +166,7 @@ def _post_order(unit: str) -> int:
     return order.index(unit)
 
 
-def test_rpm_presets_enable_what_the_deb_enables() -> None:
+def test_the_presets_to_copy_and_the_admins_commands_enable_what_the_deb_enables() -> None:
     system = _preset_enables("80-cairn.preset")
     assert {"cairn.socket", "cairn-broker.socket"} <= system
     assert system == _debian_enabled_units()
@@ -182,6 +182,27 @@ def test_rpm_presets_enable_what_the_deb_enables() -> None:
     spec = SPEC.read_text()
     assert f"%systemd_post {' '.join(sorted(system, key=_post_order))}" in spec
     assert "%systemd_user_post cairn-schedule-reconcile.service cairn-notify.path" in spec
+    assert "_presetdir" not in spec and "_userpresetdir" not in spec
+    # what docs/packaging.md tells the administrator of an RPM host to enable
+    doc = (REPO / "docs" / "packaging.md").read_text()
+    enable = re.search(r"^sudo systemctl enable --now (.+)$", doc, re.M)
+    global_enable = re.search(r"^sudo systemctl --global enable (.+)$", doc, re.M)
+    assert enable is not None and global_enable is not None
+    assert set(enable.group(1).split()) == system
+    assert set(global_enable.group(1).split()) == user
+
+
+def test_the_licence_is_the_one_debian_copyright_states() -> None:
+    copyright_file = (REPO / "packaging" / "debian" / "copyright").read_text()
+    assert "\nLicense: MIT\n" in copyright_file
+    stated = copyright_file.split("\nLicense: MIT\n", 1)[1]
+    paragraph = [line[1:] for line in stated.splitlines() if line.startswith(" ")]
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("MIT License\n\nCopyright (c) 2025 Cairn Developers\n\n")
+    assert text.split("\n\n", 2)[2] == "\n".join(
+        "" if line == "." else line for line in paragraph) + "\n"
+    assert 'license = { text = "MIT" }' in (REPO / "pyproject.toml").read_text()
+    assert "%license LICENSE" in SPEC.read_text()
 
 
 def test_spec_installs_every_unit_and_libexec_program() -> None:
