@@ -22,7 +22,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = REPO / "docs" / "man"
-SOURCE_RE = re.compile(r"^[a-z][a-z0-9.-]*\.[158]\.md$")
+SOURCE_RE = re.compile(r"^[a-z][a-z0-9.-]*\.[1578]\.md$")
 
 
 def md_text(text: str) -> str:
@@ -101,7 +101,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for source in sorted(SOURCES.iterdir()):
         if not SOURCE_RE.match(source.name):
-            raise SystemExit(f"gen-man: {source.name} is not NAME.SECTION.md (section 1, 5 or 8)")
+            raise SystemExit(
+                f"gen-man: {source.name} is not NAME.SECTION.md (section 1, 5, 7 or 8)"
+            )
         text = source.read_text().replace("@COMMANDS@", commands)
         if text.split("\n")[2:3] != ["% @DATE@"]:
             raise SystemExit(f"gen-man: {source.name}'s title block must end with % @DATE@")

@@ -157,6 +157,8 @@ def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine)
         "man5/cairn-policy.toml.5.gz",
         "man5/cairn-profiles.5.gz",
         "man5/cairn-schedules.toml.5.gz",
+        "man5/cairn-notify.5.gz",
+        "man7/cairn-workflow.7.gz",
         "man8/cairnd.8.gz",
         "man8/cairn-broker.8.gz",
     ):

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = {
     "cairn.1", "cairnd.8", "cairn-broker.8", "cairn-providers.toml.5",
     "cairn-policy.toml.5", "cairn-profiles.5", "cairn-schedules.toml.5",
-    "cairn-storage.toml.5", "cairn-verifiers.5",
+    "cairn-storage.toml.5", "cairn-verifiers.5", "cairn-notify.5", "cairn-workflow.7",
 }
 # Each file page and the models of the keys its file accepts.
 FILE_PAGES: dict[str, tuple[type[BaseModel], ...]] = {
@@ -175,3 +175,18 @@ def test_section_8_pages_say_how_they_exit_and_show_examples(rendered: Path, pag
     shown = run(["man", "-E", "UTF-8", "-l", rendered / page], env=env).stdout.decode()
     headings = [line for line in shown.splitlines() if line and not line.startswith(" ")]
     assert "EXIT STATUS" in headings and "EXAMPLES" in headings, headings
+
+
+def test_the_workflow_pages_synopsis_passes_review_and_names_what_the_runtime_has() -> None:
+    from cairn.workflow import runtime
+    from cairn.workflow.review import review_source
+
+    text = (REPO / "docs/man/cairn-workflow.7.md").read_text()
+    synopsis = text.split("# SYNOPSIS\n", 1)[1].split("\n# ", 1)[0]
+    source = "\n".join(line[4:] for line in synopsis.splitlines() if line.startswith("    "))
+    review = review_source(source + "\n", filename="synopsis.py")
+    assert review.models and review.review_hash.startswith("sha256:")
+    # every flow call the page lists is one the runtime's flow object has
+    listed = set(re.findall(r"flow\.([a-z_]+)\(", text))
+    assert listed >= {"agent", "ask", "approve", "parallel", "map", "repeat_until"}
+    assert all(callable(getattr(runtime.Flow, name, None)) for name in listed), listed

@@ -14,9 +14,10 @@ Decisions that the rules below encode:
   threads or an event loop are refused. A pure module is used through its public members
   only (``math.sqrt``), never as an object, and members that are modules, private, able to
   evaluate strings or endless (``itertools.count``) are refused.
-- Loops: ``for`` over finite values only. ``while`` is refused outright: no form of it has
-  a bound that review can see, and ``for _ in range(N)`` or ``flow.repeat_until`` say the
-  same thing with the bound in plain sight.
+- Loops: ``for`` over finite values, and ``while`` only with a literal bound the review
+  can see (:mod:`~cairn.workflow.review.loops`: a counter set to an int right before the
+  loop, compared with an int in its test, raised first in its body, bound nowhere else);
+  ``for _ in range(N)`` and ``flow.repeat_until`` say the same with the bound in sight.
 - ``try``: handlers may name only classes known to derive from ``Exception`` (builtin
   ones, exceptions of the allowed modules, ``OperationFailed``), so the runtime's suspend
   and cancel signals (``BaseException``) always pass through; ``finally`` may not
