@@ -34,12 +34,19 @@ PROMPT = "Reply with the single word: ready"
 ANSWER_LIMIT = 200
 
 
-def request_body(route: ModelRoute) -> tuple[str, dict[str, Any]]:
-    """The API path and body of the probe's one call (the relay sets the model)."""
+# Anthropic's API refuses a request without its version header (the relay passes it on).
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def request_body(route: ModelRoute) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """The API path, body and headers of the probe's one call (the relay sets the model
+    and adds the key)."""
     messages = [{"role": "user", "content": PROMPT}]
+    headers = {"Content-Type": "application/json"}
     if route.api == "anthropic":
-        return "/v1/messages", {"messages": messages, "max_tokens": PROBE_TOKENS}
-    return "/v1/chat/completions", {"messages": messages, "max_tokens": PROBE_TOKENS}
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        return "/v1/messages", {"messages": messages, "max_tokens": PROBE_TOKENS}, headers
+    return "/v1/chat/completions", {"messages": messages, "max_tokens": PROBE_TOKENS}, headers
 
 
 def answer_text(route: ModelRoute, body: Any) -> str | None:
@@ -83,7 +90,7 @@ def probe(name: str) -> tuple[bool, str]:
     """Ask provider ``name`` once through a relay; (whether it answered, one line)."""
     route = load_providers().route(name)
     where = f"provider {name} ({route.model} at {route.base_url})"
-    path, body = request_body(route)
+    path, body, headers = request_body(route)
     with tempfile.TemporaryDirectory(prefix="cairn-probe-") as tmp:
         socket_path = Path(tmp) / "model.sock"
         relay = ModelRelay(
@@ -97,8 +104,7 @@ def probe(name: str) -> tuple[bool, str]:
         with relay:
             conn = UnixHTTPConnection(str(socket_path), timeout=route.timeout_sec + 10)
             try:
-                conn.request("POST", path, body=json.dumps(body).encode(),
-                             headers={"Content-Type": "application/json"})
+                conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
                 response = conn.getresponse()
                 raw = response.read(1 << 20)
             finally:

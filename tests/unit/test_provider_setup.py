@@ -167,10 +167,11 @@ def test_key_state_says_where_the_key_is(tmp_path: Path, monkeypatch: pytest.Mon
     assert setup.key_state("cairn-provider-a") == "missing"
 
 
-def _probe_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, key: str) -> None:
+def _probe_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, key: str,
+                api: str = "openai") -> None:
     (tmp_path / "etc/cairn").mkdir(parents=True)
     (tmp_path / "etc/cairn/providers.toml").write_text(
-        add("", "fake", base_url=url, model="fake-1"))
+        add("", "fake", base_url=url, model="fake-1", api=api))
     creds = tmp_path / "credentials"
     creds.mkdir()
     (creds / "cairn-provider-fake").write_text(key + "\n")
@@ -191,6 +192,21 @@ def test_the_probe_reports_the_models_answer_through_the_relay(
     assert request.body["model"] == "fake-1"
     assert request.body["max_tokens"] == probe.PROBE_TOKENS
     assert request.headers["authorization"] == f"Bearer {KEY}"
+
+
+def test_the_probe_speaks_anthropics_messages_api_with_its_key_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeProvider([Turn(content="ready", tokens=2)], require_key=KEY) as fake:
+        _probe_host(tmp_path, monkeypatch, fake.base_url, KEY, api="anthropic")
+        ok, line = probe.probe("fake")
+        (request,) = fake.requests
+    assert ok, line
+    assert line.endswith(": ready")
+    assert request.path == "/v1/messages"
+    assert request.headers["x-api-key"] == KEY and "authorization" not in request.headers
+    assert request.headers["anthropic-version"] == probe.ANTHROPIC_VERSION
+    assert request.body["max_tokens"] == probe.PROBE_TOKENS
 
 
 def test_the_probe_reports_a_wrong_key_as_the_providers_401_in_one_line(
