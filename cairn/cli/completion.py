@@ -142,6 +142,8 @@ def completion(
     cairn completion zsh > ~/.zfunc/_cairn  (a directory on $fpath, before compinit)
 
     cairn completion fish > ~/.config/fish/completions/cairn.fish
+
+    Example: cairn completion fish
     """
     from importlib.resources import files  # only this command reads package data
 

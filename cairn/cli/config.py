@@ -14,7 +14,10 @@ config_app = typer.Typer(cls=CairnGroup, help="Host configuration.", no_args_is_
 @config_app.command("check")
 def config_check(json_out: JsonFlag = False) -> None:
     """Check every file in /etc/cairn; report every problem with its file, line or field
-    and the fix; exit 1 if there is one."""
+    and the fix; exit 1 if there is one.
+
+    Example: cairn config check
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostconfig import check_host_config
 

@@ -21,7 +21,10 @@ def register(app: typer.Typer) -> None:
 def mcp() -> None:
     """Serve the Model Context Protocol on stdin/stdout for an agent harness: your exposed
     workflows as tools, and your runs, inbox and answers
-    (/usr/share/doc/cairn/docs/mcp.md). Nothing it offers approves or applies."""
+    (/usr/share/doc/cairn/docs/mcp.md). Nothing it offers approves or applies.
+
+    Example: cairn mcp
+    """
     # here, not at the top: every cairn command would pay for these imports
     from importlib import metadata
 

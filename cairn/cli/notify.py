@@ -68,7 +68,10 @@ def follow(
     interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="Handle what is new, then exit.")] = False,
 ) -> None:
-    """Run your hooks for each of your runs that waits for you, fails or succeeds."""
+    """Run your hooks for each of your runs that waits for you, fails or succeeds.
+
+    Example: cairn notify follow --once
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.notify import cursor_path, deliver, hook_dirs, load_cursor, save_cursor
 
@@ -102,7 +105,10 @@ def follow(
 
 @notify_app.command("list")
 def list_hooks(json_out: JsonFlag = False) -> None:
-    """The hooks that would run, in order, and the files refused with why."""
+    """The hooks that would run, in order, and the files refused with why.
+
+    Example: cairn notify list
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.notify import discover_hooks, hook_dirs
 
@@ -125,7 +131,10 @@ def test(
         str, typer.Option(help="waiting, blocked, failed or succeeded.")
     ] = "succeeded",  # noqa: PT028  (the notify test command, not a test)
 ) -> None:
-    """Send a sample event (run ``flow_000…``) to every hook."""
+    """Send a sample event (run ``flow_000…``) to every hook.
+
+    Example: cairn notify test --event failed
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.notify import deliver, hook_dirs
     from cairn.protocol.notify import NotifyEvent

@@ -36,7 +36,10 @@ def inbox(
     json_out: JsonFlag = False,
 ) -> None:
     """What waits for you, with the command to run next: questions, approval requests,
-    proposals held for 'cairn apply', blocked runs, blocked schedules."""
+    proposals held for 'cairn apply', blocked runs, blocked schedules.
+
+    Example: cairn inbox
+    """
     from cairn.protocol.daemon import InboxRequest
 
     items = request(InboxRequest(all_users=all_users))
@@ -52,7 +55,10 @@ def answer(
     value: Annotated[str | None, typer.Argument(metavar="[VALUE]")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read the answer from FILE.")] = None,
 ) -> None:
-    """Answer a run's question: JSON for a typed question, else text."""
+    """Answer a run's question: JSON for a typed question, else text.
+
+    Example: cairn answer 3fa9 'yes, use the staging database' --challenge sha256:...
+    """
     from cairn.protocol.daemon import AnswerRequest
 
     if (value is None) == (file is None):
@@ -76,7 +82,10 @@ def approve(
     request_id: Annotated[str, typer.Argument(metavar="REQ")],
     fingerprint: Annotated[str, typer.Option(help="The fingerprint of the request you looked at.")],
 ) -> None:
-    """Approve one prepared operation (checked again against the current policy)."""
+    """Approve one prepared operation (checked again against the current policy).
+
+    Example: cairn approve 3fa9 REQ --fingerprint sha256:...
+    """
     from cairn.protocol.daemon import ApproveRequest
 
     out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
@@ -88,7 +97,10 @@ def reject(
     request_id: Annotated[str, typer.Argument(metavar="REQ")],
     reason: Annotated[str, typer.Option(help="Why (recorded with the decision).")] = "",
 ) -> None:
-    """Reject one prepared operation: it does not run."""
+    """Reject one prepared operation: it does not run.
+
+    Example: cairn reject 3fa9 REQ --reason 'not before the release'
+    """
     from cairn.protocol.daemon import RejectRequest
 
     out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
@@ -97,7 +109,10 @@ def reject(
 
 def apply(run_id: RunArg) -> None:
     """Settle a run launched with --apply ask: its proposal (see 'cairn diff RUN') goes
-    to the live project with the three-way check."""
+    to the live project with the three-way check.
+
+    Example: cairn apply @last
+    """
     from cairn.protocol.daemon import ApplyRequest
 
     out = request(ApplyRequest(run_id=run_id))
@@ -116,21 +131,30 @@ def _control(action: "type[ControlRequest]", run_id: str) -> None:
 
 
 def pause(run_id: RunArg) -> None:
-    """Pause at the next safe point; nothing of the run keeps running meanwhile."""
+    """Pause at the next safe point; nothing of the run keeps running meanwhile.
+
+    Example: cairn pause @last
+    """
     from cairn.protocol.daemon import PauseRequest
 
     _control(PauseRequest, run_id)
 
 
 def resume(run_id: RunArg) -> None:
-    """Resume a paused run (or withdraw a pause not yet honoured)."""
+    """Resume a paused run (or withdraw a pause not yet honoured).
+
+    Example: cairn resume @last
+    """
     from cairn.protocol.daemon import ResumeRequest
 
     _control(ResumeRequest, run_id)
 
 
 def stop(run_id: RunArg) -> None:
-    """Start no new operations; running agents finish; then the run ends stopped."""
+    """Start no new operations; running agents finish; then the run ends stopped.
+
+    Example: cairn stop @last
+    """
     from cairn.protocol.daemon import StopRequest
 
     _control(StopRequest, run_id)
@@ -138,7 +162,10 @@ def stop(run_id: RunArg) -> None:
 
 def cancel(run_id: RunArg, yes: YesFlag = False) -> None:
     """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
-    withdrawn (at once when no coordinator holds the run, else at its next safe point)."""
+    withdrawn (at once when no coordinator holds the run, else at its next safe point).
+
+    Example: cairn cancel 3fa9
+    """
     from cairn.protocol.daemon import CancelRequest
 
     confirm_or_stop(
@@ -153,7 +180,10 @@ def watch(
     interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
 ) -> None:
-    """Follow a run live (rebuilt from the journal); one line when it ends."""
+    """Follow a run live (rebuilt from the journal); one line when it ends.
+
+    Example: cairn watch @last
+    """
     follow(run_id, interval=interval, json_out=json_out)
 
 

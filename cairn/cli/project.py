@@ -27,7 +27,10 @@ def project_trust(
 ) -> None:
     """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
     trust hash. With it: trust them as they are now (a definition that changes later is
-    refused until you confirm again)."""
+    refused until you confirm again).
+
+    Example: cairn project trust ~/src/demo --confirm sha256:...
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import trust
     from cairn.protocol.definitions import trust_hash
@@ -61,7 +64,10 @@ def project_trust(
 
 @project_app.command("untrust")
 def project_untrust(path: Path) -> None:
-    """Forget the trust decision for PATH: its project: definitions cannot be launched."""
+    """Forget the trust decision for PATH: its project: definitions cannot be launched.
+
+    Example: cairn project untrust ~/src/demo
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import trust
 

@@ -100,7 +100,10 @@ def provider_add(
 @provider_app.command("list")
 def provider_list(json_out: JsonFlag = False) -> None:
     """List the providers in /etc/cairn/providers.toml, the default marked *, and where
-    each one's key is (encrypted, stored, missing, none; unknown unless root)."""
+    each one's key is (encrypted, stored, missing, none; unknown unless root).
+
+    Example: cairn provider list
+    """
     from cairn.provider_setup import key_state
     from cairn.providers import load_providers
 
@@ -158,7 +161,10 @@ def provider_test(name: NameArg) -> None:
 def provider_rm(name: NameArg, yes: YesFlag = False) -> None:
     """Remove provider NAME (root): its table in /etc/cairn/providers.toml, the default
     if it was, and its key in /etc/credstore.encrypted or /etc/credstore. Runs already
-    launched keep the route they froze but can no longer read the key."""
+    launched keep the route they froze but can no longer read the key.
+
+    Example: sudo cairn provider rm local
+    """
     from cairn import provider_setup as setup
 
     _need_root("rm")

@@ -276,7 +276,10 @@ def _user_name(uid: int | None) -> str:
 
 def show(run_id: RunArg, no_pager: NoPagerFlag = False, json_out: JsonFlag = False) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run (through
-    $PAGER or less on a terminal, when longer than the screen)."""
+    $PAGER or less on a terminal, when longer than the screen).
+
+    Example: cairn show @last
+    """
     from cairn.protocol.daemon import ShowRequest
 
     data = request(ShowRequest(run_id=run_id))
@@ -416,7 +419,10 @@ def reconcile(
         bool, typer.Option("--no-effect", help="It reached nothing outside: retry it.")
     ] = False,
 ) -> None:
-    """Decide an uncertain operation of a blocked run: its real result, or no effect."""
+    """Decide an uncertain operation of a blocked run: its real result, or no effect.
+
+    Example: cairn reconcile 3fa9 root-1 --no-effect
+    """
     from cairn.protocol.daemon import ReconcileRequest
 
     if (result is None) == (not no_effect):
@@ -439,7 +445,10 @@ def retry(
     run_id: RunArg,
     op_id: Annotated[str, typer.Argument(metavar="OP")],
 ) -> None:
-    """Run an uncertain operation again (its effects may then happen twice)."""
+    """Run an uncertain operation again (its effects may then happen twice).
+
+    Example: cairn retry 3fa9 root-1
+    """
     from cairn.protocol.daemon import RetryRequest
 
     out = request(RetryRequest(run_id=run_id, op_id=op_id))
@@ -460,7 +469,10 @@ def upgrade(
     confirm: Annotated[str | None, typer.Option(help="The new source's review hash.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Move a waiting or blocked run to new source, after a clean replay of its journal."""
+    """Move a waiting or blocked run to new source, after a clean replay of its journal.
+
+    Example: cairn upgrade 3fa9 --to ~/wf/release.py --dry-run
+    """
     from cairn.protocol.daemon import UpgradeRequest
 
     try:
@@ -509,7 +521,10 @@ def doctor(
 ) -> None:
     """Check the host (sockets, pool, free space, release, config, providers, credentials,
     linger) and cross-check each run's journal, snapshots, units and receipts; exit 1 on
-    any failure. With RUN, only that run."""
+    any failure. With RUN, only that run.
+
+    Example: sudo cairn doctor --providers
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck
     from cairn.protocol.daemon import DoctorRequest
@@ -601,7 +616,10 @@ def diff(
     json_out: JsonFlag = False,
 ) -> None:
     """What the run applied (or refused) in the live project (through $PAGER or less on a
-    terminal, when longer than the screen)."""
+    terminal, when longer than the screen).
+
+    Example: cairn diff @last --patch
+    """
     from cairn.protocol.daemon import DiffRequest
 
     data = request(DiffRequest(run_id=run_id))
@@ -634,7 +652,10 @@ def _print_diff(data: dict[str, Any], patch: bool) -> None:
 
 def revert(run_id: RunArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
     """Undo what a finished run applied: every path still as the run left it gets its
-    content from before the run back. Nothing is written if any path changed since."""
+    content from before the run back. Nothing is written if any path changed since.
+
+    Example: cairn revert @last
+    """
     from cairn.protocol.daemon import RevertRequest
 
     confirm_or_stop(
@@ -667,7 +688,10 @@ def replay(
     json_out: JsonFlag = False,
 ) -> None:
     """A new run from a finished run's checkpoint: the operations up to OP are imported
-    with their checkpoints, the rest of the workflow runs fresh. The source is unchanged."""
+    with their checkpoints, the rest of the workflow runs fresh. The source is unchanged.
+
+    Example: cairn replay 3fa9 --through root-2
+    """
     from cairn.protocol.daemon import ReplayRequest
 
     data = request(

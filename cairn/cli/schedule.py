@@ -166,7 +166,12 @@ def create(
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Store a schedule paused and print the review challenge to confirm."""
+    """Store a schedule paused and print the review challenge to confirm.
+
+    Example: cairn schedule create nightly builtin:implement --project ~/src/demo --args
+    '{"objective": "update the changelog"}' --calendar 'Mon..Fri 02:00' --timezone UTC
+    --catch-up none --max-runs 100 --valid-until 2028-01-01T00:00:00Z
+    """
     from cairn.protocol.daemon import ScheduleCreateRequest
 
     try:
@@ -230,7 +235,10 @@ def confirm(
     challenge: Annotated[str, typer.Argument(help="sha256:… as printed by create")],
     json_out: JsonFlag = False,
 ) -> None:
-    """Confirm a reviewed schedule revision; it stays paused until 'resume'."""
+    """Confirm a reviewed schedule revision; it stays paused until 'resume'.
+
+    Example: cairn schedule confirm create sha256:...
+    """
     # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
     from cairn.protocol.daemon import ScheduleConfirmRequest
@@ -252,7 +260,10 @@ def confirm(
 
 @schedule_app.command("resume")
 def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
-    """Check the schedule once more and install its user timer."""
+    """Check the schedule once more and install its user timer.
+
+    Example: cairn schedule resume 0123456789ab
+    """
     from cairn.protocol.daemon import ScheduleInspectRequest, ScheduleResumeRequest
 
     # here, not at the top: every cairn command would pay for this import
@@ -303,7 +314,10 @@ def _stop(
 
 @schedule_app.command("pause")
 def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
-    """Refuse future occurrences and remove the timer."""
+    """Refuse future occurrences and remove the timer.
+
+    Example: cairn schedule pause 0123456789ab
+    """
     from cairn.protocol.daemon import SchedulePauseRequest
 
     _stop(schedule_id, SchedulePauseRequest, "paused", json_out)
@@ -311,7 +325,10 @@ def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 @schedule_app.command("rm")
 def rm(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
-    """Delete the schedule (future launches only) and its timer; also 'schedule delete'."""
+    """Delete the schedule (future launches only) and its timer; also 'schedule delete'.
+
+    Example: cairn schedule rm 0123456789ab
+    """
     from cairn.protocol.daemon import ScheduleDeleteRequest
 
     _check_id(schedule_id)  # a malformed ID is refused before anything is asked
@@ -323,7 +340,10 @@ def rm(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> 
 
 @schedule_app.command("list")
 def list_(json_out: JsonFlag = False) -> None:
-    """Your schedules: state, calendar, lease used."""
+    """Your schedules: state, calendar, lease used.
+
+    Example: cairn schedule list
+    """
     from cairn.protocol.daemon import ScheduleListRequest
 
     views = request(ScheduleListRequest())
@@ -339,7 +359,10 @@ def list_(json_out: JsonFlag = False) -> None:
 
 @schedule_app.command("show")
 def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
-    """Everything about one schedule, with its recent occurrences."""
+    """Everything about one schedule, with its recent occurrences.
+
+    Example: cairn schedule show 0123456789ab
+    """
     from cairn.protocol.daemon import ScheduleInspectRequest
 
     _check_id(schedule_id)
@@ -455,7 +478,10 @@ def fire(schedule_id: IdArg) -> None:
 
 @schedule_app.command("run-now")
 def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
-    """One occurrence now, under the same lease, spacing, overlap and machine limits."""
+    """One occurrence now, under the same lease, spacing, overlap and machine limits.
+
+    Example: cairn schedule run-now 0123456789ab
+    """
     from cairn.protocol.daemon import ScheduleRunNowRequest
 
     _check_id(schedule_id)
@@ -470,7 +496,10 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 @schedule_app.command("inbox")
 def inbox(json_out: JsonFlag = False) -> None:
-    """Scheduled runs that failed or wait for you, launch failures, blocked schedules."""
+    """Scheduled runs that failed or wait for you, launch failures, blocked schedules.
+
+    Example: cairn schedule inbox
+    """
     from cairn.protocol.daemon import ScheduleInboxRequest
 
     items = request(ScheduleInboxRequest())
@@ -544,7 +573,10 @@ def doctor_report() -> dict[str, Any]:
 
 @schedule_app.command("doctor")
 def doctor(json_out: JsonFlag = False) -> None:
-    """Check timers against schedules; exit 1 if anything needs repair."""
+    """Check timers against schedules; exit 1 if anything needs repair.
+
+    Example: cairn schedule doctor
+    """
     report = doctor_report()
     if json_out:
         emit(report)
@@ -567,7 +599,10 @@ def doctor(json_out: JsonFlag = False) -> None:
 @schedule_app.command("repair")
 def repair() -> None:
     """Repair timers and half-prepared occurrences (run at user-manager start by
-    cairn-schedule-reconcile.service); retry queued occurrences once."""
+    cairn-schedule-reconcile.service); retry queued occurrences once.
+
+    Example: cairn schedule repair
+    """
     from cairn.protocol.daemon import ScheduleFireRequest, ScheduleReconcileRequest
 
     result = request(ScheduleReconcileRequest())

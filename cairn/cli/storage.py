@@ -42,7 +42,10 @@ def storage_init(
         "/var/lib/cairn/pool.img"
     ),
 ) -> None:
-    """Create a loop-image Btrfs pool at /var/lib/cairn/pool (root; hosts without Btrfs)."""
+    """Create a loop-image Btrfs pool at /var/lib/cairn/pool (root; hosts without Btrfs).
+
+    Example: sudo cairn storage init --loop 8G
+    """
     # Not a cycle: cairn.storage needs btrfsutil, which only this command uses. 'cairn
     # --help', every other command and the man-page build (packaging/prebuild.sh) run
     # without python3-btrfsutil.
@@ -83,7 +86,10 @@ def storage_df(
     json_out: JsonFlag = False,
 ) -> None:
     """Pool size, used, free and reserve; per run with storage: its exclusive bytes (only
-    where the host has Btrfs quotas on; otherwise unknown)."""
+    where the host has Btrfs quotas on; otherwise unknown).
+
+    Example: cairn storage df
+    """
     from cairn.protocol.daemon import StorageDfRequest
 
     data = request(StorageDfRequest(all_users=all_users))
@@ -117,7 +123,10 @@ def rm(
     json_out: JsonFlag = False,
 ) -> None:
     """Delete finished runs' storage (Q, W, checkpoints, P, C, F); their journal rows and
-    receipts stay, so 'cairn show' still tells their history."""
+    receipts stay, so 'cairn show' still tells their history.
+
+    Example: cairn rm 3fa9 7b21
+    """
     from cairn.protocol.daemon import RmRequest
 
     for ref in run_ids:
@@ -173,7 +182,10 @@ def prune(
     json_out: JsonFlag = False,
 ) -> None:
     """Delete finished runs' storage by rule; without --older-than or --keep, by the host
-    policy (/etc/cairn/storage.toml). Running, waiting, blocked and unsettled runs stay."""
+    policy (/etc/cairn/storage.toml). Running, waiting, blocked and unsettled runs stay.
+
+    Example: cairn prune --older-than 14d --dry-run
+    """
     from cairn.protocol.daemon import PruneRequest
 
     age = None if older_than is None else parse_age(older_than)
@@ -215,7 +227,10 @@ def _print_prune(data: dict[str, Any]) -> None:
 def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
     """Every checkpoint of a run: its operation, scope, when it was taken, its exclusive
     size (only where the host has Btrfs quotas on; otherwise unknown), and whether its
-    storage was deleted."""
+    storage was deleted.
+
+    Example: cairn checkpoints @last
+    """
     from cairn.protocol.daemon import CheckpointsRequest
 
     data = request(CheckpointsRequest(run_id=run_id))

@@ -41,7 +41,10 @@ def _when(ts: float) -> str:
 @workflow_app.command("draft")
 def workflow_draft(name: str) -> None:
     """Start (or reopen) an inert draft NAME.py in your config; opened in $EDITOR on a
-    terminal, its path printed otherwise. A draft is never listed, launched or exposed."""
+    terminal, its path printed otherwise. A draft is never listed, launched or exposed.
+
+    Example: cairn workflow draft fix-flaky
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import user
 
@@ -57,7 +60,10 @@ def workflow_draft(name: str) -> None:
 
 @workflow_app.command("review")
 def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
-    """Review a workflow statically: effect manifest and review hash (never runs it)."""
+    """Review a workflow statically: effect manifest and review hash (never runs it).
+
+    Example: cairn workflow review ~/.config/cairn/drafts/fix-flaky.py
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.workflow.review import render_review, review_source
 
@@ -82,7 +88,10 @@ def workflow_install(
     ] = False,
 ) -> None:
     """Install a reviewed FILE.py as user:NAME (NAME: the file's stem) if its review hash
-    is the one you confirmed."""
+    is the one you confirmed.
+
+    Example: cairn workflow install ~/.config/cairn/drafts/fix-flaky.py --confirm sha256:...
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import user
 
@@ -93,7 +102,10 @@ def workflow_install(
 @workflow_app.command("list")
 def workflow_list(json_out: JsonFlag = False) -> None:
     """Definitions: builtin, installed user: and project: of trusted projects (drafts are
-    not listed: they cannot be launched)."""
+    not listed: they cannot be launched).
+
+    Example: cairn workflow list
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import resolve
 
@@ -119,7 +131,10 @@ def workflow_list(json_out: JsonFlag = False) -> None:
 @workflow_app.command("show")
 def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
     """An installed user:NAME: its manifest, hash, when and by whom it was installed, and
-    its source."""
+    its source.
+
+    Example: cairn workflow show user:fix-flaky
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import user
     from cairn.workflow.review import render_review
@@ -140,7 +155,10 @@ def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
 
 @workflow_app.command("diff")
 def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> None:
-    """What installing FILE over user:NAME would change in its manifest."""
+    """What installing FILE over user:NAME would change in its manifest.
+
+    Example: cairn workflow diff user:fix-flaky ~/.config/cairn/drafts/fix-flaky.py
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import user
 
@@ -168,7 +186,10 @@ def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> No
 @workflow_app.command("rm")
 def workflow_rm(definition: str, yes: YesFlag = False) -> None:
     """Remove an installed user:NAME (and its exposure, if it was exposed); also
-    'workflow remove'."""
+    'workflow remove'.
+
+    Example: cairn workflow rm user:fix-flaky
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import registry, user
 
@@ -192,7 +213,10 @@ workflow_app.command("remove", hidden=True)(workflow_rm)
 @workflow_app.command("expose")
 def workflow_expose(definition: str) -> None:
     """Expose an installed user:NAME (or a builtin:NAME) to models, at its current
-    review hash."""
+    review hash.
+
+    Example: cairn workflow expose user:fix-flaky
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import registry, resolve
 
@@ -203,7 +227,10 @@ def workflow_expose(definition: str) -> None:
 
 @workflow_app.command("unexpose")
 def workflow_unexpose(definition: str) -> None:
-    """Stop exposing a definition to models (a person can still launch it)."""
+    """Stop exposing a definition to models (a person can still launch it).
+
+    Example: cairn workflow unexpose user:fix-flaky
+    """
     # here, not at the top: every cairn command would pay for this import
     from cairn.definitions import registry
 
