@@ -126,6 +126,18 @@ def test_fresh_install_enables_sockets_and_serves_a_user(plain_machine: Machine)
     assert sh(m, "systemctl", "is-enabled", "cairn-retention.timer") == "enabled"
     assert unit_state(m, "cairn-retention.timer") == "active"
     assert sh(m, "systemctl", "is-enabled", "cairn-retention.service") == "static"
+    # Every user manager gets the schedule repair and the notify path, enabled in /etc by
+    # postinst, so an administrator can turn either off; the notifier itself only starts
+    # from its path unit, never at every login.
+    for unit in ("cairn-schedule-reconcile.service", "cairn-notify.path"):
+        assert sh(m, "systemctl", "--global", "is-enabled", unit) == "enabled"
+    notifier = m.exec(["systemctl", "--global", "is-enabled", "cairn-notify.service"],
+                      check=False)
+    assert notifier.stdout.decode().strip() == "disabled"
+    sh(m, "systemctl", "--global", "disable", "cairn-notify.path")
+    gone = m.exec(["systemctl", "--global", "is-enabled", "cairn-notify.path"], check=False)
+    assert gone.stdout.decode().strip() == "disabled"
+    sh(m, "systemctl", "--global", "enable", "cairn-notify.path")
 
     assert json.loads(cairn(m, "ps", "--json")) == []
     assert unit_state(m, "cairn.service") == "active"

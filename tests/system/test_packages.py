@@ -27,15 +27,13 @@ PYTHON_DIR = re.compile(r"^/usr/lib/python3[.0-9]*/(?:dist|site)-packages/")
 PACKAGE_METADATA = re.compile(r"\.(?:dist|egg)-info(?:/|$)|/__pycache__(?:/|$)")
 
 # What each package has that the other must not: Debian's changelog, copyright and
-# lintian overrides, and its enablement symlink for every user manager; Fedora's licence
+# lintian overrides; Fedora's licence
 # directory, and the presets an administrator may copy (Fedora's packages enable nothing
 # themselves).
 DEB_ONLY = {
     "/usr/share/doc/cairn/changelog",
     "/usr/share/doc/cairn/copyright",
     "/usr/share/lintian/overrides/cairn",
-    "/usr/lib/systemd/user/default.target.wants/cairn-schedule-reconcile.service",
-    "/usr/lib/systemd/user/default.target.wants/cairn-notify.path",
     # Debian's zsh reads vendor-completions, Fedora's site-functions.
     "/usr/share/zsh/vendor-completions/_cairn",
 }

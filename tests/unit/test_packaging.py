@@ -173,10 +173,14 @@ def test_the_presets_to_copy_and_the_admins_commands_enable_what_the_deb_enables
     for unit in system:
         assert "\n[Install]\n" in (REPO / "units" / unit).read_text(), unit
     user = _preset_enables("80-cairn-user.preset")
-    # The .deb links the same user units into default.target.wants.
+    # The .deb's postinst enables the same user units (dh_installsystemduser), and no
+    # link the package ships would keep them on after a `systemctl --global disable`.
     rules = (REPO / "packaging" / "debian" / "rules").read_text()
-    linked = set(re.findall(r"ln -s \.\./(\S+) debian/cairn/usr/lib/systemd/user/", rules))
-    assert user == linked == {"cairn-schedule-reconcile.service", "cairn-notify.path"}
+    enabled = re.search(r"^\tdh_installsystemduser (.+)$", rules, re.M)
+    assert enabled is not None
+    assert user == set(enabled.group(1).split()) == {
+        "cairn-schedule-reconcile.service", "cairn-notify.path"}
+    assert "default.target.wants" not in rules
     for unit in user:
         assert "WantedBy=default.target" in (REPO / "units" / "user" / unit).read_text(), unit
     spec = SPEC.read_text()
