@@ -42,6 +42,14 @@ def _check(problem_of: Callable[[str], str | None]) -> Callable[[str | None], st
     return check
 
 
+def _checked_option(
+    *names: str, metavar: str, help: str, problem: Callable[[str], str | None]
+) -> Any:
+    """A typer option whose value ``problem`` checks (one line, or None when fine)."""
+    return typer.Option(*names, metavar=metavar, help=help, callback=_check(problem),
+                        show_default=False)
+
+
 def _op_problem(value: str) -> str | None:
     if is_op_id(value):
         return None
@@ -66,43 +74,39 @@ def logs(
     ] = False,
     since: Annotated[
         str | None,
-        typer.Option(
+        _checked_option(
             metavar="WHEN",
             help="Entries from this time on, as journalctl reads it: '1 hour ago', "
             "today, '2026-01-02 10:00'.",
-            callback=_check(log_since_problem),
-            show_default=False,
+            problem=log_since_problem,
         ),
     ] = None,
     until: Annotated[
         str | None,
-        typer.Option(
+        _checked_option(
             metavar="WHEN",
             help="Entries up to this time, as journalctl reads it.",
-            callback=_check(log_until_problem),
-            show_default=False,
+            problem=log_until_problem,
         ),
     ] = None,
     grep: Annotated[
         str | None,
-        typer.Option(
+        _checked_option(
             "--grep", "-g",
             metavar="PATTERN",
             help="Only entries whose message matches PATTERN (journalctl's PCRE2; "
             "case-insensitive when all lower case).",
-            callback=_check(log_grep_problem),
-            show_default=False,
+            problem=log_grep_problem,
         ),
     ] = None,
     op_id: Annotated[
         str | None,
-        typer.Option(
+        _checked_option(
             "--op",
             metavar="OP",
             help="Only the agent units of operation OP (as cairn show names it), every "
             "attempt.",
-            callback=_check(_op_problem),
-            show_default=False,
+            problem=_op_problem,
         ),
     ] = None,
     reverse: Annotated[
@@ -112,13 +116,12 @@ def logs(
     no_pager: NoPagerFlag = False,
     priority: Annotated[
         str | None,
-        typer.Option(
+        _checked_option(
             "--priority", "-p",
             metavar="PRIO",
             help="Only this level and more severe (err, warning, … or 0-7), or a range "
             "such as err..warning.",
-            callback=_check(log_priority_problem),
-            show_default=False,
+            problem=log_priority_problem,
         ),
     ] = None,
     output: Annotated[
