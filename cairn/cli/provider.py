@@ -21,11 +21,12 @@ provider_app = typer.Typer(
 )
 
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The provider's name, e.g. openai.")]
-def _need_root(what: str) -> None:
+WRITES = "it writes /etc/cairn and the host's credentials"
+
+
+def _need_root(what: str, why: str) -> None:
     if os.geteuid() != 0:
-        fail(f"provider {what} needs root: it writes /etc/cairn and the host's credentials"
-             if what != "test" else
-             "provider test needs root: only the coordinator's unit may read a provider key",
+        fail(f"provider {what} needs root: {why}",
              hint=f"run it with sudo: sudo cairn provider {what} …", code=2)
 
 
@@ -68,7 +69,7 @@ def provider_add(
     """
     from cairn import provider_setup as setup  # only these commands load it
 
-    _need_root("add")
+    _need_root("add", WRITES)
     if api not in ("openai", "anthropic"):
         fail(f"--api must be openai or anthropic, not {api!r}", code=2)
     if key_from_stdin and no_key:
@@ -147,7 +148,7 @@ def provider_test(name: NameArg) -> None:
     from cairn.protocol.names import is_provider_name
     from cairn.provider_setup import probe_provider
 
-    _need_root("test")
+    _need_root("test", "only the coordinator's unit may read a provider key")
     if not is_provider_name(name):
         fail(f"{name!r} is not a provider name",
              hint="'cairn provider list' shows the providers of this host", code=2)
@@ -167,7 +168,7 @@ def provider_rm(name: NameArg, yes: YesFlag = False) -> None:
     """
     from cairn import provider_setup as setup
 
-    _need_root("rm")
+    _need_root("rm", WRITES)
     file = setup.default_file()
     before = setup.read_text(file)
     text = setup.without_provider(before, name, file=file)
