@@ -128,7 +128,10 @@ def _page(text: str) -> None:
     import shlex
     import shutil
 
-    command = shlex.split(os.environ.get("PAGER", DEFAULT_PAGER))
+    try:
+        command = shlex.split(os.environ.get("PAGER", DEFAULT_PAGER))
+    except ValueError:  # unbalanced quotes: no pager to run
+        command = []
     if not command or text.count("\n") < shutil.get_terminal_size().lines - 1:
         sys.stdout.write(text)
         sys.stdout.flush()

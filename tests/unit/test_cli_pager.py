@@ -50,11 +50,12 @@ def test_a_long_diff_on_a_terminal_goes_through_the_pager(
     assert "+line 59" not in output  # the pager had it, not the terminal
 
 
-@pytest.mark.parametrize("how", ["--no-pager", "fits", "no such pager"])
+@pytest.mark.parametrize("how", ["--no-pager", "fits", "no such pager", "unbalanced quotes"])
 def test_otherwise_the_text_reaches_the_terminal_itself(
     daemon: StandInDaemon, tmp_path: Path, how: str
 ) -> None:
-    env = pager_env(tmp_path, "no-such-pager-here" if how == "no such pager" else None)
+    pagers = {"no such pager": "no-such-pager-here", "unbalanced quotes": "less 'oops"}
+    env = pager_env(tmp_path, pagers.get(how))
     if how == "fits":
         env["LINES"] = "100"
     argv = ["diff", RUN, *(["--no-pager"] if how == "--no-pager" else [])]
