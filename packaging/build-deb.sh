@@ -1,12 +1,15 @@
 #!/bin/sh
 # Build cairn_<version>_all.deb from a clean copy of the tree; print its path last.
 #
-#   packaging/build-deb.sh [--version V] [--out DIR]
+#   packaging/build-deb.sh [--version V] [--out DIR] [--source]
 #
 # The copy is made by packaging/copy-tree.sh (a git checkout or a release tarball alike;
 # never build leftovers or the venv). debian/ comes from packaging/debian. --version
 # builds the same tree as version V (a changelog entry is added in the copy only; the
-# lifecycle tests use it for an upgrade). --out defaults to packaging/out.
+# lifecycle tests use it for an upgrade). --out defaults to packaging/out. --source builds
+# the source package instead (cairn_<version>.dsc and its tarball, the .dsc printed last):
+# the tree with prebuilt/ (the signed capsule and the man page sources, never the signing
+# key), from which dpkg-buildpackage -b makes the same .deb.
 #
 # Before dpkg-buildpackage, packaging/prebuild.sh signs the sealed release capsule and
 # generates the man pages into prebuilt/ of the copy (see docs/packaging.md for why these
@@ -19,11 +22,13 @@ unset PYTHONPATH PYTHONHOME VIRTUAL_ENV
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out="$repo/packaging/out"
 new_version=
+source_only=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--version) new_version=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	*) echo "usage: build-deb.sh [--version V] [--out DIR]" >&2; exit 2 ;;
+	--source) source_only=1; shift ;;
+	*) echo "usage: build-deb.sh [--version V] [--out DIR] [--source]" >&2; exit 2 ;;
 	esac
 done
 
@@ -60,6 +65,19 @@ fi
 	echo "build-deb: prebuild (capsule, man pages) failed" >&2
 	exit 1
 }
+
+if [ -n "$source_only" ]; then
+	rm -f "$src/prebuilt/sealed-release/release-key.pem"  # never ship a signing key
+	(cd "$src" && dpkg-buildpackage -us -uc -S -d) >"$work/build.log" 2>&1 || {
+		tail -n 40 "$work/build.log" >&2
+		echo "build-deb: dpkg-buildpackage -S failed (last 40 lines above)" >&2
+		exit 1
+	}
+	mkdir -p "$out"
+	cp "$work/cairn_${version}.dsc" "$work"/cairn_"${version}".tar.* "$out/"
+	echo "$out/cairn_${version}.dsc"
+	exit 0
+fi
 
 (cd "$src" && dpkg-buildpackage -us -uc -b) >"$work/build.log" 2>&1 || {
 	tail -n 40 "$work/build.log" >&2

@@ -219,3 +219,40 @@ def test_both_packages_build_from_git_archive(tmp_path: Path) -> None:
     if shutil.which("rpmbuild", path="/usr/bin:/bin") is not None:
         rpm = build_rpm(tmp_path / "out", source, env)
         assert rpm_files(rpm) - RPM_ONLY == deb_files(deb) - DEB_ONLY
+
+
+def test_source_packages_carry_the_tree_and_rebuild_the_same_deb(
+    deb: Path, tmp_path: Path
+) -> None:
+    """The .dsc (and the SRPM) a maintainer would upload: the tree with prebuilt/ (the
+    signed capsule, the man page sources) and never the signing key; the .dsc unpacked
+    with dpkg-source builds a .deb with exactly the files of the one built directly."""
+    built = run([REPO / "packaging" / "build-deb.sh", "--source", "--out", tmp_path / "src"],
+                timeout=900)
+    dsc = Path(built.stdout.decode().strip().splitlines()[-1])
+    assert dsc.name == deb.name.replace("_all.deb", ".dsc")
+    tree = tmp_path / "x" / "cairn"
+    tree.parent.mkdir()
+    run(["dpkg-source", "-x", dsc, tree], cwd=tmp_path, timeout=300)
+    assert (tree / "prebuilt/sealed-release/release-key.pub").is_file()
+    assert not list(tree.rglob("release-key.pem"))
+    assert (tree / "debian/rules").is_file() and (tree / "LICENSE").is_file()
+    if shutil.which("lintian", path="/usr/bin:/bin") is not None:
+        lint = run(["lintian", "--fail-on", "error", dsc], check=False, timeout=600)
+        assert lint.returncode == 0, lint.stdout.decode()
+    # Debian's own toolchain, as build-deb.sh runs it (no pyenv or venv interpreter).
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
+    run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=tree, env=env, timeout=900)
+    rebuilt = tmp_path / "x" / deb.name
+    assert deb_files(rebuilt) == deb_files(deb)
+    if shutil.which("rpmbuild", path="/usr/bin:/bin") is not None:
+        srpm = build_rpm_source(tmp_path / "srpm")
+        listed = run(["rpm", "-qlp", srpm]).stdout.decode().split()
+        assert sorted(listed) == ["cairn-0.1.0.tar.gz", "cairn.spec"]
+
+
+def build_rpm_source(out: Path) -> str:
+    built = run([REPO / "packaging" / "build-rpm.sh", "--source", "--out", out], timeout=900)
+    srpm = built.stdout.decode().strip().splitlines()[-1]
+    assert srpm.endswith(".src.rpm"), srpm
+    return srpm

@@ -233,3 +233,14 @@ def test_units_start_the_installed_programs() -> None:
         assert starts, unit.name
         for program in starts:
             assert program in programs | {"/usr/bin/cairn"}, f"{unit.name}: {program}"
+
+
+def test_the_package_tree_copy_leaves_out_everything_git_ignores() -> None:
+    """copy-tree.sh makes the tree both packages (and the source packages) are built from:
+    a development venv or a build's leftovers must never reach them."""
+    script = (REPO / "packaging" / "copy-tree.sh").read_text()
+    excluded = {e.strip("'").removeprefix("./") for e in re.findall(r"--exclude=(\S+)", script)}
+    for line in (REPO / ".gitignore").read_text().splitlines():
+        name = line.strip().strip("/")
+        if name and not name.startswith("#"):
+            assert name in excluded, f"{name} (in .gitignore) is copied into the package tree"
