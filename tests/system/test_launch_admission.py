@@ -169,8 +169,11 @@ def test_list_and_show_tell_a_queued_run_and_its_place_and_cancel_drops_it(
         assert "queued (position 1)" in said
         print(f"\na queued launch on a machine at its limit returned in {took_first:.2f}s "
               f"and {took_second:.2f}s")
-        listed = cairn(booted, "list")
-        assert f"{first:<38} queued#1" in listed and f"{second:<38} queued#2" in listed
+        listed = cairn(booted, "list").splitlines()
+        # ID (a unique prefix of the run's hex digits), then STATE
+        states = {run_id: row.split()[1] for row in listed[1:]
+                  for run_id in (first, second) if run_id[5:].startswith(row.split()[0])}
+        assert states == {first: "queued#1", second: "queued#2"}, listed
         data = show(booted, second)
         assert (data["run"]["state"], data["run"]["position"]) == ("queued", 2)
         assert "queued (position 2)" in cairn(booted, "show", second)
