@@ -137,6 +137,9 @@ def parse(raw: bytes) -> OpRequest:
     UsageError (an unknown op says so, with a hint)."""
     try:
         envelope = RequestEnvelope.model_validate_json(raw)
+        # the op's own model checks what the envelope types loosely (a field several ops
+        # share, such as op_id): refused the same way, never an internal error
+        request: OpRequest = envelope.request()
     except ValidationError as exc:
         first = exc.errors()[0]
         if first["loc"] == ("op",) and first["type"] == "unknown_op":
@@ -146,7 +149,6 @@ def parse(raw: bytes) -> OpRequest:
         if first["type"] == "run_key":
             raise UsageError(first["msg"], hint="e.g. --run-key nightly-2026-12-06") from None
         raise UsageError(f"malformed request: {first['loc']}: {first['msg']}") from None
-    request: OpRequest = envelope.request()
     return request
 
 

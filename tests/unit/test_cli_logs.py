@@ -217,7 +217,10 @@ def test_a_time_journalctl_cannot_read_is_a_usage_error(
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [("priority", "loud", "is not a syslog level"), ("output", "export", "output"),
-     ("after_cursor", "s=1;--x", "after_cursor"), ("lines", 10_001, "lines")],
+     ("after_cursor", "s=1;--x", "after_cursor"), ("lines", 10_001, "lines"),
+     ("grep", "a\nb", "--grep takes a pattern"), ("grep", "x" * 257, "--grep takes a pattern"),
+     ("until", "", "--until takes a time"), ("op_id", "Root 1", "op_id"),
+     ("op_id", "root-1-1.service --x", "op_id")],
 )
 def test_the_socket_refuses_a_bad_query(field: str, value: Any, message: str) -> None:
     line = json.dumps({"op": "logs", "run_id": RUN, field: value}).encode() + b"\n"
