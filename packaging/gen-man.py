@@ -6,7 +6,7 @@
 Sources: ``docs/man/NAME.SECTION.md``, pandoc Markdown with a ``% NAME(SECTION) …``
 title block whose date line is ``% @DATE@``: the month of the newest entry of
 ``packaging/debian/changelog``, so every page carries the same date. In ``cairn.1.md`` the
-line ``@COMMANDS@`` becomes every visible command of the typer CLI
+line ``@COMMANDS@`` becomes every visible command of the click CLI
 (``cairn.cli.commands.app``): its usage, help text and options, so the page cannot drift
 from the CLI. Writes ``DIR/NAME.SECTION.md`` for each source.
 """
@@ -27,13 +27,12 @@ SOURCE_RE = re.compile(r"^[a-z][a-z0-9.-]*\.[1578]\.md$")
 
 def md_text(text: str) -> str:
     """Plain text as pandoc Markdown: every ASCII punctuation character escaped."""
-    text = " ".join(text.replace("\\[", "[").split())  # rich markup escapes from typer
+    text = " ".join(text.replace("\b", " ").split())  # click's no-rewrap marks
     return "".join("\\" + c if c in string.punctuation else c for c in text)
 
 
 def _walk(command: Any, path: list[str]) -> list[tuple[list[str], Any]]:
-    """Every visible leaf command under ``command`` (typer's click objects, reached through
-    typer so that click need not be imported: typer releases differ in how they ship it)."""
+    """Every visible leaf command under ``command`` (the CLI's click command tree)."""
     found: list[tuple[list[str], Any]] = []
     if getattr(command, "hidden", False):
         return found
@@ -48,21 +47,17 @@ def _walk(command: Any, path: list[str]) -> list[tuple[list[str], Any]]:
 
 def visible_commands() -> list[str]:
     """``cairn launch``, ``cairn storage init``, …: every command the page lists."""
-    import typer
-
     from cairn.cli.commands import app
 
-    return [" ".join(["cairn", *path]) for path, _ in _walk(typer.main.get_command(app), [])]
+    return [" ".join(["cairn", *path]) for path, _ in _walk(app, [])]
 
 
 def cli_commands() -> str:
     """Markdown for every visible leaf command of the CLI: usage, help, options."""
-    import typer
-
     from cairn.cli.commands import app
 
     parts: list[str] = []
-    for path, command in _walk(typer.main.get_command(app), []):
+    for path, command in _walk(app, []):
         name = " ".join(["cairn", *path])
         ctx = command.context_class(command, info_name=name)
         usage = " ".join(command.collect_usage_pieces(ctx))

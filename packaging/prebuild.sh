@@ -6,7 +6,7 @@
 #   SRC/prebuilt/man/             the man page sources with the CLI's commands expanded
 #                              (NAME.SECTION.md; the package builds render them with
 #                              packaging/render-man.sh)
-# Both import cairn (pydantic 2, typer, cryptography): the interpreter is
+# Both import cairn (pydantic 2, click, cryptography): the interpreter is
 # $CAIRN_BUILD_PYTHON, else /usr/bin/python3 when it has pydantic 2, else the
 # development venv (.venv) of this checkout.
 set -eu
@@ -15,12 +15,12 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 
 python=${CAIRN_BUILD_PYTHON:-}
 if [ -z "$python" ]; then
-	if /usr/bin/python3 -c 'import pydantic, typer, cryptography, sys; sys.exit(pydantic.VERSION < "2")' 2>/dev/null; then
+	if /usr/bin/python3 -c 'import pydantic, click, cryptography, sys; sys.exit(pydantic.VERSION < "2")' 2>/dev/null; then
 		python=/usr/bin/python3
 	elif [ -x "$repo/.venv/bin/python" ]; then
 		python="$repo/.venv/bin/python"
 	else
-		echo "prebuild: no Python with pydantic 2, typer and cryptography; set CAIRN_BUILD_PYTHON" >&2
+		echo "prebuild: no Python with pydantic 2, click and cryptography; set CAIRN_BUILD_PYTHON" >&2
 		exit 1
 	fi
 fi

@@ -3,9 +3,9 @@ it never touches the journal or storage (except ``storage init``, which is local
 nature). ``workflow`` and ``project`` keep the person's own definitions in their config,
 locally.
 
-The commands are typer's (:mod:`cairn.cli.commands`), except that a launch whose command
+The commands are click's (:mod:`cairn.cli.commands`), except that a launch whose command
 line :func:`cairn.cli.launching.read_argv` reads as click would runs without loading
-typer, click or pydantic: many launches at once then cost little more than as many
+click or pydantic: many launches at once then cost little more than as many
 interpreters.
 """
 
@@ -56,7 +56,7 @@ def _dispatch(argv: list[str]) -> int:
     if keywords is not None:
         launching.launch(**keywords)
         _exit_at_once()
-    return _with_click()
+    return _with_click(argv)
 
 
 def _exit_at_once() -> NoReturn:
@@ -68,8 +68,8 @@ def _exit_at_once() -> NoReturn:
     os._exit(0)
 
 
-def _with_click() -> int:
-    """Run the typer app on ``sys.argv``; click's own errors become ``cairn:`` lines."""
+def _with_click(argv: list[str]) -> int:
+    """Run the command tree on ``argv``; click's own errors become ``cairn:`` lines."""
     # Not at the start: the signal module loads enum, which a launch does without.
     import signal
 
@@ -79,7 +79,7 @@ def _with_click() -> int:
     from cairn.cli.commands import app
 
     try:
-        status = app(standalone_mode=False)
+        status = app.main(argv, prog_name="cairn", standalone_mode=False)
     except click.UsageError as exc:
         print(f"cairn: {printable(exc.format_message())}", file=sys.stderr, flush=True)
         if exc.ctx is not None:

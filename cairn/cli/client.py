@@ -6,7 +6,7 @@ The protocol's models (pydantic) are imported by the commands that send a reques
 they run, never at a ``cairn`` start: ``cairn --help``, ``--version`` and the shell's
 completion of a command name build no model and do not load pydantic. ``cairn launch``
 sends its request as plain JSON and reads the reply without a model, and this module
-imports neither typer nor click, so a launch loads none of them
+imports no click, so a launch loads none of them
 (:mod:`cairn.cli.launching`)."""
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""The ``cairn`` command tree: typer assembles the commands of every module into
-:data:`app`. One module per concern: ``runs``, ``people`` and ``mcp`` add top-level
-commands, ``storage``, ``workflow``, ``schedule``, ``project``, ``notify`` and ``config``
-are sub-apps; ``client`` and ``options`` are what they share. This module only assembles
-them, and none of them imports it. A command imports the protocol model it sends when it
-runs, so a start that only shows help or completes a command's name loads no pydantic.
-The modules with commands leave out ``from __future__ import annotations``: typer
-evaluates a string annotation again each time it reads a command's parameters, several
-times per command at every start.
+"""The ``cairn`` command tree: :data:`app`, click's group of the commands of every
+module. One module per concern: ``runs``, ``people``, ``storage``, ``mcp`` and
+``completion`` add top-level commands; ``storage``, ``workflow``, ``schedule``,
+``project``, ``notify``, ``config`` and ``provider`` are sub-groups; ``client`` and
+``options`` are what they share. This module only assembles them, and none of them
+imports it. A command imports the protocol model it sends when it runs, so a start that
+only shows help or completes a command's name loads no pydantic.
 """
 
-# ruff: noqa: E402 - typer is imported (without rich) by the call below, before any import
-
-from typing import Annotated
-
-from cairn.cli.lazyrich import import_typer_without_rich
-
-import_typer_without_rich()
-
-import typer
+import click
 
 from cairn.cli import completion, mcp, people, runs, storage
 from cairn.cli.config import config_app
@@ -31,28 +21,6 @@ from cairn.cli.workflow import workflow_app
 
 __all__ = ["app"]
 
-app = typer.Typer(
-    name="cairn",
-    cls=CairnGroup,
-    help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-# Typer lists a group's own commands first, then its sub-apps, each in the order added.
-runs.register(app)
-people.register(app)
-storage.register(app)
-mcp.register(app)
-app.add_typer(storage_app, name="storage")
-app.add_typer(workflow_app, name="workflow")
-app.add_typer(schedule_app, name="schedule")
-app.add_typer(project_app, name="project")
-app.add_typer(notify_app, name="notify")
-app.add_typer(config_app, name="config")
-app.add_typer(provider_app, name="provider")
-completion.register(app)
-
 
 def version() -> str:
     """The installed package's version ("unknown" when run from a tree not installed)."""
@@ -65,22 +33,34 @@ def version() -> str:
         return "unknown"
 
 
-def _print_version(wanted: bool) -> None:
+def _print_version(ctx: click.Context, param: click.Parameter, wanted: bool) -> None:
     if wanted:
-        typer.echo(f"cairn {version()}")
-        raise typer.Exit()
+        click.echo(f"cairn {version()}")
+        ctx.exit()
 
 
-@app.callback()
-def _options(
-    show_version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            help="Print the version and exit.",
-            callback=_print_version,
+app = CairnGroup(
+    "cairn",
+    help="Run reviewed, durable AI-agent workflows on systemd and Btrfs.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["--help", "-h"], "show_default": True},
+    params=[
+        click.Option(
+            ["--version"],
+            is_flag=True,
+            expose_value=False,
             is_eager=True,
-        ),
-    ] = False,
-) -> None:
-    """Run reviewed, durable AI-agent workflows on systemd and Btrfs."""
+            callback=_print_version,
+            help="Print the version and exit.",
+        )
+    ],
+)
+runs.register(app)
+people.register(app)
+storage.register(app)
+mcp.register(app)
+for group in (
+    storage_app, workflow_app, schedule_app, project_app, notify_app, config_app, provider_app
+):
+    app.add_command(group)
+completion.register(app)

@@ -5,18 +5,16 @@ prints them) run the hidden command
 ``cairn __complete -- WORD… CURRENT`` with the words of the command line before the cursor
 and the word being completed. It answers one candidate a line, ``VALUE<TAB>DESCRIPTION``,
 or ``:file`` when the shell should complete a file name itself. Commands and options come
-from the CLI's own definition (click's completion over the typer app), so they never
+from the CLI's own definition (click's completion over the command tree), so they never
 drift from it; run IDs and schedule IDs come from cairnd (what the caller may see),
 definitions from the installed builtins. Nothing here reaches further than the local daemon socket.
 """
 
 
 from collections.abc import Iterable
-from typing import Annotated
 
 import click
-import typer
-from click.shell_completion import ShellComplete
+from click.shell_completion import CompletionItem, ShellComplete
 
 from cairn.cli.client import request
 from cairn.definitions.builtin import builtin_names
@@ -97,7 +95,7 @@ def definition_candidates(incomplete: str) -> list[tuple[str, str]]:
     return [*offered, (incomplete, FILES_TOO)]
 
 
-def lines(items: Iterable[click.shell_completion.CompletionItem]) -> list[str]:
+def lines(items: Iterable[CompletionItem]) -> list[str]:
     """The answer to the scripts: ``VALUE<TAB>DESCRIPTION`` or :data:`FILE`, once each."""
     out: list[str] = []
     for item in items:
@@ -118,24 +116,22 @@ def complete(root: click.Command, words: list[str]) -> list[str]:
     return lines(shell.get_completions(args, incomplete))
 
 
-def complete_command(
-    ctx: typer.Context,
-    words: Annotated[list[str] | None, typer.Argument()] = None,
-) -> None:
+@click.argument("words", nargs=-1)
+@click.pass_context
+def complete_command(ctx: click.Context, words: tuple[str, ...] = ()) -> None:
     """Completion candidates for the shell scripts (``cairn __complete -- WORD…``)."""
-    for line in complete(ctx.find_root().command, words or ["cairn"]):
-        typer.echo(line)
+    for line in complete(ctx.find_root().command, list(words) or ["cairn"]):
+        click.echo(line)
 
 
 # Each shell's script in cairn/cli/shells/.
 SCRIPTS = {"bash": "cairn.bash", "zsh": "_cairn", "fish": "cairn.fish"}
 
 
-def completion(
-    shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish.")],
-) -> None:
-    """Print the completion script for SHELL: the one the packages install, for an install
-    from PyPI or a checkout. Save it where the shell looks:
+@click.argument("shell", metavar="SHELL")
+def completion(shell: str) -> None:
+    """Print the completion script for SHELL (bash, zsh or fish): the one the packages
+    install, for an install from PyPI or a checkout. Save it where the shell looks:
 
     cairn completion bash > ~/.local/share/bash-completion/completions/cairn
 
@@ -149,13 +145,13 @@ def completion(
 
     name = SCRIPTS.get(shell)
     if name is None:
-        raise typer.BadParameter(f"{shell!r} is not one of {', '.join(SCRIPTS)}",
+        raise click.BadParameter(f"{shell!r} is not one of {', '.join(SCRIPTS)}",
                                  param_hint="SHELL")
-    typer.echo(files("cairn.cli").joinpath("shells", name).read_text(encoding="utf-8"),
+    click.echo(files("cairn.cli").joinpath("shells", name).read_text(encoding="utf-8"),
                nl=False)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     """Add ``completion`` and the hidden ``__complete`` command to ``app`` (the main
     ``cairn`` app)."""
     app.command("completion")(completion)

@@ -2,17 +2,18 @@
 ``/etc/cairn`` with the loaders cairnd uses (:mod:`cairn.hostconfig`), as the caller."""
 
 
-import typer
+import click
 
 from cairn import paths
 from cairn.cli.client import emit
-from cairn.cli.options import CairnGroup, JsonFlag
+from cairn.cli.options import CairnGroup, json_flag
 
-config_app = typer.Typer(cls=CairnGroup, help="Host configuration.", no_args_is_help=True)
+config_app = CairnGroup("config", help="Host configuration.", no_args_is_help=True)
 
 
 @config_app.command("check")
-def config_check(json_out: JsonFlag = False) -> None:
+@json_flag
+def config_check(json_out: bool = False) -> None:
     """Check every file in /etc/cairn; report every problem with its file, line or field
     and the fix; exit 1 if there is one.
 
@@ -28,14 +29,14 @@ def config_check(json_out: JsonFlag = False) -> None:
             for p in problems
         ])
     elif not problems:
-        typer.echo(f"{paths.config_dir()}: no problems")
+        click.echo(f"{paths.config_dir()}: no problems")
     else:
         for problem in problems:
-            typer.echo(str(problem))
+            click.echo(str(problem))
             if problem.fix:
-                typer.echo(f"  fix: {problem.fix}")
+                click.echo(f"  fix: {problem.fix}")
         files = len({p.file for p in problems})
-        typer.echo(f"{len(problems)} error{'s' if len(problems) != 1 else ''} in {files} "
+        click.echo(f"{len(problems)} error{'s' if len(problems) != 1 else ''} in {files} "
                    f"config file{'s' if files != 1 else ''}")
     if problems:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)

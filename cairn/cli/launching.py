@@ -2,10 +2,10 @@
 
 A launch is the command people (and schedules, scripts and CI jobs) start many at a time,
 so it costs no more than an interpreter's start and one request: this module loads neither
-click, typer nor pydantic. The request goes as plain JSON (cairnd validates it as a
+click nor pydantic. The request goes as plain JSON (cairnd validates it as a
 :class:`~cairn.protocol.daemon.LaunchRequest`), the description comes back as JSON
 (:mod:`cairn.cli.attest`), and :func:`read_argv` reads the common command line itself.
-``cairn launch --help`` and anything :func:`read_argv` is unsure of go to the typer
+``cairn launch --help`` and anything :func:`read_argv` is unsure of go to the click
 command (:func:`cairn.cli.runs.launch`), whose options :data:`OPTIONS` must match (a test
 holds them to it) and which calls :func:`launch` with what it parsed.
 """
@@ -31,7 +31,7 @@ APPLY_MODES = ("auto", "ask", "never")
 # Limits counted in bytes: their values may be written as sizes (2G, 512M).
 BYTE_LIMITS = frozenset({"memory_max"})
 
-# The typer command's options: option -> (keyword of launch(), repeatable); None: a flag.
+# The click command's options: option -> (keyword of launch(), repeatable); None: a flag.
 OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--args": ("args", False),
     "--arg": ("arg", True),
@@ -42,7 +42,7 @@ OPTIONS: dict[str, tuple[str, bool] | None] = {
     "--apply": ("apply_mode", False),
     "--run-key": ("run_key", False),
     "--json": None,
-    "--watch": None,  # a launch that stays to follow its run: read by the typer command
+    "--watch": None,  # a launch that stays to follow its run: read by the click command
     "--wait": None,  # likewise
 }
 # A shell's completion request reaches click through its environment, whatever the argv.
@@ -52,7 +52,7 @@ COMPLETION_ENV = "_CAIRN_COMPLETE"
 def read_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
     """The keywords of :func:`launch` for ``cairn ARGV`` when it is a launch this reader
     understands as click would; None for anything else (help, another command, a value
-    that starts with a dash, an unknown option, a bad choice), which the typer command
+    that starts with a dash, an unknown option, a bad choice), which the click command
     then reads and, when wrong, explains."""
     if not argv or argv[0] != "launch" or COMPLETION_ENV in environ:
         return None

@@ -5,12 +5,12 @@ is selected by fields journald and PID 1 set, never by what a process wrote."""
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
 
 from cairn.cli.client import request
-from cairn.cli.options import NoPagerFlag, RunArg, paged
+from cairn.cli.options import no_pager_flag, paged, run_argument, value_check
 from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
@@ -32,22 +32,18 @@ FOLLOW_LINES = 10
 FOLLOW_INTERVAL = 0.5
 
 
-def _check(problem_of: Callable[[str], str | None]) -> Callable[[str | None], str | None]:
-    def check(value: str | None) -> str | None:
-        problem = None if value is None else problem_of(value)
-        if problem is not None:
-            raise typer.BadParameter(problem)
+def _checked_option(
+    *decls: str, metavar: str, help: str, problem: Callable[[str], str | None]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option whose value ``problem`` checks (one line, or None when fine)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        trouble = None if value is None else problem(value)
+        if trouble is not None:
+            raise click.BadParameter(trouble)
         return value
 
-    return check
-
-
-def _checked_option(
-    *names: str, metavar: str, help: str, problem: Callable[[str], str | None]
-) -> Any:
-    """A typer option whose value ``problem`` checks (one line, or None when fine)."""
-    return typer.Option(*names, metavar=metavar, help=help, callback=_check(problem),
-                        show_default=False)
+    return click.option(*decls, metavar=metavar, help=help, callback=check)
 
 
 def _op_problem(value: str) -> str | None:
@@ -58,93 +54,91 @@ def _op_problem(value: str) -> str | None:
 
 def _check_output(value: str) -> str:
     if value not in LOG_OUTPUTS:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_OUTPUTS)}")
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(LOG_OUTPUTS)}")
     return value
 
 
+@run_argument
+@click.option(
+    "--follow",
+    "-f",
+    help="Keep printing new entries; ends when the run has ended (exit 0) or "
+        "on Ctrl-C (exit 130).",
+    is_flag=True,
+)
+@_checked_option(
+    "--since",
+    metavar="WHEN",
+    help="Entries from this time on, as journalctl reads it: '1 hour ago', "
+        "today, '2026-01-02 10:00'.",
+    problem=log_since_problem,
+)
+@_checked_option(
+    "--until",
+    metavar="WHEN",
+    help="Entries up to this time, as journalctl reads it.",
+    problem=log_until_problem,
+)
+@_checked_option(
+    "--grep",
+    "-g",
+    metavar="PATTERN",
+    help="Only entries whose message matches PATTERN (journalctl's PCRE2; "
+        "case-insensitive when all lower case).",
+    problem=log_grep_problem,
+)
+@_checked_option(
+    "--op",
+    "op_id",
+    metavar="OP",
+    help="Only the agent units of operation OP (as cairn show names it), every "
+        "attempt.",
+    problem=_op_problem,
+)
+@click.option(
+    "--reverse",
+    "-r",
+    help="Newest entries first (not with -f).",
+    is_flag=True,
+)
+@no_pager_flag
+@_checked_option(
+    "--priority",
+    "-p",
+    metavar="PRIO",
+    help="Only this level and more severe (err, warning, … or 0-7), or a range "
+        "such as err..warning.",
+    problem=log_priority_problem,
+)
+@click.option(
+    "--output",
+    "-o",
+    metavar="FORMAT",
+    help=f"journalctl's format: {', '.join(LOG_OUTPUTS)}.",
+    callback=value_check(_check_output),
+    default="short-iso",
+)
+@click.option(
+    "--lines",
+    "-n",
+    type=click.IntRange(0, MAX_LOG_LINES),
+    metavar="N",
+    help=f"The last N entries (default {DEFAULT_LINES}; {FOLLOW_LINES} with -f "
+        "and no --since).",
+    show_default=False,
+)
 def logs(
-    run_id: RunArg,
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow", "-f",
-            help="Keep printing new entries; ends when the run has ended (exit 0) or "
-            "on Ctrl-C (exit 130).",
-        ),
-    ] = False,
-    since: Annotated[
-        str | None,
-        _checked_option(
-            metavar="WHEN",
-            help="Entries from this time on, as journalctl reads it: '1 hour ago', "
-            "today, '2026-01-02 10:00'.",
-            problem=log_since_problem,
-        ),
-    ] = None,
-    until: Annotated[
-        str | None,
-        _checked_option(
-            metavar="WHEN",
-            help="Entries up to this time, as journalctl reads it.",
-            problem=log_until_problem,
-        ),
-    ] = None,
-    grep: Annotated[
-        str | None,
-        _checked_option(
-            "--grep", "-g",
-            metavar="PATTERN",
-            help="Only entries whose message matches PATTERN (journalctl's PCRE2; "
-            "case-insensitive when all lower case).",
-            problem=log_grep_problem,
-        ),
-    ] = None,
-    op_id: Annotated[
-        str | None,
-        _checked_option(
-            "--op",
-            metavar="OP",
-            help="Only the agent units of operation OP (as cairn show names it), every "
-            "attempt.",
-            problem=_op_problem,
-        ),
-    ] = None,
-    reverse: Annotated[
-        bool,
-        typer.Option("--reverse", "-r", help="Newest entries first (not with -f)."),
-    ] = False,
-    no_pager: NoPagerFlag = False,
-    priority: Annotated[
-        str | None,
-        _checked_option(
-            "--priority", "-p",
-            metavar="PRIO",
-            help="Only this level and more severe (err, warning, … or 0-7), or a range "
-            "such as err..warning.",
-            problem=log_priority_problem,
-        ),
-    ] = None,
-    output: Annotated[
-        str,
-        typer.Option(
-            "--output", "-o",
-            metavar="FORMAT",
-            help=f"journalctl's format: {', '.join(LOG_OUTPUTS)}.",
-            callback=_check_output,
-        ),
-    ] = "short-iso",
-    lines: Annotated[
-        int | None,
-        typer.Option(
-            "--lines", "-n",
-            metavar="N",
-            min=0,
-            max=MAX_LOG_LINES,
-            help=f"The last N entries (default {DEFAULT_LINES}; {FOLLOW_LINES} with -f "
-            "and no --since).",
-            show_default=False,
-        ),
-    ] = None,
+    run_id: str,
+    follow: bool = False,
+    since: str | None = None,
+    until: str | None = None,
+    grep: str | None = None,
+    op_id: str | None = None,
+    reverse: bool = False,
+    no_pager: bool = False,
+    priority: str | None = None,
+    output: str = "short-iso",
+    lines: int | None = None,
 ) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set).
@@ -154,7 +148,7 @@ def logs(
     from cairn.protocol.daemon import LogsRequest
 
     if reverse and follow:
-        raise typer.BadParameter("-r shows the newest first; -f follows what comes after "
+        raise click.BadParameter("-r shows the newest first; -f follows what comes after "
                                  "them: give one", param_hint="--reverse")
     first = LogsRequest.model_validate(
         {
@@ -171,14 +165,14 @@ def logs(
     )
     if not follow:
         with paged(no_pager):
-            typer.echo(printable_lines(request(first)["text"]), nl=False)
+            click.echo(printable_lines(request(first)["text"]), nl=False)
         return
     try:
         follow_logs(
-            first, ask=request, show=lambda text: typer.echo(printable_lines(text), nl=False)
+            first, ask=request, show=lambda text: click.echo(printable_lines(text), nl=False)
         )
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise click.exceptions.Exit(130) from None
 
 
 def default_lines(follow: bool, since: str | None) -> int:

@@ -7,13 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-import typer
+import click
 
 from cairn.cli.client import request
 from cairn.cli.options import add_commands
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     """Add ``cairn mcp`` to ``app`` (the main ``cairn`` app)."""
     add_commands(app, mcp)
 

@@ -6,12 +6,12 @@ refused; ``test`` sends a sample event to them."""
 
 import os
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import typer
+import click
 
 from cairn.cli.client import emit, request
-from cairn.cli.options import CairnGroup, JsonFlag
+from cairn.cli.options import CairnGroup, json_flag
 from cairn.cli.timers import user_manager_env
 from cairn.errors import CairnError
 from cairn.terminal import printable
@@ -24,8 +24,8 @@ NAME_HAS_NO_OWNER = "org.freedesktop.DBus.Error.NameHasNoOwner"
 # After login the user's bus can be up a few seconds before the manager has joined it.
 MANAGER_JOIN_SEC = 30.0
 
-notify_app = typer.Typer(
-    cls=CairnGroup,
+notify_app = CairnGroup(
+    "notify",
     help="Notification hooks (~/.config/cairn/notify.d, /etc/cairn/notify.d).",
     no_args_is_help=True,
 )
@@ -64,10 +64,9 @@ def _poll(cursor: int) -> "NotifyBatch":
 
 
 @notify_app.command()
-def follow(
-    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
-    once: Annotated[bool, typer.Option("--once", help="Handle what is new, then exit.")] = False,
-) -> None:
+@click.option("--interval", type=float, help="Seconds between polls.", default=2.0)
+@click.option("--once", help="Handle what is new, then exit.", is_flag=True)
+def follow(interval: float = 2.0, once: bool = False) -> None:
     """Run your hooks for each of your runs that waits for you, fails or succeeds.
 
     Example: cairn notify follow --once
@@ -85,14 +84,14 @@ def follow(
         try:
             batch = _poll(cursor)
         except CairnError as exc:
-            typer.echo(f"cairn notify: {printable(exc.message)}", err=True)
+            click.echo(f"cairn notify: {printable(exc.message)}", err=True)
             if once:
-                raise typer.Exit(1) from None
+                raise click.exceptions.Exit(1) from None
             time.sleep(interval)
             continue
         for event in batch.events:
             units = deliver(event, hook_dirs(uid), start_user_unit)
-            typer.echo(f"{event.event} {event.run_id}: {len(units)} hooks started")
+            click.echo(f"{event.event} {event.run_id}: {len(units)} hooks started")
             save_cursor(state, event.cursor)
         if batch.cursor != cursor:
             cursor = batch.cursor
@@ -104,7 +103,8 @@ def follow(
 
 
 @notify_app.command("list")
-def list_hooks(json_out: JsonFlag = False) -> None:
+@json_flag
+def list_hooks(json_out: bool = False) -> None:
     """The hooks that would run, in order, and the files refused with why.
 
     Example: cairn notify list
@@ -118,19 +118,16 @@ def list_hooks(json_out: JsonFlag = False) -> None:
               "refused": [{"path": str(r.path), "reason": r.reason} for r in hooks.refused]})
         return
     for hook in hooks.run:
-        typer.echo(f"runs     {printable(hook)}")
+        click.echo(f"runs     {printable(hook)}")
     for refused in hooks.refused:
-        typer.echo(f"refused  {printable(refused.path)}: {printable(refused.reason)}")
+        click.echo(f"refused  {printable(refused.path)}: {printable(refused.reason)}")
     if not hooks.run and not hooks.refused:
-        typer.echo("no hooks (put executables in ~/.config/cairn/notify.d)")
+        click.echo("no hooks (put executables in ~/.config/cairn/notify.d)")
 
 
-@notify_app.command()
-def test(
-    event: Annotated[
-        str, typer.Option(help="waiting, blocked, failed or succeeded.")
-    ] = "succeeded",  # noqa: PT028  (the notify test command, not a test)
-) -> None:
+@notify_app.command("test")
+@click.option("--event", help="waiting, blocked, failed or succeeded.", default="succeeded")
+def send_test_event(event: str = "succeeded") -> None:
     """Send a sample event (run ``flow_000…``) to every hook.
 
     Example: cairn notify test --event failed
@@ -140,8 +137,8 @@ def test(
     from cairn.protocol.notify import NotifyEvent
 
     if event not in ("waiting", "blocked", "failed", "succeeded"):
-        typer.echo("cairn: --event must be waiting, blocked, failed or succeeded", err=True)
-        raise typer.Exit(2)
+        click.echo("cairn: --event must be waiting, blocked, failed or succeeded", err=True)
+        raise click.exceptions.Exit(2)
     sample = NotifyEvent.model_validate(
         {
             "event": event,
@@ -155,6 +152,6 @@ def test(
     )
     units = deliver(sample, hook_dirs(os.getuid()), start_user_unit)
     for unit in units:
-        typer.echo(f"started {unit} (journalctl --user -u {unit})")
+        click.echo(f"started {unit} (journalctl --user -u {unit})")
     if not units:
-        typer.echo("no hooks ran; see 'cairn notify list'")
+        click.echo("no hooks ran; see 'cairn notify list'")

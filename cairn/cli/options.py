@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import inspect
 import io
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import Any
 
 import click
-import typer
-from typer.core import TyperGroup
+from click.shell_completion import CompletionItem
 
 from cairn.cli.client import emit
 from cairn.cli.completion import definition_candidates, run_candidates
 from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
 from cairn.terminal import printable
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def check_run_ref(ref: str | None) -> str | None:
@@ -26,18 +29,83 @@ def check_run_ref(ref: str | None) -> str | None:
     it again and resolves a prefix or ``@last`` among the runs the caller may see)."""
     problem = None if ref is None else run_ref_problem(ref)
     if problem is not None:
-        raise typer.BadParameter(problem)
+        raise click.BadParameter(problem)
     return ref
 
 
-class CairnGroup(TyperGroup):
-    """The ``cairn`` command group and its sub-groups: help shows a default only where
-    there is one to show (never ``[default: None]``) and marks a required parameter once,
-    with its ``*``; a mistyped command is answered with the closest one."""
+def value_check(
+    check: Callable[[Any], Any],
+) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """``check`` (the value in, the value out or :class:`click.BadParameter`) as the
+    callback click calls with its context and the parameter."""
+    return lambda ctx, param, value: check(value)
+
+
+def completes(
+    candidates: Callable[[str], list[tuple[str, str]]],
+) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    """``candidates`` (the word being typed in, ``(value, description)`` pairs out) as a
+    parameter's shell completion."""
+
+    def complete(
+        ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        return [CompletionItem(value, help=about) for value, about in candidates(incomplete)]
+
+    return complete
+
+
+class DescribedArgument(click.Argument):
+    """A positional argument with a line of help, which :class:`CairnCommand` lists."""
+
+    def __init__(self, param_decls: list[str], help: str | None = None, **kwargs: Any) -> None:
+        super().__init__(param_decls, **kwargs)
+        self.help = help
+
+
+class CairnCommand(click.Command):
+    """A ``cairn`` command: its help lists the arguments, with their help, before the
+    options, and prints its examples (paragraphs that start ``Example:`` or ``cairn ``) as
+    written, never rewrapped, so that each stays a line one can copy."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        quiet_defaults(self)
+        if self.help:
+            self.help = "\n\n".join(
+                f"\b\n{paragraph}" if paragraph.startswith(("Example:", "cairn ")) else paragraph
+                for paragraph in inspect.cleandoc(self.help).split("\n\n")
+            )
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (param.metavar or (param.name or "").upper(), param.help or "")
+            for param in self.get_params(ctx)
+            if isinstance(param, DescribedArgument) and param.help
+        ]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows)
+        super().format_options(ctx, formatter)
+
+
+class CairnGroup(click.Group):
+    """The ``cairn`` command group and its sub-groups: their commands are
+    :class:`CairnCommand`, listed in the order added; a mistyped command is answered with
+    the closest one."""
+
+    command_class = CairnCommand
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """In the order they were added, as help lists them (click would sort them)."""
+        return list(self.commands)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # A group named alone prints its help and exits 0 on every click (8.2 made it a
+        # usage error, exit 2, with the help on stderr).
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+        return super().parse_args(ctx, args)
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -67,41 +135,33 @@ def closest_command(group: click.Group, ctx: click.Context, typed: str) -> str |
     return close[0] if close else None
 
 
-def quiet_defaults(command: click.Command) -> None:
-    """No ``[default: …]`` in help for a parameter that is required or defaults to None,
-    in ``command`` and every command under it."""
-    for param in command.params:
-        if param.required or param.default is None:
-            param.show_default = False  # type: ignore[attr-defined]  # click.Option and typer's
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            quiet_defaults(sub)
+def argument(name: str, **attrs: Any) -> Decorator:
+    """A positional argument, with ``help=`` (click's own arguments take none)."""
+    return click.argument(name, cls=DescribedArgument, **attrs)
 
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-YesFlag = Annotated[
-    bool,
-    typer.Option("--yes", "-y", help="Do it without asking (asked only on a terminal)."),
-]
-RunArg = Annotated[
-    str,
-    typer.Argument(
-        metavar="RUN", help=RUN_REF_HELP, callback=check_run_ref, autocompletion=run_candidates
-    ),
-]
-DefinitionArg = Annotated[
-    str,
-    typer.Argument(
-        help="e.g. builtin:implement, or a reviewed FILE.py",
-        autocompletion=definition_candidates,
-    ),
-]
+json_flag = click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON.")
+yes_flag = click.option(
+    "--yes", "-y", is_flag=True, help="Do it without asking (asked only on a terminal)."
+)
+run_argument = argument(
+    "run_id",
+    metavar="RUN",
+    help=RUN_REF_HELP,
+    callback=value_check(check_run_ref),
+    shell_complete=completes(run_candidates),
+)
+definition_argument = argument(
+    "definition",
+    help="e.g. builtin:implement, or a reviewed FILE.py",
+    shell_complete=completes(definition_candidates),
+)
+no_pager_flag = click.option(
+    "--no-pager", is_flag=True,
+    help="Print straight to the terminal, without a pager.",
+)
 
 
-NoPagerFlag = Annotated[
-    bool,
-    typer.Option("--no-pager", help="Print straight to the terminal, without a pager."),
-]
 # What a pager needs of the caller's environment (everything else stays out).
 PAGER_ENV = ("TERM", "LESS", "LESSCHARSET", "HOME", "COLUMNS", "LINES")
 DEFAULT_PAGER = "less -FRX"
@@ -169,14 +229,14 @@ def confirm_or_stop(question: str, *, yes: bool) -> None:
             sys.stderr.write("\n")
         echo("cairn: not confirmed; nothing was changed (--yes does it without asking)",
              err=True)
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 def echo(line: object, *, err: bool = False) -> None:
     """Print one line whose fields may quote what someone else chose (a schedule's name,
     a run's error, a path), with every control character escaped
     (:func:`~cairn.terminal.printable`)."""
-    typer.echo(printable(line), err=err)
+    click.echo(printable(line), err=err)
 
 
 def columns(rows: list[list[str]]) -> list[str]:
@@ -197,29 +257,45 @@ def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
         emit(items)
         return True
     if not items:
-        typer.echo(empty)
+        click.echo(empty)
         return True
     return False
 
 
-def add_commands(app: typer.Typer, *commands: Callable[..., None]) -> None:
+def add_commands(app: click.Group, *commands: Callable[..., None]) -> None:
     """Add ``commands`` to ``app`` as top-level commands, in the order help lists them."""
     for command in commands:
         app.command()(command)
 
 
-def renamed(command: Callable[..., None], old: str, new: str) -> Callable[..., None]:
-    """``command`` under its ``old`` name: it works as before and says on stderr what it
-    is called now (register it hidden; the old name goes in a later release)."""
+def hidden_alias(
+    group: click.Group, command: click.Command, name: str, *, help: str | None = None
+) -> None:
+    """``command`` also under ``name`` in ``group``: it works the same, and help lists
+    only the command's own name."""
+    alias = copy.copy(command)
+    alias.hidden = True
+    if help is not None:
+        alias.help = help
+    group.add_command(alias, name)
 
-    @functools.wraps(command)
-    def alias(*args: Any, **kwargs: Any) -> None:
-        typer.echo(
+
+def renamed(group: click.Group, command: click.Command, old: str, new: str) -> None:
+    """``command`` under its ``old`` name too, hidden: it works as before and says on
+    stderr what it is called now (the old name goes in a later release)."""
+    run = command.callback
+    assert run is not None
+
+    @functools.wraps(run)
+    def say_new_name(*args: Any, **kwargs: Any) -> Any:
+        click.echo(
             f"cairn: '{old}' is now '{new}'; the old name goes in a later release", err=True
         )
-        command(*args, **kwargs)
+        return run(*args, **kwargs)
 
-    return alias
+    alias = copy.copy(command)
+    alias.callback = say_new_name
+    hidden_alias(group, alias, old.rsplit(maxsplit=1)[-1])
 
 
 def render_waiting(run_id: str, item: dict[str, Any]) -> str:

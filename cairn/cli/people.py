@@ -4,18 +4,19 @@ pause, resume, stop, cancel and watch. Added to the main app by :func:`register`
 
 import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
 
 from cairn.cli.client import fail, request
 from cairn.cli.options import (
-    JsonFlag,
-    RunArg,
-    YesFlag,
     add_commands,
+    argument,
     confirm_or_stop,
     emit_or_empty,
+    json_flag,
+    run_argument,
+    yes_flag,
 )
 from cairn.cli.watchview import follow
 from cairn.terminal import printable
@@ -24,17 +25,16 @@ if TYPE_CHECKING:
     from cairn.protocol.daemon import ControlRequest
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them."""
     add_commands(
         app, inbox, answer, approve, reject, apply, pause, resume, stop, cancel, watch
     )
 
 
-def inbox(
-    all_users: Annotated[bool, typer.Option("--all", help="Every user's (cairn-admin).")] = False,
-    json_out: JsonFlag = False,
-) -> None:
+@click.option("--all", "all_users", help="Every user's (cairn-admin).", is_flag=True)
+@json_flag
+def inbox(all_users: bool = False, json_out: bool = False) -> None:
     """What waits for you, with the command to run next: questions, approval requests,
     proposals held for 'cairn apply', blocked runs, blocked schedules.
 
@@ -46,14 +46,18 @@ def inbox(
     if emit_or_empty(items, json_out, empty="nothing waits for you"):
         return
     for item in items:
-        typer.echo(render_item(item))
+        click.echo(render_item(item))
 
 
+@run_argument
+@click.option("--challenge", help="The question's challenge (sha256:…).", required=True)
+@argument("value", metavar="[VALUE]", required=False)
+@click.option("--file", type=click.Path(path_type=Path), help="Read the answer from FILE.")
 def answer(
-    run_id: RunArg,
-    challenge: Annotated[str, typer.Option(help="The question's challenge (sha256:…).")],
-    value: Annotated[str | None, typer.Argument(metavar="[VALUE]")] = None,
-    file: Annotated[Path | None, typer.Option("--file", help="Read the answer from FILE.")] = None,
+    run_id: str,
+    challenge: str,
+    value: str | None = None,
+    file: Path | None = None,
 ) -> None:
     """Answer a run's question: JSON for a typed question, else text.
 
@@ -71,16 +75,19 @@ def answer(
             fail(f"cannot read {file}: {exc.strerror}", code=2)
     out = request(AnswerRequest(run_id=run_id, challenge=challenge, answer=text))
     if out["outcome"] == "duplicate":
-        typer.echo(f"{printable(out['op_id'])} already has this answer; nothing changed")
+        click.echo(f"{printable(out['op_id'])} already has this answer; nothing changed")
     else:
         resumes = "resumes" if out["woken"] else "continues when it is resumed"
-        typer.echo(f"{printable(out['op_id'])} answered; {out['run_id']} {resumes}")
+        click.echo(f"{printable(out['op_id'])} answered; {out['run_id']} {resumes}")
 
 
+@run_argument
+@argument("request_id", metavar="REQ")
+@click.option("--fingerprint", help="The fingerprint of the request you looked at.", required=True)
 def approve(
-    run_id: RunArg,
-    request_id: Annotated[str, typer.Argument(metavar="REQ")],
-    fingerprint: Annotated[str, typer.Option(help="The fingerprint of the request you looked at.")],
+    run_id: str,
+    request_id: str,
+    fingerprint: str,
 ) -> None:
     """Approve one prepared operation (checked again against the current policy).
 
@@ -89,13 +96,16 @@ def approve(
     from cairn.protocol.daemon import ApproveRequest
 
     out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
-    typer.echo(f"{printable(out['request_id'])} approved; {out['run_id']} resumes")
+    click.echo(f"{printable(out['request_id'])} approved; {out['run_id']} resumes")
 
 
+@run_argument
+@argument("request_id", metavar="REQ")
+@click.option("--reason", help="Why (recorded with the decision).", default="")
 def reject(
-    run_id: RunArg,
-    request_id: Annotated[str, typer.Argument(metavar="REQ")],
-    reason: Annotated[str, typer.Option(help="Why (recorded with the decision).")] = "",
+    run_id: str,
+    request_id: str,
+    reason: str = "",
 ) -> None:
     """Reject one prepared operation: it does not run.
 
@@ -104,10 +114,11 @@ def reject(
     from cairn.protocol.daemon import RejectRequest
 
     out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
-    typer.echo(f"{printable(out['request_id'])} rejected; the operation does not run")
+    click.echo(f"{printable(out['request_id'])} rejected; the operation does not run")
 
 
-def apply(run_id: RunArg) -> None:
+@run_argument
+def apply(run_id: str) -> None:
     """Settle a run launched with --apply ask: its proposal (see 'cairn diff RUN') goes
     to the live project with the three-way check.
 
@@ -116,7 +127,7 @@ def apply(run_id: RunArg) -> None:
     from cairn.protocol.daemon import ApplyRequest
 
     out = request(ApplyRequest(run_id=run_id))
-    typer.echo(f"{out['run_id']}: proposal approved; it is applied now")
+    click.echo(f"{out['run_id']}: proposal approved; it is applied now")
 
 
 def _control(action: "type[ControlRequest]", run_id: str) -> None:
@@ -127,10 +138,11 @@ def _control(action: "type[ControlRequest]", run_id: str) -> None:
         if out["outcome"].endswith("requested")
         else ""
     )
-    typer.echo(f"{out['run_id']}: {printable(out['outcome'])}{later}")
+    click.echo(f"{out['run_id']}: {printable(out['outcome'])}{later}")
 
 
-def pause(run_id: RunArg) -> None:
+@run_argument
+def pause(run_id: str) -> None:
     """Pause at the next safe point; nothing of the run keeps running meanwhile.
 
     Example: cairn pause @last
@@ -140,7 +152,8 @@ def pause(run_id: RunArg) -> None:
     _control(PauseRequest, run_id)
 
 
-def resume(run_id: RunArg) -> None:
+@run_argument
+def resume(run_id: str) -> None:
     """Resume a paused run (or withdraw a pause not yet honoured).
 
     Example: cairn resume @last
@@ -150,7 +163,8 @@ def resume(run_id: RunArg) -> None:
     _control(ResumeRequest, run_id)
 
 
-def stop(run_id: RunArg) -> None:
+@run_argument
+def stop(run_id: str) -> None:
     """Start no new operations; running agents finish; then the run ends stopped.
 
     Example: cairn stop @last
@@ -160,7 +174,9 @@ def stop(run_id: RunArg) -> None:
     _control(StopRequest, run_id)
 
 
-def cancel(run_id: RunArg, yes: YesFlag = False) -> None:
+@run_argument
+@yes_flag
+def cancel(run_id: str, yes: bool = False) -> None:
     """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
     withdrawn (at once when no coordinator holds the run, else at its next safe point).
 
@@ -175,10 +191,13 @@ def cancel(run_id: RunArg, yes: YesFlag = False) -> None:
     _control(CancelRequest, run_id)
 
 
+@run_argument
+@click.option("--interval", type=float, help="Seconds between polls.", default=1.0)
+@click.option("--json", "json_out", help="One JSON event per line.", is_flag=True)
 def watch(
-    run_id: RunArg,
-    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    run_id: str,
+    interval: float = 1.0,
+    json_out: bool = False,
 ) -> None:
     """Follow a run live (rebuilt from the journal); one line when it ends.
 

@@ -3,27 +3,24 @@
 
 
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 
 from cairn.cli.client import emit
-from cairn.cli.options import CairnGroup, JsonFlag
+from cairn.cli.options import CairnGroup, argument, json_flag
 from cairn.terminal import printable, printable_lines
 
-project_app = typer.Typer(
-    cls=CairnGroup, help="Trust a project's own definitions.", no_args_is_help=True
-)
+project_app = CairnGroup("project", help="Trust a project's own definitions.", no_args_is_help=True)
 
 
 @project_app.command("trust")
+@argument("path", type=click.Path(path_type=Path), help="The project directory.")
+@click.option("--confirm", help="The trust hash you confirmed (printed without --confirm).")
+@json_flag
 def project_trust(
-    path: Annotated[Path, typer.Argument(help="The project directory.")],
-    confirm: Annotated[
-        str | None,
-        typer.Option(help="The trust hash you confirmed (printed without --confirm)."),
-    ] = None,
-    json_out: JsonFlag = False,
+    path: Path,
+    confirm: str | None = None,
+    json_out: bool = False,
 ) -> None:
     """Without --confirm: review every definition in PATH/.cairn/workflows/ and print the
     trust hash. With it: trust them as they are now (a definition that changes later is
@@ -44,7 +41,7 @@ def project_trust(
                   "definitions": {f"project:{n}": h for n, h in record.definitions.items()}})
             return
         names = ", ".join(f"project:{n}" for n in record.definitions)
-        typer.echo(printable(f"trusted {root}: {names}"))
+        click.echo(printable(f"trusted {root}: {names}"))
         return
     with trust.open_project(root) as fd:
         reviews = trust.review_project(fd, root)
@@ -54,15 +51,16 @@ def project_trust(
               "definitions": {f"project:{n}": h for n, h in hashes.items()}})
         return
     for name, review in reviews.items():
-        typer.echo(printable(f"== project:{name}"))
-        typer.echo(printable_lines(render_review(review)))
-        typer.echo("")
+        click.echo(printable(f"== project:{name}"))
+        click.echo(printable_lines(render_review(review)))
+        click.echo("")
     expected = trust_hash(root, hashes)
-    typer.echo(f"trust_hash: {expected}")
-    typer.echo(printable(f"to trust them: cairn project trust {root} --confirm {expected}"))
+    click.echo(f"trust_hash: {expected}")
+    click.echo(printable(f"to trust them: cairn project trust {root} --confirm {expected}"))
 
 
 @project_app.command("untrust")
+@argument("path", type=click.Path(path_type=Path))
 def project_untrust(path: Path) -> None:
     """Forget the trust decision for PATH: its project: definitions cannot be launched.
 
@@ -73,4 +71,4 @@ def project_untrust(path: Path) -> None:
 
     root = trust.project_root(path)
     trust.untrust(root)
-    typer.echo(printable(f"untrusted {root}"))
+    click.echo(printable(f"untrusted {root}"))

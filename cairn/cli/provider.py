@@ -7,20 +7,28 @@ relay a run uses (root; :mod:`cairn.coordinator.probe`)."""
 import getpass
 import os
 import sys
-from typing import Annotated
 
-import typer
+import click
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import CairnGroup, JsonFlag, YesFlag, columns, confirm_or_stop, echo
+from cairn.cli.options import (
+    CairnGroup,
+    argument,
+    columns,
+    confirm_or_stop,
+    echo,
+    hidden_alias,
+    json_flag,
+    yes_flag,
+)
 
-provider_app = typer.Typer(
-    cls=CairnGroup,
+provider_app = CairnGroup(
+    "provider",
     help="Model providers of this host: where llm agents' requests go, and their keys.",
     no_args_is_help=True,
 )
 
-NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The provider's name, e.g. openai.")]
+name_argument = argument("name", metavar="NAME", help="The provider's name, e.g. openai.")
 WRITES = "it writes /etc/cairn and the host's credentials"
 
 
@@ -41,23 +49,48 @@ def _read_key(name: str, from_stdin: bool) -> str:
 
 
 @provider_app.command("add")
+@name_argument
+@click.option(
+    "--base-url",
+    help="The API's base URL, e.g. https://api.openai.com/v1 or "
+        "http://127.0.0.1:8080/v1 for a local server.",
+    required=True,
+)
+@click.option("--model", help="The model every request of this provider uses.", required=True)
+@click.option("--api", help="The API it speaks: openai or anthropic.", default="openai")
+@click.option(
+    "--key-from-stdin",
+    help="Read the key from standard input (one line).",
+    is_flag=True,
+)
+@click.option(
+    "--no-key",
+    help="The provider takes no key (a local server).",
+    is_flag=True,
+)
+@click.option(
+    "--default",
+    help="Make it the provider of profiles that name none (the first "
+        "provider added becomes the default anyway).",
+    is_flag=True,
+)
+@click.option(
+    "--max-tokens-per-call",
+    type=int,
+    help="Upper bound of tokens one model call may ask for.",
+    default=8192,
+)
+@click.option("--timeout", type=float, help="Seconds one model call may take.", default=300.0)
 def provider_add(
-    name: NameArg,
-    base_url: Annotated[str, typer.Option(
-        "--base-url", help="The API's base URL, e.g. https://api.openai.com/v1 or "
-        "http://127.0.0.1:8080/v1 for a local server.")],
-    model: Annotated[str, typer.Option(help="The model every request of this provider uses.")],
-    api: Annotated[str, typer.Option(help="The API it speaks: openai or anthropic.")] = "openai",
-    key_from_stdin: Annotated[bool, typer.Option(
-        "--key-from-stdin", help="Read the key from standard input (one line).")] = False,
-    no_key: Annotated[bool, typer.Option(
-        "--no-key", help="The provider takes no key (a local server).")] = False,
-    default: Annotated[bool, typer.Option(
-        "--default", help="Make it the provider of profiles that name none (the first "
-        "provider added becomes the default anyway).")] = False,
-    max_tokens_per_call: Annotated[int, typer.Option(
-        help="Upper bound of tokens one model call may ask for.")] = 8192,
-    timeout: Annotated[float, typer.Option(help="Seconds one model call may take.")] = 300.0,
+    name: str,
+    base_url: str,
+    model: str,
+    api: str = "openai",
+    key_from_stdin: bool = False,
+    no_key: bool = False,
+    default: bool = False,
+    max_tokens_per_call: int = 8192,
+    timeout: float = 300.0,
 ) -> None:
     """Add a model provider (root): a [providers.NAME] table in /etc/cairn/providers.toml
     and its key, encrypted with systemd-creds, as cairn-provider-NAME in
@@ -99,7 +132,8 @@ def provider_add(
 
 
 @provider_app.command("list")
-def provider_list(json_out: JsonFlag = False) -> None:
+@json_flag
+def provider_list(json_out: bool = False) -> None:
     """List the providers in /etc/cairn/providers.toml, the default marked *, and where
     each one's key is (encrypted, stored, missing, none; unknown unless root).
 
@@ -134,11 +168,12 @@ def provider_list(json_out: JsonFlag = False) -> None:
         for r in rows
     ]
     for line in columns(table):
-        typer.echo(line)
+        click.echo(line)
 
 
 @provider_app.command("test")
-def provider_test(name: NameArg) -> None:
+@name_argument
+def provider_test(name: str) -> None:
     """Ask provider NAME for one short answer (at most 64 tokens) through the model relay a
     run uses, with the key the coordinator would get (root). Prints the model's answer or
     the provider's error in one line; exits 1 when the provider did not answer.
@@ -155,11 +190,13 @@ def provider_test(name: NameArg) -> None:
     answered, line = probe_provider(name)
     echo(line)
     if not answered:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @provider_app.command("rm")
-def provider_rm(name: NameArg, yes: YesFlag = False) -> None:
+@name_argument
+@yes_flag
+def provider_rm(name: str, yes: bool = False) -> None:
     """Remove provider NAME (root): its table in /etc/cairn/providers.toml, the default
     if it was, and its key in /etc/credstore.encrypted or /etc/credstore. Runs already
     launched keep the route they froze but can no longer read the key.
@@ -185,5 +222,5 @@ def provider_rm(name: NameArg, yes: YesFlag = False) -> None:
 
 
 # One removal verb everywhere (rm); the words people also type stay, hidden.
-provider_app.command("remove", hidden=True)(provider_rm)
-provider_app.command("delete", hidden=True)(provider_rm)
+hidden_alias(provider_app, provider_rm, "remove")
+hidden_alias(provider_app, provider_rm, "delete")

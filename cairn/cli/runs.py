@@ -2,15 +2,14 @@
 logs, diff, revert and replay. Added to the main app by :func:`register`."""
 
 
-import enum
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
+import click
 
 from cairn.cli import launching
 from cairn.cli.attest import Expected
@@ -19,19 +18,23 @@ from cairn.cli.completion import run_candidates, short_ids
 from cairn.cli.launching import queued_note
 from cairn.cli.logs import logs
 from cairn.cli.options import (
-    DefinitionArg,
-    JsonFlag,
-    NoPagerFlag,
-    RunArg,
-    YesFlag,
     add_commands,
+    argument,
     check_run_ref,
     columns,
+    completes,
     confirm_or_stop,
+    definition_argument,
     echo,
     emit_or_empty,
+    hidden_alias,
+    json_flag,
+    no_pager_flag,
     paged,
     render_waiting,
+    run_argument,
+    value_check,
+    yes_flag,
 )
 from cairn.cli.watchview import follow, progress_lines
 from cairn.errors import Unavailable
@@ -40,20 +43,12 @@ from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable, printable_lines
 
 
-class ApplyModeOption(enum.StrEnum):
-    """``cairn launch --apply`` (:data:`cairn.protocol.launch.ApplyMode`)."""
-
-    auto = "auto"
-    ask = "ask"
-    never = "never"
-
-
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     """Add the commands to ``app`` (the main ``cairn`` app), in the order help lists them.
     ``ps`` is ``list`` by its familiar short name."""
     add_commands(app, launch)
-    app.command("list")(list_runs)
-    app.command("ps", hidden=True, help="The same as 'cairn list'.")(list_runs)
+    listing = app.command("list")(list_runs)
+    hidden_alias(app, listing, "ps", help="The same as 'cairn list'.")
     add_commands(app, show, reconcile, retry, upgrade, doctor, logs, diff, revert, replay)
 
 
@@ -65,67 +60,72 @@ def _age(ts: float) -> str:
     return f"{seconds}s ago"
 
 
+@definition_argument
+@click.option("--args", help="Workflow arguments as a JSON object.", default="{}")
+@click.option(
+    "--arg",
+    metavar="KEY=VALUE",
+    help="One workflow argument (repeatable; over --args): VALUE is read as JSON "
+        "where it is JSON (3, true, [1, 2]), else as text.",
+    multiple=True,
+)
+@click.option(
+    "--project",
+    type=click.Path(path_type=Path),
+    help="The project directory (yours).",
+    show_default="the current directory",
+    default=Path("."),
+)
+@click.option(
+    "--scripted",
+    help="PROFILE=FILE.json: run that profile as a scripted agent.",
+    multiple=True,
+)
+@click.option("--confirm", help="For a workflow FILE.py: the review hash you confirmed.")
+@click.option(
+    "--limit",
+    help="NAME=NUMBER: a unit limit or run budget, e.g. max_agent_ops=20 "
+        "(memory_max takes a size: 2G, 512M).",
+    multiple=True,
+)
+@click.option(
+    "--apply",
+    "apply_mode",
+    type=click.Choice(launching.APPLY_MODES),
+    help="auto: settle into the project at once; ask: wait for 'cairn apply RUN'; "
+        "never: keep the proposal for 'cairn diff RUN --patch'.",
+    default="auto",
+)
+@click.option(
+    "--run-key",
+    help="KEY: your name for this run (a date, a ticket, a commit). A launch you "
+        "made before with the same key prints that run's ID instead of starting another.",
+)
+@click.option(
+    "--watch",
+    help="Then follow the run as 'cairn watch' does; exit 0 only if it succeeds.",
+    is_flag=True,
+)
+@click.option(
+    "--wait",
+    help="Then wait until the run ends, saying only what it waits for and how it "
+        "ended; exit 0 only if it succeeds.",
+    is_flag=True,
+)
+@json_flag
 def launch(
-    definition: DefinitionArg,
-    args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
-    arg: Annotated[
-        list[str],
-        typer.Option(
-            metavar="KEY=VALUE",
-            help="One workflow argument (repeatable; over --args): VALUE is read as JSON "
-            "where it is JSON (3, true, [1, 2]), else as text.",
-        ),
-    ] = [],  # noqa: B006 - typer reads the default
-    project: Annotated[
-        Path,
-        typer.Option(help="The project directory (yours).", show_default="the current directory"),
-    ] = Path("."),
-    scripted: Annotated[
-        list[str],
-        typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
-    ] = [],  # noqa: B006 - typer reads the default
-    confirm: Annotated[
-        str | None,
-        typer.Option(help="For a workflow FILE.py: the review hash you confirmed."),
-    ] = None,
-    limit: Annotated[
-        list[str],
-        typer.Option(
-            help="NAME=NUMBER: a unit limit or run budget, e.g. max_agent_ops=20 "
-            "(memory_max takes a size: 2G, 512M)."
-        ),
-    ] = [],  # noqa: B006 - typer reads the default
-    apply_mode: Annotated[
-        ApplyModeOption,
-        typer.Option(
-            "--apply",
-            help="auto: settle into the project at once; ask: wait for 'cairn apply RUN'; "
-            "never: keep the proposal for 'cairn diff RUN --patch'.",
-        ),
-    ] = ApplyModeOption.auto,
-    run_key: Annotated[
-        str | None,
-        typer.Option(
-            help="KEY: your name for this run (a date, a ticket, a commit). A launch you "
-            "made before with the same key prints that run's ID instead of starting another."
-        ),
-    ] = None,
-    watch: Annotated[
-        bool,
-        typer.Option(
-            "--watch",
-            help="Then follow the run as 'cairn watch' does; exit 0 only if it succeeds.",
-        ),
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option(
-            "--wait",
-            help="Then wait until the run ends, saying only what it waits for and how it "
-            "ended; exit 0 only if it succeeds.",
-        ),
-    ] = False,
-    json_out: JsonFlag = False,
+    definition: str,
+    args: str = "{}",
+    arg: tuple[str, ...] = (),
+    project: Path = Path("."),
+    scripted: tuple[str, ...] = (),
+    confirm: str | None = None,
+    limit: tuple[str, ...] = (),
+    apply_mode: str = "auto",
+    run_key: str | None = None,
+    watch: bool = False,
+    wait: bool = False,
+    json_out: bool = False,
 ) -> None:
     """Launch a workflow run on a project: builtin:NAME, an installed user:NAME, a
     project:NAME of a project you trusted, or a reviewed FILE.py with --confirm.
@@ -134,15 +134,15 @@ def launch(
     """
     stays = "--watch" if watch else "--wait" if wait else None
     if stays and json_out:
-        raise typer.BadParameter(
+        raise click.BadParameter(
             f"{stays} prints the run's lines as it goes; for JSON, follow it with "
             "'cairn watch RUN --json'",
             param_hint=f"'{stays}'",
         )
     if watch and wait:
-        raise typer.BadParameter("--watch already waits for the run; give one",
+        raise click.BadParameter("--watch already waits for the run; give one",
                                  param_hint="'--wait'")
-    # What it sends, and how 'cairn' reads this command line without typer: launching.
+    # What it sends, and how 'cairn' reads this command line without click: launching.
     run_id = launching.launch(
         definition,
         args=args,
@@ -151,7 +151,7 @@ def launch(
         scripted=scripted,
         confirm=confirm,
         limit=limit,
-        apply_mode=apply_mode.value,
+        apply_mode=apply_mode,
         run_key=run_key,
         json_out=json_out,
     )
@@ -164,29 +164,37 @@ def full_run_id(ref: str) -> str | None:
     return ref if is_run_id(ref) else None
 
 
+@click.option("--all", "all_users", help="All users' runs (cairn-admin).", is_flag=True)
+@click.option(
+    "--state",
+    "-s",
+    metavar="STATE",
+    help="Only runs in STATE (repeatable): queued, running, waiting, paused, "
+        "blocked, succeeded, failed, stopped, cancelled.",
+    multiple=True,
+)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, None),
+    help="At most N runs, the newest.",
+)
+@click.option("--quiet", "-q", help="Only the full run IDs, one a line.", is_flag=True)
+@click.option(
+    "--format",
+    "template",
+    metavar="TEMPLATE",
+    help="Each run as TEMPLATE, with {FIELD} for a field of --json, e.g. "
+        "'{run_id} {state} {project}'.",
+)
+@json_flag
 def list_runs(
-    all_users: Annotated[
-        bool, typer.Option("--all", help="All users' runs (cairn-admin).")
-    ] = False,
-    state: Annotated[
-        list[str],
-        typer.Option("--state", "-s", metavar="STATE",
-                     help="Only runs in STATE (repeatable): queued, running, waiting, paused, "
-                     "blocked, succeeded, failed, stopped, cancelled."),
-    ] = [],  # noqa: B006 - typer reads the default
-    limit: Annotated[
-        int | None, typer.Option("--limit", "-n", min=1, help="At most N runs, the newest.")
-    ] = None,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Only the full run IDs, one a line.")
-    ] = False,
-    template: Annotated[
-        str | None,
-        typer.Option("--format", metavar="TEMPLATE",
-                     help="Each run as TEMPLATE, with {FIELD} for a field of --json, e.g. "
-                     "'{run_id} {state} {project}'."),
-    ] = None,
-    json_out: JsonFlag = False,
+    all_users: bool = False,
+    state: tuple[str, ...] = (),
+    limit: int | None = None,
+    quiet: bool = False,
+    template: str | None = None,
+    json_out: bool = False,
 ) -> None:
     """List your runs, newest first: a short ID (a unique prefix; any command takes it),
     state, definition, project, current operation, settlement (also: cairn ps).
@@ -202,7 +210,7 @@ def list_runs(
             if not wanted or r["state"] in wanted][:limit]
     if quiet:
         for r in runs:
-            typer.echo(r["run_id"])
+            click.echo(r["run_id"])
         return
     if template is not None:
         for r in runs:
@@ -233,10 +241,10 @@ def list_runs(
     if all_users:
         header.insert(1, "OWNER")
     for line in columns([header, *rows]):
-        typer.echo(line)
+        click.echo(line)
 
 
-def _run_states(given: list[str]) -> set[str]:
+def _run_states(given: tuple[str, ...]) -> set[str]:
     """The ``--state`` values, each a run state (refused in one line otherwise)."""
     from typing import get_args
 
@@ -245,7 +253,7 @@ def _run_states(given: list[str]) -> set[str]:
     known = get_args(RunState)
     for name in given:
         if name not in known:
-            raise typer.BadParameter(f"{name!r} is not a run state; one of {', '.join(known)}",
+            raise click.BadParameter(f"{name!r} is not a run state; one of {', '.join(known)}",
                                      param_hint="--state")
     return set(given)
 
@@ -274,7 +282,14 @@ def _user_name(uid: int | None) -> str:
         return str(uid)
 
 
-def show(run_id: RunArg, no_pager: NoPagerFlag = False, json_out: JsonFlag = False) -> None:
+@run_argument
+@no_pager_flag
+@json_flag
+def show(
+    run_id: str,
+    no_pager: bool = False,
+    json_out: bool = False,
+) -> None:
     """Operations, boundaries, checkpoints, proposal and apply result of a run (through
     $PAGER or less on a terminal, when longer than the screen).
 
@@ -292,103 +307,103 @@ def show(run_id: RunArg, no_pager: NoPagerFlag = False, json_out: JsonFlag = Fal
 
 def _print_show(data: dict[str, Any]) -> None:
     run = data["run"]
-    typer.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
-    typer.echo(f"project {printable(run['project'])}")
+    click.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
+    click.echo(f"project {printable(run['project'])}")
     if run.get("run_key"):
-        typer.echo(f"run key {printable(run['run_key'])}")
+        click.echo(f"run key {printable(run['run_key'])}")
     if run["state"] == "queued":
-        typer.echo(queued_note(run["run_id"], run.get("position")))
+        click.echo(queued_note(run["run_id"], run.get("position")))
     if run.get("error"):
-        typer.echo(f"error: {printable(run['error'])}")
+        click.echo(f"error: {printable(run['error'])}")
     origin = data.get("replayed_from")
     if origin:
-        typer.echo(
+        click.echo(
             f"replayed from {origin['run_id']} through {printable(origin['through'])} "
             f"({origin['imported']} operations imported, the rest run fresh)"
         )
     gone = (data.get("storage") or {}).get("deleted", False)
     if gone:
         storage = data["storage"]
-        typer.echo(
+        click.echo(
             f"storage: deleted {_age(storage['deleted_at'])} ({storage['subvolumes']} "
             "subvolumes); what follows is the journal's record"
         )
     _echo_integrity(data.get("integrity") or {})
-    typer.echo("operations:")
+    click.echo("operations:")
     for op in data["operations"]:
         cp = (op.get("checkpoint") or {}).get("s", {})
-        typer.echo(
+        click.echo(
             f"  {printable(op['op_id']):<10} {printable(op['kind']):<7} {op['state']:<10} "
             f"attempt {op['attempt']}  {printable(op['location'])}"
         )
         if op.get("imported_from"):
             source = op["imported_from"]
-            typer.echo(f"             imported from {source['run_id']} "
+            click.echo(f"             imported from {source['run_id']} "
                        f"{printable(source['op_id'])}")
         elif cp:
             # the broker found nothing but file times changed in the agent's W
             changed = (op.get("checkpoint") or {}).get("changed")
-            typer.echo(
+            click.echo(
                 f"             checkpoint {printable(cp.get('path'))} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
                 + (", no changes" if changed is False else "")
             )
         for retry in op.get("retries", []):
             uuid = f" (uuid {retry['source_uuid']})" if retry.get("source_uuid") else ""
-            typer.echo(
+            click.echo(
                 f"             attempt {retry['attempt']} on a W restored from "
                 f"{_restore_point(retry.get('from_checkpoint'))}{uuid}"
             )
         if op.get("output") is not None:
-            typer.echo(f"             output {json.dumps(op['output'])}")
+            click.echo(f"             output {json.dumps(op['output'])}")
     for worklist in data.get("worklists", []):
         mark = "✓" if worklist["complete"] else "●"
         state = "done" if worklist["complete"] else "active"
-        typer.echo(
+        click.echo(
             f"{mark} {printable(worklist['title'])} r{worklist['revision']} · "
             f"{worklist['done']}/{len(worklist['items'])} · {state}"
         )
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
         for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
-            typer.echo(f"  {symbols[item_state]} {printable(item)}")
+            click.echo(f"  {symbols[item_state]} {printable(item)}")
     for facet in data.get("experiments", []):
         for line in experiment_lines(facet):
-            typer.echo(line)
+            click.echo(line)
     question = data.get("question")
     if question:
         more = f" (and {question['also_waiting']} more)" if question["also_waiting"] else ""
-        typer.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
+        click.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
     divergence = data.get("divergence")
     if divergence:
         fields = printable(", ".join(divergence["fields"]))
-        typer.echo(f"replay diverged at {printable(divergence['op_id'])} ({fields}):")
+        click.echo(f"replay diverged at {printable(divergence['op_id'])} ({fields}):")
         for label in ("kind", "location", "predecessor", "request"):
-            typer.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
-            typer.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
+            click.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
+            click.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
     settlement = data.get("settlement")
     if settlement:
         label = (data.get("settlement_summary") or {}).get("label", settlement["status"])
-        typer.echo(f"settlement: {printable(label)}")
+        click.echo(f"settlement: {printable(label)}")
         apply = settlement.get("apply") or {}
         for label in ("applied", "already_applied"):
             if apply.get(label):
-                typer.echo(f"  {label}: {', '.join(printable(p) for p in apply[label])}")
+                click.echo(f"  {label}: {', '.join(printable(p) for p in apply[label])}")
         for conflict in apply.get("conflicts", []):
-            typer.echo(f"  conflict: {_path_reason(conflict)}")
+            click.echo(f"  conflict: {_path_reason(conflict)}")
         for refused in settlement.get("candidate", {}).get("refused", []):
-            typer.echo(f"  refused: {_path_reason(refused)}")
+            click.echo(f"  refused: {_path_reason(refused)}")
         ignored = settlement.get("candidate", {}).get("ignored", [])
         if ignored:
-            typer.echo(f"  ignored (settle_ignore): {', '.join(printable(p) for p in ignored)}")
+            click.echo(f"  ignored (settle_ignore): {', '.join(printable(p) for p in ignored)}")
     if run.get("output"):
-        typer.echo(f"output: {json.dumps(run['output'])}")
+        click.echo(f"output: {json.dumps(run['output'])}")
     for line in progress_lines(data.get("progress") or {}):
-        typer.echo(line)
+        click.echo(line)
     if data["units"]:
-        typer.echo("units: " + printable(" ".join(data["units"])))
+        click.echo("units: " + printable(" ".join(data["units"])))
     latest = data.get("latest_event")
     if latest:
-        typer.echo(f"events: {data['events_shown']} (--json lists them); latest "
+        click.echo(f"events: {data['events_shown']} (--json lists them); latest "
                    f"#{latest['cursor']} {printable(latest['event'])}"
                    + (f" {printable(latest['op_id'])}" if latest.get("op_id") else ""))
 
@@ -403,21 +418,29 @@ def _echo_integrity(integrity: dict[str, Any]) -> None:
     issues = integrity.get("issues", [])
     if not issues:
         return
-    typer.echo(f"integrity: {len(issues)} contradiction(s) in the journal; nothing below is "
+    click.echo(f"integrity: {len(issues)} contradiction(s) in the journal; nothing below is "
                "built on them ('cairn doctor' cross-checks the run)")
     for issue in issues:
-        typer.echo(f"  ! {issue['code']}: {printable(issue['message'])}")
+        click.echo(f"  ! {issue['code']}: {printable(issue['message'])}")
 
 
+@run_argument
+@argument("op_id", metavar="OP")
+@click.option(
+    "--result",
+    type=click.Path(path_type=Path),
+    help="JSON file: the operation's output (as it happened).",
+)
+@click.option(
+    "--no-effect",
+    help="It reached nothing outside: retry it.",
+    is_flag=True,
+)
 def reconcile(
-    run_id: RunArg,
-    op_id: Annotated[str, typer.Argument(metavar="OP")],
-    result: Annotated[
-        Path | None, typer.Option(help="JSON file: the operation's output (as it happened).")
-    ] = None,
-    no_effect: Annotated[
-        bool, typer.Option("--no-effect", help="It reached nothing outside: retry it.")
-    ] = False,
+    run_id: str,
+    op_id: str,
+    result: Path | None = None,
+    no_effect: bool = False,
 ) -> None:
     """Decide an uncertain operation of a blocked run: its real result, or no effect.
 
@@ -438,13 +461,12 @@ def reconcile(
         if not isinstance(data, dict):
             fail(f"{result} must hold a JSON object", code=2)
     out = request(ReconcileRequest(run_id=run_id, op_id=op_id, result=data, no_effect=no_effect))
-    typer.echo(f"{printable(out['op_id'])} decided; {out['run_id']} resumes")
+    click.echo(f"{printable(out['op_id'])} decided; {out['run_id']} resumes")
 
 
-def retry(
-    run_id: RunArg,
-    op_id: Annotated[str, typer.Argument(metavar="OP")],
-) -> None:
+@run_argument
+@argument("op_id", metavar="OP")
+def retry(run_id: str, op_id: str) -> None:
     """Run an uncertain operation again (its effects may then happen twice).
 
     Example: cairn retry 3fa9 root-1
@@ -452,7 +474,7 @@ def retry(
     from cairn.protocol.daemon import RetryRequest
 
     out = request(RetryRequest(run_id=run_id, op_id=op_id))
-    typer.echo(
+    click.echo(
         f"{printable(out['op_id'])} will be retried on a W restored from "
         f"{_restore_point(out.get('from_checkpoint'))}; {out['run_id']} resumes"
     )
@@ -462,12 +484,22 @@ def _restore_point(checkpoint: str | None) -> str:
     return f"checkpoint {printable(checkpoint)}" if checkpoint else "Q (the project as launched)"
 
 
+@run_argument
+@click.option(
+    "--to",
+    type=click.Path(path_type=Path),
+    help="The new workflow source FILE.py.",
+    required=True,
+)
+@click.option("--dry-run", help="Only check; change nothing.", is_flag=True)
+@click.option("--confirm", help="The new source's review hash.")
+@json_flag
 def upgrade(
-    run_id: RunArg,
-    to: Annotated[Path, typer.Option("--to", help="The new workflow source FILE.py.")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only check; change nothing.")] = False,
-    confirm: Annotated[str | None, typer.Option(help="The new source's review hash.")] = None,
-    json_out: JsonFlag = False,
+    run_id: str,
+    to: Path,
+    dry_run: bool = False,
+    confirm: str | None = None,
+    json_out: bool = False,
 ) -> None:
     """Move a waiting or blocked run to new source, after a clean replay of its journal.
 
@@ -488,36 +520,41 @@ def upgrade(
         return
     div = data["divergence"]
     if div is None:
-        typer.echo(
+        click.echo(
             f"{data['run_id']}: the new source reproduces all {data['checked']} "
             f"committed operation(s)"
         )
     else:
-        typer.echo(
+        click.echo(
             f"{data['run_id']}: diverges at {printable(div['op_id'])} ({printable(div['field'])})"
         )
-        typer.echo(f"  expected: {json.dumps(div['expected'])}")
-        typer.echo(f"  actual:   {json.dumps(div['actual'])}")
+        click.echo(f"  expected: {json.dumps(div['expected'])}")
+        click.echo(f"  actual:   {json.dumps(div['actual'])}")
     if data.get("upgraded"):
-        typer.echo(f"moved to {data['to_hash']} (was {data['from_hash']})")
+        click.echo(f"moved to {data['to_hash']} (was {data['from_hash']})")
     if div is not None:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
+@argument(
+    "run_id",
+    metavar="[RUN]",
+    help=RUN_REF_HELP + " Without it, every run you may see.",
+    callback=value_check(check_run_ref),
+    shell_complete=completes(run_candidates),
+    required=False,
+)
+@click.option(
+    "--providers",
+    help="Also ask each model provider for one short answer, as "
+        "'cairn provider test' does (root).",
+    is_flag=True,
+)
+@json_flag
 def doctor(
-    run_id: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="[RUN]",
-            help=RUN_REF_HELP + " Without it, every run you may see.",
-            callback=check_run_ref,
-            autocompletion=run_candidates,
-        ),
-    ] = None,
-    providers: Annotated[bool, typer.Option(
-        "--providers", help="Also ask each model provider for one short answer, as "
-        "'cairn provider test' does (root).")] = False,
-    json_out: JsonFlag = False,
+    run_id: str | None = None,
+    providers: bool = False,
+    json_out: bool = False,
 ) -> None:
     """Check the host (sockets, pool, free space, release, config, providers, credentials,
     linger) and cross-check each run's journal, snapshots, units and receipts; exit 1 on
@@ -536,24 +573,24 @@ def doctor(
         emit(data)
     else:
         for check in data["host"]:
-            typer.echo(printable(HostCheck.model_validate(check).line()))
+            click.echo(printable(HostCheck.model_validate(check).line()))
         for run in data["runs"]:
             mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
-            typer.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
+            click.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
             for problem in run["problems"]:
-                typer.echo(f"  - {printable(problem)}")
+                click.echo(f"  - {printable(problem)}")
             for warning in run.get("warnings", []):
-                typer.echo(f"  warning: {printable(warning)}")
+                click.echo(f"  warning: {printable(warning)}")
             for note in run.get("notes", []):
-                typer.echo(f"  note: {printable(note)}")
+                click.echo(f"  note: {printable(note)}")
             if run.get("applied"):
                 counts = run["applied"]
-                typer.echo(
+                click.echo(
                     f"  live project: {counts['as_applied']} path(s) as applied, "
                     f"{counts['reverted']} reverted, {counts['changed']} changed since"
                 )
     if data["problems"]:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 def host_doctor(providers: bool = False) -> dict[str, Any]:
@@ -603,17 +640,19 @@ def provider_answers() -> list[Any]:
     return checks
 
 
+@run_argument
+@click.option(
+    "--patch",
+    help="Only the unified diff of the accepted paths, for 'git apply' or 'patch -p1'.",
+    is_flag=True,
+)
+@no_pager_flag
+@json_flag
 def diff(
-    run_id: RunArg,
-    patch: Annotated[
-        bool,
-        typer.Option(
-            "--patch",
-            help="Only the unified diff of the accepted paths, for 'git apply' or 'patch -p1'.",
-        ),
-    ] = False,
-    no_pager: NoPagerFlag = False,
-    json_out: JsonFlag = False,
+    run_id: str,
+    patch: bool = False,
+    no_pager: bool = False,
+    json_out: bool = False,
 ) -> None:
     """What the run applied (or refused) in the live project (through $PAGER or less on a
     terminal, when longer than the screen).
@@ -628,7 +667,7 @@ def diff(
         return
     if patch and not sys.stdout.isatty():
         # exact, for 'git apply' or 'patch' (a lone surrogate, never in a real diff, as ?)
-        typer.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
+        click.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
         return
     with paged(no_pager):
         _print_diff(data, patch)
@@ -636,21 +675,28 @@ def diff(
 
 def _print_diff(data: dict[str, Any], patch: bool) -> None:
     if patch:
-        typer.echo(printable_lines(data.get("diff", "")), nl=False)
+        click.echo(printable_lines(data.get("diff", "")), nl=False)
         return
     label = (data.get("summary") or {}).get("label", data["status"])
-    typer.echo(f"# {data['run_id']}: {printable(label)}")
+    click.echo(f"# {data['run_id']}: {printable(label)}")
     apply = data.get("apply") or {}
     for conflict in apply.get("conflicts", []):
-        typer.echo(f"# conflict, left untouched: {_path_reason(conflict)}")
+        click.echo(f"# conflict, left untouched: {_path_reason(conflict)}")
     for refused in data.get("refused", []):
-        typer.echo(f"# refused by policy: {_path_reason(refused)}")
+        click.echo(f"# refused by policy: {_path_reason(refused)}")
     for ignored in data.get("ignored", []):
-        typer.echo(f"# ignored (a profile's settle_ignore): {printable(ignored)}")
-    typer.echo(printable_lines(data.get("diff", "")), nl=False)
+        click.echo(f"# ignored (a profile's settle_ignore): {printable(ignored)}")
+    click.echo(printable_lines(data.get("diff", "")), nl=False)
 
 
-def revert(run_id: RunArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
+@run_argument
+@yes_flag
+@json_flag
+def revert(
+    run_id: str,
+    yes: bool = False,
+    json_out: bool = False,
+) -> None:
     """Undo what a finished run applied: every path still as the run left it gets its
     content from before the run back. Nothing is written if any path changed since.
 
@@ -667,25 +713,30 @@ def revert(run_id: RunArg, yes: YesFlag = False, json_out: JsonFlag = False) -> 
     if json_out:
         emit(data)
     elif data["status"] == "conflict":
-        typer.echo(f"{data['run_id']}: not reverted, nothing written")
+        click.echo(f"{data['run_id']}: not reverted, nothing written")
         for conflict in data["conflicts"]:
-            typer.echo(f"  conflict: {_path_reason(conflict)}")
+            click.echo(f"  conflict: {_path_reason(conflict)}")
     elif data["applied"]:
-        typer.echo(f"{data['run_id']}: reverted {len(data['applied'])} path(s)")
+        click.echo(f"{data['run_id']}: reverted {len(data['applied'])} path(s)")
     else:
-        typer.echo(f"{data['run_id']}: already reverted; nothing to do")
+        click.echo(f"{data['run_id']}: already reverted; nothing to do")
     if data["status"] == "conflict":
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
+@run_argument
+@click.option(
+    "--through",
+    metavar="OP",
+    help="The root-level boundary to replay "
+        "through, e.g. root-3 ('cairn show RUN' lists them).",
+    required=True,
+)
+@json_flag
 def replay(
-    run_id: RunArg,
-    through: Annotated[
-        str,
-        typer.Option("--through", metavar="OP", help="The root-level boundary to replay "
-                     "through, e.g. root-3 ('cairn show RUN' lists them)."),
-    ],
-    json_out: JsonFlag = False,
+    run_id: str,
+    through: str,
+    json_out: bool = False,
 ) -> None:
     """A new run from a finished run's checkpoint: the operations up to OP are imported
     with their checkpoints, the rest of the workflow runs fresh. The source is unchanged.
@@ -701,12 +752,12 @@ def replay(
     if json_out:
         emit(data)
         return
-    typer.echo(
+    click.echo(
         f"{data['run_id']}: replayed from {data['source_run']} through "
         f"{printable(data['through'])} "
         f"({len(data['imported'])} operations imported)"
     )
-    typer.echo(f"follow it with 'cairn watch {data['run_id']}'")
+    click.echo(f"follow it with 'cairn watch {data['run_id']}'")
 
 
 def experiment_lines(facet: dict[str, Any]) -> list[str]:

@@ -10,9 +10,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
 
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
@@ -20,13 +20,16 @@ from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
 from cairn.cli.options import (
     CairnGroup,
-    DefinitionArg,
-    JsonFlag,
-    YesFlag,
+    argument,
+    completes,
     confirm_or_stop,
+    definition_argument,
     echo,
     emit_or_empty,
+    hidden_alias,
+    json_flag,
     renamed,
+    yes_flag,
 )
 from cairn.cli.timers import (
     apply_timers,
@@ -48,16 +51,19 @@ if TYPE_CHECKING:
         ScheduleRunNowRequest,
     )
 
-schedule_app = typer.Typer(
-    cls=CairnGroup,
+schedule_app = CairnGroup(
+    "schedule",
     help="Recurring runs as systemd user timers, with reviewed, finite permission.",
     no_args_is_help=True,
 )
 
-IdArg = Annotated[
-    str,
-    typer.Argument(metavar="ID", help="The schedule ID.", autocompletion=schedule_candidates),
-]
+schedule_id_argument = argument(
+    "schedule_id",
+    metavar="ID",
+    help="The schedule ID.",
+    shell_complete=completes(schedule_candidates),
+)
+
 QUEUE_POLL_SEC = 5.0
 
 
@@ -141,30 +147,56 @@ def _print_review(result: dict[str, Any]) -> None:
 
 
 @schedule_app.command("create")
+@argument("name", help="A name for the schedule, e.g. nightly-review.")
+@definition_argument
+@click.option(
+    "--project",
+    type=click.Path(path_type=Path),
+    help="The project directory (yours).",
+    required=True,
+)
+@click.option("--calendar", help="systemd calendar, e.g. '*-*-* 09:00:00'.", required=True)
+@click.option("--timezone", help="Timezone of the calendar, e.g. UTC.", required=True)
+@click.option(
+    "--catch-up",
+    help="once: run one missed occurrence at the next start; none.",
+    required=True,
+)
+@click.option("--max-runs", type=int, help="At most this many runs.", required=True)
+@click.option("--valid-until", help="ISO 8601 instant, e.g. 2028-01-01T00:00Z.", required=True)
+@click.option("--args", help="Workflow arguments as a JSON object.", default="{}")
+@click.option("--min-spacing", help="Minimum time between launches.", default="0")
+@click.option(
+    "--overlap",
+    help="skip: refuse while a run is active; queue-one: keep one.",
+    default="skip",
+)
+@click.option(
+    "--scripted",
+    help="PROFILE=FILE.json: run that profile as a scripted agent.",
+    multiple=True,
+)
+@click.option(
+    "--replace",
+    help="Review a new revision of an existing schedule.",
+    is_flag=True,
+)
+@json_flag
 def create(
-    name: Annotated[str, typer.Argument(help="A name for the schedule, e.g. nightly-review.")],
-    definition: DefinitionArg,
-    project: Annotated[Path, typer.Option(help="The project directory (yours).")],
-    calendar: Annotated[str, typer.Option(help="systemd calendar, e.g. '*-*-* 09:00:00'.")],
-    timezone: Annotated[str, typer.Option(help="Timezone of the calendar, e.g. UTC.")],
-    catch_up: Annotated[
-        str, typer.Option(help="once: run one missed occurrence at the next start; none.")
-    ],
-    max_runs: Annotated[int, typer.Option(help="At most this many runs.")],
-    valid_until: Annotated[str, typer.Option(help="ISO 8601 instant, e.g. 2028-01-01T00:00Z.")],
-    args: Annotated[str, typer.Option(help="Workflow arguments as a JSON object.")] = "{}",
-    min_spacing: Annotated[str, typer.Option(help="Minimum time between launches.")] = "0",
-    overlap: Annotated[
-        str, typer.Option(help="skip: refuse while a run is active; queue-one: keep one.")
-    ] = "skip",
-    scripted: Annotated[
-        list[str],
-        typer.Option(help="PROFILE=FILE.json: run that profile as a scripted agent."),
-    ] = [],  # noqa: B006 - typer reads the default
-    replace: Annotated[
-        bool, typer.Option("--replace", help="Review a new revision of an existing schedule.")
-    ] = False,
-    json_out: JsonFlag = False,
+    name: str,
+    definition: str,
+    project: Path,
+    calendar: str,
+    timezone: str,
+    catch_up: str,
+    max_runs: int,
+    valid_until: str,
+    args: str = "{}",
+    min_spacing: str = "0",
+    overlap: str = "skip",
+    scripted: tuple[str, ...] = (),
+    replace: bool = False,
+    json_out: bool = False,
 ) -> None:
     """Store a schedule paused and print the review challenge to confirm.
 
@@ -230,10 +262,13 @@ def create(
 
 
 @schedule_app.command("confirm")
+@argument("action", help="create or replace")
+@argument("challenge", help="sha256:… as printed by create")
+@json_flag
 def confirm(
-    action: Annotated[str, typer.Argument(help="create or replace")],
-    challenge: Annotated[str, typer.Argument(help="sha256:… as printed by create")],
-    json_out: JsonFlag = False,
+    action: str,
+    challenge: str,
+    json_out: bool = False,
 ) -> None:
     """Confirm a reviewed schedule revision; it stays paused until 'resume'.
 
@@ -259,7 +294,9 @@ def confirm(
 
 
 @schedule_app.command("resume")
-def resume(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+@schedule_id_argument
+@json_flag
+def resume(schedule_id: str, json_out: bool = False) -> None:
     """Check the schedule once more and install its user timer.
 
     Example: cairn schedule resume 0123456789ab
@@ -313,7 +350,9 @@ def _stop(
 
 
 @schedule_app.command("pause")
-def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+@schedule_id_argument
+@json_flag
+def pause(schedule_id: str, json_out: bool = False) -> None:
     """Refuse future occurrences and remove the timer.
 
     Example: cairn schedule pause 0123456789ab
@@ -324,7 +363,14 @@ def pause(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 
 @schedule_app.command("rm")
-def rm(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> None:
+@schedule_id_argument
+@yes_flag
+@json_flag
+def rm(
+    schedule_id: str,
+    yes: bool = False,
+    json_out: bool = False,
+) -> None:
     """Delete the schedule (future launches only) and its timer; also 'schedule delete'.
 
     Example: cairn schedule rm 0123456789ab
@@ -339,7 +385,8 @@ def rm(schedule_id: IdArg, yes: YesFlag = False, json_out: JsonFlag = False) -> 
 
 
 @schedule_app.command("list")
-def list_(json_out: JsonFlag = False) -> None:
+@json_flag
+def list_(json_out: bool = False) -> None:
     """Your schedules: state, calendar, lease used.
 
     Example: cairn schedule list
@@ -358,7 +405,9 @@ def list_(json_out: JsonFlag = False) -> None:
 
 
 @schedule_app.command("show")
-def show(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+@schedule_id_argument
+@json_flag
+def show(schedule_id: str, json_out: bool = False) -> None:
     """Everything about one schedule, with its recent occurrences.
 
     Example: cairn schedule show 0123456789ab
@@ -465,7 +514,8 @@ def _report(result: dict[str, Any]) -> str:
 
 
 @schedule_app.command("fire", hidden=True)
-def fire(schedule_id: IdArg) -> None:
+@schedule_id_argument
+def fire(schedule_id: str) -> None:
     """Run by cairn-schedule@ID.service when the timer elapses: ask for one occurrence."""
     from cairn.protocol.daemon import ScheduleFireRequest
 
@@ -473,11 +523,13 @@ def fire(schedule_id: IdArg) -> None:
     result = _admit(ScheduleFireRequest, schedule_id)
     echo(_report(result))
     if result["outcome"] == "launch-failed" or result.get("blocked"):
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @schedule_app.command("run-now")
-def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
+@schedule_id_argument
+@json_flag
+def run_now(schedule_id: str, json_out: bool = False) -> None:
     """One occurrence now, under the same lease, spacing, overlap and machine limits.
 
     Example: cairn schedule run-now 0123456789ab
@@ -495,7 +547,8 @@ def run_now(schedule_id: IdArg, json_out: JsonFlag = False) -> None:
 
 
 @schedule_app.command("inbox")
-def inbox(json_out: JsonFlag = False) -> None:
+@json_flag
+def inbox(json_out: bool = False) -> None:
     """Scheduled runs that failed or wait for you, launch failures, blocked schedules.
 
     Example: cairn schedule inbox
@@ -572,7 +625,8 @@ def doctor_report() -> dict[str, Any]:
 
 
 @schedule_app.command("doctor")
-def doctor(json_out: JsonFlag = False) -> None:
+@json_flag
+def doctor(json_out: bool = False) -> None:
     """Check timers against schedules; exit 1 if anything needs repair.
 
     Example: cairn schedule doctor
@@ -593,7 +647,7 @@ def doctor(json_out: JsonFlag = False) -> None:
         if report["problems"]:
             echo("repair with: cairn schedule repair")
     if report["problems"]:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @schedule_app.command("repair")
@@ -622,11 +676,7 @@ def repair() -> None:
 
 
 # One removal verb everywhere (rm); the word people also type stays, hidden.
-schedule_app.command("delete", hidden=True)(rm)
+hidden_alias(schedule_app, rm, "delete")
 # The names of an earlier release, hidden; each says what it is called now.
-schedule_app.command("inspect", hidden=True)(
-    renamed(show, "schedule inspect", "schedule show")
-)
-schedule_app.command("reconcile", hidden=True)(
-    renamed(repair, "schedule reconcile", "schedule repair")
-)
+renamed(schedule_app, show, "schedule inspect", "schedule show")
+renamed(schedule_app, repair, "schedule reconcile", "schedule repair")

@@ -7,38 +7,48 @@ lists a run's snapshots. Making a pool is
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
+import click
 
 from cairn import paths
 from cairn.cli.client import emit, fail, request
 from cairn.cli.options import (
     CairnGroup,
-    JsonFlag,
-    RunArg,
-    YesFlag,
     add_commands,
+    argument,
     asks,
     check_run_ref,
     confirm_or_stop,
     echo,
+    json_flag,
+    run_argument,
+    yes_flag,
 )
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.sizes import parse_age
 
-storage_app = typer.Typer(cls=CairnGroup, help="Storage pools.", no_args_is_help=True)
+storage_app = CairnGroup("storage", help="Storage pools.", no_args_is_help=True)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     """Add ``rm``, ``prune`` and ``checkpoints`` to ``app`` (the main ``cairn`` app)."""
     add_commands(app, rm, prune, checkpoints)
 
 
 @storage_app.command("init")
+@click.option("--loop", help="Size of a loop-image pool, e.g. 8G.", required=True)
+@click.option(
+    "--image",
+    type=click.Path(path_type=Path),
+    help="Where the image lives.",
+    default=Path(
+        "/var/lib/cairn/pool.img"
+        ),
+)
 def storage_init(
-    loop: Annotated[str, typer.Option(help="Size of a loop-image pool, e.g. 8G.")],
-    image: Annotated[Path, typer.Option(help="Where the image lives.")] = Path(
+    loop: str,
+    image: Path = Path(
         "/var/lib/cairn/pool.img"
     ),
 ) -> None:
@@ -79,12 +89,9 @@ def _ago(ts: float) -> str:
 
 
 @storage_app.command("df")
-def storage_df(
-    all_users: Annotated[
-        bool, typer.Option("--all", help="All users' runs (cairn-admin).")
-    ] = False,
-    json_out: JsonFlag = False,
-) -> None:
+@click.option("--all", "all_users", help="All users' runs (cairn-admin).", is_flag=True)
+@json_flag
+def storage_df(all_users: bool = False, json_out: bool = False) -> None:
     """Pool size, used, free and reserve; per run with storage: its exclusive bytes (only
     where the host has Btrfs quotas on; otherwise unknown).
 
@@ -114,13 +121,13 @@ def storage_df(
         )
 
 
+@argument("run_ids", metavar="RUN...", help=RUN_REF_HELP, nargs=-1, required=True)
+@yes_flag
+@json_flag
 def rm(
-    run_ids: Annotated[
-        list[str],
-        typer.Argument(metavar="RUN...", help=RUN_REF_HELP, show_default=False),
-    ],
-    yes: YesFlag = False,
-    json_out: JsonFlag = False,
+    run_ids: tuple[str, ...],
+    yes: bool = False,
+    json_out: bool = False,
 ) -> None:
     """Delete finished runs' storage (Q, W, checkpoints, P, C, F); their journal rows and
     receipts stay, so 'cairn show' still tells their history.
@@ -168,18 +175,21 @@ def _print_space(data: dict[str, Any]) -> None:
         echo(f"space reclaimed: the pool has {shown}")
 
 
+@click.option("--older-than", help="Delete runs that finished longer ago: 14d, 12h, 2w.")
+@click.option(
+    "--keep",
+    type=click.IntRange(0, None),
+    help="Keep each user's newest N finished runs.",
+)
+@click.option("--dry-run", help="Only print what would be deleted.", is_flag=True)
+@yes_flag
+@json_flag
 def prune(
-    older_than: Annotated[
-        str | None, typer.Option(help="Delete runs that finished longer ago: 14d, 12h, 2w.")
-    ] = None,
-    keep: Annotated[
-        int | None, typer.Option(min=0, help="Keep each user's newest N finished runs.")
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Only print what would be deleted.")
-    ] = False,
-    yes: YesFlag = False,
-    json_out: JsonFlag = False,
+    older_than: str | None = None,
+    keep: int | None = None,
+    dry_run: bool = False,
+    yes: bool = False,
+    json_out: bool = False,
 ) -> None:
     """Delete finished runs' storage by rule; without --older-than or --keep, by the host
     policy (/etc/cairn/storage.toml). Running, waiting, blocked and unsettled runs stay.
@@ -205,7 +215,7 @@ def prune(
     else:
         _print_prune(data)
     if data["failed"]:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 def _print_prune(data: dict[str, Any]) -> None:
@@ -224,7 +234,9 @@ def _print_prune(data: dict[str, Any]) -> None:
         _print_space(data)
 
 
-def checkpoints(run_id: RunArg, json_out: JsonFlag = False) -> None:
+@run_argument
+@json_flag
+def checkpoints(run_id: str, json_out: bool = False) -> None:
     """Every checkpoint of a run: its operation, scope, when it was taken, its exclusive
     size (only where the host has Btrfs quotas on; otherwise unknown), and whether its
     storage was deleted.

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
 
-import typer
+import click
 
 from cairn.cli.client import request
 from cairn.cli.options import render_waiting
@@ -142,10 +142,10 @@ def follow(
                     out.line(f"waiting: {render_waiting(data['run_id'], item)}")
             if data["finished"]:
                 out.line(completion_line(data))
-                raise typer.Exit(0 if data["state"] == "succeeded" else 1)
+                raise click.exceptions.Exit(0 if data["state"] == "succeeded" else 1)
             time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise click.exceptions.Exit(130) from None
 
 
 def render_event(event: dict[str, Any]) -> str:

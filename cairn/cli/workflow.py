@@ -7,21 +7,23 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
 
 import click
-import typer
 
 from cairn.cli.client import emit, fail
-from cairn.cli.options import CairnGroup, JsonFlag, YesFlag, confirm_or_stop, emit_or_empty
+from cairn.cli.options import (
+    CairnGroup,
+    argument,
+    confirm_or_stop,
+    emit_or_empty,
+    hidden_alias,
+    json_flag,
+    yes_flag,
+)
 from cairn.errors import UsageError
 from cairn.terminal import printable, printable_lines
 
-workflow_app = typer.Typer(cls=CairnGroup, help="Workflow definitions.", no_args_is_help=True)
-
-ConfirmOption = Annotated[
-    str, typer.Option(help="The review hash you confirmed (sha256:…, from 'workflow review').")
-]
+workflow_app = CairnGroup("workflow", help="Workflow definitions.", no_args_is_help=True)
 
 
 def _user_name(definition: str) -> str:
@@ -39,6 +41,7 @@ def _when(ts: float) -> str:
 
 
 @workflow_app.command("draft")
+@argument("name")
 def workflow_draft(name: str) -> None:
     """Start (or reopen) an inert draft NAME.py in your config; opened in $EDITOR on a
     terminal, its path printed otherwise. A draft is never listed, launched or exposed.
@@ -52,14 +55,16 @@ def workflow_draft(name: str) -> None:
     editor = os.environ.get("EDITOR", "").strip()
     if editor and sys.stdin.isatty() and sys.stdout.isatty():
         try:  # the CLI framework's editor launcher: $EDITOR may hold arguments, as in git
-            typer.edit(filename=str(path), editor=editor)
+            click.edit(filename=str(path), editor=editor)
         except click.ClickException as exc:
             fail(f"{exc.message}; the draft is {path}")
-    typer.echo(str(path))
+    click.echo(str(path))
 
 
 @workflow_app.command("review")
-def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
+@argument("file", type=click.Path(path_type=Path))
+@json_flag
+def workflow_review(file: Path, json_out: bool = False) -> None:
     """Review a workflow statically: effect manifest and review hash (never runs it).
 
     Example: cairn workflow review ~/.config/cairn/drafts/fix-flaky.py
@@ -75,17 +80,27 @@ def workflow_review(file: Path, json_out: JsonFlag = False) -> None:
     if json_out:
         emit(review.model_dump(mode="json"))
     else:
-        typer.echo(printable_lines(render_review(review)))
+        click.echo(printable_lines(render_review(review)))
 
 
 @workflow_app.command("install")
+@argument("file", type=click.Path(path_type=Path))
+@click.option(
+    "--confirm",
+    help="The review hash you confirmed (sha256:…, from 'workflow review').",
+    required=True,
+)
+@click.option("--name", help="Install as user:NAME.")
+@click.option(
+    "--replace",
+    help="Replace an installed definition of that name.",
+    is_flag=True,
+)
 def workflow_install(
     file: Path,
-    confirm: ConfirmOption,
-    name: Annotated[str | None, typer.Option(help="Install as user:NAME.")] = None,
-    replace: Annotated[
-        bool, typer.Option("--replace", help="Replace an installed definition of that name.")
-    ] = False,
+    confirm: str,
+    name: str | None = None,
+    replace: bool = False,
 ) -> None:
     """Install a reviewed FILE.py as user:NAME (NAME: the file's stem) if its review hash
     is the one you confirmed.
@@ -96,11 +111,12 @@ def workflow_install(
     from cairn.definitions import user
 
     record = user.install(file, confirm, name=name, replace=replace)
-    typer.echo(f"installed user:{record.name}  {record.review_hash}")
+    click.echo(f"installed user:{record.name}  {record.review_hash}")
 
 
 @workflow_app.command("list")
-def workflow_list(json_out: JsonFlag = False) -> None:
+@json_flag
+def workflow_list(json_out: bool = False) -> None:
     """Definitions: builtin, installed user: and project: of trusted projects (drafts are
     not listed: they cannot be launched).
 
@@ -123,13 +139,15 @@ def workflow_list(json_out: JsonFlag = False) -> None:
             )
             if part
         )
-        typer.echo(printable(
+        click.echo(printable(
             f"{row['definition']:<{width}}  {row['review_hash'] or '-':<71}  {extra}"
         ))
 
 
 @workflow_app.command("show")
-def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
+@argument("definition")
+@json_flag
+def workflow_show(definition: str, json_out: bool = False) -> None:
     """An installed user:NAME: its manifest, hash, when and by whom it was installed, and
     its source.
 
@@ -144,17 +162,24 @@ def workflow_show(definition: str, json_out: JsonFlag = False) -> None:
     if json_out:
         emit({**record.model_dump(mode="json"), "review": review.model_dump(mode="json")})
         return
-    typer.echo(f"definition    user:{record.name}")
-    typer.echo(f"installed     {_when(record.installed_at)} by {printable(record.installed_by)}")
-    typer.echo(f"from          {printable(record.installed_from)}")
-    typer.echo(printable_lines(render_review(review)))
-    typer.echo("source")
+    click.echo(f"definition    user:{record.name}")
+    click.echo(f"installed     {_when(record.installed_at)} by {printable(record.installed_by)}")
+    click.echo(f"from          {printable(record.installed_from)}")
+    click.echo(printable_lines(render_review(review)))
+    click.echo("source")
     for line in record.source.splitlines():
-        typer.echo(f"  {printable(line, tabs=True)}")
+        click.echo(f"  {printable(line, tabs=True)}")
 
 
 @workflow_app.command("diff")
-def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> None:
+@argument("definition")
+@argument("file", type=click.Path(path_type=Path))
+@json_flag
+def workflow_diff(
+    definition: str,
+    file: Path,
+    json_out: bool = False,
+) -> None:
     """What installing FILE over user:NAME would change in its manifest.
 
     Example: cairn workflow diff user:fix-flaky ~/.config/cairn/drafts/fix-flaky.py
@@ -170,21 +195,23 @@ def workflow_diff(definition: str, file: Path, json_out: JsonFlag = False) -> No
               "changed": new_hash != record.review_hash, "manifest_diff": lines})
         return
     if new_hash == record.review_hash:
-        typer.echo(printable(f"no change: {file} is user:{record.name} as installed ({new_hash})"))
+        click.echo(printable(f"no change: {file} is user:{record.name} as installed ({new_hash})"))
         return
-    typer.echo(f"review hash   {record.review_hash} -> {new_hash}")
+    click.echo(f"review hash   {record.review_hash} -> {new_hash}")
     if not lines:
-        typer.echo("manifest unchanged; only the source differs")
+        click.echo("manifest unchanged; only the source differs")
     for line in lines:
-        typer.echo(printable(line, tabs=True))
-    typer.echo(printable(
+        click.echo(printable(line, tabs=True))
+    click.echo(printable(
         f"to install it: cairn workflow install {file} --name {record.name} --replace "
         f"--confirm {new_hash}"
     ))
 
 
 @workflow_app.command("rm")
-def workflow_rm(definition: str, yes: YesFlag = False) -> None:
+@argument("definition")
+@yes_flag
+def workflow_rm(definition: str, yes: bool = False) -> None:
     """Remove an installed user:NAME (and its exposure, if it was exposed); also
     'workflow remove'.
 
@@ -203,14 +230,15 @@ def workflow_rm(definition: str, yes: YesFlag = False) -> None:
     )
     record = user.remove(name)
     registry.unexpose(f"user:{name}", missing_ok=True)
-    typer.echo(f"removed user:{record.name}  {record.review_hash}")
+    click.echo(f"removed user:{record.name}  {record.review_hash}")
 
 
 # One removal verb everywhere (rm); the word people also type stays, hidden.
-workflow_app.command("remove", hidden=True)(workflow_rm)
+hidden_alias(workflow_app, workflow_rm, "remove")
 
 
 @workflow_app.command("expose")
+@argument("definition")
 def workflow_expose(definition: str) -> None:
     """Expose an installed user:NAME (or a builtin:NAME) to models, at its current
     review hash.
@@ -222,10 +250,11 @@ def workflow_expose(definition: str) -> None:
 
     review_hash = resolve.exposable_hash(definition)
     registry.expose(definition, review_hash)
-    typer.echo(f"exposed {definition}  {review_hash}")
+    click.echo(f"exposed {definition}  {review_hash}")
 
 
 @workflow_app.command("unexpose")
+@argument("definition")
 def workflow_unexpose(definition: str) -> None:
     """Stop exposing a definition to models (a person can still launch it).
 
@@ -235,4 +264,4 @@ def workflow_unexpose(definition: str) -> None:
     from cairn.definitions import registry
 
     registry.unexpose(definition)
-    typer.echo(f"unexposed {definition}")
+    click.echo(f"unexposed {definition}")

@@ -189,8 +189,7 @@ def test_rpm_requirements(rpm: str) -> None:
     for name in (
         "python3-pydantic >= 2.10",
         "python3-pydantic < 3",
-        "python3-typer >= 0.15",
-        "python3-typer < 0.16",
+        "python3-click >= 8.1",
         "python3-btrfsutil",
         "python3-cryptography >= 38",
         "python3-jeepney >= 0.8",

@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-import typer
+import click
 
 from cairn.cli.commands import app
 
@@ -37,14 +37,13 @@ def _paths(section: str) -> set[str]:
     return {text for text in _backticked(section) if _PATH.fullmatch(text)}
 
 
-def _commands(group: typer.Typer, prefix: str) -> list[str]:
-    found = [
-        f"{prefix} {command.name or command.callback.__name__}"  # type: ignore[union-attr]
-        for command in group.registered_commands
-    ]
-    for sub in group.registered_groups:
-        assert sub.typer_instance is not None and sub.name is not None
-        found += _commands(sub.typer_instance, f"{prefix} {sub.name}")
+def _commands(group: click.Group, prefix: str) -> list[str]:
+    found = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += _commands(command, f"{prefix} {name}")
+        else:
+            found.append(f"{prefix} {name}")
     return found
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn import paths
 from cairn.cli.commands import app
@@ -81,7 +80,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaem
     fake.close()
 
 
-ROOT = typer.main.get_command(app)
+ROOT = app
 
 
 def values(words: list[str]) -> list[str]:

@@ -9,11 +9,10 @@ import shlex
 
 import click
 import pytest
-import typer
 
 from cairn.cli.commands import app
 
-ROOT = typer.main.get_command(app)
+ROOT = app
 
 
 def visible(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn.cli import logs, main, options, people, runs, schedule, storage, watchview
 from cairn.cli.commands import app
@@ -165,12 +165,12 @@ def test_human_output_shows_every_control_escaped(
     module, reply = COMMANDS[command]
     monkeypatch.setattr(module, "request", fake(reply))
     argv = [*command.split(), *ARGS.get(command, [])]
-    result = CliRunner(mix_stderr=False).invoke(app, argv)
+    result = CliRunner().invoke(app, argv)
     assert result.exception is None or isinstance(result.exception, SystemExit), result
     out = result.stdout + result.stderr
     assert "\\x1b]0;pwned\\x07" in out, out  # shown, as text
     assert raw_controls(out, tabs=command == "diff") == [], out
-    shown = CliRunner(mix_stderr=False).invoke(app, [*argv, "--json"])
+    shown = CliRunner().invoke(app, [*argv, "--json"])
     if command in ("prune",):  # --json exits 1 on a failed deletion, after printing
         assert shown.stdout
     assert EVIL in strings(json.loads(shown.stdout))  # exact
@@ -178,10 +178,10 @@ def test_human_output_shows_every_control_escaped(
 
 def test_a_diff_keeps_its_tabs_and_a_piped_patch_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runs, "request", fake(DIFF))
-    shown = CliRunner(mix_stderr=False).invoke(app, ["diff", RUN]).stdout
+    shown = CliRunner().invoke(app, ["diff", RUN]).stdout
     assert "-\told\n" in shown
     assert f"--- a/{EVIL}" not in shown and "--- a/evil\\x1b]0;pwned\\x07" in shown
-    patch = CliRunner(mix_stderr=False).invoke(app, ["diff", RUN, "--patch"]).stdout
+    patch = CliRunner().invoke(app, ["diff", RUN, "--patch"]).stdout
     exact = DIFF["diff"].encode("utf-8", "replace").decode()  # the lone surrogate as ?
     assert patch == exact  # not a terminal: for 'git apply', byte for byte
 
@@ -189,7 +189,7 @@ def test_a_diff_keeps_its_tabs_and_a_piped_patch_is_exact(monkeypatch: pytest.Mo
 def test_logs_escape_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logs, "request", fake({"text": LOG_TEXT, "cursor": None,
                                                "run_id": RUN, "finished": True}))
-    out = CliRunner(mix_stderr=False).invoke(app, ["logs", RUN]).stdout
+    out = CliRunner().invoke(app, ["logs", RUN]).stdout
     assert raw_controls(out, tabs=True) == [] and "\tcol\n" in out and "\\x1b[2J" in out
 
 
@@ -215,7 +215,7 @@ def test_watch_command_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
                         {"event": "op-failed", "at": AT, "op_id": EVIL,
                          "data": {"error": EVIL}}]}
     monkeypatch.setattr(watchview, "request", fake(reply))
-    result = CliRunner(mix_stderr=False).invoke(app, ["watch", RUN])
+    result = CliRunner().invoke(app, ["watch", RUN])
     assert result.exit_code == 1 and raw_controls(result.stdout) == [], result.stdout
     assert result.stdout.count("\\x1b]0;pwned") >= 4
 
@@ -240,7 +240,7 @@ def test_fail_escapes_what_it_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
              "project": "/"}
     monkeypatch.setattr(schedule, "request", fake(reply))
     monkeypatch.setattr(schedule, "_open_project", lambda _path: None)
-    result = CliRunner(mix_stderr=False).invoke(app, ["schedule", "run-now", "0123456789ab"])
+    result = CliRunner().invoke(app, ["schedule", "run-now", "0123456789ab"])
     assert result.exit_code == 1 and raw_controls(result.stderr) == [], result.stderr
     assert "run-now refused: evil\\x1b]0;pwned" in result.stderr
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 import pytest
-import typer
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn.cli import launching
 from cairn.cli.commands import app
@@ -80,7 +79,7 @@ def test_an_arg_that_is_not_key_equals_value_is_refused_before_anything_is_sent(
     pair: str,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    result = CliRunner(mix_stderr=False).invoke(app, ["launch", "builtin:implement", "--arg", pair])
+    result = CliRunner().invoke(app, ["launch", "builtin:implement", "--arg", pair])
     assert result.exit_code == 2
     assert f"--arg {pair!r} is not KEY=VALUE" in result.stderr
     assert sent == []
@@ -176,8 +175,8 @@ def test_a_completion_request_is_left_to_click() -> None:
     assert launching.read_argv(argv, {}) is not None
 
 
-def test_the_reader_knows_exactly_the_typer_commands_options() -> None:
-    command = typer.main.get_command(app)
+def test_the_reader_knows_exactly_the_click_commands_options() -> None:
+    command = app
     assert isinstance(command, click.Group)
     launch = command.commands["launch"]
     options = {

@@ -7,7 +7,6 @@ interpreter: the test process has imported everything long before."""
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import os
 import pwd
@@ -17,10 +16,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import click
-import typer
-
-from cairn.cli.commands import app
 from cairn.proc import run
 from cairn.protocol.attestation import parse_attestation
 from cairn.protocol.daemon import MODEL_OF_OP, LaunchRequest
@@ -41,8 +36,6 @@ COMMAND_ONLY = frozenset({
     "cairn.hostcheck",  # cairn doctor
     "cairn.hostconfig",  # cairn config check
     "cairn.schedules",  # cairn schedule, cairn doctor
-    "rich",  # help only (cairn.cli.lazyrich)
-    "typer.rich_utils",
 })
 BUILT = (
     "from cairn.protocol import daemon\n"
@@ -90,7 +83,7 @@ def dispatched(argv: list[str]) -> str:
 
 # What a launch read without click loads none of (cairn.cli.launching): a burst of
 # launches costs about as many interpreters.
-LAUNCH_FREE = frozenset({"click", "typer", "pydantic", "pydantic_core", "cairn.cli.commands",
+LAUNCH_FREE = frozenset({"click", "pydantic", "pydantic_core", "cairn.cli.commands",
                          "cairn.cli.runs", "cairn.protocol.daemon", "cairn.protocol.launch",
                          "cairn.protocol.base", "cairn.definitions.resolve"})
 
@@ -99,6 +92,7 @@ def test_the_command_tree_loads_no_command_only_module(tmp_path: Path) -> None:
     loaded, _ = modules_after("import cairn.cli.commands", tmp_path)
     assert {"cairn.cli.runs", "cairn.cli.mcp", "cairn.cli.notify", "cairn.cli.workflow"} <= loaded
     assert sorted(COMMAND_ONLY & loaded) == []
+    assert sorted({"typer", "rich"} & loaded) == []  # click alone
     bare, _ = modules_after("import cairn.cli", tmp_path)
     assert sorted(LAUNCH_FREE & bare) == []
 
@@ -121,7 +115,7 @@ def test_a_launch_loads_neither_click_nor_a_model(tmp_path: Path) -> None:
     assert "cannot reach cairnd" in stderr and "exit 1" in stderr, stderr
     assert "cairn.cli.launching" in lean and sorted(LAUNCH_LEAN & lean) == []
     helped, stderr = modules_after(dispatched(["launch", "--help"]), tmp_path)
-    assert "exit 0" in stderr and {"click", "typer", "cairn.cli.runs"} <= helped
+    assert "exit 0" in stderr and {"click", "cairn.cli.runs"} <= helped
 
 
 def test_a_whole_launch_attests_the_models_hash_without_loading_a_model(
@@ -129,7 +123,7 @@ def test_a_whole_launch_attests_the_models_hash_without_loading_a_model(
 ) -> None:
     """``cairn launch`` against a stand-in cairnd that freezes a description with the
     protocol's model: the CLI, which reads it as JSON, attests the model's own hash, prints
-    the run and loads no model, click or typer."""
+    the run and loads no model or click."""
     run_id = "flow_" + "c3" * 16
     project = tmp_path / "proj"
     project.mkdir()
@@ -212,68 +206,6 @@ def test_a_threaded_process_builds_every_daemon_model_before_its_threads(
     assert int(after) == 0
 
 
-# Every command's help, one after another, as JSON: with rich deferred (how cairn starts)
-# or with typer imported first, rich and all (how typer is used everywhere else).
-EVERY_HELP = """
-import contextlib, io, json, sys
-{first}
-from cairn.cli import commands as cli
-rich_at_start = "rich" in sys.modules
-import typer.main
-
-def paths(command, path=()):
-    found = [path]
-    for name, sub in sorted(getattr(command, "commands", {{}}).items()):
-        found += paths(sub, (*path, name))
-    return found
-
-helps = {{}}
-for path in paths(typer.main.get_command(cli.app)):
-    if path and path[-1] == "__complete":
-        continue
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        cli.app([*path, "--help"], standalone_mode=False)
-    helps[" ".join(path)] = out.getvalue()
-print(json.dumps({{"rich_at_start": rich_at_start, "helps": helps}}))
-"""
-
-
-def every_help(first: str, root: Path) -> dict[str, object]:
-    proc = run([sys.executable, "-c", EVERY_HELP.format(first=first)],
-               env={"CAIRN_ROOT": str(root), "COLUMNS": "100"}, timeout=120)
-    result: dict[str, object] = json.loads(proc.stdout)
-    return result
-
-
-def test_help_with_rich_deferred_is_the_help_typer_renders_with_rich(tmp_path: Path) -> None:
-    deferred = every_help("", tmp_path)
-    eager = every_help("import typer  # first, rich and all", tmp_path)
-    assert deferred["rich_at_start"] is False and eager["rich_at_start"] is True
-    helps = eager["helps"]
-    assert isinstance(helps, dict) and len(helps) > 50
-    assert all("Usage: " in text and "╭─ Options" in text for text in helps.values())
-    assert deferred["helps"] == helps
-
-
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
     loaded, stderr = modules_after(dispatched(["config", "check"]), tmp_path)
     assert "cairn.hostconfig" in loaded, stderr
-
-
-def callbacks(command: click.Command) -> list[Any]:
-    found: list[Any] = [command.callback] if command.callback else []
-    for sub in getattr(command, "commands", {}).values():
-        found += callbacks(sub)
-    return found
-
-
-def test_no_command_has_a_string_annotation_for_typer_to_evaluate_at_each_start() -> None:
-    found = callbacks(typer.main.get_command(app))
-    assert len(found) > 50
-    strings = {
-        f"{fn.__module__}.{fn.__qualname__}"
-        for fn in found
-        if any(isinstance(a, str) for a in inspect.get_annotations(fn).values())
-    }
-    assert sorted(strings) == []

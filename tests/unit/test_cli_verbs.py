@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn.cli import runs, schedule
 from cairn.cli.commands import app
@@ -20,7 +20,7 @@ SCHEDULE_ID = "0123456789ab"
 
 
 def runner() -> CliRunner:
-    return CliRunner(mix_stderr=False)
+    return CliRunner()
 
 
 def test_list_and_ps_are_the_same_listing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn.cli.commands import app
 from cairn.hostconfig import check_host_config

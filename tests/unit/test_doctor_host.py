@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn import hostcheck, paths
 from cairn.cli import runs

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn import paths
 from cairn.cli import people as people_cli

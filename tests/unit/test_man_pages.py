@@ -86,12 +86,11 @@ def test_cairn_1_has_the_sections_a_reader_looks_for(rendered: Path) -> None:
 def test_cairn_1_lists_every_visible_command_and_no_hidden_one(rendered: Path) -> None:
     source = (rendered / "cairn.1.md").read_text()
     listed = re.findall(r"^## (cairn .+)$", source, re.MULTILINE)
-    import typer
 
     from cairn.cli.commands import app
 
     visible, hidden = [], []
-    stack = [(typer.main.get_command(app), ["cairn"])]
+    stack = [(app, ["cairn"])]
     while stack:
         command, path = stack.pop()
         subcommands = getattr(command, "commands", None)

@@ -111,7 +111,7 @@ def test_only_safe_executables_are_hooks(hooks_dir: Path, tmp_path: Path) -> Non
 def test_notify_list_prints_the_hooks_and_the_refusals_as_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from typer.testing import CliRunner
+    from clirunner import CliRunner
 
     from cairn.cli.commands import app
 
@@ -304,7 +304,7 @@ def test_the_request_goes_on_the_socket_with_its_cursor() -> None:
 def test_follow_starts_from_now_then_runs_hooks_for_each_new_event(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from typer.testing import CliRunner
+    from clirunner import CliRunner
 
     from cairn.cli import notify as cli_notify
     from cairn.cli.commands import app

@@ -98,11 +98,12 @@ def test_distribution_requirements_match_by_the_fedora_table() -> None:
 
 def test_requirements_are_bounded_as_the_code_needs() -> None:
     wanted = pyproject_requirements()
-    # The oldest pydantic and typer the tests run (the development venv; Debian 13 has
-    # pydantic 2.10.6 and typer 0.15.2) are the lower bounds.
+    # The oldest pydantic and click the tests run (the development venv; Debian 13 has
+    # pydantic 2.10.6 and click 8.1.8) are the lower bounds.
     assert ("<", "3") in wanted["python3-pydantic"] and (">=", "2.10") in wanted["python3-pydantic"]
-    # typer changed how it ships click after 0.15: bounded on both sides.
-    assert {op for op, _ in wanted["python3-typer"]} == {">=", "<"}
+    # The CLI is click's alone; a lower bound only (the tests run the newest click too).
+    assert wanted["python3-click"] == {(">=", "8.1")}
+    assert "python3-typer" not in wanted and "python3-rich" not in wanted
 
 
 def test_the_tested_versions_are_inside_the_bounds() -> None:

@@ -456,7 +456,7 @@ def test_the_broker_recomputes_the_boundary_from_the_sources_own_rows(
 def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from typer.testing import CliRunner
+    from clirunner import CliRunner
 
     from cairn.cli import runs
     from cairn.cli.commands import app
@@ -479,7 +479,7 @@ def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
                 "units": []}
 
     monkeypatch.setattr(runs, "request", request)
-    cli = CliRunner(mix_stderr=False)
+    cli = CliRunner()
     made = cli.invoke(app, ["replay", "3fa9", "--through", "root-2"])
     assert made.exit_code == 0, made.output
     assert (sent[0].op, sent[0].run_id, sent[0].op_id) == ("replay", "3fa9", "root-2")

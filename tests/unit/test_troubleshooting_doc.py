@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import click
-import typer
 
 from cairn.cli.commands import app
 
@@ -72,7 +71,7 @@ def test_no_section_names_a_code_that_does_not_exist() -> None:
 
 def _commands() -> dict[str, set[str]]:
     """Top-level commands, and each group's subcommands."""
-    root = typer.main.get_command(app)
+    root = app
     assert isinstance(root, click.Group)
     tree: dict[str, set[str]] = {}
     for name, command in root.commands.items():

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from clirunner import CliRunner
 
 from cairn import paths
 from cairn.canonical import canonical_json
