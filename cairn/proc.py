@@ -102,3 +102,11 @@ def reading(
     if output.ended and child.returncode != 0:
         last = err.splitlines()[-1] if err else f"exit status {child.returncode}"
         raise ProcessFailed(f"{args[0]} failed: {last}", returncode=child.returncode, stderr=err)
+
+
+def replace_process(argv: Sequence[str], *, env: Mapping[str, str]) -> None:
+    """Become ``argv[0]`` (looked up on ``env``'s PATH) with ``argv`` and exactly ``env``:
+    its exit status is then this process's. Returns only by raising :class:`OSError`
+    (no such program, not executable)."""
+    log.debug("exec %s", shlex.join(argv))
+    os.execvpe(argv[0], list(argv), dict(env))  # noqa: S606 - an argv list, no shell

@@ -50,8 +50,11 @@ def main() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    from cairn.cli import launching
+    from cairn.cli import launching, remote
 
+    host, argv = remote.split_host(argv)
+    if host is not None:
+        remote.run_remote(host, argv, os.environ)
     keywords = launching.read_argv(argv, os.environ)
     if keywords is not None:
         launching.launch(**keywords)
@@ -82,7 +85,10 @@ def _with_click(argv: list[str]) -> int:
         status = app.main(argv, prog_name="cairn", standalone_mode=False)
     except click.UsageError as exc:
         print(f"cairn: {printable(exc.format_message())}", file=sys.stderr, flush=True)
-        if exc.ctx is not None:
+        if any(arg in ("-H", "--host") or arg.startswith("--host=") for arg in argv):
+            print("hint: -H comes first: cairn -H [USER@]HOST COMMAND…", file=sys.stderr,
+                  flush=True)
+        elif exc.ctx is not None:
             print(f"hint: see '{exc.ctx.command_path} --help'", file=sys.stderr, flush=True)
         return exc.exit_code
     except click.ClickException as exc:

@@ -33,6 +33,12 @@ def version() -> str:
         return "unknown"
 
 
+def _host_comes_first(ctx: click.Context, param: click.Parameter, host: str | None) -> None:
+    # cairn.cli.main reads a leading -H before click; anywhere else it is a mistake
+    if host is not None:
+        raise click.UsageError("-H comes first: cairn -H [USER@]HOST COMMAND…", ctx)
+
+
 def _print_version(ctx: click.Context, param: click.Parameter, wanted: bool) -> None:
     if wanted:
         click.echo(f"cairn {version()}")
@@ -52,7 +58,15 @@ app = CairnGroup(
             is_eager=True,
             callback=_print_version,
             help="Print the version and exit.",
-        )
+        ),
+        click.Option(
+            ["-H", "--host"],
+            metavar="[USER@]HOST",
+            expose_value=False,
+            callback=_host_comes_first,
+            help="Run the command on HOST's cairn, over ssh (as systemctl -H does); paths "
+            "in it name HOST's files.",
+        ),
     ],
 )
 runs.register(app)

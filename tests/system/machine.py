@@ -69,8 +69,9 @@ BASE_INCLUDE = (
     "btrfs-progs",
     "python3",
 )
-# Not a dependency of the package: the broker's coverage in the system tier.
-TEST_PACKAGES = ("python3-coverage",)
+# Not dependencies of the package: the broker's coverage in the system tier, and SSH
+# between two machines for 'cairn -H' (sshd is off unless a test starts it).
+TEST_PACKAGES = ("python3-coverage", "openssh-client", "openssh-server")
 
 COVERAGE_ENV = "CAIRN_BROKER_COVERAGE"
 COVERAGE_DATA = "/var/lib/cairn-coverage"
@@ -139,7 +140,7 @@ def recipe_hash(packages: Sequence[str]) -> str:
         "include": sorted(BASE_INCLUDE),
         "packages": sorted(packages),
         "test_packages": sorted(TEST_PACKAGES),
-        "version": 1,
+        "version": 2,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -201,6 +202,7 @@ def _build_rootfs(target: Path, packages: Sequence[str]) -> None:
         timeout=1800,
     )
     run(["chroot", target, "apt-get", "clean"], env=apt_env)
+    run(["chroot", target, "systemctl", "disable", "ssh.service", "ssh.socket"], check=False)
     # Each machine gets a fresh machine ID at first boot.
     (target / "etc/machine-id").write_text("")
     (target / "etc/hostname").write_text("cairn-test\n")
@@ -237,8 +239,11 @@ class Machine:
         with_pool: bool = False,
         bind_loop_devices: bool = False,
         name: str | None = None,
+        binds: Sequence[tuple[Path, str]] = (),
     ) -> None:
+        """``binds``: host directories bound into the machine, at the given paths."""
         self.deb = deb
+        self.binds = tuple(binds)
         self.with_pool = with_pool
         self.bind_loop_devices = bind_loop_devices
         self.tmp = Path(tempfile.mkdtemp(prefix="cairn-machine-"))
@@ -393,6 +398,7 @@ class Machine:
         ]
         if self.with_pool:
             argv.insert(-1, f"--bind={self.pool_mount}:/var/lib/cairn/pool")
+        argv[-1:-1] = [f"--bind={source}:{target}" for source, target in self.binds]
         if self.bind_loop_devices:
             # `mount -o loop` needs loop-control and every node it may hand out.
             nodes = ["/dev/loop-control", *sorted(map(str, Path("/dev").glob("loop[0-9]*")))]
