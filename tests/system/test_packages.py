@@ -255,3 +255,76 @@ def build_rpm_source(out: Path) -> str:
     srpm = built.stdout.decode().strip().splitlines()[-1]
     assert srpm.endswith(".src.rpm"), srpm
     return srpm
+
+
+RPMLINTRC = REPO / "packaging" / "rpm" / "cairn.rpmlintrc"
+
+
+def test_rpm_and_srpm_are_rpmlint_clean(rpm: str, tmp_path: Path) -> None:
+    """Every finding left is filtered in packaging/rpm/cairn.rpmlintrc, with its reason; a
+    filter that no longer matches anything is reported too, so the file cannot rot."""
+    if shutil.which("rpmlint", path="/usr/bin:/bin") is None:
+        pytest.skip("rpmlint is not installed (apt-get install rpmlint)")
+    srpm = build_rpm_source(tmp_path / "srpm")
+    proc = run(["rpmlint", "-r", RPMLINTRC, rpm, srpm], check=False, timeout=300)
+    report = (proc.stdout + proc.stderr).decode(errors="replace")
+    assert proc.returncode == 0, report
+    assert " 0 errors, 0 warnings, 0 badness" in report, report
+
+
+# Rows of the install table that name each file of their directory in their text.
+ENUMERATED = (
+    "/usr/libexec/cairn/", "/usr/lib/systemd/system/", "/usr/lib/systemd/user/",
+    "/usr/share/man/", "/usr/share/doc/cairn/examples/",
+)
+# The .deb's own metadata, which the table leaves to Debian.
+DEBIAN_ONLY = {"/usr/share/doc/cairn/changelog", "/usr/share/doc/cairn/copyright",
+               "/usr/share/lintian/overrides/cairn"}
+
+
+def install_table() -> dict[str, str]:
+    """docs/packaging.md's "What both packages install": each path of the first column,
+    with the text of its row's second column."""
+    text = (REPO / "docs" / "packaging.md").read_text()
+    section = text.split("## What both packages install", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = line.split(" | ")
+        if not line.startswith("| `") or len(cells) < 2:
+            continue
+        for path in re.findall(r"`([^`]+)`", cells[0]):
+            rows[path] = cells[1]
+    return rows
+
+
+def _named_in(text: str, relative: str) -> bool:
+    """Whether the row's ``text`` names the file ``relative`` (to the row's directory)."""
+    import fnmatch
+
+    names = re.findall(r"`([^`]+)`", text)
+    man = re.fullmatch(r"man(\d)/(.+)\.\1", relative)
+    if man:
+        return f"{man.group(2)}({man.group(1)})" in names
+    return any(fnmatch.fnmatchcase(relative, name) for name in names)
+
+
+def test_the_install_table_of_packaging_md_is_the_package_file_list(deb: Path) -> None:
+    rows = install_table()
+    files = deb_files(deb) - DEBIAN_ONLY
+    files = {re.sub("^PYTHON/", "/usr/lib/python3/dist-packages/", f) for f in files}
+
+    def row_of(path: str) -> str | None:
+        owners = [p for p in rows if path == p or (p.endswith("/") and path.startswith(p))]
+        return max(owners, key=len) if owners else None
+
+    assert sorted(f for f in files if row_of(f) is None) == []
+    assert sorted(p for p in rows if not any(f == p or f.startswith(p) for f in files)) == []
+    for directory in ENUMERATED:
+        inside = sorted(f.removeprefix(directory) for f in files if row_of(f) == directory)
+        assert inside, directory
+        unnamed = [f for f in inside if not _named_in(rows[directory], f)]
+        assert unnamed == [], f"{directory} row does not name {unnamed}"
+        for name in re.findall(r"`([^`]+)`", rows[directory]):
+            if " " in name or name.startswith("/") or name.endswith("/"):  # not a file here
+                continue
+            assert any(_named_in(f"`{name}`", f) for f in inside), f"{directory}: {name}"
