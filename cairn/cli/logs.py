@@ -1,8 +1,12 @@
 """``cairn logs``: the journal of every unit of a run, as journalctl prints it, once or
 followed (``-f``). cairnd reads the journal (:mod:`cairn.runlogs`), so what a person sees
-is selected by fields journald and PID 1 set, never by what a process wrote."""
+is selected by fields journald and PID 1 set, never by what a process wrote. On a
+terminal the default format is drawn here, coloured by priority
+(:mod:`cairn.cli.journalview`); ``--json`` is journalctl's ``-o json``."""
 
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -10,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cairn.cli.client import request
-from cairn.cli.options import no_pager_flag, paged, run_argument, value_check
+from cairn.cli.options import json_flag, no_pager_flag, paged, run_argument, value_check
 from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
@@ -25,6 +29,9 @@ from cairn.terminal import printable_lines
 if TYPE_CHECKING:
     from cairn.protocol.daemon import LogsRequest
 
+# journalctl's format unless -o names another; on a terminal cairn prints it itself, in
+# colour (cairn.cli.journalview).
+DEFAULT_OUTPUT = "short-iso"
 # Entries shown without -n: everything would be unbounded for a long run.
 DEFAULT_LINES = 2000
 # Entries shown before following, as journalctl -f does.
@@ -116,7 +123,7 @@ def _check_output(value: str) -> str:
     metavar="FORMAT",
     help=f"journalctl's format: {', '.join(LOG_OUTPUTS)}.",
     callback=value_check(_check_output),
-    default="short-iso",
+    default=DEFAULT_OUTPUT,
 )
 @click.option(
     "--lines",
@@ -127,6 +134,7 @@ def _check_output(value: str) -> str:
         "and no --since).",
     show_default=False,
 )
+@json_flag
 def logs(
     run_id: str,
     follow: bool = False,
@@ -137,8 +145,9 @@ def logs(
     reverse: bool = False,
     no_pager: bool = False,
     priority: str | None = None,
-    output: str = "short-iso",
+    output: str = DEFAULT_OUTPUT,
     lines: int | None = None,
+    json_out: bool = False,
 ) -> None:
     """The systemd journal of every unit of a run (matched by unit, never by a field
     a process could set).
@@ -150,6 +159,11 @@ def logs(
     if reverse and follow:
         raise click.BadParameter("-r shows the newest first; -f follows what comes after "
                                  "them: give one", param_hint="--reverse")
+    if json_out and output != DEFAULT_OUTPUT:
+        raise click.BadParameter(f"--json is -o json; -o {output} asks for another format: "
+                                 "give one", param_hint="--json")
+    colour = output == DEFAULT_OUTPUT and not json_out and colour_wanted()
+    show = _shown_in_colour if colour else printable_lines
     first = LogsRequest.model_validate(
         {
             "run_id": run_id,
@@ -159,20 +173,34 @@ def logs(
             "grep": grep,
             "op_id": op_id,
             "reverse": reverse,
-            "output": output,
+            "output": "json" if json_out or colour else output,
             "lines": lines if lines is not None else default_lines(follow, since),
         }
     )
     if not follow:
         with paged(no_pager):
-            click.echo(printable_lines(request(first)["text"]), nl=False)
+            # color: click would strip the colours for the pager, which is no terminal
+            click.echo(show(request(first)["text"]), nl=False, color=colour)
         return
     try:
-        follow_logs(
-            first, ask=request, show=lambda text: click.echo(printable_lines(text), nl=False)
-        )
+        follow_logs(first, ask=request,
+                    show=lambda text: click.echo(show(text), nl=False, color=colour))
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal that shows them, unless ``NO_COLOR`` asks for none."""
+    return (
+        sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        and os.environ.get("TERM", "dumb") != "dumb"
+    )
+
+
+def _shown_in_colour(text: str) -> str:
+    from cairn.cli.journalview import render
+
+    return render(text, colour=True)
 
 
 def default_lines(follow: bool, since: str | None) -> int:

@@ -6,6 +6,7 @@ idioms reviewed and run."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -109,6 +110,23 @@ def test_logs_filters_by_priority_and_prints_journal_json(booted: Machine) -> No
                         check=False)
     assert since.returncode == 2
     assert b"is not a time journalctl can read" in since.stderr
+
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_logs_on_a_terminal_are_journalctls_lines_with_errors_in_red(booted: Machine) -> None:
+    run_id = launch_script(booted, [{"action": "run", "argv": ["/bin/false"]}])
+    wait_for(booted, run_id, finished, timeout=240)
+    piped = cairn(booted, "logs", "-n", "10000", run_id)
+    # on a pseudo-terminal, as a person at a shell sees it (script(1) makes the pty)
+    command = f"cairn logs --no-pager -n 10000 {run_id}"
+    on_tty = booted.exec(["env", "TERM=xterm", "script", "-qec", command, "/dev/null"],
+                         user="alice").stdout.decode().replace("\r\n", "\n")
+    assert SGR.sub("", on_tty) == piped  # cairn draws exactly journalctl's short-iso lines
+    red = [line for line in on_tty.splitlines() if "\x1b[1;31m" in line]
+    errors = cairn(booted, "logs", "-n", "10000", "-p", "err", "-o", "cat", run_id)
+    assert red and len(red) == len(errors.splitlines())
 
 
 def test_logs_narrows_to_an_operation_a_pattern_and_a_time_and_reverses(

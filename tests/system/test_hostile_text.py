@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import time
@@ -101,10 +102,15 @@ SCRIPTS = {
 }
 
 
+# What cairn itself writes on a terminal: the progress bar's redraw and the colours of
+# cairn logs (cairn/cli/journalview.py). Anything an agent wrote arrives escaped.
+CAIRNS_OWN = re.compile(rb"\r\x1b\[K|\x1b\[(?:1;31|1;33|1|38;5;245|0)m")
+
+
 def raw_controls(out: bytes, *, tabs: bool) -> list[bytes]:
     """Control bytes in a command's output (UTF-8 C1 controls included) but line ends,
-    tabs where allowed, and the progress bar's own redraw (``\\r\\x1b[K``)."""
-    text = out.replace(b"\r\x1b[K", b"").decode("utf-8", "backslashreplace")
+    tabs where allowed, and cairn's own sequences (:data:`CAIRNS_OWN`)."""
+    text = CAIRNS_OWN.sub(b"", out).decode("utf-8", "backslashreplace")
     allowed = "\n\t" if tabs else "\n"
     return [c.encode("utf-8", "backslashreplace") for c in text
             if (ord(c) < 0x20 and c not in allowed) or 0x7F <= ord(c) < 0xA0]
@@ -187,11 +193,13 @@ def inbox_item(machine: Machine, run_id: str) -> dict[str, Any]:
 
 
 def check_both_ways(machine: Machine, argv: list[str], *, tabs: bool = False,
-                    expect_shown: bool = True) -> dict[str, bytes]:
-    """Run ``cairn argv`` piped and on a pty; neither lets a control byte through."""
+                    expect_shown: bool = True, term: str | None = None) -> dict[str, bytes]:
+    """Run ``cairn argv`` piped and on a pty (with ``TERM=term`` if given); neither lets
+    a control byte through."""
     piped = machine.exec(["cairn", *argv], user="alice", check=False, timeout=120)
+    tty_env = ["env", f"TERM={term}"] if term else []
     outputs = {"piped": piped.stdout + piped.stderr,
-               "pty": on_pty(machine, ["cairn", *argv])}
+               "pty": on_pty(machine, [*tty_env, "cairn", *argv])}
     for how, out in outputs.items():
         assert raw_controls(out, tabs=tabs) == [], (argv, how, out[-3000:])
         if expect_shown:
@@ -305,7 +313,9 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
             assert all(wanted in out for out in outputs.values()), (argv, outputs)
     diff = check_both_ways(machine, ["diff", run_id], tabs=True)
     assert all(b"+\tindented\n" in out for out in diff.values())  # a tab stays a tab
-    check_both_ways(machine, ["logs", run_id], tabs=True, expect_shown=False)
+    logs = check_both_ways(machine, ["logs", run_id], tabs=True, expect_shown=False,
+                           term="xterm")
+    assert b"\x1b[" in logs["pty"]  # drawn by cairn, in colour
     check_both_ways(machine, ["doctor", run_id], expect_shown=False)
     check_both_ways(machine, ["doctor"], expect_shown=False)
     # a patch for a terminal is escaped too; piped, it is the exact patch for 'git apply'

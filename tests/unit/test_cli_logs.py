@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from clirunner import CliRunner
 
 from cairn import paths
+from cairn.cli import journalview
 from cairn.cli import logs as cli_logs
 from cairn.cli.commands import app
 from cairn.daemon import server, views
@@ -350,3 +352,100 @@ def test_following_shows_ten_old_entries_unless_since_asks_for_more() -> None:
     assert cli_logs.default_lines(follow=True, since=None) == cli_logs.FOLLOW_LINES == 10
     assert cli_logs.default_lines(follow=True, since="today") == cli_logs.DEFAULT_LINES
     assert cli_logs.default_lines(follow=False, since=None) == cli_logs.DEFAULT_LINES == 2000
+
+
+def _entry(message: object, priority: str = "6", **fields: object) -> str:
+    return json.dumps({
+        "__REALTIME_TIMESTAMP": "1765045244000000", "_HOSTNAME": "host", "_PID": "42",
+        "SYSLOG_IDENTIFIER": "cairn-worker", "PRIORITY": priority, "MESSAGE": message, **fields,
+    })
+
+
+def test_on_a_terminal_each_message_is_coloured_by_its_priority() -> None:
+    text = "\n".join([
+        _entry("boom", "3"), _entry("careful", "4"), _entry("note", "5"), _entry("fine"),
+        _entry("chatter", "7"),
+    ])
+    shown = journalview.render(text, colour=True).splitlines()
+    stamp = datetime.fromtimestamp(1765045244, tz=UTC).astimezone().isoformat(timespec="seconds")
+    assert shown == [
+        f"{stamp} host cairn-worker[42]: \x1b[1;31mboom\x1b[0m",
+        f"{stamp} host cairn-worker[42]: \x1b[1;33mcareful\x1b[0m",
+        f"{stamp} host cairn-worker[42]: \x1b[1mnote\x1b[0m",
+        f"{stamp} host cairn-worker[42]: fine",
+        f"{stamp} host cairn-worker[42]: \x1b[38;5;245mchatter\x1b[0m",
+    ]
+
+
+def test_what_an_entry_carries_is_escaped_and_only_cairns_colours_are_written() -> None:
+    hostile = _entry("\x1b[2J\x1b]0;owned\x07red?\x1b[31m", "3",
+                     SYSLOG_IDENTIFIER="a\x1b[1mgent", _HOSTNAME="h\rst")
+    (line,) = journalview.render(hostile, colour=True).splitlines()
+    escapes = [i for i, c in enumerate(line) if c == "\x1b"]
+    assert len(escapes) == 2  # the red of priority 3 and its reset, nothing else
+    assert line.endswith("\x1b[1;31m\\x1b[2J\\x1b]0;owned\\x07red?\\x1b[31m\x1b[0m")
+    assert " h\\rst a\\x1b[1mgent[42]: " in line
+
+
+def test_a_message_of_several_lines_is_indented_and_binary_is_shown_escaped() -> None:
+    text = "\n".join([_entry("first\nsecond"), _entry([104, 105, 255, 10, 27]),
+                      "-- not json --"])
+    shown = journalview.render(text, colour=False).splitlines()
+    prefix = shown[0].split("first")[0]
+    assert shown[1] == " " * len(prefix) + "second"
+    assert shown[2].endswith(": hi\\xff") and shown[3].endswith("\\x1b")
+    assert shown[4] == "-- not json --"
+
+
+def test_logs_colour_a_terminal_and_never_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[LogsRequest] = []
+
+    def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
+        sent.append(body)
+        text = _entry("boom", "3") + "\n" if body.output == "json" else "plain line\n"
+        return {"run_id": RUN, "text": text, "cursor": CURSOR, "finished": True}
+
+    monkeypatch.setattr(cli_logs, "request", request)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr(cli_logs, "colour_wanted", lambda: True)
+    shown = CliRunner().invoke(app, ["logs", "@last", "--no-pager"])
+    assert shown.exit_code == 0, shown.output
+    assert sent[-1].output == "json" and "\x1b[1;31mboom\x1b[0m" in shown.output
+    # another format is journalctl's own, uncoloured
+    assert CliRunner().invoke(app, ["logs", "@last", "-o", "cat"]).output == "plain line\n"
+    assert sent[-1].output == "cat"
+    monkeypatch.setattr(cli_logs, "colour_wanted", lambda: False)
+    assert CliRunner().invoke(app, ["logs", "@last"]).output == "plain line\n"
+    assert sent[-1].output == "short-iso"
+
+
+def test_colour_is_wanted_only_on_a_terminal_without_no_color(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli_logs.sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert cli_logs.colour_wanted()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not cli_logs.colour_wanted()
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not cli_logs.colour_wanted()
+
+
+def test_json_is_journalctls_json_and_excludes_another_format(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[LogsRequest] = []
+
+    def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
+        sent.append(body)
+        return {"run_id": RUN, "text": _entry("x") + "\n", "cursor": CURSOR, "finished": True}
+
+    monkeypatch.setattr(cli_logs, "request", request)
+    result = CliRunner().invoke(app, ["logs", "@last", "--json"])
+    assert result.exit_code == 0 and sent[-1].output == "json"
+    assert json.loads(result.output)["MESSAGE"] == "x"
+    both = CliRunner().invoke(app, ["logs", "@last", "--json", "-o", "cat"])
+    assert both.exit_code == 2 and "--json is -o json" in both.output
