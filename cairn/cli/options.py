@@ -11,13 +11,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from click.shell_completion import CompletionItem
 
 from cairn.cli.client import emit
 from cairn.cli.completion import definition_candidates, run_candidates
+from cairn.errors import UsageError
 from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
 from cairn.terminal import printable
 
@@ -142,7 +143,8 @@ def argument(name: str, **attrs: Any) -> Decorator:
 
 json_flag = click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON.")
 yes_flag = click.option(
-    "--yes", "-y", is_flag=True, help="Do it without asking (asked only on a terminal)."
+    "--yes", "-y", is_flag=True,
+    help="Do it without asking (needed where there is no terminal to ask).",
 )
 run_argument = argument(
     "run_id",
@@ -155,6 +157,9 @@ definition_argument = argument(
     "definition",
     help="e.g. builtin:implement, or a reviewed FILE.py",
     shell_complete=completes(definition_candidates),
+)
+dry_run_flag = click.option(
+    "--dry-run", is_flag=True, help="Only print what it would do; change nothing."
 )
 no_pager_flag = click.option(
     "--no-pager", is_flag=True,
@@ -211,14 +216,26 @@ def _page(text: str) -> None:
 
 
 def asks(yes: bool) -> bool:
-    """Whether :func:`confirm_or_stop` would ask: a terminal, and no ``--yes``."""
-    return not yes and sys.stdin.isatty() and sys.stderr.isatty()
+    """Whether a command that cannot be undone asks first: True on a terminal, False with
+    ``--yes``. Without either (a script, a timer, a pipe) the command is refused here,
+    before it changes anything: a script says ``--yes`` once, where a reader sees it."""
+    if yes:
+        return False
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        return True
+    ctx = click.get_current_context(silent=True)
+    command = ctx.command_path if ctx is not None else "this command"
+    raise UsageError(
+        f"{command} cannot be undone and there is no terminal to ask; nothing was changed",
+        hint="give --yes (-y) to do it without asking",
+    )
 
 
 def confirm_or_stop(question: str, *, yes: bool) -> None:
     """Ask a person at a terminal ``question`` before something that cannot be undone:
     anything but ``y`` or ``yes`` stops the command (exit 1) with nothing changed. With
-    ``yes``, or without a terminal (a script, a timer, a pipe), it goes on unasked."""
+    ``yes`` it goes on unasked; without a terminal and without ``yes`` it is refused
+    (:func:`asks`)."""
     if not asks(yes):
         return
     sys.stderr.write(f"{printable(question)} [y/N] ")
@@ -230,6 +247,12 @@ def confirm_or_stop(question: str, *, yes: bool) -> None:
         echo("cairn: not confirmed; nothing was changed (--yes does it without asking)",
              err=True)
         raise click.exceptions.Exit(1)
+
+
+def would(action: str) -> NoReturn:
+    """End a ``--dry-run``: say what the command would do, change nothing, exit 0."""
+    echo(f"would {action}; nothing was changed (--dry-run)")
+    raise click.exceptions.Exit(0)
 
 
 def echo(line: object, *, err: bool = False) -> None:

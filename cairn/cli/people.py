@@ -13,9 +13,11 @@ from cairn.cli.options import (
     add_commands,
     argument,
     confirm_or_stop,
+    dry_run_flag,
     emit_or_empty,
     json_flag,
     run_argument,
+    would,
     yes_flag,
 )
 from cairn.cli.watchview import follow
@@ -175,15 +177,22 @@ def stop(run_id: str) -> None:
 
 
 @run_argument
+@dry_run_flag
 @yes_flag
-def cancel(run_id: str, yes: bool = False) -> None:
+def cancel(run_id: str, dry_run: bool = False, yes: bool = False) -> None:
     """Cancel the run: it ends cancelled, running agents are stopped, waiting requests are
     withdrawn (at once when no coordinator holds the run, else at its next safe point).
 
     Example: cairn cancel 3fa9
     """
-    from cairn.protocol.daemon import CancelRequest
+    from cairn.protocol.daemon import CancelRequest, ShowRequest
 
+    if dry_run:
+        run = request(ShowRequest(run_id=run_id))["run"]
+        if run["state"] in ("succeeded", "failed", "cancelled", "stopped"):
+            would(f"leave {run['run_id']} as it is: it already ended {run['state']}")
+        would(f"cancel {run['run_id']} ({run['state']}): its running agents are stopped "
+              "and it cannot be resumed")
     confirm_or_stop(
         f"Cancel run {run_id}? Its running agents are stopped and it cannot be resumed.",
         yes=yes,

@@ -16,9 +16,11 @@ from cairn.cli.options import (
     argument,
     columns,
     confirm_or_stop,
+    dry_run_flag,
     echo,
     hidden_alias,
     json_flag,
+    would,
     yes_flag,
 )
 
@@ -195,8 +197,9 @@ def provider_test(name: str) -> None:
 
 @provider_app.command("rm")
 @name_argument
+@dry_run_flag
 @yes_flag
-def provider_rm(name: str, yes: bool = False) -> None:
+def provider_rm(name: str, dry_run: bool = False, yes: bool = False) -> None:
     """Remove provider NAME (root): its table in /etc/cairn/providers.toml, the default
     if it was, and its key in /etc/credstore.encrypted or /etc/credstore. Runs already
     launched keep the route they froze but can no longer read the key.
@@ -213,6 +216,9 @@ def provider_rm(name: str, yes: bool = False) -> None:
     # named otherwise may serve something else too
     credential = setup.parsed(before, file).providers[name].credential
     own = credential == setup.credential_name(name)
+    if dry_run:
+        would(f"remove provider {name} from {file}" + (f" and its key {credential}" if own
+                                                        else ""))
     confirm_or_stop(f"remove provider {name}" + (f" and its key {credential}?" if own else "?"),
                     yes=yes)
     setup.write_text(file, text)

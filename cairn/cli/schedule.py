@@ -24,11 +24,13 @@ from cairn.cli.options import (
     completes,
     confirm_or_stop,
     definition_argument,
+    dry_run_flag,
     echo,
     emit_or_empty,
     hidden_alias,
     json_flag,
     renamed,
+    would,
     yes_flag,
 )
 from cairn.cli.timers import (
@@ -364,10 +366,12 @@ def pause(schedule_id: str, json_out: bool = False) -> None:
 
 @schedule_app.command("rm")
 @schedule_id_argument
+@dry_run_flag
 @yes_flag
 @json_flag
 def rm(
     schedule_id: str,
+    dry_run: bool = False,
     yes: bool = False,
     json_out: bool = False,
 ) -> None:
@@ -378,6 +382,12 @@ def rm(
     from cairn.protocol.daemon import ScheduleDeleteRequest
 
     _check_id(schedule_id)  # a malformed ID is refused before anything is asked
+    if dry_run:
+        from cairn.protocol.daemon import ScheduleInspectRequest
+
+        shown = request(ScheduleInspectRequest(schedule_id=schedule_id))
+        would(f"delete schedule {schedule_id} ({shown['name']}, {shown['status']}) and its "
+              "timer; the runs it launched stay")
     confirm_or_stop(
         f"Delete schedule {schedule_id} and its timer? The runs it launched stay.", yes=yes
     )

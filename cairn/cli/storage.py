@@ -20,6 +20,7 @@ from cairn.cli.options import (
     asks,
     check_run_ref,
     confirm_or_stop,
+    dry_run_flag,
     echo,
     json_flag,
     run_argument,
@@ -122,10 +123,12 @@ def storage_df(all_users: bool = False, json_out: bool = False) -> None:
 
 
 @argument("run_ids", metavar="RUN...", help=RUN_REF_HELP, nargs=-1, required=True)
+@dry_run_flag
 @yes_flag
 @json_flag
 def rm(
     run_ids: tuple[str, ...],
+    dry_run: bool = False,
     yes: bool = False,
     json_out: bool = False,
 ) -> None:
@@ -138,11 +141,22 @@ def rm(
 
     for ref in run_ids:
         check_run_ref(ref)
+    # without a terminal and without --yes, refused before anything
+    ask = False if dry_run else asks(yes)
     # Every run is checked before any is deleted: one that must stay deletes none. What a
     # reference resolved to then is what goes (a prefix is not resolved twice).
     checked = [request(RmRequest(run_id=ref, dry_run=True)) for ref in run_ids]
     going = [run["run_id"] for run in checked if not run["already_gone"]]
-    if going:
+    if dry_run:
+        if json_out:
+            emit(checked)
+            return
+        for run in checked:
+            gone = run["already_gone"]
+            echo(f"{run['run_id']}: storage already gone" if gone
+                 else f"would delete {run['run_id']} (its history stays)")
+        return
+    if going and ask:
         confirm_or_stop(
             f"Delete the storage of {len(going)} run(s): {', '.join(going)}? Their history "
             "stays; 'cairn revert' no longer works for them.",

@@ -15,9 +15,11 @@ from cairn.cli.options import (
     CairnGroup,
     argument,
     confirm_or_stop,
+    dry_run_flag,
     emit_or_empty,
     hidden_alias,
     json_flag,
+    would,
     yes_flag,
 )
 from cairn.errors import UsageError
@@ -210,8 +212,9 @@ def workflow_diff(
 
 @workflow_app.command("rm")
 @argument("definition")
+@dry_run_flag
 @yes_flag
-def workflow_rm(definition: str, yes: bool = False) -> None:
+def workflow_rm(definition: str, dry_run: bool = False, yes: bool = False) -> None:
     """Remove an installed user:NAME (and its exposure, if it was exposed); also
     'workflow remove'.
 
@@ -223,6 +226,8 @@ def workflow_rm(definition: str, yes: bool = False) -> None:
     name = _user_name(definition)
     registry.load_registry()  # a malformed registry refuses before anything is removed
     record = user.installed(name, purpose="removed")
+    if dry_run:
+        would(f"remove user:{record.name} ({record.review_hash}) and its exposure")
     confirm_or_stop(
         f"Remove user:{record.name} ({record.review_hash}) and its exposure? Installing it "
         "again takes a new review.",

@@ -159,4 +159,4 @@ def test_a_blocked_run_notifies_and_is_in_the_inbox(machine: Machine) -> None:
     (listed,) = [i for i in json.loads(cairn(machine, "inbox", "--json"))
                  if i["run_id"] == run_id]
     assert listed["kind"] == "blocked" and listed["commands"][0] == command
-    cairn(machine, "cancel", run_id)
+    cairn(machine, "cancel", "--yes", run_id)

@@ -298,7 +298,7 @@ def test_cairn_cannot_delete_a_running_runs_storage_by_saying_it_ended(
                json.dumps([run_id]))
         attack(machine, "sql", "UPDATE runs SET state='running', settlement=NULL WHERE run_id=?",
                json.dumps([run_id]))
-        cairn(machine, "cancel", run_id, check=False)
+        cairn(machine, "cancel", "--yes", run_id, check=False)
 
 
 # --- a schedule cairnd keeps -------------------------------------------------------------
@@ -362,7 +362,7 @@ def test_a_schedule_cairn_rewrote_launches_nothing_its_owner_did_not_confirm(
     assert done["run"]["state"] == "succeeded", done["run"]
     assert attack(machine, "sql", "SELECT json_extract(launch, '$.args.objective') FROM runs"
                   " WHERE run_id=?", json.dumps([run_id]))["rows"] == [["as confirmed"]]
-    cairn(machine, "schedule", "delete", schedule_id)
+    cairn(machine, "schedule", "delete", "--yes", schedule_id)
 
 
 def units_of(machine: Machine, runs: list[dict[str, Any]]) -> list[str]:

@@ -257,7 +257,7 @@ def test_completion_offers_the_callers_live_run_ids(booted: Machine) -> None:
     assert bash_complete(booted, "cairn sched") == ["schedule"]
     assert "--follow" in bash_complete(booted, "cairn logs --f")
     assert bash_complete(booted, "cairn launch builtin:imp") == ["implement"]
-    cairn(booted, "cancel", run_id)
+    cairn(booted, "cancel", "--yes", run_id)
 
 
 METHOD_NAMED = '''"""A launch argument named like a str method, and a bounded while."""

@@ -90,7 +90,7 @@ def test_install_list_show_remove(booted: Machine) -> None:
     assert "  async def run(flow: Any, args: Objective) -> Summary:" in shown
     bobs = json.loads(cairn(booted, "workflow", "list", "--json", user="bob"))
     assert "user:listed" not in {row["definition"] for row in bobs}
-    cairn(booted, "workflow", "rm", "user:listed")
+    cairn(booted, "workflow", "rm", "--yes", "user:listed")
     assert "user:listed" not in listed(booted)
     assert failing(booted, "workflow", "show", "user:listed")[0] == (
         "cairn: user:listed is not installed"
@@ -121,7 +121,7 @@ def test_a_user_definition_runs_and_is_frozen_at_launch(booted: Machine) -> None
     confirmed = reviewed_hash(booted, file)
     cairn(booted, "workflow", "install", file, "--confirm", confirmed)
     run_id = launch_named(booted, "user:entry", project, "a user entry")
-    cairn(booted, "workflow", "remove", "user:entry")  # the run never reads it again
+    cairn(booted, "workflow", "remove", "--yes", "user:entry")  # the run never reads it again
     data = wait_for(booted, run_id, finished)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert (data["run"]["definition"], data["run"]["review_hash"]) == ("user:entry", confirmed)

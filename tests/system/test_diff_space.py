@@ -102,7 +102,7 @@ def test_rm_of_the_run_that_filled_the_pool_lets_the_next_launch_in_at_once(
     code, err = launch_refused(booted, project)
     assert code == 1 and "delete finished runs with 'cairn prune'" in err, err
 
-    out = cairn(booted, "rm", run_id)
+    out = cairn(booted, "rm", "--yes", run_id)
 
     assert out.startswith(f"deleted {run_id} (") and "space reclaimed: the pool has " in out, out
     assert free_now(booted) > 512 * MIB  # no sync, no wait: the space is back already

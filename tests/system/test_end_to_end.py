@@ -122,7 +122,7 @@ def test_run_applies_change_to_live_project(machine: Machine) -> None:
     flag = f"/run/cairn/egress-skipped/{run_id}"
     made = machine.exec(["stat", "-c", "%F %a %U:%G", flag]).stdout.decode().strip()
     assert made == "regular empty file 644 root:root"
-    deleted = machine.exec(["cairn", "rm", run_id], user="alice").stdout.decode()
+    deleted = machine.exec(["cairn", "rm", "--yes", run_id], user="alice").stdout.decode()
     assert deleted.startswith(f"deleted {run_id} ("), deleted
     assert machine.exec(["test", "-e", flag], check=False).returncode != 0
 

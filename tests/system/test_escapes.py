@@ -831,7 +831,7 @@ def test_another_user_cannot_delete_a_run_by_id_or_prefix(
 ) -> None:
     bob_run, _secret = bobs_run
     for ref in (bob_run, bob_run.removeprefix("flow_")[:8]):
-        proc = booted.exec(["cairn", "rm", ref], user="alice", check=False)
+        proc = booted.exec(["cairn", "rm", "--yes", ref], user="alice", check=False)
         assert proc.returncode != 0
         assert "no run" in proc.stderr.decode(), proc.stderr
     would = booted.exec(["cairn", "prune", "--keep", "0", "--dry-run"], user="alice")
@@ -857,7 +857,7 @@ def test_deleting_a_run_follows_no_link_it_left_and_takes_its_own_subvolumes(
     _project, run_id, data = run_script(booted, steps, "links and nests")
     assert data["settlement"] is not None, data["run"]["error"]
 
-    out = cairn(booted, "rm", run_id)
+    out = cairn(booted, "rm", "--yes", run_id)
 
     assert out.startswith(f"deleted {run_id} ("), out
     assert booted.exec(["cat", precious]).stdout == b"keep me\n"

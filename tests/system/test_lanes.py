@@ -204,7 +204,7 @@ def test_cancel_stops_every_running_lane(machine: Machine) -> None:
         ),
         timeout=120,
     )
-    cairn(machine, "cancel", run_id)
+    cairn(machine, "cancel", "--yes", run_id)
     data = wait(machine, run_id, lambda d: d["run"]["state"] == "cancelled", timeout=120)
     lanes = [o for o in data["operations"] if o["scope"].startswith("root-1-")]
     assert sorted(o["state"] for o in lanes) == ["uncertain"] * 3

@@ -117,7 +117,7 @@ def cancel_unended(machine: Machine) -> None:
     for run_id, state in data["state"].items():
         if state in ("queued", "running", "waiting"):
             user = user_of[data["owner"][run_id]]
-            machine.exec(["cairn", "cancel", run_id], user=user, check=False)
+            machine.exec(["cairn", "cancel", "--yes", run_id], user=user, check=False)
 
 
 @pytest.fixture
@@ -182,13 +182,13 @@ def test_list_and_show_tell_a_queued_run_and_its_place_and_cancel_drops_it(
         booted.exec(["systemctl", "restart", "cairn.service"])
         assert show(booted, first)["run"]["state"] == "queued"
 
-        assert cairn(booted, "cancel", second).strip() == f"{second}: cancelled"
-        cairn(booted, "cancel", holder)
+        assert cairn(booted, "cancel", "--yes", second).strip() == f"{second}: cancelled"
+        cairn(booted, "cancel", "--yes", holder)
         deadline = time.monotonic() + 120
         while show(booted, first)["run"]["state"] == "queued":
             assert time.monotonic() < deadline, "the queued run never started"
             time.sleep(1)
-        cairn(booted, "cancel", first)
+        cairn(booted, "cancel", "--yes", first)
         assert show(booted, second)["run"]["state"] == "cancelled"
         events = [e["event"] for e in show(booted, second)["events"]]
         assert "run-admitted" not in events
@@ -230,4 +230,4 @@ def test_a_running_run_is_background_work(idle_after: Machine) -> None:
         assert group.strip().endswith(" nice 0"), (unit, group)
     assert booted.exec(["systemctl", "show", "-p", "CPUWeight", "--value", "cairn.slice"]
                        ).stdout.decode().strip() == "20"
-    cairn(booted, "cancel", run_id)
+    cairn(booted, "cancel", "--yes", run_id)

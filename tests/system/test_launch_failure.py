@@ -53,6 +53,6 @@ def test_a_launch_with_the_broker_down_fails_and_never_starts(machine: Machine) 
     assert "coordinator-started" not in machine.journal(run_id=run_id)
     assert "reconciled" not in [e["event"] for e in show(machine, run_id)["events"]]
     # cancel of an ended run says so
-    cancelled = machine.exec(["cairn", "cancel", run_id], user="alice", check=False)
+    cancelled = machine.exec(["cairn", "cancel", "--yes", run_id], user="alice", check=False)
     assert cancelled.returncode != 0
     assert f"{run_id} already failed" in cancelled.stderr.decode()

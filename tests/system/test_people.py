@@ -341,7 +341,7 @@ def test_stop_lets_the_running_agent_finish_and_starts_nothing_new(machine: Mach
 def test_cancel_waiting_and_active_runs(machine: Machine) -> None:
     waiting = launch(machine, "ask", ["paint"], "door")
     wait_state(machine, waiting, ("waiting",))
-    assert "cancelled" in cairn(machine, "cancel", waiting).stdout.decode()
+    assert "cancelled" in cairn(machine, "cancel", "--yes", waiting).stdout.decode()
     data = show(machine, waiting)
     assert data["run"]["state"] == "cancelled"
     assert [o["state"] for o in data["operations"]] == ["not-started"]
@@ -353,7 +353,7 @@ def test_cancel_waiting_and_active_runs(machine: Machine) -> None:
     # a watcher in its own unit, as alice: it must print exactly one completion line
     machine.exec(["systemd-run", "--unit", f"watch-{active}", "--uid", "alice",
                   "-p", "StandardOutput=file:/tmp/watch.out", "cairn", "watch", active])
-    cairn(machine, "cancel", active)
+    cairn(machine, "cancel", "--yes", active)
     data = wait_state(machine, active, FINISHED)
     assert data["run"]["state"] == "cancelled"
     # the running agent was stopped, not waited for: its effects are uncertain

@@ -137,6 +137,14 @@ def test_a_keyed_provider_is_stored_encrypted_tested_and_removed(fresh_host: Mac
                           check=False)
     assert denied.returncode == 2
 
+    # a script must say --yes; --dry-run says what would go and keeps it
+    unasked = machine.exec(["cairn", "provider", "rm", "hosted"], check=False)
+    assert unasked.returncode == 2 and b"no terminal to ask" in unasked.stderr
+    would = machine.exec(["cairn", "provider", "rm", "hosted", "--dry-run"]).stdout.decode()
+    assert would == ("would remove provider hosted from /etc/cairn/providers.toml and its key "
+                     "cairn-provider-hosted; nothing was changed (--dry-run)\n")
+    kept = machine.exec(["cat", "/etc/cairn/providers.toml"]).stdout.decode()
+    assert "[providers.hosted]" in kept
     machine.exec(["cairn", "provider", "rm", "hosted", "--yes"])
     gone = machine.exec(["test", "-e", "/etc/credstore.encrypted/cairn-provider-hosted"],
                         check=False)

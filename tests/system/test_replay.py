@@ -52,7 +52,7 @@ def test_replay_through_the_second_agent_imports_two_and_runs_the_third_fresh(
     check_run(booted, source, project)
     # The source's changes are taken back, so the replay's own result is what reaches the
     # live project (its Q is the source's Q).
-    assert json.loads(cairn(booted, "revert", source, "--json"))["status"] == "applied"
+    assert json.loads(cairn(booted, "revert", "--yes", source, "--json"))["status"] == "applied"
     assert booted.exec(["cat", f"{project}/log.txt"]).stdout.decode() == "start\n"
     source_before = show(booted, source)
 
@@ -91,7 +91,7 @@ def test_replay_through_the_second_agent_imports_two_and_runs_the_third_fresh(
 
     # The new run's snapshots are its own: deleting the source's storage leaves them, and
     # the source can no longer be replayed.
-    cairn(booted, "rm", source)
+    cairn(booted, "rm", "--yes", source)
     for name in ("Q", "checkpoints/root-1", "checkpoints/root-2"):
         booted.exec(["btrfs", "subvolume", "show", f"{pool}/{new}/{name}"])
     err = refused(booted, "replay", source, "--through", "root-2")

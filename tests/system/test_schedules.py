@@ -182,7 +182,7 @@ def test_timer_fires_and_admission_enforces_the_lease(machine: Machine) -> None:
     assert json.loads(cairn(machine, "schedule", "inbox", "--json")) == []
 
     # Delete: future launches only; the timer goes away, the runs stay.
-    cairn(machine, "schedule", "rm", sid)
+    cairn(machine, "schedule", "rm", "--yes", sid)
     assert f"cairn-schedule@{sid}.timer" not in user_systemctl(machine, "list-timers", "--all")
     assert len(json.loads(cairn(machine, "ps", "--json"))) == 2
 

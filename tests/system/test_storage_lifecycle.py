@@ -95,7 +95,7 @@ def test_rm_of_a_running_run_is_refused_in_one_line(machine: Machine) -> None:
     run_id = launch(machine, project, write_script(machine, script), "slow")
     wait_for(machine, run_id, lambda d: any(o["state"] == "started" for o in d["operations"]))
 
-    refused = machine.exec(["cairn", "rm", run_id], user="alice", check=False)
+    refused = machine.exec(["cairn", "rm", "--yes", run_id], user="alice", check=False)
 
     assert refused.returncode == 2
     lines = refused.stderr.decode().splitlines()
@@ -105,7 +105,7 @@ def test_rm_of_a_running_run_is_refused_in_one_line(machine: Machine) -> None:
     assert len(lines) == 2 and lines[1].startswith("hint: ")
     assert machine.exec(["test", "-d", f"{POOL}/runs/{run_id}/scopes/root/W.1"],
                         check=False).returncode == 0
-    cairn(machine, "cancel", run_id)
+    cairn(machine, "cancel", "--yes", run_id)
     wait_for(machine, run_id, finished, timeout=180)
 
 
@@ -119,10 +119,10 @@ def test_show_of_a_deleted_run_tells_its_history_and_that_its_storage_is_gone(
     checkpoint = before["operations"][0]["checkpoint"]["s"]["path"]
 
     # bob may neither see nor delete it
-    other = machine.exec(["cairn", "rm", run_id], user="bob", check=False)
+    other = machine.exec(["cairn", "rm", "--yes", run_id], user="bob", check=False)
     assert other.returncode != 0 and f"no run {run_id}" in other.stderr.decode()
 
-    out = cairn(machine, "rm", run_id)
+    out = cairn(machine, "rm", "--yes", run_id)
     assert out.startswith(f"deleted {run_id} (") and "subvolumes)" in out
     assert machine.exec(["test", "-e", f"{POOL}/runs/{run_id}"], check=False).returncode != 0
     assert machine.exec(["test", "-e", checkpoint], check=False).returncode != 0
@@ -138,7 +138,7 @@ def test_show_of_a_deleted_run_tells_its_history_and_that_its_storage_is_gone(
     assert "storage: deleted" in text and "(deleted)" in text
     assert "+- add an entry" in cairn(machine, "diff", run_id)
     assert "ok" in cairn(machine, "doctor", run_id)
-    assert cairn(machine, "rm", run_id).strip() == f"{run_id}: storage already gone"
+    assert cairn(machine, "rm", "--yes", run_id).strip() == f"{run_id}: storage already gone"
 
 
 def test_a_pool_filled_to_its_reserve_refuses_the_next_launch(machine: Machine) -> None:
@@ -190,7 +190,7 @@ def test_checkpoints_lists_each_snapshot_with_its_operation_then_says_it_is_dele
     other = machine.exec(["cairn", "checkpoints", run_id], user="bob", check=False)
     assert other.returncode != 0 and f"no run {run_id}" in other.stderr.decode()
 
-    cairn(machine, "rm", run_id)
+    cairn(machine, "rm", "--yes", run_id)
     gone = json.loads(cairn(machine, "checkpoints", run_id, "--json"))
     assert gone["storage"]["deleted"] is True
     assert [(c["path"], c["deleted"], c["exclusive"]) for c in gone["checkpoints"]] == [
@@ -274,7 +274,7 @@ def test_an_agent_writing_past_the_reserve_is_stopped_and_its_run_fails_in_one_l
     assert doctor.returncode == 0 and checked["problems"] == [], checked
 
     # The failed run may go and its space comes back.
-    cairn(machine, "rm", run_id)
+    cairn(machine, "rm", "--yes", run_id)
     assert settled_free(machine) > 1024 * MIB
     script = write_script(machine, SCRIPT)
     after = launch(machine, project, script, "after the full pool")

@@ -39,7 +39,7 @@ def test_revert_restores_the_project_as_it_was_before_the_run(booted: Machine) -
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert tree(booted, project) != before
 
-    out = json.loads(cairn(booted, "revert", run_id, "--json"))
+    out = json.loads(cairn(booted, "revert", "--yes", run_id, "--json"))
     assert out["status"] == "applied"
     assert sorted(out["applied"]) == ["CHANGELOG.md", "src/added.py"]
     assert out["unit"] == f"cairn-revert-{run_id}-1.service"
@@ -49,7 +49,7 @@ def test_revert_restores_the_project_as_it_was_before_the_run(booted: Machine) -
     assert shown["settlement"]["revert"]["status"] == "applied"
     assert shown["settlement_summary"]["label"] == "applied, reverted"
     assert any(e["event"] == "reverted" for e in shown["events"])
-    again = cairn(booted, "revert", run_id)
+    again = cairn(booted, "revert", "--yes", run_id)
     assert "already reverted" in again
     assert tree(booted, project) == before
 
@@ -63,7 +63,7 @@ def test_revert_after_a_persons_edit_is_a_named_conflict_and_writes_nothing(
     booted.exec(["tee", "-a", f"{project}/src/added.py"], user="alice", input=b"mine\n")
     edited = tree(booted, project)
 
-    proc = booted.exec(["cairn", "revert", run_id], user="alice", check=False)
+    proc = booted.exec(["cairn", "revert", "--yes", run_id], user="alice", check=False)
     assert proc.returncode == 1
     assert "not reverted, nothing written" in proc.stdout.decode()
     assert "conflict: src/added.py" in proc.stdout.decode()
@@ -74,7 +74,7 @@ def test_another_user_cannot_revert_a_run(booted: Machine) -> None:
     project = fresh_project(booted, "alice")
     _, run_id, _ = run_script(booted, STEPS, "alice's", project=project)
     applied = tree(booted, project)
-    proc = booted.exec(["cairn", "revert", run_id], user="bob", check=False)
+    proc = booted.exec(["cairn", "revert", "--yes", run_id], user="bob", check=False)
     assert proc.returncode != 0
     assert f"no run {run_id}" in proc.stderr.decode()
     assert tree(booted, project) == applied
@@ -263,11 +263,11 @@ def test_doctor_tells_which_applied_paths_were_changed_since(booted: Machine) ->
 
     # Back to the run's content, reverted: every path holds Q's again.
     booted.exec(["tee", f"{project}/src/added.py"], user="alice", input=b"added\n")
-    assert json.loads(cairn(booted, "revert", run_id, "--json"))["status"] == "applied"
+    assert json.loads(cairn(booted, "revert", "--yes", run_id, "--json"))["status"] == "applied"
     assert checked()["applied"] == {"as_applied": 0, "reverted": 2, "changed": 0}
 
     # Once the storage is deleted there is nothing to compare with: a note.
-    cairn(booted, "rm", run_id)
+    cairn(booted, "rm", "--yes", run_id)
     gone = checked()
     assert "applied" not in gone
     assert gone["notes"] == ["the live project was not checked: the run's storage was deleted"]

@@ -1,6 +1,7 @@
 """Commands that cannot be undone ask a person at a terminal first (``[y/N]``; anything
-but y stops them with nothing changed), and never a script: ``--yes`` or no terminal goes
-on unasked. Each command runs as a real process on a pseudo-terminal, against a stand-in
+but y stops them with nothing changed) and never a script: ``--yes`` goes on unasked, and
+without a terminal and without ``--yes`` the command is refused before it changes
+anything. Each command runs as a real process on a pseudo-terminal, against a stand-in
 cairnd that records what reached it."""
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
         "revert": {"run_id": RUN, "status": "reverted", "applied": ["a"], "conflicts": []},
         "rm": {"run_id": RUN, "already_gone": False, "subvolumes": 3, "reclaim_pending": 0,
                "free_bytes": None},
+        "show": {"run": {"run_id": RUN, "state": "succeeded"},
+                 "settlement": {"status": "applied", "apply": {
+                     "status": "applied", "applied": ["a.txt", "b/\x1b[2Jc"]}}},
+        "schedule-inspect": {"schedule_id": "0123456789ab", "name": "nightly",
+                             "status": "active"},
         "prune": {"dry_run": False, "rule": {"older_than": None, "keep": 5},
                   "delete": [{"run_id": RUN, "reason": "older"}], "kept": [], "deleted": [],
                   "failed": [], "reclaim_pending": 0, "free_bytes": None},
@@ -109,10 +115,29 @@ def test_with_yes_nothing_is_asked(flag: str, daemon: StandInDaemon, tmp_path: P
     assert ops(daemon) == [("cancel", False)]
 
 
-def test_without_a_terminal_nothing_is_asked(daemon: StandInDaemon, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", CHILD, "cancel", RUN], capture_output=True,
+@pytest.mark.parametrize("argv", [
+    ["cancel", RUN], ["revert", RUN], ["rm", RUN], ["prune"], ["schedule", "rm", "0123456789ab"],
+])
+def test_without_a_terminal_and_without_yes_it_is_refused_and_nothing_is_asked(
+    argv: list[str], daemon: StandInDaemon, tmp_path: Path
+) -> None:
+    proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True,
                           env=environment(tmp_path), timeout=60, check=False,
                           stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    command = " ".join(["cairn", *argv[: 2 if argv[0] == "schedule" else 1]])
+    assert proc.stderr.decode().splitlines() == [
+        f"cairn: {command} cannot be undone and there is no terminal to ask; nothing was "
+        "changed",
+        "hint: give --yes (-y) to do it without asking",
+    ]
+    assert proc.stdout == b"" and daemon.asked == []
+
+
+def test_without_a_terminal_yes_goes_on(daemon: StandInDaemon, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", CHILD, "cancel", RUN, "--yes"],
+                          capture_output=True, env=environment(tmp_path), timeout=60,
+                          check=False, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert b"[y/N]" not in proc.stderr + proc.stdout
     assert ops(daemon) == [("cancel", False)]
@@ -162,3 +187,46 @@ def test_workflow_remove_asks_naming_the_installed_hash(
     assert output.endswith(f"removed user:fix-flaky  {installed.review_hash}\n")
     status, output = on_terminal(["workflow", "remove", "user:nothing"], b"y\n", env)
     assert status == 2 and "[y/N]" not in output, output  # not installed: refused, not asked
+
+
+def run_piped(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,
+                          env=env, timeout=60, check=False, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("argv", "said", "asked"), [
+    (["rm", RUN, "--dry-run"], f"would delete {RUN} (its history stays)", [("rm", True)]),
+    (["cancel", RUN, "--dry-run"], f"would leave {RUN} as it is: it already ended succeeded",
+     [("show", False)]),
+    (["revert", RUN, "--dry-run"],
+     f"would put back the content from before {RUN} of the 2 path(s) it applied (a.txt, "
+     "b/\\x1b[2Jc), unless one changed since (then nothing is written)", [("show", False)]),
+    (["schedule", "rm", "0123456789ab", "--dry-run"],
+     "would delete schedule 0123456789ab (nightly, active) and its timer; the runs it "
+     "launched stay", [("schedule-inspect", False)]),
+])
+def test_a_dry_run_says_what_would_go_without_a_terminal_or_yes_and_changes_nothing(
+    argv: list[str], said: str, asked: list[tuple[str, bool]], daemon: StandInDaemon,
+    tmp_path: Path,
+) -> None:
+    proc = run_piped(argv, environment(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(said), first
+    assert proc.stdout.endswith("; nothing was changed (--dry-run)\n") or argv[0] == "rm"
+    assert ops(daemon) == asked
+
+
+def test_workflow_rm_dry_run_names_what_would_go_and_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    source = user.draft_source("fix-flaky")
+    path = tmp_path / "fix-flaky.py"
+    path.write_text(source)
+    installed = user.install(path, review_source(source, filename=path.name).review_hash)
+    proc = run_piped(["workflow", "rm", "user:fix-flaky", "--dry-run"], environment(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"would remove user:fix-flaky ({installed.review_hash}) and its "
+                           "exposure; nothing was changed (--dry-run)\n")
+    assert user.installed("fix-flaky", purpose="kept").review_hash == installed.review_hash

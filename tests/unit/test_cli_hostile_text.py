@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from clirunner import CliRunner
 
-from cairn.cli import logs, main, options, people, runs, schedule, storage, watchview
+from cairn.cli import doctor, logs, main, options, people, runs, schedule, storage, watchview
 from cairn.cli.commands import app
 from cairn.cli.watchview import EventPrinter
 from cairn.errors import CairnError
@@ -134,7 +134,7 @@ LOG_TEXT = f"2026-01-01T00:00:00+0000 host agent[1]: {EVIL}\tcol\n"
 COMMANDS: dict[str, tuple[Any, Any]] = {
     "show": (runs, show_view()),
     "diff": (runs, DIFF),
-    "doctor": (runs, DOCTOR),
+    "doctor": (doctor, DOCTOR),
     "list": (runs, [{"run_id": RUN, "state": "running", "definition": EVIL, "created_at": AT,
                      "project": EVIL, "current_op": {"op_id": EVIL, "state": "running"},
                      "settlement_summary": {"label": EVIL}}]),
@@ -149,7 +149,7 @@ COMMANDS: dict[str, tuple[Any, Any]] = {
     "schedule show": (schedule, SCHEDULE),
     "schedule inbox": (schedule, SCHEDULE_INBOX),
 }
-ARGS = {"show": [RUN], "diff": [RUN], "doctor": [RUN], "revert": [RUN],
+ARGS = {"show": [RUN], "diff": [RUN], "doctor": [RUN], "revert": [RUN, "--yes"], "prune": ["--yes"],
         "replay": [RUN, "--through", "root-1"], "checkpoints": [RUN],
         "schedule show": ["0123456789ab"]}
 

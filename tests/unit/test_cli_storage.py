@@ -45,13 +45,13 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[OpRequest]:
 
 
 def test_rm_checks_every_run_before_deleting_any(sent: list[OpRequest]) -> None:
-    result = CliRunner().invoke(app, ["rm", A, B])
+    result = CliRunner().invoke(app, ["rm", A, B, "--yes"])
     assert isinstance(result.exception, CairnError) and "is kept" in result.exception.message
     assert sent == [RmRequest(run_id=A, dry_run=True), RmRequest(run_id=B, dry_run=True)]
 
 
 def test_rm_deletes_after_the_check(sent: list[OpRequest]) -> None:
-    result = CliRunner().invoke(app, ["rm", A])
+    result = CliRunner().invoke(app, ["rm", A, "--yes"])
     assert result.exit_code == 0, result.output
     assert sent == [RmRequest(run_id=A, dry_run=True), RmRequest(run_id=A)]
     assert result.output == f"deleted {A} (6 subvolumes)\n"
@@ -65,7 +65,7 @@ def test_prune_sends_the_rule_in_seconds(sent: list[OpRequest]) -> None:
 
 
 def test_prune_without_a_rule_asks_for_the_host_policy(sent: list[OpRequest]) -> None:
-    result = CliRunner().invoke(app, ["prune"])
+    result = CliRunner().invoke(app, ["prune", "--yes"])
     assert result.exit_code == 0, result.output
     assert sent == [PruneRequest()]
     assert f"deleted {A} (6 subvolumes)" in result.output

@@ -142,7 +142,7 @@ def test_an_install_record_reached_through_a_link_is_refused(config: Path, wf: P
 def test_remove_takes_the_definition_and_its_exposure(config: Path, wf: Path) -> None:
     user.install(wf, review_hash(SOURCE))
     registry.expose("user:fix-flaky", review_hash(SOURCE))
-    result = CliRunner().invoke(app, ["workflow", "remove", "user:fix-flaky"])
+    result = CliRunner().invoke(app, ["workflow", "remove", "user:fix-flaky", "--yes"])
     assert result.exit_code == 0, result.output
     assert registry.exposed_hashes() == {}
     error = refused(NotFound, user.installed, "fix-flaky")

@@ -19,7 +19,7 @@ import pytest
 from clirunner import CliRunner
 
 from cairn import hostcheck, paths
-from cairn.cli import runs
+from cairn.cli import doctor as cli_doctor
 from cairn.cli.commands import app
 from cairn.daemon import doctor
 from cairn.errors import SystemdError, Unavailable
@@ -212,7 +212,7 @@ def test_the_command_prints_every_host_check_and_fails_on_a_failure(
         "problems": 1,
     }
     answers = {"doctor": report, "schedule-list": []}
-    monkeypatch.setattr(runs, "request", lambda body: copy.deepcopy(answers[body.op]))
+    monkeypatch.setattr(cli_doctor, "request", lambda body: copy.deepcopy(answers[body.op]))
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 1
     assert result.output.splitlines()[:2] == [
@@ -230,7 +230,7 @@ def test_without_cairnd_the_command_says_so_as_a_failed_check(
     def down(body: Any) -> Any:
         raise Unavailable("cannot reach cairnd at /run/cairn/cairnd.sock: No such file")
 
-    monkeypatch.setattr(runs, "request", down)
+    monkeypatch.setattr(cli_doctor, "request", down)
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 1
     assert result.output == (

@@ -286,7 +286,7 @@ def test_the_command_says_whether_the_cancel_is_done_or_waits(
     ):
         monkeypatch.setattr(people_cli, "request", lambda body, o=outcome: {
             "run_id": run_id, "action": "cancel", "outcome": o, "woken": False})
-        result = CliRunner().invoke(app, ["cancel", run_id])
+        result = CliRunner().invoke(app, ["cancel", run_id, "--yes"])
         assert result.exit_code == 0 and result.output == said
 
 
