@@ -186,14 +186,21 @@ def full_run_id(ref: str) -> str | None:
     help="Each run as TEMPLATE, with {FIELD} for a field of --json, e.g. "
         "'{run_id} {state} {project}'.",
 )
-@json_flag
+@click.option(
+    "--json",
+    "json_fields",
+    is_flag=False,
+    flag_value="",
+    metavar="[FIELDS]",
+    help="Print JSON; with FIELDS (e.g. run_id,state) only those fields of each run.",
+)
 def list_runs(
     all_users: bool = False,
     state: tuple[str, ...] = (),
     limit: int | None = None,
     quiet: bool = False,
     template: str | None = None,
-    json_out: bool = False,
+    json_fields: str | None = None,
 ) -> None:
     """List your runs, newest first: a short ID (a unique prefix; any command takes it),
     state, definition, project, current operation, settlement (also: cairn ps).
@@ -202,6 +209,7 @@ def list_runs(
     """
     from cairn.protocol.daemon import PsRequest
 
+    json_out = json_fields is not None
     if sum((quiet, template is not None, json_out)) > 1:
         fail("--quiet, --format and --json each choose the output; give one", code=2)
     wanted = _run_states(state)
@@ -214,6 +222,9 @@ def list_runs(
     if template is not None:
         for r in runs:
             echo(_formatted(template, r))
+        return
+    if json_fields:
+        emit([_selected(json_fields, r) for r in runs])
         return
     if emit_or_empty(runs, json_out, empty="no runs"):
         return
@@ -268,6 +279,16 @@ def _formatted(template: str, run: dict[str, Any]) -> str:
     except (ValueError, IndexError, AttributeError) as exc:
         fail(f"--format {template!r} is not a template: {exc}",
              hint="write each field as {FIELD}, e.g. '{run_id} {state}'", code=2)
+
+
+def _selected(fields: str, run: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``--json`` view cut to ``fields`` (comma-separated names)."""
+    names = [name.strip() for name in fields.split(",") if name.strip()]
+    unknown = [name for name in names if name not in run]
+    if unknown:
+        fail(f"--json names {unknown[0]!r}, which no run has",
+             hint=f"fields: {', '.join(sorted(run))}", code=2)
+    return {name: run[name] for name in names}
 
 
 def _user_name(uid: int | None) -> str:

@@ -237,8 +237,13 @@ def test_source_packages_carry_the_tree_and_rebuild_the_same_deb(
     assert not list(tree.rglob("release-key.pem"))
     assert (tree / "debian/rules").is_file() and (tree / "LICENSE").is_file()
     if shutil.which("lintian", path="/usr/bin:/bin") is not None:
-        lint = run(["lintian", "--fail-on", "error", dsc], check=False, timeout=600)
-        assert lint.returncode == 0, lint.stdout.decode()
+        # clean with pedantic tags, as the .deb: what is left is overridden, with its reason,
+        # in debian/source/lintian-overrides
+        lint = run(["lintian", "--no-cfg", "--pedantic", "--display-info", dsc], check=False,
+                   timeout=600)
+        report = (lint.stdout + lint.stderr).decode(errors="replace")
+        findings = [line for line in report.splitlines() if line[:2] in ("E:", "W:", "I:", "P:")]
+        assert findings == [], report
     # Debian's own toolchain, as build-deb.sh runs it (no pyenv or venv interpreter).
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
     run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=tree, env=env, timeout=900)

@@ -4,6 +4,7 @@ the previous release still working: ``ps`` as the short name of ``list``, the sc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,25 @@ def test_list_filters_by_state_limits_and_prints_ids_or_a_template(
         f"failed:-:{tmp_path}/src/demo", "succeeded:-:/srv/app", "queued:-:/srv/other\\x1b[2J"]
 
 
+def test_list_json_takes_the_fields_to_keep_as_gh_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    listed = _listing(monkeypatch, tmp_path)
+    whole = runner().invoke(app, ["list", "--json", "--state", "failed"])
+    assert json.loads(whole.stdout) == [listed[0]]
+    cut = runner().invoke(app, ["list", "--json", "state,run_id", "-n", "2"])
+    assert cut.exit_code == 0, cut.output
+    assert json.loads(cut.stdout) == [{"state": r["state"], "run_id": r["run_id"]}
+                                      for r in listed[:2]]
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [(["--state", "done"], "'done' is not a run state"),
      (["--format", "{nope}"], "--format names 'nope', which no run has"),
      (["--format", "{state"], "is not a template"),
      (["-q", "--json"], "give one"),
+     (["--json", "state,nope"], "--json names 'nope', which no run has"),
      (["--limit", "0"], "--limit")],
 )
 def test_list_refuses_a_bad_option_in_one_line(
