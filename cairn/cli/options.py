@@ -158,6 +158,13 @@ definition_argument = argument(
     help="e.g. builtin:implement, or a reviewed FILE.py",
     shell_complete=completes(definition_candidates),
 )
+# A launch's and a schedule's own workflow options.
+args_option = click.option(
+    "--args", default="{}", help="Workflow arguments as a JSON object."
+)
+scripted_option = click.option(
+    "--scripted", multiple=True, help="PROFILE=FILE.json: run that profile as a scripted agent."
+)
 dry_run_flag = click.option(
     "--dry-run", is_flag=True, help="Only print what it would do; change nothing."
 )

@@ -21,6 +21,7 @@ from cairn.cli.launching import queued_note
 from cairn.cli.logs import logs
 from cairn.cli.options import (
     add_commands,
+    args_option,
     argument,
     columns,
     confirm_or_stop,
@@ -34,6 +35,7 @@ from cairn.cli.options import (
     paged,
     render_waiting,
     run_argument,
+    scripted_option,
     would,
     yes_flag,
 )
@@ -60,7 +62,7 @@ def _age(ts: float) -> str:
 
 
 @definition_argument
-@click.option("--args", help="Workflow arguments as a JSON object.", default="{}")
+@args_option
 @click.option(
     "--arg",
     metavar="KEY=VALUE",
@@ -75,11 +77,7 @@ def _age(ts: float) -> str:
     show_default="the current directory",
     default=Path("."),
 )
-@click.option(
-    "--scripted",
-    help="PROFILE=FILE.json: run that profile as a scripted agent.",
-    multiple=True,
-)
+@scripted_option
 @click.option("--confirm", help="For a workflow FILE.py: the review hash you confirmed.")
 @click.option(
     "--limit",

@@ -20,6 +20,7 @@ from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
 from cairn.cli.options import (
     CairnGroup,
+    args_option,
     argument,
     completes,
     confirm_or_stop,
@@ -30,6 +31,7 @@ from cairn.cli.options import (
     hidden_alias,
     json_flag,
     renamed,
+    scripted_option,
     would,
     yes_flag,
 )
@@ -166,18 +168,14 @@ def _print_review(result: dict[str, Any]) -> None:
 )
 @click.option("--max-runs", type=int, help="At most this many runs.", required=True)
 @click.option("--valid-until", help="ISO 8601 instant, e.g. 2028-01-01T00:00Z.", required=True)
-@click.option("--args", help="Workflow arguments as a JSON object.", default="{}")
+@args_option
 @click.option("--min-spacing", help="Minimum time between launches.", default="0")
 @click.option(
     "--overlap",
     help="skip: refuse while a run is active; queue-one: keep one.",
     default="skip",
 )
-@click.option(
-    "--scripted",
-    help="PROFILE=FILE.json: run that profile as a scripted agent.",
-    multiple=True,
-)
+@scripted_option
 @click.option(
     "--replace",
     help="Review a new revision of an existing schedule.",

@@ -18,6 +18,7 @@ from mcp_standin import StandInDaemon
 
 from cairn import paths
 from cairn.definitions import user
+from cairn.protocol.definitions import InstalledDefinition
 from cairn.workflow.review import review_source
 
 CHILD = "import sys; from cairn import cli; sys.argv = ['cairn', *sys.argv[1:]]; cli.main()"
@@ -168,14 +169,19 @@ def test_prune_asks_with_the_count_its_dry_run_found(
     assert status == 0 and "[y/N]" not in output, output
 
 
-def test_workflow_remove_asks_naming_the_installed_hash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstalledDefinition:
+    """user:fix-flaky, installed from its draft."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     source = user.draft_source("fix-flaky")
     path = tmp_path / "fix-flaky.py"
     path.write_text(source)
-    installed = user.install(path, review_source(source, filename=path.name).review_hash)
+    return user.install(path, review_source(source, filename=path.name).review_hash)
+
+
+def test_workflow_remove_asks_naming_the_installed_hash(
+    tmp_path: Path, installed: InstalledDefinition
+) -> None:
     env = environment(tmp_path)
 
     status, output = on_terminal(["workflow", "remove", "user:fix-flaky"], b"n\n", env)
@@ -218,13 +224,8 @@ def test_a_dry_run_says_what_would_go_without_a_terminal_or_yes_and_changes_noth
 
 
 def test_workflow_rm_dry_run_names_what_would_go_and_keeps_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, installed: InstalledDefinition
 ) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    source = user.draft_source("fix-flaky")
-    path = tmp_path / "fix-flaky.py"
-    path.write_text(source)
-    installed = user.install(path, review_source(source, filename=path.name).review_hash)
     proc = run_piped(["workflow", "rm", "user:fix-flaky", "--dry-run"], environment(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"would remove user:fix-flaky ({installed.review_hash}) and its "

@@ -65,11 +65,17 @@ exit 7
 """
 
 
-def test_cairn_becomes_ssh_and_exits_with_its_status(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(STAND_IN)
-    (bin_dir / "ssh").chmod(0o755)
+@pytest.fixture
+def bin_dir(tmp_path: Path) -> Path:
+    """A directory for PATH with the stand-in ssh."""
+    found = tmp_path / "bin"
+    found.mkdir()
+    (found / "ssh").write_text(STAND_IN)
+    (found / "ssh").chmod(0o755)
+    return found
+
+
+def test_cairn_becomes_ssh_and_exits_with_its_status(tmp_path: Path, bin_dir: Path) -> None:
     record = tmp_path / "argv"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD": str(record), "SSH_AUTH_SOCK": "/a.sock"}
     proc = subprocess.run(
@@ -82,11 +88,7 @@ def test_cairn_becomes_ssh_and_exits_with_its_status(tmp_path: Path) -> None:
     assert (tmp_path / "argv.stdin").read_bytes() == b"piped"  # stdin is ssh's
 
 
-def test_a_refused_host_never_reaches_ssh(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(STAND_IN)
-    (bin_dir / "ssh").chmod(0o755)
+def test_a_refused_host_never_reaches_ssh(tmp_path: Path, bin_dir: Path) -> None:
     record = tmp_path / "argv"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD": str(record)}
     proc = subprocess.run(
