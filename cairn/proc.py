@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO
 
-from cairn.errors import ProcessFailed
+from cairn.errors import CairnError, ProcessFailed
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,62 @@ def reading(
     if output.ended and child.returncode != 0:
         last = err.splitlines()[-1] if err else f"exit status {child.returncode}"
         raise ProcessFailed(f"{args[0]} failed: {last}", returncode=child.returncode, stderr=err)
+
+
+class OutputTooLarge(CairnError):
+    """A command printed more than its caller reads; it was killed."""
+
+    code = "output-too-large"
+
+
+def run_bounded(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    limit: int,
+    env: Mapping[str, str] | None = None,
+    timeout: float,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` as :func:`run` does (never raising for its exit status), holding at
+    most ``limit`` bytes of its stdout and of its stderr: for a command whose output a less
+    trusted process writes. One byte more of either kills it and raises
+    :class:`OutputTooLarge`; so does ``timeout``, as :class:`subprocess.TimeoutExpired`."""
+    import selectors
+    import time
+
+    args = [os.fspath(a) for a in argv]
+    log.debug("+ %s (at most %d bytes)", shlex.join(args), limit)
+    child = subprocess.Popen(args, env=make_env(env), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    held = {child.stdout: bytearray(), child.stderr: bytearray()}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for pipe in held:
+            selector.register(pipe, selectors.EVENT_READ)
+        try:
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(args, timeout)
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    data = held[key.fileobj]  # type: ignore[index]
+                    data += chunk
+                    if len(data) > limit:
+                        raise OutputTooLarge(f"{args[0]} printed more than {limit} bytes")
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            for pipe in held:
+                pipe.close()
+    returncode = child.wait(timeout=max(0.1, deadline - time.monotonic()))
+    return subprocess.CompletedProcess(args, returncode, bytes(held[child.stdout]),
+                                       bytes(held[child.stderr]))
 
 
 def replace_process(argv: Sequence[str], *, env: Mapping[str, str]) -> None:

@@ -46,6 +46,8 @@ PROBE_PROPERTIES = (
     "CapabilityBoundingSet=",
     "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
 )
+# The most root reads of what the probe (user cairn) prints: its answer is one line.
+PROBE_OUTPUT_LIMIT = 64 * 1024
 # What `provider add` writes for these ProviderEntry fields when they differ from their
 # defaults (base_url, model, api and credential are always written).
 _OPTIONAL = ("auth_header", "auth_scheme", "max_tokens_per_call", "timeout_sec")
@@ -324,7 +326,13 @@ def probe_provider(name: str) -> tuple[bool, str]:
             "--service-type=exec", f"--unit=cairn-provider-test-{name}"]
     argv += [f"--property={prop}" for prop in PROBE_PROPERTIES]
     argv += [sys.executable, "-I", "-m", "cairn.coordinator.probe", name]
-    result = proc.run(argv, check=False, timeout=600)
+    try:
+        result = proc.run_bounded(argv, limit=PROBE_OUTPUT_LIMIT, timeout=600)
+    except proc.OutputTooLarge:
+        return False, printable(
+            f"provider {name}: the test printed more than {PROBE_OUTPUT_LIMIT} bytes, not "
+            f"one line; journalctl -u cairn-provider-test-{name} shows what ran"
+        )
     lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
     if lines:
         return result.returncode == 0, printable(lines[-1])

@@ -155,3 +155,36 @@ def test_a_keyed_provider_is_stored_encrypted_tested_and_removed(fresh_host: Mac
     missing = machine.exec(["cairn", "provider", "test", "hosted"], check=False)
     assert missing.returncode == 1
     assert "model provider 'hosted' is not configured" in missing.stdout.decode()
+
+
+PROBE = "/usr/lib/python3/dist-packages/cairn/coordinator/probe.py"
+# What a process of user cairn (the probe's unit) could print to the root command that
+# started it: terminal controls, then far more than one line.
+HOSTILE_PROBES = {
+    "controls": "import sys\nprint('\\x1b]0;owned\\x07\\x1b[2J answered')\n",
+    "flood": "import sys\nwhile True:\n    sys.stdout.write('\\x1b[2J' + 'A' * 65536)\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_PROBES))
+def test_root_reads_at_most_one_escaped_line_of_what_the_probe_prints(
+    fresh_host: Machine, kind: str
+) -> None:
+    machine = fresh_host
+    machine.exec(shlex.split("cairn provider add quiet --base-url http://127.0.0.1:9/v1 "
+                             "--model m --no-key"))
+    real = machine.exec(["cat", PROBE]).stdout
+    machine.exec(["tee", PROBE], input=HOSTILE_PROBES[kind].encode())
+    try:
+        shown = machine.exec(["cairn", "provider", "test", "quiet"], check=False, timeout=120)
+    finally:
+        machine.exec(["tee", PROBE], input=real)
+    out = shown.stdout
+    assert b"\x1b" not in out and b"\x07" not in out
+    assert out.count(b"\n") == 1, out[:300]
+    if kind == "controls":
+        assert shown.returncode == 0
+        assert out == b"\\x1b]0;owned\\x07\\x1b[2J answered\n"
+    else:
+        assert shown.returncode == 1
+        assert out.startswith(b"provider quiet: the test printed more than 65536 bytes")

@@ -1,7 +1,9 @@
-"""The subprocess helper's streaming form: read as it comes, stop early, fail loudly."""
+"""The subprocess helper's streaming and bounded forms: read as it comes, stop early, hold no
+more than asked, fail loudly."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -38,3 +40,26 @@ def test_output_knows_its_end() -> None:
     with proc.reading(["/bin/sh", "-c", "printf abc"]) as out:
         assert out.read(2) == b"ab" and not out.ended
         assert out.read(2) == b"c" and out.ended
+
+
+def test_a_bounded_run_returns_what_a_small_command_printed_and_its_status() -> None:
+    done = proc.run_bounded(
+        ["sh", "-c", "echo out; echo err >&2; exit 3"], limit=100, timeout=30
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
+
+
+@pytest.mark.parametrize("stream", ["", ">&2"])
+def test_a_bounded_run_kills_a_command_that_prints_more(stream: str) -> None:
+    started = time.monotonic()
+    # printing forever, on stdout or stderr: read to the bound, then killed
+    with pytest.raises(proc.OutputTooLarge, match="printed more than 4096 bytes"):
+        proc.run_bounded(["sh", "-c", f"yes {stream}"], limit=4096, timeout=30)
+    assert time.monotonic() - started < 10
+
+
+def test_a_bounded_run_kills_a_command_past_its_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.run_bounded(["tail", "-f", "/dev/null"], limit=100, timeout=0.5)
+    assert time.monotonic() - started < 10
