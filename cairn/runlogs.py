@@ -20,6 +20,7 @@ from typing import Any
 
 from cairn.protocol.daemon import LogsRequest
 from cairn.protocol.requestchecks import LOG_CURSOR_RE
+from cairn.unitprops import is_agent_unit_of
 
 # Entries one following request returns at most; the reader asks again at once when it
 # got any, so a burst is read in batches, never skipped.
@@ -57,8 +58,7 @@ def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:
 
 def operation_units(run_id: str, op_id: str, units: list[str]) -> list[str]:
     """The agent units of operation ``op_id`` among ``units`` (one an attempt)."""
-    attempt = re.compile(rf"cairn-agent-{run_id}-{re.escape(op_id)}-[0-9]+\.service")
-    return [unit for unit in units if attempt.fullmatch(unit)]
+    return [unit for unit in units if is_agent_unit_of(unit, run_id, op_id)]
 
 
 def _run_unit_re(run_id: str) -> re.Pattern[str]:

@@ -243,6 +243,15 @@ class HelperUnitSpec(ResourceLimits):
         return self
 
 
+def is_agent_unit_of(unit: str, run_id: str, op_id: str) -> bool:
+    """Whether ``unit`` is an attempt of :func:`agent_unit_name` for ``run_id``'s
+    operation ``op_id``."""
+    prefix = f"cairn-agent-{run_id}-{op_id}-"
+    attempt = unit.removeprefix(prefix).removesuffix(".service")
+    return (unit.startswith(prefix) and unit.endswith(".service") and attempt.isascii()
+            and attempt.isdigit() and not attempt.startswith("0"))
+
+
 def agent_unit_name(run_id: str, op_id: str, attempt: int) -> str:
     """``cairn-agent-<run>-<op>-<attempt>.service``: a new name for every attempt."""
     if not is_run_id(run_id):

@@ -87,6 +87,11 @@ def test_one_operation_is_its_agent_units_of_every_attempt() -> None:
     assert operation_units(RUN, "root-1", units) == [
         f"cairn-agent-{RUN}-root-1-1.service", f"cairn-agent-{RUN}-root-1-2.service"]
     assert operation_units(RUN, "root-2", units) == []
+    # the name the broker gives an attempt is the one matched here
+    from cairn.unitprops import agent_unit_name
+
+    assert operation_units(RUN, "root-1-3", [agent_unit_name(RUN, "root-1-3", 12)]) != []
+    assert operation_units(RUN, "root-1", [agent_unit_name(RUN, "root-1-3", 12)]) == []
 
 
 def test_an_operation_without_an_agent_unit_is_not_found_and_journalctl_is_not_run(
