@@ -9,6 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 CHILD = """
 import os, signal, sys
 from cairn import cli
@@ -98,7 +100,10 @@ def test_ctrl_c_while_a_launch_waits_for_cairnd_exits_130(tmp_path: Path) -> Non
         try:
             assert connected.wait(timeout=60), "the launch never reached cairnd"
             child.send_signal(signal.SIGINT)
-            _, stderr = child.communicate(timeout=60)
+            try:
+                _, stderr = child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"Ctrl-C did not end the launch: {_where(child.pid)}")
         finally:
             if child.poll() is None:
                 child.kill()
@@ -106,6 +111,18 @@ def test_ctrl_c_while_a_launch_waits_for_cairnd_exits_130(tmp_path: Path) -> Non
         thread.join(timeout=30)
     assert child.returncode == 130, stderr
     assert "Traceback" not in stderr and "Aborted" not in stderr
+
+
+def _where(pid: int) -> str:
+    """What a stuck process is doing: its state, signal masks and kernel wait channel."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        status = [line for line in (proc / "status").read_text().splitlines()
+                  if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+        return "; ".join([*status, "wchan " + (proc / "wchan").read_text(),
+                          "stack " + (proc / "stack").read_text().replace("\n", " | ")])
+    except OSError as exc:
+        return f"no /proc/{pid}: {exc}"
 
 
 def test_a_group_named_alone_prints_its_help_and_exits_0() -> None:
