@@ -91,8 +91,13 @@ def test_ctrl_c_while_a_launch_waits_for_cairnd_exits_130(tmp_path: Path) -> Non
         thread = threading.Thread(target=silent_cairnd)
         thread.start()
         env = {"PATH": "/usr/bin:/bin", "CAIRN_ROOT": str(tmp_path), "LC_ALL": "C.UTF-8"}
+        # Ctrl-C as at a terminal, where SIGINT is never ignored: a test run started in the
+        # background (CI) ignores it, Python keeps an ignored SIGINT ignored, and the child
+        # would inherit that.
         child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from cairn import cli; sys.argv = "
+            [sys.executable, "-c", "import signal; "
+             "signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "import sys; from cairn import cli; sys.argv = "
              f"['cairn', 'launch', 'builtin:implement', '--project', {str(tmp_path)!r}]; "
              "cli.main()"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
