@@ -7,13 +7,18 @@ and writes ``workflows/NAME.json`` (source, hash, who, when) as one atomic repla
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import pwd
+import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from cairn import untrusted
 from cairn.definitions.builtin import builtin_source
 from cairn.definitions.files import (
+    SOURCE_LIMIT,
     check_name,
     drafts_dir,
     read_named_file,
@@ -21,7 +26,8 @@ from cairn.definitions.files import (
     workflows_dir,
     write_record,
 )
-from cairn.errors import NotFound, PermissionDenied, UsageError
+from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
+from cairn.fsutil import fsync_dir, write_atomic
 from cairn.protocol.definitions import HASH_RE, NAME_RE, InstalledDefinition
 from cairn.workflow.review import Review, render_review, review_source
 
@@ -73,6 +79,91 @@ def draft_refusal(name: str, what: str) -> UsageError:
         hint=f"review it with 'cairn workflow review {path}', then install it with "
         f"'cairn workflow install {path} --confirm sha256:…'",
     )
+
+
+class DraftChanged(CairnError):
+    """A draft is not the one the writer last saw: a person (or another session) wrote
+    it since, and replacing it would lose that unseen."""
+
+    code = "draft-changed"
+
+
+@dataclass(frozen=True)
+class Draft:
+    """``drafts/NAME.py`` as read: its text and that text's hash (``sha256:`` of its
+    UTF-8 bytes; not the review hash, which also covers the manifest)."""
+
+    name: str
+    path: Path
+    source: str
+
+    @property
+    def draft_hash(self) -> str:
+        return "sha256:" + hashlib.sha256(self.source.encode()).hexdigest()
+
+
+def read_draft(name: str) -> Draft | None:
+    """The draft ``user:NAME`` (None when there is none): the user's own regular file, no
+    link followed, at most :data:`SOURCE_LIMIT` bytes."""
+    path = draft_path(name)
+    try:
+        source = untrusted.read_text(path.parent, path.name, owner=os.getuid(),
+                                     limit=SOURCE_LIMIT)
+    except untrusted.UntrustedFileMissing:
+        return None
+    return Draft(name, path, source)
+
+
+def write_draft(name: str, source: str, *, replaces: str | None = None) -> Draft:
+    """Write ``source`` as the draft ``user:NAME``, never installing it. Where no draft
+    exists one is created (and ``replaces`` must be None); an existing draft is replaced
+    only when ``replaces`` is its current :attr:`Draft.draft_hash`, checked right before
+    the replacement, so an edit the writer has not seen is never overwritten
+    (:class:`DraftChanged`). Either way the file appears whole or not at all."""
+    check_name(name)
+    size = len(source.encode())
+    if size > SOURCE_LIMIT:
+        raise UsageError(f"the draft's source is {size} bytes; at most {SOURCE_LIMIT} are kept",
+                         hint="a workflow is a short program: move the prompts' bulk out")
+    current = read_draft(name)
+    if current is None:
+        if replaces is not None:
+            raise DraftChanged(f"user:{name} has no draft to replace (it was removed)",
+                               hint="write it again without 'replaces' to start a new one")
+        _create_draft(draft_path(name), source)
+        return Draft(name, draft_path(name), source)
+    if replaces != current.draft_hash:
+        raise DraftChanged(
+            f"user:{name} already has a draft ({current.draft_hash}) that this call does "
+            "not replace" if replaces is None else
+            f"user:{name}'s draft changed since {replaces}: it is {current.draft_hash} now",
+            hint="read the current draft first (nothing was written), keep what a person "
+            "changed, then give its hash as 'replaces'",
+        )
+    if current.source != source:
+        write_atomic(current.path, source, mode=0o600)
+    return Draft(name, current.path, source)
+
+
+def _create_draft(path: Path, source: str) -> None:
+    """``path`` holding ``source``, only if nothing is there: a whole temporary linked to
+    the name (``link(2)`` never replaces an entry, and never follows a link at it)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(tmp, flags, 0o600), "wb") as fh:
+        fh.write(source.encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except FileExistsError:
+        raise DraftChanged(f"user:{path.stem} got a draft while this one was written",
+                           hint="read the current draft first, then give its hash as "
+                           "'replaces'") from None
+    finally:
+        tmp.unlink()
+    fsync_dir(path.parent)
 
 
 def record_path(name: str) -> Path:

@@ -2,7 +2,9 @@
 line on stdout (nothing else is ever written there; logs go to stderr).
 
 ``tools/call`` runs in a thread of its own, so a ``ping`` or a second call is answered
-while ``cairn_watch`` follows a run; every line is written whole under one lock.
+while ``cairn_watch`` follows a run; every line is written whole under one lock. A call
+that asks the client something (a launch form) waits in its thread for the answer, which
+the reading loop hands over by the request's ID.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
 
-from cairn.errors import CairnError
+from cairn.errors import CairnError, Unavailable
 from cairn.mcp.tools import Reporter, Session, UnknownTool, call_tool, list_tools
 from cairn.protocol.mcp import (
     INTERNAL_ERROR,
@@ -27,6 +30,8 @@ from cairn.protocol.mcp import (
     CallToolParams,
     CallToolResult,
     CancelledParams,
+    ElicitAnswer,
+    ElicitParams,
     ErrorObject,
     InitializeParams,
     InitializeResult,
@@ -36,8 +41,10 @@ from cairn.protocol.mcp import (
     RequestId,
     ServerInfo,
     TextContent,
+    can_elicit,
     negotiate,
     notification_line,
+    request_line,
     response_line,
 )
 from cairn.terminal import printable
@@ -48,9 +55,22 @@ log = logging.getLogger(__name__)
 INSTRUCTIONS = (
     "Cairn runs reviewed AI-agent workflows as durable, sandboxed runs. Each workflow tool "
     "launches one on a project and returns its run ID; follow it with cairn_watch, read it "
-    "with cairn_show, answer its questions with cairn_inbox and cairn_answer. Approving an "
-    "operation or applying a proposal is a person's act in their terminal, never a tool's."
+    "with cairn_show, answer its questions with cairn_inbox and cairn_answer; write a new "
+    "workflow as a draft with cairn_workflow_draft. Approving an operation, applying a "
+    "proposal and installing a draft are a person's acts in their terminal, never a tool's."
 )
+
+
+FORM_SECONDS = 900  # how long a launch form waits for the person
+
+
+class _Asked:
+    """A request this server sent the client, until its response arrives."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+        self.result: Any = None
+        self.error: Any = None
 
 
 class ProtocolError(Exception):
@@ -78,6 +98,9 @@ class Server:
         self.lock = threading.Lock()
         self.calls: list[threading.Thread] = []
         self.cancels: dict[RequestId, threading.Event] = {}
+        self.asked: dict[RequestId, _Asked] = {}
+        self.asked_count = 0
+        self.forms = False  # whether the client said it shows elicitation forms
         self.handlers: dict[str, Callable[[dict[str, Any]], BaseModel | None]] = {
             "initialize": self._initialize,
             "ping": lambda params: None,
@@ -115,8 +138,11 @@ class Server:
         if message.method == "notifications/cancelled" and message.id is None:
             self._cancel(message.params or {})
             return
+        if message.method is None and message.id is not None:
+            self._response(message)
+            return
         if message.method is None or message.id is None:
-            return  # another notification (initialized) or a response: nothing to say
+            return  # another notification (initialized): nothing to say
         params = message.params or {}
         if message.method == "tools/call":
             self._start_call(message.id, params)
@@ -142,8 +168,10 @@ class Server:
 
     def _initialize(self, params: dict[str, Any]) -> InitializeResult:
         asked = InitializeParams.model_validate(params)
+        version = negotiate(asked.protocol_version)
+        self.forms = can_elicit(version, asked.capabilities)
         return InitializeResult(
-            protocol_version=negotiate(asked.protocol_version),
+            protocol_version=version,
             capabilities={"tools": {"listChanged": False}},
             server_info=ServerInfo(name="cairn", version=self.version),
             instructions=INSTRUCTIONS,
@@ -178,6 +206,46 @@ class Server:
 
         return report
 
+    def _response(self, message: Message) -> None:
+        """The client's answer to a request of this server's; one it did not ask, or
+        asked and stopped waiting for, is dropped."""
+        asked = self.asked.get(message.id) if message.id is not None else None
+        if asked is None:
+            return
+        extra = message.model_extra or {}
+        asked.result, asked.error = extra.get("result"), extra.get("error")
+        asked.answered.set()
+
+    def _elicitor(self, cancel: threading.Event) -> Callable[[str, dict[str, Any]], ElicitAnswer]:
+        def elicit(text: str, schema: dict[str, Any]) -> ElicitAnswer:
+            """Ask the person through the client's form; their answer, or a CairnError
+            when the client refused to ask, the call was cancelled, or nobody answered."""
+            with self.lock:
+                self.asked_count += 1
+                request_id = f"cairn-form-{self.asked_count}"
+            asked = self.asked[request_id] = _Asked()
+            try:
+                params = ElicitParams(message=text, requested_schema=schema)
+                self.write(request_line(request_id, "elicitation/create", params))
+                deadline = time.monotonic() + FORM_SECONDS
+                while not asked.answered.wait(0.2):
+                    if cancel.is_set() or time.monotonic() > deadline:
+                        raise Unavailable("nobody filled in the launch form; nothing was "
+                                          "launched", hint="call the tool again with 'args'")
+            finally:
+                self.asked.pop(request_id, None)
+            if asked.error is not None or not isinstance(asked.result, dict):
+                raise Unavailable("the client did not show the launch form; nothing was "
+                                  "launched", hint="call the tool again with 'args'")
+            try:
+                return ElicitAnswer.model_validate(asked.result)
+            except ValidationError as exc:
+                where, what = first_error(exc, top="result")
+                raise Unavailable(f"the launch form's answer is not one: {where}: {what}; "
+                                  "nothing was launched") from exc
+
+        return elicit
+
     def _cancel(self, params: dict[str, Any]) -> None:
         """Stop a running call at its next safe point; it then gets no answer (as the
         protocol asks). An unknown or finished request is ignored."""
@@ -198,7 +266,8 @@ class Server:
     def _answer_call(
         self, request_id: RequestId, call: CallToolParams, cancel: threading.Event
     ) -> None:
-        session = replace(self.session, cancelled=cancel.is_set)
+        session = replace(self.session, cancelled=cancel.is_set,
+                          elicit=self._elicitor(cancel) if self.forms else None)
         try:
             data = call_tool(call.name, call.arguments, session, self._reporter(call))
         except UnknownTool as exc:

@@ -1,10 +1,12 @@
 """The tools ``cairn mcp`` offers a model: one per exposed workflow, and the fixed
-``cairn_runs``, ``cairn_show``, ``cairn_watch``, ``cairn_inbox`` and ``cairn_answer``.
+``cairn_runs``, ``cairn_show``, ``cairn_watch``, ``cairn_inbox``, ``cairn_answer`` and
+``cairn_workflow_draft``.
 
 Every tool is a request to cairnd as the user who started the server, so a model can do
 nothing that user's ``cairn`` could not. No tool approves, rejects or applies: those stay a
 person's acts through the CLI, and approval requests are shown without what approving one
-takes (its fingerprint).
+takes (its fingerprint). ``cairn_workflow_draft`` writes a draft in the user's config and
+reviews it; a draft is inert until a person installs it (and exposes it) in a terminal.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from cairn.cli.attest import Expected
-from cairn.definitions import registry
+from cairn.definitions import registry, user
 from cairn.definitions.resolve import current_review, for_launch, split
-from cairn.errors import CairnError, PermissionDenied, UsageError
+from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
+from cairn.mcp.forms import filled, launch_form
 from cairn.protocol.daemon import (
     AnswerRequest,
     InboxRequest,
@@ -33,6 +36,8 @@ from cairn.protocol.daemon import (
 )
 from cairn.protocol.mcp import (
     AnswerArgs,
+    DraftArgs,
+    ElicitAnswer,
     InboxArgs,
     LaunchArgs,
     RunArgs,
@@ -41,8 +46,9 @@ from cairn.protocol.mcp import (
     ToolArgs,
     WatchArgs,
 )
+from cairn.terminal import printable
 from cairn.validation import invalid
-from cairn.workflow.review import Review
+from cairn.workflow.review import Review, ReviewRejected, render_review, review_source
 from cairn.workflow.schema import json_schema
 
 log = logging.getLogger(__name__)
@@ -70,14 +76,16 @@ class UnknownTool(CairnError):
 @dataclass(frozen=True)
 class Session:
     """What a tool works with: the user's client, where the server runs (the default
-    project), the clock (injected, so a test never waits), and whether the client
-    cancelled the call (a watch stops at its next poll)."""
+    project), the clock (injected, so a test never waits), whether the client cancelled
+    the call (a watch stops at its next poll), and a form to ask the person through
+    (None when the client shows none)."""
 
     request: Requester
     cwd: Path
     clock: Callable[[], float]
     pause: Callable[[float], None]
     cancelled: Callable[[], bool] = lambda: False
+    elicit: Callable[[str, dict[str, Any]], ElicitAnswer] | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,49 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> Any:
     }
 
 
+def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> Any:
+    """Read the draft ``user:NAME`` or write it (``source``), and review what it holds:
+    what a person would install, with what installing it takes."""
+    if args.source is None:
+        draft = user.read_draft(args.name)
+        if draft is None:
+            raise NotFound(f"user:{args.name} has no draft",
+                           hint="give 'source' to write one")
+    else:
+        draft = user.write_draft(args.name, args.source, replaces=args.replaces)
+    installed = user.find_installed(args.name)
+    answer: dict[str, Any] = {
+        "definition": f"user:{args.name}",
+        "path": str(draft.path),
+        "draft": draft.draft_hash,
+        "written": args.source is not None,
+        "installed_review_hash": installed.review_hash if installed is not None else None,
+        "review": _draft_review(draft),
+    }
+    if args.source is None:
+        answer["source"] = draft.source
+    return answer
+
+
+def _draft_review(draft: user.Draft) -> dict[str, Any]:
+    """The review of a draft's text as ``cairn workflow review`` gives it, and what a
+    person runs to install it; or every violation, for the model to fix."""
+    try:
+        review = review_source(draft.source, filename=f"{draft.name}.py")
+    except ReviewRejected as exc:
+        return {"passed": False,
+                "violations": [v.model_dump(mode="json") for v in exc.violations]}
+    verb = "install" if user.find_installed(draft.name) is None else "install --replace"
+    return {
+        "passed": True,
+        "review_hash": review.review_hash,
+        "manifest": render_review(review),
+        "to_install": f"a person reads 'cairn workflow review {draft.path}', then runs "
+        f"'cairn workflow {verb} {draft.path} --confirm {review.review_hash}' (and "
+        f"'cairn workflow expose user:{draft.name}' to offer it here); no tool installs",
+    }
+
+
 def _event_line(event: dict[str, Any]) -> str:
     where = f" {event['op_id']}" if event.get("op_id") else ""
     return f"{event['event']}{where}"
@@ -228,6 +279,10 @@ FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None],
                     "cairn_answer), and approval requests, which only a person decides."),
     "cairn_answer": (AnswerArgs, _answer, "Answer a run's question (its challenge from "
                      "cairn_inbox or cairn_watch): text, or JSON for a typed question."),
+    "cairn_workflow_draft": (DraftArgs, _draft, "Write a Cairn workflow as a draft in your "
+                             "config and review it statically (violations to fix, or its "
+                             "effect manifest and review hash); without 'source', read the "
+                             "current draft. A draft never runs: a person installs it."),
 }
 
 
@@ -287,6 +342,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
             hint="give the project directory as 'project' (an absolute path of yours)",
         ) from exc
     try:
+        given = _form_filled(workflow, args.args, root, session)
         source = confirm = None
         if workflow.definition.startswith("user:"):
             source, confirm = for_launch(workflow.definition, fd, str(root))
@@ -301,7 +357,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 definition=workflow.definition,
                 source=source,
                 confirm=confirm,
-                args=args.args,
+                args=given,
                 project=str(root),
                 apply_mode=args.apply,
                 run_key=args.run_key,
@@ -313,7 +369,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
                 review_hash=workflow.review.review_hash,
                 source=source,
                 apply_mode=args.apply,
-                args=args.args,
+                args=given,
                 scripted={},
             ),
         )
@@ -326,3 +382,25 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
     if result.get("launched_before"):
         launched["launched_before"] = True  # the run this run_key named, not a new one
     return launched
+
+
+def _form_filled(workflow: ExposedWorkflow, given: dict[str, Any], root: Path,
+                 session: Session) -> dict[str, Any]:
+    """``given``, or, when it lacks a required input field and the client shows forms,
+    ``given`` with what the person entered in the launch form (each field proposed at the
+    caller's value). A declined form launches nothing."""
+    if session.elicit is None:
+        return given
+    review = workflow.review
+    form = launch_form(json_schema(review.models, review.workflow.input), given)
+    if form is None:
+        return given
+    # a client shows the message to the person as it is: no control character reaches it
+    answer = session.elicit(
+        printable(f"Launch {workflow.definition} on {root}: {review.workflow.description}"),
+        form)
+    if answer.action != "accept":
+        done = {"decline": "declined", "cancel": "cancelled"}[answer.action]
+        raise UsageError(f"the launch form was {done}; nothing was launched",
+                         hint="a person fills it in, or the call gives 'args'")
+    return filled(given, answer.content)

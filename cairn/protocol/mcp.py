@@ -2,8 +2,9 @@
 
 JSON-RPC 2.0, one message a line on stdin and stdout. The server answers ``initialize``
 (negotiating ``protocolVersion``), ``ping``, ``tools/list`` and ``tools/call``, and sends
-``notifications/progress`` while a call that carried a ``progressToken`` runs. A line that
-is not a message gets a JSON-RPC error, never a crash.
+``notifications/progress`` while a call that carried a ``progressToken`` runs. It asks one
+thing itself: ``elicitation/create``, a launch form for a person, of a client that said it
+can show one. A line that is not a message gets a JSON-RPC error, never a crash.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cairn.protocol.names import RUN_KEY_PATTERN
+from cairn.protocol.definitions import NAME_PATTERN
+from cairn.protocol.names import HASH_PATTERN, RUN_KEY_PATTERN
 
 JSONRPC: Literal["2.0"] = "2.0"
 
@@ -21,6 +23,7 @@ JSONRPC: Literal["2.0"] = "2.0"
 # progress and ping this server uses have the same shape in each.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+ELICITATION_SINCE = "2025-06-18"  # the first revision with elicitation/create (form mode)
 
 # JSON-RPC 2.0 error codes (the MCP specification uses INVALID_PARAMS for an unknown tool).
 PARSE_ERROR = -32700
@@ -47,8 +50,8 @@ class Closed(BaseModel):
 
 class Message(Open):
     """One line from the client: a request (``id`` and ``method``), a notification (``method``
-    only) or a response to something the server asked (``id`` only; this server asks
-    nothing, so it ignores those)."""
+    only) or a response to something the server asked (``id`` only, with ``result`` or
+    ``error`` among the extra keys)."""
 
     jsonrpc: Literal["2.0"]
     id: RequestId | None = None
@@ -126,6 +129,30 @@ class ProgressParams(Closed):
     message: str | None = None
 
 
+class ElicitParams(Closed):
+    """``elicitation/create`` in form mode: what to show the person, and the flat form."""
+
+    message: str
+    requested_schema: dict[str, Any] = Field(serialization_alias="requestedSchema")
+
+
+class ElicitAnswer(Open):
+    """The client's answer to ``elicitation/create``: what the person did, and what they
+    entered when they accepted."""
+
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+
+
+def can_elicit(version: str, capabilities: dict[str, Any]) -> bool:
+    """Whether a client that negotiated ``version`` and sent ``capabilities`` shows forms:
+    it declared ``elicitation`` (``{}`` or with ``form``) in a revision that has it."""
+    declared = capabilities.get("elicitation")
+    if not isinstance(declared, dict) or version < ELICITATION_SINCE:
+        return False
+    return not declared or "form" in declared
+
+
 class ErrorObject(Closed):
     code: int
     message: str
@@ -146,6 +173,11 @@ def response_line(request_id: RequestId | None, result: BaseModel | None = None,
         body["error"] = wire(error)
     else:
         body["result"] = {} if result is None else wire(result)
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def request_line(request_id: RequestId, method: str, params: BaseModel) -> bytes:
+    body = {"jsonrpc": JSONRPC, "id": request_id, "method": method, "params": wire(params)}
     return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
 
@@ -222,4 +254,27 @@ class LaunchArgs(ToolArgs):
         pattern=RUN_KEY_PATTERN,
         description="Your name for this run: a call repeated with the same key (and the "
         "same arguments) returns the run the first call started instead of another.",
+    )
+
+
+DRAFT_SOURCE_CHARS = 1 << 20  # the definitions' source limit (its bytes are checked too)
+
+
+class DraftArgs(ToolArgs):
+    """``cairn_workflow_draft``: read a draft, or write one; never install it."""
+
+    name: str = Field(
+        pattern=rf"^{NAME_PATTERN}$",
+        description="The draft's name: a lowercase letter, then up to 40 of a-z 0-9 _ -. "
+        "Once a person installs it, it is the workflow user:NAME.",
+    )
+    source: str | None = Field(
+        default=None, max_length=DRAFT_SOURCE_CHARS,
+        description="The workflow's whole Python source, written as the draft and reviewed. "
+        "Left out: the current draft is returned and nothing is written.",
+    )
+    replaces: str | None = Field(
+        default=None, pattern=HASH_PATTERN,
+        description="The draft hash (sha256:…) an earlier call returned. Needed to replace "
+        "an existing draft, so a change a person made since is never overwritten unseen.",
     )

@@ -9,11 +9,16 @@ Cairn pins, so it lives in a venv of its own (``.venv-mcp``, made by ``./dev``):
 STEPS.json is a list of steps, each carried out in order in one session:
   {"list": true}                         the tool names
   {"call": NAME, "arguments": {...}}     a tool call (its result, or the protocol error)
+  {"call": ..., "form": {"action": A, "content": {...}}}
+                                         the same, answering a form the server asks during
+                                         it (elicitation) as a person would; the form's
+                                         message and schema are reported as "asked"
   {"follow": RUN, "timeout": S, "rounds": N, "until": STATE}
                                          cairn_watch with a progress callback, again from
                                          the returned cursor, until the run has finished
                                          or is in STATE (at most N rounds)
-``"$run"`` in a step stands for the run ID of the last call that returned one.
+``"$run"`` in a step stands for the run ID of the last call that returned one. The
+client says it shows forms only when a step has a "form".
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import sys
 from typing import Any
 
+import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -61,7 +67,17 @@ async def _session(steps: list[dict[str, Any]], argv: list[str]) -> dict[str, An
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))
     report: dict[str, Any] = {"steps": []}
     run: str | None = None
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    form: dict[str, Any] = {}  # the answer the current step gives a form, and what it saw
+
+    async def on_form(context: Any, asked: Any) -> types.ElicitResult:
+        form["asked"] = {"message": asked.message, "schema": asked.requested_schema}
+        return types.ElicitResult(action=form["answer"]["action"],
+                                  content=form["answer"].get("content"))
+
+    forms = on_form if any("form" in step for step in steps) else None
+    async with stdio_client(params) as (read, write), ClientSession(
+        read, write, elicitation_callback=forms
+    ) as session:
         init = await session.initialize()
         report["protocol_version"] = init.protocol_version
         report["server"] = init.server_info.name
@@ -71,7 +87,11 @@ async def _session(steps: list[dict[str, Any]], argv: list[str]) -> dict[str, An
                 out: dict[str, Any] = {"tools": [t.name for t in tools],
                                        "schemas": {t.name: t.input_schema for t in tools}}
             elif "call" in step:
+                form.clear()
+                form["answer"] = step.get("form", {"action": "decline"})
                 out = await _call(session, step["call"], step.get("arguments", {}))
+                if "asked" in form:
+                    out["asked"] = form["asked"]
             else:
                 out = {"rounds": [], "progress": []}
                 cursor = 0

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 SDK_PYTHON = REPO / ".venv-mcp" / "bin" / "python"
 SESSION = REPO / "tests" / "support" / "mcp_sdk_session.py"
 SOURCE = (REPO / "cairn" / "builtin" / "workflows" / "implement.py").read_text()
-FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer"]
+FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer",
+         "cairn_workflow_draft"]
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +192,51 @@ def test_a_models_arguments_reach_no_further_than_alice(
     assert "objective" in invalid["text"][0]
     assert foreign["text"][0]  # cairnd's one-line refusal: bob owns the directory
     assert json.loads(cairn(booted, "list", "--json")) == before  # no run was created
+
+
+def test_a_models_draft_runs_only_after_alice_installs_it(
+    booted: Machine, tmp_path: Path
+) -> None:
+    """The model writes user:drafted through the server; it stays a draft (no tool, no
+    launch) until alice runs the install the tool's answer names; then it launches."""
+    report = mcp_session(booted, "alice", "/home/alice", [
+        {"call": "cairn_workflow_draft", "arguments": {"name": "drafted", "source": SOURCE}},
+        {"list": True},
+    ], tmp_path)
+    drafted, listed = report["steps"]
+    assert drafted["is_error"] is False, drafted["text"]
+    answer = drafted["structured"]
+    path = "/home/alice/.config/cairn/drafts/drafted.py"
+    assert (answer["path"], answer["review"]["passed"]) == (path, True)
+    assert booted.exec(["cat", path]).stdout.decode() == SOURCE
+    assert booted.exec(["stat", "-c", "%U %a", path]).stdout.decode().split() == ["alice", "600"]
+    assert listed["tools"] == ["user_notes", *FIXED]
+    refused = booted.exec(["cairn", "launch", "user:drafted", "--arg", "objective=x"],
+                          user="alice", check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert b"user:drafted is a draft; drafts cannot be launched" in refused.stderr
+    review_hash = answer["review"]["review_hash"]
+    assert review_hash == reviewed_hash(booted, path)  # what alice's own review says
+    cairn(booted, "workflow", "install", path, "--confirm", review_hash)
+    project = new_project(booted, "mcp-drafted")
+    run_id = cairn(booted, "launch", "user:drafted", "--project", project,
+                   "--arg", "objective=drafted").strip().splitlines()[-1]
+    assert wait_until_finished(booted, run_id)["run"]["state"] == "succeeded"
+
+
+def test_a_launch_form_alice_fills_in_is_what_runs(booted: Machine, tmp_path: Path) -> None:
+    """The model calls user_notes without its objective; the client shows alice the form
+    (the official SDK's elicitation) and what she typed is the run's input."""
+    project = new_project(booted, "mcp-form")
+    report = mcp_session(booted, "alice", project, [
+        {"call": "user_notes", "arguments": {"args": {}},
+         "form": {"action": "accept", "content": {"objective": "typed in the form"}}},
+        {"follow": "$run", "timeout": 60, "rounds": 10},
+    ], tmp_path)
+    launched, followed = report["steps"]
+    assert launched["is_error"] is False, launched["text"]
+    assert launched["asked"]["schema"]["required"] == ["objective"]
+    last = followed["rounds"][-1]["structured"]
+    assert (last["state"], last["finished"]) == ("succeeded", True), last["error"]
+    notes = booted.exec(["cat", f"{project}/NOTES.md"]).stdout.decode()
+    assert notes == "objective: typed in the form\n"

@@ -78,10 +78,35 @@ def test_the_official_client_lists_launches_follows_and_cannot_approve(
     assert report["protocol_version"] == "2025-11-25" and report["server"] == "cairn"
     listed, runs, launched, followed, approve = report["steps"]
     assert listed["tools"] == ["user_fix-flaky", "cairn_runs", "cairn_show", "cairn_watch",
-                               "cairn_inbox", "cairn_answer"]
+                               "cairn_inbox", "cairn_answer", "cairn_workflow_draft"]
     assert runs == {"is_error": False, "structured": {"runs": []}, "text": ['{\n  "runs": []\n}']}
     assert launched["structured"]["run_id"] == RUN
     assert followed["progress"] == ["1 run-started", "2 run-succeeded"]
     assert followed["rounds"][-1]["structured"]["state"] == "succeeded"
     assert approve["error"]["code"] == -32602
     assert daemon.ops() == ["ps", "launch", "watch"]
+
+
+def test_the_official_client_shows_the_launch_form_and_its_answer_is_launched(
+    daemon: StandInDaemon, tmp_path: Path
+) -> None:
+    python = sdk_python()
+    project = tmp_path / "app"
+    project.mkdir()
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([
+        {"call": "user_fix-flaky", "arguments": {"args": {}},
+         "form": {"action": "accept", "content": {"objective": "typed by a person"}}},
+        {"call": "user_fix-flaky", "arguments": {"args": {}}, "form": {"action": "decline"}},
+    ]))
+    proc = subprocess.run(
+        [python, str(SCRIPT), str(steps), "--", sys.executable, "-m", "cairn.cli", "mcp"],
+        cwd=project, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    accepted, declined = json.loads(proc.stdout)["steps"]
+    assert accepted["is_error"] is False, accepted["text"]
+    assert accepted["asked"]["schema"]["required"] == ["objective"]
+    assert accepted["asked"]["message"].startswith(f"Launch user:fix-flaky on {project}")
+    assert declined["is_error"] is True and "declined" in declined["text"][0]
+    assert [r["args"] for r in daemon.asked] == [{"objective": "typed by a person"}]

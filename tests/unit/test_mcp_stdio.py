@@ -25,13 +25,15 @@ from mcp_standin import (
 )
 
 from cairn import paths
-from cairn.definitions import registry
+from cairn.definitions import registry, user
+from cairn.definitions.files import drafts_dir, workflows_dir
 from cairn.mcp.server import Server
 from cairn.mcp.tools import Session
 from cairn.protocol.daemon import ErrorBody, OpRequest
 from cairn.protocol.mcp import LATEST_PROTOCOL_VERSION
 
-FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer"]
+FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer",
+         "cairn_workflow_draft"]
 RUNS = [{"run_id": RUN, "state": "running", "definition": "user:fix-flaky",
          "created_at": 1.0, "current_op": None}]
 QUESTION = {"kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
@@ -347,3 +349,188 @@ def test_show_leaves_out_what_approving_takes() -> None:
     assert shown["run"]["state"] == "waiting"
     assert shown["question"]["kind"] == "approval" and shown["question"]["also_waiting"] == 1
     assert "fingerprint" not in json.dumps(shown) and "req-1" not in json.dumps(shown)
+
+
+def _text(result: dict[str, Any]) -> str:
+    text: str = result["content"][0]["text"]
+    return text
+
+
+def test_a_model_writes_a_draft_that_is_reviewed_and_never_installed(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    installed_before = sorted(p.name for p in workflows_dir().iterdir())
+    result = client.call("cairn_workflow_draft", {"name": "triage", "source": SOURCE})
+    assert result["isError"] is False, _text(result)
+    answer = result["structuredContent"]
+    path = drafts_dir() / "triage.py"
+    assert (answer["definition"], answer["path"], answer["written"]) == (
+        "user:triage", str(path), True)
+    assert path.read_text() == SOURCE and (path.stat().st_mode & 0o777) == 0o600
+    assert answer["draft"] == user.Draft("triage", path, SOURCE).draft_hash
+    review = answer["review"]
+    assert review["passed"] is True
+    assert review["review_hash"] == review_hash(SOURCE, "triage")
+    assert review["manifest"].endswith(f"review_hash: {review['review_hash']}")
+    assert f"cairn workflow install {path} --confirm {review['review_hash']}" in review[
+        "to_install"]
+    assert answer["installed_review_hash"] is None
+    # a draft is inert: not installed, not exposed, not a tool, and cairnd never asked
+    assert sorted(p.name for p in workflows_dir().iterdir()) == installed_before
+    assert "user:triage" not in registry.exposed_hashes()
+    tools = client.request("tools/list")["result"]["tools"]
+    assert [t["name"] for t in tools] == ["user_fix-flaky", *FIXED]
+    assert daemon.ops() == []
+
+
+def test_a_draft_that_fails_review_is_kept_with_every_violation(client: StdioClient) -> None:
+    client.initialize()
+    source = "import os\n\nos.system('true')\n"
+    answer = client.call("cairn_workflow_draft", {"name": "broken", "source": source})
+    assert answer["isError"] is False, _text(answer)
+    review = answer["structuredContent"]["review"]
+    assert review["passed"] is False and "review_hash" not in review
+    assert review["violations"] and {"line", "col", "rule", "message"} == set(
+        review["violations"][0])
+    assert (drafts_dir() / "broken.py").read_text() == source
+
+
+def test_a_draft_is_replaced_only_by_a_call_that_saw_it(client: StdioClient) -> None:
+    client.initialize()
+    path = drafts_dir() / "sketch.py"
+    template = path.read_text()
+    refused = client.call("cairn_workflow_draft", {"name": "sketch", "source": SOURCE})
+    assert refused["isError"] is True and "already has a draft" in _text(refused)
+    assert path.read_text() == template  # nothing was written
+    read = client.call("cairn_workflow_draft", {"name": "sketch"})["structuredContent"]
+    assert (read["source"], read["written"]) == (template, False)
+    replaced = client.call("cairn_workflow_draft",
+                           {"name": "sketch", "source": SOURCE, "replaces": read["draft"]})
+    assert replaced["isError"] is False, _text(replaced)
+    assert path.read_text() == SOURCE
+    # a person edits the draft; the model's next write names the hash it last saw
+    edited = SOURCE.replace("max_length=4_000", "max_length=3_000")
+    path.write_text(edited)
+    seen = replaced["structuredContent"]["draft"]
+    stale = client.call("cairn_workflow_draft",
+                        {"name": "sketch", "source": SOURCE + "\n", "replaces": seen})
+    assert stale["isError"] is True and "changed since" in _text(stale)
+    assert path.read_text() == edited  # the person's edit is kept
+    gone = client.call("cairn_workflow_draft", {"name": "nothing-here"})
+    assert gone["isError"] is True and "has no draft" in _text(gone)
+
+
+def test_a_draft_is_never_written_through_a_link_or_outside_the_drafts(
+    client: StdioClient, tmp_path: Path
+) -> None:
+    client.initialize()
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text("kept\n")
+    (drafts_dir() / "linked.py").symlink_to(elsewhere)
+    for arguments in ({"name": "linked"}, {"name": "linked", "source": SOURCE}):
+        result = client.call("cairn_workflow_draft", arguments)
+        assert result["isError"] is True and "symbolic link" in _text(result), _text(result)
+    assert elsewhere.read_text() == "kept\n"
+    assert (drafts_dir() / "linked.py").is_symlink()
+    for name in ("../escape", "Upper", "a/b", ""):
+        result = client.call("cairn_workflow_draft", {"name": name, "source": SOURCE})
+        assert result["isError"] is True and "arguments: name" in _text(result)
+    big = client.call("cairn_workflow_draft", {"name": "big", "source": "é" * (600 * 1024)})
+    assert big["isError"] is True and "at most 1048576" in _text(big)
+    assert sorted(p.name for p in drafts_dir().iterdir()) == ["linked.py", "sketch.py"]
+
+
+FORM = {"type": "object", "required": ["objective"], "properties": {"objective": {
+    "type": "string", "title": "Objective", "minLength": 1, "maxLength": 20_000}}}
+
+
+def _with_forms(client: StdioClient, version: str = "2025-11-25") -> None:
+    reply = client.request("initialize", {
+        "protocolVersion": version, "capabilities": {"elicitation": {"form": {}}},
+        "clientInfo": {"name": "test", "version": "1"}})
+    assert reply["result"]["protocolVersion"] == version
+
+
+def _call_with_form(client: StdioClient, answer: dict[str, Any],
+                    project: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Call the workflow tool without args; answer the form it asks with ``answer`` (a
+    response's ``result`` or ``error``); the form request and the call's result."""
+    arguments: dict[str, Any] = {"args": {}}
+    if project is not None:
+        arguments["project"] = str(project)
+    client.send({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
+                 "params": {"name": "user_fix-flaky", "arguments": arguments}})
+    asked = client.receive()
+    assert asked["method"] == "elicitation/create", asked
+    client.send({"jsonrpc": "2.0", "id": asked["id"], **answer})
+    reply = client.receive()
+    assert reply["id"] == "call-1", reply
+    result: dict[str, Any] = reply["result"]
+    return asked, result
+
+
+def test_a_launch_without_its_input_asks_the_person_in_a_form(
+    client: StdioClient, daemon: StandInDaemon, project: Path
+) -> None:
+    _with_forms(client)
+    asked, result = _call_with_form(
+        client, {"result": {"action": "accept", "content": {"objective": "from the form"}}})
+    assert asked["params"]["requestedSchema"] == FORM
+    assert asked["params"]["message"] == (
+        f"Launch user:fix-flaky on {project}: fix-flaky: describe what a run does.")
+    assert result["isError"] is False, _text(result)
+    [launch] = daemon.asked
+    assert launch["args"] == {"objective": "from the form"}  # what the person entered
+    assert launch["confirm"] == review_hash(SOURCE, "fix-flaky")
+
+
+def test_the_form_shows_a_hostile_project_name_escaped(
+    client: StdioClient, tmp_path: Path
+) -> None:
+    hostile = tmp_path / "app\x1b[2K\rLaunch builtin:safe"
+    hostile.mkdir()
+    _with_forms(client)
+    asked, _result = _call_with_form(client, {"result": {"action": "decline"}}, hostile)
+    message = asked["params"]["message"]
+    assert "\x1b" not in message and "\r" not in message
+    assert "app\\x1b[2K\\rLaunch builtin:safe" in message
+
+
+def test_a_declined_or_unanswered_form_launches_nothing(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    _with_forms(client)
+    for answer, said in (
+        ({"result": {"action": "decline"}}, "the launch form was declined"),
+        ({"result": {"action": "cancel"}}, "the launch form was cancelled"),
+        ({"error": {"code": -32600, "message": "no"}}, "the client did not show the launch form"),
+        ({"result": {"action": "maybe"}},
+         "the launch form's answer is not one: action: Input should"),
+    ):
+        _asked, result = _call_with_form(client, answer)
+        assert result["isError"] is True and _text(result).startswith(said), _text(result)
+    # the harness cancels the call while the form is open: no answer, no launch
+    client.send({"jsonrpc": "2.0", "id": "call-2", "method": "tools/call",
+                 "params": {"name": "user_fix-flaky", "arguments": {"args": {}}}})
+    assert client.receive()["method"] == "elicitation/create"
+    client.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                 "params": {"requestId": "call-2"}})
+    assert client.request("ping")["result"] == {}
+    assert daemon.ops() == []
+    # an answer to a request the server never made is dropped, and the session goes on
+    client.send({"jsonrpc": "2.0", "id": "cairn-form-99", "result": {"action": "accept"}})
+    assert client.request("ping")["result"] == {}
+
+
+def test_no_form_when_the_input_is_given_or_the_client_shows_none(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    _with_forms(client)
+    result = client.call("user_fix-flaky", {"args": {"objective": "given"}})
+    assert result["isError"] is False
+    client.initialize("2025-03-26")  # a revision before elicitation: never asked
+    client.call("user_fix-flaky", {"args": {}})
+    client.initialize("2025-11-25")  # capabilities without elicitation
+    client.call("user_fix-flaky", {"args": {}})
+    assert [r["args"] for r in daemon.asked] == [{"objective": "given"}, {}, {}]
