@@ -101,6 +101,8 @@ class Server:
         self.asked: dict[RequestId, _Asked] = {}
         self.asked_count = 0
         self.forms = False  # whether the client said it shows elicitation forms
+        self.ended = threading.Event()  # end of input: no answer can come any more
+        self.form_seconds: float = FORM_SECONDS
         self.handlers: dict[str, Callable[[dict[str, Any]], BaseModel | None]] = {
             "initialize": self._initialize,
             "ping": lambda params: None,
@@ -118,6 +120,7 @@ class Server:
         for raw in lines:
             if raw.strip():
                 self.handle(raw)
+        self.ended.set()
         for thread in list(self.calls):
             thread.join()
 
@@ -227,9 +230,9 @@ class Server:
             try:
                 params = ElicitParams(message=text, requested_schema=schema)
                 self.write(request_line(request_id, "elicitation/create", params))
-                deadline = time.monotonic() + FORM_SECONDS
+                deadline = time.monotonic() + self.form_seconds
                 while not asked.answered.wait(0.2):
-                    if cancel.is_set() or time.monotonic() > deadline:
+                    if cancel.is_set() or self.ended.is_set() or time.monotonic() > deadline:
                         raise Unavailable("nobody filled in the launch form; nothing was "
                                           "launched", hint="call the tool again with 'args'")
             finally:

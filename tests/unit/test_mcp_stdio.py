@@ -534,3 +534,40 @@ def test_no_form_when_the_input_is_given_or_the_client_shows_none(
     client.initialize("2025-11-25")  # capabilities without elicitation
     client.call("user_fix-flaky", {"args": {}})
     assert [r["args"] for r in daemon.asked] == [{"objective": "given"}, {}, {}]
+
+
+def test_a_client_that_leaves_with_a_form_open_ends_the_server(
+    daemon: StandInDaemon, project: Path
+) -> None:
+    session = StdioClient(cwd=project)
+    _with_forms(session)
+    session.send({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
+                  "params": {"name": "user_fix-flaky", "arguments": {"args": {}}}})
+    assert session.receive()["method"] == "elicitation/create"
+    status, stderr = session.close()  # within REPLY_SECONDS, not the form's 900 s
+    assert status == 0, stderr
+    assert daemon.ops() == []
+
+
+def test_a_form_nobody_answers_gives_up_and_launches_nothing(daemon: StandInDaemon) -> None:
+    asked: list[Any] = []
+    out = io.BytesIO()
+    session = Session(request=lambda body, **_: asked.append(body), cwd=Path("/"),
+                      clock=lambda: 0.0, pause=lambda seconds: None)
+    server = Server(out, session, "test")
+    server.form_seconds = 0.3  # the real one waits 15 minutes
+
+    def lines() -> Iterator[bytes]:
+        yield json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {"elicitation": {}}}}).encode()
+        yield json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "user_fix-flaky", "arguments": {"args": {}}}}).encode()
+        threading.Event().wait(1.5)  # the client stays, and says nothing
+
+    server.serve(lines())
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [m.get("method") for m in written] == [None, "elicitation/create", None]
+    result = written[-1]["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith("nobody filled in the launch form")
+    assert asked == []
