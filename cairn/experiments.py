@@ -136,6 +136,12 @@ def regression(definition: MetricDefinition, best: float, value: float) -> float
     return 0.0 if worse == 0 else math.copysign(math.inf, worse)
 
 
+def reached(definition: MetricDefinition, value: float, target: float) -> bool:
+    """Whether ``value`` is at ``target`` or beyond it, the way ``definition`` says is
+    better."""
+    return value <= target if definition.direction == "lower" else value >= target
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The primary metric's gain over the best (a fraction; positive is better) and the

@@ -6,5 +6,5 @@ from typing import Literal
 # In the order the review lists them when it refuses an unknown ``flow.<name>``.
 OperationKind = Literal[
     "agent", "parallel", "map", "unroll", "item",
-    "ask", "approve", "measure_proposal", "settle_experiment", "repeat_until",
+    "ask", "approve", "measure_proposal", "settle_experiment", "repeat_until", "restore",
 ]  # fmt: skip

@@ -4,11 +4,11 @@ restore take it from.
 
 Only an agent writes W, and nothing but a restore replaces it, so W of a scope just before
 call ``seq`` is the checkpoint S of the last agent boundary committed there before it, or
-the checkpoint a later reject restored. Markers, questions, measurements, accepts, forks
-and joins leave W as it was. Before any of these a lane's W is its fork's S; the root W
-is Q, or, in a run replayed through a fork, that fork's reminted S (``None`` stands for
-Q). The operation's predecessor in the journal is an identity field, not a checkpoint:
-it may be any kind.
+the checkpoint a later reject or ``flow.restore`` restored. Markers, questions,
+measurements, accepts, forks and joins leave W as it was. Before any of these a lane's W is
+its fork's S; the root W is Q, or, in a run replayed through a fork, that fork's reminted S
+(``None`` stands for Q). The operation's predecessor in the journal is an identity field,
+not a checkpoint: it may be any kind.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from cairn.journal.rows import OpRow
 AGENT = "agent"
 FORK_KINDS = ("parallel", "map")
 SETTLE = "settle_experiment"
+RESTORE = "restore"
 
 
 def lane_fork(ops: Iterable[OpRow], scope: str) -> str | None:
@@ -49,4 +50,6 @@ def restore_point(
             result = op.result or {}
             if result.get("disposition") == "rejected":
                 held = result.get("checkpoint")
+        elif op.kind == RESTORE and op.state in ("settled", "committed"):
+            held = (op.result or {}).get("boundary")
     return held

@@ -5,7 +5,7 @@ its events and failpoints, the broker's intents and the reviewed manifest of cal
 sets up. Each concern is a mixin over it — :mod:`~cairn.coordinator.lease`,
 :mod:`~cairn.coordinator.replay`, :mod:`~cairn.coordinator.lanes`,
 :mod:`~cairn.coordinator.agentop`, :mod:`~cairn.coordinator.recovery`,
-:mod:`~cairn.coordinator.experiments`,
+:mod:`~cairn.coordinator.experiments`, :mod:`~cairn.coordinator.restores`,
 :mod:`~cairn.coordinator.settlement` — and ``Coordinator`` puts them together.
 """
 

@@ -18,12 +18,13 @@ from cairn.coordinator import interactions
 from cairn.coordinator.agentop import AgentOperations
 from cairn.coordinator.experiments import Experiments
 from cairn.coordinator.lanes import Lanes
+from cairn.coordinator.restores import Restores
 from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
 from cairn.protocol.control import CallRequest
 
 
-class Handlers(AgentOperations, Lanes, Experiments):
+class Handlers(AgentOperations, Lanes, Experiments, Restores):
     """The coordinator's handler of each operation kind."""
 
     def answer_agent(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
@@ -46,6 +47,9 @@ class Handlers(AgentOperations, Lanes, Experiments):
     ) -> tuple[dict[str, Any], bool]:
         return self.settle_experiment(op, call), True
 
+    def answer_restore(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+        return self.restore(op, call), True
+
     def answer_marker(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
         """No effect: recorded so views and replay see it."""
         result = {"marked": call.kind}
@@ -63,6 +67,7 @@ HANDLERS: Mapping[OperationKind, Handler] = {
     "approve": Handlers.answer_approve,
     "measure_proposal": Handlers.answer_measure,
     "settle_experiment": Handlers.answer_settle_experiment,
+    "restore": Handlers.answer_restore,
     **dict.fromkeys(FORK_KINDS, Handlers.answer_fork),
     **dict.fromkeys(MARKER_KINDS, Handlers.answer_marker),
 }

@@ -24,6 +24,7 @@ from cairn.experiments import (
     aggregate,
     dishonesty,
     judge,
+    reached,
 )
 from cairn.journal.rows import OpRow
 from cairn.operations.measure_proposal import site_evaluator
@@ -47,6 +48,10 @@ def accepted_before(ops: Iterable[OpRow], scope: str, seq: int) -> list[str]:
         and op.state in ("settled", "committed")
         and (op.result or {}).get("disposition") == "accepted"
     ]
+
+
+def _reached(best: Measurement, target: float) -> bool:
+    return reached(best.metrics[best.primary], best.values[best.primary], target)
 
 
 class MeasurementFailed(OperationError):
@@ -174,13 +179,18 @@ class Experiments(CoordinatorBase):
             result["gain"] = verdict.gain
             if call.request["disposition"] == "accept" and verdict.refusals:
                 self.refuse(op, "cannot accept: " + "; ".join(verdict.refusals))
+        target = call.request.get("target")
         if call.request["disposition"] == "accept":
             result |= {"disposition": "accepted", "best": candidate.measurement,
                        "checkpoint": candidate.checkpoint}
+            if target is not None:
+                result["target_reached"] = _reached(candidate, float(target))
             return result, self.settlement_intents(op, result)
         if not accepted:
             self.refuse(op, "nothing was accepted yet in this scope to restore W from")
         best = accepted[-1]
+        if target is not None:
+            result["target_reached"] = _reached(best, float(target))
         if best.checkpoint is None and op.scope != "root":
             self.refuse(op, "a lane's W cannot be restored to its start; accept a checkpoint first")
         generation = self.w_gen[op.scope] + 1

@@ -695,6 +695,12 @@ def replay(
     click.echo(f"follow it with 'cairn watch {data['run_id']}'")
 
 
+def _target_text(target: dict[str, Any] | None) -> str:
+    if not target:
+        return ""
+    return f" · target {target['value']:g} {'reached' if target['reached'] else 'not reached'}"
+
+
 def experiment_lines(facet: dict[str, Any]) -> list[str]:
     """``cairn show``'s experiment facet: metric, baseline, best, gain, then each
     candidate with its disposition."""
@@ -710,6 +716,7 @@ def experiment_lines(facet: dict[str, Any]) -> list[str]:
         f"◆ experiment {printable(facet['scope'])} · {printable(facet['metric'])} · baseline "
         f"{value(facet.get('baseline'))} · best {value(facet.get('best'))} · gain {gain}"
         + (f" · guardrails {guardrails}" if guardrails else "")
+        + _target_text(facet.get("target"))
     ]
     symbols = {"accepted": "✓", "rejected": "✗", "refused": "!", "pending": "○"}
     for c in facet["candidates"]:
@@ -717,4 +724,6 @@ def experiment_lines(facet: dict[str, Any]) -> list[str]:
         shown = "-" if c["value"] is None else f"{c['value']:g}"
         lines.append(f"  {symbols[c['disposition']]} {printable(c['measurement'])} {shown} "
                      f"{c['disposition']}{reason}")
+        for name, text in (c.get("report") or {}).items():
+            lines.append(f"      {printable(name)}: {printable(text)}")
     return lines

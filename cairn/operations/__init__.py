@@ -1,13 +1,13 @@
 """Operation kinds: one module per kind, registered in one table.
 
 Each module of this package (:mod:`~cairn.operations.agent`, :mod:`~cairn.operations.ask`,
-:mod:`~cairn.operations.approve`,
-:mod:`~cairn.operations.fork`, :mod:`~cairn.operations.unroll`,
-:mod:`~cairn.operations.repeat_until`, :mod:`~cairn.operations.measure_proposal`,
-:mod:`~cairn.operations.settle_experiment`) holds for its kinds the review rule, the
-request the runtime sends and the journal stores, what views show, and the flags the
-coordinator dispatches on; it exports them as ``SPECS``. :data:`KINDS` maps every
-:data:`OperationKind` to its :class:`OperationSpec`. The coordinator's handlers are in
+:mod:`~cairn.operations.approve`, :mod:`~cairn.operations.fork`,
+:mod:`~cairn.operations.unroll`, :mod:`~cairn.operations.repeat_until`,
+:mod:`~cairn.operations.measure_proposal`, :mod:`~cairn.operations.settle_experiment`,
+:mod:`~cairn.operations.restore`) holds for its kinds the review rule, the request the
+runtime sends and the journal stores, what views show, and the flags the coordinator
+dispatches on; it exports them as ``SPECS``. :data:`KINDS` maps every :data:`OperationKind`
+to its :class:`OperationSpec`. The coordinator's handlers are in
 :mod:`cairn.coordinator.dispatch` (process code stays out of the library).
 """
 
@@ -25,6 +25,7 @@ from cairn.operations import (
     fork,
     measure_proposal,
     repeat_until,
+    restore,
     settle_experiment,
     unroll,
 )
@@ -42,6 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     measure_proposal,
     settle_experiment,
     repeat_until,
+    restore,
 )
 
 

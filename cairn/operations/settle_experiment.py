@@ -1,7 +1,8 @@
-"""``flow.settle_experiment(measurement, disposition)``: accept or reject a measured
-candidate (ARCHITECTURE §4.1).
+"""``flow.settle_experiment(measurement, disposition, report=...)``: accept or reject a
+measured candidate (ARCHITECTURE §4.1), with what the trial tried and found.
 
-Journal: the request is the measurement's operation ID and ``accept`` or ``reject``.
+Journal: the request is the measurement's operation ID, ``accept`` or ``reject``, and the
+workflow's report when it gave one (its hypothesis, intervention and conclusion, as text).
 Coordinator (:mod:`cairn.coordinator.experiments`): the comparison with the scope's
 baseline must be honest, an accept must pass the primary metric and the guardrails
 (:mod:`cairn.experiments`); a reject replaces W from the best accepted checkpoint as a new
@@ -10,12 +11,15 @@ W generation, recorded before the workflow continues.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from cairn.operations.spec import OperationRecord, OperationSpec
 
 Disposition = Literal["accept", "reject"]
+REPORT_FIELDS = ("hypothesis", "intervention", "conclusion")
+REPORT_CHARS = 4_000  # per field
 
 
 class ExperimentRecord(OperationRecord, Protocol):
@@ -31,9 +35,11 @@ class ExperimentRecord(OperationRecord, Protocol):
     def error(self) -> str | None: ...
 
 
-def request(measurement: dict[str, Any], disposition: str) -> dict[str, Any]:
+def request(measurement: dict[str, Any], disposition: str,
+            report: object = None, target: object = None) -> dict[str, Any]:
     """What the call sends and the journal stores: the measurement by its ID only (the
-    coordinator reads the measurement itself from the journal)."""
+    coordinator reads the measurement itself from the journal), the disposition, and the
+    report and the primary metric's target when given."""
     if disposition not in ("accept", "reject"):
         raise ValueError("disposition must be 'accept' or 'reject'")
     measured = measurement.get("measurement") if isinstance(measurement, dict) else None
@@ -41,7 +47,30 @@ def request(measurement: dict[str, Any], disposition: str) -> dict[str, Any]:
         raise ValueError(  # noqa: TRY004  (a workflow's bad argument: ValueError, as the rest)
             "flow.settle_experiment takes what flow.measure_proposal returned"
         )
-    return {"measurement": measured, "disposition": disposition}
+    sent: dict[str, Any] = {"measurement": measured, "disposition": disposition}
+    if report is not None:  # left out otherwise: a request without one reads as before
+        sent["report"] = trial_report(report)
+    if target is not None:
+        if isinstance(target, bool) or not isinstance(target, int | float) or \
+                not math.isfinite(target):
+            raise ValueError("target= takes a number: the primary metric's value to reach")
+        sent["target"] = float(target)
+    return sent
+
+
+def trial_report(report: object) -> dict[str, str]:
+    """``report=`` as the journal keeps it: a mapping (or a workflow model) of exactly
+    hypothesis, intervention and conclusion, each text of 1 to :data:`REPORT_CHARS`
+    characters; ValueError saying what is wrong otherwise."""
+    dump = getattr(report, "model_dump", None)
+    fields = dump(mode="json") if callable(dump) else report
+    if not isinstance(fields, dict) or sorted(fields) != sorted(REPORT_FIELDS):
+        raise ValueError("report= takes exactly hypothesis, intervention and conclusion")
+    for name in REPORT_FIELDS:
+        text = fields[name]
+        if not isinstance(text, str) or not text.strip() or len(text) > REPORT_CHARS:
+            raise ValueError(f"report {name} must be text of 1 to {REPORT_CHARS} characters")
+    return {name: fields[name] for name in REPORT_FIELDS}
 
 
 SPECS = (
@@ -63,7 +92,9 @@ def experiments(ops: Sequence[ExperimentRecord]) -> list[dict[str, Any]]:
     """The experiment facet of ``cairn show``: per scope that measured, the primary
     metric, the baseline, the latest and the best measurement with the best's gain over
     the baseline, the guardrails, and each settled candidate with its disposition
-    (``refused``: the runtime refused the workflow's disposition)."""
+    (``refused``: the runtime refused the workflow's disposition) and the report the
+    workflow gave with it; and, once a settlement named one, the target and whether the
+    best reached it."""
     measured = {o.op_id: o.result for o in ops
                 if o.kind == "measure_proposal" and o.state == "committed" and o.result}
     facets: dict[str, dict[str, Any]] = {}
@@ -88,9 +119,15 @@ def experiments(ops: Sequence[ExperimentRecord]) -> list[dict[str, Any]]:
                  ("refused" if op.state == "not-started" else "pending")}
         if entry["disposition"] == "refused":
             entry["reason"] = op.error
+        report = op.request.get("report") or {}
+        if report:  # in the order a trial is told: what was expected, done, found
+            entry["report"] = {name: report[name] for name in REPORT_FIELDS if name in report}
         facet["candidates"].append(entry)
         if entry["disposition"] == "accepted":
             facet["best"] = {"measurement": target, "value": entry["value"]}
             facet["baseline"] = facet["baseline"] or facet["best"]
             facet["gain"] = result.get("gain")
+        if "target_reached" in result:
+            facet["target"] = {"value": op.request.get("target"),
+                               "reached": result["target_reached"]}
     return list(facets.values())

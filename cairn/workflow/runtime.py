@@ -30,6 +30,7 @@ from cairn.operations import (
     fork,
     measure_proposal,
     repeat_until,
+    restore,
     settle_experiment,
     unroll,
 )
@@ -250,15 +251,31 @@ class Flow:
         return _answer(pending)
 
     def settle_experiment(
-        self, measurement: dict[str, Any], disposition: str
+        self, measurement: dict[str, Any], disposition: str, *, report: Any = None,
+        target: float | None = None,
     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``accept`` the measured W (it becomes the best accepted checkpoint) or
         ``reject`` it (W is restored from the best accepted checkpoint before this
         returns). An accept that loses on the primary metric or breaks a guardrail, and any
-        comparison with a different setup than the baseline's, raise OperationFailed."""
+        comparison with a different setup than the baseline's, raise OperationFailed.
+        ``report``: what the trial tried and found (``hypothesis``, ``intervention``,
+        ``conclusion``, each text), journalled with the disposition and shown by
+        ``cairn show``. ``target``: the primary metric's value to reach; the result then
+        says ``target_reached`` (the best accepted measurement is at it or beyond)."""
         pending = self._call(
-            "settle_experiment", settle_experiment.request(measurement, disposition)
+            "settle_experiment",
+            settle_experiment.request(measurement, disposition, report, target),
         )
+        return _answer(pending)
+
+    def restore(self, boundary: Any) -> Coroutine[Any, Any, dict[str, Any]]:
+        """Put W back to an earlier agent boundary of this scope (``flow.agent``'s result,
+        or its ``boundary``) before this returns: what later agents see and what settles
+        is that checkpoint, and every change made after it is dropped. Returns the
+        ``boundary`` restored and W's new ``w_generation``; a boundary that is not a
+        committed agent boundary of this scope, earlier than the call, raises
+        OperationFailed."""
+        pending = self._call("restore", restore.request(boundary))
         return _answer(pending)
 
     def unroll(

@@ -230,7 +230,7 @@ def test_builtin_optimize_rejects_every_trial_that_loses(booted: Machine) -> Non
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert data["run"]["output"] == {
         "summary": "0 of 2 trials accepted; lines went from 1.0 to 1.0",
-        "trials": 2, "accepted": 0,
+        "trials": 2, "accepted": 0, "target_reached": False,
     }
     (facet,) = data["experiments"]
     assert [c["disposition"] for c in facet["candidates"]] == [
@@ -244,19 +244,21 @@ def test_builtin_optimize_measures_with_the_evaluator_its_argument_names(
 ) -> None:
     """builtin:optimize launched with ``"evaluator": "score"`` (not its default ``bench``):
     the launch freezes ``score``, every measurement names it and reads its metric, and the
-    accepted trial settles."""
+    accepted trial settles. Its first trial reaches the target, so of three trials allowed
+    only one is made; ``cairn show`` prints the target and the trial's report."""
     project = fresh_project(booted, "alice")
     booted.exec(["tee", f"{project}/score.txt"], user="alice", input=b"3\n")
     booted.exec(["tee", "/home/alice/lower.json"], user="alice",
                 input=json.dumps(agent_script("1", "good")).encode())
     out = cairn(booted, "launch", "builtin:optimize", "--project", project, "--args",
                 json.dumps({"objective": "lower score", "evaluator": "score",
-                            "metric": "score", "max_trials": 1}),
+                            "metric": "score", "max_trials": 3, "target": 1}),
                 "--scripted", "builtin:implementer=/home/alice/lower.json")
     run_id = out.strip().splitlines()[-1]
     data = wait_finished(booted, run_id)
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
-    assert data["run"]["output"]["accepted"] == 1
+    output = data["run"]["output"]
+    assert (output["trials"], output["accepted"], output["target_reached"]) == (1, 1, True)
     measures = [o for o in data["operations"] if o["kind"] == "measure_proposal"]
     assert [o["op_id"] for o in measures] == ["root-1", "root-4"]
     assert {o["request"]["evaluator"] for o in measures} == {"score"}
@@ -271,6 +273,12 @@ def test_builtin_optimize_measures_with_the_evaluator_its_argument_names(
     (facet,) = data["experiments"]
     assert (facet["metric"], facet["baseline"]["value"], facet["best"]["value"]) == (
         "score", 3.0, 1.0)
+    assert facet["target"] == {"value": 1.0, "reached": True}
+    assert facet["candidates"][1]["report"] == {
+        "hypothesis": "trial 1: a change can make score lower", "intervention": "good",
+        "conclusion": "score measured 1.0 against the best 3.0"}
+    shown = cairn(booted, "show", run_id)
+    assert "· target 1 reached" in shown and "      intervention: good" in shown
     assert booted.exec(["cat", f"{project}/score.txt"]).stdout == b"1\n"
 
 

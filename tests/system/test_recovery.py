@@ -54,6 +54,12 @@ EXPERIMENT_FAILPOINTS = {
     "experiment-after-restore": "W replaced, disposition not settled",
 }
 
+# Failpoints inside flow.restore, in the coordinator; exercised by tests/system/test_restore.py.
+RESTORE_FAILPOINTS = {
+    "restore-after-decision": "boundary, new W generation and its intents saved, W not made",
+    "restore-after-storage": "the new W made and the old one dropped, restore not settled",
+}
+
 
 def script(name: str, sleep: float = 1.5) -> dict[str, Any]:
     return {
@@ -258,6 +264,17 @@ def test_write_reliability_table() -> None:
         "| failpoint | state at the crash |",
         "| --- | --- |",
         *(f"| `{name}` | {situation} |" for name, situation in EXPERIMENT_FAILPOINTS.items()),
+        "",
+        "### Going back: flow.restore",
+        "",
+        "The coordinator killed inside `flow.restore`, exercised by",
+        "`tests/system/test_restore.py::test_a_coordinator_killed_inside_a_restore_makes_the_"
+        "same_w`: each run ends as an uninterrupted one, with W made once from the restored",
+        "boundary and the project holding that boundary's files.",
+        "",
+        "| failpoint | state at the crash |",
+        "| --- | --- |",
+        *(f"| `{name}` | {situation} |" for name, situation in RESTORE_FAILPOINTS.items()),
         "",
         "### Apply phases",
         "",

@@ -171,9 +171,11 @@ class Script:
         assert fresh
         return result
 
-    def settle(self, measured: dict[str, Any], disposition: str) -> dict[str, Any]:
-        op, call = self.call("settle_experiment",
-                             {"measurement": measured["measurement"], "disposition": disposition})
+    def settle(self, measured: dict[str, Any], disposition: str,
+               report: dict[str, str] | None = None,
+               target: float | None = None) -> dict[str, Any]:
+        request = settle_experiment.request(measured, disposition, report, target)
+        op, call = self.call("settle_experiment", request)
         return Handlers.answer_settle_experiment(self.coord, op, call)[0]
 
 
@@ -303,6 +305,39 @@ def test_cairn_show_renders_the_experiment_facet(coord: Coordinator) -> None:
         "  ✓ root-4 1 accepted",
         "  ✗ root-7 3 rejected",
     ]
+
+
+REPORT = {"hypothesis": "caching the parse helps", "intervention": "an lru_cache",
+          "conclusion": "runtime\x1b[2J halved"}
+
+
+def test_a_target_is_judged_against_the_best_and_reports_are_shown(
+    coord: Coordinator,
+) -> None:
+    script = Script(coord)
+    first = script.settle(script.measure(2.0), "accept", target=1.0)
+    assert first["target_reached"] is False
+    script.agent()
+    better = script.settle(script.measure(1.0), "accept", REPORT, target=1.0)
+    assert better["target_reached"] is True  # at the target is reached ("lower" is better)
+    script.agent()
+    worse = script.settle(script.measure(3.0), "reject", target=0.5)
+    assert worse["target_reached"] is False  # the best (1.0) is not at 0.5
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    assert facet["target"] == {"value": 0.5, "reached": False}
+    assert facet["candidates"][1]["report"] == REPORT
+    assert experiment_lines(facet) == [
+        "◆ experiment root · runtime · baseline 2 (root-1) · best 1 (root-4) · gain +50.0% "
+        "· guardrails rss ≤10% · target 0.5 not reached",
+        "  ✓ root-1 2 accepted",
+        "  ✓ root-4 1 accepted",
+        "      hypothesis: caching the parse helps",
+        "      intervention: an lru_cache",
+        "      conclusion: runtime\\x1b[2J halved",  # the workflow's text, escaped
+        "  ✗ root-7 3 rejected",
+    ]
+    no_target = script.settle(script.measure(1.0), "accept")
+    assert "target_reached" not in no_target
 
 
 def test_below_the_reserve_a_measurement_is_refused_before_its_intent(

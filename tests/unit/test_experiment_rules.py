@@ -22,6 +22,7 @@ from cairn.experiments import (
     judge,
     measurement_request,
 )
+from cairn.operations import settle_experiment
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.protocol.measurement import MeasurementEnvironment, parse_metric_output
 from cairn.workflow.review import review_source
@@ -178,13 +179,38 @@ def test_only_the_primary_metric_and_its_guardrails_decide() -> None:
     ]
 
 
-def test_the_guide_example_passes_review_and_names_its_evaluator() -> None:
+def guide_example() -> str:
     guide = Path(__file__).parents[2] / "docs" / "writing-workflows.md"
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL)
                 if "measure_proposal" in b]
-    review = review_source(block, filename="guide.py")
+    return str(block)
+
+
+def test_the_guide_example_passes_review_and_names_its_evaluator() -> None:
+    review = review_source(guide_example(), filename="guide.py")
     assert evaluators_of(review.manifest(), {}) == {"bench": None}
     assert {c.kind for c in review.calls} >= {"measure_proposal", "settle_experiment"}
+
+
+def test_the_guide_example_reports_its_trial_and_names_its_target() -> None:
+    """The guide's workflow run by the control worker: its refused accept and its reject
+    both carry the report and the target; the output reads the target's verdict."""
+    refused = {"error": "root-5: cannot accept: runtime is worse", "kind": "experiment-refused"}
+    answers = [
+        {"measurement": "root-1", "values": {"runtime": 2.0}}, {"disposition": "accepted"},
+        answer("summary", "inlined the hot loop", "root-3"),
+        {"measurement": "root-4", "values": {"runtime": 2.5}}, refused,
+        {"disposition": "rejected", "gain": -0.25, "target_reached": False},
+    ]
+    calls, end = drive(guide_example(), {"objective": "faster"}, answers)
+    accept, reject = (c.request for c in calls[4:])
+    assert (accept["disposition"], reject["disposition"]) == ("accept", "reject")
+    assert accept["report"] == reject["report"] == {
+        "hypothesis": "one change can make the suite faster",
+        "intervention": "inlined the hot loop", "conclusion": "runtime 2.5 s"}
+    assert accept["target"] == reject["target"] == 1.0
+    assert end == {"type": "return", "output": {
+        "summary": "rejected, gain -0.25, target reached: False"}}
 
 
 def test_builtin_optimize_accepts_an_improvement_and_rejects_a_loss() -> None:
@@ -219,8 +245,57 @@ def test_builtin_optimize_accepts_an_improvement_and_rejects_a_loss() -> None:
     assert "best so far 1.0" in calls[5].request["prompt"]
     assert end == {"type": "return", "output": {
         "summary": "1 of 2 trials accepted; runtime went from 2.0 to 1.0",
-        "trials": 2, "accepted": 1,
+        "trials": 2, "accepted": 1, "target_reached": False,
     }}
+    first_trial = calls[4].request
+    assert first_trial["report"] == {
+        "hypothesis": "trial 1: a change can make runtime lower",
+        "intervention": "cached",
+        "conclusion": "runtime measured 1.0 against the best 2.0",
+    }
+    assert "target" not in first_trial  # none given: the request reads as before
+    assert calls[8].request["report"]["intervention"] == "unrolled"
+
+
+def test_builtin_optimize_stops_once_the_target_is_reached() -> None:
+    source = (Path(__file__).parents[2] / "cairn/builtin/workflows/optimize.py").read_text()
+    answers = [
+        {"measurement": "root-1", "values": {"runtime": 2.0}},
+        {"disposition": "accepted", "target_reached": False},
+        answer("summary", "cached", "root-3"),
+        {"measurement": "root-4", "values": {"runtime": 0.9}},
+        {"disposition": "accepted", "target_reached": True},
+    ]
+    calls, end = drive(source, {"objective": "faster", "max_trials": 5, "target": 1.0},
+                       answers)
+    assert [c.kind for c in calls] == [
+        "measure_proposal", "settle_experiment", "agent", "measure_proposal",
+        "settle_experiment"]  # four trials left, none made
+    assert {c.request["target"] for c in calls if c.kind == "settle_experiment"} == {1.0}
+    assert end == {"type": "return", "output": {
+        "summary": "1 of 1 trials accepted; runtime went from 2.0 to 0.9; target 1.0 reached",
+        "trials": 1, "accepted": 1, "target_reached": True,
+    }}
+
+
+@pytest.mark.parametrize(("report", "said"), [
+    ({"hypothesis": "h", "intervention": "i"}, "exactly hypothesis, intervention and"),
+    ({"hypothesis": "h", "intervention": "i", "conclusion": ""}, "conclusion must be text"),
+    ({"hypothesis": "h", "intervention": 3, "conclusion": "c"}, "intervention must be text"),
+    ({"hypothesis": "x" * 4_001, "intervention": "i", "conclusion": "c"}, "1 to 4000"),
+    ("a report", "exactly hypothesis"),
+])
+def test_a_report_is_three_bounded_texts(report: Any, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        settle_experiment.request({"measurement": "root-1"}, "accept", report)
+
+
+def test_a_target_is_a_finite_number() -> None:
+    for target in ("1", True, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="target= takes a number"):
+            settle_experiment.request({"measurement": "root-1"}, "accept", None, target)
+    assert settle_experiment.request({"measurement": "root-1"}, "reject", None, 2)[
+        "target"] == 2.0
 
 
 def test_a_broken_evaluator_refuses_only_the_launches_that_measure_with_one(

@@ -21,7 +21,9 @@ def test_the_optimize_form_asks_what_is_missing_and_proposes_the_rest() -> None:
     form = launch_form(builtin_input("optimize"), {"max_trials": 5})
     assert form is not None and form["required"] == ["objective"]
     fields = form["properties"]
-    assert list(fields) == ["objective", "evaluator", "metric", "direction", "max_trials"]
+    assert list(fields) == ["objective", "evaluator", "metric", "direction", "max_trials",
+                            "target"]
+    assert fields["target"] == {"type": "number", "title": "Target"}  # float | None, no default
     assert fields["objective"] == {"type": "string", "title": "Objective",
                                    "minLength": 1, "maxLength": 20_000}
     assert fields["max_trials"] == {"type": "integer", "title": "Max Trials", "default": 5,

@@ -33,6 +33,7 @@ from cairn.operations import (
     fork,
     measure_proposal,
     repeat_until,
+    restore,
     settle_experiment,
     spec_of,
     unroll,
@@ -131,6 +132,7 @@ CALL_OF_KIND: dict[str, str] = {
         "await flow.repeat_until(lambda: flow.agent(worker, prompt=args.text), "
         "lambda r: True, 3)"
     ),
+    "restore": "await flow.restore(await flow.agent(worker, prompt=args.text))",
 }
 
 WORKFLOW = """
@@ -193,6 +195,7 @@ def test_requests_keep_their_shape() -> None:
     assert ask.request("why?", "Answer") == {"question": "why?", "schema": "Answer"}
     assert fork.request(["a", "b"], 2) == {"lanes": ["a", "b"], "concurrency": 2}
     assert repeat_until.request(3) == {"max_attempts": 3}
+    assert restore.request("root-1") == {"boundary": "root-1"}
     assert unroll.request("plan", ["x"]) == {"title": "plan", "items": ["x"]}
     assert unroll.item_request("plan", 0, "x") == {"worklist": "plan", "index": 0, "label": "x"}
     assert unroll.done_request("plan", 1) == {

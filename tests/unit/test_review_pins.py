@@ -31,9 +31,10 @@ PASSED = {
     "cairn/builtin/workflows/implement.py":
         "sha256:2dd94c1000f26fb6947e962eed648abff0201040d9be5f4a084bb4315b6d8733",
     # Changed when a launch argument could name the evaluator: optimize takes
-    # evaluator (default "bench", the one it always used).
+    # evaluator (default "bench", the one it always used). Changed again when it took a
+    # target (no more trials once reached) and gave each trial's settlement a report.
     "cairn/builtin/workflows/optimize.py":
-        "sha256:a1c391e6e7a04ad683bfe0921e69f78b31f2fb5739f68b4e4d5591db51328312",
+        "sha256:2d23961dbcd6a8d0b6dd0195a6fbcf9ac29e725fdd274b9ead26617a10d4e735",
     "cairn/builtin/workflows/research.py":
         "sha256:f4c0014ecba1471e4eed790a7c2c459fd061b5302207436bea187aa4c9b114a7",
     "cairn/builtin/workflows/review.py":
@@ -84,8 +85,8 @@ REJECTED = {
     # Changed when the review began refusing the kinds this release does not carry out:
     # the message lists only the operations a reviewed workflow may call.
     # The list of operations in its message grew by measure_proposal, settle_experiment,
-    # then by approve.
-    "bad_flow_unknown": "619f157640913d4a",
+    # then by approve, then by restore.
+    "bad_flow_unknown": "8f2d3b2724eaec97",
     "bad_format": "73ebe8615ab9ef84",
     "bad_format_attribute": "b0710ae2a2658d17",
     "bad_format_index": "9f527080438a8bb1",

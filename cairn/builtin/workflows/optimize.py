@@ -1,5 +1,6 @@
 """Optimize a metric: a baseline measurement, then bounded trials, each an agent's change
-measured and accepted or rejected; the best accepted result settles into the project."""
+measured and accepted or rejected (with a report of what it tried), until the target is
+reached or the trials run out; the best accepted result settles into the project."""
 
 from typing import Any
 
@@ -8,13 +9,15 @@ from cairn.workflow import Field, Model, OperationFailed, agent, workflow
 
 class Objective(Model):
     """What to improve, the host evaluator that measures it (``bench`` unless named), the
-    metric that evaluator reports for it, which way is better, and how many trials to make."""
+    metric that evaluator reports for it, which way is better, how many trials to make at
+    most, and the value that is good enough (no more trials once the best reaches it)."""
 
     objective: str = Field(min_length=1, max_length=20_000)
     evaluator: str = Field(default="bench", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     metric: str = Field(default="runtime", pattern=r"^[a-z][a-z0-9_]{0,63}$")
     direction: str = Field(default="lower", pattern=r"^(lower|higher)$")
     max_trials: int = Field(default=3, ge=1, le=20)
+    target: float | None = None
 
 
 class Report(Model):
@@ -23,6 +26,7 @@ class Report(Model):
     summary: str = Field(min_length=1, max_length=4_000)
     trials: int
     accepted: int
+    target_reached: bool
 
 
 class Change(Model):
@@ -39,26 +43,43 @@ optimizer = agent(profile="builtin:implementer", access="write", network="none",
 async def run(flow: Any, args: Objective) -> Report:
     metrics = {args.metric: {"unit": "", "direction": args.direction}}
     baseline = await flow.measure_proposal(args.evaluator, metrics=metrics)
-    await flow.settle_experiment(baseline, "accept")
+    settled = await flow.settle_experiment(baseline, "accept", target=args.target)
     best = baseline["values"][args.metric]
+    reached = args.target is not None and settled["target_reached"]
     accepted = 0
-    for trial in range(args.max_trials):
+    trials = 0
+    for _ in range(args.max_trials):
+        if reached:
+            break
+        trials += 1
         prompt = (
-            f"{args.objective}\n\nTrial {trial + 1} of {args.max_trials}: make one change "
-            f"that improves {args.metric} ({args.direction} is better; best so far {best})."
+            f"{args.objective}\n\nTrial {trials} of at most {args.max_trials}: make one "
+            f"change that improves {args.metric} ({args.direction} is better; best so far "
+            f"{best})."
         )
-        await flow.agent(optimizer, prompt=prompt)
+        done = await flow.agent(optimizer, prompt=prompt, title=f"trial {trials}")
         measured = await flow.measure_proposal(args.evaluator, metrics=metrics)
+        value = measured["values"][args.metric]
+        report = {
+            "hypothesis": f"trial {trials}: a change can make {args.metric} {args.direction}",
+            "intervention": done.output.summary,
+            "conclusion": f"{args.metric} measured {value} against the best {best}",
+        }
         try:
-            await flow.settle_experiment(measured, "accept")
+            settled = await flow.settle_experiment(measured, "accept", report=report,
+                                                   target=args.target)
         except OperationFailed:
-            await flow.settle_experiment(measured, "reject")
-            continue
-        accepted += 1
-        best = measured["values"][args.metric]
+            settled = await flow.settle_experiment(measured, "reject", report=report,
+                                                   target=args.target)
+        else:
+            accepted += 1
+            best = value
+        reached = args.target is not None and settled["target_reached"]
+    stop = f"; target {args.target} reached" if reached else ""
     return Report(
-        summary=f"{accepted} of {args.max_trials} trials accepted; {args.metric} went from "
-        f"{baseline['values'][args.metric]} to {best}",
-        trials=args.max_trials,
+        summary=f"{accepted} of {trials} trials accepted; {args.metric} went from "
+        f"{baseline['values'][args.metric]} to {best}{stop}",
+        trials=trials,
         accepted=accepted,
+        target_reached=reached,
     )

@@ -1,0 +1,84 @@
+"""The coordinator's side of ``flow.restore``: W of a scope put back to one of its earlier
+agent boundaries, as a new W generation.
+
+The decision (which checkpoint, which generation) is taken from the journal alone and
+saved with its ``create-w``/``drop-w`` intents and its result in the move to
+``started``, before the broker makes the new W, so a crash replays the same restore (the
+broker's receipts are idempotent by intent ID). It is the same restore a rejected
+experiment makes (:mod:`cairn.coordinator.experiments`), chosen by the workflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cairn.coordinator.base import CoordinatorBase, OperationError
+from cairn.journal.rows import OpRow
+from cairn.protocol.broker import Intent
+from cairn.protocol.control import CallRequest
+
+
+class RestoreRefused(OperationError):
+    """``flow.restore`` named no committed agent boundary of its scope from before the
+    call; W is unchanged."""
+
+    code = "restore-refused"
+
+
+class Restores(CoordinatorBase):
+    """Put a scope's W back to an earlier boundary of its own."""
+
+    def restore(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        if op.state == "requested":
+            result = self.decide_restore(op, call)
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="started", result=result,
+                intents=self.restore_intents(op, result),
+            )
+            self.failpoint("restore-after-decision")
+            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+        if op.state == "settled" and op.result is not None:  # committed by a coordinator
+            self.journal.update_op(self.run_id, op.op_id, token=self.token,  # that died
+                                   state="committed")
+            return op.result
+        if op.state != "started" or op.result is None:
+            raise RestoreRefused(f"{op.op_id} did not complete: {op.error}")
+        result = dict(op.result)
+        self.broker("storage-v1", self.restore_intents(op, result))  # saved: a no-op add
+        self.w_gen[op.scope] = result["w_generation"]
+        self.failpoint("restore-after-storage")
+        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
+                               result=result)
+        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+        self.event("restored", op_id=op.op_id, boundary=result["boundary"])
+        return result
+
+    def decide_restore(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+        """The boundary (checked against the journal, never the workflow's word) and W's
+        next generation; a refusal is recorded and raised."""
+        boundary = call.request["boundary"]
+        found = next((o for o in self.journal.list_ops(self.run_id) if o.op_id == boundary),
+                     None)
+        why = None
+        if found is None:
+            why = f"{boundary} is not an operation of this run"
+        elif found.kind != "agent" or found.state != "committed":
+            why = f"{boundary} is not a committed agent boundary"
+        elif found.scope != op.scope or found.seq >= op.seq:
+            why = f"{boundary} is not an earlier boundary of scope {op.scope}"
+        if why is not None:
+            self.journal.update_op(
+                self.run_id, op.op_id, token=self.token, state="not-started", error=why,
+                result={"error": why, "kind": RestoreRefused.code},
+            )
+            raise RestoreRefused(f"{op.op_id}: {why}")
+        return {"boundary": boundary, "w_generation": self.w_gen[op.scope] + 1}
+
+    def restore_intents(self, op: OpRow, result: dict[str, Any]) -> list[Intent]:
+        scope, generation = op.scope, int(result["w_generation"])
+        return [
+            self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
+                        generation=generation, from_checkpoint=result["boundary"]),
+            self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
+                        generation=generation - 1),
+        ]
