@@ -37,9 +37,9 @@ class Restores(CoordinatorBase):
             )
             self.failpoint("restore-after-decision")
             op = self.journal.get_op_by_id(self.run_id, op.op_id)
-        if op.state == "settled" and op.result is not None:  # committed by a coordinator
-            self.journal.update_op(self.run_id, op.op_id, token=self.token,  # that died
-                                   state="committed")
+        if op.state == "settled" and op.result is not None:
+            # a coordinator died between settling the restore and committing it
+            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
             return op.result
         if op.state != "started" or op.result is None:
             raise RestoreRefused(f"{op.op_id} did not complete: {op.error}")

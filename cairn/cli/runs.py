@@ -702,8 +702,8 @@ def _target_text(target: dict[str, Any] | None) -> str:
 
 
 def experiment_lines(facet: dict[str, Any]) -> list[str]:
-    """``cairn show``'s experiment facet: metric, baseline, best, gain, then each
-    candidate with its disposition."""
+    """``cairn show``'s experiment facet: metric, baseline, best, gain (and the target),
+    then each candidate with its disposition and, indented below it, its report."""
 
     def value(entry: dict[str, Any] | None) -> str:
         return "-" if not entry else f"{entry['value']:g} ({printable(entry['measurement'])})"

@@ -1,8 +1,9 @@
-"""``flow.settle_experiment(measurement, disposition, report=...)``: accept or reject a
-measured candidate (ARCHITECTURE §4.1), with what the trial tried and found.
+"""``flow.settle_experiment(measurement, disposition, report=, target=)``: accept or reject
+a measured candidate (ARCHITECTURE §4.1), with what the trial tried and found.
 
-Journal: the request is the measurement's operation ID, ``accept`` or ``reject``, and the
-workflow's report when it gave one (its hypothesis, intervention and conclusion, as text).
+Journal: the request is the measurement's operation ID, ``accept`` or ``reject``, and when
+the workflow gave them its report (hypothesis, intervention and conclusion, as text) and
+the primary metric's target.
 Coordinator (:mod:`cairn.coordinator.experiments`): the comparison with the scope's
 baseline must be honest, an accept must pass the primary metric and the guardrails
 (:mod:`cairn.experiments`); a reject replaces W from the best accepted checkpoint as a new

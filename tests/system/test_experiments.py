@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from machine import Machine
 from test_escapes import cairn, fresh_project, tree
-from test_recovery import EXPERIMENT_FAILPOINTS, enable_failpoint, wait_finished
+from test_recovery import EXPERIMENT_FAILPOINTS, failpoint_enabled, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "experiment.py").read_text()
@@ -172,14 +172,9 @@ def test_one_accepted_and_one_rejected_trial(booted: Machine) -> None:
 def test_recovers_from_a_crash_inside_measurement_or_disposition(
     booted: Machine, name: str
 ) -> None:
-    enable_failpoint(booted, name)
-    try:
+    with failpoint_enabled(booted, name):
         project, run_id = launch(booted)
         data = check_experiment(booted, project, run_id)
-    finally:
-        for unit in ("cairn-coordinator@.service", "cairn-broker.service"):
-            booted.exec(["rm", "-f", f"/etc/systemd/system/{unit}.d/failpoint.conf"])
-        booted.exec(["systemctl", "daemon-reload"])
     fired = booted.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name", f"failpoint-{name}"],
                         check=False).stdout.decode().split()
     assert fired, f"failpoint {name} never fired"

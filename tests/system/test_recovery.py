@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,19 @@ def prepare(machine: Machine) -> tuple[str, list[str]]:
         machine.exec(["tee", path], user="alice", input=json.dumps(script(name)).encode())
         args += ["--scripted", f"test:{name}={path}"]
     return project, args
+
+
+@contextmanager
+def failpoint_enabled(machine: Machine, name: str) -> Iterator[None]:
+    """Failpoint ``name`` armed in the coordinator and the broker for the block, and
+    disarmed after it, also when the block fails."""
+    enable_failpoint(machine, name)
+    try:
+        yield
+    finally:
+        for unit in ("cairn-coordinator@.service", "cairn-broker.service"):
+            machine.exec(["rm", "-f", f"/etc/systemd/system/{unit}.d/failpoint.conf"])
+        machine.exec(["systemctl", "daemon-reload"])
 
 
 def enable_failpoint(machine: Machine, name: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from machine import Machine
 from test_escapes import cairn, fresh_project, tree
-from test_recovery import RESTORE_FAILPOINTS, enable_failpoint, wait_finished
+from test_recovery import RESTORE_FAILPOINTS, failpoint_enabled, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = (REPO / "docs" / "writing-workflows.md").read_text()
@@ -80,14 +80,9 @@ def test_a_run_goes_back_to_its_first_boundary(booted: Machine) -> None:
 def test_a_coordinator_killed_inside_a_restore_makes_the_same_w(
     booted: Machine, name: str
 ) -> None:
-    enable_failpoint(booted, name)
-    try:
+    with failpoint_enabled(booted, name):
         project, run_id = launch(booted)
         check_restored(booted, project, run_id)
-    finally:
-        for unit in ("cairn-coordinator@.service", "cairn-broker.service"):
-            booted.exec(["rm", "-f", f"/etc/systemd/system/{unit}.d/failpoint.conf"])
-        booted.exec(["systemctl", "daemon-reload"])
     fired = booted.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name", f"failpoint-{name}"],
                         check=False).stdout.decode().split()
     assert fired, f"failpoint {name} never fired"

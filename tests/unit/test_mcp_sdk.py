@@ -55,26 +55,33 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
     stand_in.close()
 
 
-def test_the_official_client_lists_launches_follows_and_cannot_approve(
-    daemon: StandInDaemon, tmp_path: Path
-) -> None:
+def sdk_session(tmp_path: Path, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The official client's report of ``steps`` against ``cairn mcp`` run from a fresh
+    project directory (``tmp_path/app``)."""
     python = sdk_python()
     project = tmp_path / "app"
     project.mkdir()
-    steps = tmp_path / "steps.json"
-    steps.write_text(json.dumps([
+    file = tmp_path / "steps.json"
+    file.write_text(json.dumps(steps))
+    proc = subprocess.run(
+        [python, str(SCRIPT), str(file), "--", sys.executable, "-m", "cairn.cli", "mcp"],
+        cwd=project, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+def test_the_official_client_lists_launches_follows_and_cannot_approve(
+    daemon: StandInDaemon, tmp_path: Path
+) -> None:
+    report = sdk_session(tmp_path, [
         {"list": True},
         {"call": "cairn_runs"},
         {"call": "user_fix-flaky", "arguments": {"args": {"objective": "fix it"}}},
         {"follow": "$run", "timeout": 5, "rounds": 3},
         {"call": "cairn_approve", "arguments": {"run": "$run"}},
-    ]))
-    proc = subprocess.run(
-        [python, str(SCRIPT), str(steps), "--", sys.executable, "-m", "cairn.cli", "mcp"],
-        cwd=project, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    ])
     assert report["protocol_version"] == "2025-11-25" and report["server"] == "cairn"
     listed, runs, launched, followed, approve = report["steps"]
     assert listed["tools"] == ["user_fix-flaky", "cairn_runs", "cairn_show", "cairn_watch",
@@ -90,23 +97,14 @@ def test_the_official_client_lists_launches_follows_and_cannot_approve(
 def test_the_official_client_shows_the_launch_form_and_its_answer_is_launched(
     daemon: StandInDaemon, tmp_path: Path
 ) -> None:
-    python = sdk_python()
-    project = tmp_path / "app"
-    project.mkdir()
-    steps = tmp_path / "steps.json"
-    steps.write_text(json.dumps([
+    report = sdk_session(tmp_path, [
         {"call": "user_fix-flaky", "arguments": {"args": {}},
          "form": {"action": "accept", "content": {"objective": "typed by a person"}}},
         {"call": "user_fix-flaky", "arguments": {"args": {}}, "form": {"action": "decline"}},
-    ]))
-    proc = subprocess.run(
-        [python, str(SCRIPT), str(steps), "--", sys.executable, "-m", "cairn.cli", "mcp"],
-        cwd=project, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    accepted, declined = json.loads(proc.stdout)["steps"]
+    ])
+    accepted, declined = report["steps"]
     assert accepted["is_error"] is False, accepted["text"]
     assert accepted["asked"]["schema"]["required"] == ["objective"]
-    assert accepted["asked"]["message"].startswith(f"Launch user:fix-flaky on {project}")
+    assert accepted["asked"]["message"].startswith(f"Launch user:fix-flaky on {tmp_path}/app")
     assert declined["is_error"] is True and "declined" in declined["text"][0]
     assert [r["args"] for r in daemon.asked] == [{"objective": "typed by a person"}]

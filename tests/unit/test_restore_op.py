@@ -54,6 +54,16 @@ def restore_call(script: Script, boundary: str) -> tuple[Any, Any]:
     return script.call("restore", restore.request(boundary))
 
 
+def after_a_detour(coord: Coordinator) -> tuple[Script, str, Any, Any]:
+    """Two agent boundaries, then a restore call back to the first: the script, the
+    first boundary, and the restore's operation and call."""
+    script = Script(coord, LINES)
+    first = script.agent()
+    script.agent()
+    op, call = restore_call(script, first)
+    return script, first, op, call
+
+
 def test_the_review_lists_a_restore_and_what_it_needs() -> None:
     review = review_source(SOURCE, filename="wf.py")
     (site,) = [c for c in review.calls if c.kind == "restore"]
@@ -63,10 +73,7 @@ def test_the_review_lists_a_restore_and_what_it_needs() -> None:
 def test_a_restore_makes_w_from_the_boundary_and_later_calls_start_there(
     coord: Coordinator,
 ) -> None:
-    script = Script(coord, LINES)
-    first = script.agent()
-    script.agent()
-    op, call = restore_call(script, first)
+    script, first, op, call = after_a_detour(coord)
     result, fresh = Handlers.answer_restore(coord, op, call)
     assert fresh and result == {"boundary": first, "w_generation": 2}
     assert coord.w_gen["root"] == 2
@@ -84,10 +91,7 @@ def test_a_restore_makes_w_from_the_boundary_and_later_calls_start_there(
 def test_a_restore_interrupted_after_its_decision_makes_the_same_w(
     coord: Coordinator,
 ) -> None:
-    script = Script(coord, LINES)
-    first = script.agent()
-    script.agent()
-    op, call = restore_call(script, first)
+    _script, _first, op, call = after_a_detour(coord)
     result = coord.decide_restore(op, call)
     coord.journal.update_op(RUN, op.op_id, token=coord.token, state="started", result=result,
                             intents=coord.restore_intents(op, result))
