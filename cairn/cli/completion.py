@@ -8,15 +8,20 @@ or ``:file`` when the shell should complete a file name itself. Commands and opt
 from the CLI's own definition (click's completion over the command tree), so they never
 drift from it; run IDs and schedule IDs come from cairnd (what the caller may see),
 definitions from the installed builtins. Nothing here reaches further than the local daemon socket.
+After ``-H HOST`` the command runs on HOST, whose runs, schedules and files this side
+cannot see without SSH (which may ask for a password at a keystroke), so of those only
+``@last`` is offered; commands, options and builtins complete as here.
 """
 
 
 from collections.abc import Iterable
+from contextvars import ContextVar
 
 import click
 from click.shell_completion import CompletionItem, ShellComplete
 
 from cairn.cli.client import request
+from cairn.cli.remote import HOST_FLAGS
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
 from cairn.protocol.requestchecks import LAST_RUN
@@ -26,6 +31,8 @@ SHORT_ID = 8
 # A completion waits at most this long for cairnd: a slow daemon must not hang a shell.
 DAEMON_TIMEOUT = 2.0
 FILE = ":file"
+# Set while completing a command that runs on another host (``cairn -H HOST …``).
+_ELSEWHERE: ContextVar[bool] = ContextVar("completing_for_another_host", default=False)
 # The description that marks "and file names too" in a parameter's own completion.
 FILES_TOO = "\x1efiles"
 
@@ -57,7 +64,7 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
     offered: list[tuple[str, str]] = []
     if LAST_RUN.startswith(incomplete):
         offered.append((LAST_RUN, "your newest run"))
-    if incomplete.startswith("@"):
+    if incomplete.startswith("@") or _ELSEWHERE.get():
         return offered
     from cairn.protocol.daemon import PsRequest  # a command's name completes without it
 
@@ -76,6 +83,8 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
 
 def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:
     """The caller's schedules (from cairnd), each with its name and status."""
+    if _ELSEWHERE.get():
+        return []
     from cairn.protocol.daemon import ScheduleListRequest  # a command's name completes without it
 
     try:
@@ -112,8 +121,26 @@ def complete(root: click.Command, words: list[str]) -> list[str]:
     """The candidates for the last of ``words`` (the command line up to the cursor, the
     program's name first)."""
     args, incomplete = words[1:-1], words[-1] if len(words) > 1 else ""
+    host_words = _host_words(args)
+    if host_words > len(args):
+        return []  # the host itself is being typed: the shell's own host completion
     shell = ShellComplete(root, {}, "cairn", "_CAIRN_COMPLETE")
-    return lines(shell.get_completions(args, incomplete))
+    elsewhere = _ELSEWHERE.set(host_words > 0)
+    try:
+        found = lines(shell.get_completions(args[host_words:], incomplete))
+    finally:
+        _ELSEWHERE.reset(elsewhere)
+    # the paths of a command run on another host are that host's: none offered from here
+    return [line for line in found if line != FILE] if host_words else found
+
+
+def _host_words(args: list[str]) -> int:
+    """How many leading words name another host (``-H HOST``: 2; ``-HHOST`` or
+    ``--host=HOST``: 1; none: 0), as :func:`cairn.cli.remote.split_host` reads them."""
+    first = args[0] if args else ""
+    if first in HOST_FLAGS:
+        return 2
+    return 1 if first.startswith(("--host=", "-H")) else 0
 
 
 @click.argument("words", nargs=-1)

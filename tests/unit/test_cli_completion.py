@@ -147,6 +147,21 @@ def test_without_cairnd_only_at_last_is_offered(
     assert complete(ROOT, ["cairn", "show", ""]) == ["@last\tyour newest run"]
 
 
+def test_after_another_host_commands_complete_and_local_runs_are_not_offered(
+    daemon: FakeDaemon,
+) -> None:
+    for host in (["-H", "alice@build2"], ["-Halice@build2"], ["--host=build2"],
+                 ["--host", "build2"]):
+        assert values(["cairn", *host, "l"]) == ["launch", "list", "logs"]
+        assert complete(ROOT, ["cairn", *host, "show", ""]) == ["@last\tyour newest run"]
+        assert complete(ROOT, ["cairn", *host, "schedule", "show", ""]) == []
+        launchable = values(["cairn", *host, "launch", "builtin:"])
+        assert "builtin:implement" in launchable and FILE not in launchable  # HOST's files
+    assert daemon.asked == []  # this host's cairnd knows nothing of build2's runs
+    assert complete(ROOT, ["cairn", "-H", "bu"]) == []  # the host: the shell's own
+    assert complete(ROOT, ["cairn", "--host", ""]) == []
+
+
 def test_short_ids_are_unique_prefixes_of_at_least_eight_digits() -> None:
     near = "flow_" + "3fa9c0d1ab" + "0" * 22
     short = short_ids([LIVE, TWIN, OLD, near])
