@@ -105,3 +105,34 @@ def copy_bytes(src_fd: int, dst_fd: int) -> int:
         while view:
             view = view[os.write(dst_fd, view) :]
         total += len(chunk)
+
+
+# What a filesystem answers when it cannot hold an extended attribute: none at all, none
+# of this size, or no room left for it.
+XATTR_REFUSED = frozenset({errno.ENOTSUP, errno.E2BIG, errno.ERANGE, errno.ENOSPC,
+                           errno.EDQUOT})
+
+
+def copy_user_xattrs(src: int | str, dst: int | str, *, fresh: bool = False) -> list[str]:
+    """Make the ``user.*`` xattrs of ``dst`` those of ``src`` (open fds, or the
+    ``/proc/self/fd`` names of ``O_PATH`` fds); ``fresh``: ``dst`` was just created, so
+    it has none yet. Returns the names ``dst``'s filesystem refused to hold
+    (:data:`XATTR_REFUSED`); nothing is copied from a filesystem without xattrs."""
+    try:
+        wanted = sorted(n for n in os.listxattr(src) if n.startswith("user."))
+        have = set() if fresh else {n for n in os.listxattr(dst) if n.startswith("user.")}
+    except OSError as exc:
+        if exc.errno == errno.ENOTSUP:
+            return []
+        raise
+    for name in have - set(wanted):
+        os.removexattr(dst, name)
+    refused = []
+    for name in wanted:
+        try:
+            os.setxattr(dst, name, os.getxattr(src, name))
+        except OSError as exc:
+            if exc.errno not in XATTR_REFUSED:
+                raise
+            refused.append(name)
+    return refused

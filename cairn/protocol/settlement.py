@@ -64,6 +64,8 @@ class ApplyResult(Frozen):
     applied: Paths = []
     already_applied: Paths = []
     conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
+    # applied paths whose user.* xattrs in F the live project's filesystem refused
+    xattrs_not_kept: Paths = []
 
 
 class AppliedCheck(Frozen):

@@ -47,11 +47,15 @@ class AppliedPaths(_Record):
     applied: list[str] = []
     already_applied: list[str] = []
     conflicts: list[ApplyConflict] = []
+    # applied with F's content and mode, but without the user.* xattrs F gave them (the
+    # live filesystem refused them); absent when every one was kept
+    xattrs_not_kept: list[str] | None = None
 
     @classmethod
     def of(cls, result: ApplyResult) -> AppliedPaths:
         return cls(status=result.status, applied=result.applied,
-                   already_applied=result.already_applied, conflicts=result.conflicts)
+                   already_applied=result.already_applied, conflicts=result.conflicts,
+                   xattrs_not_kept=result.xattrs_not_kept or None)
 
     @property
     def touched(self) -> bool:

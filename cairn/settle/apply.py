@@ -37,7 +37,14 @@ from typing import Literal, get_args
 
 from cairn.errors import StorageError
 from cairn.failpoints import failpoint
-from cairn.fsutil import clone_file, copy_bytes, fsync_dir, on_btrfs, syncfs
+from cairn.fsutil import (
+    clone_file,
+    copy_bytes,
+    copy_user_xattrs,
+    fsync_dir,
+    on_btrfs,
+    syncfs,
+)
 from cairn.pathrules import TMP_PREFIX, ancestors, check_relative, depth, parent
 from cairn.settle.walk import (
     ABSENT,
@@ -130,12 +137,15 @@ class ApplyReceipt:
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """What an apply did; the apply unit writes it as root's ``ApplyResult``."""
+    """What an apply did; the apply unit writes it as root's ``ApplyResult``.
+    ``xattrs_not_kept``: applied paths whose ``user.*`` xattrs in F the live project's
+    filesystem refused (their content and mode are F's)."""
 
     status: Literal["applied", "conflict", "noop"]
     applied: list[str] = field(default_factory=list)
     already_applied: list[str] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    xattrs_not_kept: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +302,7 @@ class _Batch:
         self.done: list[_Entry] = []
         self.ordered = ordered
         self.bytes_written = False
+        self.xattrs_not_kept: list[str] = []
 
     def parent_fd(self, path: str) -> int:
         try:
@@ -348,6 +359,8 @@ def _make_parents(batch: _Batch, ft: Tree, path: str) -> None:
             continue
         fstate = ft.state(sub)
         os.chmod(name, fstate.mode if fstate.kind == "dir" else 0o755, dir_fd=fd)
+        if fstate.kind == "dir":
+            _dir_xattrs(batch, ft, sub, fd, name)
 
 
 def _before(p: PathPlan) -> EntryState:
@@ -365,32 +378,62 @@ def _prepare(batch: _Batch, ft: Tree, p: PathPlan) -> str | None:
         _recheck(fd, name, p.path, before)
         if before.kind == "absent":
             os.mkdir(name, 0o700, dir_fd=fd)
+            _dir_xattrs(batch, ft, p.path, fd, name)
         os.chmod(name, p.f.mode, dir_fd=fd)
         return None
     if p.f.sha256 == EMPTY_SHA256 and _before(p).kind == "absent" and p.f.mode & ~0o777 == 0:
-        _create_empty(fd, name, p)
+        _create_empty(batch, ft, fd, name, p)
         return None
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     if p.f.kind == "symlink":
         os.symlink(p.f.target, tmp, dir_fd=fd)
-    elif not _write_temp_from_f(ft, p.path, fd, tmp, p.f):
+    elif not _write_temp_from_f(batch, ft, p.path, fd, tmp, p.f):
         batch.bytes_written = True
     return tmp
 
 
-def _write_temp_from_f(ft: Tree, path: str, live_fd: int, tmp: str, expected: EntryState) -> bool:
-    """The temporary ``tmp`` holding F's ``path``, checked against F (its hash, or for a
-    reflink its size); True when it holds no byte written through the page cache (F's
-    data shared by a reflink, or none), False when the bytes were copied."""
-    if expected.sha256 == EMPTY_SHA256:
-        _write_empty_temp(path, live_fd, tmp, expected)
-        return True
+def _keep_xattrs(batch: _Batch, path: str, src: int | str, dst: int | str) -> None:
+    """F's ``user.*`` xattrs onto the new ``dst``; a path whose xattrs the live
+    filesystem refuses is noted, not failed (its content and mode are F's)."""
+    if copy_user_xattrs(src, dst, fresh=True):
+        batch.xattrs_not_kept.append(path)
+
+
+def _dir_xattrs(batch: _Batch, ft: Tree, path: str, live_fd: int, name: str) -> None:
+    """F's ``user.*`` xattrs of the directory ``path`` onto the one just made in live."""
+    try:
+        src = ft.dir(path)
+    except Blocked:
+        return
+    if src is None:
+        return
+    dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  dir_fd=live_fd)
+    try:
+        _keep_xattrs(batch, path, src, dst)
+    finally:
+        os.close(dst)
+
+
+def _open_in_f(ft: Tree, path: str) -> int:
     ffd = ft.parent(path)
     if ffd is None:
         raise StorageError(f"{path} vanished from the final snapshot")
-    sfd = os.open(path.rpartition("/")[2], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                  dir_fd=ffd)
+    return os.open(path.rpartition("/")[2], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   dir_fd=ffd)
+
+
+def _write_temp_from_f(batch: _Batch, ft: Tree, path: str, live_fd: int, tmp: str,
+                       expected: EntryState) -> bool:
+    """The temporary ``tmp`` holding F's ``path`` and its ``user.*`` xattrs, checked
+    against F (its hash, or for a reflink its size); True when it holds no byte written
+    through the page cache (F's data shared by a reflink, or none), False when the bytes
+    were copied."""
+    sfd = _open_in_f(ft, path)
     try:
+        if expected.sha256 == EMPTY_SHA256:
+            _write_empty_temp(batch, path, sfd, live_fd, tmp, expected)
+            return True
         dfd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
         )
@@ -401,6 +444,7 @@ def _write_temp_from_f(ft: Tree, path: str, live_fd: int, tmp: str, expected: En
             else:
                 copy_bytes(sfd, dfd)
             os.fchmod(dfd, expected.mode)
+            _keep_xattrs(batch, path, sfd, dfd)
         finally:
             os.close(dfd)
         if not cloned:
@@ -419,7 +463,7 @@ def _write_temp_from_f(ft: Tree, path: str, live_fd: int, tmp: str, expected: En
     return cloned
 
 
-def _create_empty(dir_fd: int, name: str, p: PathPlan) -> None:
+def _create_empty(batch: _Batch, ft: Tree, dir_fd: int, name: str, p: PathPlan) -> None:
     """An empty file F holds where the live project holds nothing, made in place: there
     are no bytes to be half-written, ``O_EXCL`` is the re-check (whatever appeared there
     since the plan stops the batch) and, where the umask allows, it is born with F's
@@ -432,13 +476,19 @@ def _create_empty(dir_fd: int, name: str, p: PathPlan) -> None:
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) != p.f.mode:  # a umask or default ACL
             os.fchmod(fd, p.f.mode)
+        sfd = _open_in_f(ft, p.path)
+        try:
+            _keep_xattrs(batch, p.path, sfd, fd)
+        finally:
+            os.close(sfd)
     finally:
         os.close(fd)
 
 
-def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -> None:
-    """The temporary of a file F holds empty: nothing of F to read, and the check that it
-    holds F's bytes is that it holds none."""
+def _write_empty_temp(batch: _Batch, path: str, sfd: int, live_fd: int, tmp: str,
+                      expected: EntryState) -> None:
+    """The temporary of a file F holds empty: no byte of F to read (``sfd`` is F's file,
+    for its xattrs), and the check that it holds F's bytes is that it holds none."""
     try:
         dfd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
@@ -447,6 +497,7 @@ def _write_empty_temp(path: str, live_fd: int, tmp: str, expected: EntryState) -
             os.fchmod(dfd, expected.mode)
             if os.fstat(dfd).st_size != 0:
                 raise StorageError(f"copy of {path} does not match the final snapshot")
+            _keep_xattrs(batch, path, sfd, dfd)
         finally:
             os.close(dfd)
     except BaseException:
@@ -536,6 +587,7 @@ def apply(
         remove_stale_temps(live, paths)
     done = read_receipts(receipts)
     started = time.monotonic()
+    xattrs_not_kept: list[str] = []
     with Tree(q, True) as qt, Tree(f, True) as ft:
         with Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
@@ -556,7 +608,7 @@ def apply(
                 with Tree(live) as lt:
                     syncfs(lt.root_fd)
                 log_.add(found)
-            applied = _write(plan, ft, live, log_, progress)
+            applied = _write(plan, ft, live, log_, progress, xattrs_not_kept)
         finally:
             log_.close()
     if isinstance(applied, _Stopped):
@@ -566,9 +618,14 @@ def apply(
             applied=sorted(applied.applied),
             already_applied=already,
             conflicts=[Conflict(applied.path, "changed in the live project during the apply")],
+            xattrs_not_kept=sorted(set(xattrs_not_kept) & set(applied.applied)),
         )
     log.info("applied %d paths into %s (%d already there)", len(applied), live, len(already))
-    return Applied(status="applied", applied=sorted(applied), already_applied=already)
+    if xattrs_not_kept:
+        log.warning("apply into %s: the live filesystem refused the xattrs of %d paths",
+                    live, len(xattrs_not_kept))
+    return Applied(status="applied", applied=sorted(applied), already_applied=already,
+                   xattrs_not_kept=sorted(set(xattrs_not_kept)))
 
 
 class _Stopped(_Raced):
@@ -589,6 +646,7 @@ class _Writer:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
         self.unsettled: list[list[_Entry]] = []  # each batch's receipts-to-be
         self.applied: list[str] = []
+        self.xattrs_not_kept: list[str] = []
         self.syncs, self.synced_for = 0, 0.0
         with Tree(live) as tree:
             self.ordered = on_btrfs(tree.root_fd)
@@ -626,6 +684,7 @@ class _Writer:
             failpoint("apply-after-renames", self.log.path.parent)
         finally:
             self.unsettled.append(batch.done)  # after a race too: what it did is kept
+            self.xattrs_not_kept += batch.xattrs_not_kept
             batch.close()
 
     def finish(self) -> None:
@@ -636,11 +695,12 @@ class _Writer:
 
 def _write(
     plan: ApplyPlan, ft: Tree, live: Path, log_: _ReceiptLog,
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[int, int], None] | None, xattrs_not_kept: list[str],
 ) -> list[str] | _Stopped:
     """Removals (deepest first), then placements (shallowest first), batch by batch;
     the paths applied, or where a person's change stopped it (what was changed before
-    that is kept, durable and with receipts)."""
+    that is kept, durable and with receipts). The paths whose xattrs the live filesystem
+    refused are added to ``xattrs_not_kept``."""
     writes = plan.writes
     removals = sorted((p for p in writes if _needs_removal(p)),
                       key=lambda p: (-depth(p.path), p.path))
@@ -659,6 +719,8 @@ def _write(
     except _Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)
+    finally:
+        xattrs_not_kept += writer.xattrs_not_kept
     return writer.applied
 
 

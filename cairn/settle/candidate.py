@@ -13,7 +13,6 @@ that lies below a link in P is refused, never read through the link.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from cairn import untrusted
 from cairn.errors import StorageError
-from cairn.fsutil import copy_file_data
+from cairn.fsutil import copy_file_data, copy_user_xattrs
 from cairn.pathrules import TMP_PREFIX, check_relative, depth, parent, printable_name
 from cairn.settle.changes import ChangeSet
 from cairn.settle.deps import close_refusals
@@ -328,20 +327,11 @@ def _check_same(fd: int, st: os.stat_result, path: str) -> None:
 
 
 def _copy_user_xattrs(src: int | str, dst: int | str, fresh: bool = False) -> None:
-    """Make the ``user.*`` xattrs of ``dst`` those of ``src`` (open fds, or the
-    ``/proc/self/fd`` names of ``O_PATH`` fds); ``fresh``: ``dst`` was just created, so
-    it has none yet."""
-    try:
-        wanted = {n for n in os.listxattr(src) if n.startswith("user.")}
-        have = set() if fresh else {n for n in os.listxattr(dst) if n.startswith("user.")}
-    except OSError as exc:
-        if exc.errno == errno.ENOTSUP:
-            return
-        raise
-    for name in have - wanted:
-        os.removexattr(dst, name)
-    for name in wanted:
-        os.setxattr(dst, name, os.getxattr(src, name))
+    """:func:`cairn.fsutil.copy_user_xattrs` into C, which shares P's filesystem: one
+    it refuses is a storage error, not a loss to report."""
+    refused = copy_user_xattrs(src, dst, fresh=fresh)
+    if refused:
+        raise StorageError(f"the candidate could not hold the xattrs {', '.join(refused)}")
 
 
 def _copy_dir_xattrs(p: Path, path: str, st: os.stat_result, dst: Path) -> None:
