@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from test_settle import live_project, settle_run
 
 from cairn import proc
 from cairn.settle.apply import apply
-from cairn.settle.inventory import inventories_equal
 from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool
 
@@ -35,6 +35,8 @@ def tagging_agent(w: Path) -> None:
     (w / "assets").mkdir()
     os.setxattr(w / "assets", "user.owner", b"design")
     (w / "assets" / "logo.txt").write_text("logo\n")
+    os.setxattr(w / "docs" / "guide.md", "user.only", b"an xattr, no other change")
+    os.link(w / "src" / "new.py", w / "src" / "linked.py")
 
 
 def xattrs(path: Path) -> dict[str, bytes]:
@@ -48,12 +50,18 @@ def test_written_files_and_made_directories_carry_fs_xattrs(
     os.setxattr(live / "src" / "app.py", "user.before", b"q")  # Q's: F keeps it too
     q, f, accepted, _ = settle_run(pool, run_id, live, tagging_agent, SettlementPolicy())
     assert xattrs(f / "src" / "app.py") == {"user.before": b"q", "user.note": b"reviewed"}
+    started = time.time()
     result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
     assert result.status == "applied" and result.xattrs_not_kept == []
     for rel in ("src/app.py", "src/new.py", "src/empty.py", "assets", "assets/logo.txt"):
         assert xattrs(live / rel) == xattrs(f / rel), rel
     assert xattrs(live / "src" / "new.py")["user.big"] == BIG
-    assert inventories_equal(f, live)
+    # what docs/settlement.md says is not kept: an xattr-only change, a hard link, mtimes
+    assert "docs/guide.md" in accepted and "docs/guide.md" not in result.applied
+    assert "user.only" not in xattrs(live / "docs" / "guide.md")
+    new, linked = (os.stat(live / "src" / name) for name in ("new.py", "linked.py"))
+    assert new.st_ino != linked.st_ino and new.st_nlink == linked.st_nlink == 1
+    assert new.st_mtime >= started
 
 
 @pytest.fixture
@@ -90,7 +98,8 @@ def test_a_live_filesystem_that_refuses_an_xattr_is_named_not_failed(
     proc.run(["cp", "-a", f"{q}/.", live], timeout=60)  # Q's tree, on another filesystem
     result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
     assert result.status == "applied"
-    assert result.xattrs_not_kept == ["src/new.py"]  # only the one too big for ext4
+    # only the file with the xattr too big for ext4 (and its hard link, the same file in F)
+    assert result.xattrs_not_kept == ["src/linked.py", "src/new.py"]
     assert (live / "src" / "new.py").read_text() == "new\n"  # F's content all the same
     assert xattrs(live / "src" / "new.py") == {"user.small": b"kept"}
     assert xattrs(live / "src" / "app.py") == xattrs(f / "src" / "app.py")
