@@ -136,10 +136,13 @@ def regression(definition: MetricDefinition, best: float, value: float) -> float
     return 0.0 if worse == 0 else math.copysign(math.inf, worse)
 
 
-def reached(definition: MetricDefinition, value: float, target: float) -> bool:
-    """Whether ``value`` is at ``target`` or beyond it, the way ``definition`` says is
-    better."""
-    return value <= target if definition.direction == "lower" else value >= target
+def reached(best: Measurement, target: float) -> bool:
+    """Whether ``best``'s primary metric is at ``target`` or beyond it, the way the
+    metric's definition says is better."""
+    value = best.values[best.primary]
+    if best.metrics[best.primary].direction == "lower":
+        return value <= target
+    return value >= target
 
 
 @dataclass(frozen=True)

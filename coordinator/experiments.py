@@ -27,6 +27,7 @@ from cairn.experiments import (
     reached,
 )
 from cairn.journal.rows import OpRow
+from cairn.operations import settle_experiment
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
@@ -48,10 +49,6 @@ def accepted_before(ops: Iterable[OpRow], scope: str, seq: int) -> list[str]:
         and op.state in ("settled", "committed")
         and (op.result or {}).get("disposition") == "accepted"
     ]
-
-
-def _reached(best: Measurement, target: float) -> bool:
-    return reached(best.metrics[best.primary], best.values[best.primary], target)
 
 
 class MeasurementFailed(OperationError):
@@ -161,6 +158,10 @@ class Experiments(CoordinatorBase):
 
     def decide(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], list[Intent]]:
         """The settlement's result and the intents that carry it out, from the journal."""
+        try:
+            settle_experiment.checked(call.request)
+        except ValueError as exc:
+            self.refuse(op, f"not a settlement of flow.settle_experiment: {exc}")
         ops = self.journal.list_ops(self.run_id)
         candidate = self.measurement(ops, op.scope, call.request["measurement"])
         accepted = [self.measurement(ops, op.scope, m) for m in accepted_before(ops, op.scope,
@@ -184,13 +185,13 @@ class Experiments(CoordinatorBase):
             result |= {"disposition": "accepted", "best": candidate.measurement,
                        "checkpoint": candidate.checkpoint}
             if target is not None:
-                result["target_reached"] = _reached(candidate, float(target))
+                result["target_reached"] = reached(candidate, target)
             return result, self.settlement_intents(op, result)
         if not accepted:
             self.refuse(op, "nothing was accepted yet in this scope to restore W from")
         best = accepted[-1]
         if target is not None:
-            result["target_reached"] = _reached(best, float(target))
+            result["target_reached"] = reached(best, target)
         if best.checkpoint is None and op.scope != "root":
             self.refuse(op, "a lane's W cannot be restored to its start; accept a checkpoint first")
         generation = self.w_gen[op.scope] + 1

@@ -21,7 +21,7 @@ import click
 from click.shell_completion import CompletionItem, ShellComplete
 
 from cairn.cli.client import request
-from cairn.cli.remote import HOST_FLAGS
+from cairn.cli.remote import host_words
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
 from cairn.protocol.requestchecks import LAST_RUN
@@ -121,26 +121,18 @@ def complete(root: click.Command, words: list[str]) -> list[str]:
     """The candidates for the last of ``words`` (the command line up to the cursor, the
     program's name first)."""
     args, incomplete = words[1:-1], words[-1] if len(words) > 1 else ""
-    host_words = _host_words(args)
-    if host_words > len(args):
+    skipped = host_words(args)
+    if skipped > len(args):
         return []  # the host itself is being typed: the shell's own host completion
     shell = ShellComplete(root, {}, "cairn", "_CAIRN_COMPLETE")
-    elsewhere = _ELSEWHERE.set(host_words > 0)
+    elsewhere = _ELSEWHERE.set(skipped > 0)
     try:
-        found = lines(shell.get_completions(args[host_words:], incomplete))
+        found = lines(shell.get_completions(args[skipped:], incomplete))
     finally:
         _ELSEWHERE.reset(elsewhere)
     # the paths of a command run on another host are that host's: none offered from here
-    return [line for line in found if line != FILE] if host_words else found
+    return [line for line in found if line != FILE] if skipped else found
 
-
-def _host_words(args: list[str]) -> int:
-    """How many leading words name another host (``-H HOST``: 2; ``-HHOST`` or
-    ``--host=HOST``: 1; none: 0), as :func:`cairn.cli.remote.split_host` reads them."""
-    first = args[0] if args else ""
-    if first in HOST_FLAGS:
-        return 2
-    return 1 if first.startswith(("--host=", "-H")) else 0
 
 
 @click.argument("words", nargs=-1)

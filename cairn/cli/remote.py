@@ -27,21 +27,30 @@ SSH = "ssh"
 REMOTE_PROGRAM = "cairn"
 
 
+def host_words(argv: list[str]) -> int:
+    """How many leading words of ``argv`` name another host: 2 for ``-H HOST`` and
+    ``--host HOST`` (1 when the host is not there yet), 1 for ``-HHOST`` and
+    ``--host=HOST``, 0 without one."""
+    first = argv[0] if argv else ""
+    if first in HOST_FLAGS:
+        return 2
+    if first.startswith("--host=") or (first.startswith("-H") and first != "-H"):
+        return 1
+    return 0
+
+
 def split_host(argv: list[str]) -> tuple[str | None, list[str]]:
     """The host of a leading ``-H HOST``, ``-HHOST``, ``--host HOST`` or ``--host=HOST``,
     and the command line after it; ``(None, argv)`` without one."""
-    if not argv:
+    words = host_words(argv)
+    if words == 0:
         return None, argv
-    first = argv[0]
-    if first in HOST_FLAGS:
-        if len(argv) < 2:
-            raise UsageError(f"{first} needs a host: cairn -H [USER@]HOST COMMAND")
+    if words > len(argv):
+        raise UsageError(f"{argv[0]} needs a host: cairn -H [USER@]HOST COMMAND")
+    if words == 2:
         return argv[1], argv[2:]
-    if first.startswith("--host="):
-        return first.removeprefix("--host="), argv[1:]
-    if first.startswith("-H") and len(first) > 2:
-        return first[2:], argv[1:]
-    return None, argv
+    first = argv[0]
+    return first.removeprefix("--host=") if first.startswith("--host=") else first[2:], argv[1:]
 
 
 def host_problem(host: str) -> str | None:

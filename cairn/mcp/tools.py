@@ -236,22 +236,23 @@ def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> Any:
         "draft": draft.draft_hash,
         "written": args.source is not None,
         "installed_review_hash": installed.review_hash if installed is not None else None,
-        "review": _draft_review(draft),
+        "review": _draft_review(draft, replace=installed is not None),
     }
     if args.source is None:
         answer["source"] = draft.source
     return answer
 
 
-def _draft_review(draft: user.Draft) -> dict[str, Any]:
+def _draft_review(draft: user.Draft, *, replace: bool) -> dict[str, Any]:
     """The review of a draft's text as ``cairn workflow review`` gives it, and what a
-    person runs to install it; or every violation, for the model to fix."""
+    person runs to install it (``replace``: over the installed ``user:NAME``); or every
+    violation, for the model to fix."""
     try:
         review = review_source(draft.source, filename=f"{draft.name}.py")
     except ReviewRejected as exc:
         return {"passed": False,
                 "violations": [v.model_dump(mode="json") for v in exc.violations]}
-    verb = "install" if user.find_installed(draft.name) is None else "install --replace"
+    verb = "install --replace" if replace else "install"
     return {
         "passed": True,
         "review_hash": review.review_hash,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from machine import Machine
 from test_escapes import cairn, fresh_project, tree
-from test_recovery import EXPERIMENT_FAILPOINTS, failpoint_enabled, wait_finished
+from test_recovery import EXPERIMENT_FAILPOINTS, assert_fired, failpoint_enabled, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "experiment.py").read_text()
@@ -175,9 +175,7 @@ def test_recovers_from_a_crash_inside_measurement_or_disposition(
     with failpoint_enabled(booted, name):
         project, run_id = launch(booted)
         data = check_experiment(booted, project, run_id)
-    fired = booted.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name", f"failpoint-{name}"],
-                        check=False).stdout.decode().split()
-    assert fired, f"failpoint {name} never fired"
+    assert_fired(booted, run_id, name)
     restarts = sum(1 for e in data["events"] if e["event"] == "lease-acquired") - 1
     assert restarts >= 1 or name.startswith("broker-")  # a broker's crash fails one call
 

@@ -101,6 +101,13 @@ def failpoint_enabled(machine: Machine, name: str) -> Iterator[None]:
         machine.exec(["systemctl", "daemon-reload"])
 
 
+def assert_fired(machine: Machine, run_id: str, name: str) -> None:
+    """Failpoint ``name`` fired in ``run_id`` (each process leaves its marker there)."""
+    fired = machine.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name",
+                          f"failpoint-{name}"], check=False).stdout.decode().split()
+    assert fired, f"failpoint {name} never fired"
+
+
 def enable_failpoint(machine: Machine, name: str) -> None:
     for unit in ("cairn-coordinator@.service", "cairn-broker.service"):
         dropin = f"/etc/systemd/system/{unit}.d"

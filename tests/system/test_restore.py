@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from machine import Machine
 from test_escapes import cairn, fresh_project, tree
-from test_recovery import RESTORE_FAILPOINTS, failpoint_enabled, wait_finished
+from test_recovery import RESTORE_FAILPOINTS, assert_fired, failpoint_enabled, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = (REPO / "docs" / "writing-workflows.md").read_text()
@@ -83,8 +83,6 @@ def test_a_coordinator_killed_inside_a_restore_makes_the_same_w(
     with failpoint_enabled(booted, name):
         project, run_id = launch(booted)
         check_restored(booted, project, run_id)
-    fired = booted.exec(["find", f"/var/lib/cairn/runs/{run_id}", "-name", f"failpoint-{name}"],
-                        check=False).stdout.decode().split()
-    assert fired, f"failpoint {name} never fired"
+    assert_fired(booted, run_id, name)
     data = wait_finished(booted, run_id)
     assert sum(1 for e in data["events"] if e["event"] == "lease-acquired") >= 2

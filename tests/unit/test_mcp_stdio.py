@@ -417,6 +417,11 @@ def test_a_draft_is_replaced_only_by_a_call_that_saw_it(client: StdioClient) -> 
                         {"name": "sketch", "source": SOURCE + "\n", "replaces": seen})
     assert stale["isError"] is True and "changed since" in _text(stale)
     assert path.read_text() == edited  # the person's edit is kept
+    # a draft of an installed definition: installing it replaces that one
+    over = client.call("cairn_workflow_draft", {"name": "tidy", "source": SOURCE})
+    answer = over["structuredContent"]
+    assert answer["installed_review_hash"] == review_hash(SOURCE, "tidy")
+    assert "cairn workflow install --replace " in answer["review"]["to_install"]
     gone = client.call("cairn_workflow_draft", {"name": "nothing-here"})
     assert gone["isError"] is True and "has no draft" in _text(gone)
 
