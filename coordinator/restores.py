@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from cairn.coordinator.base import CoordinatorBase, OperationError
+from cairn.errors import NotFound
 from cairn.journal.rows import OpRow
+from cairn.operations import restore
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
 
@@ -56,23 +58,34 @@ class Restores(CoordinatorBase):
     def decide_restore(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
         """The boundary (checked against the journal, never the workflow's word) and W's
         next generation; a refusal is recorded and raised."""
-        boundary = call.request["boundary"]
-        found = next((o for o in self.journal.list_ops(self.run_id) if o.op_id == boundary),
-                     None)
-        why = None
-        if found is None:
-            why = f"{boundary} is not an operation of this run"
-        elif found.kind != "agent" or found.state != "committed":
-            why = f"{boundary} is not a committed agent boundary"
-        elif found.scope != op.scope or found.seq >= op.seq:
-            why = f"{boundary} is not an earlier boundary of scope {op.scope}"
+        why = self.restore_problem(op, call)
         if why is not None:
             self.journal.update_op(
                 self.run_id, op.op_id, token=self.token, state="not-started", error=why,
                 result={"error": why, "kind": RestoreRefused.code},
             )
             raise RestoreRefused(f"{op.op_id}: {why}")
-        return {"boundary": boundary, "w_generation": self.w_gen[op.scope] + 1}
+        return {"boundary": call.request["boundary"], "w_generation": self.w_gen[op.scope] + 1}
+
+    def restore_problem(self, op: OpRow, call: CallRequest) -> str | None:
+        """Why W of ``op``'s scope may not go back to the boundary the call names (None:
+        it may): the request is not what ``flow.restore`` sends, or the boundary is no
+        committed agent boundary of the scope from before the call."""
+        boundary = call.request.get("boundary")
+        try:
+            if call.request != restore.request(boundary):
+                return "not a request of flow.restore: it holds keys flow.restore never sends"
+        except ValueError as exc:
+            return f"not a request of flow.restore: {exc}"
+        try:
+            found = self.journal.get_op_by_id(self.run_id, str(boundary))
+        except NotFound:
+            return f"{boundary} is not an operation of this run"
+        if found.kind != "agent" or found.state != "committed":
+            return f"{boundary} is not a committed agent boundary"
+        if found.scope != op.scope or found.seq >= op.seq:
+            return f"{boundary} is not an earlier boundary of scope {op.scope}"
+        return None
 
     def restore_intents(self, op: OpRow, result: dict[str, Any]) -> list[Intent]:
         scope, generation = op.scope, int(result["w_generation"])

@@ -12,6 +12,7 @@ W generation, recorded before the workflow continues.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
@@ -57,6 +58,17 @@ def request(measurement: dict[str, Any], disposition: str,
             raise ValueError("target= takes a number: the primary metric's value to reach")
         sent["target"] = float(target)
     return sent
+
+
+def checked(sent: dict[str, Any]) -> dict[str, Any]:
+    """``sent`` if it is a request :func:`request` makes (the coordinator's check of what
+    the workflow's sandbox sent); ValueError saying what is wrong otherwise."""
+    measured = sent.get("measurement")
+    again = request({"measurement": measured}, str(sent.get("disposition")),
+                    sent.get("report"), sent.get("target"))
+    if again != sent:
+        raise ValueError("it holds keys or values flow.settle_experiment never sends")
+    return again
 
 
 def trial_report(report: object) -> dict[str, str]:
@@ -120,9 +132,9 @@ def experiments(ops: Sequence[ExperimentRecord]) -> list[dict[str, Any]]:
                  ("refused" if op.state == "not-started" else "pending")}
         if entry["disposition"] == "refused":
             entry["reason"] = op.error
-        report = op.request.get("report") or {}
-        if report:  # in the order a trial is told: what was expected, done, found
-            entry["report"] = {name: report[name] for name in REPORT_FIELDS if name in report}
+        if "report" in op.request:  # a refused request may hold anything: shown if a report
+            with contextlib.suppress(ValueError):
+                entry["report"] = trial_report(op.request["report"])
         facet["candidates"].append(entry)
         if entry["disposition"] == "accepted":
             facet["best"] = {"measurement": target, "value": entry["value"]}

@@ -340,6 +340,29 @@ def test_a_target_is_judged_against_the_best_and_reports_are_shown(
     assert "target_reached" not in no_target
 
 
+@pytest.mark.parametrize("extra", [
+    {"report": ["not", "a", "report"]}, {"target": "1"}, {"target": float("inf")},
+    {"report": {"hypothesis": "h", "intervention": "i", "conclusion": "c", "x": "y"}},
+    {"besides": 1}])
+def test_a_settlement_flow_never_sends_is_refused_and_shown_without_it(
+    coord: Coordinator, extra: dict[str, Any]
+) -> None:
+    """The attack is the workflow sandbox's: a request it made up rather than one
+    flow.settle_experiment built. The coordinator refuses it, and the facet (what cairn
+    show prints) leaves out a report that is none."""
+    script = Script(coord)
+    measured = script.measure(2.0)
+    op, call = script.call("settle_experiment", {"measurement": measured["measurement"],
+                                                 "disposition": "accept", **extra})
+    with pytest.raises(ExperimentRefused, match="not a settlement of flow.settle_experiment"):
+        Handlers.answer_settle_experiment(coord, op, call)
+    (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
+    (candidate,) = facet["candidates"]
+    assert candidate["disposition"] == "refused" and "report" not in candidate
+    assert "target" not in facet
+    experiment_lines(facet)  # renders
+
+
 def test_below_the_reserve_a_measurement_is_refused_before_its_intent(
     coord: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -122,6 +122,21 @@ def test_only_a_committed_boundary_can_be_restored(
     assert coord.w_gen["root"] == 1  # W unchanged
 
 
+@pytest.mark.parametrize("request_", [
+    {"boundary": "root-1", "also": "x"}, {"boundary": "../root-1"}, {"boundary": 1}, {}])
+def test_a_request_flow_restore_never_sends_is_refused(
+    coord: Coordinator, request_: dict[str, Any]
+) -> None:
+    """The attack is the workflow sandbox's: a call it made up, not one flow.restore
+    built; the coordinator checks it again, and W stays."""
+    script = Script(coord, LINES)
+    script.agent()
+    op, call = script.call("restore", request_)
+    with pytest.raises(RestoreRefused, match="not a request of flow.restore"):
+        Handlers.answer_restore(coord, op, call)
+    assert coord.w_gen["root"] == 1
+
+
 def test_another_scopes_boundary_is_refused(coord: Coordinator) -> None:
     script = Script(coord, LINES)
     lane = coord.journal.record_requested(
