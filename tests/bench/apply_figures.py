@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import importlib.util
 import os
 import pstats
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             scratch.mkdir()
             for n in args.sizes:
                 with settled_project(pool, scratch, n, args.changed) as s:
-                    samples = sorted(collect(lambda s=s: apply_once(pool, s, apply_fn=apply_fn),
+                    samples = sorted(collect(functools.partial(apply_once, pool, s,
+                                                               apply_fn=apply_fn),
                                              repeat=args.repeat, budget=120.0))
                     median = samples[len(samples) // 2]
                     print(f"apply of {len(s.accepted)} paths, project of {n:,} files: "

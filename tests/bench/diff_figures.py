@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import importlib.util
 import os
 import pstats
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     samples: dict[str, list[float]] = {m: [] for m in methods}
                     for _ in range(args.repeat):
                         for method, fn in methods.items():
-                            samples[method] += collect(lambda fn=fn: fn(e), repeat=1,
+                            samples[method] += collect(functools.partial(fn, e), repeat=1,
                                                        budget=60.0)
                     for method, s in samples.items():
                         print(f"{n:>7,} files, {e.edits:,} changed, {method:<28} median "

@@ -8,6 +8,7 @@ predecessor) it makes after a crash.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -263,9 +264,9 @@ def replay_figures(workdir: Path, sizes: tuple[int, ...], *, repeat: int, budget
         log.info("replay journal with %d committed ops built in %.1fs", n, time.monotonic() - t)
         with Journal(path) as journal:
             desc = journal.launch_description(run_id)
-        samples = collect(lambda root=root, run_id=run_id, n=n: replay(root, run_id, n),
+        samples = collect(functools.partial(replay, root, run_id, n),
                           repeat=repeat, budget=budget)
-        starts = collect(lambda desc=desc: first_call(desc), repeat=repeat, budget=budget)
+        starts = collect(functools.partial(first_call, desc), repeat=repeat, budget=budget)
         variant = f"{n:,} ops"
         cells.append(Cell(figure="replay", size=None, variant=variant,
                           method="coordinator replay (answers from the journal)", cairn=True,

@@ -7,6 +7,7 @@ run that writes ``docs/performance.md`` and ``tests/bench/results/performance.js
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shlex
@@ -133,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(pool=pool, scratch=scratch, repeat=repeat, budget=budget, cells=cells)
             for n in sizes if "trees" in args.only else ():
                 log.info("project of %d files", n)
-                phase(f"the {n:,}-file figures", lambda n=n: run_size(bench, n))
+                phase(f"the {n:,}-file figures", functools.partial(run_size, bench, n))
             for n in sorted({min(sizes), max(sizes)}) if "trees" in args.only else ():
-                phase(f"the {n:,}-file apply profile",
-                      lambda n=n: cells.extend(profile_cells(pool, scratch, n)))
+
+                def profile(n: int = n) -> None:
+                    cells.extend(profile_cells(pool, scratch, n))
+
+                phase(f"the {n:,}-file apply profile", profile)
         journal_dir = work / "journal"
         journal_dir.mkdir()
         if "journal" in args.only:

@@ -160,7 +160,7 @@ def test_changes_refuses_writable_subvolumes(pool: Pool, run_id: str) -> None:
 
 def random_ops(w: Path, rng: random.Random, count: int, tag: str) -> None:
     def entries(kind: str) -> list[Path]:
-        out = []
+        out: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(w):
             names = dirnames if kind == "dir" else filenames
             out.extend(Path(dirpath, n) for n in names if not Path(dirpath, n).is_symlink())
@@ -208,11 +208,12 @@ def random_ops(w: Path, rng: random.Random, count: int, tag: str) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_random_changes_match_a_full_walk(pool: Pool, run_id: str, seed: int) -> None:
     rng = random.Random(seed)
-    q, p = frozen_pair(
-        pool, run_id,
-        lambda w: (base_tree(w), random_ops(w, rng, 40, "a")),  # type: ignore[func-returns-value]
-        lambda w: random_ops(w, rng, 60, "b"),
-    )
+
+    def setup(w: Path) -> None:
+        base_tree(w)
+        random_ops(w, rng, 40, "a")
+
+    q, p = frozen_pair(pool, run_id, setup, lambda w: random_ops(w, rng, 60, "b"))
     cs = changes(q, p)
     assert_matches_walk(cs.paths(), q, p)
     assert not set(cs.created) & set(cs.deleted)

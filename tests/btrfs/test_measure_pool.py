@@ -18,7 +18,7 @@ import btrfsutil
 import pytest
 from attested import carry_out_attested
 
-from cairn import paths
+from cairn import failpoints, paths
 from cairn.broker import spare, units
 from cairn.broker.receipts import ReceiptStore
 from cairn.config import Problems
@@ -217,7 +217,7 @@ def agent_step(coord: Coordinator, pool: Pool, seq: int, score: int) -> str:
                            generation=coord.w_gen["root"]), Checkpointed(s=s, op_id=op_id))
     store.close()
     for state in ("started", "settled", "committed"):
-        coord.journal.update_op(RUN, op_id, token=coord.token, state=state,  # type: ignore[arg-type]
+        coord.journal.update_op(RUN, op_id, token=coord.token, state=state,
                                 result={} if state == "settled" else None)
     return op_id
 
@@ -349,7 +349,7 @@ def test_a_crash_between_the_rename_and_the_receipt_redoes_nothing(
         assert name == "broker-after-spare-rename"
         raise Crash(name)
 
-    real_failpoint = spare.failpoint
+    real_failpoint = failpoints.failpoint
     monkeypatch.setattr(spare, "failpoint", crash)
     with pytest.raises(Crash):
         reject_a_worse_candidate(coordinator, pool, 6)

@@ -355,7 +355,11 @@ def test_a_year_of_daily_runs_under_the_default_policy_keeps_the_pool_flat(
         record_run(journal, run_id, "succeeded", at=now)
         make_run_storage(pool, run_id, YEAR_RUN_DATA)
         btrfsutil.delete_subvolume(os.fspath(pool.root / f"project-{run_id}"))  # the live one
-        pruned = lifecycle.prune(journal, PruneRequest(), 0, clock=lambda now=now: now + 3600)
+
+        def clock(now: float = now) -> float:
+            return now + 3600
+
+        pruned = lifecycle.prune(journal, PruneRequest(), 0, clock=clock)
         assert pruned["failed"] == []
         held[day] = sum(1 for _ in (pool.root / "runs").iterdir())
         if day % 30 == 29:

@@ -19,6 +19,7 @@ from cairn import importer, paths
 from cairn.broker import units, verbs
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
+from cairn.errors import SystemdError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import ProposalFrozen, QPrepared, SubvolumeReceipt
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
@@ -77,7 +78,7 @@ def imports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         status = importer.main([str(where["/source"]), str(where["/target"]),
                                 "--stats", str(stats)])
         if status != 0:
-            raise units.SystemdError(f"{name} failed (exit-code, status {status})")
+            raise SystemdError(f"{name} failed (exit-code, status {status})")
         os.chown(stats, OWNER, OWNER)  # the unit runs as the owner
         seen.append(f"ran {name}")
         return {"unit": name, "invocation_id": "inv"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn import fsutil
+from cairn import failpoints, fsutil
 from cairn.settle import apply as settle_apply
 from cairn.settle.apply import BATCH, apply, plan_apply
 from cairn.settle.candidate import build_candidate
@@ -442,7 +442,7 @@ def test_a_persons_edit_during_the_apply_stops_it_and_is_kept(
     renamed before it stays, with receipts, and no temporary is left behind."""
     live = live_project(pool)
     q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
-    real_failpoint = settle_apply.failpoint
+    real_failpoint = failpoints.failpoint
 
     def edit_after_temps(name: str, marker: Path) -> None:
         if name == "apply-after-temps":
@@ -472,7 +472,7 @@ def test_only_copied_bytes_need_a_barrier_before_the_renames(
     live = live_project(pool)
     q, f, accepted, _ = settle_run(pool, run_id, live, good_agent, SettlementPolicy())
     events: list[str] = []
-    real_syncfs, real_rename = settle_apply.syncfs, os.rename
+    real_syncfs, real_rename = fsutil.syncfs, os.rename
 
     def syncfs(fd: int) -> None:
         events.append("syncfs")

@@ -92,6 +92,7 @@ class FakeProvider:
     @property
     def base_url(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address: (str, int)
         return f"http://{host}:{port}/v1"
 
     def start(self) -> FakeProvider:
@@ -185,11 +186,12 @@ class FakeProvider:
                  "output_tokens": turn.tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": input_tokens + turn.tokens}
         items = response_items(turn, index)
-        events = [{"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
-                  *({"type": "response.output_item.done", "output_index": n, "item": item}
-                    for n, item in enumerate(items)),
-                  {"type": "response.completed",
-                   "response": {"id": rid, "status": "completed", "output": items, "usage": usage}}]
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
+            *({"type": "response.output_item.done", "output_index": n, "item": item}
+              for n, item in enumerate(items)),
+            {"type": "response.completed",
+             "response": {"id": rid, "status": "completed", "output": items, "usage": usage}}]
         _send_events(handler, events)
 
     @classmethod
@@ -310,14 +312,13 @@ def message_blocks(turn: Turn, index: int) -> list[dict[str, Any]]:
 
 def turns_from_json(data: list[dict[str, Any]] | dict[str, Any]) -> list[Turn]:
     """The turns of a script: a list of turns, or ``{"turns": [...], "untooled": TEXT}``."""
-    if isinstance(data, dict):
-        data = data["turns"]
+    turns: list[dict[str, Any]] = data["turns"] if isinstance(data, dict) else data
     return [
         Turn(content=t.get("content"),
              tool_calls=[(c["name"], c["arguments"]) for c in t.get("tool_calls", [])],
              tokens=int(t.get("tokens", 10)), status=int(t.get("status", 200)),
              headers=dict(t.get("headers", {})), error=t.get("error"))
-        for t in data
+        for t in turns
     ]
 
 

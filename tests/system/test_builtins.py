@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from machine import Machine
-from test_escapes import cairn, fresh_project, tree
+from test_end_to_end import cairn
+from test_escapes import fresh_project, tree
 from test_recovery import wait_finished
 
 POINTS = ["add NOTES.md", "mention NOTES.md in CHANGELOG.md", "add NOTES.md"]

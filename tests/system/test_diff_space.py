@@ -12,10 +12,12 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from machine import Machine
-from test_escapes import cairn, fresh_project, run_script
+from test_end_to_end import cairn
+from test_escapes import fresh_project, run_script
 
 POOL = "/var/lib/cairn/pool"
 MIB = 1 << 20
@@ -46,7 +48,7 @@ def free_now(machine: Machine) -> int:
 
 
 def test_diff_shows_new_empty_deleted_mode_only_and_link_changes(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "write", "path": "src/__init__.py", "content": ""},
         {"action": "delete", "path": "src/pkg/lib.py"},
         {"action": "chmod", "path": "src/app.py", "mode": 0o755},

@@ -51,7 +51,8 @@ def launch(machine: Machine, project: str, script: str, objective: str) -> str:
 
 
 def show(machine: Machine, run_id: str, user: str = "alice") -> dict[str, Any]:
-    return json.loads(cairn(machine, "show", run_id, "--json", user=user))
+    data: dict[str, Any] = json.loads(cairn(machine, "show", run_id, "--json", user=user))
+    return data
 
 
 def wait_for(machine: Machine, run_id: str, predicate: Any, timeout: float = 180) -> dict[str, Any]:

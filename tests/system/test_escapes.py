@@ -177,7 +177,8 @@ def probe(booted: Machine, victim: str) -> dict[str, Any]:
 
 
 def refused(result: list[Any]) -> bool:
-    return result[0] == "error"
+    first: object = result[0]
+    return first == "error"
 
 
 # -- the owner's other processes ----------------------------------------------------
@@ -502,7 +503,7 @@ def test_a_result_file_symlink_to_another_users_run_is_not_followed(
     bob_run, secret = bobs_run
     target = f"/var/lib/cairn/runs/{bob_run}/ops/root-1/outputs.1/finish.json"
     assert secret.encode() in booted.exec(["cat", target]).stdout
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["ln", "-s", "{prompt}", "/outputs/finish.json"]},
         {"action": "run", "argv": ["/bin/false"]},
     ]
@@ -548,7 +549,7 @@ def test_another_users_run_cannot_be_replayed_into_ones_own(
 def test_an_entry_the_agent_made_unreadable_is_refused_by_name(booted: Machine) -> None:
     """An agent that takes its own read permission away cannot fail the owner's candidate
     unit: that file is refused by name and the rest is applied."""
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "write", "path": "src/locked.py", "content": "x\n"},
         {"action": "run", "argv": ["chmod", "000", "src/locked.py"]},
         {"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"},
@@ -563,7 +564,7 @@ def test_an_entry_the_agent_made_unreadable_is_refused_by_name(booted: Machine) 
 
 
 def test_a_fifo_result_file_does_not_hang_the_run(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["mkfifo", "/outputs/finish.json"]},
         {"action": "run", "argv": ["/bin/false"]},
     ]
@@ -577,7 +578,7 @@ def test_a_fifo_result_file_does_not_hang_the_run(booted: Machine) -> None:
 def test_a_fifo_or_symlink_service_result_is_not_followed(booted: Machine) -> None:
     """The record of how the unit ended is written in the agent's /outputs: a FIFO there
     must neither hang the coordinator nor turn into a fake limit."""
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["mkfifo", "/outputs/service-result"]},
         {"action": "run", "argv": ["/bin/false"]},
     ]
@@ -590,7 +591,7 @@ def test_a_fifo_or_symlink_service_result_is_not_followed(booted: Machine) -> No
 
 
 def test_a_directory_replaced_by_a_refused_symlink_keeps_its_files(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["rm", "-rf", "src"]},
         {"action": "run", "argv": ["ln", "-s", "/etc", "src"]},
     ]
@@ -610,7 +611,7 @@ def test_a_directory_replaced_by_a_refused_symlink_keeps_its_files(booted: Machi
 
 
 def test_files_in_a_nested_subvolume_are_reported_refused(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["btrfs", "subvolume", "create", "src/nest"]},
         {"action": "write", "path": "src/nest/secret.txt", "content": "x\n"},
         {"action": "append", "path": "CHANGELOG.md", "content": "- {prompt}\n"},
@@ -626,7 +627,7 @@ def test_files_in_a_nested_subvolume_are_reported_refused(booted: Machine) -> No
 
 
 def test_nested_subvolumes_of_failed_attempts_are_removed(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["btrfs", "subvolume", "create", "nest"]},
         {"action": "write", "path": "nest/f", "content": "x\n"},
         {"action": "run", "argv": ["btrfs", "subvolume", "create", "nest/inner"]},
@@ -645,7 +646,7 @@ BIND_SOCKET = "import socket; socket.socket(socket.AF_UNIX).bind('src/sock')"
 
 
 def test_fifos_and_sockets_in_the_proposal_are_reported_refused(booted: Machine) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["mkfifo", "src/pipe"]},
         {"action": "run", "argv": ["/usr/bin/python3", "-c", BIND_SOCKET]},
         {"action": "run", "argv": ["sh", "-c", "rm src/app.py && mkfifo src/app.py"]},
@@ -846,7 +847,7 @@ def test_deleting_a_run_follows_no_link_it_left_and_takes_its_own_subvolumes(
 ) -> None:
     precious = "/home/alice/precious.txt"
     booted.exec(["tee", precious], user="alice", input=b"keep me\n")
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["ln", "-s", precious, "link"]},
         {"action": "run", "argv": ["ln", "-s", "/home/alice", "/state/home"]},
         {"action": "run", "argv": ["btrfs", "subvolume", "create", "nest"]},

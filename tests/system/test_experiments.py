@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from machine import Machine
-from test_escapes import cairn, fresh_project, tree
+from test_end_to_end import cairn
+from test_escapes import fresh_project, tree
 from test_recovery import EXPERIMENT_FAILPOINTS, assert_fired, failpoint_enabled, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]

@@ -93,7 +93,8 @@ def launch(
 
 
 def show(machine: Machine, run_id: str) -> dict[str, Any]:
-    return json.loads(cairn(machine, "show", run_id, "--json"))
+    data: dict[str, Any] = json.loads(cairn(machine, "show", run_id, "--json"))
+    return data
 
 
 def wait(machine: Machine, run_id: str, predicate: Any, timeout: float = 300) -> dict[str, Any]:

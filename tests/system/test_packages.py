@@ -165,7 +165,8 @@ def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
 
 def test_rpm_enables_nothing_itself_and_ships_the_presets_to_copy(rpm: str) -> None:
     query = run(["rpm", "-qp", "--qf", "[%{FILEDIGESTS} %{FILENAMES}\n]", rpm])
-    digests = dict(reversed(line.split(" ", 1)) for line in query.stdout.decode().splitlines())
+    lines = query.stdout.decode().splitlines()
+    digests = {name: digest for digest, name in (line.split(" ", 1) for line in lines)}
     for installed, source in PRESETS.items():
         assert digests[installed] == hashlib.sha256((REPO / source).read_bytes()).hexdigest()
     assert not [p for p in digests if "-preset/" in p]  # no preset systemd would read

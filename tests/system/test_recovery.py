@@ -133,7 +133,8 @@ def launch(machine: Machine, project: str, args: list[str]) -> str:
 def wait_finished(machine: Machine, run_id: str, timeout: float = 240) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        data = json.loads(machine.exec(["cairn", "show", run_id, "--json"], user="alice").stdout)
+        data: dict[str, Any] = json.loads(
+            machine.exec(["cairn", "show", run_id, "--json"], user="alice").stdout)
         if data["run"]["state"] in ("succeeded", "failed", "cancelled", "blocked"):
             return data
         if time.monotonic() > deadline:

@@ -28,7 +28,8 @@ def cairn(machine: Machine, *argv: str, user: str = "alice") -> str:
 
 
 def show(machine: Machine, run_id: str) -> dict[str, Any]:
-    return json.loads(cairn(machine, "show", run_id, "--json"))
+    data: dict[str, Any] = json.loads(cairn(machine, "show", run_id, "--json"))
+    return data
 
 
 def subvolume_uuid(machine: Machine, path: str) -> str:

@@ -123,7 +123,8 @@ def start(machine: Machine, path: str, scripted: dict[str, Any] | None = None) -
 
 def wait_all(machine: Machine, run_ids: list[str], timeout: float) -> dict[str, Any]:
     """Each run's ``cairn show --json`` once all ended, with ``seconds`` since the call."""
-    started, done = time.monotonic(), {}
+    started = time.monotonic()
+    done: dict[str, Any] = {}
     while len(done) < len(run_ids):
         for run_id in run_ids:
             if run_id not in done:

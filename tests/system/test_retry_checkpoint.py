@@ -75,7 +75,8 @@ def launch(machine: Machine, shape: str, review_hash: str, tag: str) -> tuple[st
 
 def finish_all(machine: Machine, runs: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Wait for every run to end, answering the lanes shape's question on the way."""
-    deadline, done = time.monotonic() + 480, {}
+    deadline = time.monotonic() + 480
+    done: dict[str, dict[str, Any]] = {}
     while len(done) < len(runs):
         for shape, run_id in runs.items():
             if shape in done:

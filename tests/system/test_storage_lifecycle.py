@@ -240,9 +240,9 @@ def test_an_agent_writing_past_the_reserve_is_stopped_and_its_run_fails_in_one_l
     set_policy(machine, 'reserve = "256M"\n')
     project = make_project(machine)
     machine.exec(["tee", "/home/alice/fill.py"], user="alice", input=CHANGE_THEN_FILL.encode())
-    for name, script in (("first", FIRST), ("fill", FILL)):
+    for name, scripted in (("first", FIRST), ("fill", FILL)):
         machine.exec(["tee", f"/home/alice/{name}.json"], user="alice",
-                     input=json.dumps(script).encode())
+                     input=json.dumps(scripted).encode())
     review = cairn(machine, "workflow", "review", "/home/alice/fill.py")
     review_hash = review.strip().splitlines()[-1].split()[-1]
     run_id = cairn(machine, "launch", "/home/alice/fill.py", "--confirm", review_hash,

@@ -23,7 +23,8 @@ def cairn(machine: Machine, *argv: str, user: str = "alice", check: bool = True)
 
 
 def show(machine: Machine, run_id: str) -> dict[str, Any]:
-    return json.loads(cairn(machine, "show", run_id, "--json").stdout)
+    data: dict[str, Any] = json.loads(cairn(machine, "show", run_id, "--json").stdout)
+    return data
 
 
 def wait_state(machine: Machine, run_id: str, states: tuple[str, ...]) -> dict[str, Any]:

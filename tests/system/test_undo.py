@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from machine import Machine
-from test_escapes import cairn, finished, fresh_project, run_script, tree
+from test_end_to_end import cairn, finished
+from test_escapes import fresh_project, run_script, tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +96,7 @@ def launch_held(machine: Machine, project: str, mode: str) -> str:
 def wait_until(machine: Machine, run_id: str, states: tuple[str, ...]) -> dict[str, Any]:
     deadline = time.monotonic() + 240
     while True:
-        data = json.loads(cairn(machine, "show", run_id, "--json"))
+        data: dict[str, Any] = json.loads(cairn(machine, "show", run_id, "--json"))
         if data["run"]["state"] in states:
             return data
         if time.monotonic() > deadline or finished(data):

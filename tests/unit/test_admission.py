@@ -19,7 +19,7 @@ import pytest
 from test_launch_all_or_nothing import OWNER, WORKFLOW
 
 from cairn import admission as rules
-from cairn import paths
+from cairn import paths, retention
 from cairn.admission import AdmissionConfig, Queued, admission_order, default_machine_limit
 from cairn.config import ConfigError
 from cairn.daemon import admission, attest, launch, reconcile, server
@@ -43,7 +43,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "etc/cairn/profiles.d/tool.toml").write_text(
         'kind = "command"\nargv = ["/bin/true"]\n'
     )
-    monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
+    monkeypatch.setattr(retention, "admit", lambda what: 1 << 40)
     return tmp_path
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from cairn import paths
-from cairn.coordinator import agentop
 from cairn.coordinator.agentop import BudgetExhausted
 from cairn.coordinator.core import Coordinator
 from cairn.journal.readwrite import Journal
@@ -64,7 +63,7 @@ def attempt(c: Coordinator, op: OpRow, number: int, started: float, ended: float
                                        op_id=op.op_id, attempt=number)], token=None)
     c.journal.record_receipts(RUN, [{"intent_id": intent_id, "run_id": RUN,
                                      "kind": "start-agent", "at": started, "data": {}}])
-    monkeypatch.setattr(agentop.time, "time", lambda: ended)
+    monkeypatch.setattr(time, "time", lambda: ended)
     c.record_agent_time(op.model_copy(update={"attempt": number}))
 
 
@@ -99,7 +98,7 @@ def test_an_attempt_recorded_again_after_a_restart_counts_once_with_its_longest_
 ) -> None:
     first = agent_op(coordinator, 1)
     attempt(coordinator, first, 1, T0, T0 + 20, monkeypatch)
-    monkeypatch.setattr(agentop.time, "time", lambda: T0 + 30)  # the coordinator came back
+    monkeypatch.setattr(time, "time", lambda: T0 + 30)  # the coordinator came back
     coordinator.record_agent_time(first)
     assert coordinator.journal.agent_seconds(RUN) == 30
 

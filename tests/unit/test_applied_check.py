@@ -20,7 +20,8 @@ from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply, Intent, Receipt
 from cairn.protocol.settlement import AppliedCheck
 from cairn.protocol.settlement_record import AppliedPaths, SettlementRecord
-from cairn.settle.apply import ApplyReceipt, EntryState, apply, check_applied
+from cairn.settle.apply import ApplyReceipt, apply, check_applied
+from cairn.settle.walk import EntryState
 from cairn.worker import apply as apply_worker
 
 ALICE = 1001

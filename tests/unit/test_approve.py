@@ -19,7 +19,7 @@ from cairn.daemon.notifications import notifications
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
 from cairn.operations.approve import MIN_EXPIRY_SEC
-from cairn.protocol.daemon import NotificationsRequest, daemon_request
+from cairn.protocol.daemon import NotificationsRequest, RejectRequest, daemon_request
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.workflow.review import review_source
 from cairn.workflow.review.manifest import ReviewRejected
@@ -43,6 +43,12 @@ async def run(flow, args: Goal) -> Report:
     decision = await {call}
     return Report(summary=f"{{decision.approved}} {{decision.outcome}}: {{decision.reason}}")
 '''
+
+
+def rejection(**fields: object) -> RejectRequest:
+    made = daemon_request("reject", run_id=RUN, **fields)
+    assert isinstance(made, RejectRequest)
+    return made
 
 
 EXPIRING = source('flow.approve(f"Ship {args.goal}?", expires_in=60, on_expiry="reject")')
@@ -158,8 +164,8 @@ def test_an_expired_approval_is_journalled_once_and_replayed(root: Path) -> None
         # a person too late hears it expired, as if they had been the one to expire it;
         # the decision was journalled once
         with pytest.raises(CairnError, match="recorded as expired"):
-            people.decide(journal, RUN, daemon_request(
-                "reject", run_id=RUN, request_id=approval.request_id, reason="late"), OWNER)
+            people.decide(journal, RUN, rejection(
+                request_id=approval.request_id, reason="late"), OWNER)
         assert seconds_to_next(journal, time.time()) == LOOK_AGAIN_SEC
 
     coord = incarnation()
@@ -184,8 +190,8 @@ def test_a_rejection_reaches_the_workflow_with_its_reason(root: Path) -> None:
     wait_and_exit(root, EXPIRING)
     with journal_of(root) as journal:
         (approval,) = journal.approvals(RUN)
-        out = people.decide(journal, RUN, daemon_request(
-            "reject", run_id=RUN, request_id=approval.request_id, reason="not on a Friday"),
+        out = people.decide(journal, RUN, rejection(
+            request_id=approval.request_id, reason="not on a Friday"),
             OWNER)
         assert out["outcome"] == "rejected"
     assert finish(incarnation())["summary"] == "False rejected: not on a Friday"
@@ -196,8 +202,8 @@ def test_on_reject_fail_fails_the_run_and_replays_the_failure(root: Path) -> Non
     with journal_of(root) as journal:
         (approval,) = journal.approvals(RUN)
         assert approval.deadline > time.time() + 86_000  # the policy's default deadline
-        people.decide(journal, RUN, daemon_request(
-            "reject", run_id=RUN, request_id=approval.request_id, reason="no"), OWNER)
+        people.decide(journal, RUN, rejection(
+            request_id=approval.request_id, reason="no"), OWNER)
     for _ in range(2):  # the second replay finds the refusal in the journal
         coord = incarnation()
         with pytest.raises(CairnError, match="OperationFailed: root-1 .*rejected: no"):

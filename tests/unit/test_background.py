@@ -154,13 +154,14 @@ def test_a_process_that_gets_a_session_of_its_own_a_moment_later_is_waited_for(
     child = subprocess.Popen([sys.executable, "-c", late], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
     assert child.stdin is not None and child.stdout is not None
+    stdin, stdout = child.stdin, child.stdout
     pauses: list[float] = []
 
     def pause(seconds: float) -> None:
         if not pauses:
-            child.stdin.write(b"lead\n")
-            child.stdin.flush()
-            assert child.stdout.readline() == b"led\n"
+            stdin.write(b"lead\n")
+            stdin.flush()
+            assert stdout.readline() == b"led\n"
         pauses.append(seconds)
 
     monkeypatch.setattr("cairn.background._pause", pause)

@@ -14,6 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -32,6 +33,11 @@ ME = os.getuid()
 ACCOUNT = pwd.getpwuid(ME)
 # The service users that may never attest; the test process stands for the run's owner.
 SERVICE = frozenset({ME + 4242})
+
+
+class OwnerChanges(TypedDict, total=False):
+    owner_gid: int
+    owner_name: str
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +153,7 @@ def test_an_attestation_that_is_not_the_owners_word_on_this_description_pins_not
     ],
 )
 def test_the_owners_group_and_name_come_from_etc_passwd(
-    journal: Journal, host: Path, changes: dict[str, object], refusal: str
+    journal: Journal, host: Path, changes: OwnerChanges, refusal: str
 ) -> None:
     desc = description(host, **changes)
     journal.create_run(desc, intents=[])
@@ -192,7 +198,7 @@ def test_a_description_rewritten_after_its_pin_is_refused_by_every_verb(
     desc = description(host)
     journal.create_run(desc, intents=[])
     carry_out("launch-v1", attested=attestation(desc))
-    forged = {
+    forgeries: dict[str, dict[str, object]] = {
         "owner": {"owner_uid": ME + 1},
         "project": {"project": ProjectSpec(root=str(host / "home/victim"), owner_uid=ME,
                                            on_pool_fs=False)},
@@ -201,7 +207,8 @@ def test_a_description_rewritten_after_its_pin_is_refused_by_every_verb(
         "write_paths": {"policy": desc.policy.model_copy(update={"write_paths": ["../**"]})},
         "source": {"source": "print('not reviewed')"},
         "verifier": {"apply_mode": "never"},
-    }[field]
+    }
+    forged = forgeries[field]
     rewrite_launch(RUN, desc.model_copy(update=forged))
     for verb in ("launch-v1", "storage-v1"):
         with pytest.raises(BrokerRefused, match="is not the one its owner attested"):

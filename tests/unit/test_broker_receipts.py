@@ -19,7 +19,14 @@ from cairn import paths, storage
 from cairn.broker import units, verbs
 from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.errors import BrokerRefused
-from cairn.protocol.broker import ImportDone, Intent, SubvolumeReceipt
+from cairn.protocol.broker import (
+    AgentStarted,
+    ImportDone,
+    Intent,
+    RunDeleted,
+    SubvolumeReceipt,
+    WCreated,
+)
 from cairn.protocol.launch import LaunchDescription, ModelRoute, ProjectSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,7 +196,7 @@ def test_storage_receipts_keep_their_json_and_chain(host: dict[str, Any]) -> Non
 
     host["store"].put(
         Intent(intent_id="start-agent.root-1.1", run_id=RUN, kind="start-agent", op_id="root-1"),
-        units.AgentStarted(
+        AgentStarted(
             unit="u.service", invocation_id="i", control_group="/cg", attempt=1, capsule="c",
             op_id="root-1",
         ),
@@ -302,6 +309,7 @@ def test_delete_refuses_a_frozen_proposal_never_settled(host: dict[str, Any]) ->
         verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
     host["journal"].run.settlement = {"status": "applied"}
     receipt = verbs.handle_intent(intent, host["desc"], host["pin"], host["journal"], host["store"])
+    assert isinstance(receipt, RunDeleted)
     assert receipt.deleted
 
 
@@ -404,5 +412,5 @@ def test_the_coordinator_of_an_ended_run_is_never_started(
 def test_a_body_of_another_kind_is_refused(host: dict[str, Any]) -> None:
     intent = Intent(intent_id="drop-w.root.1", run_id=RUN, kind="drop-w")
     with pytest.raises(TypeError, match="a drop-w receipt has no WCreated body"):
-        host["store"].put(intent, verbs.WCreated(w=SubvolumeReceipt(
+        host["store"].put(intent, WCreated(w=SubvolumeReceipt(
             path="/x", subvol_id=1, uuid="u", fsid="f", read_only=False, generation=1)))

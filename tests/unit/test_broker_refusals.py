@@ -15,7 +15,7 @@ import re
 import tomllib
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 REPO = Path(__file__).resolve().parents[2]
 HOLE = "\x00"  # stands for a formatted value of an f-string
@@ -79,7 +79,7 @@ def strings_in_tests() -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.add(node.value)
             elif isinstance(node, ast.JoinedStr):
-                found.add("".join(v.value if isinstance(v, ast.Constant) else "…"
+                found.add("".join(cast(str, v.value) if isinstance(v, ast.Constant) else "…"
                                   for v in node.values))
     return sorted(found)
 

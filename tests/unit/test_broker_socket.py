@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cairn.broker import server
+from cairn.broker.pins import Attestation
 from cairn.broker.server import read_attestation, read_request
 from cairn.errors import BrokerRefused
 from cairn.protocol.attestation import attestation_line, parse_attestation
@@ -247,7 +248,7 @@ def test_a_caller_not_allowed_hears_why_and_its_descriptor_is_closed() -> None:
 
 
 def test_a_launch_carries_the_owners_attestation_to_the_verb() -> None:
-    seen: list[object] = []
+    seen: list[tuple[str, str, object]] = []
 
     def carry_out(verb: str, run_id: str, attestation: object,
                   uids: frozenset[int]) -> list[Receipt]:
@@ -261,7 +262,7 @@ def test_a_launch_carries_the_owners_attestation_to_the_verb() -> None:
     assert reply == {"ok": True, "code": None, "error": None, "receipts": []}
     ((verb, run_id, attestation),) = seen
     assert (verb, run_id) == ("launch-v1", RUN)
-    assert isinstance(attestation, server.Attestation)
+    assert isinstance(attestation, Attestation)
     assert (attestation.uid, attestation.run_id, attestation.launch_hash) == (
         os.getuid(), RUN, HASH)
 

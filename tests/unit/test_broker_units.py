@@ -7,6 +7,7 @@ unit that is already gone."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import socket
 import subprocess
@@ -19,9 +20,10 @@ from typing import Any
 import pytest
 from test_broker_pins import RUN, description
 
-from cairn import paths
+from cairn import paths, proc
 from cairn.broker import units
-from cairn.errors import SystemdError
+from cairn.errors import BrokerRefused, NotFound, SystemdError
+from cairn.netpolicy import PROXY_PORT
 from cairn.protocol.launch import (
     MODEL_API_ENV,
     MODEL_ENV,
@@ -33,7 +35,7 @@ from cairn.protocol.launch import (
 )
 from cairn.rawbytes import raw_bytes
 from cairn.systemd import UnitState
-from cairn.unitprops import HelperUnitSpec, agent_unit_name, proxy_unit_name
+from cairn.unitprops import AgentUnitSpec, HelperUnitSpec, agent_unit_name, proxy_unit_name
 
 PROXY = proxy_unit_name(RUN)
 PROXY_SERVICE = PROXY.removesuffix(".socket") + ".service"
@@ -199,7 +201,7 @@ class Leftover(Manager):
     def wait_inactive(self, name: str, timeout: float) -> UnitState:
         if self.states.get(name) is None:
             self.calls.append(("wait_inactive", name, timeout))
-            raise units.NotFound(f"unit {name} is not loaded")
+            raise NotFound(f"unit {name} is not loaded")
         if self.states[name].finished:  # type: ignore[union-attr]
             self.calls.append(("wait_inactive", name, timeout))
             return self.states[name]  # type: ignore[return-value]
@@ -245,7 +247,7 @@ def test_a_leftover_that_stays_loaded_is_refused_with_what_to_run(
     name = units.import_unit_name(RUN)
     monkeypatch.setattr(units, "Systemd", Leftover(state(name, "inactive"), stays=True))
     monkeypatch.setattr(units, "LEFTOVER_GONE_TIMEOUT", 0.3)
-    with pytest.raises(units.BrokerRefused, match="stays loaded") as caught:
+    with pytest.raises(BrokerRefused, match="stays loaded") as caught:
         units.end_leftover(name)
     assert caught.value.hint == f"'systemctl reset-failed {name}', then retry the run"
 
@@ -294,7 +296,7 @@ def test_a_checks_output_is_read_by_its_invocation_until_it_stops_growing(
     monkeypatch.setattr(units, "Systemd",
                         Manager(ended=state(name, "failed", result="exit-code", status=2)))
     journal = Journal(["FAIL: one\n", "FAIL: one\nFAIL: two\n", "FAIL: one\nFAIL: two\n"], [])
-    monkeypatch.setattr(units.proc, "run", journal.run)
+    monkeypatch.setattr(proc, "run", journal.run)
     result = units.run_check(owned(host), VERIFIER, host / "w", 1)
     assert not result.passed and result.result == "exit-code" and result.exit_status == 2
     # the last lines journald took in, recorded as bytes
@@ -312,7 +314,7 @@ def test_a_checks_last_lines_taken_in_after_the_unit_was_collected_are_kept(
     name = f"cairn-check-{RUN}-tests-1.service"
     monkeypatch.setattr(units, "Systemd", Manager(ended=state(name, "inactive")))
     journal = Journal(["1001\n"], ["1001\nall good\n"])
-    monkeypatch.setattr(units.proc, "run", journal.run)
+    monkeypatch.setattr(proc, "run", journal.run)
     result = units.run_check(owned(host), VERIFIER, host / "w", 1)
     assert result.passed and result.output_raw is not None
     assert raw_bytes(result.output_raw, "check") == b"1001\nall good\n"
@@ -326,7 +328,7 @@ def test_an_evaluators_metric_line_is_found_by_unit_name_once_journald_has_it(
     line = '{"cairn_metrics": {"seconds": 1.5}}\n'
     # journald has nothing for a while, then only lines without the invocation ID
     journal = Journal([""], ["", "", line])
-    monkeypatch.setattr(units.proc, "run", journal.run)
+    monkeypatch.setattr(proc, "run", journal.run)
     run, output = units.run_evaluator(owned(host), EVALUATOR, host / "w", name,
                                       warmup=False)
     assert run.values == {"seconds": 1.5} and output == line.encode() and not run.warmup
@@ -339,7 +341,7 @@ def test_an_evaluator_that_printed_nothing_is_given_up_on_at_its_deadline(
 ) -> None:
     name = f"cairn-measure-{RUN}-op-1-1-0.service"
     monkeypatch.setattr(units, "Systemd", Manager(ended=state(name, "inactive")))
-    monkeypatch.setattr(units.proc, "run", Journal([""], [""]).run)
+    monkeypatch.setattr(proc, "run", Journal([""], [""]).run)
     run, output = units.run_evaluator(owned(host), EVALUATOR, host / "w", name,
                                       warmup=True)
     assert run.values is None and output == b"" and run.warmup
@@ -366,7 +368,7 @@ def test_the_measurement_environment_names_the_cpu_when_the_host_says(
     assert found.cpu == "Test CPU 9000" and found.evaluator == "bench"
     assert found.config_sha256 == EVALUATOR.config_sha256
     cpuinfo.write_text("processor\t: 0\nflags\t: fpu\n")  # no model named
-    machine = units.os.uname().machine
+    machine = os.uname().machine
     assert units.measurement_environment(EVALUATOR).cpu == machine
     monkeypatch.setattr(units, "open", opening(None), raising=False)
     assert units.measurement_environment(EVALUATOR).cpu == machine
@@ -391,7 +393,7 @@ def test_a_collected_unit_is_quiesced_by_the_control_group_it_had(
     (tree / "unit" / "cgroup.events").write_text("populated 1\n")
     monkeypatch.setattr(units, "Systemd", Manager())
     monkeypatch.setattr(units, "cgroup_is_empty", lambda cg: not (tree / cg.lstrip("/")).is_dir())
-    with pytest.raises(units.BrokerRefused, match="x.service left processes in /unit"):
+    with pytest.raises(BrokerRefused, match="x.service left processes in /unit"):
         units.require_quiesced("x.service", "/unit")
     units.require_quiesced("x.service", "/gone")
 
@@ -438,7 +440,12 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
                               hash="sha256:" + "3" * 64)
     monkeypatch.setattr(units, "verified_capsule", lambda _hash: release)
     specs: list[Any] = []
-    monkeypatch.setattr(units, "agent_unit_properties", lambda spec: specs.append(spec) or [])
+
+    def recorded(spec: AgentUnitSpec) -> list[object]:
+        specs.append(spec)
+        return []
+
+    monkeypatch.setattr(units, "agent_unit_properties", recorded)
     pid1 = Manager()
     monkeypatch.setattr(units, "Systemd", pid1)
     socks = prepare(desc, "op-1", model=True)
@@ -453,7 +460,7 @@ def test_an_allowlist_agent_joins_its_proxy_and_gets_the_model_relay(
             sock.close()
     (spec,) = specs
     assert spec.join_unit == PROXY
-    assert spec.environment["HTTPS_PROXY"] == f"http://127.0.0.1:{units.PROXY_PORT}"
+    assert spec.environment["HTTPS_PROXY"] == f"http://127.0.0.1:{PROXY_PORT}"
     assert spec.model_relay and spec.loopback_tcp
     assert spec.incoming == [("op-0", str(short_host / "s0"))]  # op-9 has no checkpoint
     # {model} and the API are the pinned route's, from root; the profile's files root's

@@ -29,7 +29,13 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.errors import BrokerRefused, StorageError, SystemdError
 from cairn.journal.reader import JournalReader
 from cairn.journal.readwrite import Journal
-from cairn.protocol.broker import ApplyDone, CandidateBuilt, Intent, SubvolumeReceipt
+from cairn.protocol.broker import (
+    VERB_OF_KIND,
+    ApplyDone,
+    CandidateBuilt,
+    Intent,
+    SubvolumeReceipt,
+)
 from cairn.protocol.settlement import ApplyResult
 from cairn.systemd import UnitState
 from cairn.unitprops import agent_unit_name
@@ -77,7 +83,7 @@ def refused(journal: Journal, intent: Intent, match: str) -> None:
     """``intent`` is refused with ``match``; then it is withdrawn, as cairnd would."""
     journal.add_intents(RUN, [intent], token=None)
     with pytest.raises(BrokerRefused, match=match):
-        verbs.carry_out(verbs.VERB_OF_KIND[intent.kind], RUN, None, SERVICE)
+        verbs.carry_out(VERB_OF_KIND[intent.kind], RUN, None, SERVICE)
     assert journal.withdraw_intent(RUN, intent.intent_id)
 
 

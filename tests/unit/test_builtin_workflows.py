@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from cairn.daemon.launch import validate_args
 from cairn.errors import ValidationFailed
+from cairn.netpolicy import NetworkMode
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.operations.unroll import worklists
 from cairn.protocol.control import CallResult, StartWorkflow
+from cairn.workflow import Access
 from cairn.workflow.review import Review, review_source
-from daemon.launch import validate_args
 
 Respond = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -72,7 +74,7 @@ def marked(call: dict[str, Any]) -> dict[str, Any]:
     return {"marked": call["kind"]}
 
 
-def manifest_of(review: Review) -> tuple[dict[str, tuple[str, str, str]], list[str]]:
+def manifest_of(review: Review) -> tuple[dict[str, tuple[str, Access, NetworkMode]], list[str]]:
     agents = {n: (a.profile, a.access, a.network) for n, a in review.agents.items()}
     return agents, [c.kind for c in review.calls]
 

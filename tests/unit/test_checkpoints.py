@@ -6,6 +6,7 @@ tests/system/test_undo.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_journal import RUN, description
@@ -31,7 +32,7 @@ def subvolume(op_id: str, subvol_id: int) -> dict[str, object]:
     }
 
 
-def checkpoint_receipt(op_id: str, subvol_id: int, at: float) -> dict[str, object]:
+def checkpoint_receipt(op_id: str, subvol_id: int, at: float) -> dict[str, Any]:
     return {
         "intent_id": f"checkpoint.{op_id}",
         "run_id": RUN,

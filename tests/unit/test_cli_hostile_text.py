@@ -89,7 +89,7 @@ def show_view() -> dict[str, Any]:
     }
 
 
-INBOX = [
+INBOX: list[dict[str, Any]] = [
     {"kind": "question", "run_id": RUN, "op_id": EVIL, "schema_name": EVIL, "question": EVIL,
      "challenge": EVIL},
     {"kind": "approval", "run_id": RUN, "request_id": EVIL, "fingerprint": EVIL,
@@ -99,10 +99,10 @@ INBOX = [
     {"kind": "approval", "run_id": RUN, "request_id": "apply", "fingerprint": "f",
      "deadline": AT, "prepared": {"kind": "apply", "accepted": [EVIL], "project": EVIL}},
 ]
-DIFF = {"run_id": RUN, "status": "conflict", "summary": {"label": EVIL},
-        "apply": {"conflicts": [{"path": EVIL, "reason": EVIL}]},
-        "refused": [{"path": EVIL, "reason": EVIL}], "ignored": [EVIL],
-        "diff": f"--- a/{EVIL}\n+++ b/{EVIL}\n@@ -1 +1 @@\n-\told\n+{EVIL}\n"}
+DIFF: dict[str, Any] = {"run_id": RUN, "status": "conflict", "summary": {"label": EVIL},
+                        "apply": {"conflicts": [{"path": EVIL, "reason": EVIL}]},
+                        "refused": [{"path": EVIL, "reason": EVIL}], "ignored": [EVIL],
+                        "diff": f"--- a/{EVIL}\n+++ b/{EVIL}\n@@ -1 +1 @@\n-\told\n+{EVIL}\n"}
 DOCTOR = {"host": [{"check": EVIL, "status": "fail", "detail": EVIL, "fix": EVIL}],
           "runs": [{"run_id": RUN, "state": "failed", "problems": [EVIL], "warnings": [EVIL],
                     "notes": [EVIL], "applied": {"as_applied": 1, "reverted": 0,

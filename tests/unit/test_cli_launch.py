@@ -193,6 +193,7 @@ def test_the_reader_knows_exactly_the_click_commands_options() -> None:
     assert tuple(apply.type.choices) == launching.APPLY_MODES
     arguments = [p.name for p in launch.params if isinstance(p, click.Argument)]
     assert arguments == ["definition"]
+    assert command.name is not None
     assert f"_{command.name.upper()}_COMPLETE" == launching.COMPLETION_ENV
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -119,7 +120,7 @@ def test_without_lines_every_entry_and_none_of_the_old_ones_still_has_a_cursor()
 
 
 def test_log_units_are_the_runs_own_by_name() -> None:
-    receipts = [
+    receipts: list[dict[str, Any]] = [
         {"data": {"unit": f"cairn-agent-{RUN}-root-1-1.service"}},
         {"data": {"import": {"unit": f"cairn-import-{RUN}.service"}}},
         {"data": {"unit": f"cairn-proxy-{RUN}.socket"}},
@@ -410,25 +411,28 @@ def test_logs_colour_a_terminal_and_never_a_pipe(monkeypatch: pytest.MonkeyPatch
         text = _entry("boom", "3") + "\n" if body.output == "json" else "plain line\n"
         return {"run_id": RUN, "text": text, "cursor": CURSOR, "finished": True}
 
+    def last_output() -> str:  # each invoke below sends one more request
+        return sent[-1].output
+
     monkeypatch.setattr(cli_logs, "request", request)
     monkeypatch.setenv("TERM", "xterm")
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setattr(cli_logs, "colour_wanted", lambda: True)
     shown = CliRunner().invoke(app, ["logs", "@last", "--no-pager"])
     assert shown.exit_code == 0, shown.output
-    assert sent[-1].output == "json" and "\x1b[1;31mboom\x1b[0m" in shown.output
+    assert last_output() == "json" and "\x1b[1;31mboom\x1b[0m" in shown.output
     # another format is journalctl's own, uncoloured
     assert CliRunner().invoke(app, ["logs", "@last", "-o", "cat"]).output == "plain line\n"
-    assert sent[-1].output == "cat"
+    assert last_output() == "cat"
     monkeypatch.setattr(cli_logs, "colour_wanted", lambda: False)
     assert CliRunner().invoke(app, ["logs", "@last"]).output == "plain line\n"
-    assert sent[-1].output == "short-iso"
+    assert last_output() == "short-iso"
 
 
 def test_colour_is_wanted_only_on_a_terminal_without_no_color(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cli_logs.sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.delenv("NO_COLOR", raising=False)
     assert cli_logs.colour_wanted()

@@ -13,10 +13,12 @@ from clirunner import CliRunner
 
 from cairn.cli import runs, schedule
 from cairn.cli.commands import app
+from cairn.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = {"run_id": "flow_" + "3fa9" * 8, "state": "running", "definition": "builtin:implement",
-       "current_op": None, "settlement_summary": None, "created_at": 0.0}
+RUN: dict[str, Any] = {"run_id": "flow_" + "3fa9" * 8, "state": "running",
+                       "definition": "builtin:implement", "current_op": None,
+                       "settlement_summary": None, "created_at": 0.0}
 SCHEDULE_ID = "0123456789ab"
 
 
@@ -49,7 +51,7 @@ def test_old_schedule_names_work_and_say_the_new_one(
     def request(body: Any, **_kwargs: Any) -> Any:
         sent.append(body.op)
         if body.op == "schedule-inspect":
-            raise schedule.UsageError("stop here")
+            raise UsageError("stop here")
         return {"schedules": [], "repaired": 0, "queued": []}
 
     monkeypatch.setattr(schedule, "request", request)

@@ -232,8 +232,8 @@ def test_the_model_placeholder_needs_a_provider_in_argv_and_env() -> None:
     for fields in ({"argv": ["cli", "--model", "{model}"]}, {"env": {"M": "{model}"}},
                    {"env": {"U": "{model_url}"}}):
         with pytest.raises(ValueError, match="no provider is named"):
-            ProfileSpec(name="tool", kind="command", **fields)  # type: ignore[arg-type]
-        ProfileSpec(name="tool", kind="command", provider="fake", **fields)  # type: ignore[arg-type]
+            ProfileSpec(name="tool", kind="command", **fields)
+        ProfileSpec(name="tool", kind="command", provider="fake", **fields)
 
 
 @pytest.mark.parametrize("glob", ["/etc/*", "../up", "a/../b", "", "a\0b"])

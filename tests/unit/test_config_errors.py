@@ -18,11 +18,11 @@ from cairn import paths
 from cairn.config import ConfigError, Problems
 from cairn.daemon import server
 from cairn.daemon.launch import resolve_profiles
-from cairn.daemon.schedules.admission import host_config
 from cairn.journal.readwrite import Journal
 from cairn.policy import PolicyError, load_policy
 from cairn.protocol.daemon import LaunchRequest
 from cairn.providers import load_providers
+from cairn.schedules import host_config
 from cairn.workflow.review import review_source
 
 REPO = Path(__file__).resolve().parents[2]

@@ -150,7 +150,7 @@ def test_credentials_are_looked_up_by_name_in_the_stores(
             raise PermissionError(13, "Permission denied", str(path))
         return real_stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(hostcheck.os, "stat", as_a_user)
+    monkeypatch.setattr(os, "stat", as_a_user)
     (unseen,) = hostcheck.credential_checks({"b": "cairn-provider-b"}, stores)
     assert unseen.status == "warn" and unseen.fix == "run 'sudo cairn doctor'"
 

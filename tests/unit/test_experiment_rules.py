@@ -196,7 +196,7 @@ def test_the_guide_example_reports_its_trial_and_names_its_target() -> None:
     """The guide's workflow run by the control worker: its refused accept and its reject
     both carry the report and the target; the output reads the target's verdict."""
     refused = {"error": "root-5: cannot accept: runtime is worse", "kind": "experiment-refused"}
-    answers = [
+    answers: list[dict[str, Any]] = [
         {"measurement": "root-1", "values": {"runtime": 2.0}}, {"disposition": "accepted"},
         answer("summary", "inlined the hot loop", "root-3"),
         {"measurement": "root-4", "values": {"runtime": 2.5}}, refused,
@@ -259,7 +259,7 @@ def test_builtin_optimize_accepts_an_improvement_and_rejects_a_loss() -> None:
 
 def test_builtin_optimize_stops_once_the_target_is_reached() -> None:
     source = (Path(__file__).parents[2] / "cairn/builtin/workflows/optimize.py").read_text()
-    answers = [
+    answers: list[dict[str, Any]] = [
         {"measurement": "root-1", "values": {"runtime": 2.0}},
         {"disposition": "accepted", "target_reached": False},
         answer("summary", "cached", "root-3"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,7 @@ def journal_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Where cairn could put hostile text, and the read root makes of it.
-CELLS = {
+CELLS: dict[str, tuple[str, Callable[[JournalReader], object]]] = {
     "launch": ("UPDATE runs SET launch=? WHERE run_id=?",
                lambda r: r.launch_description(RUN)),
     "run output": ("UPDATE runs SET output=? WHERE run_id=?", lambda r: r.get_run(RUN)),

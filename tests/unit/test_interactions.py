@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, overload
 
 import pytest
 
@@ -19,7 +20,14 @@ from cairn.journal.people import AlreadyAnswered, StaleRequest
 from cairn.journal.readwrite import Journal
 from cairn.journal.runs import RunEnded
 from cairn.policy import PolicyError, RequestExpired
-from cairn.protocol.daemon import DaemonRequest, daemon_request
+from cairn.protocol.daemon import (
+    AnswerRequest,
+    ApproveRequest,
+    DaemonRequest,
+    RejectRequest,
+    WatchRequest,
+    daemon_request,
+)
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
 
@@ -93,6 +101,17 @@ def replay_until_suspended(coord: Coordinator) -> interactions.RunSuspended:
     return caught.value
 
 
+# The op names the request's model (the union's discriminator).
+@overload
+def request(op: Literal["answer"], **fields: object) -> AnswerRequest: ...
+@overload
+def request(op: Literal["approve"], **fields: object) -> ApproveRequest: ...
+@overload
+def request(op: Literal["reject"], **fields: object) -> RejectRequest: ...
+@overload
+def request(op: Literal["watch"], **fields: object) -> WatchRequest: ...
+@overload
+def request(op: str, **fields: object) -> DaemonRequest: ...
 def request(op: str, **fields: object) -> DaemonRequest:
     return daemon_request(op, run_id=RUN, **fields)
 

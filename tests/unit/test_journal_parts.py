@@ -382,7 +382,7 @@ class _Refusing:
     def execute(self, sql: str, *args: object) -> Any:
         if sql == "BEGIN IMMEDIATE":
             error = sqlite3.OperationalError("busy")
-            error.sqlite_errorcode = self.code  # type: ignore[attr-defined]
+            error.sqlite_errorcode = self.code
             raise error
         if sql == "PRAGMA database_list":
             return [(0, "main", "/j.db")]

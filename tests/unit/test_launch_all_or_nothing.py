@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from clirunner import CliRunner
 
-from cairn import paths
+from cairn import paths, retention
 from cairn.cli import people as people_cli
 from cairn.cli.commands import app
 from cairn.daemon import attest, launch, reconcile
@@ -68,7 +68,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )
     # No Btrfs pool here: the free-space admission before a launch is tested on a real
     # pool in tests/btrfs/test_retention_pool.py.
-    monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
+    monkeypatch.setattr(retention, "admit", lambda what: 1 << 40)
     return tmp_path
 
 

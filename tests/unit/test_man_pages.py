@@ -89,7 +89,8 @@ def test_cairn_1_lists_every_visible_command_and_no_hidden_one(rendered: Path) -
 
     from cairn.cli.commands import app
 
-    visible, hidden = [], []
+    visible: list[str] = []
+    hidden: list[str] = []
     stack = [(app, ["cairn"])]
     while stack:
         command, path = stack.pop()

@@ -35,8 +35,9 @@ def sdk_python() -> str:
 
 
 def finished_watch() -> dict[str, Any]:
-    events = [{"event": e, "op_id": None, "at": 1.0, "data": {}, "cursor": i}
-              for i, e in enumerate(["run-started", "run-succeeded"], 1)]
+    events: list[dict[str, object]] = [
+        {"event": e, "op_id": None, "at": 1.0, "data": {}, "cursor": i}
+        for i, e in enumerate(["run-started", "run-succeeded"], 1)]
     return {"run_id": RUN, "state": "succeeded", "finished": True, "error": None,
             "output": {"summary": "done"}, "events": events, "cursor": 2, "more": False,
             "waiting": []}

@@ -8,6 +8,7 @@ import pkgutil
 import subprocess
 import sys
 import threading
+from typing import TYPE_CHECKING, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -65,10 +66,13 @@ def test_build_loaded_models_builds_every_deferred_model_once() -> None:
 def test_first_use_from_many_threads_at_once_validates_as_declared() -> None:
     class Base(BaseModel):
         model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+        if TYPE_CHECKING:  # the fields each model below declares
+            a: int
+            b: list[str]
 
     models = [
-        type(f"M{i}", (Base,), {"__annotations__": {"a": int, "b": list[str]},
-                                "__module__": __name__})
+        cast("type[Base]", type(f"M{i}", (Base,), {"__annotations__": {"a": int, "b": list[str]},
+                                                  "__module__": __name__}))
         for i in range(20)
     ]
     problems: list[str] = []

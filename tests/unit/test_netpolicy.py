@@ -177,12 +177,13 @@ def test_every_accepted_entry_reaches_something_through_the_proxy(entry: str) ->
 
 def test_network_modes_have_one_definition() -> None:
     assert netpolicy.NETWORK_MODES == ("none", "allowlist", "host")
-    for annotated in (
+    annotations: tuple[object, ...] = (
         AgentEntry.model_fields["network"].annotation,
         AgentUnitSpec.model_fields["network"].annotation,
-    ):
+    )
+    for annotated in annotations:
         assert annotated == workflow.Network == netpolicy.NetworkMode
-    assert units.NETWORK_MODES is netpolicy.NETWORK_MODES
+    assert vars(units)["NETWORK_MODES"] is netpolicy.NETWORK_MODES
 
 
 def test_the_module_imports_only_the_standard_library() -> None:

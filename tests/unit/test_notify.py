@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pydantic import ValidationError
@@ -65,7 +66,7 @@ def test_the_event_model_is_closed_and_versioned() -> None:
     assert json.loads(sample.model_dump_json())["version"] == 1
     for bad in ({"event": "started"}, {"extra": 1}, {"summary": "x" * 501}, {"cursor": 0}):
         with pytest.raises(ValidationError):
-            event(**bad)  # type: ignore[arg-type]
+            event(**bad)
 
 
 def hook(folder: Path, name: str, mode: int = 0o755, body: str = "#!/bin/sh\n") -> Path:
@@ -159,7 +160,7 @@ def test_a_hook_is_a_user_unit_with_the_event_on_stdin() -> None:
     props = {name: value for name, _sig, value in hook_unit_properties(Path(path), sample)}
     assert props["ExecStart"] == [(path, [path], False)]
     assert props["StandardInput"] == "data"
-    assert NotifyEvent.model_validate_json(props["StandardInputData"]) == sample
+    assert NotifyEvent.model_validate_json(cast(bytes, props["StandardInputData"])) == sample
     assert props["RuntimeMaxUSec"] == 120_000_000
     assert props["Environment"] == ["CAIRN_NOTIFY_EVENT=waiting", f"CAIRN_RUN={RUN}"]
     # no user, group or privilege property: the user's own manager runs it as the user
@@ -176,7 +177,8 @@ class Started:
         self.units.append((name, props))
 
     def hooks(self) -> list[str]:
-        return [{n: v for n, _s, v in props}["ExecStart"][0][0] for _u, props in self.units]
+        starts = [{n: v for n, _s, v in props}["ExecStart"] for _u, props in self.units]
+        return [cast("list[tuple[str, list[str], bool]]", start)[0][0] for start in starts]
 
 
 def test_hooks_never_run_as_root(hooks_dir: Path) -> None:

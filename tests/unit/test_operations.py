@@ -10,7 +10,7 @@ import ast
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import get_args
+from typing import Any, TypedDict, get_args
 
 import pytest
 from pydantic import ValidationError
@@ -228,8 +228,15 @@ def test_repeat_until_bounds(attempts: int) -> None:
         repeat_until.request(attempts)
 
 
+class CallFields(TypedDict):
+    scope: str
+    seq: int
+    request: dict[str, Any]
+    location: str
+
+
 def test_call_request_kind_is_typed() -> None:
-    fields = {"scope": "root", "seq": 1, "request": {}, "location": "w.py:1:1"}
+    fields: CallFields = {"scope": "root", "seq": 1, "request": {}, "location": "w.py:1:1"}
     assert CallRequest(kind="unroll", **fields).kind == "unroll"
     with pytest.raises(ValidationError):
         CallRequest.model_validate({"kind": "teleport", **fields})

@@ -9,6 +9,7 @@ The hostile bytes: oversized, invalid UTF-8, terminal escapes, a JSON bomb, wron
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -128,7 +129,7 @@ def test_root_records_the_import_stats_as_bytes_and_cairn_parses_them(
                             (b'{"files": "3"}', None), (b'{"files": 3, "owner": "x"}', None)):
         no_units.clear()
         (result / "stats.json").unlink(missing_ok=True)
-        no_units.append(lambda c=content: write_owned(result, "stats.json", c))
+        no_units.append(functools.partial(write_owned, result, "stats.json", content))
         done = units.run_import(desc, host / "project", staging)
         assert recorded(done.stats_raw) == content and done.stats is None
         prepared = QPrepared.model_validate(

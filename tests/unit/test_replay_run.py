@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from attested import pin_as_attested
 
-from cairn import paths
+from cairn import paths, retention
 from cairn.broker.receipts import ReceiptStore
 from cairn.broker.remint import remint_q, source_checkpoints
 from cairn.broker.verbs import IntentContext
@@ -153,8 +153,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         'kind = "command"\nargv = ["/bin/true"]\n'
     )
     # No Btrfs pool here: free-space admission is tested on a real pool in tests/btrfs.
-    monkeypatch.setattr(launch.retention, "admit", lambda what: 1 << 40)
-    monkeypatch.setattr(daemon_replay.retention, "admit", lambda what: 1 << 40)
+    monkeypatch.setattr(retention, "admit", lambda what: 1 << 40)  # launch's and replay's
     return tmp_path
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_multi_call_manifest() -> None:
     assert by_kind["ask"].capabilities == ["human"]
     assert by_kind["ask"].answer_schema == "Approval"
     assert by_kind["parallel"].descriptor is None and by_kind["parallel"].capabilities == []
-    assert sorted({c.descriptor for c in review.calls if c.kind == "agent"}) == [
+    assert sorted({cast(str, c.descriptor) for c in review.calls if c.kind == "agent"}) == [
         "implementer", "planner", "researcher"]
     research = [c for c in review.calls if c.descriptor == "researcher"]
     assert all(c.capabilities == ["network:allowlist", "profile:user:researcher"]

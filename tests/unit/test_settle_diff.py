@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.protocol.settlement import DIFF_LIMIT
+from cairn.protocol.limits import DIFF_LIMIT
 from cairn.settle import diff as settle_diff
 from cairn.settle.diff import TEXT_LIMIT, unified_diff
 

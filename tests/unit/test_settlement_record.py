@@ -16,7 +16,7 @@ from cairn.protocol.settlement_record import SettlementRecord
 
 CANDIDATE = {"accepted": ["a.txt"], "refused": [{"path": "b", "reason": "outside"}],
              "diff": "--- a/a.txt\n", "inventories_equal": False}
-NOTHING = {"applied": [], "already_applied": [], "conflicts": []}
+NOTHING: dict[str, list[object]] = {"applied": [], "already_applied": [], "conflicts": []}
 CHECK = {"name": "tests", "passed": False, "result": "exit-code", "exit_status": 1,
          "output": "1 failed"}
 # Every shape the coordinator and cairnd write, as the journal has always kept them.

@@ -322,7 +322,7 @@ def outputs_of(c: Coordinator, op: OpRow) -> Path:
     return out
 
 
-FINISH = {"output": {"summary": "done"}, "handoff": "h"}
+FINISH: dict[str, Any] = {"output": {"summary": "done"}, "handoff": "h"}
 
 
 def plant(out: Path, name: str, kind: str, tmp_path: Path, content: str) -> None:

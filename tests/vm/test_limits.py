@@ -253,7 +253,7 @@ def test_oom_error_names_the_memory_limit(oom_run: OomRun) -> None:
 
 def test_tasks_max_stops_a_fork_bomb(vm: VirtualMachine) -> None:
     project = make_project(vm, "forkbomb")
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"action": "run", "argv": ["python3", "-c", FORK_BOMB]},
         {"action": "append", "path": "CHANGELOG.md", "content": "- survived a fork bomb\n"},
     ]
@@ -308,7 +308,7 @@ def wait_stray(vm: VirtualMachine, timeout: float = 120) -> int:
 
 def test_checkpoint_waits_for_an_empty_agent_cgroup(vm: VirtualMachine) -> None:
     project = make_project(vm, "stray")
-    steps = [
+    steps: list[dict[str, Any]] = [
         # A process that outlives the agent's main process unless systemd ends it.
         {"action": "run", "argv": ["sh", "-c", f"sleep {STRAY_SLEEP} >/dev/null 2>&1 &"]},
         {"action": "sleep", "seconds": 15},

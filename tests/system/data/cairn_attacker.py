@@ -21,6 +21,8 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 JOURNAL = "/var/lib/cairn/journal/journal.db"
 SCHEDULES = "/var/lib/cairn/journal/schedules.db"
@@ -34,12 +36,13 @@ def db(path: str = JOURNAL) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, timeout=30)
 
 
-def launch_of(run_id: str) -> dict:
+def launch_of(run_id: str) -> dict[str, Any]:
     (raw,) = db().execute("SELECT launch FROM runs WHERE run_id=?", (run_id,)).fetchone()
-    return json.loads(raw)
+    desc: dict[str, Any] = json.loads(raw)
+    return desc
 
 
-def forge(run_id: str, source: str, owner: str, home: str) -> dict:
+def forge(run_id: str, source: str, owner: str, home: str) -> dict[str, Any]:
     import pwd
 
     account = pwd.getpwnam(owner)
@@ -62,7 +65,7 @@ def forge(run_id: str, source: str, owner: str, home: str) -> dict:
     return {"forged": run_id}
 
 
-def set_field(run_id: str, path: str, value: str) -> dict:
+def set_field(run_id: str, path: str, value: str) -> dict[str, Any]:
     conn = db()
     if not os.path.exists(BACKUP):
         with open(BACKUP, "w") as out:
@@ -72,7 +75,7 @@ def set_field(run_id: str, path: str, value: str) -> dict:
     return {"set": path}
 
 
-def restore(run_id: str) -> dict:
+def restore(run_id: str) -> dict[str, Any]:
     with open(BACKUP) as saved:
         backup = json.load(saved)
     db().execute("UPDATE runs SET launch=? WHERE run_id=?", (backup["launch"], run_id))
@@ -80,7 +83,7 @@ def restore(run_id: str) -> dict:
     return {"restored": run_id}
 
 
-def intent(run_id: str, body: str) -> dict:
+def intent(run_id: str, body: str) -> dict[str, Any]:
     data = json.loads(body)
     db().execute("INSERT INTO intents (run_id, intent_id, verb, body, created_at)"
                  " VALUES (?,?,?,?,?)",
@@ -88,14 +91,14 @@ def intent(run_id: str, body: str) -> dict:
     return {"queued": data["intent_id"]}
 
 
-def launch_hash(run_id: str) -> dict:
+def launch_hash(run_id: str) -> dict[str, Any]:
     from cairn.protocol.launch import LaunchDescription
 
     desc = LaunchDescription.model_validate(launch_of(run_id))
     return {"hash": desc.launch_hash()}
 
 
-def broker(verb: str, run_id: str, fds: str = "") -> dict:
+def broker(verb: str, run_id: str, fds: str = "") -> dict[str, Any]:
     passed: list[int] = []
     keep: list[socket.socket] = []
     if fds.startswith("own-channel:"):
@@ -124,7 +127,8 @@ def broker(verb: str, run_id: str, fds: str = "") -> dict:
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk
-    return json.loads(reply)
+    result: dict[str, Any] = json.loads(reply)
+    return result
 
 
 def main() -> None:
@@ -132,10 +136,12 @@ def main() -> None:
     if command in ("sql", "schedule-sql"):
         params = json.loads(args[1]) if len(args) > 1 else []
         rows = db(JOURNAL if command == "sql" else SCHEDULES).execute(args[0], params).fetchall()
-        result: dict = {"rows": [list(r) for r in rows]}
+        result: dict[str, Any] = {"rows": [list(r) for r in rows]}
     else:
-        result = {"forge": forge, "set": set_field, "restore": restore, "intent": intent,
-                  "hash": launch_hash, "broker": broker}[command](*args)
+        commands: dict[str, Callable[..., dict[str, Any]]] = {
+            "forge": forge, "set": set_field, "restore": restore, "intent": intent,
+            "hash": launch_hash, "broker": broker}
+        result = commands[command](*args)
     print(json.dumps(result))
 
 

@@ -1,3 +1,5 @@
+from typing import Any
+
 from cairn.workflow import Field, Model, agent, workflow
 
 
@@ -16,7 +18,7 @@ METRICS = {"score": {"unit": "points", "direction": "lower"}}
 
 @workflow(description="A baseline, then one trial accepted and one rejected.", input=Goal,
           output=Outcome)
-async def run(flow, args: Goal) -> Outcome:
+async def run(flow: Any, args: Goal) -> Outcome:
     baseline = await flow.measure_proposal("score", metrics=METRICS)
     await flow.settle_experiment(baseline, "accept")
     await flow.agent(good, prompt=args.goal)
