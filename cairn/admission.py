@@ -25,7 +25,8 @@ MEMORY_PER_RUN = 1 << 30  # a coordinator and an agent or two, with room to spar
 RUNS_PER_CPU = 2  # agents mostly wait for a model or a tool; a run is rarely CPU-bound
 
 ADMISSION_FIX = (
-    "its keys are max_running_runs and max_running_per_user, whole numbers of at least 1 "
+    "its keys are max_running_runs and max_running_per_user, whole numbers of at least 1, "
+    "and max_daily_cost_cents_per_user, a whole number "
     "(see /usr/share/doc/cairn/docs/people.md); fix the file or remove it to use the defaults"
 )
 
@@ -51,6 +52,9 @@ class AdmissionConfig(Frozen):
 
     max_running_runs: int | None = Field(default=None, ge=1, le=10_000)
     max_running_per_user: int | None = Field(default=None, ge=1, le=10_000)
+    # what one user's runs may spend on model calls per local day, in hundredths of the
+    # currency of the providers' prices (None: no daily budget)
+    max_daily_cost_cents_per_user: int | None = Field(default=None, ge=0)
 
     @property
     def machine_limit(self) -> int:

@@ -69,10 +69,19 @@ def check_host_config() -> list[Problem]:
     """Every problem of every configuration file in ``/etc/cairn``, in file order; an
     empty list when all of them (or their absence: the defaults) are fine."""
     found = Problems()
-    load_providers(problems=found)
+    providers = load_providers(problems=found)
     load_policy(problems=found)
     host_config(problems=found)
-    admission_config(problems=found)
+    daily = admission_config(problems=found).max_daily_cost_cents_per_user
+    unpriced = sorted(name for name in providers.providers if not providers.route(name).priced)
+    if daily is not None and unpriced:
+        found.add(
+            paths.config_dir() / "admission.toml", "max_daily_cost_cents_per_user",
+            f"a daily money budget cannot be kept for provider {', '.join(unpriced)}: it has "
+            "no prices, so every launch that uses it is refused",
+            f"set input_price_per_million and output_price_per_million in "
+            f"{paths.config_dir() / 'providers.toml'}",
+        )
     for file in sorted(profiles_dir().glob("*.toml")):
         data = found.toml(file)
         if data is not None:

@@ -50,7 +50,8 @@ PROBE_PROPERTIES = (
 PROBE_OUTPUT_LIMIT = 64 * 1024
 # What `provider add` writes for these ProviderEntry fields when they differ from their
 # defaults (base_url, model, api and credential are always written).
-_OPTIONAL = ("auth_header", "auth_scheme", "max_tokens_per_call", "timeout_sec")
+_OPTIONAL = ("auth_header", "auth_scheme", "max_tokens_per_call", "timeout_sec",
+             "input_price_per_million", "output_price_per_million")
 
 
 def credential_name(provider: str) -> str:
@@ -70,6 +71,8 @@ class NewProvider:
     auth_scheme: str | None = None  # None: the API's own scheme
     max_tokens_per_call: int = 8192
     timeout_sec: float = 300.0
+    input_price_per_million: float | None = None
+    output_price_per_million: float | None = None
 
     def entry(self) -> ProviderEntry:
         """The table's values, checked as a launch would freeze them."""
@@ -86,6 +89,10 @@ class NewProvider:
             "auth_scheme": scheme,
             "max_tokens_per_call": self.max_tokens_per_call,
             "timeout_sec": float(self.timeout_sec),
+            **{key: float(price) for key, price in (
+                ("input_price_per_million", self.input_price_per_million),
+                ("output_price_per_million", self.output_price_per_million),
+            ) if price is not None},
         }
         try:
             ModelRoute.model_validate({**values, "provider": self.name})

@@ -9,6 +9,8 @@ The file names providers and where their keys come from; it never holds a key::
     model = "gpt-4.1-mini"
     credential = "cairn-provider-openai"     # a systemd credential of the coordinator
     max_tokens_per_call = 8192
+    input_price_per_million = 0.40           # what a million tokens cost, for money budgets
+    output_price_per_million = 1.60
 
     [providers.anthropic]
     api = "anthropic"                        # the API it speaks; "openai" when not said
@@ -25,7 +27,9 @@ never in the agent's mount namespace, environment or launch description.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,11 +40,13 @@ from cairn.errors import NotFound, PermissionDenied, ValidationFailed
 from cairn.protocol.launch import ModelApi, ModelRoute
 
 KEY_LIMIT = 16 << 10
+MICROS_PER_CENT = 10_000  # money is counted in millionths of the prices' currency
 
 
 PROVIDERS_FIX = (
     "a [providers.NAME] table has base_url, model and optionally api (\"openai\" or "
-    "\"anthropic\"), credential, auth_header, auth_scheme, max_tokens_per_call, timeout_sec "
+    "\"anthropic\"), credential, auth_header, auth_scheme, max_tokens_per_call, timeout_sec, "
+    "input_price_per_million, output_price_per_million "
     "(see /usr/share/doc/cairn/docs/agents.md)"
 )
 
@@ -58,6 +64,8 @@ class ProviderEntry(BaseModel):
     auth_scheme: str = "Bearer"
     max_tokens_per_call: int = Field(default=8192, ge=1)
     timeout_sec: float = Field(default=300.0, gt=0)
+    input_price_per_million: float | None = Field(default=None, ge=0)
+    output_price_per_million: float | None = Field(default=None, ge=0)
 
 
 class ProvidersFile(BaseModel):
@@ -157,3 +165,28 @@ def load_credential(route: ModelRoute, directory: str | None = None) -> str:
 def is_key_text(key: str) -> bool:
     """A provider key as the relay sends it: printable, no space, no line break."""
     return bool(key) and "\ufffd" not in key and all(0x21 <= ord(c) != 0x7F for c in key)
+
+
+def cost_micros(route: ModelRoute, usage: dict[str, int]) -> int:
+    """What a call's ``usage`` (input, output and estimated tokens) cost at ``route``'s
+    prices, rounded up; an estimate is priced as output, the dearer kind. 0 unpriced."""
+    if not route.priced:
+        return 0
+    assert route.input_price_per_million is not None
+    assert route.output_price_per_million is not None
+    # A price per million tokens is the price of one token in micro-units.
+    return math.ceil(
+        usage.get("input", 0) * route.input_price_per_million
+        + (usage.get("output", 0) + usage.get("estimated", 0)) * route.output_price_per_million
+    )
+
+
+def money(micros: int) -> str:
+    """Micro-units as the currency's units with two decimals, rounded up (``0.01``)."""
+    cents = -(-micros // MICROS_PER_CENT)
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+def today() -> str:
+    """The local day a model call's cost counts to (YYYY-MM-DD)."""
+    return time.strftime("%Y-%m-%d")

@@ -129,6 +129,8 @@ class AgentOperations(Recovery, Lanes):
             reason = f"{seconds:.0f} s of {limits.max_agent_seconds} s agent time are used"
         elif self.budget.exhausted:
             reason = f"the {limits.model_tokens} model tokens are used"
+        elif spent := self.money.spent():
+            reason = spent.reason
         if reason is None:
             return
         self.journal.update_op(
@@ -231,6 +233,8 @@ class AgentOperations(Recovery, Lanes):
                 f"the run's model token budget ({self.desc.limits.model_tokens}) is spent",
                 hint="launch again with a larger limits.model_tokens",
             )
+        if finish is None and (spent := self.money.spent()):
+            raise CairnError(spent.reason, hint=spent.hint)
         if finish is None:
             self.fail_if_limit_hit(op)
             if "cancel" in self.journal.pending_controls(self.run_id):
@@ -292,6 +296,7 @@ class AgentOperations(Recovery, Lanes):
             budget=self.budget,
             egress=paths.egress_socket(self.run_id),
             on_spend=self.token_recorder(op.op_id, op.attempt),
+            money=self.money,
         )
         relay.start()
         return relay

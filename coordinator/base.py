@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from cairn import journald, paths
 from cairn.brokerclient import call_broker
-from cairn.coordinator.budget import TokenBudget
+from cairn.coordinator.budget import MoneyBudget, TokenBudget
 from cairn.errors import CairnError
 from cairn.failpoints import failpoint
 from cairn.journal.readwrite import Journal
@@ -31,6 +31,7 @@ from cairn.protocol.broker import Intent, Receipt, Verb
 from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.progress import ProgressPhase
+from cairn.providers import today
 
 MAX_ATTEMPTS = 3  # of a settlement step; an agent's are its profile's agent_attempts
 EXIT_RESTART = 75  # systemd restarts the unit (Restart=on-failure) and recovery resumes
@@ -77,6 +78,7 @@ class CoordinatorBase:
     agent_slots: threading.BoundedSemaphore
     always_replay: bool
     budget: TokenBudget
+    money: MoneyBudget
     usage: dict[str, dict[str, int]]
     committed: dict[tuple[str, int], OpRow]
     sites: dict[tuple[str, int, Any], dict[str, Any]]
@@ -154,15 +156,22 @@ class CoordinatorBase:
             lambda data: self.journal.append_event(self.run_id, "progress", data),
         )
 
-    def token_recorder(self, op_id: str, attempt: int) -> Callable[[int], None]:
-        """Record model tokens as the relay spends them, for attempt ``attempt`` of
-        ``op_id`` (a connection per call: the relay answers each call in its own thread)."""
+    def token_recorder(self, op_id: str, attempt: int) -> Callable[[int, int], None]:
+        """Record model tokens and their cost as the relay spends them, for attempt
+        ``attempt`` of ``op_id`` (a connection per call: the relay answers each call in its
+        own thread)."""
 
-        def record(tokens: int) -> None:
+        def record(tokens: int, cost_micros: int) -> None:
             with Journal(paths.journal_path()) as journal:
-                journal.record_model_tokens(self.run_id, op_id, attempt, tokens)
+                journal.record_model_tokens(self.run_id, op_id, attempt, tokens,
+                                            cost_micros=cost_micros, day=today())
 
         return record
+
+    def spent_today(self) -> int:
+        """What the run's owner has spent on model calls today, over all runs."""
+        with Journal(paths.journal_path()) as journal:
+            return journal.owner_cost_on(self.desc.owner_uid, today())
 
     def note_recorder(self, op_id: str) -> Callable[[str], str | None]:
         """Record an agent's notes as ``agent-note`` events (journal and journald), each

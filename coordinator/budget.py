@@ -1,9 +1,18 @@
-"""The run's model-token budget, apart from the relay: every coordinator holds one, and
-only a run whose agents reach a model starts a relay (and loads its HTTP and TLS code)."""
+"""The run's model budgets, apart from the relay: every coordinator holds them, and only a
+run whose agents reach a model starts a relay (and loads its HTTP and TLS code).
+
+Tokens are counted per run. Money is counted in micro-units (millionths) of the currency
+the host's provider prices are in, per run and per owner per day; the day's total is the
+journal's (``model_cost_days``), so runs of one owner share it, also across restarts.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cairn.providers import MICROS_PER_CENT, money
 
 
 class TokenBudget:
@@ -25,3 +34,64 @@ class TokenBudget:
     @property
     def exhausted(self) -> bool:
         return self.remaining() == 0
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A spent money budget: which (``reason``, a clause) and what a person can do."""
+
+    reason: str
+    hint: str
+
+
+class MoneyBudget:
+    """The run's money budget and its owner's daily one (either may be None: no limit),
+    shared by every relay of the run (thread-safe). ``spent_today`` reads what the owner
+    has spent today over all runs, this one's charges included once recorded."""
+
+    def __init__(
+        self,
+        limit_cents: int | None,
+        used_micros: int = 0,
+        *,
+        daily_cents: int | None = None,
+        spent_today: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.limit = None if limit_cents is None else limit_cents * MICROS_PER_CENT
+        self.daily = None if daily_cents is None else daily_cents * MICROS_PER_CENT
+        self.used = used_micros
+        self.spent_today = spent_today
+        self._lock = threading.Lock()
+
+    @property
+    def limited(self) -> bool:
+        return self.limit is not None or self.daily is not None
+
+    def charge(self, micros: int) -> None:
+        with self._lock:
+            self.used += micros
+
+    def remaining(self) -> int | None:
+        """Micro-units this run may still spend (None: no limit applies)."""
+        left = []
+        if self.limit is not None:
+            with self._lock:
+                left.append(self.limit - self.used)
+        if self.daily is not None:
+            left.append(self.daily - self.spent_today())
+        return max(0, min(left)) if left else None
+
+    def spent(self) -> Spent | None:
+        """Which budget is spent, or None while both have money left."""
+        if self.limit is not None:
+            with self._lock:
+                if self.used >= self.limit:
+                    return Spent(f"the run's model money budget ({money(self.limit)}) is spent",
+                                 "launch again with a larger limits.model_cost_cents")
+        if self.daily is not None and self.spent_today() >= self.daily:
+            return Spent(
+                f"the owner's daily model money budget ({money(self.daily)}) is spent",
+                "it starts again tomorrow; the host sets it in /etc/cairn/admission.toml "
+                "(max_daily_cost_cents_per_user)",
+            )
+        return None

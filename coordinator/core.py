@@ -33,7 +33,7 @@ from cairn.coordinator.base import (
     MAX_ATTEMPTS,
     RunBlocked,
 )
-from cairn.coordinator.budget import TokenBudget
+from cairn.coordinator.budget import MoneyBudget, TokenBudget
 from cairn.coordinator.lease import (
     HEARTBEAT,
     UNKNOWN_BOOT,
@@ -110,6 +110,10 @@ class Coordinator(Replay, Settlement, Lease):
         ops = self.journal.list_ops(run_id)
         spent = self.journal.model_tokens_spent(run_id)
         self.budget = TokenBudget(self.desc.limits.model_tokens, used=tokens_used(ops, spent))
+        self.money = MoneyBudget(
+            self.desc.limits.model_cost_cents, self.journal.model_spend(run_id).cost_micros,
+            daily_cents=self.desc.limits.daily_cost_cents, spent_today=self.spent_today,
+        )
         self.usage: dict[str, dict[str, int]] = {}
         # Operations committed before this coordinator started: replay answers them from
         # memory, in the reader thread, without a journal round trip or a thread each.

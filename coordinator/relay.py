@@ -4,7 +4,8 @@ The coordinator binds it on the host and the broker binds it into the unit at
 ``/run/cairn/model.sock``. Only the run owner's UID may connect. Every request is sent to
 the route frozen in the launch description with the provider credential added here, so
 the key never enters the agent's namespace. The relay forces the route's model, caps each
-call's output tokens, refuses calls once the run's token budget is spent, passes
+call's output tokens, refuses calls once the run's token or money budget is spent (or its
+owner's daily money budget), caps each call at what the money left buys, passes
 streaming responses through as they arrive, and appends every exchange to a transcript.
 """
 
@@ -28,10 +29,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from cairn.coordinator.budget import TokenBudget
+from cairn.coordinator.budget import MoneyBudget, TokenBudget
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER
 from cairn.protocol.launch import ModelRoute
-from cairn.providers import load_credential
+from cairn.providers import cost_micros, load_credential
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,8 @@ class ModelRelay:
         transcript: Path,
         budget: TokenBudget,
         egress: Path | None = None,
-        on_spend: Callable[[int], None] | None = None,
+        on_spend: Callable[[int, int], None] | None = None,
+        money: MoneyBudget | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.on_spend = on_spend
@@ -256,11 +258,13 @@ class ModelRelay:
         self.owner_uid = owner_uid
         self.transcript = transcript
         self.budget = budget
+        self.money = money or MoneyBudget(None)
         self._key = ""
         self._lock = threading.Lock()
         self._seq = 0
         self._counts = {"requests": 0, "refused": 0, "failed": 0, "retries": 0}
         self._tokens = {"input": 0, "output": 0, "estimated": 0}
+        self._cost = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -274,6 +278,7 @@ class ModelRelay:
                 "output_tokens": self._tokens["output"],
                 "estimated_tokens": self._tokens["estimated"],
                 "total_tokens": sum(self._tokens.values()),
+                **({"cost_micros": self._cost} if self.route.priced else {}),
             }
 
     def start(self) -> None:
@@ -316,13 +321,15 @@ class ModelRelay:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def spend(self, tokens: int) -> None:
-        """Charge the run's budget and have ``on_spend`` record the tokens durably, so an
-        attempt that crashes after this call still counts after a restart."""
+    def spend(self, tokens: int, micros: int = 0) -> None:
+        """Charge the run's budgets and have ``on_spend`` record the tokens and their cost
+        durably, so an attempt that crashes after this call still counts after a restart
+        (and the cost in its owner's day, which the next call reads)."""
         self.budget.charge(tokens)
+        self.money.charge(micros)
         if tokens and self.on_spend is not None:
             try:
-                self.on_spend(tokens)
+                self.on_spend(tokens, micros)
             except Exception:  # the reply already reached the agent; the budget counted it
                 log.exception("could not record %d model tokens in the journal", tokens)
 
@@ -350,19 +357,23 @@ class ModelRelay:
         attempt = handler._attempt()
         # Every reply below goes out only after its call is counted and recorded, so whoever
         # reads the usage or the transcript after a reply finds the call there.
-        remaining = self.budget.remaining()
+        remaining = self.affordable_tokens(body)
         if remaining == 0:
+            spent = self.money.spent()
+            if spent is not None:
+                reason = spent.reason
+            elif self.budget.exhausted:
+                reason = f"the run's model token budget ({self.budget.limit}) is spent"
+            else:
+                reason = "the model money left does not pay for this call's input"
             with self._lock:
                 self._counts["refused"] += 1
-            log.warning("relay refused a model call: the run's token budget is spent")
+            log.warning("relay refused a model call: %s", reason)
             self._record(
                 api_path, 429, started, False, body, None, {}, False, "budget spent", attempt
             )
             handler._reply_error(
-                429,
-                "insufficient_quota",
-                f"the run's model token budget ({self.budget.limit}) is spent; finish now",
-                {REFUSED_HEADER: "budget"},
+                429, "insufficient_quota", f"{reason}; finish now", {REFUSED_HEADER: "budget"},
             )
             return
         self._shape_request(body, api_path, limit_field, remaining)
@@ -416,9 +427,11 @@ class ModelRelay:
             # Without usage from the provider, a call still costs about a token per 4 bytes.
             size = len(json.dumps(body)) + len(json.dumps(recorded))
             usage = {"estimated": size // 4 + 1}
-        self.spend(sum(usage.values()))
+        cost = cost_micros(self.route, usage)
+        self.spend(sum(usage.values()), cost)
         with self._lock:
             self._counts["requests"] += 1
+            self._cost += cost
             for key, value in usage.items():
                 self._tokens[key] += value
         self._record(
@@ -436,6 +449,20 @@ class ModelRelay:
             handler.send_header(header, text)
         handler.end_headers()
         handler.wfile.write(raw)
+
+    def affordable_tokens(self, body: dict[str, Any]) -> int:
+        """The output tokens this call may produce: what is left of the run's tokens and,
+        under a money budget, what the money left buys at the output price once the
+        request's input (about a token per 4 bytes) is paid for. 0: refuse the call."""
+        tokens = self.budget.remaining()
+        money = self.money.remaining()
+        if money is None or not tokens:
+            return tokens
+        asked = cost_micros(self.route, {"input": len(json.dumps(body)) // 4 + 1})
+        price = self.route.output_price_per_million or 0
+        if money <= asked:
+            return 0
+        return tokens if not price else min(tokens, int((money - asked) / price))
 
     @staticmethod
     def _discard_body(handler: _Handler) -> None:

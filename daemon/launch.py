@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 import cairn
 from cairn import paths, retention
+from cairn.admission import admission_config
 from cairn.capsule import current_release
 from cairn.config import Problems
 from cairn.daemon import admission, attest
@@ -45,7 +46,7 @@ from cairn.protocol.launch import (
     SettlementPolicySpec,
 )
 from cairn.protocol.names import is_profile_name
-from cairn.providers import load_providers
+from cairn.providers import load_providers, providers_path
 from cairn.validation import first_error, invalid
 from cairn.verifiers import matching_verifiers
 from cairn.workflow.review import Review, review_source
@@ -274,20 +275,42 @@ def settlement_policy(review: Review, profiles: dict[str, ProfileSpec]) -> Settl
     )
 
 
-def resolve_limits(overrides: dict[str, int]) -> Limits:
+# Limits the host sets (admission.toml), which no launch may choose.
+HOST_LIMITS = frozenset({"daily_cost_cents"})
+
+
+def resolve_limits(
+    overrides: dict[str, int], routes: dict[str, ModelRoute], daily: int | None = None
+) -> Limits:
     """Defaults, with the caller's overrides (validated: unknown names and values out of
-    range are refused)."""
-    unknown = sorted(set(overrides) - set(Limits.model_fields))
+    range are refused) and the host's ``daily`` money budget per user. A money budget
+    needs a price for every provider the run's agents reach: it could not be kept
+    otherwise."""
+    choosable = sorted(set(Limits.model_fields) - HOST_LIMITS)
+    unknown = sorted(set(overrides) - set(choosable))
     if unknown:
-        raise UsageError(
-            f"unknown limit {', '.join(unknown)}",
-            hint=f"limits: {', '.join(Limits.model_fields)}",
-        )
+        raise UsageError(f"unknown limit {', '.join(unknown)}",
+                         hint=f"limits: {', '.join(choosable)}")
     try:
-        return Limits(**overrides)
+        limits = Limits(**overrides, daily_cost_cents=daily)
     except ValidationError as exc:
         where, message = first_error(exc, top="limits")
         raise ValidationFailed(f"limit {where}: {message}") from exc
+    unpriced = sorted(name for name, route in routes.items() if not route.priced)
+    if unpriced and limits.model_cost_cents is not None:
+        raise UsageError(
+            f"limit model_cost_cents needs prices, and provider {', '.join(unpriced)} has none",
+            hint=f"set input_price_per_million and output_price_per_million in "
+            f"{providers_path()}, or launch without the limit",
+        )
+    if unpriced and daily is not None:
+        raise PermissionDenied(
+            f"this host keeps a daily model money budget per user, and provider "
+            f"{', '.join(unpriced)} has no prices to keep it with",
+            hint=f"an administrator sets input_price_per_million and output_price_per_million "
+            f"in {providers_path()}",
+        )
+    return limits
 
 
 def launch(
@@ -433,6 +456,9 @@ def freeze(
     verifiers = matching_verifiers(project.root, request.definition, config)
     evaluators = frozen_evaluators(evaluators_of(review.manifest(), args), config)
     retention.load_policy(problems=config)
+    # read here, not as admission does (a broken file there means the defaults): a
+    # daily money budget the host set is kept or the launch refused
+    daily = admission_config(problems=config).max_daily_cost_cents_per_user
     profiles = resolve_profiles(review, request.scripted, problems=config)
     try:
         user = pwd.getpwuid(uid)
@@ -453,8 +479,8 @@ def freeze(
         args=args,
         project=project,
         profiles=profiles,
-        routes=resolve_routes(profiles),
-        limits=resolve_limits(request.limits),
+        routes=(routes := resolve_routes(profiles)),
+        limits=resolve_limits(request.limits, routes, daily),
         cairn_version=cairn.__version__,
         created_at=time.time(),
         schedule=schedule,

@@ -74,7 +74,7 @@ def replay(
         args=old.args,
         project=old.project.root,
         scripted={n: p for n, p in old.profiles.items() if p.kind == "scripted"},
-        limits=old.limits.model_dump(),
+        limits=old.limits.model_dump(exclude_none=True, exclude={"daily_cost_cents"}),
         apply_mode=old.apply_mode,
     )
     origin = ReplayOrigin(

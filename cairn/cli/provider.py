@@ -83,6 +83,13 @@ def _read_key(name: str, from_stdin: bool) -> str:
     default=8192,
 )
 @click.option("--timeout", type=float, help="Seconds one model call may take.", default=300.0)
+@click.option(
+    "--prices",
+    type=(float, float),
+    metavar="INPUT OUTPUT",
+    help="What a million input and output tokens cost (in the one currency of all the "
+        "host's prices), for money budgets.",
+)
 def provider_add(
     name: str,
     base_url: str,
@@ -93,6 +100,7 @@ def provider_add(
     default: bool = False,
     max_tokens_per_call: int = 8192,
     timeout: float = 300.0,
+    prices: tuple[float, float] | None = None,
 ) -> None:
     """Add a model provider (root): a [providers.NAME] table in /etc/cairn/providers.toml
     and its key, encrypted with systemd-creds, as cairn-provider-NAME in
@@ -112,6 +120,8 @@ def provider_add(
     new = setup.NewProvider(
         name=name, base_url=base_url, model=model, api=api,  # type: ignore[arg-type]
         keyed=not no_key, max_tokens_per_call=max_tokens_per_call, timeout_sec=timeout,
+        input_price_per_million=prices[0] if prices else None,
+        output_price_per_million=prices[1] if prices else None,
     )
     file = setup.default_file()
     credential = setup.credential_name(name)

@@ -323,6 +323,19 @@ def show(
         _print_show(data)
 
 
+def model_line(model: dict[str, Any]) -> str:
+    """``model: 3 calls · 1,234 of 2,000,000 tokens · cost 0.12 of 2.50 · today 0.40 of
+    5.00``: the run's model spend against its budgets."""
+    parts = [f"model: {model['calls']} call{'s' if model['calls'] != 1 else ''}",
+             f"{model['tokens']:,} of {model['token_limit']:,} tokens"]
+    if model.get("cost") is not None:
+        limit = model.get("cost_limit")
+        parts.append(f"cost {model['cost']}" + (f" of {limit}" if limit else ""))
+    if model.get("daily_cost_limit"):
+        parts.append(f"owner today {model['owner_today']} of {model['daily_cost_limit']}")
+    return " · ".join(parts)
+
+
 def _print_show(data: dict[str, Any]) -> None:
     run = data["run"]
     click.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
@@ -374,6 +387,9 @@ def _print_show(data: dict[str, Any]) -> None:
             )
         if op.get("output") is not None:
             click.echo(f"             output {json.dumps(op['output'])}")
+    model = data.get("model")
+    if model:
+        click.echo(model_line(model))
     for worklist in data.get("worklists", []):
         mark = "✓" if worklist["complete"] else "●"
         state = "done" if worklist["complete"] else "active"

@@ -11,7 +11,7 @@ and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from cairn.canonical import canonical_json
 from cairn.errors import JournalError, NotFound, UsageError
@@ -19,6 +19,15 @@ from cairn.journal.rows import OpRow, OpState, dumps
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
+
+
+class ModelSpend(NamedTuple):
+    """A run's model calls, their tokens and their cost (micro-units of the currency of
+    the providers' prices; 0 when unpriced)."""
+
+    calls: int
+    tokens: int
+    cost_micros: int
 
 
 class IllegalTransition(JournalError):
@@ -212,17 +221,31 @@ class Operations(Writes):
             )
             self._event(db, run_id, f"op-{decision}-decided", {"actor_uid": actor_uid}, None, op_id)
 
-    def record_model_tokens(self, run_id: str, op_id: str, attempt: int, tokens: int) -> None:
-        """Add one model call's ``tokens`` to what attempt ``attempt`` of ``op_id`` spent.
+    def record_model_tokens(
+        self, run_id: str, op_id: str, attempt: int, tokens: int, *,
+        cost_micros: int = 0, day: str = "",
+    ) -> None:
+        """Add one model call's ``tokens`` and cost to what attempt ``attempt`` of ``op_id``
+        spent, and the cost to what the run's owner spent on ``day`` (local, YYYY-MM-DD).
         Not fenced: tokens spent are spent, whoever holds the run's lease now."""
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO model_usage (run_id, op_id, attempt, tokens, calls, updated_at)"
-                " VALUES (?,?,?,?,1,?) ON CONFLICT (run_id, op_id, attempt) DO UPDATE SET"
+                "INSERT INTO model_usage"
+                " (run_id, op_id, attempt, tokens, calls, cost_micros, updated_at)"
+                " VALUES (?,?,?,?,1,?,?) ON CONFLICT (run_id, op_id, attempt) DO UPDATE SET"
                 " tokens = tokens + excluded.tokens, calls = calls + 1,"
+                " cost_micros = cost_micros + excluded.cost_micros,"
                 " updated_at = excluded.updated_at",
-                (run_id, op_id, attempt, tokens, self.clock()),
+                (run_id, op_id, attempt, tokens, cost_micros, self.clock()),
             )
+            if cost_micros:
+                db.execute(
+                    "INSERT INTO model_cost_days (owner_uid, day, cost_micros)"
+                    " SELECT owner_uid, ?, ? FROM runs WHERE run_id=?"
+                    " ON CONFLICT (owner_uid, day) DO UPDATE SET"
+                    " cost_micros = cost_micros + excluded.cost_micros",
+                    (day, cost_micros, run_id),
+                )
 
     def model_tokens_spent(self, run_id: str) -> dict[tuple[str, int], int]:
         """Model tokens recorded per (operation, attempt) of the run."""
@@ -230,3 +253,20 @@ class Operations(Writes):
             "SELECT op_id, attempt, tokens FROM model_usage WHERE run_id=?", (run_id,)
         ).fetchall()
         return {(r["op_id"], int(r["attempt"])): int(r["tokens"]) for r in rows}
+
+    def model_spend(self, run_id: str) -> ModelSpend:
+        """The run's model calls, tokens and cost (micro-units) over every attempt."""
+        row = self.db.execute(
+            "SELECT coalesce(sum(calls), 0) AS calls,"
+            " coalesce(sum(tokens), 0) AS tokens, coalesce(sum(cost_micros), 0) AS cost"
+            " FROM model_usage WHERE run_id=?", (run_id,)
+        ).fetchone()
+        return ModelSpend(int(row["calls"]), int(row["tokens"]), int(row["cost"]))
+
+    def owner_cost_on(self, owner_uid: int, day: str) -> int:
+        """What ``owner_uid``'s runs spent on model calls on ``day`` (micro-units)."""
+        row = self.db.execute(
+            "SELECT cost_micros FROM model_cost_days WHERE owner_uid=? AND day=?",
+            (owner_uid, day),
+        ).fetchone()
+        return 0 if row is None else int(row["cost_micros"])

@@ -39,7 +39,7 @@ _R = TypeVar("_R")
 
 # sha256 of the schema the migrations make (type, name, table and SQL of every object in
 # sqlite_master, sorted): tests/unit/test_journal_reader_hardening.py keeps it equal.
-SCHEMA_SHA256 = "a2ac47cbfe710f71b2ee05720020a70bc62910a3d18a46514ff150a1cba27684"
+SCHEMA_SHA256 = "3077a16652276ab51a82e4770128769212b1df3d19224ccd5a1f079ed03d8c35"
 VALUE_LIMIT = 16 << 20  # the largest value a reader takes (a launch description is ~100 KiB)
 # A reader's statements together may run this many SQLite VM steps (in units of
 # PROGRESS_STEPS); a journal that makes them run longer is refused.

@@ -145,6 +145,18 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE runs ADD COLUMN run_key TEXT;
     CREATE UNIQUE INDEX runs_key ON runs(owner_uid, run_key) WHERE run_key IS NOT NULL;
     """,
+    # what model calls cost (micro-units of the providers' prices' currency): per attempt,
+    # for the run's money budget, and per owner per local day over all runs, for the
+    # host's daily budget (one row to read before each call)
+    6: """
+    ALTER TABLE model_usage ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE model_cost_days (
+        owner_uid   INTEGER NOT NULL,
+        day         TEXT NOT NULL,
+        cost_micros INTEGER NOT NULL,
+        PRIMARY KEY (owner_uid, day)
+    );
+    """,
 }
 
 assert max(MIGRATIONS) == SCHEMA_VERSION

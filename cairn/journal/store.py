@@ -23,7 +23,7 @@ LEASE_TTL = 60.0
 
 # The schema version this code reads and writes; :mod:`cairn.journal.schema` holds the
 # migrations that reach it, which only read-write connections run.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Clock = Callable[[], float]
 

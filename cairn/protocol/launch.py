@@ -64,6 +64,15 @@ class ModelRoute(Frozen):
     auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z]{0,32}$")
     max_tokens_per_call: int = Field(default=8192, ge=1)
     timeout_sec: float = Field(default=300.0, gt=0)
+    # What a million input and output tokens cost, in the one currency the host's prices
+    # are in (None: not priced; the run's money budgets then cannot be kept).
+    input_price_per_million: float | None = Field(default=None, ge=0, le=1_000_000)
+    output_price_per_million: float | None = Field(default=None, ge=0, le=1_000_000)
+
+    @property
+    def priced(self) -> bool:
+        return self.input_price_per_million is not None and \
+            self.output_price_per_million is not None
 
 
 # What a command profile's argv and env values may hold, filled in by the worker as it
@@ -176,6 +185,11 @@ class Limits(Frozen):
     runtime_max_sec: int = Field(default=3600, ge=1)
     io_weight: int = Field(default=100, ge=1, le=10_000)
     model_tokens: int = Field(default=2_000_000, ge=0)
+    # Money for model calls, in hundredths of the currency of the providers' prices: the
+    # run's (None: no money budget) and, set by the host (admission.toml), what its owner
+    # may spend per day over all runs.
+    model_cost_cents: int | None = Field(default=None, ge=0)
+    daily_cost_cents: int | None = Field(default=None, ge=0)
     max_agent_ops: int = Field(default=200, ge=1)
     max_concurrent_agents: int = Field(default=8, ge=1)
     max_agent_seconds: int = Field(default=24 * 3600, ge=1)

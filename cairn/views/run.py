@@ -20,7 +20,9 @@ from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, r
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
+from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
+from cairn.providers import MICROS_PER_CENT, money, today
 from cairn.runlogs import run_units
 from cairn.settle.outcome import summary as settlement_summary
 from cairn.views import integrity
@@ -63,6 +65,29 @@ def question_facet(
     if not waiting:
         return None
     return {**waiting[0][1], "also_waiting": len(waiting) - 1}
+
+
+def model_facet(journal: Journal, desc: LaunchDescription) -> dict[str, Any] | None:
+    """The run's model calls, tokens and, at the providers' prices, their cost, with the
+    budgets they count against (money as the currency's units, ``"2.50"``); None before
+    the run's first call."""
+    spend = journal.model_spend(desc.run_id)
+    if not spend.calls:
+        return None
+    limits = desc.limits
+    priced = any(route.priced for route in desc.routes.values())
+    daily = limits.daily_cost_cents
+    return {
+        "calls": spend.calls,
+        "tokens": spend.tokens,
+        "token_limit": limits.model_tokens,
+        "cost": money(spend.cost_micros) if priced else None,
+        "cost_limit": None if limits.model_cost_cents is None else
+        money(limits.model_cost_cents * MICROS_PER_CENT),
+        "owner_today": None if daily is None else
+        money(journal.owner_cost_on(desc.owner_uid, today())),
+        "daily_cost_limit": None if daily is None else money(daily * MICROS_PER_CENT),
+    }
 
 
 def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
@@ -135,6 +160,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         },
         "worklists": lists,
         "experiments": settle_experiment.experiments(ops),
+        "model": model_facet(journal, journal.launch_description(run_id)),
         "question": question_facet(questions, approvals),
         "divergence": None if divergence is None else {"op_id": divergence.op_id,
                                                        **divergence.data},

@@ -188,6 +188,48 @@ def test_a_spent_token_budget_stops_the_run_cleanly(machine: Machine) -> None:
     assert listed == ["app.py"]
 
 
+def test_a_spent_money_budget_stops_the_run_cleanly(machine: Machine) -> None:
+    """The run's money budget, then the owner's daily one, kept at the provider's prices:
+    an input token costs 1 micro-unit, an output token 1,000 (0.1 cent)."""
+    key = configure(machine)
+    machine.exec(["sed", "-i", r"s/^credential = .*/&\ninput_price_per_million = 1.0\n"
+                  r"output_price_per_million = 1000.0/", "/etc/cairn/providers.toml"])
+    # 20 output tokens cost 2 cents, whatever the relay capped the call at
+    turns = [{**call("write", path="partial.txt", content="half done\n"), "tokens": 20},
+             call("finish_work", output={"summary": "never reached"}, handoff="")]
+    start_provider(machine, turns, key)
+    try:
+        run_id = launch(machine, "--limit", "model_cost_cents=1")
+        data = wait_finished(machine, run_id)
+        assert data["run"]["state"] == "failed"
+        assert "the run's model money budget (0.01) is spent" in data["run"]["error"]
+        assert data["model"]["calls"] == 1 and data["model"]["cost_limit"] == "0.01"
+        assert float(data["model"]["cost"]) >= 0.02
+        shown = machine.exec(["cairn", "show", run_id], user="alice").stdout.decode()
+        assert f"model: 1 call · {data['model']['tokens']:,} of 2,000,000 tokens · cost " \
+            f"{data['model']['cost']} of 0.01" in shown, shown
+        assert machine.exec(["ls", PROJECT]).stdout.decode().split() == ["app.py"]
+
+        # The same owner's day is spent now: a run without a budget of its own stops too.
+        machine.exec(["tee", "/etc/cairn/admission.toml"],
+                     input=b"max_daily_cost_cents_per_user = 1\n")
+        start_provider(machine, turns, key)
+        second = wait_finished(machine, launch(machine))
+        assert second["run"]["state"] == "failed"
+        assert "the owner's daily model money budget (0.01) is spent" in \
+            second["run"]["error"]
+        assert second["model"] is None  # no call was made
+
+        # A budget the host could not keep is refused at launch.
+        machine.exec(["sed", "-i", "/_price_per_million/d", "/etc/cairn/providers.toml"])
+        refused = machine.exec(["cairn", "launch", "builtin:implement", "--project", PROJECT,
+                                "--args", '{"objective": "x"}'], user="alice", check=False)
+        assert refused.returncode != 0
+        assert b"provider fake has no prices" in refused.stderr, refused.stderr
+    finally:
+        machine.exec(["rm", "-f", "/etc/cairn/admission.toml"])
+
+
 FETCH = """python3 - > fetched.txt <<'EOF'
 import socket, urllib.request
 def get(url):

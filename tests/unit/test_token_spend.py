@@ -65,9 +65,9 @@ def ask(relay: ModelRelay) -> None:
 def relay_for(
     tmp_path: Path, provider: FakeProvider, budget: TokenBudget, journal_path: Path, attempt: int
 ) -> ModelRelay:
-    def record(tokens: int) -> None:  # as Coordinator.token_recorder: a connection per call
-        with Journal(journal_path) as j:
-            j.record_model_tokens(RUN, "root-1", attempt, tokens)
+    def record(tokens: int, cost_micros: int) -> None:  # as Coordinator.token_recorder
+        with Journal(journal_path) as j:  # a connection per call
+            j.record_model_tokens(RUN, "root-1", attempt, tokens, cost_micros=cost_micros)
 
     route = ModelRoute(provider="fake", base_url=provider.base_url, model="fake-model-1",
                        credential="cairn-provider-fake", max_tokens_per_call=500)
