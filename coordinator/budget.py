@@ -8,6 +8,7 @@ journal's (``model_cost_days``), so runs of one owner share it, also across rest
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +48,11 @@ class Spent:
 class MoneyBudget:
     """The run's money budget and its owner's daily one (either may be None: no limit),
     shared by every relay of the run (thread-safe). ``spent_today`` reads what the owner
-    has spent today over all runs, this one's charges included once recorded."""
+    has spent today over all runs, this one's charges included once recorded.
+
+    A call first holds what it may cost at most (:meth:`hold`), so calls made at once
+    cannot together pass the budget; the hold is given back (:meth:`release`) once the
+    call's real cost is charged (:meth:`charge`)."""
 
     def __init__(
         self,
@@ -60,6 +65,7 @@ class MoneyBudget:
         self.limit = None if limit_cents is None else limit_cents * MICROS_PER_CENT
         self.daily = None if daily_cents is None else daily_cents * MICROS_PER_CENT
         self.used = used_micros
+        self.held = 0
         self.spent_today = spent_today
         self._lock = threading.Lock()
 
@@ -71,15 +77,42 @@ class MoneyBudget:
         with self._lock:
             self.used += micros
 
-    def remaining(self) -> int | None:
-        """Micro-units this run may still spend (None: no limit applies)."""
+    def _left(self) -> int | None:
+        """Micro-units still free (None: no limit applies); called under the lock."""
         left = []
         if self.limit is not None:
-            with self._lock:
-                left.append(self.limit - self.used)
+            left.append(self.limit - self.used - self.held)
         if self.daily is not None:
-            left.append(self.daily - self.spent_today())
+            left.append(self.daily - self.spent_today() - self.held)
         return max(0, min(left)) if left else None
+
+    def hold(self, input_micros: int, output_price: float, tokens: int) -> tuple[int, int]:
+        """Of ``tokens`` output tokens a call may produce, how many the money left buys
+        once its input (``input_micros``) is paid, at ``output_price`` micro-units per
+        token; and the micro-units held for it (the call's most), until :meth:`release`.
+        (0, 0): the money left does not pay for the call."""
+        with self._lock:
+            left = self._left()
+            if left is None:
+                return tokens, 0
+            if left <= input_micros:
+                return 0, 0
+            cap = tokens if not output_price else \
+                min(tokens, int((left - input_micros) / output_price))
+            if cap <= 0:
+                return 0, 0
+            held = input_micros + math.ceil(cap * output_price)
+            self.held += held
+            return cap, held
+
+    def release(self, held: int) -> None:
+        with self._lock:
+            self.held -= held
+
+    def remaining(self) -> int | None:
+        """Micro-units this run may still spend (None: no limit applies)."""
+        with self._lock:
+            return self._left()
 
     def spent(self) -> Spent | None:
         """Which budget is spent, or None while both have money left."""

@@ -57,7 +57,9 @@ FORWARDED_HEADERS = ("accept", "anthropic-version", "anthropic-beta", "openai-be
 # Provider reply headers a client needs to pace itself, passed back unchanged.
 RETURNED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 RETURNED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+# Anthropic counts prompt-cache writes and reads apart from input_tokens.
 INPUT_FIELDS = ("prompt_tokens", "input_tokens")
+CACHE_INPUT_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
 
 
@@ -120,12 +122,21 @@ def usage_of(event: Any) -> dict[str, int]:
         for key in INPUT_FIELDS:
             if isinstance(usage.get(key), int):
                 found["input"] = usage[key]
+        cached = sum(usage[key] for key in CACHE_INPUT_FIELDS if isinstance(usage.get(key), int))
+        if cached:
+            found["input"] = found.get("input", 0) + cached
         for key in OUTPUT_FIELDS:
             if isinstance(usage.get(key), int):
                 found["output"] = usage[key]
         if found:
             return found
     return {}
+
+
+def _choices(body: dict[str, Any]) -> int:
+    """How many answers one call asks for (``n``, ``best_of``): each may use the cap."""
+    asked = [body.get(key) for key in ("n", "best_of")]
+    return max([1, *(n for n in asked if isinstance(n, int) and not isinstance(n, bool))])
 
 
 def _merge_usage(total: dict[str, int], seen: dict[str, int]) -> None:
@@ -357,26 +368,45 @@ class ModelRelay:
         attempt = handler._attempt()
         # Every reply below goes out only after its call is counted and recorded, so whoever
         # reads the usage or the transcript after a reply finds the call there.
-        remaining = self.affordable_tokens(body)
-        if remaining == 0:
-            spent = self.money.spent()
-            if spent is not None:
-                reason = spent.reason
-            elif self.budget.exhausted:
-                reason = f"the run's model token budget ({self.budget.limit}) is spent"
-            else:
-                reason = "the model money left does not pay for this call's input"
-            with self._lock:
-                self._counts["refused"] += 1
-            log.warning("relay refused a model call: %s", reason)
-            self._record(
-                api_path, 429, started, False, body, None, {}, False, "budget spent", attempt
-            )
-            handler._reply_error(
-                429, "insufficient_quota", f"{reason}; finish now", {REFUSED_HEADER: "budget"},
-            )
-            return
-        self._shape_request(body, api_path, limit_field, remaining)
+        choices = _choices(body)
+        input_tokens = len(json.dumps(body)) // 4 + 1  # what it costs, about, before usage
+        tokens = min(self.budget.remaining(), self.route.max_tokens_per_call)  # all answers'
+        cap, held = self.money.hold(cost_micros(self.route, {"input": input_tokens}),
+                                    self.route.output_price_per_million or 0, tokens) \
+            if tokens else (0, 0)
+        try:
+            if cap // choices == 0:
+                self._refuse_for_budget(handler, api_path, started, body, attempt)
+                return
+            self._shape_request(body, api_path, limit_field, cap // choices)
+            self._forward(handler, api_path, started, body, attempt,
+                          {"input": input_tokens, "output": cap})
+        finally:
+            self.money.release(held)
+
+    def _refuse_for_budget(self, handler: _Handler, api_path: str, started: float,
+                           body: dict[str, Any], attempt: int) -> None:
+        """Answer 429 for a call no budget left can pay, saying which."""
+        spent = self.money.spent()
+        if spent is not None:
+            reason = spent.reason
+        elif self.budget.exhausted:
+            reason = f"the run's model token budget ({self.budget.limit}) is spent"
+        else:
+            reason = "the model money left does not pay for this call"
+        with self._lock:
+            self._counts["refused"] += 1
+        log.warning("relay refused a model call: %s", reason)
+        self._record(api_path, 429, started, False, body, None, {}, False, "budget spent", attempt)
+        handler._reply_error(
+            429, "insufficient_quota", f"{reason}; finish now", {REFUSED_HEADER: "budget"},
+        )
+
+    def _forward(self, handler: _Handler, api_path: str, started: float,
+                 body: dict[str, Any], attempt: int, most: dict[str, int]) -> None:
+        """Send the shaped call to the provider and its answer back, metered; ``most``:
+        the tokens it may cost at most, charged when the answer is cut off after the
+        provider accepted the call (what it used is then unknown)."""
         stream = bool(body.get("stream"))
         try:
             conn, upstream = self._connect(api_path)
@@ -414,8 +444,12 @@ class ModelRelay:
                 self._counts["failed"] += 1
             handler.close_connection = True
             message = f"relay interrupted: {exc}"
+            cut = most if response.status < 400 else {}  # the provider may have used it all
+            if cut:
+                self._meter(cut)
             self._record(
-                api_path, response.status, started, stream, body, None, {}, False, message, attempt
+                api_path, response.status, started, stream, body, None, cut, bool(cut), message,
+                attempt,
             )
             if not streamed:
                 handler._reply_error(502, "upstream_failed", message)
@@ -427,13 +461,7 @@ class ModelRelay:
             # Without usage from the provider, a call still costs about a token per 4 bytes.
             size = len(json.dumps(body)) + len(json.dumps(recorded))
             usage = {"estimated": size // 4 + 1}
-        cost = cost_micros(self.route, usage)
-        self.spend(sum(usage.values()), cost)
-        with self._lock:
-            self._counts["requests"] += 1
-            self._cost += cost
-            for key, value in usage.items():
-                self._tokens[key] += value
+        self._meter(usage)
         self._record(
             api_path, response.status, started, stream, body, recorded, usage, estimated, None,
             attempt,
@@ -450,19 +478,15 @@ class ModelRelay:
         handler.end_headers()
         handler.wfile.write(raw)
 
-    def affordable_tokens(self, body: dict[str, Any]) -> int:
-        """The output tokens this call may produce: what is left of the run's tokens and,
-        under a money budget, what the money left buys at the output price once the
-        request's input (about a token per 4 bytes) is paid for. 0: refuse the call."""
-        tokens = self.budget.remaining()
-        money = self.money.remaining()
-        if money is None or not tokens:
-            return tokens
-        asked = cost_micros(self.route, {"input": len(json.dumps(body)) // 4 + 1})
-        price = self.route.output_price_per_million or 0
-        if money <= asked:
-            return 0
-        return tokens if not price else min(tokens, int((money - asked) / price))
+    def _meter(self, usage: dict[str, int]) -> None:
+        """Charge one call's ``usage`` (tokens by kind) and its cost, and count it."""
+        cost = cost_micros(self.route, usage)
+        self.spend(sum(usage.values()), cost)
+        with self._lock:
+            self._counts["requests"] += 1
+            self._cost += cost
+            for key, value in usage.items():
+                self._tokens[key] += value
 
     @staticmethod
     def _discard_body(handler: _Handler) -> None:

@@ -32,10 +32,22 @@ def launch_hash_of(description: dict[str, Any]) -> str:
     """The launch hash of a description in its JSON form (``model_dump(mode="json")``, or
     the description line as parsed): the owner hashes what it read, root what it validated,
     and the two agree only when they are the same description."""
-    data = dict(description)
-    if data.get("replay", ...) is None:  # added later: a launched run's hash stays what it was
-        del data["replay"]
+    data = _unset(description, ("replay",))
+    if isinstance(data.get("limits"), dict):
+        data["limits"] = _unset(data["limits"], ("model_cost_cents", "daily_cost_cents"))
+    if isinstance(data.get("routes"), dict):
+        data["routes"] = {
+            name: _unset(route, ("input_price_per_million", "output_price_per_million"))
+            if isinstance(route, dict) else route
+            for name, route in data["routes"].items()
+        }
     return "sha256:" + sha256_hex(canonical_json(data))
+
+
+def _unset(data: dict[str, Any], later: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` without the keys of ``later`` (fields added after runs were launched) that
+    are None: a run launched before them keeps its hash."""
+    return {key: value for key, value in data.items() if not (key in later and value is None)}
 
 
 def attestation_line(run_id: str, launch_hash: str) -> bytes:

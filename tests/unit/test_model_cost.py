@@ -16,11 +16,12 @@ from test_journal import RUN, description
 from cairn import provider_setup as setup
 from cairn.cli.runs import model_line
 from cairn.coordinator.budget import MoneyBudget, TokenBudget
-from cairn.coordinator.relay import ModelRelay
+from cairn.coordinator.relay import ModelRelay, usage_of
 from cairn.daemon.launch import resolve_limits
 from cairn.errors import PermissionDenied, UsageError
 from cairn.hostconfig import check_host_config
 from cairn.journal.readwrite import Journal
+from cairn.protocol.attestation import launch_hash_of
 from cairn.protocol.launch import ModelRoute
 from cairn.providers import cost_micros, load_providers, money, today
 from cairn.unixhttp import UnixHTTPConnection
@@ -219,3 +220,60 @@ def test_provider_add_writes_prices_and_config_check_names_a_budget_without_them
     assert (problem.file.name, problem.where) == ("admission.toml",
                                                   "max_daily_cost_cents_per_user")
     assert "provider local: it has no prices" in problem.message
+
+
+def test_a_run_launched_before_money_budgets_keeps_its_launch_hash() -> None:
+    """The broker pins a run to its launch hash: the fields added since, unset, leave
+    the hash of a description stored before them as it was."""
+    desc = description().model_copy(update={"routes": {"fake": route()}})
+    stored = desc.model_dump(mode="json")
+    del stored["limits"]["model_cost_cents"], stored["limits"]["daily_cost_cents"]
+    del stored["routes"]["fake"]["input_price_per_million"]
+    del stored["routes"]["fake"]["output_price_per_million"]
+    del stored["replay"]
+    assert launch_hash_of(stored) == desc.launch_hash()
+    # set, they are part of the hash: a budget changed after launch is another launch
+    budgeted = desc.model_copy(update={"limits": resolve_limits({}, {}, 100)})
+    assert budgeted.launch_hash() != desc.launch_hash()
+    priced = desc.model_copy(update={"routes": {"fake": route(prices=PRICES)}})
+    assert priced.launch_hash() != desc.launch_hash()
+
+
+def test_calls_at_once_cannot_together_pass_the_budget() -> None:
+    """Each call holds what it may cost at most before it is sent: while two calls are
+    out, a third finds the money held, and what is left after them is free again."""
+    budget = MoneyBudget(1)  # 10,000 micro-units
+    # input 1,000; output at 10 per token: the first call may produce 500 tokens
+    first = budget.hold(1_000, 10, 500)
+    assert first == (500, 6_000)
+    second = budget.hold(1_000, 10, 500)
+    assert second == (300, 4_000)  # what was left buys 300 tokens
+    assert budget.hold(1_000, 10, 500) == (0, 0)  # nothing left: refused
+    budget.charge(1_200)  # the first call's real cost
+    budget.release(first[1])
+    assert budget.remaining() == 10_000 - 1_200 - 4_000
+    budget.release(second[1])
+    daily = MoneyBudget(None, daily_cents=1, spent_today=lambda: 9_500)
+    assert daily.hold(100, 10, 500) == (40, 500)
+    assert MoneyBudget(None).hold(10**9, 10, 500) == (500, 0)  # no budget: nothing held
+
+
+def test_a_call_asking_for_several_answers_shares_the_cap(
+    tmp_path: Path, journal: Journal
+) -> None:
+    with FakeProvider([Turn(content="a", tokens=5)]) as provider, \
+            relay(tmp_path, provider, journal, RUN, MoneyBudget(None)) as model_relay:
+        conn = UnixHTTPConnection(str(model_relay.socket_path), 10)
+        body = {"messages": [{"role": "user", "content": "hi"}], "n": 4, "max_tokens": 10**6}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    assert provider.requests[0].body["max_tokens"] == 500 // 4  # the route's cap, shared
+
+
+def test_prompt_cache_tokens_count_as_input() -> None:
+    usage = {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 1000,
+             "cache_read_input_tokens": 200}
+    assert usage_of({"usage": usage}) == {"input": 1210, "output": 5}
+    assert usage_of({"message": {"usage": {"cache_read_input_tokens": 7}}}) == {"input": 7}
