@@ -419,7 +419,7 @@ def _print_show(data: dict[str, Any]) -> None:
         label = (data.get("settlement_summary") or {}).get("label", settlement["status"])
         click.echo(f"settlement: {printable(label)}")
         apply = settlement.get("apply") or {}
-        for label in ("applied", "already_applied", "xattrs_not_kept"):
+        for label in ("applied", "already_applied", "xattrs_not_kept", "links_not_kept"):
             if apply.get(label):
                 click.echo(f"  {label}: {', '.join(printable(p) for p in apply[label])}")
         for conflict in apply.get("conflicts", []):

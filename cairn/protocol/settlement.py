@@ -66,6 +66,8 @@ class ApplyResult(Frozen):
     conflicts: Annotated[list[ApplyConflict], Field(max_length=MAX_PATHS)] = []
     # applied paths whose user.* xattrs in F the live project's filesystem refused
     xattrs_not_kept: Paths = []
+    # applied paths that are a hard link of another applied path in F, written as copies
+    links_not_kept: Paths = []
 
 
 class AppliedCheck(Frozen):

@@ -50,12 +50,16 @@ class AppliedPaths(_Record):
     # applied with F's content and mode, but without the user.* xattrs F gave them (the
     # live filesystem refused them); absent when every one was kept
     xattrs_not_kept: list[str] | None = None
+    # applied as copies, though in F a hard link of another applied path; absent when
+    # every link was kept
+    links_not_kept: list[str] | None = None
 
     @classmethod
     def of(cls, result: ApplyResult) -> AppliedPaths:
         return cls(status=result.status, applied=result.applied,
                    already_applied=result.already_applied, conflicts=result.conflicts,
-                   xattrs_not_kept=result.xattrs_not_kept or None)
+                   xattrs_not_kept=result.xattrs_not_kept or None,
+                   links_not_kept=result.links_not_kept or None)
 
     @property
     def touched(self) -> bool:

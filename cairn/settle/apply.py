@@ -40,12 +40,19 @@ from cairn.failpoints import failpoint
 from cairn.fsutil import (
     clone_file,
     copy_bytes,
-    copy_user_xattrs,
     fsync_dir,
     on_btrfs,
     syncfs,
 )
 from cairn.pathrules import TMP_PREFIX, ancestors, check_relative, depth, parent
+from cairn.settle.batch import (
+    Batch,
+    Entry,
+    Raced,
+    dir_xattrs,
+    keep_xattrs,
+    linked_temp,
+)
 from cairn.settle.walk import (
     ABSENT,
     EMPTY_SHA256,
@@ -139,13 +146,32 @@ class ApplyReceipt:
 class Applied:
     """What an apply did; the apply unit writes it as root's ``ApplyResult``.
     ``xattrs_not_kept``: applied paths whose ``user.*`` xattrs in F the live project's
-    filesystem refused (their content and mode are F's)."""
+    filesystem refused; ``links_not_kept``: applied paths that are hard links of another
+    applied path in F but were written as copies (their content and mode are F's)."""
 
     status: Literal["applied", "conflict", "noop"]
     applied: list[str] = field(default_factory=list)
     already_applied: list[str] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     xattrs_not_kept: list[str] = field(default_factory=list)
+    links_not_kept: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _NotKept:
+    """What of F the paths written did not keep: their xattrs, their hard links."""
+
+    xattrs: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+
+    def result(self, status: Literal["applied", "conflict"], applied: list[str],
+               already: list[str], conflicts: list[Conflict] | None = None) -> Applied:
+        """The apply's result, naming what of F only the ``applied`` paths did not keep."""
+        done = set(applied)
+        return Applied(status=status, applied=sorted(applied), already_applied=already,
+                       conflicts=conflicts or [],
+                       xattrs_not_kept=sorted(set(self.xattrs) & done),
+                       links_not_kept=sorted(set(self.links) & done))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +182,6 @@ class Checked:
     reverted: list[str]
     changed: list[str]
     receipt_differs: list[str]
-
-
-class _Raced(Exception):
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.path = path
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -258,9 +278,6 @@ def read_receipts(receipts: Path) -> dict[str, ApplyReceipt]:
     return done
 
 
-_Entry = tuple[str, Literal["written", "deleted", "already"], EntryState]  # a receipt to be
-
-
 class _ReceiptLog:
     """The receipts file, opened for appending. A new one is made durable at once: that
     it exists tells a re-run that temporaries may have been left (:func:`apply`)."""
@@ -276,7 +293,7 @@ class _ReceiptLog:
             os.fsync(self.fd)
             fsync_dir(path.parent)
 
-    def add(self, entries: Iterable[_Entry]) -> None:
+    def add(self, entries: Iterable[Entry]) -> None:
         """Append one line per entry in a single write, then one fsync."""
         now = time.time()
         lines = [ApplyReceipt(p, a, f, now).line() for p, a, f in entries]
@@ -291,43 +308,12 @@ class _ReceiptLog:
 # -- writing a batch --------------------------------------------------------------------
 
 
-class _Batch:
-    """One batch's live directory walk and the receipts of what it changed.
-    ``ordered``: the live filesystem commits metadata whole and in order (Btrfs), so a
-    temporary that holds no bytes written through the page cache needs no barrier before
-    its rename; ``bytes_written``: one of this batch's temporaries does."""
-
-    def __init__(self, live: Path, ordered: bool) -> None:
-        self.tree = Tree(live)
-        self.done: list[_Entry] = []
-        self.ordered = ordered
-        self.bytes_written = False
-        self.xattrs_not_kept: list[str] = []
-
-    def parent_fd(self, path: str) -> int:
-        try:
-            fd = self.tree.parent(path)
-        except Blocked as exc:
-            raise _Raced(path) from exc
-        if fd is None:
-            raise _Raced(path)
-        return fd
-
-    def close(self) -> None:
-        self.tree.close()
-
-    def needs_barrier(self, temps: int) -> bool:
-        """Whether ``temps`` temporaries must be made durable before their renames: a
-        rename that became durable first would leave a crash a target without its data."""
-        return self.bytes_written or (temps > 0 and not self.ordered)
-
-
 def _recheck(dir_fd: int, name: str, path: str, expected: EntryState) -> None:
     if not same_state(state_in(dir_fd, name), expected):
-        raise _Raced(path)
+        raise Raced(path)
 
 
-def _remove(batch: _Batch, p: PathPlan) -> None:
+def _remove(batch: Batch, p: PathPlan) -> None:
     fd = batch.parent_fd(p.path)
     name = p.path.rpartition("/")[2]
     _recheck(fd, name, p.path, p.q)
@@ -337,19 +323,19 @@ def _remove(batch: _Batch, p: PathPlan) -> None:
             os.rmdir(name, dir_fd=fd)
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise _Raced(p.path) from exc
+                raise Raced(p.path) from exc
             raise
     else:
         os.unlink(name, dir_fd=fd)
 
 
-def _make_parents(batch: _Batch, ft: Tree, path: str) -> None:
+def _make_parents(batch: Batch, ft: Tree, path: str) -> None:
     """Create missing live parent directories with F's modes (never through symlinks)."""
     try:
         if batch.tree.dir(parent(path)) is not None:
             return  # the common case: the parent is there
     except Blocked as exc:
-        raise _Raced(path) from exc
+        raise Raced(path) from exc
     for sub in reversed(ancestors(path)):
         fd = batch.parent_fd(sub)
         name = sub.rpartition("/")[2]
@@ -360,17 +346,19 @@ def _make_parents(batch: _Batch, ft: Tree, path: str) -> None:
         fstate = ft.state(sub)
         os.chmod(name, fstate.mode if fstate.kind == "dir" else 0o755, dir_fd=fd)
         if fstate.kind == "dir":
-            _dir_xattrs(batch, ft, sub, fd, name)
+            dir_xattrs(batch, ft, sub, fd, name)
 
 
 def _before(p: PathPlan) -> EntryState:
     return ABSENT if _needs_removal(p) else p.q
 
 
-def _prepare(batch: _Batch, ft: Tree, p: PathPlan) -> str | None:
+def _prepare(batch: Batch, ft: Tree, p: PathPlan) -> str | None:
     """Directories are made (or re-moded) at once; anything else gets a temporary next
     to its target, whose name is returned."""
     _make_parents(batch, ft, p.path)
+    if p.f.kind == "file" and batch.linked and (linked := linked_temp(batch, ft, p.path)):
+        return linked
     fd = batch.parent_fd(p.path)
     name = p.path.rpartition("/")[2]
     if p.f.kind == "dir":
@@ -378,7 +366,7 @@ def _prepare(batch: _Batch, ft: Tree, p: PathPlan) -> str | None:
         _recheck(fd, name, p.path, before)
         if before.kind == "absent":
             os.mkdir(name, 0o700, dir_fd=fd)
-            _dir_xattrs(batch, ft, p.path, fd, name)
+            dir_xattrs(batch, ft, p.path, fd, name)
         os.chmod(name, p.f.mode, dir_fd=fd)
         return None
     if p.f.sha256 == EMPTY_SHA256 and _before(p).kind == "absent" and p.f.mode & ~0o777 == 0:
@@ -392,29 +380,6 @@ def _prepare(batch: _Batch, ft: Tree, p: PathPlan) -> str | None:
     return tmp
 
 
-def _keep_xattrs(batch: _Batch, path: str, src: int | str, dst: int | str) -> None:
-    """F's ``user.*`` xattrs onto the new ``dst``; a path whose xattrs the live
-    filesystem refuses is noted, not failed (its content and mode are F's)."""
-    if copy_user_xattrs(src, dst, fresh=True):
-        batch.xattrs_not_kept.append(path)
-
-
-def _dir_xattrs(batch: _Batch, ft: Tree, path: str, live_fd: int, name: str) -> None:
-    """F's ``user.*`` xattrs of the directory ``path`` onto the one just made in live."""
-    try:
-        src = ft.dir(path)
-    except Blocked:
-        return
-    if src is None:
-        return
-    dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                  dir_fd=live_fd)
-    try:
-        _keep_xattrs(batch, path, src, dst)
-    finally:
-        os.close(dst)
-
-
 def _open_in_f(ft: Tree, path: str) -> int:
     ffd = ft.parent(path)
     if ffd is None:
@@ -423,7 +388,7 @@ def _open_in_f(ft: Tree, path: str) -> int:
                    dir_fd=ffd)
 
 
-def _write_temp_from_f(batch: _Batch, ft: Tree, path: str, live_fd: int, tmp: str,
+def _write_temp_from_f(batch: Batch, ft: Tree, path: str, live_fd: int, tmp: str,
                        expected: EntryState) -> bool:
     """The temporary ``tmp`` holding F's ``path`` and its ``user.*`` xattrs, checked
     against F (its hash, or for a reflink its size); True when it holds no byte written
@@ -438,13 +403,16 @@ def _write_temp_from_f(batch: _Batch, ft: Tree, path: str, live_fd: int, tmp: st
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=live_fd
         )
         try:
+            st = os.fstat(sfd)
+            if st.st_nlink > 1:
+                batch.first_name(st.st_ino, path, tmp)
             cloned = clone_file(sfd, dfd)
             if cloned:  # F's own extents: the same bytes as long as it is as long
                 same = os.fstat(dfd).st_size == os.fstat(sfd).st_size
             else:
                 copy_bytes(sfd, dfd)
             os.fchmod(dfd, expected.mode)
-            _keep_xattrs(batch, path, sfd, dfd)
+            keep_xattrs(batch, path, sfd, dfd)
         finally:
             os.close(dfd)
         if not cloned:
@@ -463,7 +431,7 @@ def _write_temp_from_f(batch: _Batch, ft: Tree, path: str, live_fd: int, tmp: st
     return cloned
 
 
-def _create_empty(batch: _Batch, ft: Tree, dir_fd: int, name: str, p: PathPlan) -> None:
+def _create_empty(batch: Batch, ft: Tree, dir_fd: int, name: str, p: PathPlan) -> None:
     """An empty file F holds where the live project holds nothing, made in place: there
     are no bytes to be half-written, ``O_EXCL`` is the re-check (whatever appeared there
     since the plan stops the batch) and, where the umask allows, it is born with F's
@@ -472,20 +440,20 @@ def _create_empty(batch: _Batch, ft: Tree, dir_fd: int, name: str, p: PathPlan) 
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      p.f.mode, dir_fd=dir_fd)
     except FileExistsError as exc:
-        raise _Raced(p.path) from exc
+        raise Raced(p.path) from exc
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) != p.f.mode:  # a umask or default ACL
             os.fchmod(fd, p.f.mode)
         sfd = _open_in_f(ft, p.path)
         try:
-            _keep_xattrs(batch, p.path, sfd, fd)
+            keep_xattrs(batch, p.path, sfd, fd)
         finally:
             os.close(sfd)
     finally:
         os.close(fd)
 
 
-def _write_empty_temp(batch: _Batch, path: str, sfd: int, live_fd: int, tmp: str,
+def _write_empty_temp(batch: Batch, path: str, sfd: int, live_fd: int, tmp: str,
                       expected: EntryState) -> None:
     """The temporary of a file F holds empty: no byte of F to read (``sfd`` is F's file,
     for its xattrs), and the check that it holds F's bytes is that it holds none."""
@@ -497,7 +465,7 @@ def _write_empty_temp(batch: _Batch, path: str, sfd: int, live_fd: int, tmp: str
             os.fchmod(dfd, expected.mode)
             if os.fstat(dfd).st_size != 0:
                 raise StorageError(f"copy of {path} does not match the final snapshot")
-            _keep_xattrs(batch, path, sfd, dfd)
+            keep_xattrs(batch, path, sfd, dfd)
         finally:
             os.close(dfd)
     except BaseException:
@@ -510,12 +478,12 @@ def _unlink_quietly(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
-def _place(batch: _Batch, ft: Tree, plans: list[PathPlan], synced: Callable[[bool], None],
+def _place(batch: Batch, ft: Tree, plans: list[PathPlan], synced: Callable[[bool], None],
            marker: Path) -> None:
     """Temporaries for every path of the batch, ``synced(barrier)`` (whether they must be
-    durable before their renames: :meth:`_Batch.needs_barrier`), then each target
+    durable before their renames: :meth:`Batch.needs_barrier`), then each target
     re-checked and its temporary renamed over it; a path that changed meanwhile
-    stops the batch (``_Raced``) with every temporary removed and what was renamed
+    stops the batch (``Raced``) with every temporary removed and what was renamed
     recorded in ``batch.done``."""
     temps: list[tuple[PathPlan, str]] = []
     try:
@@ -587,7 +555,7 @@ def apply(
         remove_stale_temps(live, paths)
     done = read_receipts(receipts)
     started = time.monotonic()
-    xattrs_not_kept: list[str] = []
+    not_kept = _NotKept()
     with Tree(q, True) as qt, Tree(f, True) as ft:
         with Tree(live, True) as lt:  # only classified: every write re-checks its target
             plan = _plan(qt, ft, lt, paths)
@@ -602,33 +570,29 @@ def apply(
             return Applied(status="noop")
         log_ = _ReceiptLog(receipts)
         try:
-            found: list[_Entry] = [(p.path, "already", p.f) for p in plan.paths
+            found: list[Entry] = [(p.path, "already", p.f) for p in plan.paths
                                    if p.action == "already" and p.path not in done]
             if found:  # a crashed run's renames may not be durable yet: first make them so
                 with Tree(live) as lt:
                     syncfs(lt.root_fd)
                 log_.add(found)
-            applied = _write(plan, ft, live, log_, progress, xattrs_not_kept)
+            applied = _write(plan, ft, live, log_, progress, not_kept)
         finally:
             log_.close()
     if isinstance(applied, _Stopped):
         log.warning("apply into %s: %s changed during the apply; stopped", live, applied.path)
-        return Applied(
-            status="conflict",
-            applied=sorted(applied.applied),
-            already_applied=already,
-            conflicts=[Conflict(applied.path, "changed in the live project during the apply")],
-            xattrs_not_kept=sorted(set(xattrs_not_kept) & set(applied.applied)),
+        return not_kept.result(
+            "conflict", applied.applied, already,
+            [Conflict(applied.path, "changed in the live project during the apply")],
         )
     log.info("applied %d paths into %s (%d already there)", len(applied), live, len(already))
-    if xattrs_not_kept:
+    if not_kept.xattrs:
         log.warning("apply into %s: the live filesystem refused the xattrs of %d paths",
-                    live, len(xattrs_not_kept))
-    return Applied(status="applied", applied=sorted(applied), already_applied=already,
-                   xattrs_not_kept=sorted(set(xattrs_not_kept)))
+                    live, len(not_kept.xattrs))
+    return not_kept.result("applied", applied, already)
 
 
-class _Stopped(_Raced):
+class _Stopped(Raced):
     def __init__(self, path: str, applied: list[str]) -> None:
         super().__init__(path)
         self.applied = applied
@@ -644,9 +608,11 @@ class _Writer:
     def __init__(self, live: Path, log_: _ReceiptLog, total: int,
                  progress: Callable[[int, int], None] | None) -> None:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
-        self.unsettled: list[list[_Entry]] = []  # each batch's receipts-to-be
+        self.unsettled: list[list[Entry]] = []  # each batch's receipts-to-be
         self.applied: list[str] = []
-        self.xattrs_not_kept: list[str] = []
+        self.not_kept = _NotKept()
+        self.linked: dict[int, tuple[str, str, int]] = {}  # see Batch
+        self.batches = 0
         self.syncs, self.synced_for = 0, 0.0
         with Tree(live) as tree:
             self.ordered = on_btrfs(tree.root_fd)
@@ -670,7 +636,8 @@ class _Writer:
             self.progress(len(self.applied), self.total)
 
     def batch(self, plans: list[PathPlan], ft: Tree, removing: bool) -> None:
-        batch = _Batch(self.live, self.ordered)
+        self.batches += 1
+        batch = Batch(self.live, self.ordered, self.batches, self.linked)
         try:
             if removing:
                 self.sync(batch.tree.root_fd)
@@ -684,7 +651,8 @@ class _Writer:
             failpoint("apply-after-renames", self.log.path.parent)
         finally:
             self.unsettled.append(batch.done)  # after a race too: what it did is kept
-            self.xattrs_not_kept += batch.xattrs_not_kept
+            self.not_kept.xattrs += batch.xattrs_not_kept
+            self.not_kept.links += batch.links_not_kept
             batch.close()
 
     def finish(self) -> None:
@@ -695,12 +663,12 @@ class _Writer:
 
 def _write(
     plan: ApplyPlan, ft: Tree, live: Path, log_: _ReceiptLog,
-    progress: Callable[[int, int], None] | None, xattrs_not_kept: list[str],
+    progress: Callable[[int, int], None] | None, not_kept: _NotKept,
 ) -> list[str] | _Stopped:
     """Removals (deepest first), then placements (shallowest first), batch by batch;
     the paths applied, or where a person's change stopped it (what was changed before
-    that is kept, durable and with receipts). The paths whose xattrs the live filesystem
-    refused are added to ``xattrs_not_kept``."""
+    that is kept, durable and with receipts). What of F the written paths did not keep
+    is added to ``not_kept``."""
     writes = plan.writes
     removals = sorted((p for p in writes if _needs_removal(p)),
                       key=lambda p: (-depth(p.path), p.path))
@@ -716,11 +684,12 @@ def _write(
         writer.finish()
         log.info("apply: %d paths written in %.1f s, %d syncs of the live filesystem in %.1f s",
                  len(writes), time.monotonic() - started, writer.syncs, writer.synced_for)
-    except _Raced as raced:
+    except Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)
     finally:
-        xattrs_not_kept += writer.xattrs_not_kept
+        not_kept.xattrs += writer.not_kept.xattrs
+        not_kept.links += writer.not_kept.links
     return writer.applied
 
 

@@ -122,12 +122,19 @@ def build_candidate(
             except (OSError, StorageError) as exc:
                 raise _candidate_error(path, "delete", exc) from exc
             accepted.append(path)
+    # P's inode of an accepted file with more than one name → its first path in C: the
+    # names after it become links to that file, so a hard link within the change set stays
+    linked: dict[int, str] = {}
     with untrusted.Dirs(p) as p_dirs, untrusted.Dirs(c) as c_dirs:
         for path, (st, target) in entries.items():
             if path not in refused:
                 try:
-                    if stat.S_ISREG(st.st_mode):
+                    if stat.S_ISREG(st.st_mode) and st.st_ino in linked:
+                        _link_in_c(p, c, c_dirs, linked[st.st_ino], path)
+                    elif stat.S_ISREG(st.st_mode):
                         _install_file(p_dirs, c_dirs, p, c, path, st)
+                        if st.st_nlink > 1:
+                            linked[st.st_ino] = path
                     else:
                         _install(p, c, path, st, target)
                         c_dirs.forget(path)  # a directory it replaced
@@ -391,6 +398,33 @@ def _install_file(
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _link_in_c(p: Path, c: Path, c_dirs: untrusted.Dirs, first: str, path: str) -> None:
+    """``path`` in C as another name of the file just installed at ``first`` (in P they
+    are one file): linked at its name, or over what C holds there through a temporary.
+    C is this unit's alone."""
+    src = os.dup(c_dirs.dir(parent(first)))  # a Dirs fd is valid until its next call
+    try:
+        try:
+            dst = c_dirs.dir(parent(path))
+        except untrusted.UntrustedFileMissing:
+            _ensure_parents(p, c, path)
+            dst = c_dirs.dir(parent(path))
+        name = path.rpartition("/")[2]
+        existing = _c_entry_at(dst, name)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            os.rmdir(name, dir_fd=dst)
+            c_dirs.forget(path)
+            dst = c_dirs.dir(parent(path))
+            existing = None
+        made = name if existing is None else f"{TMP_PREFIX}{secrets.token_hex(6)}"
+        os.link(first.rpartition("/")[2], made, src_dir_fd=src, dst_dir_fd=dst,
+                follow_symlinks=False)
+        if made != name:
+            os.rename(made, name, src_dir_fd=dst, dst_dir_fd=dst)
+    finally:
+        os.close(src)
 
 
 def _create_in_c(c_dirs: untrusted.Dirs, c_parent: int, path: str, mode: int) -> tuple[str, int]:

@@ -15,6 +15,7 @@ import pytest
 from test_settle import live_project, settle_run
 
 from cairn import proc
+from cairn.settle import apply as apply_module
 from cairn.settle.apply import apply
 from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool
@@ -56,11 +57,13 @@ def test_written_files_and_made_directories_carry_fs_xattrs(
     for rel in ("src/app.py", "src/new.py", "src/empty.py", "assets", "assets/logo.txt"):
         assert xattrs(live / rel) == xattrs(f / rel), rel
     assert xattrs(live / "src" / "new.py")["user.big"] == BIG
-    # what docs/settlement.md says is not kept: an xattr-only change, a hard link, mtimes
+    # a hard link within the change set stays one file, in F and in the live project
+    for tree in (f, live):
+        new, linked = (os.stat(tree / "src" / name) for name in ("new.py", "linked.py"))
+        assert new.st_ino == linked.st_ino and new.st_nlink == 2, tree
+    # what docs/settlement.md says is not kept: an xattr-only change, mtimes
     assert "docs/guide.md" in accepted and "docs/guide.md" not in result.applied
     assert "user.only" not in xattrs(live / "docs" / "guide.md")
-    new, linked = (os.stat(live / "src" / name) for name in ("new.py", "linked.py"))
-    assert new.st_ino != linked.st_ino and new.st_nlink == linked.st_nlink == 1
     assert new.st_mtime >= started
 
 
@@ -104,3 +107,58 @@ def test_a_live_filesystem_that_refuses_an_xattr_is_named_not_failed(
     assert xattrs(live / "src" / "new.py") == {"user.small": b"kept"}
     assert xattrs(live / "src" / "app.py") == xattrs(f / "src" / "app.py")
     assert xattrs(live / "assets") == {"user.owner": b"design"}
+
+
+def linking_agent(w: Path) -> None:
+    """Hard links within the change set: a new file under three names in two
+    directories (one replacing a file of Q), a changed file linked from a new name, and
+    a new name for a file the run did not change."""
+    (w / "src" / "shared.py").write_text("shared\n")
+    (w / "assets").mkdir()
+    os.link(w / "src" / "shared.py", w / "assets" / "shared-copy.py")
+    os.unlink(w / "src" / "util.py")
+    os.link(w / "src" / "shared.py", w / "src" / "util.py")
+    (w / "src" / "app.py").write_text("v2\n")
+    os.link(w / "src" / "app.py", w / "src" / "app-alias.py")
+    os.link(w / "docs" / "guide.md", w / "guide-link.md")  # guide.md itself unchanged
+    os.link(w / "src" / "shared.py", w / ".git" / "shared")  # a refused name of the group
+
+
+def test_hard_links_within_the_change_set_stay_one_file(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    live = live_project(pool)
+    q, f, accepted, report = settle_run(pool, run_id, live, linking_agent,
+                                        SettlementPolicy())
+    assert ".git/shared" not in accepted
+    result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
+    assert result.status == "applied"
+
+    def inode(rel: str) -> int:
+        return os.stat(live / rel, follow_symlinks=False).st_ino
+
+    group = ("src/shared.py", "assets/shared-copy.py", "src/util.py")
+    assert {inode(rel) for rel in group} == {inode("src/shared.py")}
+    assert os.stat(live / "src" / "shared.py").st_nlink == 3  # not the refused fourth
+    assert (live / "src" / "util.py").read_text() == "shared\n"
+    assert inode("src/app.py") == inode("src/app-alias.py")
+    assert (live / "src" / "app-alias.py").read_text() == "v2\n"
+    # a link to a file outside the change set is a file of its own; that file is untouched
+    assert inode("guide-link.md") != inode("docs/guide.md")
+    assert (live / "guide-link.md").read_text() == "guide\n"
+    assert os.stat(live / "docs" / "guide.md").st_nlink == 1
+    assert not (live / ".git" / "shared").exists()
+
+
+def test_links_the_apply_cannot_keep_are_named(
+    pool: Pool, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = live_project(pool)
+    q, f, accepted, _ = settle_run(pool, run_id, live, linking_agent, SettlementPolicy())
+    monkeypatch.setattr(apply_module, "BATCH", 1)  # each path in a batch of its own
+    result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
+    assert result.status == "applied"
+    # the first name of each file is written, the later ones are copies, and named
+    assert result.links_not_kept == ["src/app.py", "src/shared.py", "src/util.py"]
+    assert os.stat(live / "src" / "shared.py").st_nlink == 1
+    assert (live / "src" / "util.py").read_text() == "shared\n"

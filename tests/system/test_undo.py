@@ -113,10 +113,13 @@ def test_apply_ask_waits_with_nothing_running_and_applies_on_cairn_apply(
     waiting = wait_until(booted, run_id, ("waiting",))
     assert waiting["settlement_summary"]["label"] == "waiting for 'cairn apply', 2 paths"
     assert tree(booted, project) == before
-    active = booted.exec(
+    # the coordinator records the wait, then exits: nothing runs while the run waits
+    deadline = time.monotonic() + 30
+    while (active := booted.exec(
         ["systemctl", "is-active", f"cairn-coordinator@{run_id}.service"], check=False
-    ).stdout.decode().strip()
-    assert active in ("inactive", "failed"), active
+    ).stdout.decode().strip()) not in ("inactive", "failed"):
+        assert time.monotonic() < deadline, active
+        time.sleep(0.2)
     inbox = cairn(booted, "inbox")
     assert f"{run_id} proposal waits to be applied: 2 path(s)" in inbox
     assert f"cairn apply {run_id}" in inbox
@@ -272,3 +275,19 @@ def test_doctor_tells_which_applied_paths_were_changed_since(booted: Machine) ->
     gone = checked()
     assert "applied" not in gone
     assert gone["notes"] == ["the live project was not checked: the run's storage was deleted"]
+
+
+def test_a_hard_link_the_agent_made_reaches_the_project_as_one_file(booted: Machine) -> None:
+    project = fresh_project(booted, "alice")
+    steps: list[dict[str, Any]] = [
+        {"action": "write", "path": "src/shared.py", "content": "{prompt}\n"},
+        {"action": "run", "argv": ["ln", "src/shared.py", "src/alias.py"]},
+    ]
+    _, run_id, data = run_script(booted, steps, "one file, two names", project=project)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    apply = data["settlement"]["apply"]
+    assert sorted(apply["applied"]) == ["src/alias.py", "src/shared.py"]
+    assert "links_not_kept" not in apply
+    shown = booted.exec(["stat", "-c", "%i %h", f"{project}/src/shared.py",
+                         f"{project}/src/alias.py"]).stdout.decode().split("\n")
+    assert shown[0] == shown[1] and shown[0].endswith(" 2"), shown
