@@ -66,6 +66,7 @@ class MoneyBudget:
         self.daily = None if daily_cents is None else daily_cents * MICROS_PER_CENT
         self.used = used_micros
         self.held = 0
+        self.short = False  # the last call the money left could not pay
         self.spent_today = spent_today
         self._lock = threading.Lock()
 
@@ -95,10 +96,9 @@ class MoneyBudget:
             left = self._left()
             if left is None:
                 return tokens, 0
-            if left <= input_micros:
-                return 0, 0
-            cap = tokens if not output_price else \
+            cap = 0 if left <= input_micros else tokens if not output_price else \
                 min(tokens, int((left - input_micros) / output_price))
+            self.short = cap <= 0 and self.held == 0  # no call of this run holds money
             if cap <= 0:
                 return 0, 0
             held = input_micros + math.ceil(cap * output_price)
@@ -127,4 +127,8 @@ class MoneyBudget:
                 "it starts again tomorrow; the host sets it in /etc/cairn/admission.toml "
                 "(max_daily_cost_cents_per_user)",
             )
+        if self.short:
+            return Spent("the model money left does not pay for a call",
+                         "launch again with a larger limits.model_cost_cents, or, when the "
+                         "owner's daily budget is what is left, tomorrow")
         return None

@@ -277,3 +277,18 @@ def test_prompt_cache_tokens_count_as_input() -> None:
              "cache_read_input_tokens": 200}
     assert usage_of({"usage": usage}) == {"input": 1210, "output": 5}
     assert usage_of({"message": {"usage": {"cache_read_input_tokens": 7}}}) == {"input": 7}
+
+
+def test_money_too_short_for_any_call_stops_new_operations() -> None:
+    budget = MoneyBudget(1, used_micros=9_990)  # 10 micro-units left
+    assert budget.spent() is None
+    assert budget.hold(50, 10, 500) == (0, 0)  # the input alone costs more
+    spent = budget.spent()
+    assert spent is not None and spent.reason == "the model money left does not pay for a call"
+    # while another call of the run holds money, a refusal is no verdict: it may be freed
+    busy = MoneyBudget(1)
+    held = busy.hold(1_000, 10, 900)
+    assert busy.hold(1_000, 10, 900) == (0, 0)
+    assert busy.spent() is None
+    busy.release(held[1])
+    assert busy.hold(1_000, 10, 10)[0] == 10 and busy.spent() is None
