@@ -15,7 +15,6 @@ from cairn.leanjson import dumps
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from hashlib import sha256
-    from typing import Any
 else:
     try:  # CPython's own SHA-256: hashlib loads OpenSSL first, 3 ms at every `cairn` start
         from _sha2 import sha256
@@ -23,7 +22,7 @@ else:
         from hashlib import sha256
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """The one canonical JSON form used for hashes and request identity."""
     return dumps(value, sort_keys=True)
 

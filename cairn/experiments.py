@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from cairn.protocol.base import Frozen
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.measurement import MeasurementEnvironment, MetricName
 
 MAX_TRIALS = 100
@@ -64,7 +65,7 @@ class Measurement(Frozen):
 
 
 def measurement_request(
-    evaluator: str, metrics: dict[str, Any], primary: str | None
+    evaluator: str, metrics: Mapping[str, JSONValue], primary: str | None
 ) -> dict[str, Any]:
     """What ``flow.measure_proposal`` sends and the journal stores (checked here, in the
     workflow's sandbox, and again by the coordinator)."""

@@ -50,7 +50,7 @@ def _unserializable(value: object) -> object:
 _scan = make_scanner(_Settings())  # type: ignore[arg-type]
 
 
-def dumps(value: Any, *, sort_keys: bool = False) -> str:
+def dumps(value: object, *, sort_keys: bool = False) -> str:
     """``json.dumps(value, sort_keys=sort_keys, separators=(",", ":"),
     ensure_ascii=False)``: compact, UTF-8 text kept as it is. A value JSON has no form for
     is a TypeError."""

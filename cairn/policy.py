@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.config import ConfigError, Problems
 from cairn.errors import CairnError
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,7 @@ def evaluate(policy: Policy, capabilities: list[str], desc: LaunchDescription) -
     return Evaluation(decision=strictest, capabilities=decided)
 
 
-def agent_capabilities(agent: dict[str, Any]) -> list[str]:
+def agent_capabilities(agent: Mapping[str, object]) -> list[str]:
     """What an agent operation needs, named as the review names it."""
     needed = [f"profile:{agent['profile']}"]
     if agent.get("access") == "write":
@@ -149,7 +151,7 @@ def agent_capabilities(agent: dict[str, Any]) -> list[str]:
 
 
 def prepare_agent_operation(
-    desc: LaunchDescription, op_id: str, request: dict[str, Any]
+    desc: LaunchDescription, op_id: str, request: Mapping[str, JSONValue]
 ) -> dict[str, Any]:
     """The exact operation an agent dispatch would start, derived only from the launch
     description and the journalled request. The coordinator stores it with an approval
@@ -173,6 +175,6 @@ def prepare_agent_operation(
     }
 
 
-def fingerprint(prepared: dict[str, Any]) -> str:
+def fingerprint(prepared: Mapping[str, object]) -> str:
     """``sha256:`` over the canonical JSON of a prepared operation."""
     return "sha256:" + sha256_hex(canonical_json(prepared))

@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from cairn import untrusted
 from cairn.progress import PROGRESS_FILE, Clock, Throttle
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.progress import ProgressPhase, ProgressReport
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class ProgressRelay:
         directory: Path,
         phase: ProgressPhase,
         owner: int,
-        record: Callable[[dict[str, Any]], None],
+        record: Callable[[JSONObject], None],
         *,
         interval: float = EVENT_INTERVAL,
         poll: float = POLL_INTERVAL,

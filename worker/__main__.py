@@ -15,8 +15,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cairn import journald
 from cairn.errors import CairnError
@@ -28,13 +29,16 @@ from cairn.resultjson import ResultInvalid, check_value
 from cairn.worker.channel import AgentChannel
 from cairn.worker.profiles import flush_workspace, run_profile
 
+if TYPE_CHECKING:
+    from cairn.protocol.jsonvalue import JSONObject, JSONValue
+
 log = logging.getLogger("cairn.worker")
 
 RESULT_FILE = Path("/outputs/finish.json")
 INVALID_FILE = Path("/outputs/result-invalid.json")
 
 
-def write_result(output: dict[str, Any], handoff: str, path: Path = RESULT_FILE) -> None:
+def write_result(output: Mapping[str, JSONValue], handoff: str, path: Path = RESULT_FILE) -> None:
     write_atomic(path, json.dumps({"output": output, "handoff": handoff}))
 
 
@@ -42,7 +46,7 @@ def write_invalid(error: ResultInvalid, path: Path = INVALID_FILE) -> None:
     write_atomic(path, json.dumps({"reason": error.reason, "sha256": error.sha256}))
 
 
-def finish_message(output: dict[str, Any], handoff: str) -> AgentMessage:
+def finish_message(output: JSONObject, handoff: str) -> AgentMessage:
     """The finish message, once it is sure to reach the coordinator whole: JSON types,
     bounded depth, Unicode text, and a line under the socket's limit."""
     check_value(output, "the output")

@@ -37,9 +37,12 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.worker.agentproc import run_to_exit
+
+if TYPE_CHECKING:
+    from cairn.protocol.jsonvalue import JSONObject
 
 HANDOFF_LIMIT = 8000
 ANSWER_LIMIT = 1 << 20  # the answer's last bytes kept; its JSON object is at the end
@@ -102,10 +105,10 @@ def with_hint(argv: list[str], prompt: str, hint: str) -> list[str]:
     return argv
 
 
-def json_objects(text: str) -> list[dict[str, Any]]:
+def json_objects(text: str) -> list[JSONObject]:
     """The top-level JSON objects in ``text``, in order (inside fences or not)."""
     decoder = json.JSONDecoder()
-    found: list[dict[str, Any]] = []
+    found: list[JSONObject] = []
     i = text.find("{")
     while i != -1:
         try:
@@ -150,7 +153,7 @@ def main(args: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     style, args = parsed
-    schema: dict[str, Any] = json.loads(os.environ.get("CAIRN_OUTPUT_SCHEMA") or "{}")
+    schema: JSONObject = json.loads(os.environ.get("CAIRN_OUTPUT_SCHEMA") or "{}")
     result_file = os.environ.get("CAIRN_RESULT_FILE") or RESULT_FILE
     argv = with_hint(args, os.environ.get("CAIRN_PROMPT", ""),
                      schema_hint(schema, style, result_file))

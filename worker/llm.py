@@ -16,10 +16,10 @@ import http.client
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.errors import CairnError
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
@@ -28,6 +28,9 @@ from cairn.unixhttp import UnixHTTPConnection
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.retry import QUOTA_CODE, Backoff, retry_after, retryable_status
 from cairn.worker.tools import TOOL_SPECS, Toolbox, schema_error
+
+if TYPE_CHECKING:
+    from cairn.protocol.jsonvalue import JSONObject, JSONValue
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class _Reply:
     def error(self) -> tuple[str | None, str]:
         """(error code, message cut to 300 characters) of an error reply."""
         error = (self.body or {}).get("error")
-        code: Any = None
+        code: JSONValue = None
         if isinstance(error, dict):
             code = error.get("code") or error.get("type")
             error = error.get("message")
@@ -88,7 +91,8 @@ class RelayClient:
         self.on_retry = on_retry
         self.retries = 0  # over every call of this client
 
-    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    def chat(self, messages: Sequence[Mapping[str, JSONValue]],
+             tools: Sequence[Mapping[str, JSONValue]]) -> JSONObject:
         """One non-streaming completion."""
         body = json.dumps({"messages": messages, "tools": tools, "tool_choice": "auto"}).encode()
         backoff = self.backoff
@@ -157,10 +161,10 @@ def _final_or_retryable(reply: _Reply) -> str:
     return described
 
 
-def tool_definitions(output_schema: dict[str, Any]) -> list[dict[str, Any]]:
+def tool_definitions(output_schema: Mapping[str, JSONValue]) -> list[JSONObject]:
     """The OpenAI ``tools`` list, with finish_work's parameters built from the schema."""
     output = {k: v for k, v in output_schema.items() if k != "$defs"}
-    finish = {
+    finish: JSONObject = {
         "type": "object",
         "properties": {"output": output,
                        "handoff": {"type": "string", "description": "notes for the next step"}},
@@ -169,9 +173,10 @@ def tool_definitions(output_schema: dict[str, Any]) -> list[dict[str, Any]]:
     }
     if "$defs" in output_schema:
         finish["$defs"] = output_schema["$defs"]
-    specs = [*TOOL_SPECS, {"name": "finish_work", "description": "End the work with the typed "
-                           "output and a handoff. Call it exactly once, last.",
-                           "parameters": finish}]
+    specs: list[JSONObject] = [
+        *TOOL_SPECS, {"name": "finish_work", "description": "End the work with the typed "
+                      "output and a handoff. Call it exactly once, last.",
+                      "parameters": finish}]
     return [{"type": "function", "function": spec} for spec in specs]
 
 
@@ -180,7 +185,7 @@ def run_llm(
     channel: AgentChannel,
     workspace: Path,
     client: RelayClient | None = None,
-) -> tuple[dict[str, Any], str]:
+) -> tuple[JSONObject, str]:
     """Run the agent loop; return (output, handoff) for finish_work."""
     profile = instruction.profile
     client = client or RelayClient(
@@ -198,7 +203,7 @@ def run_llm(
     task = instruction.prompt if instruction.title == instruction.descriptor else (
         f"# {instruction.title}\n\n{instruction.prompt}"
     )
-    messages: list[dict[str, Any]] = [
+    messages: list[JSONObject] = [
         {"role": "system", "content": system},
         {"role": "user", "content": task},
     ]
@@ -207,7 +212,7 @@ def run_llm(
         reply = client.chat(messages, tools)
         message = _first_message(reply)
         calls = message.get("tool_calls") or []
-        assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        assistant: JSONObject = {"role": "assistant", "content": message.get("content")}
         if calls:
             assistant["tool_calls"] = calls
         messages.append(assistant)
@@ -217,7 +222,7 @@ def run_llm(
             messages.append({"role": "user", "content": "Continue with the tools. When the "
                              "work is done, call finish_work(output, handoff)."})
             continue
-        finished: tuple[dict[str, Any], str] | None = None
+        finished: tuple[JSONObject, str] | None = None
         for call in calls:
             text, done, mistake = _run_call(call, toolbox, instruction.output_schema)
             log.info("step %d: %s%s", step, _call_name(call), " (refused)" if mistake else "")
@@ -234,8 +239,8 @@ def run_llm(
 
 
 def _run_call(
-    call: dict[str, Any], toolbox: Toolbox, output_schema: dict[str, Any]
-) -> tuple[str, tuple[dict[str, Any], str] | None, int]:
+    call: dict[str, Any], toolbox: Toolbox, output_schema: JSONObject
+) -> tuple[str, tuple[JSONObject, str] | None, int]:
     """(tool result text, finish (output, handoff) if accepted, 1 if a correction)."""
     name = _call_name(call)
     raw = (call.get("function") or {}).get("arguments") or "{}"
@@ -270,7 +275,7 @@ def _call_name(call: dict[str, Any]) -> str:
     return str((call.get("function") or {}).get("name", ""))
 
 
-def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
+def _first_message(reply: JSONObject) -> dict[str, Any]:
     choices = reply.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         message = choices[0].get("message")
@@ -279,7 +284,7 @@ def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
     raise CairnError("the model relay answered without a message")
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
+def _json_object(raw: bytes) -> JSONObject | None:
     try:  # bounded: a model's arguments are as untrusted as an agent's result
         value = parse(raw, "the arguments")
     except ResultInvalid:

@@ -16,8 +16,9 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn import paths, untrusted
 from cairn.errors import CairnError
@@ -47,6 +48,9 @@ from cairn.worker.agentproc import Tail, run_to_exit
 from cairn.worker.channel import MODEL_SOCKET, AgentChannel
 from cairn.worker.tools import PASSED_ENV
 
+if TYPE_CHECKING:
+    from cairn.protocol.jsonvalue import JSONObject, JSONValue
+
 log = logging.getLogger(__name__)
 
 WORKSPACE = Path(os.environ.get("CAIRN_WORKSPACE", "/workspace"))
@@ -57,7 +61,7 @@ PROFILE_FILES = Path(PROFILE_FILES_DIR)
 RELAY_KEY = "cairn-relay"
 
 
-def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[dict[str, Any], str]:
+def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[JSONObject, str]:
     """Run the instruction's profile; return (output, handoff) for finish_work."""
     profile = instruction.profile
     if profile.kind == "scripted":
@@ -67,7 +71,7 @@ def run_profile(instruction: AgentInstruction, channel: AgentChannel) -> tuple[d
         written = read_result_file()  # a step may answer as a command agent would
         if written is not None:
             return typed(written)
-        return _fill(profile.output, instruction), _fill_text(profile.handoff, instruction)
+        return _fill_object(profile.output, instruction), _fill_text(profile.handoff, instruction)
     if profile.kind == "llm":
         from cairn.worker.llm import run_llm
 
@@ -79,14 +83,18 @@ def _fill_text(text: str, instruction: AgentInstruction) -> str:
     return text.replace("{prompt}", instruction.prompt).replace("{title}", instruction.title)
 
 
-def _fill(value: Any, instruction: AgentInstruction) -> Any:
+def _fill(value: JSONValue, instruction: AgentInstruction) -> JSONValue:
     if isinstance(value, str):
         return _fill_text(value, instruction)
     if isinstance(value, list):
         return [_fill(v, instruction) for v in value]
     if isinstance(value, dict):
-        return {k: _fill(v, instruction) for k, v in value.items()}
+        return _fill_object(value, instruction)
     return value
+
+
+def _fill_object(value: Mapping[str, JSONValue], instruction: AgentInstruction) -> JSONObject:
+    return {k: _fill(v, instruction) for k, v in value.items()}
 
 
 def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
@@ -265,7 +273,7 @@ def command_failure(returncode: int, stderr: bytes) -> CommandFailure:
     return CommandFailure(exit_status=status, stderr=kept)
 
 
-def read_result_file() -> Any | None:
+def read_result_file() -> JSONValue:
     """The JSON value of ``/outputs/result.json``, None if the agent wrote none. Its
     size is checked before a byte is read; :class:`ResultInvalid` if refused."""
     what = "/outputs/result.json"
@@ -283,10 +291,11 @@ def read_result_file() -> Any | None:
                 sha256=fingerprint_stream(fh, size),
             )
         data = fh.read(RESULT_LIMIT + 1)
-    return parse(data, what)
+    value: JSONValue = parse(data, what)
+    return value
 
 
-def typed(result: Any) -> tuple[dict[str, Any], str]:
+def typed(result: JSONValue) -> tuple[JSONObject, str]:
     """(output, handoff) of a parsed result: ``{"output": {...}, "handoff": "..."}``, or
     the output object alone."""
     if not isinstance(result, dict):

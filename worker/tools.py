@@ -11,11 +11,14 @@ import math
 import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.proc import run
+
+if TYPE_CHECKING:
+    from cairn.protocol.jsonvalue import JSONObject, JSONValue
 
 SEARCH_MATCH_LIMIT = 200
 SEARCH_FILE_LIMIT = 2 << 20
@@ -31,16 +34,16 @@ class ToolError(Exception):
     """A tool call the model got wrong; the message goes back to it."""
 
 
-def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _schema(properties: JSONObject, required: list[JSONValue]) -> JSONObject:
     return {"type": "object", "properties": properties, "required": required,
             "additionalProperties": False}
 
 
-def _str(description: str) -> dict[str, Any]:
+def _str(description: str) -> JSONObject:
     return {"type": "string", "description": description}
 
 
-TOOL_SPECS: list[dict[str, Any]] = [
+TOOL_SPECS: list[JSONObject] = [
     {"name": "bash", "description": "Run a bash command in /workspace and return its exit "
      "status and output. No network. Long output is cut.",
      "parameters": _schema({"command": _str("the command line"),
@@ -87,7 +90,7 @@ class Toolbox:
         self.bash_timeout = bash_timeout
         self.output_limit = output_limit
 
-    def call(self, name: str, args: dict[str, Any]) -> str:
+    def call(self, name: str, args: Mapping[str, JSONValue]) -> str:
         """Run one tool; a mistake comes back as ``error: ...`` text."""
         handler = {
             "bash": self.bash, "read": self.read, "write": self.write, "edit": self.edit,
@@ -109,7 +112,8 @@ class Toolbox:
         cut = len(text) - 2 * half
         return f"{text[:half]}\n[... {cut} characters cut ...]\n{text[-half:]}"
 
-    def _path(self, args: dict[str, Any], key: str = "path", default: str | None = None) -> Path:
+    def _path(self, args: Mapping[str, JSONValue], key: str = "path",
+              default: str | None = None) -> Path:
         raw = args.get(key, default)
         if not isinstance(raw, str) or not raw:
             raise ToolError(f"{key} must be a non-empty string")
@@ -122,13 +126,13 @@ class Toolbox:
         return path
 
     @staticmethod
-    def _text(args: dict[str, Any], key: str) -> str:
+    def _text(args: Mapping[str, JSONValue], key: str) -> str:
         value = args.get(key)
         if not isinstance(value, str):
             raise ToolError(f"{key} must be a string")
         return value
 
-    def bash(self, args: dict[str, Any]) -> str:
+    def bash(self, args: Mapping[str, JSONValue]) -> str:
         command = self._text(args, "command")
         timeout = args.get("timeout", self.bash_timeout)
         if not isinstance(timeout, int | float) or timeout <= 0:
@@ -144,7 +148,7 @@ class Toolbox:
         out = _decode(proc.stdout) + _decode(proc.stderr)
         return f"exit status {proc.returncode}\n{out}"
 
-    def read(self, args: dict[str, Any]) -> str:
+    def read(self, args: Mapping[str, JSONValue]) -> str:
         path = self._path(args)
         offset, limit = args.get("offset", 1), args.get("limit", READ_LINE_LIMIT)
         if not isinstance(offset, int) or offset < 1 or not isinstance(limit, int) or limit < 1:
@@ -159,14 +163,14 @@ class Toolbox:
         tail = [f"({more} more lines)"] if more > 0 else []
         return "\n".join(numbered + tail) or "(empty file)"
 
-    def write(self, args: dict[str, Any]) -> str:
+    def write(self, args: Mapping[str, JSONValue]) -> str:
         path = self._path(args)
         content = self._text(args, "content")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         return f"wrote {len(content.encode())} bytes to {path.relative_to(self.workspace)}"
 
-    def edit(self, args: dict[str, Any]) -> str:
+    def edit(self, args: Mapping[str, JSONValue]) -> str:
         path = self._path(args)
         old, new = self._text(args, "old_text"), self._text(args, "new_text")
         if not old:
@@ -181,7 +185,7 @@ class Toolbox:
         path.write_text(text.replace(old, new, 1))
         return f"edited {path.relative_to(self.workspace)}"
 
-    def search(self, args: dict[str, Any]) -> str:
+    def search(self, args: Mapping[str, JSONValue]) -> str:
         try:
             pattern = re.compile(self._text(args, "pattern"))
         except re.error as exc:
@@ -206,7 +210,7 @@ class Toolbox:
                         return "\n".join(hits)
         return "\n".join(hits) or "no matches"
 
-    def notes(self, args: dict[str, Any]) -> str:
+    def notes(self, args: Mapping[str, JSONValue]) -> str:
         text = self._text(args, "text").strip()
         if not text:
             raise ToolError("text is empty")
@@ -230,7 +234,7 @@ def _decode(data: bytes | str | None) -> str:
 
 # --- the finish_work output check -----------------------------------------------------
 
-def schema_error(schema: dict[str, Any], value: Any) -> str | None:
+def schema_error(schema: dict[str, Any], value: JSONValue) -> str | None:
     """The first way ``value`` breaks ``schema`` (a pydantic model's JSON schema), or None.
 
     Covers what workflow models can express: objects with required and forbidden extra
@@ -242,7 +246,8 @@ def schema_error(schema: dict[str, Any], value: Any) -> str | None:
     return _check(schema, value, schema.get("$defs", {}), "output")
 
 
-def _check(schema: dict[str, Any], value: Any, defs: dict[str, Any], where: str) -> str | None:
+def _check(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+           where: str) -> str | None:
     if "$ref" in schema:
         return _check(defs[schema["$ref"].rsplit("/", 1)[-1]], value, defs, where)
     if "anyOf" in schema:
@@ -257,7 +262,7 @@ def _check(schema: dict[str, Any], value: Any, defs: dict[str, Any], where: str)
     return checker(schema, value, defs, where) if checker else None
 
 
-def _check_object(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_object(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                   where: str) -> str | None:
     if not isinstance(value, dict):
         return f"{where}: must be an object"
@@ -280,7 +285,7 @@ def _check_object(schema: dict[str, Any], value: Any, defs: dict[str, Any],
     return None
 
 
-def _check_string(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_string(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                   where: str) -> str | None:
     if not isinstance(value, str):
         return f"{where}: must be a string"
@@ -293,7 +298,7 @@ def _check_string(schema: dict[str, Any], value: Any, defs: dict[str, Any],
     return None
 
 
-def _check_number(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_number(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                   where: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{where}: must be a number"
@@ -316,7 +321,7 @@ def _check_number(schema: dict[str, Any], value: Any, defs: dict[str, Any],
     return None
 
 
-def _check_array(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_array(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                  where: str) -> str | None:
     if not isinstance(value, list):
         return f"{where}: must be a list"
@@ -332,17 +337,17 @@ def _check_array(schema: dict[str, Any], value: Any, defs: dict[str, Any],
     return None
 
 
-def _check_bool(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_bool(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                 where: str) -> str | None:
     return None if isinstance(value, bool) else f"{where}: must be true or false"
 
 
-def _check_null(schema: dict[str, Any], value: Any, defs: dict[str, Any],
+def _check_null(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
                 where: str) -> str | None:
     return None if value is None else f"{where}: must be null"
 
 
-_TYPE_CHECKS: dict[str, Callable[[dict[str, Any], Any, dict[str, Any], str], str | None]] = {
+_TYPE_CHECKS: dict[str, Callable[[dict[str, Any], JSONValue, dict[str, Any], str], str | None]] = {
     "object": _check_object,
     "string": _check_string,
     "integer": _check_number,

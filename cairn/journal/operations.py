@@ -11,7 +11,7 @@ and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from cairn.canonical import canonical_json
 from cairn.errors import JournalError, NotFound, UsageError
@@ -19,6 +19,7 @@ from cairn.journal.rows import OpRow, OpState, dumps
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONValue
 
 
 class ModelSpend(NamedTuple):
@@ -143,14 +144,14 @@ class Operations(Writes):
         *,
         token: int,
         state: OpState | None = None,
-        finish: dict[str, Any] | None = None,
-        result: dict[str, Any] | None = None,
-        checkpoint: dict[str, Any] | None = None,
+        finish: Mapping[str, JSONValue] | None = None,
+        result: Mapping[str, object] | None = None,
+        checkpoint: Mapping[str, JSONValue] | None = None,
         error: str | None = None,
         attempt: int | None = None,
         intents: Sequence[Intent] = (),
         event: str | None = None,
-        event_data: dict[str, Any] | None = None,
+        event_data: Mapping[str, object] | None = None,
     ) -> None:
         """Move one operation forward (and queue intents) in a single fenced transaction.
         A move outside :data:`OP_TRANSITIONS` raises :class:`IllegalTransition`."""
@@ -193,7 +194,7 @@ class Operations(Writes):
         *,
         decision: Literal["result", "retry"],
         actor_uid: int,
-        finish: dict[str, Any] | None = None,
+        finish: Mapping[str, JSONValue] | None = None,
     ) -> None:
         """A person's decision on an uncertain operation of a blocked run: settle it from
         the given result, or retry it. The run becomes ``pending`` for its coordinator."""

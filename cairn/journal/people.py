@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +25,7 @@ from cairn.journal.rows import (
 )
 from cairn.journal.runs import RunEnded
 from cairn.journal.writes import Writes
+from cairn.protocol.jsonvalue import JSONValue
 
 
 class AlreadyAnswered(CairnError):
@@ -51,7 +53,7 @@ class People(Writes):
         challenge: str,
         question: str,
         schema_name: str | None,
-        schema: dict[str, Any],
+        schema: Mapping[str, JSONValue],
     ) -> QuestionRow:
         """Record the question an ``ask`` operation waits on (once) and mark it waiting."""
         with self.transaction() as db:
@@ -93,7 +95,7 @@ class People(Writes):
         )
 
     def answer_question(
-        self, run_id: str, *, challenge: str, answer: Any, actor_uid: int
+        self, run_id: str, *, challenge: str, answer: JSONValue, actor_uid: int
     ) -> tuple[Literal["answered", "duplicate"], bool]:
         """Bind a validated answer to the waiting question named by ``challenge``.
 
@@ -142,9 +144,9 @@ class People(Writes):
         request_id: str,
         op_id: str,
         attempt: int,
-        prepared: dict[str, Any],
+        prepared: Mapping[str, object],
         fingerprint: str,
-        evaluation: dict[str, Any],
+        evaluation: Mapping[str, JSONValue],
         deadline: float,
         waiting: bool = False,
     ) -> ApprovalRow:
@@ -269,7 +271,7 @@ class People(Writes):
         woken. One transaction: a person's decision racing it either wins or gets
         :class:`AlreadyAnswered`."""
         only = "" if run_id is None else " AND a.run_id=?"
-        args: tuple[Any, ...] = (now,) if run_id is None else (now, run_id)
+        args: tuple[float | str, ...] = (now,) if run_id is None else (now, run_id)
         woken: list[str] = []
         with self.transaction() as db:
             rows = db.execute(

@@ -40,7 +40,7 @@ def loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
 
-def dumps(value: Any) -> str | None:
+def dumps(value: object) -> str | None:
     return None if value is None else canonical_json(value)
 
 

@@ -5,14 +5,15 @@ moving a resting run to new reviewed source."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, RunState, dumps, loads
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import Writes
 from cairn.protocol.broker import Intent
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement import ApplyResult
 from cairn.protocol.settlement_record import Revert, SettlementRecord
@@ -118,7 +119,7 @@ class Runs(Writes):
         *,
         token: int,
         ttl: float = LEASE_TTL,
-        output: dict[str, Any] | None = None,
+        output: Mapping[str, JSONValue] | None = None,
         error: str | None = None,
     ) -> None:
         with self.transaction() as db:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -20,6 +20,7 @@ from cairn.journal.rows import EventRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
+from cairn.protocol.jsonvalue import JSONValue
 
 AGENT_TIME_EVENT = "agent-time"  # one agent attempt's seconds, from its start to its end
 
@@ -53,7 +54,7 @@ class Writes(JournalReader):
         self,
         run_id: str,
         event: str,
-        data: dict[str, Any] | None = None,
+        data: Mapping[str, object] | None = None,
         scope: str | None = None,
         op_id: str | None = None,
     ) -> None:
@@ -84,7 +85,7 @@ class Writes(JournalReader):
         db: sqlite3.Connection,
         run_id: str,
         event: str,
-        data: dict[str, Any],
+        data: Mapping[str, object],
         scope: str | None = None,
         op_id: str | None = None,
     ) -> None:
@@ -158,7 +159,7 @@ class Writes(JournalReader):
             ).rowcount
         return bool(removed)
 
-    def record_receipts(self, run_id: str, receipts: list[dict[str, Any]]) -> None:
+    def record_receipts(self, run_id: str, receipts: Sequence[Mapping[str, JSONValue]]) -> None:
         """Keep the broker's receipts beside the intents (the broker's own DB stays the
         authority; this copy feeds views). None (a queued run's launch, which the broker
         only pins) takes no write lock."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from cairn.errors import CairnError, Unavailable
 from cairn.mcp.tools import Reporter, Session, UnknownTool, call_tool, list_tools
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.mcp import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -69,8 +70,8 @@ class _Asked:
 
     def __init__(self) -> None:
         self.answered = threading.Event()
-        self.result: Any = None
-        self.error: Any = None
+        self.result: JSONValue = None
+        self.error: JSONValue = None
 
 
 class ProtocolError(Exception):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +34,7 @@ from cairn.protocol.daemon import (
     ShowRequest,
     WatchRequest,
 )
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.mcp import (
     AnswerArgs,
     DraftArgs,
@@ -52,6 +53,8 @@ from cairn.workflow.review import Review, ReviewRejected, render_review, review_
 from cairn.workflow.schema import json_schema
 
 log = logging.getLogger(__name__)
+
+ParsedArgs = TypeVar("ParsedArgs", bound=ToolArgs)
 
 # cairnd's answer to one request (``cairn.cli.client.request``: the user's own client).
 Requester = Callable[..., Any]
@@ -142,11 +145,11 @@ def workflow_tool(workflow: ExposedWorkflow) -> Tool:
     return Tool(name=workflow.tool_name, description=description, input_schema=schema)
 
 
-def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> Any:
+def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> JSONObject:
     return {"runs": session.request(PsRequest())}
 
 
-def _show(args: RunArgs, session: Session, report: Reporter | None) -> Any:
+def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObject:
     view = session.request(ShowRequest(run_id=args.run))
     return {
         "run": view["run"],
@@ -159,34 +162,35 @@ def _show(args: RunArgs, session: Session, report: Reporter | None) -> Any:
     }
 
 
-def _open_request(facet: dict[str, Any] | None) -> dict[str, Any] | None:
+def _open_request(facet: JSONObject | None) -> JSONObject | None:
     if facet is None:
         return None
     return {**_without_approval_keys(facet), "also_waiting": facet.get("also_waiting", 0)}
 
 
-def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> Any:
+def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> JSONObject:
     return {"items": [_without_approval_keys(item) for item in session.request(InboxRequest())]}
 
 
-def _without_approval_keys(item: dict[str, Any]) -> dict[str, Any]:
+def _without_approval_keys(item: JSONObject) -> JSONObject:
     """A question as cairnd gives it; an approval request without its fingerprint and
     request ID, with who decides it."""
     if item.get("kind") == "question":
         return item
-    kept: dict[str, Any] = {k: item[k] for k in APPROVAL_KEYS_SHOWN if k in item}
+    kept: JSONObject = {k: item[k] for k in APPROVAL_KEYS_SHOWN if k in item}
     kept["decided_by"] = DECIDED_BY
     return kept
 
 
-def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> Any:
+def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONValue:
     text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
-    return session.request(
+    answered: JSONValue = session.request(
         AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
     )
+    return answered
 
 
-def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> Any:
+def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONObject:
     """The run's events after ``cursor`` until its state changes, it ends, or ``timeout``
     runs out; each event is reported as progress when the call asked for it."""
     deadline = session.clock() + args.timeout
@@ -219,7 +223,7 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> Any:
     }
 
 
-def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> Any:
+def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> JSONObject:
     """Read the draft ``user:NAME`` or write it (``source``), and review what it holds:
     what a person would install, with what installing it takes."""
     if args.source is None:
@@ -230,7 +234,7 @@ def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> Any:
     else:
         draft = user.write_draft(args.name, args.source, replaces=args.replaces)
     installed = user.find_installed(args.name)
-    answer: dict[str, Any] = {
+    answer: JSONObject = {
         "definition": f"user:{args.name}",
         "path": str(draft.path),
         "draft": draft.draft_hash,
@@ -243,7 +247,7 @@ def _draft(args: DraftArgs, session: Session, report: Reporter | None) -> Any:
     return answer
 
 
-def _draft_review(draft: user.Draft, *, replace: bool) -> dict[str, Any]:
+def _draft_review(draft: user.Draft, *, replace: bool) -> JSONObject:
     """The review of a draft's text as ``cairn workflow review`` gives it, and what a
     person runs to install it (``replace``: over the installed ``user:NAME``); or every
     violation, for the model to fix."""
@@ -263,12 +267,13 @@ def _draft_review(draft: user.Draft, *, replace: bool) -> dict[str, Any]:
     }
 
 
-def _event_line(event: dict[str, Any]) -> str:
+def _event_line(event: Mapping[str, JSONValue]) -> str:
     where = f" {event['op_id']}" if event.get("op_id") else ""
     return f"{event['event']}{where}"
 
 
-FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None], Any], str]] = {
+FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None], JSONValue],
+                       str]] = {
     "cairn_runs": (RunsArgs, _runs, "Your Cairn runs: state, definition, current operation, "
                    "settlement."),
     "cairn_show": (RunArgs, _show, "One run: its state, operations, the question it waits on "
@@ -312,7 +317,7 @@ def call_tool(name: str, arguments: dict[str, Any], session: Session,
     )
 
 
-def withheld(value: Any) -> Any:
+def withheld(value: JSONValue) -> JSONValue:
     """``value`` without any approval's fingerprint, wherever cairnd put one (the waiting
     items, the question facet, the data of an ``approval-requested`` event): it is what
     ``cairn approve`` takes, and only a person approves."""
@@ -323,14 +328,14 @@ def withheld(value: Any) -> Any:
     return value
 
 
-def _parsed(model: type[ToolArgs], arguments: dict[str, Any], name: str) -> Any:
+def _parsed(model: type[ParsedArgs], arguments: dict[str, Any], name: str) -> ParsedArgs:
     try:
         return model.model_validate(arguments)
     except ValidationError as exc:
         raise invalid(exc, f"{name} arguments", top="arguments") from exc
 
 
-def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any:
+def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSONObject:
     """Launch ``workflow`` on ``args.project`` (default: the server's directory) as
     ``cairn launch`` does: the project as an open descriptor, a ``user:`` definition's
     installed source with its hash, which must still be the exposed one."""
@@ -376,7 +381,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> Any
         )
     finally:
         os.close(fd)
-    launched = {"run_id": result["run_id"], "definition": workflow.definition,
+    launched: JSONObject = {"run_id": result["run_id"], "definition": workflow.definition,
                 "project": str(root), "state": result.get("state", "pending")}
     if result.get("position") is not None:
         launched["position"] = result["position"]  # queued for a machine-wide slot

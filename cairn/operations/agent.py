@@ -13,10 +13,11 @@ and the boundary (:mod:`cairn.coordinator.agentop`).
 from __future__ import annotations
 
 import ast
-from typing import Any, Final
+from typing import Final
 
 from cairn.operation_kinds import OperationKind
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
+from cairn.protocol.jsonvalue import JSONObject
 
 AGENT: Final[OperationKind] = "agent"
 
@@ -53,10 +54,10 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
 
 def request(
     descriptor: str, prompt: str, title: str | None, require_changes: bool = False
-) -> dict[str, Any]:
+) -> JSONObject:
     """What the call sends and the journal stores (``require_changes`` only when asked:
     the requests of runs journalled before it existed stay the same)."""
-    sent: dict[str, Any] = {"descriptor": descriptor, "prompt": prompt,
+    sent: JSONObject = {"descriptor": descriptor, "prompt": prompt,
                             "title": title or descriptor}
     if require_changes:
         sent["require_changes"] = True

@@ -14,12 +14,13 @@ cairnd expires an undecided request at its deadline (:mod:`cairn.daemon.expiry`)
 from __future__ import annotations
 
 import ast
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cairn.errors import UsageError
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
+from cairn.protocol.jsonvalue import JSONObject
 
 MIN_EXPIRY_SEC = 60
 """The shortest expiry a workflow may ask for: a person needs a moment to see it."""
@@ -113,7 +114,7 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
 
 def request(
     subject: str, expires_in: int | None, on_expiry: str, on_reject: str
-) -> dict[str, Any]:
+) -> JSONObject:
     """What the call sends and the journal stores; refused with a clear error when a value
     is out of bounds (the review checked the literals; this guards the worker's wire)."""
     try:

@@ -9,9 +9,9 @@ arrives (:mod:`cairn.coordinator.interactions`).
 from __future__ import annotations
 
 import ast
-from typing import Any
 
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
+from cairn.protocol.jsonvalue import JSONObject
 
 _NEEDS = frozenset({"human"})
 
@@ -33,9 +33,9 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
     return SiteFacts(answer_schema=schema, capabilities=_NEEDS)
 
 
-def request(question: str, schema: str | None) -> dict[str, Any]:
+def request(question: str, schema: str | None) -> JSONObject:
     """What the call sends and the journal stores (``schema``: the answer model's name)."""
-    sent: dict[str, Any] = {"question": question}
+    sent: JSONObject = {"question": question}
     if schema is not None:
         sent["schema"] = schema
     return sent

@@ -19,6 +19,7 @@ from typing import Any
 
 from cairn.experiments import measurement_request
 from cairn.operations.spec import OperationSpec, ReviewContext, SiteFacts
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.names import is_verifier_name
 
 ARGUMENT = "evaluator:$args."
@@ -54,7 +55,7 @@ def review(state: ReviewContext, call: ast.Call) -> SiteFacts | None:
     return None
 
 
-def site_evaluator(capabilities: Iterable[str], args: Mapping[str, Any]) -> str | None:
+def site_evaluator(capabilities: Iterable[str], args: Mapping[str, object]) -> str | None:
     """The one evaluator a reviewed site may measure with, under the run's launch
     ``args`` (validated, defaults filled in): its literal name or the argument's value."""
     for capability in capabilities:
@@ -67,7 +68,7 @@ def site_evaluator(capabilities: Iterable[str], args: Mapping[str, Any]) -> str 
 
 
 def evaluators_of(
-    review_manifest: dict[str, Any], args: Mapping[str, Any]
+    review_manifest: dict[str, Any], args: Mapping[str, object]
 ) -> dict[str, str | None]:
     """The evaluators a reviewed manifest's calls use under launch ``args`` (a launch
     freezes these), sorted by name, each with the argument field that names it (``None``:
@@ -88,7 +89,9 @@ def evaluators_of(
     return dict(sorted(found.items()))
 
 
-def request(evaluator: str, metrics: dict[str, Any], primary: str | None) -> dict[str, Any]:
+def request(
+    evaluator: str, metrics: Mapping[str, JSONValue], primary: str | None
+) -> JSONObject:
     """What the call sends and the journal stores."""
     return measurement_request(evaluator, metrics, primary)
 

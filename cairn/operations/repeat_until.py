@@ -6,14 +6,13 @@ records the bound. Journal: the request is ``max_attempts``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.operations.spec import OperationSpec
+from cairn.protocol.jsonvalue import JSONObject
 
 MAX_ATTEMPTS = 100
 
 
-def request(max_attempts: int) -> dict[str, Any]:
+def request(max_attempts: int) -> JSONObject:
     """What the call sends and the journal stores; the bound must be 1..100."""
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS}")

@@ -12,15 +12,14 @@ starts from the restored checkpoint (:mod:`cairn.restore_point`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.operations.spec import OperationSpec, needs
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.names import is_op_id
 
 CAPABILITY = "restore"
 
 
-def request(boundary: object) -> dict[str, Any]:
+def request(boundary: object) -> JSONObject:
     """What the call sends and the journal stores: the boundary's operation ID."""
     op_id = getattr(boundary, "boundary", boundary)
     if not isinstance(op_id, str) or not is_op_id(op_id):

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from cairn.operations.spec import Contradiction, OperationRecord, OperationSpec
+from cairn.protocol.jsonvalue import JSONObject
 
 LABEL_LIMIT = 120
 
@@ -38,12 +39,12 @@ def request(title: str, labels: list[str]) -> dict[str, Any]:
     return {"title": title, "items": labels}
 
 
-def item_request(worklist: str, index: int, item_label: str) -> dict[str, Any]:
+def item_request(worklist: str, index: int, item_label: str) -> JSONObject:
     """The marker of item ``index`` of ``worklist`` (``flow.item``: no worklist, -1)."""
     return {"worklist": worklist, "index": index, "label": item_label}
 
 
-def done_request(worklist: str, count: int) -> dict[str, Any]:
+def done_request(worklist: str, count: int) -> JSONObject:
     """The marker after the last of ``count`` items: the worklist is complete."""
     return {"worklist": worklist, "index": count, "label": "", "done": True}
 

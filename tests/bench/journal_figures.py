@@ -30,6 +30,7 @@ from cairn.protocol.control import (
     WorkflowReturn,
     parse_worker_message,
 )
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.workflow import runtime
 from cairn.workflow.review import review_source
@@ -94,9 +95,9 @@ def commit_rate(workdir: Path, *, pairs: int, rounds: int, cells: list[Cell]) ->
         raw.execute(f"PRAGMA {pragma}")
     raw.execute("CREATE TABLE ops (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL,"
                 " op_id TEXT NOT NULL, state TEXT NOT NULL, body TEXT, at REAL NOT NULL)")
-    checkpoint = {"s": {"path": "/var/lib/cairn/pool/runs/x/checkpoints/y", "subvol_id": 300,
-                        "uuid": "ab" * 16, "fsid": "cd" * 16, "read_only": True,
-                        "generation": 42}}
+    checkpoint: JSONObject = {"s": {
+        "path": "/var/lib/cairn/pool/runs/x/checkpoints/y", "subvol_id": 300,
+        "uuid": "ab" * 16, "fsid": "cd" * 16, "read_only": True, "generation": 42}}
     cairn_rates: list[float] = []
     raw_rates: list[float] = []
     seq = 0
