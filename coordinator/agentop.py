@@ -38,6 +38,7 @@ from cairn.protocol.agent import (
 )
 from cairn.protocol.broker import AgentStarted, AgentStopped, Checkpointed, Receipt
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.resultjson import ResultInvalid, parse
 from cairn.systemd import Systemd, wait_unit_gone
 from cairn.terminal import printable
@@ -72,13 +73,13 @@ class NoChanges(OperationError):
 class AgentOperations(Recovery, Lanes):
     """Drive an agent operation from the state the journal holds to committed."""
 
-    def run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def run_agent(self, op: OpRow, call: CallRequest) -> JSONObject:
         """Drive one agent operation from whatever state the journal holds to committed;
         at most ``max_concurrent_agents`` do so at once (queued ones wait, not started)."""
         with self.agent_slots:
             return self._run_agent(op, call)
 
-    def _run_agent(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def _run_agent(self, op: OpRow, call: CallRequest) -> JSONObject:
         agent = self.review["agents"][call.request["descriptor"]]
         output_model = self.models[agent["output"]]
         while True:

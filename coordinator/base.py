@@ -95,7 +95,7 @@ class CoordinatorBase:
             journal = self._local.journal = Journal(paths.journal_path())
         return journal
 
-    def event(self, name: str, *, op_id: str | None = None, **data: Any) -> None:
+    def event(self, name: str, *, op_id: str | None = None, **data: object) -> None:
         """One structured journal entry for the run (``journalctl CAIRN_RUN=…``)."""
         detail = " ".join(f"{k}={v}" for k, v in data.items())
         journald.send(

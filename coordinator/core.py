@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from cairn import paths, retention
@@ -49,6 +50,7 @@ from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import StorageVerified
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.workflow import RUNTIME_API_VERSION
@@ -180,7 +182,9 @@ class Coordinator(Replay, Settlement, Lease):
         if self.journal.get_run(self.run_id).state in TERMINAL_RUN_STATES:
             shutil.rmtree(paths.agent_socket_dir(self.run_id), ignore_errors=True)
 
-    def finish_run(self, output: dict[str, Any], settlement: SettlementRecord | None) -> None:
+    def finish_run(
+        self, output: Mapping[str, JSONValue], settlement: SettlementRecord | None
+    ) -> None:
         if settlement is not None and settlement.status == "verification-failed":
             assert settlement.verification is not None
             check = settlement.verification.first_failed() or {}

@@ -12,7 +12,6 @@ just now (a fork is answered by its join, so it never is).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from cairn.coordinator import interactions
 from cairn.coordinator.agentop import AgentOperations
@@ -22,44 +21,45 @@ from cairn.coordinator.restores import Restores
 from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS, MARKER_KINDS, OperationKind
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONObject
 
 
 class Handlers(AgentOperations, Lanes, Experiments, Restores):
     """The coordinator's handler of each operation kind."""
 
-    def answer_agent(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_agent(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return self.run_agent(op, call), True
 
-    def answer_ask(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_ask(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return interactions.ask(self, op, call), True
 
-    def answer_approve(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_approve(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return interactions.approve(self, op, call), True
 
-    def answer_fork(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_fork(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return self.fork(op, call), False
 
-    def answer_measure(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_measure(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return self.measure(op, call), True
 
     def answer_settle_experiment(
         self, op: OpRow, call: CallRequest
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[JSONObject, bool]:
         return self.settle_experiment(op, call), True
 
-    def answer_restore(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_restore(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         return self.restore(op, call), True
 
-    def answer_marker(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], bool]:
+    def answer_marker(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
         """No effect: recorded so views and replay see it."""
-        result = {"marked": call.kind}
+        result: JSONObject = {"marked": call.kind}
         self.journal.update_op(
             self.run_id, op.op_id, token=self.token, state="committed", result=result
         )
         return result, False
 
 
-Handler = Callable[[Handlers, OpRow, CallRequest], tuple[dict[str, Any], bool]]
+Handler = Callable[[Handlers, OpRow, CallRequest], tuple[JSONObject, bool]]
 
 HANDLERS: Mapping[OperationKind, Handler] = {
     "agent": Handlers.answer_agent,

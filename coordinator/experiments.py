@@ -13,7 +13,7 @@ the next reject swaps W in by rename.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cairn import retention
@@ -31,6 +31,7 @@ from cairn.operations import settle_experiment
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.rawbytes import measurement_error
 from cairn.restore_point import restore_point
 
@@ -67,7 +68,7 @@ class ExperimentRefused(OperationError):
 class Experiments(CoordinatorBase):
     """Measure W, and accept or reject what was measured."""
 
-    def measure(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def measure(self, op: OpRow, call: CallRequest) -> JSONObject:
         site = self.check_manifest(call)
         evaluator = call.request["evaluator"]
         reviewed = site_evaluator(site.get("capabilities", []), self.desc.args)
@@ -133,7 +134,7 @@ class Experiments(CoordinatorBase):
         self.event("measured", op_id=op.op_id, **{measurement.primary: values[measurement.primary]})
         return result
 
-    def settle_experiment(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def settle_experiment(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
             result, intents = self.decide(op, call)
             self.journal.update_op(
@@ -235,12 +236,12 @@ class Experiments(CoordinatorBase):
         )
         raise ExperimentRefused(f"{op.op_id}: {reason}")
 
-    def commit(self, op: OpRow, result: dict[str, Any]) -> None:
+    def commit(self, op: OpRow, result: Mapping[str, object]) -> None:
         self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
                                result=result)
         self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
 
-    def settled_or_raise(self, op: OpRow, error: type[OperationError]) -> dict[str, Any]:
+    def settled_or_raise(self, op: OpRow, error: type[OperationError]) -> JSONObject:
         """An operation found past ``started`` after a crash: its result, or its failure."""
         if op.state == "settled" and op.result is not None:
             self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")

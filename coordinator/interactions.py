@@ -19,7 +19,8 @@ The hooks in the coordinator call :func:`at_safe_point` and :func:`ask` (replay)
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator.base import Nondeterminism, OperationError
@@ -35,6 +36,7 @@ from cairn.policy import (
     prepare_agent_operation,
 )
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 
 if TYPE_CHECKING:
     from cairn.coordinator.base import CoordinatorBase
@@ -93,7 +95,7 @@ def suspend(coord: CoordinatorBase, exc: RunSuspended) -> int:
 # --- flow.ask -----------------------------------------------------------------------
 
 
-def challenge_of(run_id: str, op: OpRow, question: str, schema: dict[str, Any]) -> str:
+def challenge_of(run_id: str, op: OpRow, question: str, schema: Mapping[str, JSONValue]) -> str:
     """Fingerprint of the question, its answer schema and the run transition it guards
     (the operation, its request and its predecessor)."""
     document = {
@@ -107,7 +109,7 @@ def challenge_of(run_id: str, op: OpRow, question: str, schema: dict[str, Any]) 
     return "sha256:" + sha256_hex(canonical_json(document))
 
 
-def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None, dict[str, Any]]:
+def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None, JSONObject]:
     """The answer model named by the call, which must be the one the review listed."""
     site = coord.check_manifest(call)
     name = call.request.get("schema")
@@ -121,7 +123,7 @@ def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None
     return name, coord.models[name].model_json_schema()
 
 
-def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
+def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> JSONObject:
     """Drive an ``ask`` operation: open its question once, and settle it when answered."""
     if op.state == "settled":
         assert op.result is not None
@@ -146,7 +148,9 @@ def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
         coord.event("question-asked", op_id=op.op_id, challenge=question.challenge)
     if question.state != "answered":
         raise RunSuspended(f"{op.op_id} waits for an answer", state="waiting")
-    result = {"answer": question.answer, "actor_uid": question.actor_uid, "op_id": op.op_id}
+    result: JSONObject = {
+        "answer": question.answer, "actor_uid": question.actor_uid, "op_id": op.op_id
+    }
     coord.journal.update_op(
         coord.run_id, op.op_id, token=coord.token, state="settled", result=result
     )
@@ -158,7 +162,7 @@ def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
 # --- flow.approve -------------------------------------------------------------------
 
 
-def approve(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> dict[str, Any]:
+def approve(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> JSONObject:
     """Drive an ``approve`` operation: open its approval request once, and settle it with
     the decision — a person's, the host policy's denial, or the expiry at the deadline
     (cairnd's timer expires it even when the coordinator is not running). The decision is
@@ -232,7 +236,7 @@ def decision_of(row: ApprovalRow, wanted: ApproveCall) -> Decision:
 
 def decided(
     coord: CoordinatorBase, op: OpRow, wanted: ApproveCall, decision: Decision
-) -> dict[str, Any]:
+) -> JSONObject:
     """Settle and commit the operation with ``decision`` — or, when it is not an approval
     and the workflow asked for ``on_reject="fail"``, record it not started and fail it."""
     if not decision.approved and wanted.on_reject == "fail":
@@ -258,7 +262,9 @@ def approval_request_id(op_id: str) -> str:
     return f"{op_id}-approval"
 
 
-def authorize(coord: CoordinatorBase, op: OpRow, call: CallRequest, agent: dict[str, Any]) -> None:
+def authorize(
+    coord: CoordinatorBase, op: OpRow, call: CallRequest, agent: Mapping[str, object]
+) -> None:
     """Evaluate the current host policy for an agent about to be dispatched. Returns when
     it may start; otherwise the run waits for an approval or fails with the refusal."""
     capabilities = agent_capabilities(agent)

@@ -11,12 +11,13 @@ from cairn.coordinator.base import CoordinatorBase, Nondeterminism
 from cairn.journal.rows import OpRow
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
+from cairn.protocol.jsonvalue import JSONObject
 
 
 class Lanes(CoordinatorBase):
     """FORK and JOIN, and the causal view of earlier boundaries."""
 
-    def fork(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def fork(self, op: OpRow, call: CallRequest) -> JSONObject:
         """FORK: checkpoint the parent's W; every lane gets a writable W of that checkpoint.
         The operation stays ``started`` until the join commits it."""
         lanes = list(call.request["lanes"])

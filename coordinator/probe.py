@@ -17,12 +17,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from cairn import journald
 from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.relay import ModelRelay
 from cairn.errors import CairnError
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.launch import ModelRoute
 from cairn.protocol.names import is_provider_name
 from cairn.providers import load_providers
@@ -38,10 +38,10 @@ ANSWER_LIMIT = 200
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def request_body(route: ModelRoute) -> tuple[str, dict[str, Any], dict[str, str]]:
+def request_body(route: ModelRoute) -> tuple[str, JSONObject, dict[str, str]]:
     """The API path, body and headers of the probe's one call (the relay sets the model
     and adds the key)."""
-    messages = [{"role": "user", "content": PROMPT}]
+    messages: list[JSONValue] = [{"role": "user", "content": PROMPT}]
     headers = {"Content-Type": "application/json"}
     if route.api == "anthropic":
         headers["anthropic-version"] = ANTHROPIC_VERSION
@@ -49,7 +49,7 @@ def request_body(route: ModelRoute) -> tuple[str, dict[str, Any], dict[str, str]
     return "/v1/chat/completions", {"messages": messages, "max_tokens": PROBE_TOKENS}, headers
 
 
-def answer_text(route: ModelRoute, body: Any) -> str | None:
+def answer_text(route: ModelRoute, body: object) -> str | None:
     """The model's text in a successful reply of ``route``'s API (None if it has none)."""
     if not isinstance(body, dict):
         return None
@@ -65,7 +65,7 @@ def answer_text(route: ModelRoute, body: Any) -> str | None:
     return None
 
 
-def error_text(body: Any, raw: bytes) -> str:
+def error_text(body: object, raw: bytes) -> str:
     """What a provider's error reply says: ``error.message`` of both APIs, else its text."""
     if isinstance(body, dict):
         error = body.get("error")
@@ -76,7 +76,7 @@ def error_text(body: Any, raw: bytes) -> str:
     return raw.decode("utf-8", "replace").strip() or "(no body)"
 
 
-def _relay_error(body: Any) -> bool:
+def _relay_error(body: object) -> bool:
     error = body.get("error") if isinstance(body, dict) else None
     return isinstance(error, dict) and str(error.get("type", "")).startswith("upstream_")
 
@@ -112,7 +112,7 @@ def probe(name: str) -> tuple[bool, str]:
         elapsed = time.monotonic() - started
         usage = relay.usage
     try:
-        reply: Any = json.loads(raw)
+        reply: JSONValue = json.loads(raw)
     except ValueError:
         reply = None
     if response.status >= 400:

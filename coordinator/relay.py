@@ -21,7 +21,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cairn.coordinator.budget import MoneyBudget, TokenBudget
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.launch import ModelRoute
 from cairn.providers import cost_micros, load_credential
 
@@ -83,7 +84,7 @@ class TranscriptEntry(BaseModel):
     attempt: int = 1
 
 
-def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) -> dict[str, Any]:
+def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) -> JSONObject:
     """An entry as it may leave the host: ``full`` as recorded, ``metadata`` without any
     prompt, tool argument or completion text (sizes, tools, usage and status only)."""
     data = entry.model_dump(mode="json")
@@ -105,7 +106,7 @@ def export_entry(entry: TranscriptEntry, policy: Literal["full", "metadata"]) ->
     return data
 
 
-def usage_of(event: Any) -> dict[str, int]:
+def usage_of(event: object) -> dict[str, int]:
     """Input/output token counts of one response object or stream event (empty if none).
 
     Knows the chat-completions, responses and messages shapes: ``usage`` at the top, or
@@ -133,7 +134,7 @@ def usage_of(event: Any) -> dict[str, int]:
     return {}
 
 
-def _choices(body: dict[str, Any]) -> int:
+def _choices(body: Mapping[str, JSONValue]) -> int:
     """How many answers one call asks for (``n``, ``best_of``): each may use the cap."""
     asked = [body.get(key) for key in ("n", "best_of")]
     return max([1, *(n for n in asked if isinstance(n, int) and not isinstance(n, bool))])
@@ -149,7 +150,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     relay: ModelRelay
 
-    def verify_request(self, request: Any, client_address: Any) -> bool:
+    def verify_request(self, request: Any, client_address: object) -> bool:
         creds = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != self.relay.owner_uid:
@@ -162,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("relay: " + format, *args)
 
     def do_GET(self) -> None:
@@ -190,7 +191,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path.rstrip("/")
         return path[3:] if path.startswith("/v1/") else path
 
-    def _reply_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def _reply_json(
+        self, status: int, body: Mapping[str, object], headers: dict[str, str] | None = None
+    ) -> None:
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -385,7 +388,7 @@ class ModelRelay:
             self.money.release(held)
 
     def _refuse_for_budget(self, handler: _Handler, api_path: str, started: float,
-                           body: dict[str, Any], attempt: int) -> None:
+                           body: JSONObject, attempt: int) -> None:
         """Answer 429 for a call no budget left can pay, saying which."""
         spent = self.money.spent()
         if spent is not None:
@@ -403,7 +406,7 @@ class ModelRelay:
         )
 
     def _forward(self, handler: _Handler, api_path: str, started: float,
-                 body: dict[str, Any], attempt: int, most: dict[str, int]) -> None:
+                 body: JSONObject, attempt: int, most: dict[str, int]) -> None:
         """Send the shaped call to the provider and its answer back, metered; ``most``:
         the tokens it may cost at most, charged when the answer is cut off after the
         provider accepted the call (what it used is then unknown)."""
@@ -432,7 +435,7 @@ class ModelRelay:
         try:
             if streamed:
                 text, usage, tail = self._pass_stream(handler, response)
-                recorded: Any = text
+                recorded: JSONValue = text
             else:
                 raw = response.read(RESPONSE_LIMIT + 1)
                 if len(raw) > RESPONSE_LIMIT:
@@ -498,7 +501,7 @@ class ModelRelay:
         else:
             handler.close_connection = True
 
-    def _read_body(self, handler: _Handler) -> dict[str, Any] | None:
+    def _read_body(self, handler: _Handler) -> JSONObject | None:
         try:
             length = int(handler.headers.get("Content-Length", ""))
         except ValueError:
@@ -607,8 +610,8 @@ class ModelRelay:
         status: int,
         started: float,
         stream: bool,
-        request: dict[str, Any],
-        response: Any,
+        request: JSONObject,
+        response: JSONValue,
         usage: dict[str, int],
         estimated: bool,
         error: str | None,
@@ -647,8 +650,9 @@ def _returned_headers(response: http.client.HTTPResponse) -> list[tuple[str, str
     ]
 
 
-def _json_or_text(raw: bytes) -> Any:
+def _json_or_text(raw: bytes) -> JSONValue:
     try:
-        return json.loads(raw)
+        value: JSONValue = json.loads(raw)
+        return value
     except (ValueError, UnicodeDecodeError):
         return raw.decode(errors="replace")

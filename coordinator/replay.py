@@ -28,6 +28,7 @@ from cairn.protocol.control import (
     WorkflowReturn,
     parse_worker_message,
 )
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.workflow import runtime
 
 
@@ -104,7 +105,7 @@ class Replay(Handlers):
         last_in_scope: dict[str, str | None] = {}
         lock = threading.Lock()  # the worker's stdin and last_in_scope
 
-        def reply(scope: str, seq: int, op_id: str, value: dict[str, Any] | None) -> None:
+        def reply(scope: str, seq: int, op_id: str, value: JSONObject | None) -> None:
             """Record the scope's latest operation; send ``value`` unless the worker was
             given it at the start."""
             with lock:
@@ -180,7 +181,7 @@ class Replay(Handlers):
         self,
         events: queue.Queue[tuple[str, Any]],
         call: CallRequest | JoinRequest,
-        work: Callable[[], tuple[dict[str, Any], str, bool]],
+        work: Callable[[], tuple[JSONObject, str, bool]],
     ) -> None:
         """Answer one call in its own thread; an operation's failure goes back to the
         workflow as an exception, anything else stops the coordinator."""
@@ -199,7 +200,7 @@ class Replay(Handlers):
 
     def answer(
         self, call: CallRequest, predecessor: str | None
-    ) -> tuple[dict[str, Any], str, bool]:
+    ) -> tuple[JSONObject, str, bool]:
         """The call's result, its op ID, and whether it was committed just now."""
         interactions.at_safe_point(self)
         self.check_manifest(call)

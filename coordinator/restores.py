@@ -18,6 +18,7 @@ from cairn.journal.rows import OpRow
 from cairn.operations import restore
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
+from cairn.protocol.jsonvalue import JSONObject
 
 
 class RestoreRefused(OperationError):
@@ -30,7 +31,7 @@ class RestoreRefused(OperationError):
 class Restores(CoordinatorBase):
     """Put a scope's W back to an earlier boundary of its own."""
 
-    def restore(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def restore(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
             result = self.decide_restore(op, call)
             self.journal.update_op(

@@ -25,6 +25,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
@@ -35,7 +36,7 @@ CHECKED = "upgrade-checked"
 class Diverged(Nondeterminism):
     """The new source's call differs from the journal's: ``report`` says where and how."""
 
-    def __init__(self, report: dict[str, Any]) -> None:
+    def __init__(self, report: dict[str, object]) -> None:
         super().__init__(f"the new source diverges at {report['op_id']}")
         self.report = report
 
@@ -66,9 +67,9 @@ class UpgradeCheck(Replay):
             self.sites.setdefault((site["kind"], site["line"], site.get("descriptor")), site)
         self.locations: dict[str, str] = {}
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """Replay until the frontier, a divergence or the workflow's end."""
-        divergence: dict[str, Any] | None = None
+        divergence: dict[str, object] | None = None
         try:
             self.replay_once()
         except Diverged as exc:
@@ -119,7 +120,7 @@ class UpgradeCheck(Replay):
 
     def answer(
         self, call: CallRequest, predecessor: str | None
-    ) -> tuple[dict[str, Any], str, bool]:
+    ) -> tuple[JSONObject, str, bool]:
         """A fork whose lanes still run is answered as forked (its lanes' committed calls
         are checked too); any other uncommitted call is the frontier."""
         op = self.ops.get((call.scope, call.seq))

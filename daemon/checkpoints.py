@@ -10,7 +10,7 @@ with ``deleted`` set and no size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cairn import paths, retention, storage
@@ -63,7 +63,7 @@ def checkpoints(
     }
 
 
-def taken(receipt: dict[str, Any]) -> list[tuple[str, SubvolumeReceipt, bool]]:
+def taken(receipt: Mapping[str, object]) -> list[tuple[str, SubvolumeReceipt, bool]]:
     """The checkpoints one receipt records: a ``checkpoint``'s S, or the snapshots a
     replayed run's ``prepare-q`` reminted from its source (marked so)."""
     if receipt.get("kind") == "checkpoint":

@@ -49,6 +49,7 @@ from cairn.protocol.daemon import (
     StopRequest,
     WatchRequest,
 )
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
 from cairn.workflow.review import Review
@@ -72,19 +73,19 @@ def dispatch(journal: Journal, request: OpRequest, uid: int) -> Any:
     return route[1](journal, request, uid)
 
 
-def _inbox(journal: Journal, request: InboxRequest, uid: int) -> Any:
+def _inbox(journal: Journal, request: InboxRequest, uid: int) -> object:
     return inbox(journal, uid, request.all_users)
 
 
-def _answer(journal: Journal, request: AnswerRequest, uid: int) -> Any:
+def _answer(journal: Journal, request: AnswerRequest, uid: int) -> object:
     return answer(journal, visible_run(journal, request.run_id, uid).run_id, request, uid)
 
 
-def _decide(journal: Journal, request: ApprovalDecision, uid: int) -> Any:
+def _decide(journal: Journal, request: ApprovalDecision, uid: int) -> object:
     return decide(journal, visible_run(journal, request.run_id, uid).run_id, request, uid)
 
 
-def _apply(journal: Journal, request: ApplyRequest, uid: int) -> Any:
+def _apply(journal: Journal, request: ApplyRequest, uid: int) -> object:
     """``cairn apply``: approve the run's held proposal as it stands (F is immutable)."""
     run_id = visible_run(journal, request.run_id, uid).run_id
     held = journal.approval(run_id, APPLY_REQUEST_ID)
@@ -99,7 +100,7 @@ def _apply(journal: Journal, request: ApplyRequest, uid: int) -> Any:
     return decide(journal, run_id, approval, uid)
 
 
-def _control(journal: Journal, request: ControlRequest, uid: int) -> Any:
+def _control(journal: Journal, request: ControlRequest, uid: int) -> object:
     run_id = visible_run(journal, request.run_id, uid).run_id
     outcome, wake = journal.request_control(run_id, request.op, actor_uid=uid)
     return {"run_id": run_id, "action": request.op, "outcome": outcome,
@@ -151,7 +152,7 @@ def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> d
     return {"run_id": run_id, "op_id": question.op_id, "outcome": outcome, "woken": woken}
 
 
-def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text: str) -> Any:
+def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text: str) -> JSONValue:
     """The answer as the question's schema reads it: JSON for a model, else the text."""
     if question.schema_name is None:
         if not text.strip():
@@ -270,7 +271,7 @@ def _watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
 
 
 # op -> (request model, handler) of the requests of people in the loop
-ROUTES: dict[str, tuple[type[OpRequest], Callable[[Journal, Any, int], Any]]] = {
+ROUTES: dict[str, tuple[type[OpRequest], Callable[[Journal, Any, int], object]]] = {
     "inbox": (InboxRequest, _inbox),
     "answer": (AnswerRequest, _answer),
     "approve": (ApproveRequest, _decide),

@@ -70,6 +70,6 @@ def notifications(journal: Journal, request: NotificationsRequest, uid: int) -> 
     return batch.model_dump(mode="json")
 
 
-def handle(journal: Journal, request: NotificationsRequest, uid: int, _fd: int | None) -> Any:
+def handle(journal: Journal, request: NotificationsRequest, uid: int, _fd: int | None) -> object:
     """cairnd's handler of ``notifications`` (no descriptor is passed with it)."""
     return notifications(journal, request, uid)

@@ -10,19 +10,18 @@ met a conflict can be tried again once the person has sorted the file out.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.daemon.oneshot import carry_out_one
 from cairn.daemon.views import visible_run
 from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import ApplyDone, Intent
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.rawbytes import apply_result
 
 
-def revert(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+def revert(journal: Journal, run_id: str | None, uid: int) -> JSONObject:
     run = visible_run(journal, run_id, uid)
     if run.state not in TERMINAL_RUN_STATES:
         raise UsageError(

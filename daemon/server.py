@@ -154,78 +154,78 @@ def parse(raw: bytes) -> OpRequest:
 
 # --- handlers: op -> (model, handler) -------------------------------------------------
 
-Handler = Callable[[Journal, Any, int, int | None], Any]
+Handler = Callable[[Journal, Any, int, int | None], object]
 
 
-def _ping(_journal: Journal, _request: PingRequest, uid: int, _fd: int | None) -> Any:
+def _ping(_journal: Journal, _request: PingRequest, uid: int, _fd: int | None) -> object:
     return {"uid": uid, "admin": views.is_admin(uid)}
 
 
-def _launch(journal: Journal, request: LaunchRequest, uid: int, fd: int | None) -> Any:
+def _launch(journal: Journal, request: LaunchRequest, uid: int, fd: int | None) -> object:
     return launch.launch(journal, request, uid, fd)
 
 
-def _upgrade(journal: Journal, request: UpgradeRequest, uid: int, _fd: int | None) -> Any:
+def _upgrade(journal: Journal, request: UpgradeRequest, uid: int, _fd: int | None) -> object:
     return upgrade.upgrade(journal, request, uid)
 
 
-def _doctor(journal: Journal, request: DoctorRequest, uid: int, _fd: int | None) -> Any:
+def _doctor(journal: Journal, request: DoctorRequest, uid: int, _fd: int | None) -> object:
     return doctor.doctor(journal, request.run_id, uid)
 
 
-def _revert(journal: Journal, request: RevertRequest, uid: int, _fd: int | None) -> Any:
+def _revert(journal: Journal, request: RevertRequest, uid: int, _fd: int | None) -> object:
     return revert.revert(journal, request.run_id, uid)
 
 
-def _replay(journal: Journal, request: ReplayRequest, uid: int, _fd: int | None) -> Any:
+def _replay(journal: Journal, request: ReplayRequest, uid: int, _fd: int | None) -> object:
     return replay.replay(journal, request.run_id, request.op_id, uid)
 
 
 def _checkpoints(
     journal: Journal, request: CheckpointsRequest, uid: int, _fd: int | None
-) -> Any:
+) -> object:
     return checkpoints.checkpoints(journal, request.run_id, uid)
 
 
 def _decide(
     journal: Journal, request: ReconcileRequest | RetryRequest, uid: int, _fd: int | None
-) -> Any:
+) -> object:
     return decisions.decide(journal, request, uid)
 
 
-def _ps(journal: Journal, request: PsRequest, uid: int, _fd: int | None) -> Any:
+def _ps(journal: Journal, request: PsRequest, uid: int, _fd: int | None) -> object:
     return views.ps(journal, uid, request.all_users)
 
 
-def _show(journal: Journal, request: ShowRequest, uid: int, _fd: int | None) -> Any:
+def _show(journal: Journal, request: ShowRequest, uid: int, _fd: int | None) -> object:
     return views.show(journal, request.run_id, uid)
 
 
-def _logs(journal: Journal, request: LogsRequest, uid: int, _fd: int | None) -> Any:
+def _logs(journal: Journal, request: LogsRequest, uid: int, _fd: int | None) -> object:
     return views.logs(journal, request, uid)
 
 
-def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> Any:
+def _diff(journal: Journal, request: DiffRequest, uid: int, _fd: int | None) -> object:
     return views.diff(journal, request.run_id, uid)
 
 
-def _df(journal: Journal, request: StorageDfRequest, uid: int, _fd: int | None) -> Any:
+def _df(journal: Journal, request: StorageDfRequest, uid: int, _fd: int | None) -> object:
     return lifecycle.df(journal, request, uid)
 
 
-def _rm(journal: Journal, request: RmRequest, uid: int, _fd: int | None) -> Any:
+def _rm(journal: Journal, request: RmRequest, uid: int, _fd: int | None) -> object:
     return lifecycle.rm(journal, request, uid)
 
 
-def _prune(journal: Journal, request: PruneRequest, uid: int, _fd: int | None) -> Any:
+def _prune(journal: Journal, request: PruneRequest, uid: int, _fd: int | None) -> object:
     return lifecycle.prune(journal, request, uid)
 
 
-def _person(journal: Journal, request: OpRequest, uid: int, _fd: int | None) -> Any:
+def _person(journal: Journal, request: OpRequest, uid: int, _fd: int | None) -> object:
     return interactions.dispatch(journal, request, uid)
 
 
-def _schedule(journal: Journal, request: OpRequest, uid: int, fd: int | None) -> Any:
+def _schedule(journal: Journal, request: OpRequest, uid: int, fd: int | None) -> object:
     return schedules.dispatch(journal, request, uid, fd)
 
 

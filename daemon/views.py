@@ -48,7 +48,7 @@ def visible_run(journal: Journal, run_id: str | None, uid: int) -> RunRow:
     return row
 
 
-def _current_op(journal: Journal, run_id: str) -> dict[str, Any] | None:
+def _current_op(journal: Journal, run_id: str) -> dict[str, str] | None:
     ops = journal.list_ops(run_id)
     if not ops:
         return None

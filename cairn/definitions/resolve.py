@@ -5,7 +5,6 @@ hash an exposure pins, and the listing of every launchable definition."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from cairn.definitions import registry, trust, user
 from cairn.definitions.builtin import builtin_names, builtin_source
@@ -76,11 +75,11 @@ def current_review(definition: str) -> Review:
     )
 
 
-def listing() -> list[dict[str, Any]]:
+def listing() -> list[dict[str, str]]:
     """Every launchable definition, and those of trusted projects that are not (changed,
     missing, added after trust): definition, review hash, status, exposure, where."""
     exposed = registry.exposed_hashes()
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str]] = []
 
     def add(definition: str, review_hash: str, status: str, where: str) -> None:
         pinned = exposed.get(definition)

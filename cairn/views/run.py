@@ -10,7 +10,7 @@ facet is built on them.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypedDict
 
 from cairn.errors import JournalError
 from cairn.journal.people import ApprovalRow, QuestionRow
@@ -20,6 +20,7 @@ from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, r
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.providers import MICROS_PER_CENT, money, today
@@ -32,7 +33,15 @@ FIRST_EVENTS = 25
 LAST_EVENTS = 75
 
 
-def storage_status(receipts: list[dict[str, Any]]) -> dict[str, Any]:
+class StorageStatus(TypedDict):
+    """Whether a run's storage was deleted (``deleted_at``: the receipt's ``at``)."""
+
+    deleted: bool
+    deleted_at: JSONValue
+    subvolumes: int
+
+
+def storage_status(receipts: list[dict[str, Any]]) -> StorageStatus:
     """Whether the run's storage was deleted (``cairn rm``, ``cairn prune``), when, and how
     many subvolumes went; the journal rows and receipts stay."""
     for receipt in receipts:
@@ -67,7 +76,7 @@ def question_facet(
     return {**waiting[0][1], "also_waiting": len(waiting) - 1}
 
 
-def model_facet(journal: Journal, desc: LaunchDescription) -> dict[str, Any] | None:
+def model_facet(journal: Journal, desc: LaunchDescription) -> JSONObject | None:
     """The run's model calls, tokens and, at the providers' prices, their cost, with the
     budgets they count against (money as the currency's units, ``"2.50"``); None before
     the run's first call."""
@@ -116,7 +125,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
     divergence = events.divergence
     origin = journal.launch_description(run_id).replay
     imported = set(origin.ops) if origin else set()
-    retries: dict[str, list[dict[str, Any]]] = {}
+    retries: dict[str, list[JSONObject]] = {}
     for event in retry_events(journal, run_id):  # where each clean retry's W came from
         if "from_checkpoint" not in event.data:  # recorded before cairn kept it
             continue

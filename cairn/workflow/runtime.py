@@ -16,9 +16,9 @@ import subprocess
 import sys
 import types
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -42,10 +42,15 @@ from cairn.protocol.control import (
     WorkflowFailure,
     WorkflowReturn,
 )
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.names import is_lane_key
-from cairn.workflow import AgentDescriptor, Model, OperationFailed, sandbox
+from cairn.workflow import AgentDescriptor, Model, OperationFailed, WorkflowSpec, sandbox
 
 M = TypeVar("M", bound=Model)
+T = TypeVar("T")
+
+# A lane body: a no-argument callable returning an awaitable (its value is the lane's).
+LaneBody = Callable[[], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class _Fork:
     """An awaitable fork: its lanes run as their own scopes; it resumes after the join."""
 
     def __init__(
-        self, call: CallRequest, lanes: list[tuple[str, Callable[[], Any]]], concurrency: int
+        self, call: CallRequest, lanes: list[tuple[str, LaneBody]], concurrency: int
     ) -> None:
         self.call = call
         self.lanes = lanes
@@ -131,7 +136,7 @@ class Flow:
         col = (position[2] or 0) + 1 if position is not None else 0
         return f"{self._filename}:{frame.f_lineno}:{col}"
 
-    def _next_call(self, kind: OperationKind, request: dict[str, Any]) -> CallRequest:
+    def _next_call(self, kind: OperationKind, request: JSONObject) -> CallRequest:
         scope = self._scope
         seq = self._seq.get(scope, 0) + 1
         self._seq[scope] = seq
@@ -139,7 +144,7 @@ class Flow:
             scope=scope, seq=seq, kind=kind, request=request, location=self._location()
         )
 
-    def _call(self, kind: OperationKind, request: dict[str, Any]) -> _Pending:
+    def _call(self, kind: OperationKind, request: JSONObject) -> _Pending:
         return _Pending(self._next_call(kind, request))
 
     # Each method numbers its call and records its source location when it is called, not
@@ -216,7 +221,7 @@ class Flow:
         _check_keys(keys)
         limit = concurrency or len(keys)
 
-        def lane(item: Any) -> Callable[[], Any]:
+        def lane(item: object) -> LaneBody:
             return lambda: fn(item)
 
         forked = _Fork(
@@ -251,7 +256,7 @@ class Flow:
         return _answer(pending)
 
     def settle_experiment(
-        self, measurement: dict[str, Any], disposition: str, *, report: Any = None,
+        self, measurement: dict[str, Any], disposition: str, *, report: object = None,
         target: float | None = None,
     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``accept`` the measured W (it becomes the best accepted checkpoint) or
@@ -268,7 +273,7 @@ class Flow:
         )
         return _answer(pending)
 
-    def restore(self, boundary: Any) -> Coroutine[Any, Any, dict[str, Any]]:
+    def restore(self, boundary: object) -> Coroutine[Any, Any, dict[str, Any]]:
         """Put W back to an earlier agent boundary of this scope (``flow.agent``'s result,
         or its ``boundary``) before this returns: what later agents see and what settles
         is that checkpoint, and every change made after it is dropped. Returns the
@@ -292,11 +297,11 @@ class Flow:
         return _item(self, self._call("item", unroll.item_request("", -1, key)), fn)
 
 
-async def _await(awaitable: Any) -> Any:
+async def _await(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-async def _maybe_await(value: Any) -> Any:
+async def _maybe_await(value: object) -> object:
     return await value if inspect.isawaitable(value) else value
 
 
@@ -340,12 +345,12 @@ async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> Agent
 async def _repeat(
     flow: Flow,
     start: _Pending,
-    step: Callable[[int], Any],
-    check: Callable[[Any], Any],
+    step: Callable[[int], object],
+    check: Callable[[object], object],
     max_attempts: int,
 ) -> RepeatResult:
     await start
-    value: Any = None
+    value: object = None
     for attempt in range(1, max_attempts + 1):
         value = await _maybe_await(step(attempt))
         if await _maybe_await(check(value)):
@@ -354,10 +359,10 @@ async def _repeat(
 
 
 async def _unroll(
-    flow: Flow, start: _Pending, title: str, items: list[Any], fn: Callable[[Any], Any]
-) -> list[Any]:
+    flow: Flow, start: _Pending, title: str, items: list[T], fn: Callable[[T], object]
+) -> list[object]:
     await start
-    results = []
+    results: list[object] = []
     for index, item in enumerate(items):
         await flow._call("item", unroll.item_request(title, index, unroll.label(item)))
         results.append(await _maybe_await(fn(item)))
@@ -365,7 +370,7 @@ async def _unroll(
     return results
 
 
-async def _item(flow: Flow, start: _Pending, fn: Callable[[], Any]) -> Any:
+async def _item(flow: Flow, start: _Pending, fn: Callable[[], object]) -> object:
     await start
     return await _maybe_await(fn())
 
@@ -380,7 +385,15 @@ def _check_keys(keys: list[str]) -> None:
             raise ValueError(f"lane key {key!r}: use lowercase letters, digits and '-'")
 
 
-def load_workflow(source: str, filename: str) -> tuple[types.ModuleType, Any]:
+class _LoadedWorkflow(Protocol):
+    """A loaded workflow function: ``@workflow`` recorded its spec on it."""
+
+    __cairn_workflow__: WorkflowSpec
+
+    def __call__(self, flow: Flow, args: Model, /) -> Coroutine[object, object, object]: ...
+
+
+def load_workflow(source: str, filename: str) -> tuple[types.ModuleType, _LoadedWorkflow]:
     """Execute reviewed source as a module and return it with its workflow function."""
     module = types.ModuleType("cairn_workflow_source")
     module.__file__ = filename
@@ -406,11 +419,11 @@ class _Task:
     coroutine: Any
     parent: _Task | None = None
     key: str | None = None
-    send: Any = None
+    send: JSONObject | dict[str, LaneResult] | None = None
     throw: BaseException | None = None
     fork: _Fork | None = None
     lanes: dict[str, _Task] = field(default_factory=dict)
-    queued: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
+    queued: list[tuple[str, LaneBody]] = field(default_factory=list)
     running: int = 0
     results: dict[str, LaneResult] = field(default_factory=dict)
     lane_last_ops: dict[str, str | None] = field(default_factory=dict)
@@ -427,9 +440,9 @@ class _Driver:
         self.runnable: deque[_Task] = deque()
         self.waiting: dict[tuple[str, int], _Task] = {}
 
-    def run(self, root: _Task, inp: IO[str]) -> Any:
+    def run(self, root: _Task, inp: IO[str]) -> object:
         self.runnable.append(root)
-        self.root_result: Any = None
+        self.root_result: object = None
         self.root_done = False
         while True:
             while self.runnable:
@@ -554,11 +567,11 @@ class _Driver:
         _write(self.out, JoinRequest(scope=call.scope, seq=call.seq, outcomes=outcomes))
 
 
-def _as_coroutine(awaitable: Any) -> Any:
+def _as_coroutine(awaitable: Awaitable[object]) -> Coroutine[object, object, object]:
     if inspect.iscoroutine(awaitable):
         return awaitable
 
-    async def wrapper() -> Any:
+    async def wrapper() -> object:
         return await awaitable
 
     return wrapper()

@@ -12,6 +12,7 @@ and configuration.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pydantic
@@ -235,7 +236,9 @@ def _field_info(field: FieldSpec, built: dict[str, type[BaseModel]], *, owner: s
     return pydantic.Field(**kwargs)
 
 
-def _factory(spec: FactorySpec, built: dict[str, type[BaseModel]], *, owner: str) -> Any:
+def _factory(
+    spec: FactorySpec, built: dict[str, type[BaseModel]], *, owner: str
+) -> Callable[[], object]:
     if spec.kind != "model":
         return FACTORY_BUILTINS[spec.kind]
     if spec.model not in built:

@@ -48,6 +48,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.store import Clock
 from cairn.protocol import daemon as protocol
 from cairn.protocol.daemon import OpRequest
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.schedules import HostScheduleConfig, host_config
 
 __all__ = [
@@ -100,7 +101,7 @@ def dispatch(
         store.close()
 
 
-def blocked_schedules(owner: int | None) -> list[dict[str, Any]]:
+def blocked_schedules(owner: int | None) -> list[JSONObject]:
     """``cairn inbox`` items for the schedules of ``owner`` (everyone's when None) that
     repeated launch failures blocked: nothing launches until a person resumes them."""
     if not store_path().exists():

@@ -13,7 +13,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -205,7 +205,7 @@ class Store:
         self, schedule_id: str, *, states: tuple[str, ...] | None = None, limit: int = 1000
     ) -> list[OccurrenceRow]:
         query = "SELECT * FROM occurrences WHERE schedule_id=?"
-        params: list[Any] = [schedule_id]
+        params: list[str | int] = [schedule_id]
         if states is not None:
             query += f" AND state IN ({','.join('?' * len(states))})"
             params.extend(states)

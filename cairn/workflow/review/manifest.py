@@ -8,6 +8,7 @@ the canonical JSON (:mod:`cairn.canonical`) of the API version, the source and t
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
@@ -16,6 +17,7 @@ from cairn.canonical import canonical_json
 from cairn.errors import CairnError
 from cairn.netpolicy import NetworkMode
 from cairn.operation_kinds import OperationKind
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.workflow import RUNTIME_API_VERSION
 from cairn.workflow.schema import ModelSpec
 
@@ -123,7 +125,7 @@ class Review(_Frozen):
         )
 
 
-def compute_review_hash(source: str, manifest: dict[str, Any]) -> str:
+def compute_review_hash(source: str, manifest: Mapping[str, JSONValue]) -> str:
     """``sha256:`` over the canonical JSON of the API version, the source and the manifest."""
     document = {"api_version": RUNTIME_API_VERSION, "source": source, "manifest": manifest}
     return "sha256:" + hashlib.sha256(canonical_json(document).encode()).hexdigest()
@@ -183,7 +185,7 @@ def build_manifest(
     models: dict[str, ModelSpec],
     calls: list[CallSite],
     capabilities: list[str],
-) -> dict[str, Any]:
+) -> JSONObject:
     return {
         "workflow": workflow.model_dump(mode="json"),
         "agents": {k: v.model_dump(mode="json") for k, v in agents.items()},

@@ -279,14 +279,14 @@ def extract_type(state: ReviewState, node: ast.expr, model: str) -> TypeSpec:
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             values = []
             for elt in elts:
-                value = literal(elt)
-                if not (value is None or isinstance(value, str | int | bool)):
+                choice = literal(elt)
+                if not (choice is None or isinstance(choice, str | int | bool)):
                     raise Reject(
                         elt,
                         "model-type",
                         "Literal[...] values are strings, ints, bools or None",
                     )
-                values.append(value)
+                values.append(choice)
             return TypeSpec(kind="literal", values=tuple(values))
     raise Reject(
         node,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeGuard
+
+from cairn.protocol.jsonvalue import JSONValue
 
 
 class Reject(Exception):
@@ -44,7 +46,7 @@ def is_api_call(node: ast.AST | None, name: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
 
 
-def literal(node: ast.expr) -> Any:
+def literal(node: ast.expr) -> JSONValue:
     """The value of a literal expression that JSON can carry; anything else is rejected."""
     try:
         value = ast.literal_eval(node)
@@ -65,7 +67,7 @@ def literal(node: ast.expr) -> Any:
     return value
 
 
-def _is_json(value: Any) -> bool:
+def _is_json(value: object) -> TypeGuard[JSONValue]:
     if value is None or isinstance(value, str | bool | int):
         return True
     if isinstance(value, float):
