@@ -19,7 +19,7 @@ from cairn.config import Problem, Problems
 from cairn.policy import load_policy
 from cairn.protocol.launch import ProfileSpec
 from cairn.protocol.names import profile_file_stem
-from cairn.providers import load_providers
+from cairn.providers import load_providers, unpriced
 from cairn.schedules import host_config
 
 PROFILE_FIX = (
@@ -73,11 +73,11 @@ def check_host_config() -> list[Problem]:
     load_policy(problems=found)
     host_config(problems=found)
     daily = admission_config(problems=found).max_daily_cost_cents_per_user
-    unpriced = sorted(name for name in providers.providers if not providers.route(name).priced)
-    if daily is not None and unpriced:
+    missing = unpriced({name: providers.route(name) for name in providers.providers})
+    if daily is not None and missing:
         found.add(
             paths.config_dir() / "admission.toml", "max_daily_cost_cents_per_user",
-            f"a daily money budget cannot be kept for provider {', '.join(unpriced)}: it has "
+            f"a daily money budget cannot be kept for provider {', '.join(missing)}: it has "
             "no prices, so every launch that uses it is refused",
             f"set input_price_per_million and output_price_per_million in "
             f"{paths.config_dir() / 'providers.toml'}",

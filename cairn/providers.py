@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -165,6 +166,12 @@ def load_credential(route: ModelRoute, directory: str | None = None) -> str:
 def is_key_text(key: str) -> bool:
     """A provider key as the relay sends it: printable, no space, no line break."""
     return bool(key) and "\ufffd" not in key and all(0x21 <= ord(c) != 0x7F for c in key)
+
+
+def unpriced(routes: Mapping[str, ModelRoute]) -> list[str]:
+    """The providers among ``routes`` without both prices: no money budget can be kept
+    for a run that reaches one."""
+    return sorted(name for name, route in routes.items() if not route.priced)
 
 
 def cost_micros(route: ModelRoute, usage: dict[str, int]) -> int:

@@ -70,10 +70,6 @@ class MoneyBudget:
         self.spent_today = spent_today
         self._lock = threading.Lock()
 
-    @property
-    def limited(self) -> bool:
-        return self.limit is not None or self.daily is not None
-
     def charge(self, micros: int) -> None:
         with self._lock:
             self.used += micros

@@ -46,7 +46,7 @@ from cairn.protocol.launch import (
     SettlementPolicySpec,
 )
 from cairn.protocol.names import is_profile_name
-from cairn.providers import load_providers, providers_path
+from cairn.providers import load_providers, providers_path, unpriced
 from cairn.validation import first_error, invalid
 from cairn.verifiers import matching_verifiers
 from cairn.workflow.review import Review, review_source
@@ -296,17 +296,17 @@ def resolve_limits(
     except ValidationError as exc:
         where, message = first_error(exc, top="limits")
         raise ValidationFailed(f"limit {where}: {message}") from exc
-    unpriced = sorted(name for name, route in routes.items() if not route.priced)
-    if unpriced and limits.model_cost_cents is not None:
+    missing = unpriced(routes)
+    if missing and limits.model_cost_cents is not None:
         raise UsageError(
-            f"limit model_cost_cents needs prices, and provider {', '.join(unpriced)} has none",
+            f"limit model_cost_cents needs prices, and provider {', '.join(missing)} has none",
             hint=f"set input_price_per_million and output_price_per_million in "
             f"{providers_path()}, or launch without the limit",
         )
-    if unpriced and daily is not None:
+    if missing and daily is not None:
         raise PermissionDenied(
             f"this host keeps a daily model money budget per user, and provider "
-            f"{', '.join(unpriced)} has no prices to keep it with",
+            f"{', '.join(missing)} has no prices to keep it with",
             hint=f"an administrator sets input_price_per_million and output_price_per_million "
             f"in {providers_path()}",
         )

@@ -606,11 +606,11 @@ class _Writer:
     ``syncfs`` comes after :data:`UNSETTLED` batches, or at the end."""
 
     def __init__(self, live: Path, log_: _ReceiptLog, total: int,
-                 progress: Callable[[int, int], None] | None) -> None:
+                 progress: Callable[[int, int], None] | None, not_kept: _NotKept) -> None:
         self.live, self.log, self.total, self.progress = live, log_, total, progress
         self.unsettled: list[list[Entry]] = []  # each batch's receipts-to-be
         self.applied: list[str] = []
-        self.not_kept = _NotKept()
+        self.not_kept = not_kept  # the apply's: what each batch did not keep is added
         self.linked: dict[int, tuple[str, str, int]] = {}  # see Batch
         self.batches = 0
         self.syncs, self.synced_for = 0, 0.0
@@ -675,7 +675,7 @@ def _write(
     placements = sorted((p for p in writes if p.f.kind != "absent"),
                         key=lambda p: (depth(p.path), p.path))
     started = time.monotonic()
-    writer = _Writer(live, log_, len(writes), progress)
+    writer = _Writer(live, log_, len(writes), progress, not_kept)
     try:
         for plans in _batches(removals):
             writer.batch(plans, ft, removing=True)
@@ -687,9 +687,6 @@ def _write(
     except Raced as raced:
         writer.finish()
         return _Stopped(raced.path, writer.applied)
-    finally:
-        not_kept.xattrs += writer.not_kept.xattrs
-        not_kept.links += writer.not_kept.links
     return writer.applied
 
 
