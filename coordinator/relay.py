@@ -440,6 +440,8 @@ class ModelRelay:
                 raw = response.read(RESPONSE_LIMIT + 1)
                 if len(raw) > RESPONSE_LIMIT:
                     raise http.client.HTTPException(f"response over {RESPONSE_LIMIT} bytes")
+                if response.length:  # read(amt) returns what came before a close, silently
+                    raise http.client.IncompleteRead(raw, response.length)
                 recorded = _json_or_text(raw)
                 usage = usage_of(recorded) if response.status < 400 else {}
         except (OSError, http.client.HTTPException) as exc:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -292,3 +294,44 @@ def test_money_too_short_for_any_call_stops_new_operations() -> None:
     assert busy.spent() is None
     busy.release(held[1])
     assert busy.hold(1_000, 10, 10)[0] == 10 and busy.spent() is None
+
+
+def test_a_reply_cut_off_after_the_provider_accepted_the_call_is_charged_its_most(
+    tmp_path: Path, journal: Journal
+) -> None:
+    """What the call used is unknown once its reply is cut off (an agent hanging up
+    mid-stream, a provider closing early): it is charged the most it could have cost,
+    never nothing."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer_half() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"choices\": [")
+
+    thread = threading.Thread(target=answer_half)
+    thread.start()
+    base_url = f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    budget = MoneyBudget(100, spent_today=lambda: spent_today(journal))
+
+    def record(tokens: int, cost: int) -> None:  # as the coordinator: a connection per call
+        with Journal(journal.path) as j:
+            j.record_model_tokens(RUN, "root-1", 1, tokens, cost_micros=cost, day=today())
+
+    model_relay = ModelRelay(tmp_path / "cut" / "m.sock", route=route(base_url, PRICES),
+                             owner_uid=os.getuid(), transcript=tmp_path / "cut.jsonl",
+                             budget=TokenBudget(100_000), money=budget, on_spend=record)
+    with model_relay:
+        status, _ = ask(model_relay)
+    thread.join(timeout=10)
+    server.close()
+    assert status == 502
+    # the whole output cap (the route's 500 tokens at 10) and the input estimate at 2
+    assert 500 * 10 < budget.used < 500 * 10 + 200 * 2
+    assert journal.model_spend(RUN).cost_micros == budget.used
+    assert model_relay.usage["estimated_tokens"] == 0
+    assert model_relay.usage["output_tokens"] == 500
