@@ -103,6 +103,7 @@ def launch(machine: Machine, path: str, *extra: str) -> str:
     return out.strip().splitlines()[-1]
 
 
+@pytest.mark.clock  # waits out the approval's deadline
 def test_an_unanswered_approval_expires_and_the_workflow_finishes(machine: Machine) -> None:
     run_id = launch(machine, "/home/alice/approve.py")
     asked = time.monotonic()

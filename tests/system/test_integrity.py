@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from machine import Machine
 from test_recovery import check_run, launch, prepare, script, unit_starts
 
@@ -50,6 +51,7 @@ def freeze_outside_a_transaction(machine: Machine, unit: str) -> None:
     raise AssertionError(f"{unit} held the journal's write lock at 50 tries")
 
 
+@pytest.mark.clock  # waits out a lease
 def test_fenced_coordinator_cannot_commit(machine: Machine) -> None:
     project, args = prepare(machine)
     machine.exec(
