@@ -262,7 +262,7 @@ def _check(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
     return checker(schema, value, defs, where) if checker else None
 
 
-def _check_object(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_object(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if not isinstance(value, dict):
         return f"{where}: must be an object"
@@ -285,7 +285,7 @@ def _check_object(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any]
     return None
 
 
-def _check_string(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_string(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if not isinstance(value, str):
         return f"{where}: must be a string"
@@ -298,7 +298,7 @@ def _check_string(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any]
     return None
 
 
-def _check_number(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_number(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{where}: must be a number"
@@ -321,7 +321,7 @@ def _check_number(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any]
     return None
 
 
-def _check_array(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_array(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
                  where: str) -> str | None:
     if not isinstance(value, list):
         return f"{where}: must be a list"
@@ -337,17 +337,17 @@ def _check_array(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
     return None
 
 
-def _check_bool(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_bool(schema: JSONObject, value: JSONValue, defs: JSONObject,
                 where: str) -> str | None:
     return None if isinstance(value, bool) else f"{where}: must be true or false"
 
 
-def _check_null(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _check_null(schema: JSONObject, value: JSONValue, defs: JSONObject,
                 where: str) -> str | None:
     return None if value is None else f"{where}: must be null"
 
 
-_TYPE_CHECKS: dict[str, Callable[[dict[str, Any], JSONValue, dict[str, Any], str], str | None]] = {
+_TYPE_CHECKS: dict[str, Callable[[dict[str, Any], JSONValue, JSONObject, str], str | None]] = {
     "object": _check_object,
     "string": _check_string,
     "integer": _check_number,

@@ -25,7 +25,7 @@ from cairn.journal.rows import (
 )
 from cairn.journal.runs import RunEnded
 from cairn.journal.writes import Writes
-from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 
 
 class AlreadyAnswered(CairnError):
@@ -403,7 +403,7 @@ class People(Writes):
         """Open questions and approval requests of the owner's runs (all when None)."""
         owner = "" if owner_uid is None else " AND r.owner_uid=?"
         args: tuple[int, ...] = () if owner_uid is None else (owner_uid,)
-        items: list[dict[str, Any]] = []
+        items: list[JSONObject] = []
         for row in self.db.execute(
             "SELECT i.*, r.state AS run_state, r.definition FROM interactions i JOIN runs r"
             f" USING (run_id) WHERE i.state='waiting'{owner} ORDER BY i.created_at",
@@ -527,7 +527,7 @@ class QuestionRow(BaseModel):
     challenge: str
     question: str
     schema_name: str | None
-    json_schema: dict[str, Any]
+    json_schema: dict[str, object]
     state: Literal["waiting", "answered", "cancelled"]
     answer: Any
     actor_uid: int | None

@@ -53,7 +53,7 @@ class RunRow(BaseModel):
     review_hash: str
     project: str
     state: RunState
-    output: dict[str, Any] | None
+    output: dict[str, object] | None
     error: str | None
     settlement: dict[str, Any] | None
     lease_holder: str | None
@@ -86,7 +86,7 @@ class OpRow(BaseModel):
     predecessor: str | None
     attempt: int
     state: OpState
-    finish: dict[str, Any] | None
+    finish: dict[str, object] | None
     result: dict[str, Any] | None
     error: str | None
     checkpoint: dict[str, Any] | None

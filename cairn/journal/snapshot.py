@@ -11,9 +11,9 @@ always read, however many events lie between. A row that does not parse is repor
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -86,7 +86,7 @@ class OpEventSpan(BaseModel):
     finished: int | None
 
 
-def _event(row: Any, unreadable: list[Unreadable]) -> EventRow | None:
+def _event(row: sqlite3.Row, unreadable: list[Unreadable]) -> EventRow | None:
     try:
         return EventRow.model_validate({**dict(row), "data": json.loads(row["data"])})
     except (ValueError, TypeError, ValidationError) as exc:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from cairn.operations.spec import OperationRecord, OperationSpec
+from cairn.protocol.jsonvalue import JSONObject
 
 Disposition = Literal["accept", "reject"]
 REPORT_FIELDS = ("hypothesis", "intervention", "conclusion")
@@ -37,8 +38,8 @@ class ExperimentRecord(OperationRecord, Protocol):
     def error(self) -> str | None: ...
 
 
-def request(measurement: dict[str, Any], disposition: str,
-            report: object = None, target: object = None) -> dict[str, Any]:
+def request(measurement: object, disposition: str,
+            report: object = None, target: object = None) -> JSONObject:
     """What the call sends and the journal stores: the measurement by its ID only (the
     coordinator reads the measurement itself from the journal), the disposition, and the
     report and the primary metric's target when given."""
@@ -60,7 +61,7 @@ def request(measurement: dict[str, Any], disposition: str,
     return sent
 
 
-def checked(sent: dict[str, Any]) -> dict[str, Any]:
+def checked(sent: JSONObject) -> JSONObject:
     """``sent`` if it is a request :func:`request` makes (the coordinator's check of what
     the workflow's sandbox sent); ValueError saying what is wrong otherwise."""
     measured = sent.get("measurement")

@@ -22,7 +22,7 @@ from cairn.protocol.jsonvalue import JSONObject
 LABEL_LIMIT = 120
 
 
-def label(item: Any) -> str:
+def label(item: object) -> str:
     """How an item appears in the journal and in ``cairn show``."""
     text = (
         item
@@ -51,7 +51,7 @@ def done_request(worklist: str, count: int) -> JSONObject:
 
 def worklists(
     ops: Iterable[OperationRecord],
-) -> tuple[list[dict[str, Any]], list[Contradiction]]:
+) -> tuple[list[JSONObject], list[Contradiction]]:
     """Worklists of ``flow.unroll``, rebuilt from the journal's markers alone (each item
     done, active or still to come), and the markers that contradict them: an item of a
     worklist no ``unroll`` declared before it in its scope, or one out of its order (the

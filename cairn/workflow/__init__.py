@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -77,7 +77,7 @@ class WorkflowSpec:
     write_paths: tuple[str, ...] | None = None
 
 
-WorkflowFunction = Callable[..., Coroutine[Any, Any, Any]]
+WorkflowFunction = Callable[..., Coroutine[object, object, object]]
 F = TypeVar("F", bound=WorkflowFunction)
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol, TypeVar
 
@@ -42,7 +42,7 @@ from cairn.protocol.control import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.names import is_lane_key
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, WorkflowSpec, sandbox
 
@@ -57,7 +57,7 @@ LaneBody = Callable[[], Awaitable[object]]
 class AgentResult:
     """What ``await flow.agent(...)`` returns: the typed output and the boundary's handoff."""
 
-    output: Any
+    output: Model
     handoff: str
     boundary: str
 
@@ -68,7 +68,7 @@ class _Pending:
     def __init__(self, call: CallRequest) -> None:
         self.call = call
 
-    def __await__(self) -> Generator[_Pending, dict[str, Any], dict[str, Any]]:
+    def __await__(self) -> Generator[_Pending, JSONObject, dict[str, Any]]:
         answer = yield self
         return answer
 
@@ -89,7 +89,7 @@ class LaneResult:
     """One lane's terminal outcome, as ``flow.parallel``/``flow.map`` return it."""
 
     outcome: str
-    value: Any = None
+    value: object = None
     error: str | None = None
 
     @property
@@ -158,7 +158,7 @@ class Flow:
         prompt: str,
         title: str | None = None,
         require_changes: bool = False,
-    ) -> Coroutine[Any, Any, AgentResult]:
+    ) -> Coroutine[object, object, AgentResult]:
         """Run one agent session in the scope's W. ``require_changes``: a write agent
         that changed nothing but file times fails (``OperationFailed``, kind
         ``no-changes``) instead of succeeding."""
@@ -172,7 +172,9 @@ class Flow:
         pending = self._call("agent", agent.request(name, prompt, title, require_changes))
         return _agent_result(pending, descriptor)
 
-    def ask(self, question: str, *, schema: type[M] | None = None) -> Coroutine[Any, Any, M | str]:
+    def ask(
+        self, question: str, *, schema: type[M] | None = None
+    ) -> Coroutine[object, object, M | str]:
         """Ask a person; the run waits (its coordinator may exit) until a schema-valid
         answer arrives. Without ``schema`` the answer is text."""
         request = ask.request(question, None if schema is None else schema.__name__)
@@ -185,7 +187,7 @@ class Flow:
         expires_in: int | None = None,
         on_expiry: str = "reject",
         on_reject: str = "value",
-    ) -> Coroutine[Any, Any, Approval]:
+    ) -> Coroutine[object, object, Approval]:
         """Ask a person to approve ``subject``; the run waits (its coordinator may exit).
         Returns the decision: a rejection, a policy denial or an expiry (``on_expiry``
         decides which way it counts) comes back as a value with its reason, unless
@@ -194,8 +196,8 @@ class Flow:
         return _approval(self._call("approve", request))
 
     def parallel(
-        self, lanes: dict[str, Callable[[], Any]], *, concurrency: int | None = None
-    ) -> Coroutine[Any, Any, dict[str, LaneResult]]:
+        self, lanes: Mapping[str, LaneBody], *, concurrency: int | None = None
+    ) -> Coroutine[object, object, dict[str, LaneResult]]:
         """Run each lane (a no-argument callable returning an awaitable) in its own scope
         and workspace; return every lane's outcome once all are terminal."""
         keys = list(lanes)
@@ -210,18 +212,18 @@ class Flow:
 
     def map(
         self,
-        items: list[Any],
-        fn: Callable[[Any], Any],
+        items: list[T],
+        fn: Callable[[T], Awaitable[object]],
         *,
-        key: Callable[[Any], str],
+        key: Callable[[T], str],
         concurrency: int | None = None,
-    ) -> Coroutine[Any, Any, dict[str, LaneResult]]:
+    ) -> Coroutine[object, object, dict[str, LaneResult]]:
         """``parallel`` over data: one lane per item, named by ``key(item)``."""
         keys = [key(item) for item in items]
         _check_keys(keys)
         limit = concurrency or len(keys)
 
-        def lane(item: object) -> LaneBody:
+        def lane(item: T) -> LaneBody:
             return lambda: fn(item)
 
         forked = _Fork(
@@ -233,19 +235,19 @@ class Flow:
 
     def repeat_until(
         self,
-        step: Callable[[int], Any],
-        check: Callable[[Any], Any],
+        step: Callable[[int], object],
+        check: Callable[[object], object],
         *,
         max_attempts: int,
-    ) -> Coroutine[Any, Any, RepeatResult]:
+    ) -> Coroutine[object, object, RepeatResult]:
         """Run ``step(attempt)`` until ``check(value)`` holds, at most ``max_attempts``
         times; each attempt's agents see the earlier attempts' boundaries."""
         start = self._call("repeat_until", repeat_until.request(max_attempts))
         return _repeat(self, start, step, check, max_attempts)
 
     def measure_proposal(
-        self, evaluator: str, *, metrics: dict[str, Any], primary: str | None = None
-    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        self, evaluator: str, *, metrics: Mapping[str, JSONValue], primary: str | None = None
+    ) -> Coroutine[object, object, JSONObject]:
         """Run the host's evaluator ``evaluator`` over a disposable snapshot of W (its
         warm-ups and samples); return the measurement: the metric definitions (``metrics``:
         name → unit, direction, aggregation, max_regression; ``primary`` decides, default
@@ -256,9 +258,9 @@ class Flow:
         return _answer(pending)
 
     def settle_experiment(
-        self, measurement: dict[str, Any], disposition: str, *, report: object = None,
+        self, measurement: JSONObject, disposition: str, *, report: object = None,
         target: float | None = None,
-    ) -> Coroutine[Any, Any, dict[str, Any]]:
+    ) -> Coroutine[object, object, JSONObject]:
         """``accept`` the measured W (it becomes the best accepted checkpoint) or
         ``reject`` it (W is restored from the best accepted checkpoint before this
         returns). An accept that loses on the primary metric or breaks a guardrail, and any
@@ -273,7 +275,7 @@ class Flow:
         )
         return _answer(pending)
 
-    def restore(self, boundary: object) -> Coroutine[Any, Any, dict[str, Any]]:
+    def restore(self, boundary: object) -> Coroutine[object, object, JSONObject]:
         """Put W back to an earlier agent boundary of this scope (``flow.agent``'s result,
         or its ``boundary``) before this returns: what later agents see and what settles
         is that checkpoint, and every change made after it is dropped. Returns the
@@ -284,15 +286,15 @@ class Flow:
         return _answer(pending)
 
     def unroll(
-        self, items: list[Any], fn: Callable[[Any], Any], *, title: str
-    ) -> Coroutine[Any, Any, list[Any]]:
+        self, items: list[T], fn: Callable[[T], object], *, title: str
+    ) -> Coroutine[object, object, list[object]]:
         """A durable, ordered worklist: ``fn(item)`` for each item in turn, each marked
         active in the journal (``cairn show`` renders it)."""
         labels = [unroll.label(item) for item in items]
         start = self._call("unroll", unroll.request(title, labels))
         return _unroll(self, start, title, items, fn)
 
-    def item(self, key: str, fn: Callable[[], Any]) -> Coroutine[Any, Any, Any]:
+    def item(self, key: str, fn: Callable[[], object]) -> Coroutine[object, object, object]:
         """Mark ``key`` as the active item, then run ``fn``."""
         return _item(self, self._call("item", unroll.item_request("", -1, key)), fn)
 
@@ -309,12 +311,12 @@ async def _maybe_await(value: object) -> object:
 class RepeatResult:
     """What ``flow.repeat_until`` returns: the last step's value and whether it passed."""
 
-    value: Any
+    value: object
     attempts: int
     passed: bool
 
 
-async def _answer(pending: _Pending) -> dict[str, Any]:
+async def _answer(pending: _Pending) -> JSONObject:
     return await pending
 
 

@@ -128,7 +128,7 @@ class FieldSpec(_Frozen):
     title: str | None = None
 
     @model_serializer(mode="wrap")
-    def _omit_absent_factory(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _omit_absent_factory(self, handler: SerializerFunctionWrapHandler) -> object:
         # A field without a factory serializes as it did before factories existed, so the
         # manifest, and with it every review_hash a person confirmed, stays the same.
         data = handler(self)
@@ -217,7 +217,7 @@ def _annotation(spec: TypeSpec, built: dict[str, type[BaseModel]], *, owner: str
     return item | None
 
 
-def _field_info(field: FieldSpec, built: dict[str, type[BaseModel]], *, owner: str) -> Any:
+def _field_info(field: FieldSpec, built: dict[str, type[BaseModel]], *, owner: str) -> object:
     kwargs: dict[str, Any] = dict(field.constraints)
     if field.description is not None:
         kwargs["description"] = field.description

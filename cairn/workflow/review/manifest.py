@@ -72,9 +72,9 @@ class WorkflowEntry(_Frozen):
     write_paths: list[str] | None = None
 
     @model_serializer(mode="wrap")
-    def _undeclared_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _undeclared_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """An undeclared ``write_paths`` is not written, so older reviews keep their hash."""
-        data: dict[str, Any] = handler(self)
+        data: dict[str, object] = handler(self)
         if data.get("write_paths") is None:
             data.pop("write_paths", None)
         return data

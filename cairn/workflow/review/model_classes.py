@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.workflow.review.nodes import Reject, bound_names, is_api_call, literal
 from cairn.workflow.review.state import ReviewState
 from cairn.workflow.schema import (
@@ -95,7 +96,7 @@ def extract_field(state: ReviewState, model: str, stmt: ast.stmt) -> FieldSpec:
 
 def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    constraints: dict[str, Any] = {}
+    constraints: JSONObject = {}
     if len(call.args) > 1 or any(isinstance(a, ast.Starred) for a in call.args):
         raise Reject(
             call, "model-field", "Field() takes at most one positional argument, the default"
