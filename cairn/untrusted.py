@@ -41,7 +41,10 @@ __all__ = [
     "UntrustedFileError",
     "UntrustedFileMissing",
     "is_regular_file",
+    "kind_of",
+    "list_names",
     "lstat",
+    "open_dir",
     "open_file",
     "read_bytes",
     "read_json",
@@ -67,6 +70,7 @@ _RESOLVE_BENEATH = 0x08
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC  # search permission is enough
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
 DIRS_OPEN = 128  # directory fds one :class:`OpenDirs` keeps open (well below the default 1,024)
 
 
@@ -222,7 +226,8 @@ def _logged(func: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, for a refusal: "a symbolic link", "a FIFO", ..."""
     for test, name in (
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a directory"),
@@ -236,14 +241,18 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _check(st: os.stat_result, where: str, owner: Owners, single_link: bool) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise UntrustedFileError(where, f"{_kind(st.st_mode)}, not a regular file")
+def _check_owner(st: os.stat_result, where: str, owner: Owners) -> None:
     if owner is not None:
         owners = {owner} if isinstance(owner, int) else set(owner)
         if st.st_uid not in owners:
             wanted = " or ".join(str(u) for u in sorted(owners))
             raise UntrustedFileError(where, f"belongs to uid {st.st_uid}, not {wanted}")
+
+
+def _check(st: os.stat_result, where: str, owner: Owners, single_link: bool) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedFileError(where, f"{kind_of(st.st_mode)}, not a regular file")
+    _check_owner(st, where, owner)
     if single_link and st.st_nlink != 1:
         raise UntrustedFileError(where, f"{st.st_nlink} hard links; expected one")
 
@@ -316,6 +325,35 @@ def read_json(base: Base, rel: str, *, owner: Owners, limit: int) -> Any:
         return json.loads(data)
     except (ValueError, RecursionError):
         raise UntrustedFileError(_where(base, rel), "not valid JSON") from None
+
+
+@_logged
+def open_dir(base: Base, rel: str, *, owner: Owners) -> int:
+    """An fd (the caller closes it) of the directory ``rel`` beneath ``base`` that
+    :func:`list_names` can list, reached without following any link, owned by
+    ``owner``; a link or anything but a directory is refused."""
+    where = _where(base, rel)
+    with _dir_fd(base) as dir_fd:
+        fd = _open_beneath(dir_fd, rel, _LIST_FLAGS, where)
+    try:
+        _check_owner(os.fstat(fd), where, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def list_names(dir_fd: int, *, limit: int) -> tuple[list[str], bool]:
+    """The names in the directory ``dir_fd`` (from :func:`open_dir`), at most ``limit``
+    of them, and whether any were left unread: a directory of millions of entries costs
+    no more than ``limit`` to look at."""
+    names: list[str] = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            if len(names) == limit:
+                return names, True
+            names.append(entry.name)
+    return names, False
 
 
 def is_regular_file(base: Base, rel: str, *, owner: Owners) -> bool:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from cairn import paths, retention, untrusted
+from cairn import artifacts, paths, retention, untrusted
+from cairn.artifacts import ARTIFACTS
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
@@ -33,6 +34,7 @@ from cairn.protocol.agent import (
     COMMAND_FAILED_LIMIT,
     AgentInstruction,
     AgentMessage,
+    Artifacts,
     Boundary,
     CommandFailure,
 )
@@ -425,7 +427,7 @@ class AgentOperations(Recovery, Lanes):
             for r in self.journal.receipts(self.run_id)
             if r["intent_id"] == f"start-agent.{op.op_id}.{op.attempt}"
         ]
-        boundary = self.materialize(
+        boundary, published = self.materialize(
             op,
             call,
             finish,
@@ -444,6 +446,8 @@ class AgentOperations(Recovery, Lanes):
             "op_id": op.op_id,
             "usage": usage,
         }
+        if published.files or published.refused_total:
+            result["artifacts"] = published.model_dump(mode="json")
         self.journal.update_op(
             self.run_id,
             op.op_id,
@@ -609,9 +613,23 @@ class AgentOperations(Recovery, Lanes):
             for name in ("boundary.json", "handoff.md", "result.json", "transcript.jsonl"):
                 if (src / name).exists():
                     _write_public(dst / name, (src / name).read_text())
+            if (src / ARTIFACTS).is_dir():
+                _share_tree(src / ARTIFACTS, dst / ARTIFACTS)
+            ended = self.journal.get_op_by_id(self.run_id, earlier)
+            if ended.state != "committed":  # a failed lane's unfinished work
+                _write_public(dst / "unfinished.md", (
+                    f"Operation {earlier} did not finish ({ended.state}): "
+                    f"{ended.error or 'no reason recorded'}\n"
+                    "workspace/ is what it left in its W when it ended.\n"))
         index = {"run": self.run_id, "op": op.op_id, "incoming": incoming}
         _write_public(evidence / "index.json", json.dumps(index, indent=2))
         return incoming
+
+    def collect_artifacts(self, op: OpRow, dest: Path) -> Artifacts:
+        """What the attempt published in ``/outputs/artifacts``, copied into ``dest``
+        (:func:`cairn.artifacts.collect`: the agent's files, read through the helper)."""
+        return artifacts.collect(self.outputs_dir(op.op_id, op.attempt),
+                                 owner=self.desc.owner_uid, dest=dest)
 
     def materialize(
         self,
@@ -620,7 +638,13 @@ class AgentOperations(Recovery, Lanes):
         finish: AgentMessage,
         start: AgentStarted | None,
         checkpoint: Receipt,
-    ) -> Path:
+    ) -> tuple[Path, Artifacts]:
+        """Write the boundary's files (``boundary.json``, handoff, result, transcript) and
+        collect the agent's artifacts beside them; the path of ``boundary.json`` and what
+        was collected."""
+        out = self.state_dir / "boundaries" / op.op_id
+        out.mkdir(parents=True, exist_ok=True)
+        published = self.collect_artifacts(op, out / ARTIFACTS)
         finish_json = canonical_json(finish.model_dump(mode="json"))
         notes_file = self.state_dir / "ops" / op.op_id / "evidence" / "current" / "notes"
         boundary = Boundary(
@@ -641,16 +665,15 @@ class AgentOperations(Recovery, Lanes):
             checkpoint=checkpoint.data,
             predecessor=op.predecessor,
             usage=self.usage.get(op.op_id, {}),
+            artifacts=published,
         )
-        out = self.state_dir / "boundaries" / op.op_id
-        out.mkdir(parents=True, exist_ok=True)
         transcript = self.transcript_path(op.op_id, op.attempt)
         if transcript.exists():
             write_atomic(out / "transcript.jsonl", transcript.read_text(), mode=0o644)
         write_atomic(out / "boundary.json", boundary.model_dump_json(indent=2), mode=0o644)
         write_atomic(out / "handoff.md", boundary.handoff + "\n", mode=0o644)
         write_atomic(out / "result.json", json.dumps(boundary.output, indent=2), mode=0o644)
-        return out / "boundary.json"
+        return out / "boundary.json", published
 
 
 def _remove_tree(path: Path) -> None:
@@ -667,6 +690,16 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=lambda fn, where, info: note(fn, where, info[1]))
     if failed:
         log.warning("left in %s: %s", path, "; ".join(failed[:3]))
+
+
+def _share_tree(src: Path, dst: Path) -> None:
+    """``dst`` as a tree of hard links to the files of ``src`` (collected artifacts, ours
+    and read-only), directories world-readable: no copy however many agents read them."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, copy_function=os.link)
+    for directory in (dst, *(p for p in dst.rglob("*") if p.is_dir())):
+        os.chmod(directory, 0o755)  # noqa: S103  (the agent reads them through its bind)
 
 
 def _mkdirs(path: Path) -> None:

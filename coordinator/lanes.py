@@ -1,17 +1,22 @@
 """Lanes (ARCHITECTURE §5): ``flow.parallel`` and ``flow.map`` fork the scope's W into one
 writable W per lane; the join records every lane's outcome and final checkpoint (lanes
-are evidence, never merged). Also which earlier boundaries an operation may see."""
+are evidence, never merged), and keeps the unfinished work of a lane that failed. Also
+which earlier boundaries an operation may see."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase, Nondeterminism
+from cairn.errors import CairnError
 from cairn.journal.rows import OpRow
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
 from cairn.protocol.jsonvalue import JSONObject
+
+log = logging.getLogger(__name__)
 
 
 class Lanes(CoordinatorBase):
@@ -77,6 +82,8 @@ class Lanes(CoordinatorBase):
                 "scope": lane,
                 "boundary": last.op_id if last else None,
                 "checkpoint": (last.checkpoint or {}).get("s", {}).get("path") if last else None,
+                "evidence": (None if outcome["outcome"] == "succeeded"
+                             else self.keep_unfinished_work(lane, ops)),
             }
         result = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
         self.journal.update_op(
@@ -90,6 +97,38 @@ class Lanes(CoordinatorBase):
         )
         self.journal.update_op(self.run_id, op_id, token=self.token, state="committed")
         return result, op_id, True
+
+    def keep_unfinished_work(self, lane: str, ops: list[OpRow]) -> str | None:
+        """A lane that did not succeed keeps what its last agent left in W as a read-only
+        checkpoint of that agent's operation (a person sees it in ``cairn show``, later
+        agents under ``/evidence/incoming/<op>/workspace``); the operation, or None when
+        W holds nothing a checkpoint does not: no agent ran, or the last one committed.
+        Best effort: a checkpoint the broker cannot take is logged and withdrawn, the
+        join goes on."""
+        agents = [o for o in ops if o.scope == lane and o.kind == "agent"]
+        if not agents:
+            return None
+        last = max(agents, key=lambda o: o.seq)
+        if last.state not in ("failed", "cancelled"):
+            return None
+        if last.checkpoint:  # taken at its failure (no changes) or by this join before
+            return last.op_id
+        started = f"start-agent.{last.op_id}."
+        if not any(r["intent_id"].startswith(started) for r in self.journal.receipts(self.run_id)):
+            return None
+        intent = self.intent("checkpoint", f"checkpoint.{last.op_id}", scope=lane,
+                             op_id=last.op_id, generation=self.w_gen[lane])
+        try:
+            (taken,) = self.broker("storage-v1", [intent])
+        except CairnError as exc:
+            # a pending intent the broker refuses would stop the run's every later call
+            self.journal.withdraw_intent(self.run_id, intent.intent_id)
+            log.warning("%s: its unfinished work is not kept: %s", last.op_id, exc.message)
+            return None
+        self.journal.update_op(self.run_id, last.op_id, token=self.token,
+                               checkpoint=taken.data, event="lane-evidence-kept",
+                               event_data={"scope": lane, "state": last.state})
+        return last.op_id
 
     def causal_incoming(self, scope: str, seq: int) -> list[str]:
         """The boundaries an operation may see: earlier ones of its own scope and of the
@@ -116,6 +155,7 @@ class Lanes(CoordinatorBase):
                     incoming.append(o.op_id)
                 elif o.kind in FORK_KINDS and o.result:
                     incoming += [
-                        v["boundary"] for v in o.result["outcomes"].values() if v.get("boundary")
+                        v[key] for v in o.result["outcomes"].values()
+                        for key in ("boundary", "evidence") if v.get(key)
                     ]
         return incoming

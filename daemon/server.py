@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from cairn import paths
 from cairn.daemon import (
+    artifacts,
     attest,
     checkpoints,
     decisions,
@@ -40,6 +41,7 @@ from cairn.daemon.runref import resolve_run
 from cairn.errors import CairnError, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import (
+    ArtifactsRequest,
     CheckpointsRequest,
     DaemonReply,
     DiffRequest,
@@ -187,6 +189,12 @@ def _checkpoints(
     return checkpoints.checkpoints(journal, request.run_id, uid)
 
 
+def _artifacts(
+    journal: Journal, request: ArtifactsRequest, uid: int, _fd: int | None
+) -> object:
+    return artifacts.artifacts(journal, request, uid)
+
+
 def _decide(
     journal: Journal, request: ReconcileRequest | RetryRequest, uid: int, _fd: int | None
 ) -> object:
@@ -237,6 +245,7 @@ ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
     "revert": (RevertRequest, _revert),
     "replay": (ReplayRequest, _replay),
     "checkpoints": (CheckpointsRequest, _checkpoints),
+    "artifacts": (ArtifactsRequest, _artifacts),
     "reconcile": (ReconcileRequest, _decide),
     "retry": (RetryRequest, _decide),
     "ps": (PsRequest, _ps),

@@ -39,7 +39,9 @@ RESPONSE_LIMIT = 32 << 20
 ENVIRONMENT = """\
 You work inside a sandbox. The project is in /workspace (your working directory); your
 changes there are the result. Earlier agents' results are under /evidence (read
-/evidence/index.json); /outputs takes artifacts you want to publish. There is no network.
+/evidence/index.json; what they published is in /evidence/incoming/<op>/artifacts/).
+Files you want to publish beside your result (a report, a log, a plot) go in
+/outputs/artifacts/; /state is private scratch space. There is no network.
 
 When the work is done, call finish_work once with `output` matching this JSON schema and a
 short `handoff` for whoever continues:

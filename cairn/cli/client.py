@@ -23,9 +23,11 @@ from cairn.terminal import printable
 
 TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any, NoReturn, TypeVar
 
-    from cairn.protocol.daemon import OpRequest
+    from cairn.protocol.daemon import OpRequest, Reply
+
+    ReplyT = TypeVar("ReplyT", bound=Reply)
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
@@ -117,6 +119,17 @@ def reply_result(raw: bytes) -> Any:
     error = CairnError(message, hint=hint if isinstance(hint, str) else None)
     error.code = code
     raise error
+
+
+def typed(model: type[ReplyT], result: object) -> ReplyT:
+    """``result`` (what :func:`request` returned) as the reply model ``model``; a reply
+    that does not fit is a CairnError saying so, never a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(result)
+    except ValidationError:
+        raise _unreadable() from None
 
 
 def _unreadable() -> CairnError:

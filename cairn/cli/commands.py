@@ -1,6 +1,6 @@
 """The ``cairn`` command tree: :data:`app`, click's group of the commands of every
-module. One module per concern: ``runs``, ``people``, ``storage``, ``mcp`` and
-``completion`` add top-level commands; ``storage``, ``workflow``, ``schedule``,
+module. One module per concern: ``runs``, ``artifacts``, ``people``, ``storage``, ``mcp``
+and ``completion`` add top-level commands; ``storage``, ``workflow``, ``schedule``,
 ``project``, ``notify``, ``config`` and ``provider`` are sub-groups; ``client`` and
 ``options`` are what they share. This module only assembles them, and none of them
 imports it. A command imports the protocol model it sends when it runs, so a start that
@@ -9,7 +9,7 @@ only shows help or completes a command's name loads no pydantic.
 
 import click
 
-from cairn.cli import completion, mcp, people, runs, storage
+from cairn.cli import artifacts, completion, mcp, people, runs, storage
 from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
 from cairn.cli.options import CairnGroup
@@ -70,6 +70,7 @@ app = CairnGroup(
     ],
 )
 runs.register(app)
+artifacts.register(app)
 people.register(app)
 storage.register(app)
 mcp.register(app)

@@ -269,6 +269,18 @@ def echo(line: object, *, err: bool = False) -> None:
     click.echo(printable(line), err=err)
 
 
+def human_size(size: int | None) -> str:
+    """Bytes as people read them (binary multiples); None is ``unknown``."""
+    if size is None:
+        return "unknown"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 def columns(rows: list[list[str]]) -> list[str]:
     """``rows`` (a header first) as aligned lines: every cell escaped
     (:func:`~cairn.terminal.printable`), two spaces between columns, the last unpadded."""

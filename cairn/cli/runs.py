@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from cairn.cli import launching
+from cairn.cli.artifacts import summary as artifacts_summary
 from cairn.cli.attest import Expected
 from cairn.cli.client import emit, fail, request
 from cairn.cli.completion import short_ids
@@ -387,6 +388,9 @@ def _print_show(data: dict[str, Any]) -> None:
             )
         if op.get("output") is not None:
             click.echo(f"             output {json.dumps(op['output'])}")
+        if op.get("artifacts"):
+            line = artifacts_summary(run["run_id"], op["op_id"], op["artifacts"])
+            click.echo(f"             {line}")
     model = data.get("model")
     if model:
         click.echo(model_line(model))

@@ -22,6 +22,7 @@ from cairn.cli.options import (
     confirm_or_stop,
     dry_run_flag,
     echo,
+    human_size,
     json_flag,
     run_argument,
     yes_flag,
@@ -69,18 +70,6 @@ def storage_init(
     echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
 
 
-def human(size: int | None) -> str:
-    """Bytes as people read them (binary multiples); None is ``unknown``."""
-    if size is None:
-        return "unknown"
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
 def _ago(ts: float) -> str:
     seconds = int(time.time() - ts)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -106,8 +95,9 @@ def storage_df(all_users: bool = False, json_out: bool = False) -> None:
         return
     pool = data["pool"]
     echo(
-        f"pool {pool['root']}: size {human(pool['size'])}, used {human(pool['used'])}, "
-        f"free {human(pool['free'])}, reserve {human(pool['reserve'])}"
+        f"pool {pool['root']}: size {human_size(pool['size'])}, "
+        f"used {human_size(pool['used'])}, free {human_size(pool['free'])}, "
+        f"reserve {human_size(pool['reserve'])}"
     )
     if not pool["quotas"]:
         echo("exclusive bytes per run: unknown (Btrfs quotas are off on this pool)")
@@ -118,7 +108,7 @@ def storage_df(all_users: bool = False, json_out: bool = False) -> None:
     for run in data["runs"]:
         echo(
             f"{run['run_id']:<38} {run['state']:<10} {_ago(run['finished_at']):<10} "
-            f"{human(run['exclusive']):<11} {run['held'] or '-'}"
+            f"{human_size(run['exclusive']):<11} {run['held'] or '-'}"
         )
 
 
@@ -274,7 +264,7 @@ def checkpoints(run_id: str, json_out: bool = False) -> None:
         return
     echo(f"{'OPERATION':<12} {'KIND':<8} {'SCOPE':<10} {'TAKEN':<10} {'EXCLUSIVE':<11} PATH")
     for cp in data["checkpoints"]:
-        size = "deleted" if cp["deleted"] else human(cp["exclusive"])
+        size = "deleted" if cp["deleted"] else human_size(cp["exclusive"])
         echo(
             f"{cp['op_id']:<12} {cp['kind'] or '-':<8} {cp['scope'] or '-':<10} "
             f"{_ago(cp['at']):<10} {size:<11} {cp['path']}"

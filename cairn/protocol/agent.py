@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from cairn.protocol.base import Frozen, OpId, RunId, ScopeId
 from cairn.protocol.launch import ProfileSpec
+from cairn.protocol.names import ARTIFACT_PATH_MAX
 
 # Headers of the model relay (``/run/cairn/model.sock``): the ``llm`` agent numbers the
 # tries of one call (1 for the first; the relay records it in the transcript), and the
@@ -49,6 +50,32 @@ class AgentReply(Frozen):
     refused: bool = False
 
 
+class Artifact(Frozen):
+    """One file an agent published (``/outputs/artifacts/<name>``), as collected: its
+    path below ``artifacts/``, size and content hash (:mod:`cairn.artifacts`)."""
+
+    name: str = Field(min_length=1, max_length=ARTIFACT_PATH_MAX)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ArtifactRefused(Frozen):
+    """An entry below ``/outputs/artifacts`` left behind: its name as printable text,
+    and why."""
+
+    name: str
+    reason: str
+
+
+class Artifacts(Frozen):
+    """What one boundary collected and what it left behind (``refused`` names the first
+    few; ``refused_total`` counts them all)."""
+
+    files: list[Artifact] = []
+    refused: list[ArtifactRefused] = []
+    refused_total: int = 0
+
+
 class Boundary(Frozen):
     """boundary.json: what one completed agent operation left behind."""
 
@@ -69,6 +96,7 @@ class Boundary(Frozen):
     checkpoint: dict[str, Any]
     predecessor: str | None
     usage: dict[str, int] = {}
+    artifacts: Artifacts = Artifacts()
 
 
 COMMAND_FAILED_FILE = "command-failed.json"

@@ -28,6 +28,8 @@ PROVIDER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
 HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 # A caller's name for a run (``cairn launch --run-key``): a date, a ticket, a commit.
 RUN_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+# The longest path of an artifact below /outputs/artifacts that is collected (characters).
+ARTIFACT_PATH_MAX = 1024
 
 _HEX = frozenset("0123456789abcdef")
 _FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")

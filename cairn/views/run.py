@@ -149,6 +149,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
                 "request": o.request,
                 "output": (o.result or {}).get("output"),
                 "handoff": (o.result or {}).get("handoff"),
+                "artifacts": (o.result or {}).get("artifacts"),
                 "checkpoint": o.checkpoint,
                 "error": o.error,
                 "retries": retries.get(o.op_id, []),

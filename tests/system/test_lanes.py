@@ -56,18 +56,38 @@ GATHER = {
 }
 
 
+# Lane "bad" leaves a file in its W, then fails every attempt.
+FAILING_LANE = {
+    "steps": [
+        {"action": "run",
+         "argv": ["/bin/sh", "-c", "echo {prompt} > tried-{prompt}.txt; test {prompt} != bad"]},
+        {"action": "write", "path": "{prompt}.txt", "content": "lane {prompt}\n"},
+    ],
+    "output": {"text": "{prompt} done"},
+}
+GATHER_UNFINISHED = {
+    "steps": [
+        *GATHER["steps"],
+        {"action": "run", "argv": ["/bin/sh", "-c", "cat /evidence/incoming/root-1-bad-1/"
+                                   "unfinished.md > unfinished.txt"]},
+    ],
+    "output": {"text": "{prompt}"},
+}
+
+
 def cairn(machine: Machine, *argv: str, user: str = "alice") -> str:
     return machine.exec(["cairn", *argv], user=user, timeout=120).stdout.decode()
 
 
 def launch(
-    machine: Machine, names: list[str], *extra: str, script: dict[str, Any] = LANE
+    machine: Machine, names: list[str], *extra: str, script: dict[str, Any] = LANE,
+    gather: dict[str, Any] = GATHER,
 ) -> tuple[str, str]:
     project = "/home/alice/lanes"
     machine.exec(["mkdir", "-p", project], user="alice")
     machine.exec(["tee", f"{project}/README"], user="alice", input=b"parent\n")
     machine.exec(["tee", "/home/alice/lanes.py"], user="alice", input=WORKFLOW.encode())
-    for name, agent in (("lane", script), ("gather", GATHER)):
+    for name, agent in (("lane", script), ("gather", gather)):
         machine.exec(
             ["tee", f"/home/alice/{name}.json"], user="alice", input=json.dumps(agent).encode()
         )
@@ -187,6 +207,31 @@ def test_coordinator_killed_while_lanes_run(machine: Machine) -> None:
     data = check_result(machine, run_id, project, names)
     assert unit_starts(machine, run_id) == {**{f"root-1-{n}-1": [1] for n in names}, "root-2": [1]}
     assert sum(1 for e in data["events"] if e["event"] == "lease-acquired") >= 2
+
+
+def test_a_failed_lane_keeps_its_unfinished_work_for_the_next_agent(machine: Machine) -> None:
+    run_id, project = launch(machine, ["a", "bad"], script=FAILING_LANE,
+                             gather=GATHER_UNFINISHED)
+    data = wait(machine, run_id, finished)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {"text": "a"}
+    bad = next(o for o in data["operations"] if o["op_id"] == "root-1-bad-1")
+    assert bad["state"] == "failed"
+    # the last attempt's W, kept read-only as the failed operation's checkpoint
+    path = f"/var/lib/cairn/pool/runs/{run_id}/checkpoints/root-1-bad-1"
+    assert bad["checkpoint"]["s"]["path"] == path
+    assert machine.exec(["btrfs", "property", "get", path, "ro"]).stdout.strip() == b"ro=true"
+    assert sorted(machine.exec(["ls", path]).stdout.decode().split()) == [
+        "README", "tried-bad.txt"]
+    assert f"checkpoint {path} (read-only".encode() in machine.exec(
+        ["cairn", "show", run_id], user="alice").stdout
+    # the next agent saw it beside the lane that succeeded, and how it ended
+    seen = machine.exec(["cat", f"{project}/seen.txt"]).stdout.decode().split()
+    assert seen == ["a.txt", "tried-a.txt", "tried-bad.txt"]
+    unfinished = machine.exec(["cat", f"{project}/unfinished.txt"]).stdout.decode()
+    assert unfinished.startswith("Operation root-1-bad-1 did not finish (failed): "), unfinished
+    # the parent's W got nothing of either lane
+    assert machine.exec(["test", "-e", f"{project}/tried-bad.txt"], check=False).returncode == 1
 
 
 def test_cancel_stops_every_running_lane(machine: Machine) -> None:

@@ -782,6 +782,10 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("broker/units.py", "run_candidate", {"read_bytes", "write_new"}),
     ("cairn/settle/diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
     ("broker/units.py", "_socket_in", {"lstat"}),  # agent.sock, model.sock in the channel
+    ("cairn/artifacts.py", "collect", {"open_dir"}),  # /outputs/artifacts
+    ("cairn/artifacts.py", "_walk_dir", {"list_names", "lstat"}),
+    ("cairn/artifacts.py", "_walk_subdir", {"open_dir"}),
+    ("cairn/artifacts.py", "_take_file", {"open_file"}),
 ]
 # P, read by the owner's candidate unit (cairn.worker.candidate); root never reads it.
 PENDING: list[tuple[str, str, set[str]]] = [
