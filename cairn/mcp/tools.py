@@ -11,6 +11,8 @@ reviews it; a draft is inert until a person installs it (and exposes it) in a te
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +30,8 @@ from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
 from cairn.mcp.forms import filled, launch_form
 from cairn.protocol.daemon import (
     AnswerRequest,
+    ArtifactContent,
+    ArtifactsRequest,
     InboxRequest,
     LaunchRequest,
     PsRequest,
@@ -36,7 +40,9 @@ from cairn.protocol.daemon import (
 )
 from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.mcp import (
+    MAX_ARTIFACT_TEXT,
     AnswerArgs,
+    ArtifactArgs,
     DraftArgs,
     ElicitAnswer,
     InboxArgs,
@@ -172,6 +178,27 @@ def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> JSONOb
     return {"items": [_without_approval_keys(item) for item in session.request(InboxRequest())]}
 
 
+def _artifact(args: ArtifactArgs, session: Session, report: Reporter | None) -> JSONObject:
+    """One published file as text (its first :data:`MAX_ARTIFACT_TEXT` characters), or
+    only its size and hash when it is not UTF-8: a model reads text."""
+    got = ArtifactContent.model_validate(session.request(
+        ArtifactsRequest(run_id=args.run, op_id=args.op, name=args.name)))
+    data = base64.b64decode(got.content_base64, validate=True)
+    if hashlib.sha256(data).hexdigest() != got.sha256:
+        raise CairnError(f"artifact {printable(got.name)} arrived damaged (its SHA-256 differs)")
+    try:
+        text: str | None = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {
+        "run_id": got.run_id, "op_id": got.op_id, "name": got.name, "size": got.size,
+        "sha256": got.sha256,
+        "text": None if text is None else text[:MAX_ARTIFACT_TEXT],
+        "truncated": text is not None and len(text) > MAX_ARTIFACT_TEXT,
+        "binary": text is None,
+    }
+
+
 def _without_approval_keys(item: JSONObject) -> JSONObject:
     """A question as cairnd gives it; an approval request without its fingerprint and
     request ID, with who decides it."""
@@ -278,6 +305,9 @@ FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None],
                    "settlement."),
     "cairn_show": (RunArgs, _show, "One run: its state, operations, the question it waits on "
                    "(if any), its settlement and progress."),
+    "cairn_artifact": (ArtifactArgs, _artifact, "Read a file an agent of a run published "
+                       "(its operation's artifacts in cairn_show): its text, or only its size "
+                       "and hash when it is not text."),
     "cairn_watch": (WatchArgs, _watch, "Follow a run: its events until its state changes, it "
                     "ends, or the timeout; progress notifications carry each event. Call "
                     "again with the returned cursor to go on."),

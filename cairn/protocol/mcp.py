@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.protocol.definitions import NAME_PATTERN
-from cairn.protocol.names import HASH_PATTERN, RUN_KEY_PATTERN
+from cairn.protocol.names import ARTIFACT_PATH_MAX, HASH_PATTERN, OP_ID_PATTERN, RUN_KEY_PATTERN
 
 JSONRPC: Literal["2.0"] = "2.0"
 
@@ -233,6 +233,20 @@ class AnswerArgs(RunArgs):
     answer: Any = Field(
         description="The answer: text, or a JSON value for a question with a schema."
     )
+
+
+MAX_ARTIFACT_TEXT = 256 << 10  # characters of an artifact's text one cairn_artifact returns
+
+
+class ArtifactArgs(RunArgs):
+    """``cairn_artifact``: one file an agent of the run published."""
+
+    op: str = Field(pattern=OP_ID_PATTERN,
+                    description="The agent operation that published it: an operation's op_id "
+                    "in cairn_show.")
+    name: str = Field(min_length=1, max_length=ARTIFACT_PATH_MAX,
+                      description="Its name: one of that operation's artifacts.files[].name "
+                      "in cairn_show.")
 
 
 class LaunchArgs(ToolArgs):

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 SDK_PYTHON = REPO / ".venv-mcp" / "bin" / "python"
 SESSION = REPO / "tests" / "support" / "mcp_sdk_session.py"
 SOURCE = (REPO / "cairn" / "builtin" / "workflows" / "implement.py").read_text()
-FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer",
-         "cairn_workflow_draft"]
+FIXED = ["cairn_runs", "cairn_show", "cairn_artifact", "cairn_watch", "cairn_inbox",
+         "cairn_answer", "cairn_workflow_draft"]
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +155,14 @@ def test_another_users_server_sees_none_of_alices_runs(
         {"call": "cairn_runs"},
         {"call": "cairn_show", "arguments": {"run": alices}},
         {"call": "cairn_watch", "arguments": {"run": alices, "timeout": 1}},
+        {"call": "cairn_artifact", "arguments": {"run": alices, "op": "root-1",
+                                                 "name": "report.md"}},
         {"call": "cairn_inbox"},
     ], tmp_path)
-    listed, bobs_runs, shown, watched, inbox = report["steps"]
+    listed, bobs_runs, shown, watched, artifact, inbox = report["steps"]
     assert listed["tools"] == FIXED  # bob exposed nothing
     assert bobs_runs["structured"] == {"runs": []}
-    for refused in (shown, watched):
+    for refused in (shown, watched, artifact):
         assert refused["is_error"] is True and f"no run {alices}" in refused["text"][0]
     assert inbox["structured"] == {"items": []}
 

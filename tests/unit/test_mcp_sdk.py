@@ -85,8 +85,9 @@ def test_the_official_client_lists_launches_follows_and_cannot_approve(
     ])
     assert report["protocol_version"] == "2025-11-25" and report["server"] == "cairn"
     listed, runs, launched, followed, approve = report["steps"]
-    assert listed["tools"] == ["user_fix-flaky", "cairn_runs", "cairn_show", "cairn_watch",
-                               "cairn_inbox", "cairn_answer", "cairn_workflow_draft"]
+    assert listed["tools"] == ["user_fix-flaky", "cairn_runs", "cairn_show", "cairn_artifact",
+                               "cairn_watch", "cairn_inbox", "cairn_answer",
+                               "cairn_workflow_draft"]
     assert runs == {"is_error": False, "structured": {"runs": []}, "text": ['{\n  "runs": []\n}']}
     assert launched["structured"]["run_id"] == RUN
     assert followed["progress"] == ["1 run-started", "2 run-succeeded"]

@@ -5,6 +5,8 @@ clock."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import os
@@ -30,10 +32,10 @@ from cairn.definitions.files import drafts_dir, workflows_dir
 from cairn.mcp.server import Server
 from cairn.mcp.tools import Session
 from cairn.protocol.daemon import ErrorBody, OpRequest
-from cairn.protocol.mcp import LATEST_PROTOCOL_VERSION
+from cairn.protocol.mcp import LATEST_PROTOCOL_VERSION, MAX_ARTIFACT_TEXT
 
-FIXED = ["cairn_runs", "cairn_show", "cairn_watch", "cairn_inbox", "cairn_answer",
-         "cairn_workflow_draft"]
+FIXED = ["cairn_runs", "cairn_show", "cairn_artifact", "cairn_watch", "cairn_inbox",
+         "cairn_answer", "cairn_workflow_draft"]
 RUNS = [{"run_id": RUN, "state": "running", "definition": "user:fix-flaky",
          "created_at": 1.0, "current_op": None}]
 QUESTION = {"kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
@@ -576,3 +578,44 @@ def test_a_form_nobody_answers_gives_up_and_launches_nothing(daemon: StandInDaem
     assert result["isError"] is True
     assert result["content"][0]["text"].startswith("nobody filled in the launch form")
     assert asked == []
+
+
+def artifact_reply(content: bytes) -> dict[str, Any]:
+    return {"run_id": RUN, "op_id": "root-1", "name": "report.md", "size": len(content),
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "content_base64": base64.b64encode(content).decode()}
+
+
+def test_an_artifact_reaches_the_model_as_text_and_a_binary_one_as_its_hash(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    daemon.answers["artifacts"] = artifact_reply("# Findings\nünïcode\n".encode())
+    got = client.call("cairn_artifact", {"run": RUN, "op": "root-1", "name": "report.md"})
+    assert got["structuredContent"]["text"] == "# Findings\nünïcode\n"
+    assert (got["structuredContent"]["truncated"], got["structuredContent"]["binary"]) == (
+        False, False)
+    assert daemon.asked[-1] == {"op": "artifacts", "run_id": RUN, "op_id": "root-1",
+                                "name": "report.md"}
+    daemon.answers["artifacts"] = artifact_reply(b"\x89PNG\r\n\x1a\n\xff")
+    got = client.call("cairn_artifact", {"run": RUN, "op": "root-1", "name": "report.md"})
+    assert got["structuredContent"]["text"] is None and got["structuredContent"]["binary"]
+    damaged = {**artifact_reply(b"abc"), "sha256": "0" * 64}
+    daemon.answers["artifacts"] = damaged
+    got = client.call("cairn_artifact", {"run": RUN, "op": "root-1", "name": "report.md"})
+    assert got["isError"] is True and "arrived damaged" in got["content"][0]["text"]
+    asked = len(daemon.asked)
+    for bad in ({"run": RUN, "op": "Root 1", "name": "x"}, {"run": RUN, "op": "root-1"},
+                {"run": RUN, "op": "root-1", "name": ""}):
+        assert client.call("cairn_artifact", bad)["isError"] is True
+    assert len(daemon.asked) == asked  # bad arguments never reach cairnd
+
+
+def test_a_long_artifact_is_cut_to_what_a_model_reads(
+    client: StdioClient, daemon: StandInDaemon
+) -> None:
+    client.initialize()
+    daemon.answers["artifacts"] = artifact_reply(b"x" * (MAX_ARTIFACT_TEXT + 10))
+    got = client.call("cairn_artifact", {"run": RUN, "op": "root-1", "name": "report.md"})
+    assert len(got["structuredContent"]["text"]) == MAX_ARTIFACT_TEXT
+    assert got["structuredContent"]["truncated"] is True
