@@ -125,6 +125,7 @@ class Lanes(CoordinatorBase):
             self.journal.withdraw_intent(self.run_id, intent.intent_id)
             log.warning("%s: its unfinished work is not kept: %s", last.op_id, exc.message)
             return None
+        self.failpoint("lane-evidence-after-storage")
         self.journal.update_op(self.run_id, last.op_id, token=self.token,
                                checkpoint=taken.data, event="lane-evidence-kept",
                                event_data={"scope": lane, "state": last.state})

@@ -4,13 +4,16 @@ lane, and the next agent sees each lane's final checkpoint read-only — never m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from machine import Machine
+from test_recovery import LANE_EVIDENCE_FAILPOINTS, assert_fired, failpoint_enabled
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "lanes.py").read_text()
@@ -209,10 +212,18 @@ def test_coordinator_killed_while_lanes_run(machine: Machine) -> None:
     assert sum(1 for e in data["events"] if e["event"] == "lease-acquired") >= 2
 
 
-def test_a_failed_lane_keeps_its_unfinished_work_for_the_next_agent(machine: Machine) -> None:
-    run_id, project = launch(machine, ["a", "bad"], script=FAILING_LANE,
-                             gather=GATHER_UNFINISHED)
-    data = wait(machine, run_id, finished)
+@pytest.mark.parametrize("crash", [None, *sorted(LANE_EVIDENCE_FAILPOINTS)])
+def test_a_failed_lane_keeps_its_unfinished_work_for_the_next_agent(
+    machine: Machine, crash: str | None
+) -> None:
+    with failpoint_enabled(machine, crash) if crash else contextlib.nullcontext():
+        run_id, project = launch(machine, ["a", "bad"], script=FAILING_LANE,
+                                 gather=GATHER_UNFINISHED)
+        data = wait(machine, run_id, finished)
+    if crash:
+        assert_fired(machine, run_id, crash)
+    kept = [e for e in data["events"] if e["event"] == "lane-evidence-kept"]
+    assert [e["op_id"] for e in kept] == ["root-1-bad-1"]
     assert data["run"]["state"] == "succeeded", data["run"]["error"]
     assert data["run"]["output"] == {"text": "a"}
     bad = next(o for o in data["operations"] if o["op_id"] == "root-1-bad-1")

@@ -57,6 +57,10 @@ EXPERIMENT_FAILPOINTS = {
 }
 
 # Failpoints inside flow.restore, in the coordinator; exercised by tests/system/test_restore.py.
+LANE_EVIDENCE_FAILPOINTS = {
+    "lane-evidence-after-storage": "a failed lane's W snapshotted at its join, not yet "
+                                   "recorded on its operation",
+}
 RESTORE_FAILPOINTS = {
     "restore-after-decision": "boundary, new W generation and its intents saved, W not made",
     "restore-after-storage": "the new W made and the old one dropped, restore not settled",
@@ -298,6 +302,17 @@ def test_write_reliability_table() -> None:
         "| failpoint | state at the crash |",
         "| --- | --- |",
         *(f"| `{name}` | {situation} |" for name, situation in RESTORE_FAILPOINTS.items()),
+        "",
+        "### A failed lane's unfinished work",
+        "",
+        "The coordinator killed while a join keeps a failed lane's W, exercised by",
+        "`tests/system/test_lanes.py::test_a_failed_lane_keeps_its_unfinished_work_for_the_"
+        "next_agent`: the run ends as an uninterrupted one, the lane's W snapshotted once and",
+        "recorded once on its operation, and the next agent sees it.",
+        "",
+        "| failpoint | state at the crash |",
+        "| --- | --- |",
+        *(f"| `{name}` | {situation} |" for name, situation in LANE_EVIDENCE_FAILPOINTS.items()),
         "",
         "### Apply phases",
         "",
