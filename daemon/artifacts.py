@@ -22,13 +22,9 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.journal.snapshot import read_snapshot, readable_ops
 from cairn.protocol.agent import Artifact, Artifacts
-from cairn.protocol.daemon import (
-    ArtifactContent,
-    ArtifactsReply,
-    ArtifactsRequest,
-    OperationArtifacts,
-)
+from cairn.protocol.daemon import ArtifactsRequest
 from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.replies import ArtifactContent, ArtifactsReply, OperationArtifacts
 from cairn.terminal import printable
 
 

@@ -18,6 +18,7 @@ from cairn.daemon.views import visible_run
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import Checkpointed, QPrepared, SubvolumeReceipt
+from cairn.protocol.replies import CheckpointsReply, RunCheckpoint, StorageState
 from cairn.views.run import storage_status
 
 SizeOf = Callable[[int], int | None]
@@ -26,8 +27,9 @@ SizeOf = Callable[[int], int | None]
 def checkpoints(
     journal: Journal, run_id: str | None, uid: int, *, size_of: SizeOf | None = None
 ) -> dict[str, Any]:
-    """The run's checkpoints in the order they were taken. ``size_of`` maps a subvolume
-    ID to its exclusive bytes (None: unknown); by default the pool's qgroups."""
+    """The run's checkpoints in the order they were taken, :class:`CheckpointsReply`.
+    ``size_of`` maps a subvolume ID to its exclusive bytes (None: unknown); by default the
+    pool's qgroups."""
     run = visible_run(journal, run_id, uid)
     receipts = journal.receipts(run.run_id)
     status = storage_status(receipts)
@@ -39,28 +41,28 @@ def checkpoints(
         for op_id, s, reminted in taken(receipt):
             op = ops.get(op_id)
             listed.append(
-                {
-                    "op_id": op_id,
-                    "kind": op.kind if op else None,
-                    "scope": op.scope if op else None,
-                    "attempt": op.attempt if op else None,
-                    "op_state": op.state if op else None,
-                    "at": receipt.get("at"),
-                    "path": s.path,
-                    "uuid": s.uuid,
-                    "subvol_id": s.subvol_id,
-                    "exclusive": None if status["deleted"] or size_of is None
+                RunCheckpoint(
+                    op_id=op_id,
+                    kind=op.kind if op else None,
+                    scope=op.scope if op else None,
+                    attempt=op.attempt if op else None,
+                    op_state=op.state if op else None,
+                    at=receipt.get("at"),
+                    path=s.path,
+                    uuid=s.uuid,
+                    subvol_id=s.subvol_id,
+                    exclusive=None if status["deleted"] or size_of is None
                     else size_of(s.subvol_id),
-                    "deleted": status["deleted"],
-                    "reminted": reminted,
-                }
+                    deleted=status["deleted"],
+                    reminted=reminted,
+                )
             )
-    return {
-        "run_id": run.run_id,
-        "state": run.state,
-        "storage": status,
-        "checkpoints": listed,
-    }
+    return CheckpointsReply(
+        run_id=run.run_id,
+        state=run.state,
+        storage=StorageState.model_validate(status),
+        checkpoints=listed,
+    ).model_dump(mode="json")
 
 
 def taken(receipt: Mapping[str, object]) -> list[tuple[str, SubvolumeReceipt, bool]]:

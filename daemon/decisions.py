@@ -12,14 +12,17 @@ from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import AgentMessage
 from cairn.protocol.daemon import ReconcileRequest, RetryRequest
+from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.replies import DecisionReply, RetryReply
 from cairn.restore_point import restore_point
 from cairn.validation import invalid
 from cairn.workflow.review import Review
 from cairn.workflow.schema import build_models
 
 
-def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int) -> dict[str, Any]:
-    """Settle an uncertain operation from a result the person vouches for, or retry it."""
+def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int) -> JSONObject:
+    """Settle an uncertain operation from a result the person vouches for
+    (:class:`DecisionReply`), or retry it (:class:`RetryReply`)."""
     run = visible_run(journal, request.run_id, uid)
     if not request.op_id:
         raise UsageError("no operation given", hint="see the blocked operation in 'cairn show'")
@@ -34,15 +37,20 @@ def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int)
             run.run_id, op.op_id, decision="result", actor_uid=uid, finish=finish
         )
     restart_coordinator(journal, run.run_id)
-    answer: dict[str, Any] = {"run_id": run.run_id, "op_id": op.op_id, "state": "pending"}
+    answer: DecisionReply
     if isinstance(request, RetryRequest) or request.no_effect:
         # the coordinator restores the next attempt's W from the same point
         replay = journal.launch_description(run.run_id).replay
-        answer["from_checkpoint"] = restore_point(
-            journal.list_ops(run.run_id), op.scope, op.seq,
-            replayed_through=replay.through_op if replay else None,
+        answer = RetryReply(
+            run_id=run.run_id, op_id=op.op_id, state="pending",
+            from_checkpoint=restore_point(
+                journal.list_ops(run.run_id), op.scope, op.seq,
+                replayed_through=replay.through_op if replay else None,
+            ),
         )
-    return answer
+    else:
+        answer = DecisionReply(run_id=run.run_id, op_id=op.op_id, state="pending")
+    return answer.model_dump(mode="json")
 
 
 def checked_finish(

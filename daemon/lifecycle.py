@@ -19,6 +19,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.broker import Intent, RunDeleted
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
+from cairn.protocol.replies import PoolSpace, RunStorage, StorageDfReply
 from cairn.views.run import storage_status
 
 DELETE_INTENT = "delete-run"
@@ -64,6 +65,8 @@ def _free_bytes() -> int | None:
 
 
 def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
+    """The pool's space and every run (of the caller's) that holds storage,
+    :class:`StorageDfReply`."""
     policy = retention.load_policy()
     pool = storage.Pool.open(paths.pool_dir())
     usage = retention.pool_usage(pool, policy.reserve_bytes)
@@ -74,16 +77,17 @@ def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
         if not known.has_storage or known.storage_deleted:
             continue
         runs.append(
-            {
-                "run_id": run.run_id,
-                "owner_uid": run.owner_uid,
-                "state": run.state,
-                "finished_at": run.updated_at,
-                "exclusive": retention.run_exclusive_bytes(pool, run.run_id),
-                "held": retention.held_because(known),
-            }
+            RunStorage(
+                run_id=run.run_id,
+                owner_uid=run.owner_uid,
+                state=run.state,
+                finished_at=run.updated_at,
+                exclusive=retention.run_exclusive_bytes(pool, run.run_id),
+                held=retention.held_because(known),
+            )
         )
-    return {"pool": vars(usage), "runs": runs}
+    return StorageDfReply(pool=PoolSpace.model_validate(vars(usage)),
+                          runs=runs).model_dump(mode="json")
 
 
 def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest
+from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.replies import CurrentOperation, PsReply, RunListing, SettlementSummary
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
@@ -48,15 +50,17 @@ def visible_run(journal: Journal, run_id: str | None, uid: int) -> RunRow:
     return row
 
 
-def _current_op(journal: Journal, run_id: str) -> dict[str, str] | None:
+def _current_op(journal: Journal, run_id: str) -> CurrentOperation | None:
     ops = journal.list_ops(run_id)
     if not ops:
         return None
     last = ops[-1]
-    return {"op_id": last.op_id, "kind": last.kind, "state": last.state}
+    return CurrentOperation(op_id=last.op_id, kind=last.kind, state=last.state)
 
 
-def ps(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
+def ps(journal: Journal, uid: int, all_users: bool) -> list[JSONObject]:
+    """The caller's runs (every user's for an administrator who asks), :class:`PsReply`:
+    on the wire its list of runs."""
     owner = None if (all_users and is_admin(uid)) else uid
     with read_snapshot(journal):
         return _ps_rows(journal, journal.list_runs(owner))
@@ -68,23 +72,30 @@ def queue_position(journal: Journal) -> dict[str, int]:
     return queue_positions(queued, holding)
 
 
-def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[dict[str, Any]]:
+def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
     positions = queue_position(journal) if any(r.state == "queued" for r in runs) else {}
-    return [
-        {
-            "run_id": r.run_id,
-            "state": r.state,
-            "position": positions.get(r.run_id),
-            "definition": r.definition,
-            "project": r.project,
-            "owner_uid": r.owner_uid,
-            "created_at": r.created_at,
-            "run_key": r.run_key,
-            "current_op": _current_op(journal, r.run_id),
-            "settlement_summary": settlement_summary(SettlementRecord.read(r.settlement)),
-        }
+    listed = [
+        RunListing(
+            run_id=r.run_id,
+            state=r.state,
+            position=positions.get(r.run_id),
+            definition=r.definition,
+            project=r.project,
+            owner_uid=r.owner_uid,
+            created_at=r.created_at,
+            run_key=r.run_key,
+            current_op=_current_op(journal, r.run_id),
+            settlement_summary=_summary(r),
+        )
         for r in runs
     ]
+    rows: list[JSONObject] = PsReply(runs=listed).model_dump(mode="json")["runs"]
+    return rows
+
+
+def _summary(run: RunRow) -> SettlementSummary | None:
+    summary = settlement_summary(SettlementRecord.read(run.settlement))
+    return None if summary is None else SettlementSummary.model_validate(summary)
 
 
 def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:

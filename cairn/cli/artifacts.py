@@ -17,7 +17,7 @@ from cairn.cli.options import argument, columns, human_size, json_flag, run_argu
 from cairn.terminal import printable
 
 if TYPE_CHECKING:
-    from cairn.protocol.daemon import ArtifactContent, ArtifactsReply
+    from cairn.protocol.replies import ArtifactContent, ArtifactsReply
 
 SHOWN = 5  # artifact names cairn show names on an operation's line
 
@@ -40,7 +40,8 @@ def artifacts(run_id: str, op_id: str | None = None, name: str | None = None,
 
     Example: cairn artifacts @last root-1 report.md -o report.md
     """
-    from cairn.protocol.daemon import ArtifactContent, ArtifactsReply, ArtifactsRequest
+    from cairn.protocol.daemon import ArtifactsRequest
+    from cairn.protocol.replies import ArtifactContent, ArtifactsReply
 
     if name is not None:
         if output is None and stdout_is_terminal():

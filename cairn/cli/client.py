@@ -25,7 +25,8 @@ TYPE_CHECKING = False  # typing is for type checkers only: every launch imports 
 if TYPE_CHECKING:
     from typing import Any, NoReturn, TypeVar
 
-    from cairn.protocol.daemon import OpRequest, Reply
+    from cairn.protocol.daemon import OpRequest
+    from cairn.protocol.replies import Reply
 
     ReplyT = TypeVar("ReplyT", bound=Reply)
 

@@ -15,7 +15,7 @@ import click
 from cairn.cli import launching
 from cairn.cli.artifacts import summary as artifacts_summary
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, request
+from cairn.cli.client import emit, fail, request, typed
 from cairn.cli.completion import short_ids
 from cairn.cli.doctor import doctor
 from cairn.cli.launching import queued_note
@@ -207,46 +207,50 @@ def list_runs(
     Example: cairn list --state failed --limit 5
     """
     from cairn.protocol.daemon import PsRequest
+    from cairn.protocol.replies import PsReply
 
     json_out = json_fields is not None
     if sum((quiet, template is not None, json_out)) > 1:
         fail("--quiet, --format and --json each choose the output; give one", code=2)
     wanted = _run_states(state)
-    runs = [r for r in request(PsRequest(all_users=all_users))
-            if not wanted or r["state"] in wanted][:limit]
+    sent = request(PsRequest(all_users=all_users))
+    # each run as cairnd sent it (--json, --format) beside its typed reading
+    both = [(raw, r) for raw, r in zip(sent, typed(PsReply, {"runs": sent}).runs, strict=True)
+            if not wanted or r.state in wanted][:limit]
     if quiet:
-        for r in runs:
-            click.echo(r["run_id"])
+        for _raw, r in both:
+            click.echo(r.run_id)
         return
     if template is not None:
-        for r in runs:
-            echo(_formatted(template, r))
+        for raw, _r in both:
+            echo(_formatted(template, raw))
         return
     if json_fields:
-        emit([_selected(json_fields, r) for r in runs])
+        emit([_selected(json_fields, raw) for raw, _r in both])
         return
-    if emit_or_empty(runs, json_out, empty="no runs"):
+    if emit_or_empty([raw for raw, _r in both], json_out, empty="no runs"):
         return
-    short = short_ids(r["run_id"] for r in runs)
+    runs = [r for _raw, r in both]
+    short = short_ids(r.run_id for r in runs)
     home = str(Path.home())
     header = ["ID", "STATE", "DEFINITION", "PROJECT", "CURRENT", "SETTLEMENT", "STARTED"]
     rows = []
     for r in runs:
-        op = r["current_op"]
-        project = r["project"]
+        op = r.current_op
+        project = r.project
         if project == home or project.startswith(home + "/"):
             project = "~" + project[len(home):]
         rows.append([
-            short[r["run_id"]],
-            f"queued#{r['position']}" if r.get("position") else r["state"],
-            r["definition"],
+            short[r.run_id],
+            f"queued#{r.position}" if r.position else r.state,
+            r.definition,
             project,
-            f"{op['op_id']} {op['state']}" if op else "-",
-            (r.get("settlement_summary") or {}).get("label", "-"),
-            _age(r["created_at"]),
+            f"{op.op_id} {op.state}" if op else "-",
+            r.settlement_summary.label if r.settlement_summary else "-",
+            _age(r.created_at),
         ])
         if all_users:
-            rows[-1].insert(1, _user_name(r.get("owner_uid")))
+            rows[-1].insert(1, _user_name(r.owner_uid))
     if all_users:
         header.insert(1, "OWNER")
     for line in columns([header, *rows]):
@@ -485,6 +489,7 @@ def reconcile(
     Example: cairn reconcile 3fa9 root-1 --no-effect
     """
     from cairn.protocol.daemon import ReconcileRequest
+    from cairn.protocol.replies import DecisionReply
 
     if (result is None) == (not no_effect):
         fail("give exactly one of --result FILE or --no-effect", code=2)
@@ -498,8 +503,9 @@ def reconcile(
             fail(f"{result} is not JSON: {exc.msg} at line {exc.lineno}", code=2)
         if not isinstance(data, dict):
             fail(f"{result} must hold a JSON object", code=2)
-    out = request(ReconcileRequest(run_id=run_id, op_id=op_id, result=data, no_effect=no_effect))
-    click.echo(f"{printable(out['op_id'])} decided; {out['run_id']} resumes")
+    out = typed(DecisionReply, request(
+        ReconcileRequest(run_id=run_id, op_id=op_id, result=data, no_effect=no_effect)))
+    click.echo(f"{printable(out.op_id)} decided; {out.run_id} resumes")
 
 
 @run_argument
@@ -510,11 +516,12 @@ def retry(run_id: str, op_id: str) -> None:
     Example: cairn retry 3fa9 root-1
     """
     from cairn.protocol.daemon import RetryRequest
+    from cairn.protocol.replies import RetryReply
 
-    out = request(RetryRequest(run_id=run_id, op_id=op_id))
+    out = typed(RetryReply, request(RetryRequest(run_id=run_id, op_id=op_id)))
     click.echo(
-        f"{printable(out['op_id'])} will be retried on a W restored from "
-        f"{_restore_point(out.get('from_checkpoint'))}; {out['run_id']} resumes"
+        f"{printable(out.op_id)} will be retried on a W restored from "
+        f"{_restore_point(out.from_checkpoint)}; {out.run_id} resumes"
     )
 
 

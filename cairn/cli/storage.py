@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cairn import paths
-from cairn.cli.client import emit, fail, request
+from cairn.cli.client import emit, fail, request, typed
 from cairn.cli.options import (
     CairnGroup,
     add_commands,
@@ -70,7 +70,9 @@ def storage_init(
     echo(f"pool {mountpoint}: Btrfs on {image} ({loop}); mounted at boot by {unit}")
 
 
-def _ago(ts: float) -> str:
+def _ago(ts: float | None) -> str:
+    if ts is None:  # a time cairnd did not record
+        return "-"
     seconds = int(time.time() - ts)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -88,27 +90,29 @@ def storage_df(all_users: bool = False, json_out: bool = False) -> None:
     Example: cairn storage df
     """
     from cairn.protocol.daemon import StorageDfRequest
+    from cairn.protocol.replies import StorageDfReply
 
-    data = request(StorageDfRequest(all_users=all_users))
+    sent = request(StorageDfRequest(all_users=all_users))
     if json_out:
-        emit(data)
+        emit(sent)
         return
-    pool = data["pool"]
+    data = typed(StorageDfReply, sent)
+    pool = data.pool
     echo(
-        f"pool {pool['root']}: size {human_size(pool['size'])}, "
-        f"used {human_size(pool['used'])}, free {human_size(pool['free'])}, "
-        f"reserve {human_size(pool['reserve'])}"
+        f"pool {pool.root}: size {human_size(pool.size)}, "
+        f"used {human_size(pool.used)}, free {human_size(pool.free)}, "
+        f"reserve {human_size(pool.reserve)}"
     )
-    if not pool["quotas"]:
+    if not pool.quotas:
         echo("exclusive bytes per run: unknown (Btrfs quotas are off on this pool)")
-    if not data["runs"]:
+    if not data.runs:
         echo("no runs hold storage")
         return
     echo(f"{'RUN':<38} {'STATE':<10} {'UPDATED':<10} {'EXCLUSIVE':<11} KEPT BECAUSE")
-    for run in data["runs"]:
+    for run in data.runs:
         echo(
-            f"{run['run_id']:<38} {run['state']:<10} {_ago(run['finished_at']):<10} "
-            f"{human_size(run['exclusive']):<11} {run['held'] or '-'}"
+            f"{run.run_id:<38} {run.state:<10} {_ago(run.finished_at):<10} "
+            f"{human_size(run.exclusive):<11} {run.held or '-'}"
         )
 
 
@@ -248,25 +252,27 @@ def checkpoints(run_id: str, json_out: bool = False) -> None:
     Example: cairn checkpoints @last
     """
     from cairn.protocol.daemon import CheckpointsRequest
+    from cairn.protocol.replies import CheckpointsReply
 
-    data = request(CheckpointsRequest(run_id=run_id))
+    sent = request(CheckpointsRequest(run_id=run_id))
     if json_out:
-        emit(data)
+        emit(sent)
         return
-    storage = data["storage"]
-    if storage["deleted"]:
+    data = typed(CheckpointsReply, sent)
+    storage = data.storage
+    if storage.deleted:
         echo(
-            f"{data['run_id']}: storage deleted {_ago(storage['deleted_at'])}; "
+            f"{data.run_id}: storage deleted {_ago(storage.deleted_at)}; "
             "the checkpoints below are the journal's record"
         )
-    if not data["checkpoints"]:
-        echo(f"{data['run_id']}: no checkpoints")
+    if not data.checkpoints:
+        echo(f"{data.run_id}: no checkpoints")
         return
     echo(f"{'OPERATION':<12} {'KIND':<8} {'SCOPE':<10} {'TAKEN':<10} {'EXCLUSIVE':<11} PATH")
-    for cp in data["checkpoints"]:
-        size = "deleted" if cp["deleted"] else human_size(cp["exclusive"])
+    for cp in data.checkpoints:
+        size = "deleted" if cp.deleted else human_size(cp.exclusive)
         echo(
-            f"{cp['op_id']:<12} {cp['kind'] or '-':<8} {cp['scope'] or '-':<10} "
-            f"{_ago(cp['at']):<10} {size:<11} {cp['path']}"
-            + (" (reminted)" if cp.get("reminted") else "")
+            f"{cp.op_id:<12} {cp.kind or '-':<8} {cp.scope or '-':<10} "
+            f"{_ago(cp.at):<10} {size:<11} {cp.path}"
+            + (" (reminted)" if cp.reminted else "")
         )

@@ -30,7 +30,6 @@ from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
 from cairn.mcp.forms import filled, launch_form
 from cairn.protocol.daemon import (
     AnswerRequest,
-    ArtifactContent,
     ArtifactsRequest,
     InboxRequest,
     LaunchRequest,
@@ -53,6 +52,7 @@ from cairn.protocol.mcp import (
     ToolArgs,
     WatchArgs,
 )
+from cairn.protocol.replies import ArtifactContent, PsReply
 from cairn.terminal import printable
 from cairn.validation import invalid
 from cairn.workflow.review import Review, ReviewRejected, render_review, review_source
@@ -152,7 +152,8 @@ def workflow_tool(workflow: ExposedWorkflow) -> Tool:
 
 
 def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> JSONObject:
-    return {"runs": session.request(PsRequest())}
+    listed = PsReply.model_validate({"runs": session.request(PsRequest())})
+    return listed.model_dump(mode="json")
 
 
 def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObject:

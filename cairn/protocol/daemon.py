@@ -14,10 +14,9 @@ import re
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
-from cairn.protocol.agent import Artifact, ArtifactRefused
 from cairn.protocol.base import Frozen, build_loaded_models
 from cairn.protocol.launch import ApplyMode, ProfileSpec
 from cairn.protocol.names import ARTIFACT_PATH_MAX, OP_ID_PATTERN, RUN_KEY_PATTERN
@@ -548,38 +547,6 @@ class DaemonReply(Frozen):
     ok: bool
     result: Any = None
     error: ErrorBody | None = None
-
-
-class Reply(BaseModel):
-    """The result of a cairnd reply, typed for every reader (the CLI, the MCP server); a
-    key a newer cairnd adds is ignored by an older reader."""
-
-    model_config = ConfigDict(defer_build=True, extra="ignore", frozen=True)
-
-
-class OperationArtifacts(Reply):
-    op_id: str
-    files: list[Artifact] = []
-    refused: list[ArtifactRefused] = []
-    refused_total: int = 0
-
-
-class ArtifactsReply(Reply):
-    """``artifacts`` without a name: every agent operation's (or one's)."""
-
-    run_id: str
-    operations: list[OperationArtifacts]
-
-
-class ArtifactContent(Reply):
-    """``artifacts`` with a name: one artifact, its bytes in base64."""
-
-    run_id: str
-    op_id: str
-    name: str
-    size: int
-    sha256: str
-    content_base64: str
 
 
 def build_models() -> None:

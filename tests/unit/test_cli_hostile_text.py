@@ -116,12 +116,17 @@ DOCTOR = {"host": [{"check": EVIL, "status": "fail", "detail": EVIL, "fix": EVIL
                     "notes": [EVIL], "applied": {"as_applied": 1, "reverted": 0,
                                                  "changed": 1}}],
           "problems": 1}
-CHECKPOINTS = {"run_id": RUN, "storage": {"deleted": False},
-               "checkpoints": [{"op_id": EVIL, "kind": EVIL, "scope": EVIL, "at": AT,
-                                "deleted": False, "exclusive": None, "path": EVIL}]}
+CHECKPOINTS = {"run_id": RUN, "state": "failed",
+               "storage": {"deleted": False, "deleted_at": None, "subvolumes": 0},
+               "checkpoints": [{"op_id": EVIL, "kind": EVIL, "scope": EVIL, "attempt": 1,
+                                "op_state": "committed", "at": AT, "path": EVIL, "uuid": "u",
+                                "subvol_id": 261, "exclusive": None, "deleted": False,
+                                "reminted": False}]}
 DF = {"pool": {"root": EVIL, "size": 1, "used": 1, "free": 1, "reserve": 1, "quotas": False},
-      "runs": [{"run_id": RUN, "state": "failed", "finished_at": AT, "exclusive": None,
-                "held": EVIL}]}
+      "runs": [{"run_id": RUN, "owner_uid": 1000, "state": "failed", "finished_at": AT,
+                "exclusive": None, "held": EVIL}]}
+SUMMARY = {"status": "conflict", "label": EVIL, "complete": False, "accepted": 1, "applied": 0,
+           "already_applied": 0, "refused": 0, "ignored": 0, "conflicts": 1, "reverted": False}
 PRUNE = {"rule": {"older_than": None, "keep": None}, "dry_run": True,
          "delete": [{"run_id": RUN, "reason": EVIL}], "deleted": [],
          "failed": [{"run_id": RUN, "error": EVIL}], "kept": []}
@@ -143,9 +148,10 @@ COMMANDS: dict[str, tuple[Any, Any]] = {
     "show": (runs, show_view()),
     "diff": (runs, DIFF),
     "doctor": (doctor, DOCTOR),
-    "list": (runs, [{"run_id": RUN, "state": "running", "definition": EVIL, "created_at": AT,
-                     "project": EVIL, "current_op": {"op_id": EVIL, "state": "running"},
-                     "settlement_summary": {"label": EVIL}}]),
+    "list": (runs, [{"run_id": RUN, "state": "running", "position": None, "definition": EVIL,
+                     "project": EVIL, "owner_uid": 1000, "created_at": AT, "run_key": EVIL,
+                     "current_op": {"op_id": EVIL, "kind": EVIL, "state": "running"},
+                     "settlement_summary": SUMMARY}]),
     "revert": (runs, {"run_id": RUN, "status": "conflict", "applied": [],
                       "conflicts": [{"path": EVIL, "reason": EVIL}]}),
     "replay": (runs, {"run_id": RUN, "source_run": RUN, "through": EVIL, "imported": []}),

@@ -16,9 +16,14 @@ from cairn.cli.commands import app
 from cairn.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-RUN: dict[str, Any] = {"run_id": "flow_" + "3fa9" * 8, "state": "running",
-                       "definition": "builtin:implement", "current_op": None,
-                       "settlement_summary": None, "created_at": 0.0}
+# a run as cairnd lists it (cairn.protocol.daemon.RunListing)
+RUN: dict[str, Any] = {"run_id": "flow_" + "3fa9" * 8, "state": "running", "position": None,
+                       "definition": "builtin:implement", "project": "/srv/app",
+                       "owner_uid": 1000, "created_at": 0.0, "run_key": None,
+                       "current_op": None, "settlement_summary": None}
+APPLIED = {"status": "applied", "label": "applied 2 paths", "complete": True, "accepted": 2,
+           "applied": 2, "already_applied": 0, "refused": 0, "ignored": 0, "conflicts": 0,
+           "reverted": False}
 SCHEDULE_ID = "0123456789ab"
 
 
@@ -96,10 +101,10 @@ def _listing(monkeypatch: pytest.MonkeyPatch, home: Path) -> list[dict[str, Any]
     listed = [
         {**RUN, "run_id": "flow_3fa9c0d1" + "0" * 24, "state": "failed",
          "project": f"{home}/src/demo", "created_at": 2.0, "run_key": None,
-         "current_op": {"op_id": "root-1", "state": "failed"}},
+         "current_op": {"op_id": "root-1", "kind": "agent", "state": "failed"}},
         {**RUN, "run_id": "flow_3fa9c0d2" + "0" * 24, "state": "succeeded",
          "project": "/srv/app", "created_at": 1.0, "run_key": None,
-         "settlement_summary": {"label": "applied 2 paths"}},
+         "settlement_summary": APPLIED},
         {**RUN, "run_id": "flow_7b21" + "e" * 28, "state": "queued", "position": 3,
          "project": "/srv/other\x1b[2J", "created_at": 0.0, "run_key": None},
     ]
