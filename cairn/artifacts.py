@@ -38,7 +38,6 @@ MAX_TOTAL_BYTES = 64 << 20
 MAX_ENTRIES = 1000  # directory entries looked at, files or not: a bound on the walk itself
 MAX_DEPTH = 8
 MAX_REFUSALS = 20  # named in the boundary; more are counted
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
 
 

@@ -36,20 +36,26 @@ def artifacts(run_id: str, op_id: str | None = None, name: str | None = None,
               output: str | None = None, json_out: bool = False) -> None:
     """The artifacts a run's agents published (of operation OP only), with size and
     SHA-256; with OP and NAME, that artifact's content on standard output (a file or a
-    pipe, never a terminal) or in --output FILE.
+    pipe, never a terminal) or in --output FILE (with --json: base64 in the reply).
 
     Example: cairn artifacts @last root-1 report.md -o report.md
     """
     from cairn.protocol.daemon import ArtifactsRequest
     from cairn.protocol.replies import ArtifactContent, ArtifactsReply
 
+    if name is None and output is not None:
+        fail("--output saves one artifact: name it with OP and NAME",
+             hint=f"cairn artifacts {run_id} OP NAME -o {output}", code=2)
     if name is not None:
+        content = ArtifactsRequest(run_id=run_id, op_id=op_id, name=name)
+        if json_out:
+            emit(request(content))
+            return
         if output is None and stdout_is_terminal():
             fail("an artifact's bytes are the agent's and are not shown on a terminal",
-                 hint=f"save it: cairn artifacts {run_id} {op_id} NAME -o FILE "
+                 hint=f"save it: cairn artifacts {run_id} {op_id} {name} -o FILE "
                  "(or redirect standard output)", code=2)
-        _save(typed(ArtifactContent,
-                    request(ArtifactsRequest(run_id=run_id, op_id=op_id, name=name))), output)
+        _save(typed(ArtifactContent, request(content)), output)
         return
     listed = request(ArtifactsRequest(run_id=run_id, op_id=op_id))
     if json_out:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,14 @@ def test_a_reply_that_does_not_fit_is_a_cairn_error_not_a_traceback(
     # a CairnError: cairn's main prints it as one line with its hint (test_cli_exit.py)
     assert isinstance(result.exception, CairnError)
     assert result.exception.message == "cairnd sent a reply this CLI cannot read"
+
+
+def test_json_with_a_name_prints_the_reply_and_output_without_one_is_refused(
+    asked: list[Any], tmp_path: Path
+) -> None:
+    shown = CliRunner().invoke(app, ["artifacts", RUN, "root-1", "report.md", "--json"])
+    assert shown.exit_code == 0
+    assert json.loads(shown.stdout)["content_base64"] == base64.b64encode(CONTENT).decode()
+    refused = CliRunner().invoke(app, ["artifacts", RUN, "-o", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "--output saves one artifact" in refused.stderr
+    assert len(asked) == 1 and not (tmp_path / "x").exists()
