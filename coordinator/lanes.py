@@ -99,17 +99,17 @@ class Lanes(CoordinatorBase):
         return result, op_id, True
 
     def keep_unfinished_work(self, lane: str, ops: list[OpRow]) -> str | None:
-        """A lane that did not succeed keeps what its last agent left in W as a read-only
-        checkpoint of that agent's operation (a person sees it in ``cairn show``, later
-        agents under ``/evidence/incoming/<op>/workspace``); the operation, or None when
-        W holds nothing a checkpoint does not: no agent ran, or the last one committed.
-        Best effort: a checkpoint the broker cannot take is logged and withdrawn, the
-        join goes on."""
+        """A lane that did not succeed keeps what its last agent left in W when that agent
+        failed, as a read-only checkpoint of the failed operation (a person sees it in
+        ``cairn show``, later agents under ``/evidence/incoming/<op>/workspace``); the
+        operation, or None when W holds nothing a checkpoint does not (no agent ran, the
+        last one committed or never started). Best effort: a checkpoint the broker cannot
+        take is logged and withdrawn, the join goes on."""
         agents = [o for o in ops if o.scope == lane and o.kind == "agent"]
         if not agents:
             return None
         last = max(agents, key=lambda o: o.seq)
-        if last.state not in ("failed", "cancelled"):
+        if last.state != "failed":  # terminal: its checkpoint ID is never reused
             return None
         if last.checkpoint:  # taken at its failure (no changes) or by this join before
             return last.op_id
