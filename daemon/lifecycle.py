@@ -19,7 +19,17 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.broker import Intent, RunDeleted
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
-from cairn.protocol.replies import PoolSpace, RunStorage, StorageDfReply
+from cairn.protocol.replies import (
+    PoolSpace,
+    PrunedRun,
+    PruneFailure,
+    PruneReply,
+    PruneRule,
+    PruneVerdict,
+    RmReply,
+    RunStorage,
+    StorageDfReply,
+)
 from cairn.views.run import storage_status
 
 DELETE_INTENT = "delete-run"
@@ -92,7 +102,8 @@ def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
 
 def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
     """Delete the storage of the caller's own finished, settled run (``dry_run``: only
-    check that it may go). Another user's run, or one that must stay, is refused."""
+    check that it may go), :class:`RmReply`. Another user's run, or one that must stay,
+    is refused."""
     run = visible_run(journal, request.run_id, uid)
     if run.owner_uid != uid:
         raise PermissionDenied(
@@ -108,19 +119,18 @@ def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
             hint = f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it"
         raise UsageError(f"run {run.run_id} is kept: {held}", hint=hint)
     gone = known.storage_deleted or not known.has_storage
-    result: dict[str, Any] = {"run_id": run.run_id, "already_gone": gone, "subvolumes": 0,
-                              "reclaim_pending": 0, "free_bytes": None}
+    deleted: dict[str, Any] = {"subvolumes": 0, "reclaim_pending": 0, "free_bytes": None}
     if not gone and not request.dry_run:
-        result.update(delete_storage(journal, run.run_id, uid))
-    return result
+        deleted = delete_storage(journal, run.run_id, uid)
+    return RmReply(run_id=run.run_id, already_gone=gone, **deleted).model_dump(mode="json")
 
 
 def prune(
     journal: Journal, request: PruneRequest, uid: int, *, clock: Callable[[], float] = time.time
 ) -> dict[str, Any]:
     """Delete finished runs' storage by the rule given, or (none given) by the host
-    policy. Root prunes
-    every user's runs (keeping each user's newest), anyone else only their own."""
+    policy, :class:`PruneReply`. Root prunes every user's runs (keeping each user's
+    newest), anyone else only their own."""
     if request.older_than is None and request.keep is None:
         rule = retention.load_policy().rule()
     else:
@@ -129,26 +139,26 @@ def prune(
     runs = [facts(journal, run) for run in journal.list_runs(owner, limit=ALL_RUNS)]
     verdicts = retention.select(runs, rule, clock())
     going = [v for v in verdicts if v.delete]
-    result: dict[str, Any] = {
-        "dry_run": request.dry_run,
-        "rule": {"older_than": rule.older_than, "keep": rule.keep},
-        "delete": [{"run_id": v.run_id, "reason": v.reason} for v in going],
-        "kept": [{"run_id": v.run_id, "reason": v.reason} for v in verdicts if not v.delete],
-        "deleted": [],
-        "failed": [],
-        "reclaim_pending": 0,
-        "free_bytes": None,
-    }
-    if request.dry_run:
-        return result
-    for verdict in going:
+    deleted: list[PrunedRun] = []
+    failed: list[PruneFailure] = []
+    reclaim_pending: int = 0
+    free_bytes: int | None = None  # nothing deleted: not asked
+    for verdict in [] if request.dry_run else going:
         try:
             done = delete_storage(journal, verdict.run_id, uid)
         except CairnError as exc:  # one run's refusal does not stop the others
-            result["failed"].append({"run_id": verdict.run_id, "error": exc.message})
+            failed.append(PruneFailure(run_id=verdict.run_id, error=exc.message))
             continue
-        result["deleted"].append({"run_id": verdict.run_id, "subvolumes": done["subvolumes"]})
+        deleted.append(PrunedRun(run_id=verdict.run_id, subvolumes=done["subvolumes"]))
         # each delete waits for the cleaner, so the last one speaks for the pool
-        result["reclaim_pending"], result["free_bytes"] = done["reclaim_pending"], done[
-            "free_bytes"]
-    return result
+        reclaim_pending, free_bytes = done["reclaim_pending"], done["free_bytes"]
+    return PruneReply(
+        dry_run=request.dry_run,
+        rule=PruneRule(older_than=rule.older_than, keep=rule.keep),
+        delete=[PruneVerdict(run_id=v.run_id, reason=v.reason) for v in going],
+        kept=[PruneVerdict(run_id=v.run_id, reason=v.reason) for v in verdicts if not v.delete],
+        deleted=deleted,
+        failed=failed,
+        reclaim_pending=reclaim_pending,
+        free_bytes=free_bytes,
+    ).model_dump(mode="json")

@@ -25,6 +25,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
+from cairn.protocol.replies import QueuedReplayReply, ReplayReply
 from cairn.replay import select_imports
 from cairn.views.run import storage_status
 from cairn.workflow.review import review_source
@@ -54,7 +55,8 @@ def check_source(run: RunRow, uid: int, *, storage_deleted: bool) -> None:
 def replay(
     journal: Journal, source_id: str | None, through: str | None, uid: int
 ) -> dict[str, Any]:
-    """Record and start the replayed run; its ID, source and the imported operations."""
+    """Record and start the replayed run; its ID, source and the imported operations,
+    :class:`ReplayReply` (:class:`QueuedReplayReply` when it joined the queue)."""
     if not through:
         raise UsageError("no operation given", hint="e.g. cairn replay RUN --through root-3")
     source = visible_run(journal, source_id, uid)
@@ -94,15 +96,18 @@ def replay(
     attest.require_channel()  # an unattested replay is refused before the run exists
     retention.admit("replay")  # a full pool refuses the replay before the run exists
     copy_evidence(source.run_id, desc.run_id, origin.ops)
-    return {
-        "run_id": desc.run_id,
-        "source_run": source.run_id,
-        "through": through,
-        "imported": origin.ops,
-        "review_hash": desc.review_hash,
-        "launch_hash": desc.launch_hash(),
-        **admit_or_queue(journal, desc, imported=imported),
-    }
+    admitted = admit_or_queue(journal, desc, imported=imported)
+    # a run that joined the queue has its position; no key is added or dropped
+    model = QueuedReplayReply if "position" in admitted else ReplayReply
+    return model(
+        run_id=desc.run_id,
+        source_run=source.run_id,
+        through=through,
+        imported=origin.ops,
+        review_hash=desc.review_hash,
+        launch_hash=desc.launch_hash(),
+        **admitted,
+    ).model_dump(mode="json")
 
 
 def copy_evidence(source_id: str, run_id: str, op_ids: list[str]) -> None:

@@ -17,11 +17,13 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.protocol.broker import ApplyDone, Intent
 from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.replies import RevertReply
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.rawbytes import apply_result
 
 
 def revert(journal: Journal, run_id: str | None, uid: int) -> JSONObject:
+    """Revert the run's apply, :class:`RevertReply`; a conflict writes nothing."""
     run = visible_run(journal, run_id, uid)
     if run.state not in TERMINAL_RUN_STATES:
         raise UsageError(
@@ -45,5 +47,8 @@ def revert(journal: Journal, run_id: str | None, uid: int) -> JSONObject:
     receipt = carry_out_one(journal, intent, "launch-v1", timeout=3600)
     result = apply_result(receipt.body(ApplyDone))
     journal.record_revert(run.run_id, result, actor_uid=uid)
-    return {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit,
-            **result.model_dump(mode="json")}
+    reply = RevertReply.model_validate(
+        {"run_id": run.run_id, "unit": receipt.body(ApplyDone).unit,
+         **result.model_dump(mode="json")}
+    )
+    return reply.model_dump(mode="json")

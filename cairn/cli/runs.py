@@ -646,6 +646,7 @@ def revert(
     Example: cairn revert @last
     """
     from cairn.protocol.daemon import RevertRequest
+    from cairn.protocol.replies import RevertReply
 
     if dry_run:
         would(_revert_preview(run_id))
@@ -654,18 +655,19 @@ def revert(
         "left it gets its content from before the run back.",
         yes=yes,
     )
-    data = request(RevertRequest(run_id=run_id))
+    sent = request(RevertRequest(run_id=run_id))
+    data = typed(RevertReply, sent)
     if json_out:
-        emit(data)
-    elif data["status"] == "conflict":
-        click.echo(f"{data['run_id']}: not reverted, nothing written")
-        for conflict in data["conflicts"]:
-            click.echo(f"  conflict: {_path_reason(conflict)}")
-    elif data["applied"]:
-        click.echo(f"{data['run_id']}: reverted {len(data['applied'])} path(s)")
+        emit(sent)
+    elif data.status == "conflict":
+        click.echo(f"{data.run_id}: not reverted, nothing written")
+        for conflict in data.conflicts:
+            click.echo(f"  conflict: {_path_reason(conflict.model_dump())}")
+    elif data.applied:
+        click.echo(f"{data.run_id}: reverted {len(data.applied)} path(s)")
     else:
-        click.echo(f"{data['run_id']}: already reverted; nothing to do")
-    if data["status"] == "conflict":
+        click.echo(f"{data.run_id}: already reverted; nothing to do")
+    if data.status == "conflict":
         raise click.exceptions.Exit(1)
 
 
@@ -706,20 +708,22 @@ def replay(
     Example: cairn replay 3fa9 --through root-2
     """
     from cairn.protocol.daemon import ReplayRequest
+    from cairn.protocol.replies import ReplayReply
 
-    data = request(
+    sent = request(
         ReplayRequest(run_id=run_id, op_id=through),
         expect=Expected(replay_of=full_run_id(run_id)),
     )
     if json_out:
-        emit(data)
+        emit(sent)
         return
+    data = typed(ReplayReply, sent)
     click.echo(
-        f"{data['run_id']}: replayed from {data['source_run']} through "
-        f"{printable(data['through'])} "
-        f"({len(data['imported'])} operations imported)"
+        f"{data.run_id}: replayed from {data.source_run} through "
+        f"{printable(data.through)} "
+        f"({len(data.imported)} operations imported)"
     )
-    click.echo(f"follow it with 'cairn watch {data['run_id']}'")
+    click.echo(f"follow it with 'cairn watch {data.run_id}'")
 
 
 def _target_text(target: dict[str, Any] | None) -> str:

@@ -7,7 +7,7 @@ lists a run's snapshots. Making a pool is
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,6 +29,9 @@ from cairn.cli.options import (
 )
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.sizes import parse_age
+
+if TYPE_CHECKING:
+    from cairn.protocol.replies import PruneReply, RmReply
 
 storage_app = CairnGroup("storage", help="Storage pools.", no_args_is_help=True)
 
@@ -132,6 +135,7 @@ def rm(
     Example: cairn rm 3fa9 7b21
     """
     from cairn.protocol.daemon import RmRequest
+    from cairn.protocol.replies import RmReply
 
     for ref in run_ids:
         check_run_ref(ref)
@@ -139,16 +143,16 @@ def rm(
     ask = False if dry_run else asks(yes)
     # Every run is checked before any is deleted: one that must stay deletes none. What a
     # reference resolved to then is what goes (a prefix is not resolved twice).
-    checked = [request(RmRequest(run_id=ref, dry_run=True)) for ref in run_ids]
-    going = [run["run_id"] for run in checked if not run["already_gone"]]
+    sent = [request(RmRequest(run_id=ref, dry_run=True)) for ref in run_ids]
+    checked = [typed(RmReply, run) for run in sent]
+    going = [run.run_id for run in checked if not run.already_gone]
     if dry_run:
         if json_out:
-            emit(checked)
+            emit(sent)
             return
         for run in checked:
-            gone = run["already_gone"]
-            echo(f"{run['run_id']}: storage already gone" if gone
-                 else f"would delete {run['run_id']} (its history stays)")
+            echo(f"{run.run_id}: storage already gone" if run.already_gone
+                 else f"would delete {run.run_id} (its history stays)")
         return
     if going and ask:
         confirm_or_stop(
@@ -156,24 +160,25 @@ def rm(
             "stays; 'cairn revert' no longer works for them.",
             yes=yes,
         )
-    done = [request(RmRequest(run_id=run["run_id"])) for run in checked]
+    sent = [request(RmRequest(run_id=run.run_id)) for run in checked]
     if json_out:
-        emit(done)
+        emit(sent)
         return
+    done = [typed(RmReply, run) for run in sent]
     for run in done:
-        if run["already_gone"]:
-            echo(f"{run['run_id']}: storage already gone")
+        if run.already_gone:
+            echo(f"{run.run_id}: storage already gone")
         else:
-            echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
-    deleted = [run for run in done if not run["already_gone"]]
+            echo(f"deleted {run.run_id} ({run.subvolumes} subvolumes)")
+    deleted = [run for run in done if not run.already_gone]
     if deleted:
         _print_space(deleted[-1])
 
 
-def _print_space(data: dict[str, Any]) -> None:
+def _print_space(data: "RmReply | PruneReply") -> None:
     """What a delete left: the pool's free space, and whether Btrfs still returns some."""
-    free = data.get("free_bytes")
-    pending = data.get("reclaim_pending") or 0
+    free = data.free_bytes
+    pending = data.reclaim_pending
     shown = "" if free is None else f"{free >> 20} MiB free"
     if pending:
         echo(f"Btrfs is still reclaiming the space of {pending} deleted subvolume(s)"
@@ -205,11 +210,13 @@ def prune(
     Example: cairn prune --older-than 14d --dry-run
     """
     from cairn.protocol.daemon import PruneRequest
+    from cairn.protocol.replies import PruneReply
 
     age = None if older_than is None else parse_age(older_than)
     if not dry_run and asks(yes):
-        preview = request(PruneRequest(older_than=age, keep=keep, dry_run=True))
-        count = len(preview["delete"])
+        preview = typed(PruneReply, request(PruneRequest(older_than=age, keep=keep,
+                                                         dry_run=True)))
+        count = len(preview.delete)
         whose = " of every user" if os.geteuid() == 0 else ""
         if count:
             confirm_or_stop(
@@ -217,28 +224,29 @@ def prune(
                 "--dry-run' lists them; their history stays.",
                 yes=yes,
             )
-    data = request(PruneRequest(older_than=age, keep=keep, dry_run=dry_run))
+    sent = request(PruneRequest(older_than=age, keep=keep, dry_run=dry_run))
+    data = typed(PruneReply, sent)
     if json_out:
-        emit(data)
+        emit(sent)
     else:
         _print_prune(data)
-    if data["failed"]:
+    if data.failed:
         raise click.exceptions.Exit(1)
 
 
-def _print_prune(data: dict[str, Any]) -> None:
-    rule = data["rule"]
-    if rule["older_than"] is None and rule["keep"] is None:
+def _print_prune(data: "PruneReply") -> None:
+    rule = data.rule
+    if rule.older_than is None and rule.keep is None:
         echo("the rule deletes nothing (no keep_days or keep_per_user)")
-    if data["dry_run"]:
-        for run in data["delete"]:
-            echo(f"would delete {run['run_id']}: {run['reason']}")
-    for run in data["deleted"]:
-        echo(f"deleted {run['run_id']} ({run['subvolumes']} subvolumes)")
-    for run in data["failed"]:
-        echo(f"not deleted {run['run_id']}: {run['error']}")
-    echo(f"{len(data['kept'])} run(s) with storage kept")
-    if data["deleted"]:
+    if data.dry_run:
+        for run in data.delete:
+            echo(f"would delete {run.run_id}: {run.reason}")
+    for gone in data.deleted:
+        echo(f"deleted {gone.run_id} ({gone.subvolumes} subvolumes)")
+    for failed in data.failed:
+        echo(f"not deleted {failed.run_id}: {failed.error}")
+    echo(f"{len(data.kept)} run(s) with storage kept")
+    if data.deleted:
         _print_space(data)
 
 

@@ -173,3 +173,96 @@ class RetryReply(DecisionReply):
     whose checkpoint the next attempt's W is restored from (None: Q)."""
 
     from_checkpoint: str | None
+
+
+class RmReply(Reply):
+    """``rm`` of one run (``dry_run``: only checked): whether its storage was already gone,
+    how many subvolumes went, how many Btrfs still reclaims, and the pool's free bytes
+    then (None: unknown, or nothing deleted)."""
+
+    run_id: str
+    already_gone: bool
+    subvolumes: int
+    reclaim_pending: int
+    free_bytes: int | None
+
+
+class PruneRule(Reply):
+    """The rule a prune applied (:class:`cairn.retention.Rule`)."""
+
+    older_than: int | None
+    keep: int | None
+
+
+class PruneVerdict(Reply):
+    """A run a prune deletes (or keeps), and why."""
+
+    run_id: str
+    reason: str
+
+
+class PrunedRun(Reply):
+    run_id: str
+    subvolumes: int
+
+
+class PruneFailure(Reply):
+    """A run whose deletion was refused; the others still went."""
+
+    run_id: str
+    error: str
+
+
+class PruneReply(Reply):
+    """``prune``: the rule, the runs it deletes and keeps, what was deleted or refused
+    (nothing on a ``dry_run``), and the pool's space after the last delete."""
+
+    dry_run: bool
+    rule: PruneRule
+    delete: list[PruneVerdict]
+    kept: list[PruneVerdict]
+    deleted: list[PrunedRun]
+    failed: list[PruneFailure]
+    reclaim_pending: int
+    free_bytes: int | None
+
+
+class PathReason(Reply):
+    """A path of the project, and why it was refused or left untouched."""
+
+    path: str
+    reason: str
+
+
+class RevertReply(Reply):
+    """``revert``: the apply unit that ran and its result
+    (:class:`cairn.protocol.settlement.ApplyResult`); ``conflict``: nothing written."""
+
+    run_id: str
+    unit: str
+    status: str
+    applied: list[str]
+    already_applied: list[str]
+    conflicts: list[PathReason]
+    xattrs_not_kept: list[str]
+    links_not_kept: list[str]
+
+
+class ReplayReply(Reply):
+    """``replay``: the new run, its source, the operations imported, its hashes, and the
+    state it was admitted in."""
+
+    run_id: str
+    source_run: str
+    through: str
+    imported: list[str]
+    review_hash: str
+    launch_hash: str
+    state: str
+
+
+class QueuedReplayReply(ReplayReply):
+    """``replay`` of a run that joined the queue: its ``position`` in it (1 = next;
+    None: it left the queue meanwhile)."""
+
+    position: int | None

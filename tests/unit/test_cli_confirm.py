@@ -33,7 +33,9 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
     done = {"run_id": RUN, "outcome": "cancelled"}
     stand_in = StandInDaemon(paths.daemon_socket(), {
         "cancel": done,
-        "revert": {"run_id": RUN, "status": "reverted", "applied": ["a"], "conflicts": []},
+        "revert": {"run_id": RUN, "unit": "cairn-apply-1.service", "status": "applied",
+                   "applied": ["a"], "already_applied": [], "conflicts": [],
+                   "xattrs_not_kept": [], "links_not_kept": []},
         "rm": {"run_id": RUN, "already_gone": False, "subvolumes": 3, "reclaim_pending": 0,
                "free_bytes": None},
         "show": {"run": {"run_id": RUN, "state": "succeeded"},

@@ -129,7 +129,8 @@ SUMMARY = {"status": "conflict", "label": EVIL, "complete": False, "accepted": 1
            "already_applied": 0, "refused": 0, "ignored": 0, "conflicts": 1, "reverted": False}
 PRUNE = {"rule": {"older_than": None, "keep": None}, "dry_run": True,
          "delete": [{"run_id": RUN, "reason": EVIL}], "deleted": [],
-         "failed": [{"run_id": RUN, "error": EVIL}], "kept": []}
+         "failed": [{"run_id": RUN, "error": EVIL}], "kept": [], "reclaim_pending": 0,
+         "free_bytes": None}
 SCHEDULE = {"schedule_id": "0123456789ab", "name": EVIL, "status": "blocked",
             "awaiting_confirmation": False, "calendar": EVIL, "runs_used": 1, "max_runs": 2,
             "valid_until": EVIL, "revision": 1, "confirmed_revision": 1, "challenge": None,
@@ -152,9 +153,12 @@ COMMANDS: dict[str, tuple[Any, Any]] = {
                      "project": EVIL, "owner_uid": 1000, "created_at": AT, "run_key": EVIL,
                      "current_op": {"op_id": EVIL, "kind": EVIL, "state": "running"},
                      "settlement_summary": SUMMARY}]),
-    "revert": (runs, {"run_id": RUN, "status": "conflict", "applied": [],
+    "revert": (runs, {"run_id": RUN, "unit": EVIL, "status": "conflict", "applied": [],
+                      "already_applied": [], "xattrs_not_kept": [], "links_not_kept": [],
                       "conflicts": [{"path": EVIL, "reason": EVIL}]}),
-    "replay": (runs, {"run_id": RUN, "source_run": RUN, "through": EVIL, "imported": []}),
+    "replay": (runs, {"run_id": RUN, "source_run": RUN, "through": EVIL, "imported": [],
+                      "review_hash": "sha256:0", "launch_hash": "sha256:1",
+                      "state": "pending"}),
     "inbox": (people, INBOX),
     "artifacts": (cli_artifacts, {"run_id": RUN, "operations": [{"op_id": "root-1",
                                                                   **ARTIFACTS}]}),

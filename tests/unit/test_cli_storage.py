@@ -26,12 +26,14 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[OpRequest]:
         if isinstance(body, RmRequest):
             if body.run_id == B:
                 raise UsageError(f"run {B} is kept: it is running; only finished runs are deleted")
-            return {"run_id": body.run_id, "already_gone": False, "subvolumes": 6}
+            return {"run_id": body.run_id, "already_gone": False, "subvolumes": 6,
+                    "reclaim_pending": 0, "free_bytes": None}
         if isinstance(body, PruneRequest):
             return {
                 "dry_run": body.dry_run, "rule": {"older_than": body.older_than, "keep": body.keep},
                 "delete": [{"run_id": A, "reason": "finished 20d ago"}], "kept": [],
                 "deleted": [] if body.dry_run else [{"run_id": A, "subvolumes": 6}], "failed": [],
+                "reclaim_pending": 0, "free_bytes": None,
             }
         return {
             "pool": {"root": "/var/lib/cairn/pool", "size": 2 << 30, "used": 600 << 20,

@@ -1,5 +1,6 @@
 """The ops whose reply the CLI reads through a typed model (:class:`cairn.protocol.replies.Reply`:
-``ps``, ``checkpoints``, ``storage-df``, ``retry``, ``reconcile``): a reply that does not fit
+``ps``, ``checkpoints``, ``storage-df``, ``retry``, ``reconcile``, ``rm``, ``prune``, ``revert``,
+``replay``): a reply that does not fit
 is a CairnError saying so, never a traceback. What they print from a reply that fits is in
 tests/unit/test_cli_verbs.py, test_cli_storage.py and test_cli_hostile_text.py."""
 
@@ -24,6 +25,10 @@ UNFIT: dict[str, tuple[ModuleType, list[str], Any]] = {
     "storage-df": (storage, ["storage", "df"], {"pool": {"root": "/pool"}, "runs": []}),
     "retry": (runs, ["retry", RUN, "root-1"], {"run_id": RUN}),
     "reconcile": (runs, ["reconcile", RUN, "root-1", "--no-effect"], {"op_id": "root-1"}),
+    "rm": (storage, ["rm", RUN, "--dry-run"], {"run_id": RUN, "subvolumes": 0}),
+    "prune": (storage, ["prune", "--dry-run"], {"dry_run": True, "delete": "all"}),
+    "revert": (runs, ["revert", RUN, "--yes"], {"run_id": RUN, "status": "applied"}),
+    "replay": (runs, ["replay", RUN, "--through", "root-1"], {"run_id": RUN, "imported": 2}),
 }
 
 

@@ -467,7 +467,8 @@ def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
         sent.append(body)
         if body.op == "replay":
             return {"run_id": new, "source_run": source, "through": "root-2",
-                    "imported": ["root-1", "root-2"]}
+                    "imported": ["root-1", "root-2"], "review_hash": "sha256:0",
+                    "launch_hash": "sha256:1", "state": "pending"}
         return {"run": {"run_id": new, "state": "running", "definition": "wf.py",
                         "project": "/p", "error": None},
                 "replayed_from": {"run_id": source, "through": "root-2", "imported": 2},
