@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn import untrusted
+from cairn.fsutil import mkdirs_public
 from cairn.pathrules import printable_name
 from cairn.protocol.agent import Artifact, ArtifactRefused, Artifacts
 from cairn.protocol.names import ARTIFACT_PATH_MAX
@@ -59,8 +60,8 @@ class _Walk:
 
 
 def collect(outputs: Path, *, owner: int, dest: Path) -> Artifacts:
-    """Copy the artifacts below ``outputs/artifacts`` into ``dest`` (made in its existing
-    parent when there is a file to copy; names kept, files 0444, directories 0755) and
+    """Copy the artifacts below ``outputs/artifacts`` into ``dest`` (made when there is a
+    file to copy; names kept, files 0444, directories 0755) and
     say what was taken and what was left. ``outputs`` is a directory the caller made;
     nothing below it is trusted. No ``artifacts`` directory is no artifacts. What ``dest``
     held before is replaced."""
@@ -149,7 +150,7 @@ def _take_file(walk: _Walk, dir_fd: int, name: str, rel: str) -> None:
         return
     target = walk.dest / rel
     try:
-        _mkdirs(walk.dest, target.parent)
+        mkdirs_public(target.parent)
         digest, size = _copy(fd, target, limit)
     finally:
         os.close(fd)
@@ -180,17 +181,3 @@ def _copy(src: int, target: Path, limit: int) -> tuple[str, int]:
     finally:
         os.close(out)
     return digest.hexdigest(), size
-
-
-def _mkdirs(root: Path, path: Path) -> None:
-    """``path`` (``root`` or below it) and what is missing above it up to ``root``, each
-    0755: later agents of the run read them."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        if path == root:
-            break
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir()
-        os.chmod(directory, 0o755)  # noqa: S103  (read-only evidence for later agents)

@@ -1,7 +1,8 @@
 """Durable file replacement, the one way Cairn writes a file that must survive a crash
 whole: a reader sees the old content or the new, never part of either, and once the call
 returns the new content and its name are on disk. Also the one way Cairn copies a file's
-data between descriptors (:func:`copy_file_data`)."""
+data between descriptors (:func:`copy_file_data`), and makes the world-readable
+directories a less trusted reader gets (:func:`mkdirs_public`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ import functools
 import os
 import secrets
 from pathlib import Path
+
+
+def mkdirs_public(path: Path) -> None:
+    """Create ``path`` and missing parents, each world-readable (0755, umask aside): what
+    the coordinator lays out for agents to read through a read-only bind."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir()
+        os.chmod(directory, 0o755)  # noqa: S103  (world-readable is this helper's contract)
 
 
 def fsync_dir(path: Path) -> None:

@@ -25,7 +25,7 @@ from cairn.coordinator.base import CommandFailed, OperationError, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError, StorageError
-from cairn.fsutil import write_atomic
+from cairn.fsutil import mkdirs_public, write_atomic
 from cairn.journal.rows import OpRow
 from cairn.journal.writes import AGENT_TIME_EVENT
 from cairn.operations import AGENT
@@ -602,14 +602,14 @@ class AgentOperations(Recovery, Lanes):
         """
         evidence = self.state_dir / "ops" / op.op_id / "evidence"
         current = evidence / "current"
-        _mkdirs(current / "notes")
+        mkdirs_public(current / "notes")
         _write_public(current / "instruction.md", instruction.prompt + "\n")
         _write_public(current / "invocation.json", instruction.model_dump_json(indent=2))
         incoming = self.causal_incoming(op.scope, op.seq)
         for earlier in incoming:
             src = self.state_dir / "boundaries" / earlier
             dst = evidence / "incoming" / earlier
-            _mkdirs(dst / "workspace")
+            mkdirs_public(dst / "workspace")
             for name in ("boundary.json", "handoff.md", "result.json", "transcript.jsonl"):
                 if (src / name).exists():
                     _write_public(dst / name, (src / name).read_text())
@@ -700,17 +700,6 @@ def _share_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=os.link)
     for directory in (dst, *(p for p in dst.rglob("*") if p.is_dir())):
         os.chmod(directory, 0o755)  # noqa: S103  (the agent reads them through its bind)
-
-
-def _mkdirs(path: Path) -> None:
-    """Create ``path`` and missing parents, each world-readable (0755, umask aside)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir()
-        os.chmod(directory, 0o755)  # noqa: S103  (world-readable is this helper's contract)
 
 
 def _write_public(path: Path, text: str) -> None:

@@ -17,6 +17,7 @@ import pytest
 from cairn import artifacts
 from cairn.artifacts import MAX_FILE_BYTES, MAX_FILES, collect
 from cairn.protocol.agent import Artifacts
+from cairn.protocol.mcp import MAX_ARTIFACT_TEXT
 
 ME = os.getuid()
 
@@ -192,3 +193,13 @@ def test_another_users_file_or_directory_is_refused(outputs: Path, tmp_path: Pat
     assert found.files == []
     assert reasons(found) == {"sub": f"belongs to uid 4321, not {ME}",
                               "theirs.txt": f"belongs to uid 4321, not {ME}"}
+
+
+def test_the_guide_states_the_limits_the_collector_keeps() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "writing-workflows.md").read_text()
+    stated = (f"at most {MAX_FILES} files, {MAX_FILE_BYTES >> 20} MiB each and "
+              f"{artifacts.MAX_TOTAL_BYTES >> 20} MiB together, {artifacts.MAX_DEPTH} "
+              "directories deep")
+    assert stated in " ".join(guide.split())
+    mcp = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    assert f"at most {MAX_ARTIFACT_TEXT:,} characters" in mcp
