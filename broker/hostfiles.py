@@ -79,11 +79,14 @@ def check_verifier(spec: VerifierSpec) -> None:
 
 def check_evaluator(spec: EvaluatorSpec) -> None:
     data = read_table("evaluators.d", spec.name, spec.config_sha256)
+    allowlist = data.get("allowlist") if data.get("network") == "allowlist" else None
     _require_same(
         f"evaluator {spec.name}",
         {"argv": spec.argv, "timeout_sec": spec.timeout_sec, "environment": spec.environment,
-         "warmups": spec.warmups, "samples": spec.samples},
-        {**EVALUATOR_DEFAULTS, **data, "environment": data.get("environment", {})},
+         "warmups": spec.warmups, "samples": spec.samples, "allowlist": spec.allowlist},
+        {**EVALUATOR_DEFAULTS, **data, "environment": data.get("environment", {}),
+         "allowlist": [e.lower() for e in allowlist if isinstance(e, str)]
+         if isinstance(allowlist, list) else None},
     )
 
 

@@ -1,5 +1,5 @@
 """Units the broker starts: the coordinator instance, agent attempts, and the owner's
-import, candidate and apply units.
+import and apply units (the candidate unit: ``broker/candidate.py``).
 
 Every argv here is fixed (the installed cairn modules under /usr/bin/python3 -I); every
 path is derived from the pool and the launch description, never taken from a caller.
@@ -21,7 +21,7 @@ from cairn import failpoints, paths, proc, untrusted
 from cairn.background import yield_session
 from cairn.broker.capsule import verified_capsule
 from cairn.broker.server import allowed_uids
-from cairn.errors import BrokerRefused, CairnError, NotFound, StorageError, SystemdError
+from cairn.errors import BrokerRefused, CairnError, NotFound, SystemdError
 from cairn.netpolicy import (
     NETWORK_MODES,
     PROXY_PORT,
@@ -49,7 +49,7 @@ from cairn.protocol.launch import (
     VerifierSpec,
 )
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment, parse_metric_output
-from cairn.protocol.settlement import ApplyResult, CandidateFailure, CandidateResult
+from cairn.protocol.settlement import ApplyResult
 from cairn.systemd import Systemd, UnitState, cgroup_is_empty
 from cairn.unitprops import (
     CAPSULE,
@@ -71,7 +71,6 @@ IMPORT_TIMEOUT = 6 * 3600.0
 # How long a helper an earlier broker left running gets to stop (TimeoutStopSec is 90 s).
 LEFTOVER_STOP_TIMEOUT = 120.0
 LEFTOVER_GONE_TIMEOUT = 10.0
-CANDIDATE_TIMEOUT = 3600.0
 APPLY_TIMEOUT = 3600.0
 INDEX_LIMIT = 4 << 20  # evidence/index.json, written by the coordinator (user cairn)
 # Results the run owner's helper units write. Root parses a candidate's result and an
@@ -83,7 +82,7 @@ RAW_RESULT_LIMIT = 4 << 20  # a revert's or a check-applied's result.json, recor
 STATS_LIMIT = 1 << 20  # the import's stats.json, recorded (cairn/importer.py stays below)
 
 
-def _module_argv(module: str, *args: str) -> list[str]:
+def module_argv(module: str, *args: str) -> list[str]:
     return [PYTHON, "-I", "-m", module, *args]
 
 
@@ -144,19 +143,22 @@ def agent_profile(desc: LaunchDescription, descriptor: object) -> ProfileSpec:
 
 
 def run_allowlist(desc: LaunchDescription) -> list[str]:
-    """Every domain the run's review admits for its ``allowlist`` agents, lower-cased.
+    """Every domain the run's review admits for its ``allowlist`` agents and its frozen
+    evaluators' files admit for them, lower-cased: one proxy serves the run.
 
     An entry is checked exactly as review checked it (:func:`is_allowlist_entry`).
     """
-    entries: set[str] = set()
+    found: list[object] = [raw for evaluator in desc.evaluators
+                           for raw in evaluator.allowlist or ()]
     agents = desc.review.get("agents")
     for entry in agents.values() if isinstance(agents, dict) else ():
-        if not isinstance(entry, dict) or entry.get("network") != "allowlist":
-            continue
-        for raw in entry.get("allowlist", []):
-            if not is_allowlist_entry(raw):
-                raise BrokerRefused(f"allowlist entry {raw!r} of the run's review is not a domain")
-            entries.add(raw.lower())
+        if isinstance(entry, dict) and entry.get("network") == "allowlist":
+            found.extend(entry.get("allowlist", []))
+    entries: set[str] = set()
+    for raw in found:
+        if not is_allowlist_entry(raw):
+            raise BrokerRefused(f"allowlist entry {raw!r} of the run's review is not a domain")
+        entries.add(raw.lower())
     return sorted(entries)
 
 
@@ -176,7 +178,7 @@ def ensure_proxy(desc: LaunchDescription) -> str:
             job = sd.start_transient_socket(
                 name,
                 proxy_socket_properties(desc.run_id, PROXY_PORT),
-                proxy_service_properties(desc.run_id, _module_argv("cairn.proxy", *allow)),
+                proxy_service_properties(desc.run_id, module_argv("cairn.proxy", *allow)),
             )
             sd.wait_started(job)
     return name
@@ -481,10 +483,12 @@ def _run_command(
     name: str,
 ) -> tuple[UnitState, bytes]:
     """Run a host-configured command over ``workspace`` (a disposable writable snapshot)
-    as the project's owner, without network, and wait for it; return its final state and
+    as the project's owner, without network (an evaluator whose file allows domains: only
+    those, through the run's proxy), and wait for it; return its final state and
     the last 200 lines it printed, read from the journal by the unit's own invocation or
     unique name (:func:`_unit_output`), never from a file the command could write. Root
     does not decode them: the command is the owner's."""
+    proxied = isinstance(command, EvaluatorSpec) and command.allowlist is not None
     spec = HelperUnitSpec(
         description=f"Cairn {what} {command.name} of run {desc.run_id}",
         uid=desc.owner_uid,
@@ -492,7 +496,8 @@ def _run_command(
         exec_argv=command.argv,
         binds=[(str(workspace), "/workspace")],
         working_directory="/workspace",
-        environment=command.environment,
+        environment={**command.environment, **(proxy_environment() if proxied else {})},
+        join_unit=ensure_proxy(desc) if proxied else None,
         memory_max=desc.limits.memory_max,
         tasks_max=512,
         cpu_quota_percent=100 * max(1, os.cpu_count() or 1),
@@ -627,7 +632,7 @@ def run_import(desc: LaunchDescription, project: Path, staging: Path) -> ImportD
         description=f"Cairn import of {project} for run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
-        exec_argv=_module_argv(
+        exec_argv=module_argv(
             "cairn.importer", *argv, *(["--progress", "/progress"] if progress else [])
         ),
         binds=[(str(staging), "/target"), (str(result_dir), "/result"), *progress],
@@ -677,7 +682,7 @@ def run_apply(
         description=f"Cairn {step} of run {desc.run_id}",
         uid=desc.owner_uid,
         gid=desc.owner_gid,
-        exec_argv=_module_argv(
+        exec_argv=module_argv(
             "cairn.worker.apply",
             "--q",
             "/q",
@@ -721,56 +726,3 @@ def run_apply(
         where, message = first_error(exc)
         raise BrokerRefused(f"{unit['unit']} wrote an invalid result: {where}: {message}") from None
     return {**unit, "result": result.model_dump(mode="json")}
-
-
-def candidate_unit_name(run_id: str) -> str:
-    return f"cairn-candidate-{run_id}.service"
-
-
-def run_candidate(
-    desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
-) -> tuple[dict[str, Any], CandidateResult]:
-    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
-    unit that runs as the project's owner, so root never copies what the agent wrote; give
-    it the kernel's change stream and the frozen policy; return the unit's name and
-    invocation ID, and its checked report."""
-    work.mkdir(parents=True, exist_ok=True)
-    os.chown(work, desc.owner_uid, desc.owner_gid)
-    owner = {"uid": desc.owner_uid, "gid": desc.owner_gid}
-    # work/ is the owner's: replace, never write through, whatever an earlier attempt left
-    untrusted.write_new(work, "stream", stream, mode=0o644, **owner)
-    policy = desc.policy.model_dump_json().encode()
-    untrusted.write_new(work, "policy.json", policy, mode=0o644, **owner)
-    for stale in ("result.json", "failure.json"):
-        (work / stale).unlink(missing_ok=True)
-    # --subpath=VALUE: a project directory may be named like an option ("-x")
-    argv = ["--q", "/q", "--p", "/p", "--c", "/c", f"--subpath={subpath}", "--work", "/candidate"]
-    spec = HelperUnitSpec(
-        description=f"Cairn candidate of run {desc.run_id}",
-        uid=desc.owner_uid,
-        gid=desc.owner_gid,
-        exec_argv=_module_argv("cairn.worker.candidate", *argv),
-        binds=[(str(c), "/c"), (str(work), "/candidate")],
-        read_only_binds=[(str(q), "/q"), (str(p), "/p")],
-        memory_max=desc.limits.memory_max,
-        tasks_max=64,
-        cpu_quota_percent=100,
-        runtime_max_sec=int(CANDIDATE_TIMEOUT),
-        log_fields={"CAIRN_RUN": desc.run_id},
-    )
-    name = candidate_unit_name(desc.run_id)
-    try:
-        unit = run_helper(spec, name, CANDIDATE_TIMEOUT)
-    except SystemdError as exc:
-        try:
-            raw = untrusted.read_bytes(work, "failure.json", owner=desc.owner_uid, limit=16384)
-            failure = CandidateFailure.model_validate_json(raw, strict=True)
-        except (untrusted.UntrustedFileError, ValidationError):
-            raise exc from None
-        raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
-    raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=RESULT_LIMIT)
-    try:
-        return unit, CandidateResult.model_validate_json(raw, strict=True)
-    except ValidationError as exc:
-        where, message = first_error(exc)
-        raise BrokerRefused(f"{name} wrote an invalid result: {where}: {message}") from None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import btrfsutil
 
 from cairn import paths, storage
-from cairn.broker import hostfiles, pins, receipts, spare, units
+from cairn.broker import candidate, hostfiles, pins, receipts, spare, units
 from cairn.broker.pins import Attestation
 from cairn.broker.receipts import Pin, ReceiptStore
 from cairn.broker.remint import remint_q
@@ -48,6 +48,7 @@ from cairn.protocol.broker import (
     ReceiptBody,
     RunDeleted,
     StorageVerified,
+    TrialChecked,
     WCreated,
     WDropped,
 )
@@ -436,12 +437,12 @@ def settle_candidate(ctx: IntentContext) -> CandidateBuilt:
     c = pool.settlement_path(ctx.run_id, "C")
     f = pool.settlement_path(ctx.run_id, "F")
     # the candidate unit brings up a fresh snapshot of Q, never one it half changed
-    discard_interrupted(pool, units.candidate_unit_name(ctx.run_id), f, c)
+    discard_interrupted(pool, candidate.candidate_unit_name(ctx.run_id), f, c)
     qgroup = ctx.qgroup()
     c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
     try:
         work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
-        unit, result = units.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
+        unit, result = candidate.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
         f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
     except BaseException:
         # no receipt will name this C: it goes, or it would be a subvolume nothing explains
@@ -679,14 +680,40 @@ def measure_checkpoint(ctx: IntentContext) -> MeasurementTaken:
                 break
     finally:
         pool.delete(workspace, made)
+    trial = None
+    if not error:
+        try:
+            trial = check_trial(ctx, pool, w, op.op_id)
+        except CairnError as exc:
+            error, output = f"W's changes could not be checked: {exc.message}", b""
     return MeasurementTaken(
         op_id=op.op_id,
         environment=units.measurement_environment(evaluator),
         runs=runs,
         samples=[] if error else [r.values for r in runs if not r.warmup and r.values],
         error=error,
-        output_raw=RawBytes.of(output, limit=ERROR_OUTPUT_LIMIT) if error else None,
+        output_raw=RawBytes.of(output, limit=ERROR_OUTPUT_LIMIT) if error and output else None,
+        trial=trial,
     )
+
+
+def check_trial(ctx: IntentContext, pool: storage.Pool, w: Path, op_id: str) -> TrialChecked:
+    """W's changes since Q judged as the settlement would, by the owner's candidate unit
+    without C, over a read-only snapshot of W deleted afterwards: a trial whose changes
+    the settlement would refuse is no trial to accept (the coordinator decides)."""
+    q = pool.q_path(ctx.run_id)
+    pool.verify(q, ctx.receipt("prepare-q", QPrepared).q)
+    trial = pool.run_dir(ctx.run_id) / "trial"
+    if storage.is_subvolume(trial):  # left by a crash
+        pool.delete(trial, pool.receipt(trial))
+    made = pool.snapshot(w, trial, read_only=True)
+    try:
+        stream = storage.metadata_stream(q, trial)
+        work = pool.run_dir(ctx.run_id) / "scratch" / "trial"
+        name = candidate.trial_unit_name(ctx.run_id, op_id, ctx.intent.attempt)
+        return candidate.run_trial_check(ctx.desc, q, trial, ctx.subpath(), stream, work, name)
+    finally:
+        pool.delete(trial, made)
 
 
 # --- delete-v1 -----------------------------------------------------------------------

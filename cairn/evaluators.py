@@ -6,9 +6,13 @@ One file per evaluator, ``/etc/cairn/evaluators.d/NAME.toml``::
     timeout_sec = 600                           # each run (warm-up or sample)
     warmups = 1                                 # runs whose values are discarded
     samples = 5                                 # runs whose values are recorded
-    network = false                             # the only value this release accepts
+    network = false                             # or "allowlist", with allowlist = [...]
     [environment]
     LANG = "C.UTF-8"
+
+``network = "allowlist"`` with ``allowlist = ["pypi.org", "*.example.com"]`` (the
+agents' allowlist entries) has its runs reach those domains, and nothing else, through
+the run's allowlist proxy; ``false`` (or ``"none"``) keeps them off the network.
 
 A workflow names an evaluator (``flow.measure_proposal("bench", ...)``, or
 ``flow.measure_proposal(args.evaluator, ...)`` to let a launch argument choose it), never
@@ -25,17 +29,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cairn import paths
 from cairn.config import Problems
-from cairn.protocol.launch import EvaluatorSpec
+from cairn.netpolicy import is_allowlist_entry
+from cairn.protocol.launch import MAX_EVALUATOR_ALLOWLIST, EvaluatorSpec
 from cairn.protocol.names import is_verifier_name
 from cairn.verifiers import CommandConfig
 
 FIX = (
     "an evaluator has argv (argv[0] an absolute path), timeout_sec, warmups, samples, "
-    "network = false and an optional [environment] "
+    "network = false (or \"allowlist\" with allowlist = [domains]) and an optional "
+    "[environment] "
     "(see /usr/share/doc/cairn/docs/writing-workflows.md)"
 )
 
@@ -45,7 +51,18 @@ class EvaluatorConfig(CommandConfig):
 
     warmups: int = Field(default=0, ge=0, le=100)
     samples: int = Field(default=1, ge=1, le=1000)
-    network: Literal[False] = False
+    network: Literal[False, "none", "allowlist"] = False
+    allowlist: list[str] = Field(default=[], max_length=MAX_EVALUATOR_ALLOWLIST)
+
+    @model_validator(mode="after")
+    def _allowlist(self) -> EvaluatorConfig:
+        if (self.network == "allowlist") != bool(self.allowlist):
+            raise ValueError('network = "allowlist" takes a non-empty allowlist, and only it')
+        for entry in self.allowlist:
+            if not is_allowlist_entry(entry):
+                raise ValueError(f"allowlist entry {entry!r} is not a domain: host, "
+                                 "host:port or *.domain")
+        return self
 
 
 def evaluators_dir() -> Path:
@@ -94,6 +111,7 @@ def frozen_evaluators(
             warmups=config.warmups,
             samples=config.samples,
             config_sha256=problems.read_sha256[evaluators_dir() / f"{name}.toml"],
+            allowlist=[e.lower() for e in config.allowlist] or None,
         ))
     return specs
 

@@ -26,6 +26,7 @@ from pydantic import Field, model_validator
 from cairn.protocol.base import Frozen
 from cairn.protocol.jsonvalue import JSONValue
 from cairn.protocol.measurement import MeasurementEnvironment, MetricName
+from cairn.protocol.settlement import RefusedPath
 
 MAX_TRIALS = 100
 METRIC_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -46,7 +47,10 @@ class Measurement(Frozen):
     """What ``flow.measure_proposal`` returns and the journal keeps as its result.
 
     ``checkpoint``: the agent operation whose checkpoint W held when measured (None: W
-    still held what the scope started from)."""
+    still held what the scope started from). ``refused``: the first of W's changes since
+    the run began that the settlement would refuse (outside the write paths, or an entry
+    it refuses), ``refused_count`` how many; a measurement with any is never accepted.
+    ``allowlist``: the domains the evaluator's file let its runs reach (None: no network)."""
 
     measurement: str
     evaluator: str
@@ -56,12 +60,23 @@ class Measurement(Frozen):
     samples: list[dict[str, float]] = Field(min_length=1)
     values: dict[str, float]
     checkpoint: str | None
+    refused: list[RefusedPath] = []
+    refused_count: int = Field(default=0, ge=0)
+    allowlist: list[str] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> Measurement:
         if self.primary not in self.metrics:
             raise ValueError(f"the primary metric {self.primary!r} is not defined")
         return self
+
+
+def unsettleable(measured: Measurement) -> str:
+    """What of a measured W the settlement would refuse, for a refusal's message."""
+    shown = ", ".join(f"{r.path} ({r.reason})" for r in measured.refused)
+    more = measured.refused_count - len(measured.refused)
+    return (f"{measured.measurement} changed what the settlement refuses: {shown}"
+            + (f" and {more} more" if more > 0 else ""))
 
 
 def measurement_request(

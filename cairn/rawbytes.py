@@ -28,7 +28,7 @@ from cairn.protocol.broker import (
     RawBytes,
 )
 from cairn.protocol.importstats import ImportStats
-from cairn.protocol.settlement import AppliedCheck, ApplyResult
+from cairn.protocol.settlement import AppliedCheck, ApplyResult, TrialCheck
 from cairn.validation import first_error
 
 M = TypeVar("M", bound=BaseModel)
@@ -105,6 +105,14 @@ def measurement_error(taken: MeasurementTaken) -> str:
         return taken.error  # recorded before root kept the bytes: the output is in it
     output = raw_text(taken.output_raw, f"the evaluator output of {taken.op_id}")
     return f"{taken.error}; its output ends:\n{output}"
+
+
+def trial_check(taken: MeasurementTaken) -> TrialCheck | None:
+    """What the check of a measured W found the settlement would refuse; None for a
+    measurement without samples or recorded before W was checked."""
+    if taken.trial is None:
+        return None
+    return raw_model(taken.trial.result_raw, TrialCheck, f"the result of {taken.trial.unit}")
 
 
 def apply_result(done: ApplyDone) -> ApplyResult:

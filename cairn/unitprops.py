@@ -226,6 +226,12 @@ class HelperUnitSpec(ResourceLimits):
     environment: Environment = Field(default_factory=dict)
     log_fields: LogFields = Field(default_factory=dict)
     hidden_paths: list[AbsPath] = Field(default_factory=list)
+    join_unit: str | None = Field(
+        default=None,
+        pattern=r"^cairn-proxy-flow_[0-9a-f]{32}\.socket$",
+        description="the run's proxy socket, whose namespace an evaluator allowed domains "
+        "joins (only the run's proxy: no other network)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HelperUnitSpec:
@@ -481,7 +487,8 @@ def proxy_service_properties(run_id: str, exec_argv: list[str]) -> list[Prop]:
 
 
 def helper_unit_properties(spec: HelperUnitSpec) -> list[Prop]:
-    """Properties of an import/apply/verify unit: owner identity, no network, given binds."""
+    """Properties of an import/apply/verify unit: owner identity, no network (or only the
+    run's proxy, with ``join_unit``), given binds."""
     return [
         *_exec_props(spec.exec_argv, spec.description, HELPER_SLICE),
         *_identity_props(spec.uid, spec.gid, 0o022, spec.environment),
@@ -489,7 +496,8 @@ def helper_unit_properties(spec: HelperUnitSpec) -> list[Prop]:
         *_log_props("cairn-helper", spec.log_fields),
         *_limit_props(spec),
         *_hardening_props(spec.hidden_paths, PRIVATE_TMPFS),
-        *_network_props("none"),
+        *(_network_props("allowlist", spec.join_unit) if spec.join_unit
+          else _network_props("none")),
         *_bind_props(
             [_bind(s, d) for s, d in spec.binds], [_bind(s, d) for s, d in spec.read_only_binds]
         ),

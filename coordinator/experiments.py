@@ -14,7 +14,7 @@ the next reject swaps W in by rename.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase, OperationError
@@ -25,6 +25,7 @@ from cairn.experiments import (
     dishonesty,
     judge,
     reached,
+    unsettleable,
 )
 from cairn.journal.rows import OpRow
 from cairn.operations import settle_experiment
@@ -32,7 +33,7 @@ from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
 from cairn.protocol.jsonvalue import JSONObject
-from cairn.rawbytes import measurement_error
+from cairn.rawbytes import InvalidRecordedBytes, measurement_error, trial_check
 from cairn.restore_point import restore_point
 
 
@@ -99,23 +100,17 @@ class Experiments(CoordinatorBase):
         self.failpoint("measure-after-receipt")
         taken = receipt.body(MeasurementTaken)
         if taken.error:
-            error = measurement_error(taken)
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="failed",
-                error=error, result={"error": error, "kind": MeasurementFailed.code},
-            )
-            raise MeasurementFailed(f"{op.op_id}: {error}")
+            self.measurement_failed(op, measurement_error(taken))
         metrics = {
             name: MetricDefinition.model_validate(d) for name, d in call.request["metrics"].items()
         }
         try:
             values = aggregate(taken.samples, metrics)
+            checked = trial_check(taken)
         except ValueError as exc:
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="failed",
-                error=str(exc), result={"error": str(exc), "kind": MeasurementFailed.code},
-            )
-            raise MeasurementFailed(f"{op.op_id}: {exc}") from None
+            self.measurement_failed(op, str(exc))
+        except InvalidRecordedBytes as exc:
+            self.measurement_failed(op, exc.message)
         measurement = Measurement(
             measurement=op.op_id,
             evaluator=evaluator,
@@ -128,11 +123,21 @@ class Experiments(CoordinatorBase):
                 self.journal.list_ops(self.run_id), op.scope, op.seq,
                 replayed_through=self.desc.replay.through_op if self.desc.replay else None,
             ),
+            refused=checked.refused if checked else [],
+            refused_count=checked.refused_count if checked else 0,
+            allowlist=next(e.allowlist for e in self.desc.evaluators if e.name == evaluator),
         )
         result = measurement.model_dump(mode="json")
         self.commit(op, result)
         self.event("measured", op_id=op.op_id, **{measurement.primary: values[measurement.primary]})
         return result
+
+    def measurement_failed(self, op: OpRow, error: str) -> NoReturn:
+        self.journal.update_op(
+            self.run_id, op.op_id, token=self.token, state="failed",
+            error=error, result={"error": error, "kind": MeasurementFailed.code},
+        )
+        raise MeasurementFailed(f"{op.op_id}: {error}")
 
     def settle_experiment(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
@@ -182,6 +187,9 @@ class Experiments(CoordinatorBase):
             if call.request["disposition"] == "accept" and verdict.refusals:
                 self.refuse(op, "cannot accept: " + "; ".join(verdict.refusals))
         target = call.request.get("target")
+        if call.request["disposition"] == "accept" and candidate.refused_count:
+            self.refuse(op, f"cannot accept: {unsettleable(candidate)}; reject it, or declare "
+                        "the paths in @workflow(write_paths=...)")
         if call.request["disposition"] == "accept":
             result |= {"disposition": "accepted", "best": candidate.measurement,
                        "checkpoint": candidate.checkpoint}

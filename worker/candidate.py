@@ -1,4 +1,4 @@
-"""The candidate step: ``python3 -I -m cairn.worker.candidate --q Q --p P --c C
+"""The candidate step: ``python3 -I -m cairn.worker.candidate --q Q --p P [--c C]
 --subpath S --work DIR``.
 
 Runs in ``cairn-candidate-<run>.service`` as the project owner, with Q and P (whole
@@ -9,6 +9,11 @@ writes ``result.json`` (what root reads as a
 :class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C cannot be built it
 writes ``failure.json`` (why, and what to do: a ``CandidateFailure``) and exits 1. It
 loads no pydantic (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
+
+Without ``--c`` it is a trial's check (``cairn-trial-<run>-<op>-<attempt>.service``, P a
+read-only snapshot of the measured W): the same judgement, nothing built, and
+``result.json`` is a :class:`cairn.protocol.settlement.TrialCheck`, the first of the
+changes the settlement would refuse and how many there are.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from typing import Any
 from cairn import journald
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
-from cairn.protocol.limits import TEXT_LIMIT
-from cairn.settle.candidate import build_candidate
+from cairn.protocol.limits import TEXT_LIMIT, TRIAL_REFUSED_SHOWN
+from cairn.settle.candidate import build_candidate, check_proposal
 from cairn.settle.changes import changes_in
 from cairn.settle.diff import unified_diff
 from cairn.settle.inventory import inventories_equal
@@ -60,11 +65,25 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> dict[str, Any]
     return result
 
 
+def check(q: Path, p: Path, subpath: str, work: Path) -> dict[str, Any]:
+    """What of P's changes since Q the settlement would refuse, as ``result.json`` of a
+    trial's check holds it."""
+    policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
+    change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+
+    def view(root: Path) -> Path:
+        return root / subpath if subpath else root
+
+    report = check_proposal(view(q), view(p), change_set, policy)
+    return {"refused": [asdict(r) for r in report.refused[:TRIAL_REFUSED_SHOWN]],
+            "refused_count": len(report.refused)}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cairn.worker.candidate", description=__doc__)
     parser.add_argument("--q", type=Path, required=True, help="the run's start snapshot")
     parser.add_argument("--p", type=Path, required=True, help="the agent's proposal")
-    parser.add_argument("--c", type=Path, required=True, help="the candidate to bring up")
+    parser.add_argument("--c", type=Path, help="the candidate to bring up (none: a check)")
     parser.add_argument("--subpath", default="", help="the project inside the subvolumes")
     parser.add_argument("--work", type=Path, required=True, help="stream, policy, results")
     return parser.parse_args(argv)
@@ -74,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     journald.setup_logging()
     try:
-        result = build(args.q, args.p, args.c, args.subpath, args.work)
+        result = (check(args.q, args.p, args.subpath, args.work) if args.c is None
+                  else build(args.q, args.p, args.c, args.subpath, args.work))
     except (CairnError, OSError) as exc:
         failure = (
             {"message": exc.message[:TEXT_LIMIT], "hint": (exc.hint or "")[:TEXT_LIMIT]}
@@ -85,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cairn.worker.candidate: {failure['message']}", file=sys.stderr)
         return 1
     write_atomic(args.work / "result.json", json.dumps(result) + "\n")
-    log.info("candidate: %d accepted, %d refused", len(result["accepted"]),
-             len(result["refused"]))
+    if args.c is None:
+        log.info("trial check: %d refused", result["refused_count"])
+    else:
+        log.info("candidate: %d accepted, %d refused", len(result["accepted"]),
+                 len(result["refused"]))
     return 0
 
 

@@ -748,6 +748,8 @@ def experiment_lines(facet: dict[str, Any]) -> list[str]:
         f"{value(facet.get('baseline'))} · best {value(facet.get('best'))} · gain {gain}"
         + (f" · guardrails {guardrails}" if guardrails else "")
         + _target_text(facet.get("target"))
+        + (f" · evaluator network {', '.join(printable(d) for d in facet['network'])}"
+           if facet.get("network") else "")
     ]
     symbols = {"accepted": "✓", "rejected": "✗", "refused": "!", "pending": "○"}
     for c in facet["candidates"]:

@@ -108,7 +108,7 @@ def experiments(ops: Sequence[ExperimentRecord]) -> list[dict[str, Any]]:
     the baseline, the guardrails, and each settled candidate with its disposition
     (``refused``: the runtime refused the workflow's disposition) and the report the
     workflow gave with it; and, once a settlement named one, the target and whether the
-    best reached it."""
+    best reached it, and the domains its evaluator could reach (``network``)."""
     measured = {o.op_id: o.result for o in ops
                 if o.kind == "measure_proposal" and o.state == "committed" and o.result}
     facets: dict[str, dict[str, Any]] = {}
@@ -124,6 +124,8 @@ def experiments(ops: Sequence[ExperimentRecord]) -> list[dict[str, Any]]:
                                if d.get("max_regression") is not None},
             })
             facet["latest"] = {"measurement": op.op_id, "value": _value(result)}
+            if result.get("allowlist"):
+                facet["network"] = result["allowlist"]
         if op.kind != "settle_experiment" or op.scope not in facets:
             continue
         facet, result = facets[op.scope], op.result or {}

@@ -35,6 +35,11 @@ def launch_hash_of(description: dict[str, Any]) -> str:
     data = _unset(description, ("replay",))
     if isinstance(data.get("limits"), dict):
         data["limits"] = _unset(data["limits"], ("model_cost_cents", "daily_cost_cents"))
+    if isinstance(data.get("evaluators"), list):
+        data["evaluators"] = [
+            _unset(spec, ("allowlist",)) if isinstance(spec, dict) else spec
+            for spec in data["evaluators"]
+        ]
     if isinstance(data.get("routes"), dict):
         data["routes"] = {
             name: _unset(route, ("input_price_per_million", "output_price_per_million"))

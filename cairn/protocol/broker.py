@@ -304,14 +304,24 @@ class ProposalVerified(ReceiptBody):
     passed: bool
 
 
+class TrialChecked(Frozen):
+    """The check of a measured W: the owner's unit that judged W's changes since Q as the
+    settlement would, and its result, recorded unparsed (a ``TrialCheck`` to cairn)."""
+
+    unit: str
+    invocation_id: str
+    result_raw: RawBytes
+
+
 class MeasurementTaken(ReceiptBody):
     """measure-checkpoint: the evaluator's runs over a disposable writable snapshot of W
     (warm-ups, then samples), the values of each sample, and where they were measured.
     ``error``: why the measurement has no samples (a run failed or printed no metric line);
     the runs stop there, and ``output_raw`` is the last bytes that run printed (a receipt
-    from before has root's decoding of them at the end of ``error``)."""
+    from before has root's decoding of them at the end of ``error``). ``trial``: the check
+    of what W changed, for a measurement with samples (a receipt from before has none)."""
 
-    optional_keys = ("output_raw",)
+    optional_keys = ("output_raw", "trial")
 
     op_id: str
     environment: MeasurementEnvironment
@@ -319,6 +329,7 @@ class MeasurementTaken(ReceiptBody):
     samples: list[dict[str, float]]
     error: str = Field(default="", max_length=CHECK_OUTPUT_LIMIT)
     output_raw: RawBytes | None = None
+    trial: TrialChecked | None = None
 
 
 class ApplyDone(ReceiptBody):

@@ -225,6 +225,9 @@ class VerifierSpec(Frozen):
     config_sha256: str
 
 
+MAX_EVALUATOR_ALLOWLIST = 64
+
+
 class EvaluatorSpec(Frozen):
     """A host-configured measurement command (``/etc/cairn/evaluators.d/NAME.toml``) a
     reviewed workflow names, frozen at launch; see :mod:`cairn.evaluators`."""
@@ -236,6 +239,10 @@ class EvaluatorSpec(Frozen):
     warmups: int = Field(ge=0, le=100)
     samples: int = Field(ge=1, le=1000)
     config_sha256: str
+    # network = "allowlist" in its file: its runs reach these domains through the run's
+    # proxy (None: no network, as every evaluator launched before had)
+    allowlist: list[str] | None = Field(default=None, min_length=1,
+                                        max_length=MAX_EVALUATOR_ALLOWLIST)
 
 
 class ReplayOrigin(Frozen):

@@ -6,7 +6,7 @@ from pydantic import AfterValidator, Field
 
 from cairn.pathrules import is_plain_relative
 from cairn.protocol.base import Frozen
-from cairn.protocol.limits import DIFF_LIMIT, MAX_PATHS, TEXT_LIMIT
+from cairn.protocol.limits import DIFF_LIMIT, MAX_PATHS, TEXT_LIMIT, TRIAL_REFUSED_SHOWN
 
 _DIFF_MAX = 4 * DIFF_LIMIT  # ends past DIFF_LIMIT: one more path (each side bounded), a line
 
@@ -43,6 +43,14 @@ class CandidateResult(CandidateReport):
 
     inventories_equal: bool
     diff: str = Field(max_length=_DIFF_MAX)
+
+
+class TrialCheck(Frozen):
+    """A trial's check's result.json (the candidate unit without C, over the measured W):
+    the first of W's changes since Q that the settlement would refuse, and how many."""
+
+    refused: Annotated[list[RefusedPath], Field(max_length=TRIAL_REFUSED_SHOWN)]
+    refused_count: int = Field(ge=0)
 
 
 class CandidateFailure(Frozen):

@@ -62,15 +62,17 @@ class Report:
     bytes_accepted: int
 
 
-def build_candidate(
-    q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
-) -> Report:
-    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P.
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """Which changes of P go into C: ``refused`` (path → reason, IGNORED included), the
+    entries of P to install, and the deletions in the order they are carried out."""
 
-    Paths are relative to the project root inside each of ``q``, ``p`` and ``c``.
-    Refusals are decided completely before C is touched; a write into C that then fails
-    raises ``StorageError`` rather than leave C with half of a change.
-    """
+    refused: dict[str, str]
+    entries: dict[str, tuple[os.stat_result, str]]
+    deletions: list[str]
+
+
+def _decide(q: Path, p: Path, changes: ChangeSet, policy: SettlementPolicy) -> _Decision:
     patterns = [glob_regex(g) for g in policy.write_paths]
     ignore = [glob_regex(g) for g in policy.ignore]
     # Ignored paths are refused with IGNORED while dependents are worked out (what rests on
@@ -113,7 +115,44 @@ def build_candidate(
         if _is_dir(q, path) and not (path in entries and stat.S_ISDIR(entries[path][0].st_mode))
     ]
     close_refusals(changes, refused, replaced_dirs)
+    return _Decision(refused, entries, deletions)
 
+
+def _report(decision: _Decision, accepted: list[str]) -> Report:
+    refused, entries = decision.refused, decision.entries
+    return Report(
+        accepted=sorted(accepted),
+        refused=[Refused(printable_name(k), v) for k, v in sorted(refused.items())
+                 if v != IGNORED],
+        ignored=sorted(printable_name(k) for k, v in refused.items() if v == IGNORED),
+        bytes_accepted=sum(
+            entries[a][0].st_size
+            for a in accepted
+            if a in entries and stat.S_ISREG(entries[a][0].st_mode)
+        ),
+    )
+
+
+def check_proposal(q: Path, p: Path, changes: ChangeSet, policy: SettlementPolicy) -> Report:
+    """What :func:`build_candidate` would accept and refuse of P, without building C: the
+    same judgement, path by path (a trial's check before it may be accepted)."""
+    decision = _decide(q, p, changes, policy)
+    would = [path for path in (*decision.deletions, *decision.entries)
+             if path not in decision.refused]
+    return _report(decision, would)
+
+
+def build_candidate(
+    q: Path, p: Path, c: Path, changes: ChangeSet, policy: SettlementPolicy
+) -> Report:
+    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P.
+
+    Paths are relative to the project root inside each of ``q``, ``p`` and ``c``.
+    Refusals are decided completely before C is touched; a write into C that then fails
+    raises ``StorageError`` rather than leave C with half of a change.
+    """
+    decision = _decide(q, p, changes, policy)
+    refused, entries, deletions = decision.refused, decision.entries, decision.deletions
     accepted: list[str] = []
     for path in deletions:
         if path not in refused:
@@ -142,17 +181,7 @@ def build_candidate(
                     raise _candidate_error(path, "write", exc) from exc
                 accepted.append(path)
 
-    report = Report(
-        accepted=sorted(accepted),
-        refused=[Refused(printable_name(k), v) for k, v in sorted(refused.items())
-                 if v != IGNORED],
-        ignored=sorted(printable_name(k) for k, v in refused.items() if v == IGNORED),
-        bytes_accepted=sum(
-            entries[a][0].st_size
-            for a in accepted
-            if a in entries and stat.S_ISREG(entries[a][0].st_mode)
-        ),
-    )
+    report = _report(decision, accepted)
     log.info("candidate %s: %d accepted, %d refused, %d ignored", c, len(report.accepted),
              len(report.refused), len(report.ignored))
     return report

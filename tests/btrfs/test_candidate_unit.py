@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.protocol.settlement import CandidateFailure, CandidateResult
+from cairn.protocol.settlement import CandidateFailure, CandidateResult, TrialCheck
 from cairn.settle.candidate import build_candidate
 from cairn.settle.changes import changes
 from cairn.settle.inventory import inventories_equal
@@ -81,11 +81,11 @@ class Settlement:
         (self.work / "stream").write_bytes(metadata_stream(self.q, self.p))
         (self.work / "policy.json").write_text(json.dumps(asdict(POLICY)))
 
-    def run_as_owner(self) -> subprocess.CompletedProcess[str]:
+    def run_as_owner(self, *, build: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [
             "setpriv", f"--reuid={OWNER}", f"--regid={OWNER}", "--clear-groups", "--",
             sys.executable, "-m", "cairn.worker.candidate", "--q", str(self.q),
-            "--p", str(self.p), "--c", str(self.c), "--subpath", "proj",
+            "--p", str(self.p), *(["--c", str(self.c)] if build else []), "--subpath", "proj",
             "--work", str(self.work),
         ]  # fmt: skip
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"}
@@ -183,3 +183,37 @@ def test_a_name_that_is_not_utf8_is_refused_and_reported_as_text(
     assert result.ignored == ["src/.cache\\xfe"]
     assert "src/app.py" in result.accepted
     assert not os.path.lexists(os.fsencode(s.c / "proj") + b"/src/bad\xff.py")
+
+
+def many_outside(proj: Path) -> None:
+    """Besides secrets.env, 30 more files outside the write paths, one with an escape
+    sequence in its name, and a FIFO inside them."""
+    for n in range(30):
+        (proj / f"bench-{n:02}.txt").write_text("gamed\n")
+    (proj / "\x1b[2Jclear").write_text("x\n")
+    os.mkfifo(proj / "src" / "pipe")
+    for path in [*proj.glob("bench-*"), proj / "\x1b[2Jclear", proj / "src" / "pipe"]:
+        os.lchown(path, OWNER, OWNER)
+
+
+def test_a_trials_check_judges_as_the_settlement_and_builds_nothing(
+    pool: Pool, run_id: str
+) -> None:
+    """Without --c the unit is a trial's check: the same judgement as the candidate, the
+    first 20 refusals named and all counted, C left as it was."""
+    s = Settlement(pool, run_id, also=many_outside)
+    before = sorted(os.listdir(s.c / "proj"))
+    done = s.run_as_owner(build=False)
+    assert done.returncode == 0, done.stderr
+    checked = TrialCheck.model_validate_json((s.work / "result.json").read_bytes(), strict=True)
+    as_candidate = build_candidate(
+        s.q / "proj", s.p / "proj", s.root_c / "proj", changes(s.q, s.p, subpath="proj"), POLICY
+    )
+    assert checked.refused_count == len(as_candidate.refused) == 33
+    assert [(r.path, r.reason) for r in checked.refused] == [
+        (r.path, r.reason) for r in as_candidate.refused][:20]
+    reasons = {r.path: r.reason for r in as_candidate.refused}
+    assert reasons["\x1b[2Jclear"] == "outside the write paths"  # escaped where shown
+    assert reasons["secrets.env"] == "outside the write paths"
+    assert reasons["src/pipe"] == "fifo"
+    assert sorted(os.listdir(s.c / "proj")) == before  # nothing built

@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from cairn.broker.receipts import ReceiptStore
 from cairn.config import Problems
 from cairn.coordinator.core import Coordinator
 from cairn.coordinator.dispatch import Handlers
-from cairn.coordinator.experiments import MeasurementFailed
+from cairn.coordinator.experiments import ExperimentRefused, MeasurementFailed
 from cairn.errors import BrokerRefused
 from cairn.evaluators import frozen_evaluators
 from cairn.journal.readwrite import Journal
@@ -33,6 +34,7 @@ from cairn.protocol.control import CallRequest
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.protocol.measurement import EvaluatorRun, parse_metric_output
 from cairn.storage import Pool, is_subvolume
+from cairn.unitprops import HelperUnitSpec
 from cairn.workflow.review import review_source
 
 OWNER = 1001
@@ -75,7 +77,22 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
                             exit_status=out.returncode,
                             values=parse_metric_output(out.stdout)), out.stdout
 
+    def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+        """The trial's check: the unit's own argv, its binds as host paths, as the owner."""
+        binds = {dst: src for src, dst in [*spec.binds, *spec.read_only_binds]}
+        for top in (pool.root / "runs", pool.run_dir(RUN), pool.run_dir(RUN) / "scratch"):
+            top.chmod(0o711)  # what the unit's binds make reachable, reachable here
+        argv = [binds.get(arg, arg) for arg in spec.exec_argv[1:]]
+        done = subprocess.run(
+            ["setpriv", f"--reuid={spec.uid}", f"--regid={spec.gid}", "--clear-groups", "--",
+             sys.executable, *argv], capture_output=True, text=True, check=False, timeout=120,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
+        assert done.returncode == 0, done.stderr
+        seen.append(name)
+        return {"unit": name, "invocation_id": "t"}
+
     monkeypatch.setattr(units, "run_evaluator", run_evaluator)
+    monkeypatch.setattr(units, "run_helper", run_helper)
     project = pool.root / "project"
     pool.create_subvolume(project)
     (project / "score.txt").write_text("3\n")
@@ -133,8 +150,12 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     w1 = pool.w_path(RUN, "root", 1)
     baseline = call(coordinator, 1, "measure_proposal", MEASURE)
     assert baseline["samples"] == [{"score": 3.0}, {"score": 3.0}]
-    assert coordinator.seen == [f"cairn-measure-{RUN}-root-1-1-{i}.service"  # type: ignore[attr-defined]
-                                for i in range(3)]
+    assert coordinator.seen == [  # type: ignore[attr-defined]
+        *(f"cairn-measure-{RUN}-root-1-1-{i}.service" for i in range(3)),
+        f"cairn-trial-{RUN}-root-1-1.service",
+    ]
+    assert baseline["refused"] == [] and baseline["refused_count"] == 0
+    assert not (pool.run_dir(RUN) / "trial").exists()
     assert sorted(p.name for p in w1.iterdir()) == ["score.txt"]  # runs changed their copy
     assert not (pool.run_dir(RUN) / "measure").exists()
     call(coordinator, 2, "settle_experiment", {"measurement": "root-1", "disposition": "accept"})
@@ -155,6 +176,36 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     runs = len(coordinator.seen)  # type: ignore[attr-defined]
     carry_out_attested("launch-v1", RUN)
     assert len(coordinator.seen) == runs  # type: ignore[attr-defined]
+
+
+def test_a_trial_whose_changes_the_settlement_refuses_is_measured_but_never_accepted(
+    coordinator: Coordinator, pool: Pool
+) -> None:
+    """The agent games the metric with what would never settle (a FIFO, a setuid file):
+    the measurement names them, its accept is refused saying why, a reject is not."""
+    call(coordinator, 1, "measure_proposal", MEASURE)
+    call(coordinator, 2, "settle_experiment", {"measurement": "root-1", "disposition": "accept"})
+    w1 = pool.w_path(RUN, "root", 1)
+    (w1 / "score.txt").write_text("1\n")
+    os.mkfifo(w1 / "pipe")
+    (w1 / "tool").write_text("#!/bin/sh\n")
+    for name in ("pipe", "tool"):
+        os.lchown(w1 / name, OWNER, OWNER)
+    os.chmod(w1 / "tool", 0o4755)  # after the chown, which clears it
+    gamed = call(coordinator, 3, "measure_proposal", MEASURE)
+    assert gamed["values"] == {"score": 1.0}
+    assert gamed["refused"] == [{"path": "pipe", "reason": "fifo"},
+                                {"path": "tool", "reason": "setuid/setgid bit"}]
+    assert gamed["refused_count"] == 2
+    with pytest.raises(ExperimentRefused, match=r"cannot accept: root-3 changed what the "
+                       r"settlement refuses: pipe \(fifo\), tool \(setuid/setgid bit\); "
+                       r"reject it"):
+        call(coordinator, 4, "settle_experiment",
+             {"measurement": "root-3", "disposition": "accept"})
+    rejected = call(coordinator, 5, "settle_experiment",
+                    {"measurement": "root-3", "disposition": "reject"})
+    assert rejected["disposition"] == "rejected"
+    assert not (pool.w_path(RUN, "root", 2) / "pipe").exists()
 
 
 def test_a_run_that_prints_no_metric_line_is_recorded_as_bytes_and_read_by_the_coordinator(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cairn import importer, paths
-from cairn.broker import units, verbs
+from cairn.broker import candidate, units, verbs
 from cairn.broker.receipts import ReceiptStore
 from cairn.coordinator.core import Coordinator
 from cairn.errors import SystemdError
@@ -212,16 +212,16 @@ def test_a_retried_candidate_starts_from_a_fresh_snapshot_of_q(
         assert inventories_equal(c_, q_), "C is not a fresh snapshot of Q"
         (c_ / "notes.txt").write_text((p_ / "notes.txt").read_text())
         seen.append("built")
-        return ({"unit": units.candidate_unit_name(desc.run_id), "invocation_id": "i"},
+        return ({"unit": candidate.candidate_unit_name(desc.run_id), "invocation_id": "i"},
                 CandidateResult(accepted=["notes.txt"], refused=[], bytes_accepted=6,
                                 inventories_equal=False, diff=""))
 
-    monkeypatch.setattr(units, "run_candidate", run_candidate)
+    monkeypatch.setattr(candidate, "run_candidate", run_candidate)
     monkeypatch.setattr(units, "end_leftover", lambda name: seen.append(f"ended {name}"))
     desc = LaunchDescription.model_validate({**new_desc(run_id).model_dump(), "project": {
         "root": str(project), "owner_uid": OWNER, "on_pool_fs": True}})
     built = verbs.settle_candidate(Candidate(pool, desc, p))  # type: ignore[arg-type]
-    assert seen == [f"ended {units.candidate_unit_name(run_id)}", "built"]
+    assert seen == [f"ended {candidate.candidate_unit_name(run_id)}", "built"]
     assert sorted(os.listdir(f)) == ["notes.txt"] and (f / "notes.txt").read_text() == "after\n"
     assert built.f.uuid == pool.receipt(f).uuid and built.c.uuid == pool.receipt(c).uuid
     assert built.accepted == ["notes.txt"]

@@ -169,6 +169,69 @@ def test_one_accepted_and_one_rejected_trial(booted: Machine) -> None:
     check_experiment(booted, project, run_id)
 
 
+GAMER = {
+    "steps": [
+        {"action": "write", "path": "score.txt", "content": "1\n"},  # the metric, outside src/
+        {"action": "write", "path": "src/fast.py", "content": "fast = True\n"},
+        {"action": "write", "path": "clear\u001b[2J.txt", "content": "x\n"},
+    ],
+    "output": {"summary": "faster"},
+    "handoff": "made it faster",
+}
+
+
+def test_a_trial_that_changed_paths_outside_the_write_paths_is_never_accepted(
+    booted: Machine,
+) -> None:
+    """write_paths=["src/**"]: the agent improves the score by editing score.txt, which
+    the evaluator reads, beside src/. The measurement records what the settlement would
+    refuse (the owner's trial-check unit judged it), the accept is refused naming the
+    paths, escaped, the reject restores W, and the project stays as it was."""
+    project = fresh_project(booted, "alice")
+    booted.exec(["tee", f"{project}/score.txt"], user="alice", input=b"3\n")
+    before = tree(booted, project)
+    source = (REPO / "tests" / "system" / "data" / "experiment_paths.py").read_bytes()
+    booted.exec(["tee", "/home/alice/experiment_paths.py"], user="alice", input=source)
+    booted.exec(["tee", "/home/alice/gamer.json"], user="alice",
+                input=json.dumps(GAMER).encode())
+    review = cairn(booted, "workflow", "review", "/home/alice/experiment_paths.py")
+    assert "write paths   src/**" in review
+    review_hash = review.strip().splitlines()[-1].split()[-1]
+    out = cairn(booted, "launch", "/home/alice/experiment_paths.py", "--confirm", review_hash,
+                "--project", project, "--args", '{"goal": "faster"}',
+                "--scripted", "test:gamer=/home/alice/gamer.json")
+    run_id = out.strip().splitlines()[-1]
+    data = wait_finished(booted, run_id)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert data["run"]["output"] == {
+        "summary": "rejected root-4: 2 changes the settlement refuses"}
+    measured = json.loads(booted.exec(
+        ["python3", "-c", READ_RESULT, "/var/lib/cairn/journal/journal.db", run_id, "root-4"],
+    ).stdout)
+    assert measured["values"] == {"score": 1.0}
+    assert measured["refused"] == [
+        {"path": "clear\x1b[2J.txt", "reason": "outside the write paths"},
+        {"path": "score.txt", "reason": "outside the write paths"},
+    ]
+    (facet,) = data["experiments"]
+    assert [(c["measurement"], c["disposition"]) for c in facet["candidates"]] == [
+        ("root-1", "accepted"), ("root-4", "refused"), ("root-4", "rejected")]
+    shown = cairn(booted, "show", run_id)
+    assert "\x1b" not in shown
+    assert "! root-4 1 refused — cannot accept: root-4 changed what the settlement " \
+        "refuses: clear\\x1b[2J.txt (outside the write paths), score.txt (outside the " \
+        "write paths); reject it" in shown, shown
+    # one check per measurement, each unit started once; nothing of it left
+    text = booted.exec(["journalctl", "--no-pager", "-o", "cat", "_PID=1"]).stdout.decode()
+    started = re.findall(rf"Started (cairn-trial-{run_id}-[a-z0-9-]+\.service)", text)
+    assert sorted(started) == [f"cairn-trial-{run_id}-root-1-1.service",
+                               f"cairn-trial-{run_id}-root-4-1.service"]
+    pool = f"/var/lib/cairn/pool/runs/{run_id}"
+    assert booted.exec(["test", "-e", f"{pool}/trial"], check=False).returncode != 0
+    assert tree(booted, project) == before
+
+
+
 @pytest.mark.parametrize("name", sorted(EXPERIMENT_FAILPOINTS))
 def test_recovers_from_a_crash_inside_measurement_or_disposition(
     booted: Machine, name: str
@@ -291,3 +354,63 @@ def test_a_launch_argument_naming_an_unconfigured_evaluator_is_refused(
         in err
     assert "launch with evaluator set to one of:" in err and "score" in err
     assert json.loads(cairn(booted, "list", "--json")) == before
+
+
+NETBENCH = """\
+argv = ["/usr/bin/python3", "-c", '''
+import json, socket, urllib.request
+def fetched(url):
+    try:
+        return int(urllib.request.urlopen(url, timeout=10).read() == b"hello\\n")
+    except Exception:
+        return 0
+def direct():
+    try:
+        socket.create_connection(("127.0.0.1", 80), timeout=3)
+        return 1
+    except OSError:
+        return 0
+print(json.dumps({"cairn_metrics": {"allowed": fetched("http://allowed.test/hello.txt"),
+                                    "denied": fetched("http://denied.test/hello.txt"),
+                                    "direct": direct()}}))
+''']
+timeout_sec = 60
+samples = 1
+network = "allowlist"
+allowlist = ["allowed.test"]
+"""
+
+
+def test_an_evaluator_its_host_allows_a_domain_reaches_it_and_nothing_else(
+    booted: Machine,
+) -> None:
+    """network = "allowlist" in the evaluator's file: its runs reach allowed.test through
+    the run's proxy, are refused denied.test by it, and cannot connect anywhere directly;
+    cairn show names the domains on the experiment's line."""
+    booted.exec(["tee", "/etc/cairn/evaluators.d/netbench.toml"], input=NETBENCH.encode())
+    booted.exec(["mkdir", "-p", "/srv/www"])
+    booted.exec(["tee", "/srv/www/hello.txt"], input=b"hello\n")
+    booted.exec(["tee", "-a", "/etc/hosts"], input=b"127.0.0.1 allowed.test denied.test\n")
+    booted.exec(["systemd-run", "--unit=web", "--collect", "python3", "-m", "http.server",
+                 "80", "--bind", "127.0.0.1", "--directory", "/srv/www"])
+    try:
+        project = fresh_project(booted, "alice")
+        source = (REPO / "tests" / "system" / "data" / "measure_network.py").read_bytes()
+        booted.exec(["tee", "/home/alice/measure_network.py"], user="alice", input=source)
+        review = cairn(booted, "workflow", "review", "/home/alice/measure_network.py")
+        review_hash = review.strip().splitlines()[-1].split()[-1]
+        out = cairn(booted, "launch", "/home/alice/measure_network.py", "--confirm",
+                    review_hash, "--project", project, "--args", '{"goal": "reach"}')
+        run_id = out.strip().splitlines()[-1]
+        data = wait_finished(booted, run_id)
+        assert data["run"]["state"] == "succeeded", data["run"]["error"]
+        proxy_log = booted.journal(unit=f"cairn-proxy-{run_id}.service")
+        assert data["run"]["output"] == {"allowed": 1.0, "denied": 0.0, "direct": 0.0}, \
+            proxy_log
+        assert "allowlist proxy refused denied.test:80" in proxy_log
+        (facet,) = data["experiments"]
+        assert facet["network"] == ["allowed.test"]
+        assert "· evaluator network allowed.test" in cairn(booted, "show", run_id)
+    finally:
+        booted.exec(["systemctl", "stop", "web"], check=False)
+        booted.exec(["rm", "-f", "/etc/cairn/evaluators.d/netbench.toml"])

@@ -198,3 +198,41 @@ def test_the_worker_runs_only_the_profile_root_froze_for_it(
     monkeypatch.delenv(PROFILE_SHA256_ENV)
     with pytest.raises(CairnError, match="not the one root froze"):
         worker_check(frozen)
+
+
+def test_an_evaluators_network_is_what_its_file_says(etc: Path) -> None:
+    """network = "allowlist" in the file freezes its domains (lower-cased) and root
+    re-reads them; a description (the cairn user's) that grants an evaluator domains its
+    file does not, or other ones, is refused before anything runs."""
+    (etc / "evaluators.d/net.toml").write_text(
+        'argv = ["/usr/bin/bench"]\ntimeout_sec = 30\nnetwork = "allowlist"\n'
+        'allowlist = ["PyPI.org", "*.example.com", "pypi.org:8443"]\n')
+    problems = Problems()
+    bench, net = frozen_evaluators({"bench": None, "net": None}, problems)
+    problems.check()
+    assert bench.allowlist is None
+    assert net.allowlist == ["pypi.org", "*.example.com", "pypi.org:8443"]
+    hostfiles.check_evaluator(bench)
+    hostfiles.check_evaluator(net)
+    with pytest.raises(BrokerRefused, match="evaluator bench .* allowlist differ"):
+        hostfiles.check_evaluator(bench.model_copy(update={"allowlist": ["evil.test"]}))
+    with pytest.raises(BrokerRefused, match="evaluator net .* allowlist differ"):
+        hostfiles.check_evaluator(net.model_copy(update={"allowlist": ["evil.test"]}))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('network = "allowlist"\n', "takes a non-empty allowlist"),
+    ('network = false\nallowlist = ["pypi.org"]\n', "takes a non-empty allowlist, and only it"),
+    ('network = "allowlist"\nallowlist = ["http://pypi.org/"]\n', "is not a domain"),
+    ('network = "host"\n', "network"),
+])
+def test_an_evaluator_file_with_a_bad_network_is_refused_saying_why(
+    etc: Path, text: str, message: str
+) -> None:
+    (etc / "evaluators.d/net.toml").write_text(
+        'argv = ["/usr/bin/bench"]\ntimeout_sec = 30\n' + text)
+    problems = Problems()
+    frozen_evaluators({"net": None}, problems)
+    with pytest.raises(CairnError) as caught:
+        problems.check()
+    assert message in str(caught.value) + (caught.value.hint or "")

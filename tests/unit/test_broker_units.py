@@ -24,6 +24,7 @@ from cairn import paths, proc
 from cairn.broker import units
 from cairn.errors import BrokerRefused, NotFound, SystemdError
 from cairn.netpolicy import PROXY_PORT
+from cairn.protocol.attestation import launch_hash_of
 from cairn.protocol.launch import (
     MODEL_API_ENV,
     MODEL_ENV,
@@ -86,7 +87,7 @@ class Manager:
         return f"job-{name}"
 
     def start_transient_service(self, name: str, props: object) -> str:
-        self.calls.append(("start_transient_service", name))
+        self.calls.append(("start_transient_service", name, props))
         self.states[name] = state(name, "active", control_group=f"/system.slice/{name}")
         return f"job-{name}"
 
@@ -336,6 +337,31 @@ def test_an_evaluators_metric_line_is_found_by_unit_name_once_journald_has_it(
     assert clock[:2] == [0.25, 0.25]  # asked again while there was nothing
 
 
+def test_an_evaluator_its_file_allows_domains_reaches_only_the_runs_proxy(
+    host: Path, monkeypatch: pytest.MonkeyPatch, clock: list[float]
+) -> None:
+    """An evaluator frozen with an allowlist joins the namespace of the run's proxy
+    socket (started with its domains) and is told the proxy; one without stays in a
+    network namespace of its own."""
+    name = f"cairn-measure-{RUN}-op-1-1-0.service"
+    netted = EVALUATOR.model_copy(update={"allowlist": ["pypi.org"]})
+    desc = owned(host).model_copy(update={"evaluators": [netted]})
+    assert units.run_allowlist(desc) == ["pypi.org"]
+    for evaluator, joined in ((netted, True), (EVALUATOR, False)):
+        pid1 = Manager(ended=state(name, "inactive"))
+        monkeypatch.setattr(units, "Systemd", pid1)
+        monkeypatch.setattr(proc, "run", Journal(['{"cairn_metrics": {"s": 1}}\n'], [""]).run)
+        units.run_evaluator(desc, evaluator, host / "w", name, warmup=False)
+        ((_, _, props),) = [c for c in pid1.calls if c[0] == "start_transient_service"]
+        found = {p[0]: p[2] for p in props}
+        assert found["PrivateNetwork"] is True
+        assert found.get("JoinsNamespaceOf") == ([PROXY] if joined else None)
+        env = dict(e.split("=", 1) for e in found["Environment"])
+        assert (env.get("HTTPS_PROXY") == f"http://127.0.0.1:{PROXY_PORT}") is joined
+        sockets = [c for c in pid1.calls if c[0] == "start_transient_socket"]
+        assert [c[1] for c in sockets] == ([PROXY] if joined else [])
+
+
 def test_an_evaluator_that_printed_nothing_is_given_up_on_at_its_deadline(
     host: Path, monkeypatch: pytest.MonkeyPatch, clock: list[float]
 ) -> None:
@@ -495,3 +521,15 @@ def test_an_agent_unit_still_loaded_after_a_broker_restart_is_adopted(
             sock.close()
     assert pid1.calls == [] and adopted.control_group == "/adopted"
     assert not (short_host / "scratch" / "started.1").exists()  # nothing started anew
+
+
+def test_a_run_launched_before_evaluator_networks_keeps_its_launch_hash(host: Path) -> None:
+    """The broker pins a run to its launch hash: an evaluator stored before it had an
+    allowlist hashes as it did; one with domains is another launch."""
+    desc = owned(host).model_copy(update={"evaluators": [EVALUATOR]})
+    stored = desc.model_dump(mode="json")
+    del stored["evaluators"][0]["allowlist"]
+    assert launch_hash_of(stored) == desc.launch_hash()
+    netted = desc.model_copy(update={"evaluators": [
+        EVALUATOR.model_copy(update={"allowlist": ["pypi.org"]})]})
+    assert netted.launch_hash() != desc.launch_hash()

@@ -49,6 +49,7 @@ from cairn.protocol.broker import (
     QPrepared,
     RawBytes,
     Receipt,
+    TrialChecked,
 )
 from cairn.protocol.importstats import ImportStats
 from cairn.protocol.launch import EvaluatorSpec, LaunchDescription, VerifierSpec
@@ -63,6 +64,7 @@ from cairn.rawbytes import (
     raw_bytes,
     raw_model,
     readable_verification,
+    trial_check,
 )
 from cairn.systemd import UnitState
 
@@ -252,6 +254,32 @@ def test_a_measurement_that_failed_records_the_output_and_cairn_reads_it() -> No
     assert "segfault" not in json.dumps(receipt.data["error"])  # root's text is its own
     error = measurement_error(receipt.body(MeasurementTaken))
     assert error.endswith("its output ends:\n\x1b[2Jsegfault \ufffd\n")
+
+
+@pytest.mark.parametrize("written", [
+    b'{"refused": [{"path": "/etc/shadow", "reason": "x"}], "refused_count": 1}',
+    b'{"refused": [], "refused_count": "1"}',  # no coercion
+    b'{"refused": [], "refused_count": 0, "more": 1}',
+    b"\x1b[2J",
+])
+def test_a_trials_check_is_parsed_by_cairn_and_only_if_it_is_one(written: bytes) -> None:
+    def taken(raw: RawBytes) -> MeasurementTaken:
+        return MeasurementTaken(
+            op_id="root-3", environment=ENVIRONMENT, runs=[], samples=[{"s": 1.0}],
+            trial=TrialChecked(unit="cairn-trial-x.service", invocation_id="i",
+                               result_raw=raw))
+
+    good = b'{"refused": [{"path": "bench.py", "reason": "outside the write paths"}], ' \
+        b'"refused_count": 7}'
+    checked = trial_check(taken(RawBytes.of(good)))
+    assert checked is not None and checked.refused_count == 7
+    with pytest.raises(InvalidRecordedBytes, match="the result of cairn-trial-x.service"):
+        trial_check(taken(RawBytes.of(written)))
+    forged = RawBytes.of(good).model_copy(update={"sha256": "0" * 64})
+    with pytest.raises(InvalidRecordedBytes, match="do not match their sha256"):
+        trial_check(taken(forged))
+    legacy = MeasurementTaken(op_id="root-3", environment=ENVIRONMENT, runs=[], samples=[])
+    assert trial_check(legacy) is None and "trial" not in legacy.wire()
 
 
 # --- the edge: what root acts on is parsed once, strictly ---------------------------------

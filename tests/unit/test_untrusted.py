@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from cairn import paths, untrusted
+from cairn.broker import candidate as candidate_unit
 from cairn.broker import units
 from cairn.coordinator.base import OperationError
 from cairn.coordinator.core import Coordinator
@@ -657,7 +658,9 @@ CANDIDATE = {"accepted": ["a"], "refused": [], "bytes_accepted": 1,
 
 
 def run_candidate(desc: LaunchDescription, host: Path, work: Path) -> Any:
-    unit, result = units.run_candidate(desc, host / "q", host / "p", host / "c", "", b"s", work)
+    unit, result = candidate_unit.run_candidate(
+        desc, host / "q", host / "p", host / "c", "", b"s", work
+    )
     assert unit["unit"] == f"cairn-candidate-{desc.run_id}.service"
     return result
 
@@ -692,6 +695,37 @@ def test_run_candidate_refuses_a_planted_result(
         within(5, lambda: run_candidate(desc, host, work))
 
 
+TRIAL = {"refused": [{"path": "bench.py", "reason": "outside the write paths"}],
+         "refused_count": 1}
+
+
+def test_run_trial_check_records_the_owners_result_unparsed(
+    desc: LaunchDescription, host: Path, no_units: list[Callable[[], None]]
+) -> None:
+    work = host / "scratch" / "trial"
+    work.mkdir(parents=True)
+    body = json.dumps(TRIAL) + "\x1b[2J not json"  # root neither parses nor decodes it
+    no_units.append(lambda: plant(work, "result.json", "own", host, body))
+    name = candidate_unit.trial_unit_name(desc.run_id, "root-3", 1)
+    checked = candidate_unit.run_trial_check(desc, host / "q", host / "t", "", b"s", work, name)
+    assert checked.unit == name == f"cairn-trial-{desc.run_id}-root-3-1.service"
+    assert base64.b64decode(checked.result_raw.b64) == body.encode()
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_run_trial_check_refuses_a_planted_result(
+    desc: LaunchDescription, host: Path, no_units: list[Callable[[], None]], kind: str
+) -> None:
+    if kind == "wrong-owner" and not ROOT:
+        pytest.skip("needs root")
+    work = host / "scratch" / "trial"
+    work.mkdir(parents=True)
+    no_units.append(lambda: plant(work, "result.json", kind, host, json.dumps(TRIAL)))
+    with pytest.raises(untrusted.UntrustedFileError):
+        within(5, lambda: candidate_unit.run_trial_check(
+            desc, host / "q", host / "t", "", b"s", work, "cairn-trial-x.service"))
+
+
 @pytest.mark.parametrize(
     "path", ["/etc/shadow", "../outside", "a/../../b", "", "a//b", "./a"]
 )
@@ -719,7 +753,7 @@ def test_run_candidate_passes_an_option_like_subpath_whole(
         return {"unit": name, "invocation_id": "x"}
 
     monkeypatch.setattr(units, "run_helper", unit)
-    units.run_candidate(desc, host / "q", host / "p", host / "c", "-x/proj", b"s", work)
+    candidate_unit.run_candidate(desc, host / "q", host / "p", host / "c", "-x/proj", b"s", work)
     module = seen[0].index("cairn.worker.candidate")
     args = candidate.parse_args(seen[0][module + 1 :])
     assert args.subpath == "-x/proj" and str(args.work) == "/candidate"
@@ -779,7 +813,10 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
     ("broker/units.py", "run_import", {"read_bytes"}),
     ("broker/units.py", "run_apply", {"read_bytes", "write_new"}),
-    ("broker/units.py", "run_candidate", {"read_bytes", "write_new"}),
+    ("broker/candidate.py", "_stage_candidate_work", {"write_new"}),
+    ("broker/candidate.py", "_run_candidate_unit", {"read_bytes"}),
+    ("broker/candidate.py", "run_candidate", {"read_bytes"}),
+    ("broker/candidate.py", "run_trial_check", {"read_bytes"}),
     ("cairn/settle/diff.py", "_diff_side", {"lstat", "readlink", "read_bytes"}),
     ("broker/units.py", "_socket_in", {"lstat"}),  # agent.sock, model.sock in the channel
     ("cairn/artifacts.py", "collect", {"open_dir"}),  # /outputs/artifacts

@@ -1,0 +1,117 @@
+"""The owner's candidate unit (``cairn.worker.candidate``), as root starts it: the
+settlement's candidate (C = Q + the allowed changes of P) and a trial's check (the same
+judgement over a measured W, nothing built). Root hands it the kernel's change stream and
+the frozen policy and never reads what the agent wrote; it parses a candidate's result
+at the edge (it acts on it) and records a trial's unparsed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from cairn import untrusted
+from cairn.broker import units
+from cairn.errors import BrokerRefused, StorageError, SystemdError
+from cairn.protocol.broker import RawBytes, TrialChecked
+from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.settlement import CandidateFailure, CandidateResult
+from cairn.unitprops import HelperUnitSpec
+from cairn.validation import first_error
+
+CANDIDATE_TIMEOUT = 3600.0
+
+
+def trial_unit_name(run_id: str, op_id: str, attempt: int) -> str:
+    return f"cairn-trial-{run_id}-{op_id}-{attempt}.service"
+
+
+def candidate_unit_name(run_id: str) -> str:
+    return f"cairn-candidate-{run_id}.service"
+
+
+def _stage_candidate_work(desc: LaunchDescription, work: Path, stream: bytes) -> None:
+    """The candidate unit's ``work`` directory with the kernel's change stream and the
+    frozen policy. work/ is the owner's: whatever an earlier attempt left is replaced,
+    never written through."""
+    work.mkdir(parents=True, exist_ok=True)
+    os.chown(work, desc.owner_uid, desc.owner_gid)
+    owner = {"uid": desc.owner_uid, "gid": desc.owner_gid}
+    untrusted.write_new(work, "stream", stream, mode=0o644, **owner)
+    policy = desc.policy.model_dump_json().encode()
+    untrusted.write_new(work, "policy.json", policy, mode=0o644, **owner)
+    for stale in ("result.json", "failure.json"):
+        (work / stale).unlink(missing_ok=True)
+
+
+def _candidate_spec(
+    desc: LaunchDescription, what: str, q: Path, p: Path, c: Path | None, subpath: str,
+    work: Path,
+) -> HelperUnitSpec:
+    # --subpath=VALUE: a project directory may be named like an option ("-x")
+    argv = ["--q", "/q", "--p", "/p", *(["--c", "/c"] if c else []), f"--subpath={subpath}",
+            "--work", "/candidate"]
+    return HelperUnitSpec(
+        description=f"Cairn {what} of run {desc.run_id}",
+        uid=desc.owner_uid,
+        gid=desc.owner_gid,
+        exec_argv=units.module_argv("cairn.worker.candidate", *argv),
+        binds=[*([(str(c), "/c")] if c else []), (str(work), "/candidate")],
+        read_only_binds=[(str(q), "/q"), (str(p), "/p")],
+        memory_max=desc.limits.memory_max,
+        tasks_max=64,
+        cpu_quota_percent=100,
+        runtime_max_sec=int(CANDIDATE_TIMEOUT),
+        log_fields={"CAIRN_RUN": desc.run_id},
+    )
+
+
+def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str,
+                        work: Path) -> dict[str, Any]:
+    """Run the candidate unit; when it fails, say why only from a ``failure.json`` it
+    wrote that is one."""
+    try:
+        return units.run_helper(spec, name, CANDIDATE_TIMEOUT)
+    except SystemdError as exc:
+        try:
+            raw = untrusted.read_bytes(work, "failure.json", owner=desc.owner_uid, limit=16384)
+            failure = CandidateFailure.model_validate_json(raw, strict=True)
+        except (untrusted.UntrustedFileError, ValidationError):
+            raise exc from None
+        raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
+
+
+def run_candidate(
+    desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
+) -> tuple[dict[str, Any], CandidateResult]:
+    """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
+    unit that runs as the project's owner, so root never copies what the agent wrote; give
+    it the kernel's change stream and the frozen policy; return the unit's name and
+    invocation ID, and its checked report."""
+    _stage_candidate_work(desc, work, stream)
+    name = candidate_unit_name(desc.run_id)
+    spec = _candidate_spec(desc, "candidate", q, p, c, subpath, work)
+    unit = _run_candidate_unit(desc, spec, name, work)
+    raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=units.RESULT_LIMIT)
+    try:
+        return unit, CandidateResult.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        where, message = first_error(exc)
+        raise BrokerRefused(f"{name} wrote an invalid result: {where}: {message}") from None
+
+
+def run_trial_check(
+    desc: LaunchDescription, q: Path, trial: Path, subpath: str, stream: bytes, work: Path,
+    name: str,
+) -> TrialChecked:
+    """Judge the changes of ``trial`` (a read-only snapshot of a measured W) since Q as
+    the settlement would, in the candidate unit without C, as the project's owner; its
+    result is recorded unparsed (root does not act on it: the coordinator does)."""
+    _stage_candidate_work(desc, work, stream)
+    spec = _candidate_spec(desc, "trial check", q, trial, None, subpath, work)
+    unit = _run_candidate_unit(desc, spec, name, work)
+    raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid,
+                               limit=units.RAW_RESULT_LIMIT)
+    return TrialChecked(**unit, result_raw=RawBytes.of(raw))
