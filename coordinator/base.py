@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel
 
@@ -63,6 +63,29 @@ class CommandFailed(OperationError):
     code = "command-failed"
 
 
+class ReviewedAgent(TypedDict, total=False):
+    """One agent of the reviewed manifest, as the launch description's JSON holds it
+    (:class:`cairn.workflow.review.AgentEntry` dumped)."""
+
+    profile: str
+    access: Literal["read", "write"]
+    network: str
+    output: str
+    allowlist: list[str]
+
+
+class ReviewedSite(TypedDict, total=False):
+    """One call site of the reviewed manifest, as the launch description's JSON holds it
+    (:class:`cairn.workflow.review.CallSite` dumped)."""
+
+    kind: str
+    line: int
+    col: int
+    descriptor: str | None
+    answer_schema: str | None
+    capabilities: list[str]
+
+
 class CoordinatorBase:
     """One run's coordinator: the state ``Coordinator.__init__`` sets up, and the plumbing
     every concern uses."""
@@ -81,7 +104,7 @@ class CoordinatorBase:
     money: MoneyBudget
     usage: dict[str, dict[str, int]]
     committed: dict[tuple[str, int], OpRow]
-    sites: dict[tuple[str, int, Any], dict[str, Any]]
+    sites: dict[tuple[str, int, str | None], ReviewedSite]
     _local: threading.local
     _stop_heartbeat: threading.Event
     _gen_lock: threading.Lock
@@ -128,7 +151,7 @@ class CoordinatorBase:
     def intent(self, kind: str, intent_id: str, **fields: Any) -> Intent:
         return Intent(intent_id=intent_id, run_id=self.run_id, kind=kind, **fields)  # type: ignore[arg-type]
 
-    def check_manifest(self, call: CallRequest) -> dict[str, Any]:
+    def check_manifest(self, call: CallRequest) -> ReviewedSite:
         """The call must be one the review listed: same kind, descriptor and line. The
         per-item markers of ``flow.unroll`` belong to its reviewed call site
         (:attr:`cairn.operations.OperationSpec.site_kinds`)."""
@@ -137,7 +160,7 @@ class CoordinatorBase:
         for kind in spec_of(call.kind).manifest_kinds:
             site = self.sites.get((kind, int(line), descriptor))
             if site is not None:
-                return dict(site)
+                return site.copy()
         raise Nondeterminism(
             f"call {call.kind} at line {line}:{col} is not in the reviewed manifest"
         )

@@ -24,7 +24,6 @@ import os
 import shutil
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 from cairn import paths, retention
 from cairn.coordinator import interactions, upgradecheck
@@ -98,7 +97,7 @@ class Coordinator(Replay, Settlement, Lease):
         self.run_id = run_id
         self._local = threading.local()
         self.desc: LaunchDescription = self.journal.launch_description(run_id)
-        self.review: dict[str, Any] = self.desc.review
+        self.review = self.desc.review
         self.models = build_models(Review.model_validate(self.review).models)
         self.holder = lease_holder()
         self.token = 0
@@ -120,7 +119,7 @@ class Coordinator(Replay, Settlement, Lease):
         # Operations committed before this coordinator started: replay answers them from
         # memory, in the reader thread, without a journal round trip or a thread each.
         self.committed = {(op.scope, op.seq): op for op in ops if op.state == "committed"}
-        self.sites: dict[tuple[str, int, Any], dict[str, Any]] = {}
+        self.sites = {}
         for site in self.review["calls"]:
             self.sites.setdefault((site["kind"], site["line"], site.get("descriptor")), site)
 

@@ -6,10 +6,8 @@ reconcile`` decides."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn import untrusted
-from cairn.coordinator.base import CoordinatorBase, OperationError, RunBlocked
+from cairn.coordinator.base import CoordinatorBase, OperationError, ReviewedAgent, RunBlocked
 from cairn.journal.rows import OpRow
 from cairn.protocol.broker import WCreated
 from cairn.restore_point import restore_point
@@ -48,7 +46,7 @@ class Recovery(CoordinatorBase):
             hint=f"raise the limit with 'cairn launch --limit …' or see 'cairn logs {self.run_id}'",
         )
 
-    def retry_or_block(self, op: OpRow, agent: dict[str, Any], ended: str) -> None:
+    def retry_or_block(self, op: OpRow, agent: ReviewedAgent, ended: str) -> None:
         """The unit is gone with no result: retry cleanly when nothing could have left the
         sandbox, otherwise stop for a person's decision. (Under a cancel the caller stops
         every lane's agent instead.)"""

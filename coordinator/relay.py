@@ -150,7 +150,10 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     relay: ModelRelay
 
-    def verify_request(self, request: Any, client_address: object) -> bool:
+    def verify_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> bool:
+        assert isinstance(request, socket.socket)  # a stream server's request: its connection
         creds = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != self.relay.owner_uid:
@@ -526,16 +529,16 @@ class ModelRelay:
         return body
 
     def _shape_request(
-        self, body: dict[str, Any], api_path: str, limit_field: str, remaining: int
+        self, body: JSONObject, api_path: str, limit_field: str, remaining: int
     ) -> None:
         body["model"] = self.route.model
         cap = min(self.route.max_tokens_per_call, remaining)
         fields = [limit_field]
         if api_path == "/chat/completions":
             fields.append("max_completion_tokens")
-        present = [f for f in fields if isinstance(body.get(f), int)]
-        for name in present:
-            body[name] = max(1, min(body[name], cap))
+        present = {f: value for f in fields if isinstance(value := body.get(f), int)}
+        for name, value in present.items():
+            body[name] = max(1, min(value, cap))
         if not present:
             body[limit_field] = cap
         if body.get("stream") and api_path in ("/chat/completions", "/completions"):

@@ -10,7 +10,7 @@ import queue
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Literal, TypeAlias
 
 from cairn.coordinator import interactions
 from cairn.coordinator.base import Nondeterminism, OperationError
@@ -30,6 +30,17 @@ from cairn.protocol.control import (
 )
 from cairn.protocol.jsonvalue import JSONObject
 from cairn.workflow import runtime
+
+# What the reader and answering threads hand the replay loop: the worker's end, an
+# exception, a call to dispatch (with its scope's predecessor), an answer to send back
+# (whether it was committed just now), or any other message from the worker.
+_Event: TypeAlias = (
+    tuple[Literal["eof"], None]
+    | tuple[Literal["error"], BaseException]
+    | tuple[Literal["call"], tuple[CallRequest, str | None]]
+    | tuple[Literal["answered"], tuple[CallRequest | JoinRequest, JSONObject, bool]]
+    | tuple[Literal["message"], JoinRequest | WorkflowReturn | WorkflowFailure]
+)
 
 
 def _end(worker: subprocess.Popen[str]) -> None:
@@ -101,7 +112,7 @@ class Replay(Handlers):
         worker = self.take_control_worker()
         assert worker.stdin is not None and worker.stdout is not None
         stdin = worker.stdin
-        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        events: queue.Queue[_Event] = queue.Queue()
         last_in_scope: dict[str, str | None] = {}
         lock = threading.Lock()  # the worker's stdin and last_in_scope
 
@@ -149,37 +160,36 @@ class Replay(Handlers):
                 stdin.write(start.model_dump_json() + "\n")
                 stdin.flush()
             while True:
-                kind, item = events.get()
-                if kind == "eof":
-                    raise CairnError(
-                        f"the control worker exited unexpectedly (status {worker.wait()})"
-                    )
-                if kind == "error":
-                    raise item
-                if kind == "answered":
-                    call, value, fresh = item
-                    if fresh and self.always_replay:
-                        raise _RestartReplay
-                    reply(call.scope, call.seq, f"{call.scope}-{call.seq}", value)
-                    continue
-                if kind == "call":
-                    call, predecessor = item
-                    self.dispatch(events, call, functools.partial(self.answer, call, predecessor))
-                    continue
-                match item:  # every message but a call (the reader answers those)
-                    case WorkflowReturn(output=output):
+                match events.get():
+                    case ("eof", _):
+                        raise CairnError(
+                            f"the control worker exited unexpectedly (status {worker.wait()})"
+                        )
+                    case ("error", exc):
+                        raise exc
+                    case ("answered", (answered, value, fresh)):
+                        if fresh and self.always_replay:
+                            raise _RestartReplay
+                        reply(answered.scope, answered.seq, f"{answered.scope}-{answered.seq}",
+                              value)
+                    case ("call", (call, predecessor)):
+                        self.dispatch(
+                            events, call, functools.partial(self.answer, call, predecessor)
+                        )
+                    # every message but a call (the reader answers those)
+                    case ("message", WorkflowReturn(output=output)):
                         self.models[self.review["workflow"]["output"]].model_validate(output)
                         return output
-                    case WorkflowFailure(kind=kind, error=error):
+                    case ("message", WorkflowFailure(kind=kind, error=error)):
                         raise CairnError(f"workflow raised {kind}: {error}")
-                    case JoinRequest() as join:
+                    case ("message", JoinRequest() as join):
                         self.dispatch(events, join, functools.partial(self.join, join))
         finally:
             _end(worker)
 
     def dispatch(
         self,
-        events: queue.Queue[tuple[str, Any]],
+        events: queue.Queue[_Event],
         call: CallRequest | JoinRequest,
         work: Callable[[], tuple[JSONObject, str, bool]],
     ) -> None:

@@ -33,10 +33,10 @@ class Restores(CoordinatorBase):
 
     def restore(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
-            result = self.decide_restore(op, call)
+            decided = self.decide_restore(op, call)
             self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="started", result=result,
-                intents=self.restore_intents(op, result),
+                self.run_id, op.op_id, token=self.token, state="started", result=decided,
+                intents=self.restore_intents(op, decided),
             )
             self.failpoint("restore-after-decision")
             op = self.journal.get_op_by_id(self.run_id, op.op_id)
@@ -56,7 +56,7 @@ class Restores(CoordinatorBase):
         self.event("restored", op_id=op.op_id, boundary=result["boundary"])
         return result
 
-    def decide_restore(self, op: OpRow, call: CallRequest) -> dict[str, Any]:
+    def decide_restore(self, op: OpRow, call: CallRequest) -> JSONObject:
         """The boundary (checked against the journal, never the workflow's word) and W's
         next generation; a refusal is recorded and raised."""
         why = self.restore_problem(op, call)

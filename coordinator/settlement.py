@@ -4,7 +4,6 @@ and apply F to the live project, each step a broker receipt."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from cairn.canonical import sha256_hex
 from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
@@ -50,9 +49,11 @@ class Settlement(CoordinatorBase):
         verification = (None if verified is None
                         else Verification.model_validate(readable_verification(verified)))
 
-        def record(status: SettlementStatus, **outcome: Any) -> SettlementRecord:
+        def record(status: SettlementStatus, *, held: str | None = None,
+                   apply: AppliedPaths | None = None) -> SettlementRecord:
             return SettlementRecord(status=status, candidate=candidate.data,
-                                    verification=verification, **outcome)
+                                    verification=verification, held=held,
+                                    apply=AppliedPaths() if apply is None else apply)
 
         failed = verified is not None and not verified.passed
         held = (self.held_back(built, record("waiting")) if built.accepted and not failed

@@ -15,10 +15,9 @@ nothing is written but the report.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from cairn import paths
-from cairn.coordinator.base import Nondeterminism
+from cairn.coordinator.base import Nondeterminism, ReviewedSite
 from cairn.coordinator.replay import Replay
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
@@ -92,7 +91,7 @@ class UpgradeCheck(Replay):
 
     # --- what differs from a resume -------------------------------------------------
 
-    def check_manifest(self, call: CallRequest) -> dict[str, Any]:
+    def check_manifest(self, call: CallRequest) -> ReviewedSite:
         return {}  # checked with the identity, after it (a divergence names its op)
 
     def check_identity(self, op: OpRow, call: CallRequest, predecessor: str | None) -> None:
@@ -129,7 +128,7 @@ class UpgradeCheck(Replay):
         self.check_identity(op, call, predecessor)
         return {"forked": True, "lanes": list(op.request["lanes"])}, op.op_id, False
 
-    def join(self, join: JoinRequest) -> tuple[dict[str, Any], str, bool]:
+    def join(self, join: JoinRequest) -> tuple[JSONObject, str, bool]:
         op = self.committed.get((join.scope, join.seq))
         if op is None:
             raise _Frontier(f"{join.scope}-{join.seq}")

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from cairn.canonical import canonical_json
 from cairn.errors import CairnError, NotFound, UsageError
@@ -529,7 +529,7 @@ class QuestionRow(BaseModel):
     schema_name: str | None
     json_schema: dict[str, object]
     state: Literal["waiting", "answered", "cancelled"]
-    answer: Any
+    answer: JsonValue  # pydantic's JSON type: the project's alias is not one it evaluates
     actor_uid: int | None
     created_at: float
     decided_at: float | None

@@ -9,14 +9,13 @@ operation is one of these kinds.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.operations.spec import OperationSpec
+from cairn.protocol.jsonvalue import JSONObject
 
 
-def request(lanes: list[str], concurrency: int) -> dict[str, Any]:
+def request(lanes: list[str], concurrency: int) -> JSONObject:
     """What the call sends and the journal stores."""
-    return {"lanes": lanes, "concurrency": concurrency}
+    return {"lanes": list(lanes), "concurrency": concurrency}
 
 
 SPECS = (

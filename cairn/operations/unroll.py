@@ -34,9 +34,9 @@ def label(item: object) -> str:
     return text[:LABEL_LIMIT]
 
 
-def request(title: str, labels: list[str]) -> dict[str, Any]:
+def request(title: str, labels: list[str]) -> JSONObject:
     """What ``flow.unroll`` sends and the journal stores."""
-    return {"title": title, "items": labels}
+    return {"title": title, "items": list(labels)}
 
 
 def item_request(worklist: str, index: int, item_label: str) -> JSONObject:
