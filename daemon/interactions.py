@@ -50,6 +50,7 @@ from cairn.protocol.daemon import (
     WatchRequest,
 )
 from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.replies import AnswerReply, ApprovalReply, ControlReply
 from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
 from cairn.workflow.review import Review
@@ -103,8 +104,10 @@ def _apply(journal: Journal, request: ApplyRequest, uid: int) -> object:
 def _control(journal: Journal, request: ControlRequest, uid: int) -> object:
     run_id = visible_run(journal, request.run_id, uid).run_id
     outcome, wake = journal.request_control(run_id, request.op, actor_uid=uid)
-    return {"run_id": run_id, "action": request.op, "outcome": outcome,
-            "woken": wake and start_coordinator(journal, run_id)}
+    woken = wake and start_coordinator(journal, run_id)
+    return ControlReply(
+        run_id=run_id, action=request.op, outcome=outcome, woken=woken
+    ).model_dump(mode="json")
 
 
 def start_coordinator(journal: Journal, run_id: str) -> bool:
@@ -130,6 +133,7 @@ def inbox(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
 
 
 def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> dict[str, Any]:
+    """Record the answer to the run's question ``request.challenge`` (:class:`AnswerReply`)."""
     if not request.challenge:
         raise UsageError("an answer needs --challenge sha256:… (see 'cairn inbox')")
     if request.answer is None:
@@ -149,7 +153,9 @@ def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> d
         run_id, challenge=request.challenge, answer=value, actor_uid=uid
     )
     woken = wake and start_coordinator(journal, run_id)
-    return {"run_id": run_id, "op_id": question.op_id, "outcome": outcome, "woken": woken}
+    return AnswerReply(
+        run_id=run_id, op_id=question.op_id, outcome=outcome, woken=woken
+    ).model_dump(mode="json")
 
 
 def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text: str) -> JSONValue:
@@ -179,9 +185,9 @@ def validated_answer(journal: Journal, run_id: str, question: QuestionRow, text:
 
 
 def decide(journal: Journal, run_id: str, request: ApprovalDecision, uid: int) -> dict[str, Any]:
-    """Approve or reject one approval request. An approval must name the fingerprint the
-    person saw; the operation is prepared again and must be the same, and the current
-    policy must still permit it."""
+    """Approve or reject one approval request (:class:`ApprovalReply`). An approval must
+    name the fingerprint the person saw; the operation is prepared again and must be the
+    same, and the current policy must still permit it."""
     if not request.request_id:
         raise UsageError("no approval request given", hint="see 'cairn inbox'")
     row = journal.approval(run_id, request.request_id)
@@ -208,8 +214,9 @@ def decide(journal: Journal, run_id: str, request: ApprovalDecision, uid: int) -
             f"({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.deadline))}); it is "
             "recorded as expired and the operation does not run"
         )
-    return {"run_id": run_id, "request_id": request.request_id, "outcome": state,
-            "woken": woken}
+    return ApprovalReply(
+        run_id=run_id, request_id=request.request_id, outcome=state, woken=woken
+    ).model_dump(mode="json")
 
 
 def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str) -> None:

@@ -20,7 +20,7 @@ from contextvars import ContextVar
 import click
 from click.shell_completion import CompletionItem, ShellComplete
 
-from cairn.cli.client import request
+from cairn.cli.client import request, typed
 from cairn.cli.remote import host_words
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
@@ -85,16 +85,19 @@ def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:
     """The caller's schedules (from cairnd), each with its name and status."""
     if _ELSEWHERE.get():
         return []
-    from cairn.protocol.daemon import ScheduleListRequest  # a command's name completes without it
+    # a command's name completes without these
+    from cairn.protocol.daemon import ScheduleListRequest
+    from cairn.protocol.replies import ScheduleListReply
 
     try:
-        schedules = request(ScheduleListRequest(), timeout=DAEMON_TIMEOUT)
+        sent = request(ScheduleListRequest(), timeout=DAEMON_TIMEOUT)
+        schedules = typed(ScheduleListReply, {"schedules": sent}).schedules
     except (CairnError, OSError):
         return []
     return [
-        (s["schedule_id"], f"{s['name']} {s['status']}")
+        (s.schedule_id, f"{s.name} {s.status}")
         for s in schedules
-        if s["schedule_id"].startswith(incomplete)
+        if s.schedule_id.startswith(incomplete)
     ]
 
 

@@ -4,11 +4,11 @@ pause, resume, stop, cancel and watch. Added to the main app by :func:`register`
 
 import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from cairn.cli.client import fail, request
+from cairn.cli.client import fail, request, typed
 from cairn.cli.options import (
     add_commands,
     argument,
@@ -25,6 +25,7 @@ from cairn.terminal import printable
 
 if TYPE_CHECKING:
     from cairn.protocol.daemon import ControlRequest
+    from cairn.protocol.replies import InboxItem
 
 
 def register(app: click.Group) -> None:
@@ -43,9 +44,11 @@ def inbox(all_users: bool = False, json_out: bool = False) -> None:
     Example: cairn inbox
     """
     from cairn.protocol.daemon import InboxRequest
+    from cairn.protocol.replies import InboxReply
 
-    items = request(InboxRequest(all_users=all_users))
-    if emit_or_empty(items, json_out, empty="nothing waits for you"):
+    sent = request(InboxRequest(all_users=all_users))
+    items = typed(InboxReply, {"items": sent}).items
+    if emit_or_empty(sent, json_out, empty="nothing waits for you"):
         return
     for item in items:
         click.echo(render_item(item))
@@ -66,6 +69,7 @@ def answer(
     Example: cairn answer 3fa9 'yes, use the staging database' --challenge sha256:...
     """
     from cairn.protocol.daemon import AnswerRequest
+    from cairn.protocol.replies import AnswerReply
 
     if (value is None) == (file is None):
         fail("give exactly one of VALUE or --file FILE", code=2)
@@ -75,12 +79,14 @@ def answer(
             text = file.read_text()
         except OSError as exc:
             fail(f"cannot read {file}: {exc.strerror}", code=2)
-    out = request(AnswerRequest(run_id=run_id, challenge=challenge, answer=text))
-    if out["outcome"] == "duplicate":
-        click.echo(f"{printable(out['op_id'])} already has this answer; nothing changed")
+    out = typed(AnswerReply, request(
+        AnswerRequest(run_id=run_id, challenge=challenge, answer=text)
+    ))
+    if out.outcome == "duplicate":
+        click.echo(f"{printable(out.op_id)} already has this answer; nothing changed")
     else:
-        resumes = "resumes" if out["woken"] else "continues when it is resumed"
-        click.echo(f"{printable(out['op_id'])} answered; {out['run_id']} {resumes}")
+        resumes = "resumes" if out.woken else "continues when it is resumed"
+        click.echo(f"{printable(out.op_id)} answered; {out.run_id} {resumes}")
 
 
 @run_argument
@@ -96,9 +102,12 @@ def approve(
     Example: cairn approve 3fa9 REQ --fingerprint sha256:...
     """
     from cairn.protocol.daemon import ApproveRequest
+    from cairn.protocol.replies import ApprovalReply
 
-    out = request(ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint))
-    click.echo(f"{printable(out['request_id'])} approved; {out['run_id']} resumes")
+    out = typed(ApprovalReply, request(
+        ApproveRequest(run_id=run_id, request_id=request_id, fingerprint=fingerprint)
+    ))
+    click.echo(f"{printable(out.request_id)} approved; {out.run_id} resumes")
 
 
 @run_argument
@@ -114,9 +123,12 @@ def reject(
     Example: cairn reject 3fa9 REQ --reason 'not before the release'
     """
     from cairn.protocol.daemon import RejectRequest
+    from cairn.protocol.replies import ApprovalReply
 
-    out = request(RejectRequest(run_id=run_id, request_id=request_id, reason=reason))
-    click.echo(f"{printable(out['request_id'])} rejected; the operation does not run")
+    out = typed(ApprovalReply, request(
+        RejectRequest(run_id=run_id, request_id=request_id, reason=reason)
+    ))
+    click.echo(f"{printable(out.request_id)} rejected; the operation does not run")
 
 
 @run_argument
@@ -127,20 +139,23 @@ def apply(run_id: str) -> None:
     Example: cairn apply @last
     """
     from cairn.protocol.daemon import ApplyRequest
+    from cairn.protocol.replies import ApprovalReply
 
-    out = request(ApplyRequest(run_id=run_id))
-    click.echo(f"{out['run_id']}: proposal approved; it is applied now")
+    out = typed(ApprovalReply, request(ApplyRequest(run_id=run_id)))
+    click.echo(f"{out.run_id}: proposal approved; it is applied now")
 
 
 def _control(action: "type[ControlRequest]", run_id: str) -> None:
-    out = request(action(run_id=run_id))
+    from cairn.protocol.replies import ControlReply
+
+    out = typed(ControlReply, request(action(run_id=run_id)))
     later = (
         f" (its coordinator acts on it at the next safe point; follow with 'cairn watch "
-        f"{out['run_id']}')"
-        if out["outcome"].endswith("requested")
+        f"{out.run_id}')"
+        if out.outcome.endswith("requested")
         else ""
     )
-    click.echo(f"{out['run_id']}: {printable(out['outcome'])}{later}")
+    click.echo(f"{out.run_id}: {printable(out.outcome)}{later}")
 
 
 @run_argument
@@ -215,55 +230,69 @@ def watch(
     follow(run_id, interval=interval, json_out=json_out)
 
 
-def render_item(item: dict[str, Any]) -> str:
+def render_item(item: "InboxItem") -> str:
     """An inbox item as lines: what waits and the commands that decide it. Every field a
     workflow or an agent could have shaped (the question, the prompt, names) is shown
-    through :func:`~cairn.terminal.printable`."""
-    commands = "".join(f"\n  {printable(c)}" for c in item.get("commands", []))
-    if item["kind"] == "schedule-blocked":
+    through :func:`~cairn.terminal.printable`; an item of a kind this CLI does not know
+    is shown by its kind and commands."""
+    from cairn.protocol.replies import (
+        ApprovalItem,
+        BlockedRunItem,
+        BlockedScheduleItem,
+        PreparedApply,
+        PreparedApproval,
+        QuestionItem,
+    )
+
+    commands = "".join(f"\n  {printable(c)}" for c in item.commands)
+    if isinstance(item, BlockedScheduleItem):
         return (
-            f"schedule {printable(item['name'])} ({item['schedule_id']}) blocked: "
-            f"{printable(item['reason'] or 'launch failures')}{commands}"
+            f"schedule {printable(item.name)} ({item.schedule_id}) blocked: "
+            f"{printable(item.reason or 'launch failures')}{commands}"
         )
-    run = item["run_id"]
-    if item["kind"] == "blocked":
-        where = f" {printable(item['op_id'])}" if item.get("op_id") else ""
-        return f"{run}{where} blocked: {printable(item['reason'] or 'see cairn show')}{commands}"
-    if item["kind"] == "question":
-        schema = printable(item["schema_name"] or "text")
+    if isinstance(item, BlockedRunItem):
+        where = f" {printable(item.op_id)}" if item.op_id else ""
+        reason = printable(item.reason or "see cairn show")
+        return f"{item.run_id}{where} blocked: {reason}{commands}"
+    if isinstance(item, QuestionItem):
+        run = item.run_id
+        schema = printable(item.schema_name or "text")
         return (
-            f"{run} {printable(item['op_id'])} question ({schema}): "
-            f"{printable(item['question'])}\n"
-            f"  cairn answer {run} --challenge {printable(item['challenge'])} VALUE"
+            f"{run} {printable(item.op_id)} question ({schema}): "
+            f"{printable(item.question)}\n"
+            f"  cairn answer {run} --challenge {printable(item.challenge)} VALUE"
         )
-    prepared = item["prepared"]
-    request_id = printable(item["request_id"])
-    deadline = datetime.datetime.fromtimestamp(item["deadline"]).strftime("%Y-%m-%d %H:%M")
-    if prepared.get("kind") == "apply":
+    if not isinstance(item, ApprovalItem):
+        return f"{printable(item.kind)}{commands}"
+    run = item.run_id
+    prepared = item.prepared
+    request_id = printable(item.request_id)
+    deadline = datetime.datetime.fromtimestamp(item.deadline).strftime("%Y-%m-%d %H:%M")
+    if isinstance(prepared, PreparedApply):
         return (
-            f"{run} proposal waits to be applied: {len(prepared['accepted'])} path(s) into "
-            f"{printable(prepared['project'])}; until {deadline}\n"
+            f"{run} proposal waits to be applied: {len(prepared.accepted)} path(s) into "
+            f"{printable(prepared.project)}; until {deadline}\n"
             f"  cairn diff {run}\n"
             f"  cairn apply {run}\n"
             f"  cairn reject {run} {request_id} --reason …"
         )
-    if prepared.get("kind") == "approve":
-        then = "approved" if prepared.get("on_expiry") == "approve" else "rejected"
+    if isinstance(prepared, PreparedApproval):
+        then = "approved" if prepared.on_expiry == "approve" else "rejected"
         return (
-            f"{run} {request_id} approval: {printable(prepared['subject'][:500])}; until "
+            f"{run} {request_id} approval: {printable(prepared.subject[:500])}; until "
             f"{deadline} (then {then})\n"
-            f"  cairn approve {run} {request_id} --fingerprint {printable(item['fingerprint'])}\n"
+            f"  cairn approve {run} {request_id} --fingerprint {printable(item.fingerprint)}\n"
             f"  cairn reject {run} {request_id} --reason …"
         )
     needs = printable(", ".join(
-        c for c, d in item["evaluation"]["capabilities"].items() if d == "require_approval"
+        c for c, d in item.evaluation.capabilities.items() if d == "require_approval"
     ))
-    agent = prepared["agent"]
+    agent = prepared.agent
     return (
-        f"{run} {request_id} approval: agent {printable(prepared['descriptor'])} "
-        f"(profile {printable(agent['profile'])}, access {printable(agent['access'])}, "
-        f"network {printable(agent['network'])}) needs {needs}; until {deadline}\n"
-        f"  prompt: {printable(prepared['prompt'][:200])}\n"
-        f"  cairn approve {run} {request_id} --fingerprint {printable(item['fingerprint'])}\n"
+        f"{run} {request_id} approval: agent {printable(prepared.descriptor)} "
+        f"(profile {printable(agent.profile)}, access {printable(agent.access)}, "
+        f"network {printable(agent.network)}) needs {needs}; until {deadline}\n"
+        f"  prompt: {printable(prepared.prompt[:200])}\n"
+        f"  cairn approve {run} {request_id} --fingerprint {printable(item.fingerprint)}\n"
         f"  cairn reject {run} {request_id} --reason …"
     )

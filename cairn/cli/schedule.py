@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, request
+from cairn.cli.client import emit, fail, request, typed
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
 from cairn.cli.options import (
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         SchedulePauseRequest,
         ScheduleRunNowRequest,
     )
+    from cairn.protocol.replies import ScheduleReview
 
 schedule_app = CairnGroup(
     "schedule",
@@ -115,39 +116,40 @@ def _pinned_source(definition: str, fd: int, project: str) -> tuple[str | None, 
     return for_launch(definition, fd, project)
 
 
-def _current_source(view: dict[str, Any], fd: int | None) -> tuple[str | None, str | None]:
-    """(source, None) of the schedule's definition as installed or trusted now, or (None,
-    why it cannot be read): cairnd blocks the schedule with that reason."""
-    definition = view.get("definition")
-    if definition is None or not _sends_source(definition):
+def _current_source(
+    definition: str, project: str, fd: int | None
+) -> tuple[str | None, str | None]:
+    """(source, None) of the schedule's ``definition`` as installed or trusted now, or
+    (None, why it cannot be read): cairnd blocks the schedule with that reason."""
+    if not _sends_source(definition):
         return None, None
     if fd is None:
-        return None, f"project {view['project']} cannot be opened"
+        return None, f"project {project} cannot be opened"
     try:
-        return _pinned_source(definition, fd, view["project"])[0], None
+        return _pinned_source(definition, fd, project)[0], None
     except CairnError as exc:
         echo(f"cairn: {exc.message}", err=True)
         return None, exc.message[:500]
 
 
-def _print_review(result: dict[str, Any]) -> None:
+def _print_review(result: "ScheduleReview") -> None:
     echo(
-        f"schedule {result['schedule_id']}  {result['name']}  revision {result['revision']}"
+        f"schedule {result.schedule_id}  {result.name}  revision {result.revision}"
         "  (paused, awaiting confirmation)"
     )
-    echo(f"  definition  {result['definition']}  review {result['review_hash']}")
-    echo(f"  project     {result['project']}")
-    echo(f"  arguments   {json.dumps(result['args'], sort_keys=True)}")
-    echo(f"  calendar    {result['calendar']}  (timezone {result['timezone']})")
-    echo(f"  next        {', '.join(result['next_elapses'])}")
-    persistent = "yes" if result["catch_up"] == "once" else "no"
-    echo(f"  catch-up    {result['catch_up']} (Persistent={persistent})")
-    echo(f"  overlap     {result['overlap']}; min spacing {result['min_spacing_sec']}s")
-    echo(f"  lease       at most {result['max_runs']} runs, until {result['valid_until']}")
-    for name, profile in sorted(result["profiles"].items()):
-        echo(f"  profile     {name}: scripted, {len(profile['steps'])} steps")
+    echo(f"  definition  {result.definition}  review {result.review_hash}")
+    echo(f"  project     {result.project}")
+    echo(f"  arguments   {json.dumps(result.args, sort_keys=True)}")
+    echo(f"  calendar    {result.calendar}  (timezone {result.timezone})")
+    echo(f"  next        {', '.join(result.next_elapses)}")
+    persistent = "yes" if result.catch_up == "once" else "no"
+    echo(f"  catch-up    {result.catch_up} (Persistent={persistent})")
+    echo(f"  overlap     {result.overlap}; min spacing {result.min_spacing_sec}s")
+    echo(f"  lease       at most {result.max_runs} runs, until {result.valid_until}")
+    for name, profile in sorted(result.profiles.items()):
+        echo(f"  profile     {name}: scripted, {len(profile.steps)} steps")
     echo("confirm exactly this with:")
-    echo(f"  cairn schedule confirm {result['action']} {result['challenge']}")
+    echo(f"  cairn schedule confirm {result.action} {result.challenge}")
 
 
 @schedule_app.command("create")
@@ -205,6 +207,7 @@ def create(
     --catch-up none --max-runs 100 --valid-until 2028-01-01T00:00:00Z
     """
     from cairn.protocol.daemon import ScheduleCreateRequest
+    from cairn.protocol.replies import ScheduleReview
 
     try:
         parsed = json.loads(args)
@@ -217,7 +220,7 @@ def create(
     fd = _open_project(project)
     try:
         source, review_hash = _pinned_source(definition, fd, root)
-        result = request(
+        sent = request(
             ScheduleCreateRequest(
                 project=root,
                 source=source,
@@ -241,13 +244,14 @@ def create(
         )
     finally:
         os.close(fd)
+    result = typed(ScheduleReview, sent)
     # here, not at the top: every cairn command would pay for this import
     from cairn.cli import schedulepins
 
     schedulepins.record_pending(
         schedulepins.SchedulePin(
-            schedule_id=result["schedule_id"],
-            revision=result["revision"],
+            schedule_id=result.schedule_id,
+            revision=result.revision,
             project=root,
             definition=definition,
             review_hash=review_hash,
@@ -256,7 +260,7 @@ def create(
         )
     )
     if json_out:
-        emit(result)
+        emit(sent)
     else:
         _print_review(result)
 
@@ -277,20 +281,22 @@ def confirm(
     # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
     from cairn.protocol.daemon import ScheduleConfirmRequest
+    from cairn.protocol.replies import ScheduleView
 
-    result = request(ScheduleConfirmRequest(challenge=challenge, schedule={"action": action}))
-    if not schedulepins.confirm(result["schedule_id"], result["revision"]):
+    sent = request(ScheduleConfirmRequest(challenge=challenge, schedule={"action": action}))
+    result = typed(ScheduleView, sent)
+    if not schedulepins.confirm(result.schedule_id, result.revision):
         echo(
-            f"cairn: note: revision {result['revision']} of schedule {result['schedule_id']} "
+            f"cairn: note: revision {result.revision} of schedule {result.schedule_id} "
             "was not sent by this account's cairn: its launches are checked against cairnd's "
             "record, not a pin of yours; pin it with 'cairn schedule create … --replace'",
             err=True,
         )
     if json_out:
-        emit(result)
+        emit(sent)
         return
-    echo(f"schedule {result['schedule_id']} revision {result['revision']} confirmed")
-    echo(f"enable it with: cairn schedule resume {result['schedule_id']}")
+    echo(f"schedule {result.schedule_id} revision {result.revision} confirmed")
+    echo(f"enable it with: cairn schedule resume {result.schedule_id}")
 
 
 @schedule_app.command("resume")
@@ -302,16 +308,17 @@ def resume(schedule_id: str, json_out: bool = False) -> None:
     Example: cairn schedule resume 0123456789ab
     """
     from cairn.protocol.daemon import ScheduleInspectRequest, ScheduleResumeRequest
+    from cairn.protocol.replies import EnabledSchedule, ScheduleDetail
 
     # here, not at the top: every cairn command would pay for this import
     from cairn.schedules import timer_name
 
     _check_id(schedule_id)
-    current = request(ScheduleInspectRequest(schedule_id=schedule_id))
-    fd = _open_project(current["project"])
+    current = typed(ScheduleDetail, request(ScheduleInspectRequest(schedule_id=schedule_id)))
+    fd = _open_project(current.project)
     try:
-        source, source_error = _current_source(current, fd)
-        result = request(
+        source, source_error = _current_source(current.definition, current.project, fd)
+        sent = request(
             ScheduleResumeRequest(
                 schedule_id=schedule_id, source=source, source_error=source_error
             ),
@@ -319,12 +326,13 @@ def resume(schedule_id: str, json_out: bool = False) -> None:
         )
     finally:
         os.close(fd)
-    install_timer(schedule_id, result["timer"])
+    result = typed(EnabledSchedule, sent)
+    install_timer(schedule_id, result.timer)
     if json_out:
-        emit(result)
+        emit(sent)
         return
     echo(f"schedule {schedule_id} enabled: {timer_name(schedule_id)}")
-    echo(f"next: {', '.join(result['next_elapses'])}")
+    echo(f"next: {', '.join(result.next_elapses)}")
     if not linger_enabled():
         echo(f"note: {linger_hint()}", err=True)
 
@@ -335,16 +343,21 @@ def _stop(
     verb: str,
     json_out: bool,
 ) -> None:
+    from cairn.protocol.replies import ScheduleView
+
     _check_id(schedule_id)
-    result = request(kind(schedule_id=schedule_id))
+    sent = request(kind(schedule_id=schedule_id))
     remove_timer(schedule_id)
     if verb == "deleted":
         # here, not at the top: every cairn command would pay for this import
         from cairn.cli import schedulepins
 
         schedulepins.forget(schedule_id)
+    # read only now: cairnd has paused (deleted) the schedule whatever its reply says, so
+    # its timer and pin go either way
+    typed(ScheduleView, sent)
     if json_out:
-        emit(result)
+        emit(sent)
     else:
         echo(f"schedule {schedule_id} {verb}; runs already created continue")
 
@@ -382,9 +395,10 @@ def rm(
     _check_id(schedule_id)  # a malformed ID is refused before anything is asked
     if dry_run:
         from cairn.protocol.daemon import ScheduleInspectRequest
+        from cairn.protocol.replies import ScheduleDetail
 
-        shown = request(ScheduleInspectRequest(schedule_id=schedule_id))
-        would(f"delete schedule {schedule_id} ({shown['name']}, {shown['status']}) and its "
+        shown = typed(ScheduleDetail, request(ScheduleInspectRequest(schedule_id=schedule_id)))
+        would(f"delete schedule {schedule_id} ({shown.name}, {shown.status}) and its "
               "timer; the runs it launched stay")
     confirm_or_stop(
         f"Delete schedule {schedule_id} and its timer? The runs it launched stay.", yes=yes
@@ -400,15 +414,17 @@ def list_(json_out: bool = False) -> None:
     Example: cairn schedule list
     """
     from cairn.protocol.daemon import ScheduleListRequest
+    from cairn.protocol.replies import ScheduleListReply
 
-    views = request(ScheduleListRequest())
-    if emit_or_empty(views, json_out, empty="no schedules"):
+    sent = request(ScheduleListRequest())
+    views = typed(ScheduleListReply, {"schedules": sent}).schedules
+    if emit_or_empty(sent, json_out, empty="no schedules"):
         return
     for v in views:
-        status = v["status"] + (" (awaiting confirmation)" if v["awaiting_confirmation"] else "")
+        status = v.status + (" (awaiting confirmation)" if v.awaiting_confirmation else "")
         echo(
-            f"{v['schedule_id']} · {v['name']} · {status} · {v['calendar']}"
-            f" · {v['runs_used']}/{v['max_runs']} runs until {v['valid_until']}"
+            f"{v.schedule_id} · {v.name} · {status} · {v.calendar}"
+            f" · {v.runs_used}/{v.max_runs} runs until {v.valid_until}"
         )
 
 
@@ -421,35 +437,37 @@ def show(schedule_id: str, json_out: bool = False) -> None:
     Example: cairn schedule show 0123456789ab
     """
     from cairn.protocol.daemon import ScheduleInspectRequest
+    from cairn.protocol.replies import ScheduleDetail
 
     _check_id(schedule_id)
-    v = request(ScheduleInspectRequest(schedule_id=schedule_id))
+    sent = request(ScheduleInspectRequest(schedule_id=schedule_id))
+    v = typed(ScheduleDetail, sent)
     if json_out:
-        emit(v)
+        emit(sent)
         return
-    echo(f"schedule {v['schedule_id']}  {v['name']}  {v['status']}")
-    echo(f"  revision    {v['revision']} (confirmed: {v['confirmed_revision'] or '-'})")
-    if v["challenge"]:
-        echo(f"  confirm     cairn schedule confirm {v['challenge']}")
-    echo(f"  definition  {v['definition']}  review {v['review_hash']}")
-    echo(f"  project     {v['project']}")
-    echo(f"  arguments   {json.dumps(v['args'], sort_keys=True)}")
-    echo(f"  calendar    {v['calendar']}  catch-up {v['catch_up']}")
-    echo(f"  overlap     {v['overlap']}; min spacing {v['min_spacing_sec']}s")
-    echo(f"  lease       {v['runs_used']}/{v['max_runs']} runs, until {v['valid_until']}")
-    if v["next_elapses"]:
-        echo(f"  next        {', '.join(v['next_elapses'])}")
-    if v["blocked_reason"]:
-        echo(f"  blocked     {v['blocked_reason']}")
-    echo(f"  timer       {v['timer_unit']}")
+    echo(f"schedule {v.schedule_id}  {v.name}  {v.status}")
+    echo(f"  revision    {v.revision} (confirmed: {v.confirmed_revision or '-'})")
+    if v.challenge:
+        echo(f"  confirm     cairn schedule confirm {v.challenge}")
+    echo(f"  definition  {v.definition}  review {v.review_hash}")
+    echo(f"  project     {v.project}")
+    echo(f"  arguments   {json.dumps(v.args, sort_keys=True)}")
+    echo(f"  calendar    {v.calendar}  catch-up {v.catch_up}")
+    echo(f"  overlap     {v.overlap}; min spacing {v.min_spacing_sec}s")
+    echo(f"  lease       {v.runs_used}/{v.max_runs} runs, until {v.valid_until}")
+    if v.next_elapses:
+        echo(f"  next        {', '.join(v.next_elapses)}")
+    if v.blocked_reason:
+        echo(f"  blocked     {v.blocked_reason}")
+    echo(f"  timer       {v.timer_unit}")
     echo("occurrences:")
-    for o in v["occurrences"]:
-        run_part = f"  {o['run_id']} {o['run_state'] or ''}" if o["run_id"] else ""
+    for o in v.occurrences:
+        run_part = f"  {o.run_id} {o.run_state or ''}" if o.run_id else ""
         echo(
-            f"  {o['at']}  {o['trigger']:<8} r{o['revision']}  {o['state']:<13}"
-            f" {o['reason']}{run_part}"
+            f"  {o.at}  {o.trigger:<8} r{o.revision}  {o.state:<13}"
+            f" {o.reason}{run_part}"
         )
-    if v["occurrences_omitted"]:
+    if v.occurrences_omitted:
         echo("  (older occurrences omitted)")
 
 
@@ -465,31 +483,33 @@ def _admit(
     # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
     from cairn.protocol.daemon import ScheduleInspectRequest
+    from cairn.protocol.replies import ScheduleDetail
 
     pin = schedulepins.pinned(schedule_id)
     if pin is not None:
-        current: dict[str, Any] = {"project": pin.project, "definition": pin.definition}
+        project, definition, review_hash = pin.project, pin.definition, None
     else:
-        current = request(ScheduleInspectRequest(schedule_id=schedule_id))
+        shown = typed(ScheduleDetail, request(ScheduleInspectRequest(schedule_id=schedule_id)))
+        project, definition, review_hash = shown.project, shown.definition, shown.review_hash
         echo(f"cairn: schedule {schedule_id} has no pin of yours; its launch is checked "
              "against cairnd's record", err=True)
     while True:
         try:
-            fd: int | None = _open_project(current["project"])
+            fd: int | None = _open_project(project)
         except UsageError as exc:
             echo(f"cairn: {exc.message}", err=True)
             fd = None
         try:
-            source, source_error = _current_source(current, fd)
+            source, source_error = _current_source(definition, project, fd)
             if pin is not None:
                 expected = pin.expected().replace(source=source)
             else:
                 expected = Expected(
                     schedule_id=schedule_id,
-                    project=current.get("project"),
-                    definition=current.get("definition"),
+                    project=project,
+                    definition=definition,
                     # a user: or project: definition launches only as pinned and as sent
-                    review_hash=current.get("review_hash") if source is not None else None,
+                    review_hash=review_hash if source is not None else None,
                     source=source,
                 )
             result: dict[str, Any] = request(
@@ -562,26 +582,26 @@ def inbox(json_out: bool = False) -> None:
     Example: cairn schedule inbox
     """
     from cairn.protocol.daemon import ScheduleInboxRequest
+    from cairn.protocol.replies import ScheduleInboxReply
 
-    items = request(ScheduleInboxRequest())
-    if emit_or_empty(items, json_out, empty="inbox empty"):
+    sent = request(ScheduleInboxRequest())
+    items = typed(ScheduleInboxReply, {"items": sent}).items
+    if emit_or_empty(sent, json_out, empty="inbox empty"):
         return
     for item in items:
-        echo(
-            f"{item['at']}  {item['name']} ({item['schedule_id']})  {item['kind']}: "
-            f"{item['message']}"
-        )
+        echo(f"{item.at}  {item.name} ({item.schedule_id})  {item.kind}: {item.message}")
 
 
 def doctor_report() -> dict[str, Any]:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
     from cairn.protocol.daemon import ScheduleListRequest
+    from cairn.protocol.replies import ScheduleListReply
 
     # here, not at the top: every cairn command would pay for this import
     from cairn.schedules import timer_name
 
-    views = request(ScheduleListRequest())
+    views = typed(ScheduleListReply, {"schedules": request(ScheduleListRequest())}).schedules
     problems: list[str] = []
     linger = linger_enabled()
     if not linger:
@@ -589,15 +609,15 @@ def doctor_report() -> dict[str, Any]:
     schedules = []
     known = set()
     for v in views:
-        sid = v["schedule_id"]
+        sid = v.schedule_id
         known.add(sid)
         path = timer_path(sid)
         present = path.exists()
         state = timer_state(sid)
         entry: dict[str, Any] = {
             "schedule_id": sid,
-            "name": v["name"],
-            "status": v["status"],
+            "name": v.name,
+            "status": v.status,
             "timer_unit": timer_name(sid),
             "timer_file": str(path),
             "timer_present": present,
@@ -606,14 +626,14 @@ def doctor_report() -> dict[str, Any]:
             "enabled": state.get("UnitFileState"),
             "last_trigger": state.get("LastTriggerUSec") or None,
             "next_elapse": state.get("NextElapseUSecRealtime") or None,
-            "blocked_reason": v["blocked_reason"],
+            "blocked_reason": v.blocked_reason,
             "problems": [],
         }
-        if v["timer"]:
+        if v.timer:
             if not present:
                 entry["problems"].append(f"timer file {path} is missing")
             else:
-                entry["timer_matches"] = path.read_text() == v["timer"]
+                entry["timer_matches"] = path.read_text() == v.timer
                 if not entry["timer_matches"]:
                     entry["problems"].append(f"timer file {path} differs from the schedule")
                 if state.get("UnitFileState") != "enabled":
@@ -621,9 +641,9 @@ def doctor_report() -> dict[str, Any]:
                 if state.get("ActiveState") != "active":
                     entry["problems"].append(f"{timer_name(sid)} is not active")
         elif present:
-            entry["problems"].append(f"stale timer file {path} for a {v['status']} schedule")
-        if v["blocked_reason"]:
-            entry["problems"].append(f"blocked: {v['blocked_reason']}")
+            entry["problems"].append(f"stale timer file {path} for a {v.status} schedule")
+        if v.blocked_reason:
+            entry["problems"].append(f"blocked: {v.blocked_reason}")
         problems += [f"{sid}: {p}" for p in entry["problems"]]
         schedules.append(entry)
     for sid in installed_timer_ids():

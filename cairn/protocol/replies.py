@@ -1,13 +1,21 @@
 """cairnd's replies, typed: the result of each op that has a model (the others are still
 plain JSON), built by its handler in ``daemon/`` and read by the CLI (``typed`` in
 :mod:`cairn.cli.client`) and the MCP server. A key a newer cairnd adds is ignored by an
-older reader; the wire keeps each reply's shape (``ps`` sends ``PsReply``'s list)."""
+older reader; the wire keeps each reply's shape (``ps`` sends ``PsReply``'s list).
+
+Typed so far: the runs' ops (``ps``, ``checkpoints``, ``storage-df``, ``reconcile``,
+``retry``, ``rm``, ``prune``, ``revert``, ``replay``, ``artifacts``); a person's
+(``inbox``, ``answer``, ``approve``, ``reject``, ``apply``, ``pause``, ``resume``, ``stop``,
+``cancel``); the schedules' (``schedule-create``, ``-confirm``, ``-resume``, ``-pause``,
+``-delete``, ``-list``, ``-inspect``, ``-inbox``). ``inbox`` and ``schedule-create`` are
+read, not built, through theirs: cairnd passes on journal rows and resolved profiles
+whole."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 
 from cairn.protocol.agent import Artifact, ArtifactRefused
 
@@ -266,3 +274,311 @@ class QueuedReplayReply(ReplayReply):
     None: it left the queue meanwhile)."""
 
     position: int | None
+
+
+# --- people ---
+
+
+class AnswerReply(Reply):
+    """``answer``: the question's operation; ``outcome``: ``answered``, or ``duplicate``
+    (it already had this answer); ``woken``: the run's coordinator was started."""
+
+    run_id: str
+    op_id: str
+    outcome: str
+    woken: bool
+
+
+class ApprovalReply(Reply):
+    """``approve``, ``reject`` and ``apply`` (the request ``apply``): the request as
+    decided (``outcome``: ``approved``, ``rejected``); ``woken``: the coordinator was
+    started."""
+
+    run_id: str
+    request_id: str
+    outcome: str
+    woken: bool
+
+
+class ControlReply(Reply):
+    """``pause``, ``resume``, ``stop`` and ``cancel``: ``outcome`` is what happened, or
+    ``…-requested`` when the run's coordinator acts on it at its next safe point."""
+
+    run_id: str
+    action: str
+    outcome: str
+    woken: bool
+
+
+class InboxItem(Reply):
+    """One thing that waits for a person, with the commands that decide it; an item of a
+    kind this reader does not know is read as only this."""
+
+    kind: str
+    created_at: float
+    commands: list[str] = []
+
+
+class QuestionItem(InboxItem):
+    """A run's open question (:class:`cairn.journal.people.QuestionRow`); answer it with
+    its ``challenge``."""
+
+    run_state: str
+    definition: str
+    run_id: str
+    op_id: str
+    challenge: str
+    question: str
+    schema_name: str | None
+    json_schema: dict[str, Any]
+    state: str
+    answer: Any
+    actor_uid: int | None
+    decided_at: float | None
+
+
+class AgentGrant(Reply):
+    """What the review grants an agent descriptor."""
+
+    profile: str
+    access: str
+    network: str
+
+
+class PreparedAgent(Reply):
+    """The agent operation an approval would start
+    (:func:`cairn.policy.prepare_agent_operation`)."""
+
+    run_id: str
+    op_id: str
+    definition: str
+    review_hash: str
+    descriptor: str
+    agent: AgentGrant
+    profile: dict[str, Any] | None
+    prompt: str
+    title: str
+    limits: dict[str, Any]
+    capabilities: list[str]
+
+
+class PreparedApproval(Reply):
+    """A ``flow.approve`` the workflow asked for; ``on_expiry``: the decision when its
+    deadline passes."""
+
+    kind: str
+    run_id: str
+    op_id: str
+    subject: str
+    expires_in: int | None
+    on_expiry: str
+    on_reject: str
+
+
+class PreparedApply(Reply):
+    """A proposal held for ``cairn apply``: the paths it writes into ``project``."""
+
+    kind: str
+    run_id: str
+    project: str
+    accepted: list[str]
+    refused: int
+    f: str
+    diff_sha256: str
+
+
+def _prepared_kind(prepared: object) -> str:
+    kind = prepared.get("kind") if isinstance(prepared, dict) else getattr(prepared, "kind", None)
+    return kind if kind in ("apply", "approve") else "agent"
+
+
+class PolicyEvaluation(Reply):
+    """The policy's decision on an approval request; ``capabilities``: each one's (none
+    for a proposal held for ``cairn apply``)."""
+
+    decision: str
+    capabilities: dict[str, str] = {}
+
+
+class ApprovalItem(InboxItem):
+    """A run's open approval request (:class:`cairn.journal.people.ApprovalRow`): an
+    agent's operation that policy holds, a ``flow.approve``, or a proposal held for
+    ``cairn apply``; approve it with its ``fingerprint``."""
+
+    run_state: str
+    definition: str
+    run_id: str
+    request_id: str
+    op_id: str
+    attempt: int
+    prepared: Annotated[
+        Annotated[PreparedApply, Tag("apply")]
+        | Annotated[PreparedApproval, Tag("approve")]
+        | Annotated[PreparedAgent, Tag("agent")],
+        Discriminator(_prepared_kind),
+    ]
+    fingerprint: str
+    evaluation: PolicyEvaluation
+    deadline: float
+    state: str
+    actor_uid: int | None
+    reason: str | None
+    decided_at: float | None
+
+
+class BlockedRunItem(InboxItem):
+    """A ``blocked`` run: an operation (``op_id``) that needs a decision, or (None) the
+    run itself, storage that does not match its receipts."""
+
+    run_id: str
+    run_state: str
+    definition: str
+    op_id: str | None
+    reason: str | None
+
+
+class BlockedScheduleItem(InboxItem):
+    """A schedule that repeated launch failures blocked."""
+
+    schedule_id: str
+    name: str
+    owner_uid: int
+    reason: str | None
+
+
+_INBOX_KINDS = ("question", "approval", "blocked", "schedule-blocked")
+
+
+def _inbox_kind(item: object) -> str:
+    kind = item.get("kind") if isinstance(item, dict) else getattr(item, "kind", None)
+    return kind if kind in _INBOX_KINDS else "other"
+
+
+class InboxReply(Reply):
+    """``inbox``: on the wire the list of items itself, read as ``{"items": LIST}``; each
+    item is read by its ``kind``."""
+
+    items: list[
+        Annotated[
+            Annotated[QuestionItem, Tag("question")]
+            | Annotated[ApprovalItem, Tag("approval")]
+            | Annotated[BlockedRunItem, Tag("blocked")]
+            | Annotated[BlockedScheduleItem, Tag("schedule-blocked")]
+            | Annotated[InboxItem, Tag("other")],
+            Discriminator(_inbox_kind),
+        ]
+    ]
+
+
+# --- schedules ---
+
+
+class OccurrenceView(Reply):
+    """One decided occurrence of a schedule; ``at``, ``nominal``: ISO 8601 instants."""
+
+    key: str
+    trigger: str
+    nominal: str
+    revision: int
+    state: str
+    reason: str
+    run_id: str | None
+    run_state: str | None
+    at: str
+
+
+class ScheduleView(Reply):
+    """``schedule-confirm``, ``schedule-pause``, ``schedule-delete``: what a person sees of
+    one schedule. ``timer``: the exact unit file the user's manager must hold (None: no
+    timer should exist); ``runs_used`` counts the confirmed revision's occurrences."""
+
+    schedule_id: str
+    name: str
+    status: str
+    revision: int
+    confirmed_revision: int | None
+    awaiting_confirmation: bool
+    definition: str
+    project: str
+    calendar: str
+    timezone: str
+    catch_up: str
+    overlap: str
+    min_spacing_sec: int
+    max_runs: int
+    runs_used: int
+    valid_until: str
+    launch_failures: int
+    blocked_reason: str | None
+    timer_unit: str
+    timer: str | None
+    last_occurrence: OccurrenceView | None
+
+
+class ScheduleListReply(Reply):
+    """``schedule-list``: on the wire the list of schedules itself, read as
+    ``{"schedules": LIST}``."""
+
+    schedules: list[ScheduleView]
+
+
+class ScriptedProfile(Reply):
+    """A scripted profile a schedule launches with (:class:`cairn.protocol.launch.ProfileSpec`)."""
+
+    name: str
+    kind: str
+    steps: list[dict[str, Any]] = []
+
+
+class ScheduleReview(ScheduleView):
+    """``schedule-create``: the revision stored paused, and the ``challenge`` that confirms
+    it (``action``: ``create`` or ``replace``)."""
+
+    action: str
+    challenge: str
+    review_hash: str
+    args: dict[str, Any]
+    profiles: dict[str, ScriptedProfile]
+    next_elapses: list[str]
+
+
+class EnabledSchedule(ScheduleView):
+    """``schedule-resume``: the schedule enabled, with the ``timer`` to install and its
+    next elapses."""
+
+    timer: str
+    next_elapses: list[str]
+
+
+class ScheduleDetail(ScheduleView):
+    """``schedule-inspect``: the schedule with its reviewed revision, the ``challenge``
+    still to confirm (None: confirmed), the next elapses (none unless enabled) and its
+    latest occurrences, newest first (``occurrences_omitted``: there are older ones)."""
+
+    review_hash: str
+    args: dict[str, Any]
+    profiles: list[str]
+    challenge: str | None
+    next_elapses: list[str]
+    occurrences: list[OccurrenceView]
+    occurrences_omitted: bool
+
+
+class ScheduleInboxItem(Reply):
+    """What happened to a schedule that its owner should see (``kind``: e.g. a failed
+    run, a launch failure); ``ref``: what it is about, ``at``: an ISO 8601 instant."""
+
+    item_id: int
+    schedule_id: str
+    name: str
+    kind: str
+    ref: str
+    message: str
+    at: str
+
+
+class ScheduleInboxReply(Reply):
+    """``schedule-inbox``: on the wire the list of items itself, newest first, read as
+    ``{"items": LIST}``."""
+
+    items: list[ScheduleInboxItem]

@@ -20,7 +20,8 @@ from cairn.daemon.schedules.store import Store, schedule_lock
 from cairn.daemon.schedules.views import (
     OCCURRENCE_LIMIT,
     next_elapses,
-    occurrence_view,
+    occurrence,
+    schedule_view,
     used,
     view,
 )
@@ -32,6 +33,7 @@ from cairn.protocol.daemon import (
     ScheduleRequest,
     ScheduleResumeRequest,
 )
+from cairn.protocol.replies import EnabledSchedule, ScheduleDetail, ScheduleInboxItem
 from cairn.schedules import (
     CHALLENGE_RE,
     Action,
@@ -217,9 +219,11 @@ def resume(
                 (None if row.status == "enabled" else now, now, row.schedule_id),
             )
         log.info("schedule %s revision %d enabled", row.schedule_id, row.revision)
-        result = view(store, store.owned(row.schedule_id, uid))
-        result["next_elapses"] = next_elapses(spec, store.clock())
-        return result
+        enabled = EnabledSchedule(
+            **dict(schedule_view(store, store.owned(row.schedule_id, uid))),
+            next_elapses=next_elapses(spec, store.clock()),
+        )
+        return enabled.model_dump(mode="json")
 
 
 def set_status(
@@ -249,23 +253,21 @@ def inspect(store: Store, journal: Journal, request: ScheduleRequest, uid: int) 
     row = store.owned(request.schedule_id, uid)
     spec = store.spec(row.schedule_id, row.revision)
     occurrences = store.occurrences(row.schedule_id, limit=OCCURRENCE_LIMIT + 1)
-    result = view(store, row)
-    result.update(
-        {
-            "review_hash": spec.review_hash,
-            "args": spec.args,
-            "profiles": sorted(spec.profiles),
-            "challenge": (
-                store.challenge(row.schedule_id, row.revision)
-                if row.confirmed_revision != row.revision
-                else None
-            ),
-            "next_elapses": (next_elapses(spec, store.clock()) if row.status == "enabled" else []),
-            "occurrences": [occurrence_view(o) for o in occurrences[:OCCURRENCE_LIMIT]],
-            "occurrences_omitted": len(occurrences) > OCCURRENCE_LIMIT,
-        }
+    detail = ScheduleDetail(
+        **dict(schedule_view(store, row)),
+        review_hash=spec.review_hash,
+        args=spec.args,
+        profiles=sorted(spec.profiles),
+        challenge=(
+            store.challenge(row.schedule_id, row.revision)
+            if row.confirmed_revision != row.revision
+            else None
+        ),
+        next_elapses=(next_elapses(spec, store.clock()) if row.status == "enabled" else []),
+        occurrences=[occurrence(o) for o in occurrences[:OCCURRENCE_LIMIT]],
+        occurrences_omitted=len(occurrences) > OCCURRENCE_LIMIT,
     )
-    return result
+    return detail.model_dump(mode="json")
 
 
 def inbox(store: Store, journal: Journal, uid: int) -> list[dict[str, Any]]:
@@ -276,15 +278,15 @@ def inbox(store: Store, journal: Journal, uid: int) -> list[dict[str, Any]]:
         (uid,),
     ).fetchall()
     return [
-        {
-            "item_id": r["item_id"],
-            "schedule_id": r["schedule_id"],
-            "name": r["name"],
-            "kind": r["kind"],
-            "ref": r["ref"],
-            "message": r["message"],
-            "at": format_instant(r["created_at"]),
-        }
+        ScheduleInboxItem(
+            item_id=r["item_id"],
+            schedule_id=r["schedule_id"],
+            name=r["name"],
+            kind=r["kind"],
+            ref=r["ref"],
+            message=r["message"],
+            at=format_instant(r["created_at"]),
+        ).model_dump(mode="json")
         for r in rows
     ]
 

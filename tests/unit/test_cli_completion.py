@@ -40,7 +40,16 @@ class FakeDaemon:
 
     def __init__(self, path: Path, runs: list[dict[str, Any]]) -> None:
         self.runs = runs
-        self.schedules = [{"schedule_id": "0123456789ab", "name": "nightly", "status": "enabled"}]
+        self.schedules = [{
+            "schedule_id": "0123456789ab", "name": "nightly", "status": "enabled",
+            "revision": 1, "confirmed_revision": 1, "awaiting_confirmation": False,
+            "definition": "builtin:implement", "project": "/src/demo",
+            "calendar": "*-*-* 02:00:00 UTC", "timezone": "UTC", "catch_up": "none",
+            "overlap": "skip", "min_spacing_sec": 0, "max_runs": 10, "runs_used": 0,
+            "valid_until": "2030-01-01T00:00:00Z", "launch_failures": 0, "blocked_reason": None,
+            "timer_unit": "cairn-schedule@0123456789ab.timer", "timer": "[Timer]\n",
+            "last_occurrence": None,
+        }]
         self.asked: list[bytes] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))

@@ -30,7 +30,7 @@ PROMPT = b"[y/N] "
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInDaemon]:
     monkeypatch.setenv("CAIRN_ROOT", str(tmp_path))
     paths.daemon_socket().parent.mkdir(parents=True)
-    done = {"run_id": RUN, "outcome": "cancelled"}
+    done = {"run_id": RUN, "action": "cancel", "outcome": "cancelled", "woken": False}
     stand_in = StandInDaemon(paths.daemon_socket(), {
         "cancel": done,
         "revert": {"run_id": RUN, "unit": "cairn-apply-1.service", "status": "applied",
@@ -41,8 +41,18 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
         "show": {"run": {"run_id": RUN, "state": "succeeded"},
                  "settlement": {"status": "applied", "apply": {
                      "status": "applied", "applied": ["a.txt", "b/\x1b[2Jc"]}}},
-        "schedule-inspect": {"schedule_id": "0123456789ab", "name": "nightly",
-                             "status": "active"},
+        "schedule-inspect": {
+            "schedule_id": "0123456789ab", "name": "nightly", "status": "active",
+            "revision": 1, "confirmed_revision": 1, "awaiting_confirmation": False,
+            "definition": "builtin:implement", "project": "/src/demo",
+            "calendar": "*-*-* 02:00:00 UTC", "timezone": "UTC", "catch_up": "none",
+            "overlap": "skip", "min_spacing_sec": 0, "max_runs": 10, "runs_used": 0,
+            "valid_until": "2030-01-01T00:00:00Z", "launch_failures": 0, "blocked_reason": None,
+            "timer_unit": "cairn-schedule@0123456789ab.timer", "timer": None,
+            "last_occurrence": None, "review_hash": "sha256:0", "args": {}, "profiles": [],
+            "challenge": None, "next_elapses": [], "occurrences": [],
+            "occurrences_omitted": False,
+        },
         "prune": {"dry_run": False, "rule": {"older_than": None, "keep": 5},
                   "delete": [{"run_id": RUN, "reason": "older"}], "kept": [], "deleted": [],
                   "failed": [], "reclaim_pending": 0, "free_bytes": None},

@@ -98,14 +98,30 @@ def show_view() -> dict[str, Any]:
 
 
 INBOX: list[dict[str, Any]] = [
-    {"kind": "question", "run_id": RUN, "op_id": EVIL, "schema_name": EVIL, "question": EVIL,
-     "challenge": EVIL},
-    {"kind": "approval", "run_id": RUN, "request_id": EVIL, "fingerprint": EVIL,
-     "deadline": AT, "evaluation": {"capabilities": {EVIL: "require_approval"}},
-     "prepared": {"descriptor": EVIL, "prompt": EVIL,
-                  "agent": {"profile": EVIL, "access": EVIL, "network": EVIL}}},
-    {"kind": "approval", "run_id": RUN, "request_id": "apply", "fingerprint": "f",
-     "deadline": AT, "prepared": {"kind": "apply", "accepted": [EVIL], "project": EVIL}},
+    {"kind": "question", "run_state": "waiting", "definition": EVIL, "run_id": RUN,
+     "op_id": EVIL, "challenge": EVIL, "question": EVIL, "schema_name": EVIL,
+     "json_schema": {}, "state": "waiting", "answer": None, "actor_uid": None,
+     "created_at": AT, "decided_at": None,
+     "commands": [f"cairn answer {RUN} --challenge {EVIL} VALUE"]},
+    {"kind": "approval", "run_state": "waiting", "definition": EVIL, "run_id": RUN,
+     "request_id": EVIL, "op_id": EVIL, "attempt": 1,
+     "prepared": {"run_id": RUN, "op_id": EVIL, "definition": EVIL, "review_hash": "sha256:0",
+                  "descriptor": EVIL, "profile": None, "prompt": EVIL, "title": EVIL,
+                  "limits": {}, "capabilities": [EVIL],
+                  "agent": {"profile": EVIL, "access": EVIL, "network": EVIL}},
+     "fingerprint": EVIL,
+     "evaluation": {"decision": "require_approval",
+                    "capabilities": {EVIL: "require_approval"}},
+     "deadline": AT, "state": "waiting", "actor_uid": None, "reason": None, "created_at": AT,
+     "decided_at": None, "commands": [f"cairn reject {RUN} {EVIL} --reason …"]},
+    {"kind": "approval", "run_state": "waiting", "definition": EVIL, "run_id": RUN,
+     "request_id": "apply", "op_id": "settlement", "attempt": 1,
+     "prepared": {"kind": "apply", "run_id": RUN, "project": EVIL, "accepted": [EVIL],
+                  "refused": 0, "f": "u", "diff_sha256": "0" * 64},
+     "fingerprint": "f",
+     "evaluation": {"decision": "ask", "reasons": ["launched with --apply ask"]},
+     "deadline": AT, "state": "waiting", "actor_uid": None, "reason": None, "created_at": AT,
+     "decided_at": None, "commands": [f"cairn apply {RUN}"]},
 ]
 DIFF: dict[str, Any] = {"run_id": RUN, "status": "conflict", "summary": {"label": EVIL},
                         "apply": {"conflicts": [{"path": EVIL, "reason": EVIL}]},
@@ -131,17 +147,20 @@ PRUNE = {"rule": {"older_than": None, "keep": None}, "dry_run": True,
          "delete": [{"run_id": RUN, "reason": EVIL}], "deleted": [],
          "failed": [{"run_id": RUN, "error": EVIL}], "kept": [], "reclaim_pending": 0,
          "free_bytes": None}
-SCHEDULE = {"schedule_id": "0123456789ab", "name": EVIL, "status": "blocked",
-            "awaiting_confirmation": False, "calendar": EVIL, "runs_used": 1, "max_runs": 2,
-            "valid_until": EVIL, "revision": 1, "confirmed_revision": 1, "challenge": None,
-            "definition": EVIL, "review_hash": "sha256:0", "project": EVIL,
-            "args": {"a": EVIL}, "catch_up": "none", "overlap": "skip", "min_spacing_sec": 0,
-            "next_elapses": [EVIL], "blocked_reason": EVIL, "timer_unit": EVIL,
-            "occurrences": [{"at": EVIL, "trigger": "timer", "revision": 1, "state": "failed",
-                             "reason": EVIL, "run_id": RUN, "run_state": "failed"}],
-            "occurrences_omitted": 0, "timer": None}
-SCHEDULE_INBOX = [{"at": EVIL, "name": EVIL, "schedule_id": "0123456789ab", "kind": "failed",
-                   "message": EVIL}]
+OCCURRENCE = {"key": EVIL, "trigger": "timer", "nominal": EVIL, "revision": 1,
+              "state": "failed", "reason": EVIL, "run_id": RUN, "run_state": "failed",
+              "at": EVIL}
+SCHEDULE = {"schedule_id": "0123456789ab", "name": EVIL, "status": "blocked", "revision": 1,
+            "confirmed_revision": 1, "awaiting_confirmation": False, "definition": EVIL,
+            "project": EVIL, "calendar": EVIL, "timezone": EVIL, "catch_up": "none",
+            "overlap": "skip", "min_spacing_sec": 0, "max_runs": 2, "runs_used": 1,
+            "valid_until": EVIL, "launch_failures": 3, "blocked_reason": EVIL,
+            "timer_unit": EVIL, "timer": None, "last_occurrence": OCCURRENCE}
+SCHEDULE_DETAIL = {**SCHEDULE, "review_hash": "sha256:0", "args": {"a": EVIL},
+                   "profiles": [EVIL], "challenge": None, "next_elapses": [EVIL],
+                   "occurrences": [OCCURRENCE], "occurrences_omitted": False}
+SCHEDULE_INBOX = [{"item_id": 1, "schedule_id": "0123456789ab", "name": EVIL, "kind": "failed",
+                   "ref": RUN, "message": EVIL, "at": EVIL}]
 LOG_TEXT = f"2026-01-01T00:00:00+0000 host agent[1]: {EVIL}\tcol\n"
 
 # command line -> (the module whose request is faked, cairnd's reply)
@@ -166,7 +185,7 @@ COMMANDS: dict[str, tuple[Any, Any]] = {
     "storage df": (storage, DF),
     "prune": (storage, PRUNE),
     "schedule list": (schedule, [SCHEDULE]),
-    "schedule show": (schedule, SCHEDULE),
+    "schedule show": (schedule, SCHEDULE_DETAIL),
     "schedule inbox": (schedule, SCHEDULE_INBOX),
 }
 ARGS = {"show": [RUN], "diff": [RUN], "doctor": [RUN], "revert": [RUN, "--yes"], "prune": ["--yes"],
@@ -257,9 +276,11 @@ def test_an_error_quoting_a_name_is_one_escaped_line(
 
 
 def test_fail_escapes_what_it_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
-    reply = {"schedule_id": "0123456789ab", "outcome": "refused", "reason": EVIL,
-             "project": "/"}
-    monkeypatch.setattr(schedule, "request", fake(reply))
+    refused = {"schedule_id": "0123456789ab", "trigger": "run-now", "key": "run-now:1.0",
+               "nominal": EVIL, "outcome": "refused", "reason": EVIL}
+    shown = {**SCHEDULE_DETAIL, "project": "/", "definition": "builtin:implement"}
+    monkeypatch.setattr(schedule, "request", lambda body, **_kwargs: (
+        shown if body.op == "schedule-inspect" else refused))
     monkeypatch.setattr(schedule, "_open_project", lambda _path: None)
     result = CliRunner().invoke(app, ["schedule", "run-now", "0123456789ab"])
     assert result.exit_code == 1 and raw_controls(result.stderr) == [], result.stderr

@@ -60,8 +60,7 @@ def install(tmp_path: Path, source: str, *, replace: bool = False) -> None:
 
 def sent(host: dict[str, Any], definition: str) -> dict[str, Any]:
     """What the person's CLI sends with a resume or fire of ``definition`` now."""
-    view = {"definition": definition, "project": host["project"]}
-    source, source_error = cli_schedule._current_source(view, host["fd"])
+    source, source_error = cli_schedule._current_source(definition, host["project"], host["fd"])
     return {"source": source, "source_error": source_error}
 
 
