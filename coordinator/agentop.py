@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,7 +21,7 @@ from cairn.artifacts import ARTIFACTS
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
-from cairn.coordinator.base import CommandFailed, OperationError, RunBlocked
+from cairn.coordinator.base import CommandFailed, OperationError, ReviewedAgent, RunBlocked
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError, StorageError
@@ -82,7 +82,7 @@ class AgentOperations(Recovery, Lanes):
             return self._run_agent(op, call)
 
     def _run_agent(self, op: OpRow, call: CallRequest) -> JSONObject:
-        agent = self.review["agents"][call.request["descriptor"]]
+        agent: ReviewedAgent = self.review["agents"][call.request["descriptor"]]
         output_model = self.models[agent["output"]]
         while True:
             op = self.journal.get_op_by_id(self.run_id, op.op_id)
@@ -149,7 +149,7 @@ class AgentOperations(Recovery, Lanes):
         raise BudgetExhausted(f"{op.op_id} did not run: budget exhausted: {reason}")
 
     def instruction(
-        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+        self, op: OpRow, call: CallRequest, agent: ReviewedAgent, output_model: type[BaseModel]
     ) -> AgentInstruction:
         profile = self.desc.profiles.get(agent["profile"])
         if profile is None:
@@ -166,7 +166,7 @@ class AgentOperations(Recovery, Lanes):
         )
 
     def start_attempt(
-        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+        self, op: OpRow, call: CallRequest, agent: ReviewedAgent, output_model: type[BaseModel]
     ) -> None:
         """Save the intent (with the move to ``started``), then have the broker act on it."""
         instruction = self.instruction(op, call, agent, output_model)
@@ -191,7 +191,7 @@ class AgentOperations(Recovery, Lanes):
         self.event("agent-started", op_id=op.op_id, attempt=op.attempt, incoming=incoming)
 
     def collect_finish(
-        self, op: OpRow, call: CallRequest, agent: dict[str, Any], output_model: type[BaseModel]
+        self, op: OpRow, call: CallRequest, agent: ReviewedAgent, output_model: type[BaseModel]
     ) -> AgentMessage | None:
         """FINISH: the agent's validated finish message, from the journal, the socket (a
         live or reattached agent) or its result file. None after recording a clean retry."""
@@ -278,7 +278,7 @@ class AgentOperations(Recovery, Lanes):
             scope=op.scope, op_id=op.op_id,
         )
 
-    def start_relay(self, op: OpRow, agent: dict[str, Any]) -> ModelRelay | None:
+    def start_relay(self, op: OpRow, agent: ReviewedAgent) -> ModelRelay | None:
         """The model relay for an agent whose profile names a provider; the broker binds
         its socket into the unit. The provider credential stays on this side."""
         profile = self.desc.profiles[agent["profile"]]
@@ -366,7 +366,7 @@ class AgentOperations(Recovery, Lanes):
             f"the CLI's configuration (its output: 'cairn logs {self.run_id}')",
         )
 
-    def judge_invalid(self, op: OpRow, agent: dict[str, Any], invalid: ResultInvalid) -> None:
+    def judge_invalid(self, op: OpRow, agent: ReviewedAgent, invalid: ResultInvalid) -> None:
         """Fail the operation for its invalid result when another attempt cannot change it:
         a scripted (deterministic) agent, the same bytes as the attempt before, or no
         attempt left. Otherwise record the refusal (and its fingerprint) and return."""
@@ -403,7 +403,7 @@ class AgentOperations(Recovery, Lanes):
 
     def complete_boundary(
         self, op: OpRow, call: CallRequest, finish: AgentMessage
-    ) -> dict[str, Any]:
+    ) -> JSONObject:
         """QUIESCE → SNAPSHOT → MATERIALIZE → settle → COMMIT."""
         self.quiesce(op)
         self.failpoint("after-quiesce")
@@ -436,11 +436,11 @@ class AgentOperations(Recovery, Lanes):
         )
         self.failpoint("after-materialize")
         started_at = float(starts[0]["at"]) if starts else time.time()
-        usage = {
+        usage: JSONObject = {
             **self.usage.get(op.op_id, {}),
             "agent_seconds": round(time.time() - started_at, 3),
         }
-        result = {
+        result: JSONObject = {
             "output": finish.output,
             "handoff": finish.handoff,
             "op_id": op.op_id,
@@ -540,8 +540,9 @@ class AgentOperations(Recovery, Lanes):
 
     def stop_running_agents(self, *, finished_op: str | None = None) -> None:
         """Stop every running agent of the run (all lanes), each recorded uncertain unless
-        it had finished (``finished_op``, or a result file the broker found). Lanes racing
-        to a cancel take turns: the second finds nothing left running."""
+        it had finished (``finished_op``, or a result file the broker found), its W kept as
+        evidence. Lanes racing to a cancel take turns: the second finds nothing left
+        running."""
         with self._cancel_lock:
             running = [
                 o
@@ -570,6 +571,7 @@ class AgentOperations(Recovery, Lanes):
                         error=f"attempt {op.attempt} stopped by a cancel",
                         event="op-cancelled",
                     )
+                    self.keep_w_as_evidence(op, "cancelled")
 
     def quiesce(self, op: OpRow) -> None:
         """QUIESCE after the finish: the worker ends right after delivering it; a unit still

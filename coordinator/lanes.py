@@ -6,7 +6,6 @@ which earlier boundaries an operation may see."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase, Nondeterminism
@@ -52,7 +51,7 @@ class Lanes(CoordinatorBase):
                 self.w_gen.setdefault(f"{op.op_id}-{key}", 1)
         return {"forked": True, "lanes": lanes}
 
-    def join(self, join: JoinRequest) -> tuple[dict[str, Any], str, bool]:
+    def join(self, join: JoinRequest) -> tuple[JSONObject, str, bool]:
         """JOIN: record every lane's outcome and final checkpoint; the parent's W is left
         as it was (lanes are evidence, never merged)."""
         op_id = f"{join.scope}-{join.seq}"
@@ -68,7 +67,7 @@ class Lanes(CoordinatorBase):
                 )
             return op.result, op_id, False
         ops = self.journal.list_ops(self.run_id)
-        outcomes: dict[str, dict[str, Any]] = {}
+        outcomes: JSONObject = {}
         for key, outcome in join.outcomes.items():
             lane = f"{op_id}-{key}"
             boundaries = [
@@ -85,7 +84,7 @@ class Lanes(CoordinatorBase):
                 "evidence": (None if outcome["outcome"] == "succeeded"
                              else self.keep_unfinished_work(lane, ops)),
             }
-        result = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
+        result: JSONObject = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
         self.journal.update_op(
             self.run_id,
             op_id,
@@ -93,43 +92,50 @@ class Lanes(CoordinatorBase):
             state="settled",
             result=result,
             event="join",
-            event_data={k: v["outcome"] for k, v in outcomes.items()},
+            event_data={k: v["outcome"] for k, v in join.outcomes.items()},
         )
         self.journal.update_op(self.run_id, op_id, token=self.token, state="committed")
         return result, op_id, True
 
     def keep_unfinished_work(self, lane: str, ops: list[OpRow]) -> str | None:
         """A lane that did not succeed keeps what its last agent left in W when that agent
-        failed, as a read-only checkpoint of the failed operation (a person sees it in
-        ``cairn show``, later agents under ``/evidence/incoming/<op>/workspace``); the
-        operation, or None when W holds nothing a checkpoint does not (no agent ran, the
-        last one committed or never started). Best effort: a checkpoint the broker cannot
-        take is logged and withdrawn, the join goes on."""
+        failed (:meth:`keep_w_as_evidence`); the operation, or None when W holds nothing a
+        checkpoint does not (no agent ran, the last one committed or never started)."""
         agents = [o for o in ops if o.scope == lane and o.kind == "agent"]
         if not agents:
             return None
         last = max(agents, key=lambda o: o.seq)
-        if last.state != "failed":  # terminal: its checkpoint ID is never reused
+        if last.state != "failed":
             return None
-        if last.checkpoint:  # taken at its failure (no changes) or by this join before
-            return last.op_id
-        started = f"start-agent.{last.op_id}."
+        return last.op_id if self.keep_w_as_evidence(last, "failed") else None
+
+    def keep_w_as_evidence(self, op: OpRow, ended: str) -> bool:
+        """Keep the W ``op``'s agent left as a read-only checkpoint of ``op`` (a person
+        sees it in ``cairn show``, later agents under ``/evidence/incoming/<op>/workspace``).
+        Only for an operation that never runs again, so its checkpoint's intent ID is never
+        reused: one that failed (terminal), or one a cancel stopped (the run ends
+        cancelled, never blocked, so no retry). False when there is nothing to keep (its
+        agent never started). Best effort: a checkpoint the broker cannot take is logged
+        and withdrawn, and the run goes on."""
+        if op.checkpoint:  # taken at its failure (no changes) or by an earlier call
+            return True
+        started = f"start-agent.{op.op_id}."
         if not any(r["intent_id"].startswith(started) for r in self.journal.receipts(self.run_id)):
-            return None
-        intent = self.intent("checkpoint", f"checkpoint.{last.op_id}", scope=lane,
-                             op_id=last.op_id, generation=self.w_gen[lane])
+            return False
+        intent = self.intent("checkpoint", f"checkpoint.{op.op_id}", scope=op.scope,
+                             op_id=op.op_id, generation=self.w_gen[op.scope])
         try:
             (taken,) = self.broker("storage-v1", [intent])
         except CairnError as exc:
             # a pending intent the broker refuses would stop the run's every later call
             self.journal.withdraw_intent(self.run_id, intent.intent_id)
-            log.warning("%s: its unfinished work is not kept: %s", last.op_id, exc.message)
-            return None
+            log.warning("%s: its unfinished work is not kept: %s", op.op_id, exc.message)
+            return False
         self.failpoint("lane-evidence-after-storage")
-        self.journal.update_op(self.run_id, last.op_id, token=self.token,
+        self.journal.update_op(self.run_id, op.op_id, token=self.token,
                                checkpoint=taken.data, event="lane-evidence-kept",
-                               event_data={"scope": lane, "state": last.state})
-        return last.op_id
+                               event_data={"scope": op.scope, "state": ended})
+        return True
 
     def causal_incoming(self, scope: str, seq: int) -> list[str]:
         """The boundaries an operation may see: earlier ones of its own scope and of the

@@ -265,6 +265,19 @@ def test_cancel_stops_every_running_lane(machine: Machine) -> None:
     data = wait(machine, run_id, lambda d: d["run"]["state"] == "cancelled", timeout=120)
     lanes = [o for o in data["operations"] if o["scope"].startswith("root-1-")]
     assert sorted(o["state"] for o in lanes) == ["uncertain"] * 3
+    # each stopped lane's W, kept read-only as its operation's checkpoint: the agent had
+    # started, not ended
+    kept = sorted((e["op_id"], e["data"]["state"]) for e in data["events"]
+                  if e["event"] == "lane-evidence-kept")
+    assert kept == sorted((o["op_id"], "cancelled") for o in lanes)
+    for op in lanes:
+        name = op["scope"].rsplit("-", 1)[1]
+        path = f"/var/lib/cairn/pool/runs/{run_id}/checkpoints/{op['op_id']}"
+        assert op["checkpoint"]["s"]["path"] == path
+        assert machine.exec(["btrfs", "property", "get", path, "ro"]).stdout.strip() == \
+            b"ro=true"
+        assert sorted(machine.exec(["ls", path]).stdout.decode().split()) == [
+            "README", f"started-{name}"]
     active = (
         machine.exec(
             [
