@@ -10,11 +10,10 @@ repeated launch failures blocked it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import RunRow
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.notify import WaitingItem
 from cairn.settle.outcome import APPLY_REQUEST_ID
 
@@ -80,24 +79,24 @@ def items_of_run(journal: Journal, run: RunRow) -> list[WaitingItem]:
     ]
 
 
-def inbox(journal: Journal, owner: int | None) -> list[dict[str, Any]]:
+def inbox(journal: Journal, owner: int | None) -> list[JSONObject]:
     """What waits for ``owner`` (everyone when None), oldest first: open questions and
     approval requests of any run (scheduled or not), and blocked runs. Each item carries
     what the journal knows of it and ``commands``, the commands to run next."""
-    items: list[dict[str, Any]] = []
+    items: list[JSONObject] = []
     for row in journal.waiting_for_people(owner):
         if row["kind"] == "question":
             item = question_item(row["run_id"], QuestionRow.model_validate(
                 {**row, "json_schema": row["json_schema"]}))
         else:
             item = approval_item(row["run_id"], ApprovalRow.model_validate(row))
-        items.append({**row, "commands": item.commands})
+        items.append({**row, "commands": list(item.commands)})
     for run in journal.blocked_runs(owner):
         for blocked in blocked_items(journal, run):
             items.append({
                 "kind": "blocked", "run_id": run.run_id, "run_state": run.state,
                 "definition": run.definition, "op_id": blocked.op_id,
                 "reason": blocked.reason, "created_at": run.updated_at,
-                "commands": blocked.commands,
+                "commands": list(blocked.commands),
             })
     return items

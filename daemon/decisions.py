@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ValidationError
 
 from cairn.daemon.reconcile import restart_coordinator
@@ -32,7 +30,7 @@ def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int)
     else:
         if request.result is None:
             raise UsageError("reconcile needs --result FILE or --no-effect")
-        finish = checked_finish(journal, run.run_id, op.request, request.result)
+        finish = checked_finish(journal, run.run_id, op.request["descriptor"], request.result)
         journal.resolve_uncertain(
             run.run_id, op.op_id, decision="result", actor_uid=uid, finish=finish
         )
@@ -54,12 +52,12 @@ def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int)
 
 
 def checked_finish(
-    journal: Journal, run_id: str, call: dict[str, Any], result: dict[str, Any]
-) -> dict[str, Any]:
+    journal: Journal, run_id: str, descriptor: str, result: JSONObject
+) -> JSONObject:
     """The result as the agent's finish message, valid against its output schema.
     Accepts ``{"output": …, "handoff": …}`` or the bare output object."""
     review = Review.model_validate(journal.launch_description(run_id).review)
-    agent = review.agents[call["descriptor"]]
+    agent = review.agents[descriptor]
     model = build_models(review.models)[agent.output]
     output = result.get("output", result) if isinstance(result, dict) else result
     handoff = str(result.get("handoff", "")) if "output" in result else ""
@@ -67,4 +65,5 @@ def checked_finish(
         model.model_validate(output)
     except ValidationError as exc:
         raise invalid(exc, f"the result does not match {agent.output}", top="output") from exc
-    return AgentMessage(type="finish_work", output=output, handoff=handoff).model_dump(mode="json")
+    message = {"type": "finish_work", "output": output, "handoff": handoff}
+    return AgentMessage.model_validate(message).model_dump(mode="json")

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import ValidationError
 
@@ -25,7 +25,7 @@ from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal.people import QuestionRow, StaleRequest
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import TERMINAL_RUN_STATES
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunState
 from cairn.journal.snapshot import read_snapshot
 from cairn.policy import (
     RequestExpired,
@@ -49,7 +49,7 @@ from cairn.protocol.daemon import (
     StopRequest,
     WatchRequest,
 )
-from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.replies import AnswerReply, ApprovalReply, ControlReply
 from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
@@ -132,7 +132,7 @@ def inbox(journal: Journal, uid: int, all_users: bool) -> list[dict[str, Any]]:
 # --- answers ------------------------------------------------------------------------
 
 
-def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> dict[str, Any]:
+def answer(journal: Journal, run_id: str, request: AnswerRequest, uid: int) -> JSONObject:
     """Record the answer to the run's question ``request.challenge`` (:class:`AnswerReply`)."""
     if not request.challenge:
         raise UsageError("an answer needs --challenge sha256:… (see 'cairn inbox')")
@@ -243,7 +243,21 @@ def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str
 # --- watch --------------------------------------------------------------------------
 
 
-def watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
+class Watched(TypedDict):
+    """What :func:`watch` answers: the run's state and a batch of its events."""
+
+    run_id: str
+    state: RunState
+    finished: bool
+    error: str | None
+    output: dict[str, object] | None
+    events: list[JSONValue]
+    cursor: int
+    more: bool
+    waiting: list[JSONObject]
+
+
+def watch(journal: Journal, request: WatchRequest, uid: int) -> Watched:
     """The run's state and its events after ``cursor``, rebuilt from one read snapshot of
     the journal (the state never runs ahead of the events); a watcher polls with the last
     cursor it saw."""
@@ -251,14 +265,15 @@ def watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
         return _watch(journal, request, uid)
 
 
-def _watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
+def _watch(journal: Journal, request: WatchRequest, uid: int) -> Watched:
     run = visible_run(journal, request.run_id, uid)
     events = journal.events(run.run_id, after=request.cursor, limit=WATCH_BATCH)
-    waiting = [
+    waiting: list[JSONObject] = [
         {"kind": "question", "op_id": q.op_id, "question": q.question, "challenge": q.challenge}
         for q in journal.questions(run.run_id)
         if q.state == "waiting"
-    ] + [
+    ]
+    waiting += [
         {"kind": "approval", "op_id": a.op_id, "request_id": a.request_id,
          "fingerprint": a.fingerprint}
         for a in journal.approvals(run.run_id)
@@ -277,17 +292,35 @@ def _watch(journal: Journal, request: WatchRequest, uid: int) -> dict[str, Any]:
     }
 
 
+Handler = Callable[[Journal, OpRequest, int], object]
+R = TypeVar("R", bound=OpRequest)
+
+
+def route(
+    model: type[R], handler: Callable[[Journal, R, int], object]
+) -> tuple[type[OpRequest], Handler]:
+    """``(model, handler)`` for :data:`ROUTES`: the handler of requests of ``model``
+    (:func:`dispatch` has checked the request is one)."""
+
+    def checked(journal: Journal, request: OpRequest, uid: int) -> object:
+        if not isinstance(request, model):
+            raise UsageError(f"unknown request {request.op}")
+        return handler(journal, request, uid)
+
+    return model, checked
+
+
 # op -> (request model, handler) of the requests of people in the loop
-ROUTES: dict[str, tuple[type[OpRequest], Callable[[Journal, Any, int], object]]] = {
-    "inbox": (InboxRequest, _inbox),
-    "answer": (AnswerRequest, _answer),
-    "approve": (ApproveRequest, _decide),
-    "reject": (RejectRequest, _decide),
-    "apply": (ApplyRequest, _apply),
-    "pause": (PauseRequest, _control),
-    "resume": (ResumeRequest, _control),
-    "stop": (StopRequest, _control),
-    "cancel": (CancelRequest, _control),
-    "watch": (WatchRequest, watch),
+ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
+    "inbox": route(InboxRequest, _inbox),
+    "answer": route(AnswerRequest, _answer),
+    "approve": route(ApproveRequest, _decide),
+    "reject": route(RejectRequest, _decide),
+    "apply": route(ApplyRequest, _apply),
+    "pause": route(PauseRequest, _control),
+    "resume": route(ResumeRequest, _control),
+    "stop": route(StopRequest, _control),
+    "cancel": route(CancelRequest, _control),
+    "watch": route(WatchRequest, watch),
 }
 MODELS = {op: model for op, (model, _handler) in ROUTES.items()}

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,12 +30,13 @@ from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError, Val
 from cairn.evaluators import frozen_evaluators
 from cairn.hostconfig import check_profile, profile_file
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import OpRow, RunRow
+from cairn.journal.rows import OpRow, RunRow, RunState
 from cairn.journal.runs import RunKeyTaken
 from cairn.operations.measure_proposal import evaluators_of
 from cairn.policy import load_policy
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.definitions import DEFINITION_RE
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.launch import (
     LaunchDescription,
     Limits,
@@ -148,7 +149,7 @@ def input_model(review: Review) -> type[BaseModel]:
         return model
 
 
-def validate_args(review: Review, args: dict[str, Any]) -> dict[str, Any]:
+def validate_args(review: Review, args: JSONObject) -> JSONObject:
     """``args`` validated by the workflow's input model, as JSON."""
     model = input_model(review)
     try:
@@ -313,6 +314,14 @@ def resolve_limits(
     return limits
 
 
+class Admitted(TypedDict):
+    """A new run as the machine-wide admission took it: ``state`` and, queued, its
+    ``position`` (1 = next)."""
+
+    state: RunState
+    position: NotRequired[int | None]
+
+
 def launch(
     journal: Journal,
     request: LaunchRequest,
@@ -320,7 +329,7 @@ def launch(
     fd: int | None,
     *,
     run_id: str | None = None,
-    schedule: dict[str, Any] | None = None,
+    schedule: JSONObject | None = None,
 ) -> dict[str, Any]:
     """Review, freeze and start one run. A schedule admission passes the run ID it
     recorded beforehand and the schedule revision that authorized the run."""
@@ -369,7 +378,7 @@ def launched_before(
     earlier: RunRow,
     request: LaunchRequest,
     review_hash: str,
-    args: dict[str, Any],
+    args: JSONObject,
     project: ProjectSpec,
 ) -> dict[str, Any]:
     """The answer to a launch whose run key names ``earlier``: that run, when it was
@@ -408,7 +417,7 @@ def admit_or_queue(
     *,
     imported: Sequence[OpRow] = (),
     run_key: str | None = None,
-) -> dict[str, Any]:
+) -> Admitted:
     """Record the new run through the machine-wide admission (:mod:`cairn.admission`):
     started now if a slot is free, else ``queued`` — pinned on its owner's attestation
     now, while the owner's CLI is there to give it, and started by cairnd when a slot
@@ -428,7 +437,7 @@ def admit_or_queue(
     joined = journal.join_queue(desc.run_id)
     admission.queue_changed()
     state = journal.get_run(desc.run_id).state
-    result: dict[str, Any] = {"state": state}
+    result: Admitted = {"state": state}
     if joined and state == "queued":
         result["position"] = admission.position(journal, desc.run_id)
     return result
@@ -442,9 +451,9 @@ def freeze(
     source: str,
     filename: str,
     review: Review,
-    args: dict[str, Any],
+    args: JSONObject,
     project: ProjectSpec,
-    schedule: dict[str, Any] | None = None,
+    schedule: JSONObject | None = None,
     replay: ReplayOrigin | None = None,
 ) -> LaunchDescription:
     """The launch description of a new run of reviewed ``source``: the host's current

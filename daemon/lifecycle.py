@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from cairn import paths, retention, storage
 from cairn.daemon.oneshot import carry_out_one
@@ -54,7 +54,15 @@ def facts(journal: Journal, run: RunRow) -> retention.RunFacts:
     )
 
 
-def delete_storage(journal: Journal, run_id: str, uid: int) -> dict[str, Any]:
+class StorageDeleted(TypedDict):
+    """What :func:`delete_storage` deleted: the fields :class:`RmReply` shares."""
+
+    subvolumes: int
+    reclaim_pending: int
+    free_bytes: int | None
+
+
+def delete_storage(journal: Journal, run_id: str, uid: int) -> StorageDeleted:
     """Have the broker delete the run's subvolumes (it waits, bounded, for Btrfs to return
     their space); how many it deleted, how many still wait for the cleaner, and the pool's
     free bytes then."""
@@ -119,7 +127,7 @@ def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
             hint = f"wait for it to end or stop it ('cairn stop {run.run_id}'), then rm it"
         raise UsageError(f"run {run.run_id} is kept: {held}", hint=hint)
     gone = known.storage_deleted or not known.has_storage
-    deleted: dict[str, Any] = {"subvolumes": 0, "reclaim_pending": 0, "free_bytes": None}
+    deleted: StorageDeleted = {"subvolumes": 0, "reclaim_pending": 0, "free_bytes": None}
     if not gone and not request.dry_run:
         deleted = delete_storage(journal, run.run_id, uid)
     return RmReply(run_id=run.run_id, already_gone=gone, **deleted).model_dump(mode="json")

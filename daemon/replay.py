@@ -97,17 +97,19 @@ def replay(
     retention.admit("replay")  # a full pool refuses the replay before the run exists
     copy_evidence(source.run_id, desc.run_id, origin.ops)
     admitted = admit_or_queue(journal, desc, imported=imported)
-    # a run that joined the queue has its position; no key is added or dropped
-    model = QueuedReplayReply if "position" in admitted else ReplayReply
-    return model(
+    reply = ReplayReply(
         run_id=desc.run_id,
         source_run=source.run_id,
         through=through,
         imported=origin.ops,
         review_hash=desc.review_hash,
         launch_hash=desc.launch_hash(),
-        **admitted,
-    ).model_dump(mode="json")
+        state=admitted["state"],
+    )
+    # a run that joined the queue has its position; no key is added or dropped
+    if "position" in admitted:
+        reply = QueuedReplayReply(**dict(reply), position=admitted["position"])
+    return reply.model_dump(mode="json")
 
 
 def copy_evidence(source_id: str, run_id: str, op_ids: list[str]) -> None:

@@ -16,7 +16,7 @@ import stat
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -156,7 +156,22 @@ def parse(raw: bytes) -> OpRequest:
 
 # --- handlers: op -> (model, handler) -------------------------------------------------
 
-Handler = Callable[[Journal, Any, int, int | None], object]
+Handler = Callable[[Journal, OpRequest, int, int | None], object]
+R = TypeVar("R", bound=OpRequest)
+
+
+def route(
+    model: type[R], handler: Callable[[Journal, R, int, int | None], object]
+) -> tuple[type[OpRequest], Handler]:
+    """``(model, handler)`` for :data:`ROUTES`: the handler of requests of ``model``
+    (:func:`dispatch` has checked the request is one)."""
+
+    def checked(journal: Journal, request: OpRequest, uid: int, fd: int | None) -> object:
+        if not isinstance(request, model):
+            raise unknown_op(request.op)
+        return handler(journal, request, uid, fd)
+
+    return model, checked
 
 
 def _ping(_journal: Journal, _request: PingRequest, uid: int, _fd: int | None) -> object:
@@ -238,24 +253,24 @@ def _schedule(journal: Journal, request: OpRequest, uid: int, fd: int | None) ->
 
 
 ROUTES: dict[str, tuple[type[OpRequest], Handler]] = {
-    "ping": (PingRequest, _ping),
-    "launch": (LaunchRequest, _launch),
-    "upgrade": (UpgradeRequest, _upgrade),
-    "doctor": (DoctorRequest, _doctor),
-    "revert": (RevertRequest, _revert),
-    "replay": (ReplayRequest, _replay),
-    "checkpoints": (CheckpointsRequest, _checkpoints),
-    "artifacts": (ArtifactsRequest, _artifacts),
-    "reconcile": (ReconcileRequest, _decide),
-    "retry": (RetryRequest, _decide),
-    "ps": (PsRequest, _ps),
-    "show": (ShowRequest, _show),
-    "logs": (LogsRequest, _logs),
-    "diff": (DiffRequest, _diff),
-    "notifications": (NotificationsRequest, _notifications),
-    "storage-df": (StorageDfRequest, _df),
-    "rm": (RmRequest, _rm),
-    "prune": (PruneRequest, _prune),
+    "ping": route(PingRequest, _ping),
+    "launch": route(LaunchRequest, _launch),
+    "upgrade": route(UpgradeRequest, _upgrade),
+    "doctor": route(DoctorRequest, _doctor),
+    "revert": route(RevertRequest, _revert),
+    "replay": route(ReplayRequest, _replay),
+    "checkpoints": route(CheckpointsRequest, _checkpoints),
+    "artifacts": route(ArtifactsRequest, _artifacts),
+    "reconcile": route(ReconcileRequest, _decide),
+    "retry": route(RetryRequest, _decide),
+    "ps": route(PsRequest, _ps),
+    "show": route(ShowRequest, _show),
+    "logs": route(LogsRequest, _logs),
+    "diff": route(DiffRequest, _diff),
+    "notifications": route(NotificationsRequest, _notifications),
+    "storage-df": route(StorageDfRequest, _df),
+    "rm": route(RmRequest, _rm),
+    "prune": route(PruneRequest, _prune),
     **{op: (model, _person) for op, model in interactions.MODELS.items()},
     **{op: (model, _schedule) for op, model in schedules.MODELS.items()},
 }

@@ -10,16 +10,27 @@ model, whoever filled them in.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 COMMON_KEYS: tuple[str, ...] = ("title", "description", "default")
 STRING_KEYS: tuple[str, ...] = (*COMMON_KEYS, "minLength", "maxLength")
 NUMBER_KEYS: tuple[str, ...] = (*COMMON_KEYS, "minimum", "maximum")
 FORMATS = ("email", "uri", "date", "date-time")
 FormValue = str | int | float | bool
+# One field of a form: the elicitation schema of one input property.
+FormField = dict[str, object]
 
 
-def _without_null(prop: dict[str, Any]) -> dict[str, Any]:
+class LaunchForm(TypedDict):
+    """The flat form of ``elicitation/create``: its fields, and the missing ones."""
+
+    type: str
+    properties: dict[str, FormField]
+    required: list[str]
+
+
+def _without_null(prop: Mapping[str, object]) -> Mapping[str, object]:
     """``X | None`` (pydantic's ``anyOf`` with a ``null`` branch) as ``X``, keeping the
     property's own title, description and default."""
     branches = prop.get("anyOf")
@@ -31,7 +42,7 @@ def _without_null(prop: dict[str, Any]) -> dict[str, Any]:
     return {**real[0], **{k: v for k, v in prop.items() if k != "anyOf"}}
 
 
-def form_field(prop: dict[str, Any]) -> dict[str, Any] | None:
+def form_field(prop: Mapping[str, object]) -> FormField | None:
     """The elicitation schema of one input property, or None when a form cannot hold it."""
     prop = _without_null(prop)
     kind = prop.get("type")
@@ -55,16 +66,19 @@ def _is_value(value: object) -> bool:
     return isinstance(value, str | int | float | bool)
 
 
-def launch_form(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any] | None:
+def launch_form(schema: Mapping[str, object], given: Mapping[str, object]) -> LaunchForm | None:
     """The form for the input ``schema`` when ``given`` lacks a required field it can
     hold, else None. Each field starts at the value ``given`` has for it (the caller's
     proposal, which the person may change), or at the model's default."""
     properties = schema.get("properties")
     if not isinstance(properties, dict):
         return None
-    required = [name for name in schema.get("required", []) if name in properties]
+    listed = schema.get("required", [])
+    required: list[str] = (
+        [name for name in listed if name in properties] if isinstance(listed, list) else []
+    )
     missing = [name for name in required if name not in given]
-    fields: dict[str, dict[str, Any]] = {}
+    fields: dict[str, FormField] = {}
     for name, prop in properties.items():
         field = form_field(prop) if isinstance(prop, dict) else None
         if field is None:
@@ -81,7 +95,9 @@ def launch_form(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]
     return {"type": "object", "properties": fields, "required": missing}
 
 
-def filled(given: dict[str, Any], content: dict[str, Any] | None) -> dict[str, Any]:
+def filled(
+    given: Mapping[str, object], content: Mapping[str, object] | None
+) -> dict[str, object]:
     """``given`` with what the person entered (an empty entry leaves the field out)."""
     entered = {k: v for k, v in (content or {}).items() if v is not None and v != ""}
     return {**given, **entered}

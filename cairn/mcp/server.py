@@ -15,13 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import IO, Any
+from typing import IO
 
 from pydantic import BaseModel, ValidationError
 
 from cairn.errors import CairnError, Unavailable
+from cairn.mcp.forms import LaunchForm
 from cairn.mcp.tools import Reporter, Session, UnknownTool, call_tool, list_tools
-from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.mcp import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -104,7 +105,7 @@ class Server:
         self.forms = False  # whether the client said it shows elicitation forms
         self.ended = threading.Event()  # end of input: no answer can come any more
         self.form_seconds: float = FORM_SECONDS
-        self.handlers: dict[str, Callable[[dict[str, Any]], BaseModel | None]] = {
+        self.handlers: dict[str, Callable[[JSONObject], BaseModel | None]] = {
             "initialize": self._initialize,
             "ping": lambda params: None,
             "tools/list": lambda params: ListToolsResult(tools=list_tools()),
@@ -170,7 +171,7 @@ class Server:
         message = printable(text)
         self.write(response_line(request_id, error=ErrorObject(code=code, message=message)))
 
-    def _initialize(self, params: dict[str, Any]) -> InitializeResult:
+    def _initialize(self, params: JSONObject) -> InitializeResult:
         asked = InitializeParams.model_validate(params)
         version = negotiate(asked.protocol_version)
         self.forms = can_elicit(version, asked.capabilities)
@@ -181,7 +182,7 @@ class Server:
             instructions=INSTRUCTIONS,
         )
 
-    def _start_call(self, request_id: RequestId, params: dict[str, Any]) -> None:
+    def _start_call(self, request_id: RequestId, params: JSONObject) -> None:
         try:
             call = CallToolParams.model_validate(params)
         except ValidationError as exc:
@@ -220,8 +221,8 @@ class Server:
         asked.result, asked.error = extra.get("result"), extra.get("error")
         asked.answered.set()
 
-    def _elicitor(self, cancel: threading.Event) -> Callable[[str, dict[str, Any]], ElicitAnswer]:
-        def elicit(text: str, schema: dict[str, Any]) -> ElicitAnswer:
+    def _elicitor(self, cancel: threading.Event) -> Callable[[str, LaunchForm], ElicitAnswer]:
+        def elicit(text: str, form: LaunchForm) -> ElicitAnswer:
             """Ask the person through the client's form; their answer, or a CairnError
             when the client refused to ask, the call was cancelled, or nobody answered."""
             with self.lock:
@@ -229,7 +230,7 @@ class Server:
                 request_id = f"cairn-form-{self.asked_count}"
             asked = self.asked[request_id] = _Asked()
             try:
-                params = ElicitParams(message=text, requested_schema=schema)
+                params = ElicitParams(message=text, requested_schema=dict(form))
                 self.write(request_line(request_id, "elicitation/create", params))
                 deadline = time.monotonic() + self.form_seconds
                 while not asked.answered.wait(0.2):
@@ -250,7 +251,7 @@ class Server:
 
         return elicit
 
-    def _cancel(self, params: dict[str, Any]) -> None:
+    def _cancel(self, params: JSONObject) -> None:
         """Stop a running call at its next safe point; it then gets no answer (as the
         protocol asks). An unknown or finished request is ignored."""
         try:

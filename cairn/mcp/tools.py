@@ -27,7 +27,7 @@ from cairn.cli.attest import Expected
 from cairn.definitions import registry, user
 from cairn.definitions.resolve import current_review, for_launch, split
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
-from cairn.mcp.forms import filled, launch_form
+from cairn.mcp.forms import LaunchForm, filled, launch_form
 from cairn.protocol.daemon import (
     AnswerRequest,
     ArtifactsRequest,
@@ -94,7 +94,7 @@ class Session:
     clock: Callable[[], float]
     pause: Callable[[float], None]
     cancelled: Callable[[], bool] = lambda: False
-    elicit: Callable[[str, dict[str, Any]], ElicitAnswer] | None = None
+    elicit: Callable[[str, LaunchForm], ElicitAnswer] | None = None
 
 
 @dataclass(frozen=True)
@@ -210,9 +210,9 @@ def _without_approval_keys(item: JSONObject) -> JSONObject:
     return kept
 
 
-def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONValue:
+def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONObject:
     text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
-    answered: JSONValue = session.request(
+    answered: JSONObject = session.request(
         AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
     )
     return answered
@@ -300,26 +300,58 @@ def _event_line(event: Mapping[str, JSONValue]) -> str:
     return f"{event['event']}{where}"
 
 
-FIXED: dict[str, tuple[type[ToolArgs], Callable[[Any, Session, Reporter | None], JSONValue],
-                       str]] = {
-    "cairn_runs": (RunsArgs, _runs, "Your Cairn runs: state, definition, current operation, "
-                   "settlement."),
-    "cairn_show": (RunArgs, _show, "One run: its state, operations, the question it waits on "
-                   "(if any), its settlement and progress."),
-    "cairn_artifact": (ArtifactArgs, _artifact, "Read a file an agent of a run published "
-                       "(its operation's artifacts in cairn_show): its text, or only its size "
-                       "and hash when it is not text."),
-    "cairn_watch": (WatchArgs, _watch, "Follow a run: its events until its state changes, it "
-                    "ends, or the timeout; progress notifications carry each event. Call "
-                    "again with the returned cursor to go on."),
-    "cairn_inbox": (InboxArgs, _inbox, "Questions your runs wait on (answer them with "
-                    "cairn_answer), and approval requests, which only a person decides."),
-    "cairn_answer": (AnswerArgs, _answer, "Answer a run's question (its challenge from "
-                     "cairn_inbox or cairn_watch): text, or JSON for a typed question."),
-    "cairn_workflow_draft": (DraftArgs, _draft, "Write a Cairn workflow as a draft in your "
-                             "config and review it statically (violations to fix, or its "
-                             "effect manifest and review hash); without 'source', read the "
-                             "current draft. A draft never runs: a person installs it."),
+# A fixed tool's handler, given the call's arguments and the tool's name (for errors).
+ToolHandler = Callable[[JSONObject, str, Session, Reporter | None], JSONObject]
+
+
+def _fixed(
+    model: type[ParsedArgs],
+    handler: Callable[[ParsedArgs, Session, Reporter | None], JSONObject],
+    description: str,
+) -> tuple[type[ToolArgs], ToolHandler, str]:
+    """A :data:`FIXED` entry: the handler parses the arguments with ``model`` first."""
+
+    def parsing(
+        arguments: JSONObject, name: str, session: Session, report: Reporter | None
+    ) -> JSONObject:
+        return handler(_parsed(model, arguments, name), session, report)
+
+    return model, parsing, description
+
+
+FIXED: dict[str, tuple[type[ToolArgs], ToolHandler, str]] = {
+    "cairn_runs": _fixed(
+        RunsArgs, _runs,
+        "Your Cairn runs: state, definition, current operation, "
+        "settlement."),
+    "cairn_show": _fixed(
+        RunArgs, _show,
+        "One run: its state, operations, the question it waits on "
+        "(if any), its settlement and progress."),
+    "cairn_artifact": _fixed(
+        ArtifactArgs, _artifact,
+        "Read a file an agent of a run published "
+        "(its operation's artifacts in cairn_show): its text, or only its size "
+        "and hash when it is not text."),
+    "cairn_watch": _fixed(
+        WatchArgs, _watch,
+        "Follow a run: its events until its state changes, it "
+        "ends, or the timeout; progress notifications carry each event. Call "
+        "again with the returned cursor to go on."),
+    "cairn_inbox": _fixed(
+        InboxArgs, _inbox,
+        "Questions your runs wait on (answer them with "
+        "cairn_answer), and approval requests, which only a person decides."),
+    "cairn_answer": _fixed(
+        AnswerArgs, _answer,
+        "Answer a run's question (its challenge from "
+        "cairn_inbox or cairn_watch): text, or JSON for a typed question."),
+    "cairn_workflow_draft": _fixed(
+        DraftArgs, _draft,
+        "Write a Cairn workflow as a draft in your "
+        "config and review it statically (violations to fix, or its "
+        "effect manifest and review hash); without 'source', read the "
+        "current draft. A draft never runs: a person installs it."),
 }
 
 
@@ -331,13 +363,13 @@ def list_tools() -> list[Tool]:
     return tools
 
 
-def call_tool(name: str, arguments: dict[str, Any], session: Session,
-              report: Reporter | None) -> Any:
+def call_tool(name: str, arguments: JSONObject, session: Session,
+              report: Reporter | None) -> JSONObject:
     """Carry out tool ``name``; CairnError when cairnd or the arguments refuse it,
     :class:`UnknownTool` when there is no such tool."""
     if name in FIXED:
-        model, handler, _ = FIXED[name]
-        return withheld(handler(_parsed(model, arguments, name), session, report))
+        _, handler, _ = FIXED[name]
+        return withheld_object(handler(arguments, name, session, report))
     for workflow in exposed_workflows():
         if workflow.tool_name == name:
             return launch(workflow, _parsed(LaunchArgs, arguments, name), session)
@@ -353,13 +385,18 @@ def withheld(value: JSONValue) -> JSONValue:
     items, the question facet, the data of an ``approval-requested`` event): it is what
     ``cairn approve`` takes, and only a person approves."""
     if isinstance(value, dict):
-        return {k: withheld(v) for k, v in value.items() if k not in WITHHELD_KEYS}
+        return withheld_object(value)
     if isinstance(value, list):
         return [withheld(v) for v in value]
     return value
 
 
-def _parsed(model: type[ParsedArgs], arguments: dict[str, Any], name: str) -> ParsedArgs:
+def withheld_object(value: JSONObject) -> JSONObject:
+    """:func:`withheld` of an object."""
+    return {k: withheld(v) for k, v in value.items() if k not in WITHHELD_KEYS}
+
+
+def _parsed(model: type[ParsedArgs], arguments: JSONObject, name: str) -> ParsedArgs:
     try:
         return model.model_validate(arguments)
     except ValidationError as exc:
@@ -421,8 +458,8 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
     return launched
 
 
-def _form_filled(workflow: ExposedWorkflow, given: dict[str, Any], root: Path,
-                 session: Session) -> dict[str, Any]:
+def _form_filled(workflow: ExposedWorkflow, given: dict[str, object], root: Path,
+                 session: Session) -> dict[str, object]:
     """``given``, or, when it lacks a required input field and the client shows forms,
     ``given`` with what the person entered in the launch form (each field proposed at the
     caller's value). A declined form launches nothing."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cairn.daemon.schedules.admission import (
     admit,
@@ -133,50 +133,67 @@ def blocked_schedules(owner: int | None) -> list[JSONObject]:
     ]
 
 
-_Handler = Callable[[Store, Journal, Any, int, int | None], Any]
+_Handler = Callable[[Store, Journal, OpRequest, int, int | None], object]
+R = TypeVar("R", bound=OpRequest)
+
+
+def route(
+    model: type[R], handler: Callable[[Store, Journal, R, int, int | None], object]
+) -> tuple[type[OpRequest], _Handler]:
+    """``(model, handler)`` for :data:`ROUTES`: the handler of requests of ``model``
+    (:func:`dispatch` has checked the request is one)."""
+
+    def checked(
+        store: Store, journal: Journal, request: OpRequest, uid: int, fd: int | None
+    ) -> object:
+        if not isinstance(request, model):
+            raise UsageError(f"unknown schedule operation {request.op}")
+        return handler(store, journal, request, uid, fd)
+
+    return model, checked
 
 # op -> (request model, handler) of the schedule requests
 ROUTES: dict[str, tuple[type[OpRequest], _Handler]] = {
-    "schedule-create": (
+    "schedule-create": route(
         protocol.ScheduleCreateRequest,
         lambda store, _journal, request, uid, fd: create(store, request, uid, fd),
     ),
-    "schedule-confirm": (
+    "schedule-confirm": route(
         protocol.ScheduleConfirmRequest,
         lambda store, _journal, request, uid, _fd: confirm(store, request, uid),
     ),
-    "schedule-resume": (protocol.ScheduleResumeRequest, resume),
-    "schedule-pause": (
+    "schedule-resume": route(protocol.ScheduleResumeRequest, resume),
+    "schedule-pause": route(
         protocol.SchedulePauseRequest,
         lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "paused"),
     ),
-    "schedule-delete": (
+    "schedule-delete": route(
         protocol.ScheduleDeleteRequest,
         lambda store, _journal, request, uid, _fd: set_status(store, request, uid, "deleted"),
     ),
-    "schedule-list": (
+    "schedule-list": route(
         protocol.ScheduleListRequest,
         lambda store, journal, _request, uid, _fd: list_schedules(store, journal, uid),
     ),
-    "schedule-inspect": (
+    "schedule-inspect": route(
         protocol.ScheduleInspectRequest,
         lambda store, journal, request, uid, _fd: inspect(store, journal, request, uid),
     ),
-    "schedule-fire": (
+    "schedule-fire": route(
         protocol.ScheduleFireRequest,
         lambda store, journal, request, uid, fd: admit(store, journal, request, uid, fd, "timer"),
     ),
-    "schedule-run-now": (
+    "schedule-run-now": route(
         protocol.ScheduleRunNowRequest,
         lambda store, journal, request, uid, fd: admit(
             store, journal, request, uid, fd, "run-now"
         ),
     ),
-    "schedule-inbox": (
+    "schedule-inbox": route(
         protocol.ScheduleInboxRequest,
         lambda store, journal, _request, uid, _fd: inbox(store, journal, uid),
     ),
-    "schedule-reconcile": (
+    "schedule-reconcile": route(
         protocol.ScheduleReconcileRequest,
         lambda store, journal, _request, uid, _fd: reconcile(store, journal, uid),
     ),

@@ -20,7 +20,6 @@ import logging
 import secrets
 import sqlite3
 import threading
-from typing import Any
 
 from cairn.daemon import launch
 from cairn.daemon.schedules.store import (
@@ -35,6 +34,7 @@ from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.schedules import (
     ACTIVE_RUN_STATES,
     AdmissionFacts,
@@ -274,7 +274,7 @@ def admit(
     uid: int,
     fd: int | None,
     trigger: Trigger,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Decide one occurrence and, if admitted, launch it as an ordinary run.
 
     A timer trigger stands for the latest calendar elapse not yet decided (its nominal
@@ -290,7 +290,7 @@ def admit(
         spec = store.spec(row.schedule_id, revision)
         now = store.clock()
         promote = request.occurrence is not None
-        result: dict[str, Any] = {"schedule_id": row.schedule_id, "trigger": trigger}
+        result: JSONObject = {"schedule_id": row.schedule_id, "trigger": trigger}
         if promote:
             assert request.occurrence is not None
             key = request.occurrence
@@ -394,7 +394,7 @@ def admit(
             source=request.source if sent else None,
             confirm=spec.review_hash if sent else None,
         )
-        authority = {
+        authority: JSONObject = {
             "id": row.schedule_id,
             "name": spec.name,
             "revision": revision,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from pydantic import ValidationError
 
@@ -33,6 +33,7 @@ from cairn.protocol.daemon import (
     ScheduleRequest,
     ScheduleResumeRequest,
 )
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import EnabledSchedule, ScheduleDetail, ScheduleInboxItem
 from cairn.schedules import (
     CHALLENGE_RE,
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 def create(
     store: Store, request: ScheduleCreateRequest, uid: int, fd: int | None
-) -> dict[str, Any]:
+) -> JSONObject:
     """Store a new schedule (or a new revision of one) paused, with its review challenge."""
     try:
         body = ScheduleCreate.model_validate(request.schedule)
@@ -137,11 +138,11 @@ def create(
         "review_hash": spec.review_hash,
         "args": spec.args,
         "profiles": {name: p.model_dump(mode="json") for name, p in spec.profiles.items()},
-        "next_elapses": next_elapses(spec, store.clock()),
+        "next_elapses": list(next_elapses(spec, store.clock())),
     }
 
 
-def confirm(store: Store, request: ScheduleConfirmRequest, uid: int) -> dict[str, Any]:
+def confirm(store: Store, request: ScheduleConfirmRequest, uid: int) -> JSONObject:
     """Accept the revision whose challenge the person typed; it stays paused."""
     action = ScheduleConfirm.model_validate(request.schedule).action
     challenge = request.challenge or ""
@@ -184,7 +185,7 @@ def confirm(store: Store, request: ScheduleConfirmRequest, uid: int) -> dict[str
 
 def resume(
     store: Store, journal: Journal, request: ScheduleResumeRequest, uid: int, fd: int | None
-) -> dict[str, Any]:
+) -> JSONObject:
     """Check the confirmed revision once more and enable future occurrences."""
     with schedule_lock(request.schedule_id or ""):
         row = store.owned(request.schedule_id, uid)
@@ -228,7 +229,7 @@ def resume(
 
 def set_status(
     store: Store, request: ScheduleRequest, uid: int, status: Literal["paused", "deleted"]
-) -> dict[str, Any]:
+) -> JSONObject:
     """Pause or delete: future occurrences are refused; runs already created continue."""
     with schedule_lock(request.schedule_id or ""):
         row = store.owned(request.schedule_id, uid)
@@ -243,12 +244,12 @@ def set_status(
         return view(store, store.owned(row.schedule_id, uid))
 
 
-def list_schedules(store: Store, journal: Journal, uid: int) -> list[dict[str, Any]]:
+def list_schedules(store: Store, journal: Journal, uid: int) -> list[JSONObject]:
     sync_outcomes(store, journal)
     return [view(store, row) for row in store.owned_by(uid)]
 
 
-def inspect(store: Store, journal: Journal, request: ScheduleRequest, uid: int) -> dict[str, Any]:
+def inspect(store: Store, journal: Journal, request: ScheduleRequest, uid: int) -> JSONObject:
     sync_outcomes(store, journal)
     row = store.owned(request.schedule_id, uid)
     spec = store.spec(row.schedule_id, row.revision)
@@ -270,7 +271,7 @@ def inspect(store: Store, journal: Journal, request: ScheduleRequest, uid: int) 
     return detail.model_dump(mode="json")
 
 
-def inbox(store: Store, journal: Journal, uid: int) -> list[dict[str, Any]]:
+def inbox(store: Store, journal: Journal, uid: int) -> list[JSONObject]:
     sync_outcomes(store, journal)
     rows = store.db.execute(
         "SELECT i.*, s.name FROM inbox i JOIN schedules s USING (schedule_id)"
@@ -291,11 +292,25 @@ def inbox(store: Store, journal: Journal, uid: int) -> list[dict[str, Any]]:
     ]
 
 
-def reconcile(store: Store, journal: Journal, uid: int) -> dict[str, Any]:
+class QueuedOccurrence(TypedDict):
+    schedule_id: str
+    key: str
+
+
+class Reconciled(TypedDict):
+    """What :func:`reconcile` answers: the caller's schedules (the timers their user
+    manager must hold), how many occurrences it repaired, and the queued ones."""
+
+    schedules: list[JSONObject]
+    repaired: int
+    queued: list[QueuedOccurrence]
+
+
+def reconcile(store: Store, journal: Journal, uid: int) -> Reconciled:
     """Repair the caller's half-prepared occurrences; return what their user manager
     must hold (timers) and the queued occurrences to try again."""
     repaired = 0
-    queued: list[dict[str, str]] = []
+    queued: list[QueuedOccurrence] = []
     for row in store.owned_by(uid):
         with schedule_lock(row.schedule_id):
             repaired += repair_half_prepared(store, journal, row)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.daemon.schedules.store import OccurrenceRow, ScheduleRow, Store
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import OccurrenceView, ScheduleView
 from cairn.schedules import ScheduleSpec, elapses_after, format_instant, render_timer, timer_name
 
@@ -37,7 +36,7 @@ def occurrence(occ: OccurrenceRow) -> OccurrenceView:
     )
 
 
-def occurrence_view(occ: OccurrenceRow) -> dict[str, Any]:
+def occurrence_view(occ: OccurrenceRow) -> JSONObject:
     """:func:`occurrence` as cairnd sends it."""
     return occurrence(occ).model_dump(mode="json")
 
@@ -77,7 +76,7 @@ def schedule_view(store: Store, row: ScheduleRow) -> ScheduleView:
     )
 
 
-def view(store: Store, row: ScheduleRow) -> dict[str, Any]:
+def view(store: Store, row: ScheduleRow) -> JSONObject:
     """:func:`schedule_view` as cairnd sends it."""
     return schedule_view(store, row).model_dump(mode="json")
 
