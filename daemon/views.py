@@ -15,6 +15,7 @@ from cairn.protocol.daemon import LogsRequest
 from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import CurrentOperation, PsReply, RunListing, SettlementSummary
 from cairn.protocol.settlement_record import SettlementRecord
+from cairn.protocol.view_replies import DiffReply, LogsReply
 from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
 from cairn.views.run import run_view
@@ -109,9 +110,9 @@ def show(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
         return view
 
 
-def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:
+def logs(journal: Journal, request: LogsRequest, uid: int) -> JSONObject:
     """What the run's units logged, as journalctl formats it, with the cursor to follow
-    from and whether the run has ended (``cairn logs -f`` stops then)."""
+    from and whether the run has ended (``cairn logs -f`` stops then): :class:`LogsReply`."""
     row = visible_run(journal, request.run_id, uid)
     units = log_units(row.run_id, journal.receipts(row.run_id))
     if request.op_id is not None:
@@ -125,13 +126,9 @@ def logs(journal: Journal, request: LogsRequest, uid: int) -> dict[str, Any]:
     if proc.returncode != 0:
         raise journalctl_failed(proc.stderr.decode(errors="replace"), request)
     text, cursor = split_cursor(proc.stdout.decode(errors="replace"), request)
-    return {
-        "run_id": row.run_id,
-        "state": row.state,
-        "finished": row.state in TERMINAL_RUN_STATES,
-        "text": text,
-        "cursor": cursor,
-    }
+    reply = LogsReply(run_id=row.run_id, state=row.state,
+                      finished=row.state in TERMINAL_RUN_STATES, text=text, cursor=cursor)
+    return reply.model_dump(mode="json")
 
 
 def journalctl_failed(stderr: str, request: LogsRequest) -> CairnError:
@@ -151,19 +148,23 @@ def journalctl_failed(stderr: str, request: LogsRequest) -> CairnError:
     return CairnError(f"journalctl: {last}", hint="see 'journalctl -u cairn.service'")
 
 
-def diff(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+def diff(journal: Journal, run_id: str | None, uid: int) -> JSONObject:
+    """What the run's settlement put into C, refused, ignored and applied, with the diff
+    of the accepted paths: :class:`DiffReply`."""
     row = visible_run(journal, run_id, uid)
     settlement = SettlementRecord.read(row.settlement)
     if settlement is None:
-        return {"run_id": row.run_id, "status": "not settled", "summary": None,
-                "accepted": [], "refused": [], "ignored": [], "apply": None, "diff": ""}
-    return {
-        "run_id": row.run_id,
-        "status": settlement.status,
-        "summary": settlement_summary(settlement),
-        "accepted": settlement.candidate_list("accepted"),
-        "refused": settlement.candidate_list("refused"),
-        "ignored": settlement.candidate_list("ignored"),
-        "apply": settlement.apply.model_dump(mode="json"),
-        "diff": str((settlement.candidate or {}).get("diff", "")),
-    }
+        reply = DiffReply(run_id=row.run_id, status="not settled", summary=None, accepted=[],
+                          refused=[], ignored=[], apply=None, diff="")
+    else:
+        reply = DiffReply.model_validate({
+            "run_id": row.run_id,
+            "status": settlement.status,
+            "summary": settlement_summary(settlement),
+            "accepted": settlement.candidate_list("accepted"),
+            "refused": settlement.candidate_list("refused"),
+            "ignored": settlement.candidate_list("ignored"),
+            "apply": settlement.apply,
+            "diff": str((settlement.candidate or {}).get("diff", "")),
+        })
+    return reply.model_dump(mode="json")

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cairn.cli.client import emit, fail, request
+from cairn.cli.client import emit, fail, request, typed
 from cairn.cli.completion import run_candidates
 from cairn.cli.options import (
     argument,
@@ -52,31 +52,34 @@ def doctor(
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck
     from cairn.protocol.daemon import DoctorRequest
+    from cairn.protocol.view_replies import DoctorReply
 
     if providers and run_id:
         fail("--providers checks the host, not a run", hint="leave out RUN", code=2)
     data = request(DoctorRequest(run_id=run_id)) if run_id else host_doctor(providers)
+    # cairnd's report (without RUN, with the checks only the caller can make added)
+    report = typed(DoctorReply, data)
     if json_out:
         emit(data)
     else:
-        for check in data["host"]:
-            click.echo(printable(HostCheck.model_validate(check).line()))
-        for run in data["runs"]:
-            mark = "ok" if not run["problems"] else f"{len(run['problems'])} problem(s)"
-            click.echo(f"{run['run_id']}  {run['state']:<10} {mark}")
-            for problem in run["problems"]:
+        for check in report.host:
+            click.echo(printable(HostCheck.model_validate(check.model_dump()).line()))
+        for run in report.runs:
+            mark = "ok" if not run.problems else f"{len(run.problems)} problem(s)"
+            click.echo(f"{run.run_id}  {run.state:<10} {mark}")
+            for problem in run.problems:
                 click.echo(f"  - {printable(problem)}")
-            for warning in run.get("warnings", []):
+            for warning in run.warnings:
                 click.echo(f"  warning: {printable(warning)}")
-            for note in run.get("notes", []):
+            for note in run.notes:
                 click.echo(f"  note: {printable(note)}")
-            if run.get("applied"):
-                counts = run["applied"]
+            if run.applied:
+                counts = run.applied
                 click.echo(
-                    f"  live project: {counts['as_applied']} path(s) as applied, "
-                    f"{counts['reverted']} reverted, {counts['changed']} changed since"
+                    f"  live project: {counts.as_applied} path(s) as applied, "
+                    f"{counts.reverted} reverted, {counts.changed} changed since"
                 )
-    if data["problems"]:
+    if report.problems:
         raise click.exceptions.Exit(1)
 
 
@@ -87,6 +90,7 @@ def host_doctor(providers: bool = False) -> dict[str, Any]:
     # here, not at the top: every cairn command would pay for this import
     from cairn.hostcheck import HostCheck, credential_checks, credential_stores, linger_check
     from cairn.protocol.daemon import DoctorRequest, ScheduleListRequest
+    from cairn.protocol.view_replies import DoctorReply
 
     try:
         data: dict[str, Any] = request(DoctorRequest())
@@ -94,14 +98,15 @@ def host_doctor(providers: bool = False) -> dict[str, Any]:
         down = HostCheck(check="cairnd", status="fail", detail=exc.message,
                          fix="sudo systemctl enable --now cairn.socket")
         return {"host": [down.model_dump()], "credentials": {}, "runs": [], "problems": 1}
+    reply = typed(DoctorReply, data)
     schedules = sum(1 for view in request(ScheduleListRequest()) if view.get("timer"))
     local = [
-        *credential_checks(data.get("credentials", {}), credential_stores()),
+        *credential_checks(reply.credentials, credential_stores()),
         linger_check(schedules),
         *(provider_answers() if providers else []),
     ]
-    data["host"] = [*data.get("host", []), *(c.model_dump() for c in local)]
-    data["problems"] += sum(1 for c in local if c.status == "fail")
+    data["host"] = [*data["host"], *(c.model_dump() for c in local)]
+    data["problems"] = reply.problems + sum(1 for c in local if c.status == "fail")
     return data
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cairn.cli.client import request
+from cairn.cli.client import request, typed
 from cairn.cli.options import json_flag, no_pager_flag, paged, run_argument, value_check
 from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
@@ -28,6 +28,7 @@ from cairn.terminal import printable_lines
 
 if TYPE_CHECKING:
     from cairn.protocol.daemon import LogsRequest
+    from cairn.protocol.view_replies import LogsReply
 
 # journalctl's format unless -o names another; on a terminal cairn prints it itself, in
 # colour (cairn.cli.journalview).
@@ -180,7 +181,7 @@ def logs(
     if not follow:
         with paged(no_pager):
             # color: click would strip the colours for the pager, which is no terminal
-            click.echo(show(request(first)["text"]), nl=False, color=colour)
+            click.echo(show(_asked(request, first).text), nl=False, color=colour)
         return
     try:
         follow_logs(first, ask=request,
@@ -227,13 +228,13 @@ def follow_logs(
     query = first
     quiet_since_end = 0
     while True:
-        reply = ask(query)
-        show(reply["text"])
-        cursor = reply["cursor"] or query.after_cursor
+        reply = _asked(ask, query)
+        show(reply.text)
+        cursor = reply.cursor or query.after_cursor
         advanced = cursor is not None and cursor != query.after_cursor
         if cursor is not None:
             query = LogsRequest(
-                run_id=reply["run_id"],
+                run_id=reply.run_id,
                 until=query.until,
                 priority=query.priority,
                 grep=query.grep,
@@ -243,12 +244,19 @@ def follow_logs(
             )
         else:
             # Nothing matched yet: from now on every entry is new, so ask for all of them.
-            query = query.model_copy(update={"run_id": reply["run_id"], "lines": None})
+            query = query.model_copy(update={"run_id": reply.run_id, "lines": None})
         if advanced:
             quiet_since_end = 0
             continue
-        if reply["finished"]:
+        if reply.finished:
             quiet_since_end += 1
             if quiet_since_end > 1:
                 return
         pause(interval)
+
+
+def _asked(ask: Callable[["LogsRequest"], Any], query: "LogsRequest") -> "LogsReply":
+    """cairnd's reply to ``query``, read as :class:`LogsReply`."""
+    from cairn.protocol.view_replies import LogsReply
+
+    return typed(LogsReply, ask(query))

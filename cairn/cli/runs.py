@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -43,6 +43,9 @@ from cairn.cli.options import (
 from cairn.cli.watchview import follow, progress_lines
 from cairn.protocol.names import is_run_id
 from cairn.terminal import printable, printable_lines
+
+if TYPE_CHECKING:
+    from cairn.protocol.view_replies import DiffReply, ShowReply
 
 
 def register(app: click.Group) -> None:
@@ -319,10 +322,12 @@ def show(
     Example: cairn show @last
     """
     from cairn.protocol.daemon import ShowRequest
+    from cairn.protocol.view_replies import ShowReply
 
-    data = request(ShowRequest(run_id=run_id))
+    sent = request(ShowRequest(run_id=run_id))
+    data = typed(ShowReply, sent)
     if json_out:
-        emit(data)
+        emit(sent)
         return
     with paged(no_pager):
         _print_show(data)
@@ -341,8 +346,8 @@ def model_line(model: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _print_show(data: dict[str, Any]) -> None:
-    run = data["run"]
+def _print_show(data: "ShowReply") -> None:
+    run: dict[str, Any] = data.run
     click.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
     click.echo(f"project {printable(run['project'])}")
     if run.get("run_key"):
@@ -351,22 +356,22 @@ def _print_show(data: dict[str, Any]) -> None:
         click.echo(queued_note(run["run_id"], run.get("position")))
     if run.get("error"):
         click.echo(f"error: {printable(run['error'])}")
-    origin = data.get("replayed_from")
+    origin: dict[str, Any] | None = data.replayed_from
     if origin:
         click.echo(
             f"replayed from {origin['run_id']} through {printable(origin['through'])} "
             f"({origin['imported']} operations imported, the rest run fresh)"
         )
-    gone = (data.get("storage") or {}).get("deleted", False)
+    gone = data.storage.deleted
     if gone:
-        storage = data["storage"]
         click.echo(
-            f"storage: deleted {_age(storage['deleted_at'])} ({storage['subvolumes']} "
+            f"storage: deleted {_age(data.storage.deleted_at or 0)} ({data.storage.subvolumes} "
             "subvolumes); what follows is the journal's record"
         )
-    _echo_integrity(data.get("integrity") or {})
+    _echo_integrity(data.integrity)
     click.echo("operations:")
-    for op in data["operations"]:
+    operations: list[dict[str, Any]] = data.operations
+    for op in operations:
         cp = (op.get("checkpoint") or {}).get("s", {})
         click.echo(
             f"  {printable(op['op_id']):<10} {printable(op['kind']):<7} {op['state']:<10} "
@@ -395,10 +400,10 @@ def _print_show(data: dict[str, Any]) -> None:
         if op.get("artifacts"):
             line = artifacts_summary(run["run_id"], op["op_id"], op["artifacts"])
             click.echo(f"             {line}")
-    model = data.get("model")
-    if model:
-        click.echo(model_line(model))
-    for worklist in data.get("worklists", []):
+    if data.model:
+        click.echo(model_line(data.model))
+    worklists: list[dict[str, Any]] = data.worklists
+    for worklist in worklists:
         mark = "✓" if worklist["complete"] else "●"
         state = "done" if worklist["complete"] else "active"
         click.echo(
@@ -408,23 +413,24 @@ def _print_show(data: dict[str, Any]) -> None:
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
         for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
             click.echo(f"  {symbols[item_state]} {printable(item)}")
-    for facet in data.get("experiments", []):
+    for facet in data.experiments:
         for line in experiment_lines(facet):
             click.echo(line)
-    question = data.get("question")
+    question: dict[str, Any] | None = data.question
     if question:
         more = f" (and {question['also_waiting']} more)" if question["also_waiting"] else ""
         click.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
-    divergence = data.get("divergence")
+    divergence: dict[str, Any] | None = data.divergence
     if divergence:
         fields = printable(", ".join(divergence["fields"]))
         click.echo(f"replay diverged at {printable(divergence['op_id'])} ({fields}):")
         for label in ("kind", "location", "predecessor", "request"):
             click.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
             click.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
-    settlement = data.get("settlement")
+    settlement: dict[str, Any] | None = data.settlement
     if settlement:
-        label = (data.get("settlement_summary") or {}).get("label", settlement["status"])
+        summary = data.settlement_summary
+        label = summary.label if summary else settlement["status"]
         click.echo(f"settlement: {printable(label)}")
         apply = settlement.get("apply") or {}
         for label in ("applied", "already_applied", "xattrs_not_kept", "links_not_kept"):
@@ -439,13 +445,13 @@ def _print_show(data: dict[str, Any]) -> None:
             click.echo(f"  ignored (settle_ignore): {', '.join(printable(p) for p in ignored)}")
     if run.get("output"):
         click.echo(f"output: {json.dumps(run['output'])}")
-    for line in progress_lines(data.get("progress") or {}):
+    for line in progress_lines(data.progress):
         click.echo(line)
-    if data["units"]:
-        click.echo("units: " + printable(" ".join(data["units"])))
-    latest = data.get("latest_event")
+    if data.units:
+        click.echo("units: " + printable(" ".join(data.units)))
+    latest: dict[str, Any] | None = data.latest_event
     if latest:
-        click.echo(f"events: {data['events_shown']} (--json lists them); latest "
+        click.echo(f"events: {data.events_shown} (--json lists them); latest "
                    f"#{latest['cursor']} {printable(latest['event'])}"
                    + (f" {printable(latest['op_id'])}" if latest.get("op_id") else ""))
 
@@ -601,33 +607,32 @@ def diff(
     Example: cairn diff @last --patch
     """
     from cairn.protocol.daemon import DiffRequest
+    from cairn.protocol.view_replies import DiffReply
 
-    data = request(DiffRequest(run_id=run_id))
+    sent = request(DiffRequest(run_id=run_id))
+    data = typed(DiffReply, sent)
     if json_out:
-        emit(data)
+        emit(sent)
         return
     if patch and not sys.stdout.isatty():
         # exact, for 'git apply' or 'patch' (a lone surrogate, never in a real diff, as ?)
-        click.echo(data.get("diff", "").encode("utf-8", "replace"), nl=False)
+        click.echo(data.diff.encode("utf-8", "replace"), nl=False)
         return
     with paged(no_pager):
         _print_diff(data, patch)
 
 
-def _print_diff(data: dict[str, Any], patch: bool) -> None:
-    if patch:
-        click.echo(printable_lines(data.get("diff", "")), nl=False)
-        return
-    label = (data.get("summary") or {}).get("label", data["status"])
-    click.echo(f"# {data['run_id']}: {printable(label)}")
-    apply = data.get("apply") or {}
-    for conflict in apply.get("conflicts", []):
-        click.echo(f"# conflict, left untouched: {_path_reason(conflict)}")
-    for refused in data.get("refused", []):
-        click.echo(f"# refused by policy: {_path_reason(refused)}")
-    for ignored in data.get("ignored", []):
-        click.echo(f"# ignored (a profile's settle_ignore): {printable(ignored)}")
-    click.echo(printable_lines(data.get("diff", "")), nl=False)
+def _print_diff(data: "DiffReply", patch: bool) -> None:
+    if not patch:
+        label = data.summary.label if data.summary else data.status
+        click.echo(f"# {data.run_id}: {printable(label)}")
+        for conflict in data.apply.conflicts if data.apply else []:
+            click.echo(f"# conflict, left untouched: {_path_reason(conflict.model_dump())}")
+        for refused in data.refused:
+            click.echo(f"# refused by policy: {_path_reason(refused.model_dump())}")
+        for ignored in data.ignored:
+            click.echo(f"# ignored (a profile's settle_ignore): {printable(ignored)}")
+    click.echo(printable_lines(data.diff), nl=False)
 
 
 @run_argument
@@ -674,12 +679,13 @@ def revert(
 def _revert_preview(run_id: str) -> str:
     """What ``cairn revert`` would put back, from the run's settlement record."""
     from cairn.protocol.daemon import ShowRequest
+    from cairn.protocol.view_replies import ShowReply
 
-    view = request(ShowRequest(run_id=run_id))
-    settlement = view.get("settlement") or {}
+    view = typed(ShowReply, request(ShowRequest(run_id=run_id)))
+    settlement: dict[str, Any] = view.settlement or {}
     reverted = (settlement.get("revert") or {}).get("status") == "applied"
     applied = (settlement.get("apply") or {}).get("applied") or []
-    full = view["run"]["run_id"]
+    full = view.run["run_id"]
     if reverted or not applied:
         return f"leave {full}'s project as it is: " + (
             "already reverted" if reverted else "the run applied nothing")

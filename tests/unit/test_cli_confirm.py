@@ -38,9 +38,18 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
                    "xattrs_not_kept": [], "links_not_kept": []},
         "rm": {"run_id": RUN, "already_gone": False, "subvolumes": 3, "reclaim_pending": 0,
                "free_bytes": None},
-        "show": {"run": {"run_id": RUN, "state": "succeeded"},
+        "show": {"run": {"run_id": RUN, "state": "succeeded"}, "operations": [], "units": [],
+                 "storage": {"deleted": False, "deleted_at": None, "subvolumes": 0},
                  "settlement": {"status": "applied", "apply": {
-                     "status": "applied", "applied": ["a.txt", "b/\x1b[2Jc"]}}},
+                     "status": "applied", "applied": ["a.txt", "b/\x1b[2Jc"]}},
+                 "settlement_summary": {
+                     "status": "applied", "label": "applied", "complete": True,
+                     "accepted": 2, "applied": 2, "already_applied": 0, "refused": 0,
+                     "ignored": 0, "conflicts": 0, "reverted": False},
+                 "replayed_from": None, "worklists": [], "experiments": [], "model": None,
+                 "question": None, "divergence": None,
+                 "integrity": {"ok": True, "issues": []}, "latest_event": None,
+                 "events_shown": "all 0 events", "progress": {}},
         "schedule-inspect": {
             "schedule_id": "0123456789ab", "name": "nightly", "status": "active",
             "revision": 1, "confirmed_revision": 1, "awaiting_confirmation": False,

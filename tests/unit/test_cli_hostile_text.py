@@ -89,7 +89,8 @@ def show_view() -> dict[str, Any]:
                                  "conflicts": [{"path": EVIL, "reason": EVIL}]},
                        "candidate": {"refused": [{"path": EVIL, "reason": EVIL}],
                                      "ignored": [EVIL]}},
-        "settlement_summary": {"label": EVIL},
+        "settlement_summary": SUMMARY,
+        "model": None,
         "progress": {"import": {"phase": EVIL, "done": 1, "total": 2, "at": AT}},
         "units": [EVIL],
         "latest_event": {"cursor": 9, "event": EVIL, "op_id": EVIL},
@@ -123,11 +124,19 @@ INBOX: list[dict[str, Any]] = [
      "deadline": AT, "state": "waiting", "actor_uid": None, "reason": None, "created_at": AT,
      "decided_at": None, "commands": [f"cairn apply {RUN}"]},
 ]
-DIFF: dict[str, Any] = {"run_id": RUN, "status": "conflict", "summary": {"label": EVIL},
-                        "apply": {"conflicts": [{"path": EVIL, "reason": EVIL}]},
+DIFF: dict[str, Any] = {"run_id": RUN, "status": "conflict",
+                        "summary": {"status": "conflict", "label": EVIL, "complete": False,
+                                    "accepted": 1, "applied": 0, "already_applied": 0,
+                                    "refused": 1, "ignored": 1, "conflicts": 1,
+                                    "reverted": False},
+                        "accepted": [EVIL],
+                        # the settlement record's: its reason as bounded (no lone surrogate)
+                        "apply": {"status": "conflict", "applied": [], "already_applied": [],
+                                  "conflicts": [{"path": EVIL, "reason": TYPED_EVIL}]},
                         "refused": [{"path": EVIL, "reason": EVIL}], "ignored": [EVIL],
                         "diff": f"--- a/{EVIL}\n+++ b/{EVIL}\n@@ -1 +1 @@\n-\told\n+{EVIL}\n"}
 DOCTOR = {"host": [{"check": EVIL, "status": "fail", "detail": EVIL, "fix": EVIL}],
+          "credentials": {},
           "runs": [{"run_id": RUN, "state": "failed", "problems": [EVIL], "warnings": [EVIL],
                     "notes": [EVIL], "applied": {"as_applied": 1, "reverted": 0,
                                                  "changed": 1}}],
@@ -228,7 +237,8 @@ def test_a_diff_keeps_its_tabs_and_a_piped_patch_is_exact(monkeypatch: pytest.Mo
 
 def test_logs_escape_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logs, "request", fake({"text": LOG_TEXT, "cursor": None,
-                                               "run_id": RUN, "finished": True}))
+                                               "run_id": RUN, "state": "succeeded",
+                                               "finished": True}))
     out = CliRunner().invoke(app, ["logs", RUN]).stdout
     assert raw_controls(out, tabs=True) == [] and "\tcol\n" in out and "\\x1b[2J" in out
 

@@ -268,7 +268,8 @@ def test_logs_prints_the_last_entries_by_default(monkeypatch: pytest.MonkeyPatch
 
     def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
         sent.append(body)
-        return {"run_id": RUN, "text": "one\ntwo\n", "cursor": CURSOR, "finished": True}
+        return {"run_id": RUN, "state": "succeeded", "text": "one\ntwo\n", "cursor": CURSOR,
+                "finished": True}
 
     monkeypatch.setattr(cli_logs, "request", request)
     result = CliRunner().invoke(app, ["logs", "@last", "-p", "warning", "-o", "cat"])
@@ -295,7 +296,7 @@ class Replies:
 
     def ask(self, request: LogsRequest) -> dict[str, Any]:
         self.asked.append(request)
-        return {"run_id": RUN, "finished": False, **self.replies.pop(0)}
+        return {"run_id": RUN, "state": "running", "finished": False, **self.replies.pop(0)}
 
 
 def test_follow_prints_what_comes_after_it_started_and_ends_after_the_run() -> None:
@@ -341,7 +342,8 @@ def test_follow_before_anything_was_logged_asks_for_everything_new() -> None:
 
 
 def test_ctrl_c_while_following_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = iter([{"run_id": RUN, "text": "a\n", "cursor": CURSOR, "finished": False}])
+    answers = iter([{"run_id": RUN, "state": "running", "text": "a\n", "cursor": CURSOR,
+                     "finished": False}])
 
     def request(_body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
         for answer in answers:
@@ -409,7 +411,8 @@ def test_logs_colour_a_terminal_and_never_a_pipe(monkeypatch: pytest.MonkeyPatch
     def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
         sent.append(body)
         text = _entry("boom", "3") + "\n" if body.output == "json" else "plain line\n"
-        return {"run_id": RUN, "text": text, "cursor": CURSOR, "finished": True}
+        return {"run_id": RUN, "state": "succeeded", "text": text, "cursor": CURSOR,
+                "finished": True}
 
     def last_output() -> str:  # each invoke below sends one more request
         return sent[-1].output
@@ -450,7 +453,8 @@ def test_json_is_journalctls_json_and_excludes_another_format(
 
     def request(body: LogsRequest, **_kwargs: Any) -> dict[str, Any]:
         sent.append(body)
-        return {"run_id": RUN, "text": _entry("x") + "\n", "cursor": CURSOR, "finished": True}
+        return {"run_id": RUN, "state": "succeeded", "text": _entry("x") + "\n", "cursor": CURSOR,
+                "finished": True}
 
     monkeypatch.setattr(cli_logs, "request", request)
     result = CliRunner().invoke(app, ["logs", "@last", "--json"])

@@ -21,8 +21,14 @@ LONG = "".join(f"+line {n}\n" for n in range(60))
 
 
 def diff_reply(body: str) -> dict[str, object]:
-    return {"run_id": RUN, "status": "applied", "summary": {"label": "applied 1 path"},
-            "accepted": ["a"], "refused": [], "ignored": [], "apply": None, "diff": body}
+    summary = {"status": "applied", "label": "applied 1 path", "complete": True, "accepted": 1,
+               "applied": 1, "already_applied": 0, "refused": 0, "ignored": 0,
+               "conflicts": 0, "reverted": False}
+    return {"run_id": RUN, "status": "applied", "summary": summary, "accepted": ["a"],
+            "refused": [], "ignored": [],
+            "apply": {"status": "applied", "applied": ["a"], "already_applied": [],
+                      "conflicts": []},
+            "diff": body}
 
 
 @pytest.fixture

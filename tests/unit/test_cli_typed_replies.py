@@ -3,7 +3,8 @@
 ``replay``; ``inbox``, ``answer``, ``approve``, ``reject``, ``apply``, ``pause``, ``resume``,
 ``stop``, ``cancel``; ``schedule-create``, ``schedule-confirm``, ``schedule-resume``,
 ``schedule-pause``, ``schedule-delete``, ``schedule-list``, ``schedule-inspect``,
-``schedule-inbox``): a reply that does not fit is a CairnError saying so, never a traceback.
+``schedule-inbox``; and of :mod:`cairn.protocol.view_replies`: ``diff``, ``logs``, a run's
+``doctor``, ``show``): a reply that does not fit is a CairnError saying so, never a traceback.
 What they print from a reply that fits is in tests/unit/test_cli_verbs.py,
 test_cli_storage.py and test_cli_hostile_text.py."""
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from clirunner import CliRunner
 
-from cairn.cli import people, runs, schedule, schedulepins, storage
+from cairn.cli import doctor, logs, people, runs, schedule, schedulepins, storage
 from cairn.cli.commands import app
 from cairn.errors import CairnError
 
@@ -51,6 +52,10 @@ UNFIT: dict[str, tuple[ModuleType, list[str], Any]] = {
     "schedule-list": (schedule, ["schedule", "list"], [{"schedule_id": SCHEDULE}]),
     "schedule-inspect": (schedule, ["schedule", "show", SCHEDULE], {"occurrences": []}),
     "schedule-inbox": (schedule, ["schedule", "inbox"], [{"kind": "failed", "message": 1}]),
+    "diff": (runs, ["diff", RUN], {"run_id": RUN, "status": "applied", "refused": ["a"]}),
+    "logs": (logs, ["logs", RUN], {"run_id": RUN, "text": "one\n", "finished": "soon"}),
+    "show": (runs, ["show", RUN], {"run": {"run_id": RUN}, "operations": [], "units": []}),
+    "doctor": (doctor, ["doctor", RUN], {"host": [], "runs": [{"run_id": RUN}], "problems": 0}),
 }
 
 
@@ -116,3 +121,19 @@ def test_a_create_or_resume_reply_that_does_not_fit_is_a_cairn_error(
         assert isinstance(result.exception, CairnError), result
         assert result.exception.message == "cairnd sent a reply this CLI cannot read"
         assert sent == ops and result.stdout == ""
+
+
+def test_a_host_doctor_reply_that_does_not_fit_is_a_cairn_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[str] = []
+
+    def request(body: Any, **_kwargs: Any) -> Any:
+        sent.append(body.op)
+        return {"host": [{"check": "pool"}], "credentials": {}, "runs": [], "problems": 0}
+
+    monkeypatch.setattr(doctor, "request", request)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert isinstance(result.exception, CairnError), result
+    assert result.exception.message == "cairnd sent a reply this CLI cannot read"
+    assert sent == ["doctor"] and result.stdout == ""

@@ -476,7 +476,11 @@ def test_cairn_replay_sends_the_run_and_operation_and_says_what_it_made(
                                 "attempt": 1, "location": "wf.py:1:5", "output": None,
                                 "checkpoint": {"s": {"path": "/pool/x", "uuid": "u"}},
                                 "imported_from": {"run_id": source, "op_id": "root-1"}}],
-                "units": []}
+                "units": [], "storage": {"deleted": False, "deleted_at": None, "subvolumes": 0},
+                "settlement": None, "settlement_summary": None, "worklists": [],
+                "experiments": [], "model": None, "question": None, "divergence": None,
+                "integrity": {"ok": True, "issues": []}, "latest_event": None,
+                "events_shown": "all 0 events", "progress": {}}
 
     monkeypatch.setattr(runs, "request", request)
     cli = CliRunner()

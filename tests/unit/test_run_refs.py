@@ -315,7 +315,8 @@ def test_the_cli_passes_what_was_typed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def request(body: Any, **_kwargs: Any) -> Any:
         sent.append(body)
-        return {"run_id": run_id("3fa9"), "status": "not settled", "diff": ""}
+        return {"run_id": run_id("3fa9"), "status": "not settled", "summary": None,
+                "accepted": [], "refused": [], "ignored": [], "apply": None, "diff": ""}
 
     monkeypatch.setattr(runs, "request", request)
     result = CliRunner().invoke(app, ["diff", "3fa9"])
