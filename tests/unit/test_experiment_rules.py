@@ -21,9 +21,11 @@ from cairn.experiments import (
     dishonesty,
     judge,
     measurement_request,
+    unsettleable,
 )
 from cairn.operations import settle_experiment
 from cairn.operations.measure_proposal import evaluators_of
+from cairn.protocol.limits import TRIAL_REFUSED_SHOWN
 from cairn.protocol.measurement import MeasurementEnvironment, parse_metric_output
 from cairn.workflow.review import review_source
 
@@ -306,3 +308,17 @@ def test_a_broken_evaluator_refuses_only_the_launches_that_measure_with_one(
     assert frozen_evaluators({}, problems) == [] and len(problems) == 0
     frozen_evaluators({"broken": None}, problems)
     assert len(problems) >= 1
+
+
+def test_the_guide_states_the_trial_refusal_as_the_runtime_says_it() -> None:
+    """The guide's count of named refusals and its example refusal are the code's."""
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "writing-workflows.md")
+                     .read_text().split())
+    assert f"measurement records the first {TRIAL_REFUSED_SHOWN} (`refused`" in guide
+    gamed = measured([1.0], [40], measurement="root-4", refused_count=1,
+                     refused=[{"path": "score.txt", "reason": "outside the write paths"}])
+    assert f"(`cannot accept: {unsettleable(gamed)}; reject it, or declare the paths in " \
+        "@workflow(write_paths=...)`)" in guide
+    many = measured([1.0], [40], refused_count=3,
+                    refused=[{"path": "a", "reason": "fifo"}])
+    assert unsettleable(many) == "root-3 changed what the settlement refuses: a (fifo) and 2 more"
