@@ -261,6 +261,17 @@ def test_cancel_stops_every_running_lane(machine: Machine) -> None:
         ),
         timeout=120,
     )
+    # "started" is the agent's unit, not yet its first step: the cancel goes in once every
+    # lane's agent has written into its W (so each kept W must show what it wrote)
+    scopes = f"/var/lib/cairn/pool/runs/{run_id}/scopes"
+    deadline = time.monotonic() + 120
+    while True:
+        found = machine.exec(["sh", "-c", f"ls {scopes}/root-1-*/W.*/ | grep -c '^started-'"],
+                             check=False).stdout.decode().strip()
+        if found == "3":
+            break
+        assert time.monotonic() < deadline, f"lanes' agents wrote {found} of 3 started files"
+        time.sleep(1)
     cairn(machine, "cancel", "--yes", run_id)
     data = wait(machine, run_id, lambda d: d["run"]["state"] == "cancelled", timeout=120)
     lanes = [o for o in data["operations"] if o["scope"].startswith("root-1-")]
