@@ -220,10 +220,14 @@ def decide(journal: Journal, run_id: str, request: ApprovalDecision, uid: int) -
 
 
 def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str) -> None:
-    """Prepare the operation again from the journal and compare it with the stored one;
-    evaluate the current policy for it."""
+    """For an agent operation policy held: prepare it again from the journal and compare
+    it with the stored one; evaluate the current policy for it. A ``flow.approve`` starts
+    nothing and asks no capability: its subject is the journal's, and there is nothing to
+    prepare again."""
     desc = journal.launch_description(run_id)
     op = journal.get_op_by_id(run_id, op_id)
+    if op.kind != "agent":
+        return
     prepared = prepare_agent_operation(desc, op_id, op.request)
     if fingerprint(prepared) != stored:
         raise StaleRequest(

@@ -71,11 +71,11 @@ def journal_of(root: Path, clock: Callable[[], float] = time.time) -> Journal:
     return Journal(root / "var/lib/cairn/journal/journal.db", create=True, clock=clock)
 
 
-def create_run(root: Path, run_id: str = RUN) -> None:
-    review = review_source(SOURCE, filename="wf.py")
+def create_run(root: Path, run_id: str = RUN, source: str = SOURCE) -> None:
+    review = review_source(source, filename="wf.py")
     desc = LaunchDescription(
         run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
-        definition="/home/alice/wf.py", source=SOURCE, source_filename="wf.py",
+        definition="/home/alice/wf.py", source=source, source_filename="wf.py",
         review_hash=review.review_hash, review=review.model_dump(mode="json"),
         args={"goal": "the shed"},
         project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=False),
@@ -281,6 +281,48 @@ def test_approval_after_deadline_is_refused_and_recorded_expired(root: Path) -> 
     coord = incarnation()
     with pytest.raises(CairnError, match="OperationFailed: .*expired \\(its deadline passed\\)"):
         coord.replay()
+
+
+APPROVING = '''
+from cairn.workflow import Field, Model, workflow
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+class Report(Model):
+    summary: str = Field(min_length=1)
+
+@workflow(description="approve, then ask", input=Goal, output=Report)
+async def run(flow, args: Goal) -> Report:
+    decision = await flow.approve(f"Ship {args.goal}?")
+    await flow.ask(f"approved: {decision.approved}")
+    return Report(summary="done")
+'''
+
+
+def test_a_flow_approve_is_approved_by_its_fingerprint_and_the_workflow_gets_it(
+    root: Path,
+) -> None:
+    """A ``flow.approve`` prepares no agent: approving it checks its fingerprint only (it
+    was once refused as an internal error, re-prepared as if it were an agent's)."""
+    create_run(root, source=APPROVING)
+    coord = incarnation()
+    assert interactions.suspend(coord, replay_until_suspended(coord)) == 0
+    coord.journal.release_lease(RUN, coord.token)
+    (approval,) = coord.journal.approvals(RUN)
+    assert approval.prepared["subject"] == "Ship the shed?"
+    with journal_of(root) as journal:
+        with pytest.raises(StaleRequest, match="fingerprint"):
+            people.decide(journal, RUN, request("approve", request_id=approval.request_id,
+                                                fingerprint="sha256:" + "1" * 64), OWNER)
+        out = people.decide(journal, RUN, request(
+            "approve", request_id=approval.request_id, fingerprint=approval.fingerprint),
+            OWNER)
+        assert out["outcome"] == "approved"
+    coord = incarnation()
+    replay_until_suspended(coord)
+    (question,) = coord.journal.questions(RUN)
+    assert question.question == "approved: True"
 
 
 def test_control_requests_at_safe_points_and_on_waiting_runs(root: Path) -> None:
