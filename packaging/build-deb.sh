@@ -1,5 +1,6 @@
 #!/bin/sh
-# Build cairn_<version>_all.deb from a clean copy of the tree; print its path last.
+# Build cairn_<version>_all.deb (and cairn-cockpit_<version>_all.deb beside it) from a
+# clean copy of the tree; print the path of cairn's last.
 #
 #   packaging/build-deb.sh [--version V] [--out DIR] [--source]
 #
@@ -88,4 +89,5 @@ fi
 mkdir -p "$out"
 deb="$out/cairn_${version}_all.deb"
 cp "$work/cairn_${version}_all.deb" "$deb"
+cp "$work/cairn-cockpit_${version}_all.deb" "$out/"  # beside it (tests/system/console.py)
 echo "$deb"

@@ -57,4 +57,5 @@ rpmbuild "$@" >"$work/build.log" 2>&1 || {
 mkdir -p "$out"
 rpm_file=$(find "$work/rpmbuild/RPMS" "$work/rpmbuild/SRPMS" -name "cairn-$version-*.rpm" | head -n 1)
 cp "$rpm_file" "$out/"
+find "$work/rpmbuild/RPMS" -name "cairn-cockpit-$version-*.rpm" -exec cp {} "$out/" \;
 echo "$out/$(basename "$rpm_file")"

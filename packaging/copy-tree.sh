@@ -11,7 +11,7 @@ repo=$1
 dest=$2
 tar -C "$repo" -cf - \
 	--exclude=./.git --exclude=./.venv --exclude=./.venv-mcp --exclude=./.venv-click --exclude=./.coverage-broker \
-	--exclude=./packaging/out --exclude=./prebuilt \
+	--exclude=./packaging/out --exclude=./prebuilt --exclude=./tests/system/artifacts \
 	--exclude=./build --exclude=./dist --exclude='*.egg-info' --exclude=__pycache__ \
 	--exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache \
 	. | tar -xf - -C "$dest"

@@ -182,6 +182,37 @@ def ensure_base_rootfs(deb: Path) -> Path:
     return root
 
 
+def ensure_rootfs_with(deb: Path, extra: Sequence[str]) -> Path:
+    """The base root filesystem of ``deb`` with the ``extra`` packages installed (apt),
+    cached beside it as ``<base>+<hash>``: a copy of the base, built once."""
+    base = ensure_base_rootfs(deb)
+    if not extra:
+        return base
+    digest = hashlib.sha256(json.dumps([base.name, sorted(extra)]).encode()).hexdigest()[:16]
+    root = cache_dir() / f"{base.name}+{digest}"
+    if root.is_dir():
+        return root
+    with _locked(cache_dir() / f".{root.name}.lock"):
+        if root.is_dir():
+            return root
+        started = time.monotonic()
+        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache_dir()))
+        try:
+            run(["cp", "-a", f"{base}/.", staging], timeout=600)
+            apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
+            run(["chroot", staging, "apt-get", "update"], env=apt_env, timeout=600)
+            run(["chroot", staging, "apt-get", "install", "-y", "--no-install-recommends",
+                 *extra], env=apt_env, timeout=1800)
+            run(["chroot", staging, "apt-get", "clean"], env=apt_env)
+            staging.chmod(0o755)
+            staging.rename(root)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        log.info("built rootfs %s in %.1f s", root, time.monotonic() - started)
+    return root
+
+
 def _build_rootfs(target: Path, packages: Sequence[str]) -> None:
     run(
         [
@@ -240,9 +271,16 @@ class Machine:
         bind_loop_devices: bool = False,
         name: str | None = None,
         binds: Sequence[tuple[Path, str]] = (),
+        packages: Sequence[str] = (),
+        debs: Sequence[Path] = (),
     ) -> None:
-        """``binds``: host directories bound into the machine, at the given paths."""
+        """``binds``: host directories bound into the machine, at the given paths;
+        ``packages``: Debian packages in its root filesystem beside the package's
+        dependencies (a cached root of their own); ``debs``: more .deb files installed
+        with ``deb``."""
         self.deb = deb
+        self.packages = tuple(packages)
+        self.debs = tuple(debs)
         self.binds = tuple(binds)
         self.with_pool = with_pool
         self.bind_loop_devices = bind_loop_devices
@@ -264,7 +302,7 @@ class Machine:
         """Prepare the root, install the package and boot until systemd reports running."""
         try:
             started = time.monotonic()
-            base = ensure_base_rootfs(self.deb)
+            base = ensure_rootfs_with(self.deb, self.packages)
             self.timings["base"] = time.monotonic() - started
             t = time.monotonic()
             self._mount_overlay(base)
@@ -311,16 +349,18 @@ class Machine:
         )
 
     def _install_package(self) -> None:
-        staged = self.merged / "tmp" / self.deb.name
-        shutil.copyfile(self.deb, staged)
+        debs = (self.deb, *self.debs)
+        for deb in debs:
+            shutil.copyfile(deb, self.merged / "tmp" / deb.name)
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         result = run(
-            ["chroot", self.merged, "dpkg", "-i", f"/tmp/{self.deb.name}"],
+            ["chroot", self.merged, "dpkg", "-i", *(f"/tmp/{deb.name}" for deb in debs)],
             env=env,
             check=False,
             timeout=300,
         )
-        staged.unlink()
+        for deb in debs:
+            (self.merged / "tmp" / deb.name).unlink()
         audit = run(["chroot", self.merged, "dpkg", "--audit"], check=False).stdout.decode()
         if result.returncode != 0 or audit.strip():
             output = (result.stdout + result.stderr).decode(errors="replace")

@@ -163,6 +163,17 @@ def test_rpm_ships_what_the_deb_ships(deb: Path, rpm: str) -> None:
     assert not any("release-key.pem" in p or "__pycache__" in p for p in in_rpm)
 
 
+def test_the_console_packages_ship_the_page_and_nothing_else(deb: Path, rpm: str) -> None:
+    """cairn-cockpit, built beside cairn in both formats: the page's files, the same in
+    both, and Debian's changelog and copyright."""
+    page = {f"/usr/share/cockpit/cairn/{p.name}" for p in (REPO / "cockpit").iterdir()}
+    version = deb.name.removeprefix("cairn_").removesuffix("_all.deb")
+    (console_rpm,) = Path(rpm).parent.glob(f"cairn-cockpit-{version}-*.noarch.rpm")
+    assert rpm_files(str(console_rpm)) == page
+    assert deb_files(deb.with_name(f"cairn-cockpit_{version}_all.deb")) == page | {
+        "/usr/share/doc/cairn-cockpit/changelog", "/usr/share/doc/cairn-cockpit/copyright"}
+
+
 def test_rpm_enables_nothing_itself_and_ships_the_presets_to_copy(rpm: str) -> None:
     query = run(["rpm", "-qp", "--qf", "[%{FILEDIGESTS} %{FILENAMES}\n]", rpm])
     lines = query.stdout.decode().splitlines()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
 import sys
 import tomllib
@@ -33,8 +34,11 @@ DISTRIBUTION_ONLY = {
     "systemd": "systemd",
     "default-dbus-system-bus | dbus-system-bus": "dbus",
 }
-# Modules imported under another name than the requirement that brings them.
-IMPORT_NAMES = {"btrfsutil": "python3-btrfsutil", "pydantic_core": "python3-pydantic"}
+# Modules imported under another name than the requirement that brings them
+# (typing_extensions: pydantic requires it, and reads a TypedDict field only from it on
+# Python 3.11).
+IMPORT_NAMES = {"btrfsutil": "python3-btrfsutil", "pydantic_core": "python3-pydantic",
+                "typing_extensions": "python3-pydantic"}
 FIRST_PARTY = {"cairn"}
 SOURCES = ["cairn", "broker", "coordinator", "daemon", "worker", "packaging", "sealed-release"]
 
@@ -70,8 +74,9 @@ def control_depends() -> dict[str, Bounds]:
 
 
 def spec_requires() -> dict[str, Bounds]:
+    """The main package's Requires (the subpackages' follow ``%package``)."""
     found: dict[str, Bounds] = {}
-    for line in SPEC.read_text().splitlines():
+    for line in SPEC.read_text().split("\n%package ", 1)[0].splitlines():
         match = re.fullmatch(r"Requires:\s+(\S+)(?:\s+(>=|<)\s+(\S+))?", line.strip())
         if match is None:
             continue
@@ -177,7 +182,7 @@ def test_the_presets_to_copy_and_the_admins_commands_enable_what_the_deb_enables
     # The .deb's postinst enables the same user units (dh_installsystemduser), and no
     # link the package ships would keep them on after a `systemctl --global disable`.
     rules = (REPO / "packaging" / "debian" / "rules").read_text()
-    enabled = re.search(r"^\tdh_installsystemduser (.+)$", rules, re.M)
+    enabled = re.search(r"^\tdh_installsystemduser -pcairn (.+)$", rules, re.M)
     assert enabled is not None
     assert user == set(enabled.group(1).split()) == {
         "cairn-schedule-reconcile.service", "cairn-notify.path"}
@@ -245,3 +250,32 @@ def test_the_package_tree_copy_leaves_out_everything_git_ignores() -> None:
         name = line.strip().strip("/")
         if name and not name.startswith("#"):
             assert name in excluded, f"{name} (in .gitignore) is copied into the package tree"
+
+
+def _binary_stanza(name: str) -> str:
+    stanzas = CONTROL.read_text().split("\n\n")
+    found = [s for s in stanzas if re.search(rf"^Package: {re.escape(name)}$", s, re.M)]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def test_the_console_package_ships_every_file_of_the_page_in_both_formats() -> None:
+    """cairn-cockpit (issue 34) installs exactly the files of cockpit/ under
+    /usr/share/cockpit/cairn, from the .deb and the .rpm, and needs the same Cockpit."""
+    page = sorted(p.name for p in (REPO / "cockpit").iterdir())
+    install = (REPO / "packaging" / "debian" / "cairn-cockpit.install").read_text()
+    assert sorted(re.findall(r"^cockpit/(\S+) usr/share/cockpit/cairn/$", install, re.M)) == page
+    assert len(install.splitlines()) == len(page)
+    spec = SPEC.read_text()
+    files = spec.split("%files cockpit\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert sorted(f.removeprefix("%{_datadir}/cockpit/cairn/") for f in files
+                  if not f.startswith("%dir")) == page
+    installed = re.search(r"cockpit/cairn (cockpit/[^\n]+)\n", spec.replace("\\\n", ""))
+    assert installed is not None
+    assert sorted(w.removeprefix("cockpit/") for w in installed.group(1).split()) == page
+    deb = re.findall(r"^ (\S+) \(>= (\S+)\),$", _binary_stanza("cairn-cockpit"), re.M)
+    rpm = re.findall(r"^Requires: +(cockpit-\S+) >= (\S+)$", spec, re.M)
+    assert sorted(deb) == sorted(rpm) and {n for n, _ in deb} == {
+        "cockpit-ws", "cockpit-bridge", "cockpit-system"}
+    manifest = json.loads((REPO / "cockpit" / "manifest.json").read_text())
+    assert {v for _, v in deb} == {manifest["requires"]["cockpit"]}

@@ -1,0 +1,209 @@
+"""A person's visit to Cairn's Cockpit page, in headless Chromium inside the test machine
+(Debian's chromium, chromedriver and python3-selenium); run there by test_console.py.
+
+    python3 console_browser.py CONFIG_JSON
+
+CONFIG_JSON: ``user``, ``password``, ``run_id`` (a run waiting on a question, then an
+approval), ``other`` and ``third`` (more waiting runs), ``answer`` (what to type), ``shots`` (a
+directory for the screenshots). It logs in at Cockpit's own login page, finds the page in
+the menu, reads the runs list, answers the question and approves the approval in the
+inbox, follows the run to its end on the run page, pauses, resumes and cancels the other
+run from its page and deletes its storage, stops the third, and prints what it saw as one
+JSON line: the test judges it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from selenium import webdriver
+from selenium.common.exceptions import (
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+COCKPIT = "http://127.0.0.1:9090"
+FRAME = "iframe[name='cockpit1:localhost/cairn']"
+# Elements the page never makes itself: one in the page came from a value Cairn returned.
+FOREIGN = ("script, img, svg, iframe, object, embed, details, style, math, "
+           "*[onerror], *[onload], *[ontoggle]")
+# Set by a payload that ran; `undefined` in a page where none did.
+MARKS = "return [window.__xss, window.parent && window.parent.__xss, window.top.__xss]"
+
+
+def wait(driver: WebDriver, what: Callable[[WebDriver], Any], seconds: float = 60) -> Any:
+    return WebDriverWait(driver, seconds, poll_frequency=0.25,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(what)
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    """The element's text as it is shown (read in the page, so a redraw between finding
+    it and reading it cannot interfere); "" when there is none."""
+    return str(driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", css))
+
+
+def attributes(driver: WebDriver, css: str, name: str) -> list[str]:
+    return list(driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])]"
+        ".map(e => e.getAttribute(arguments[1]))", css, name))
+
+
+def into_page(driver: WebDriver, fragment: str) -> None:
+    """The Cairn page at ``fragment`` inside Cockpit's shell, its frame selected."""
+    driver.switch_to.default_content()
+    driver.get(f"{COCKPIT}/cairn#{fragment}")
+    frame = wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, FRAME))[0]
+    driver.switch_to.frame(frame)
+    # drawn for this location (a new fragment does not reload the frame: the page redraws)
+    drawn = json.dumps([p for p in fragment.split("/") if p], separators=(",", ":"))
+    wait(driver, lambda d: d.find_element(By.ID, "view").get_attribute("data-loaded") == drawn)
+
+
+def press(driver: WebDriver, how: str, what: str) -> None:
+    """Click the element, found again if the page redrew it before the click landed."""
+    wait(driver, lambda d: d.find_element(how, what).click() or True)
+
+
+def act(driver: WebDriver, label: str, confirm: bool) -> str:
+    """Press the run page's button ``label`` (accepting its confirmation) and return what
+    the status line then says: what cairn printed."""
+    draws = driver.execute_script("return document.getElementById('view').dataset.draws")
+    press(driver, By.XPATH, f"//span[@class='cairn-actions']/button[text()='{label}']")
+    if confirm:
+        wait(driver, expected_conditions.alert_is_present())
+        driver.switch_to.alert.accept()
+    said = str(wait(driver, lambda d: text_of(d, "#status").strip(), 120))
+    # the page drawn again after it, so the next button is the new state's
+    wait(driver, lambda d: d.execute_script(
+        "return document.getElementById('view').dataset.draws") != draws)
+    return said
+
+
+def foreign(driver: WebDriver) -> list[str]:
+    return [html[:200] for html in driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.outerHTML)",
+        f"#view :is({FOREIGN})")]
+
+
+def visit(config: dict[str, Any]) -> dict[str, Any]:
+    shots = Path(config["shots"])
+    shots.mkdir(parents=True, exist_ok=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--lang=en-US"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    seen: dict[str, Any] = {"marks": []}
+    try:
+        driver.get(COCKPIT + "/")
+        wait(driver, lambda d: d.find_element(By.ID, "login-user-input").is_displayed())
+        driver.find_element(By.ID, "login-user-input").send_keys(config["user"])
+        driver.find_element(By.ID, "login-password-input").send_keys(config["password"])
+        press(driver, By.ID, "login-button")
+        seen["menu"] = wait(driver, lambda d: d.execute_script(
+            "return [...document.querySelectorAll('a')]"
+            ".filter(a => a.innerText.trim() === 'Cairn').map(a => a.href)"), 90)
+
+        into_page(driver, "/")
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs tbody tr"))
+        seen["runs"] = attributes(driver, "#runs tbody tr", "data-run")
+        seen["foreign"] = {"runs": foreign(driver)}
+        seen["marks"].append(driver.execute_script(MARKS))
+        driver.save_screenshot(str(shots / "runs.png"))
+        driver.set_window_size(390, 844)  # a phone
+        driver.save_screenshot(str(shots / "runs-phone.png"))
+        seen["phone_overflow"] = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth")
+        driver.set_window_size(1280, 900)
+        # what cairn refuses, the page says in cairn's words
+        into_page(driver, "/run/flow_0000")
+        seen["refused"] = text_of(driver, ".cairn-error")
+
+        into_page(driver, "/inbox")
+        item = f"li[data-kind='question'][data-run='{config['run_id']}']"
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, item))
+        seen["question"] = text_of(driver, f"{item} .cairn-question")
+        seen["foreign"]["inbox"] = foreign(driver)
+        seen["marks"].append(driver.execute_script(MARKS))
+        seen["inbox_count"] = text_of(driver, "#inbox-count")
+        driver.save_screenshot(str(shots / "inbox.png"))
+        wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, f"{item} textarea").send_keys(
+            config["answer"]) or True)
+        press(driver, By.CSS_SELECTOR, f"{item} button")
+        wait(driver, lambda d: text_of(d, "#status").strip())
+        seen["answered"] = text_of(driver, "#status").strip()
+
+        approval = f"li[data-kind='approval'][data-run='{config['run_id']}']"
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, approval), 120)
+        seen["approval"] = text_of(driver, f"{approval} .cairn-question")
+        seen["fingerprint"] = text_of(driver, f"{approval} .cairn-fingerprint")
+        seen["foreign"]["approval"] = foreign(driver)
+        seen["marks"].append(driver.execute_script(MARKS))
+        driver.save_screenshot(str(shots / "approval.png"))
+        press(driver, By.XPATH, f"//li[@data-run='{config['run_id']}' and "
+              "@data-kind='approval']//button[text()='Approve']")
+        wait(driver, lambda d: "approved" in text_of(d, "#status"))
+        seen["approved"] = text_of(driver, "#status").strip()
+
+        into_page(driver, f"/run/{config['run_id']}")
+        try:
+            wait(driver, lambda d: d.find_elements(
+                By.CSS_SELECTOR, ".cairn-toolbar .cairn-state-succeeded, "
+                ".cairn-toolbar .cairn-state-failed") and d.find_elements(By.ID, "diff"), 240)
+        except TimeoutException:
+            seen["timeout"] = text_of(driver, "#view")[-2000:]
+        seen["state"] = text_of(driver, ".cairn-toolbar .cairn-state")
+        seen["diff"] = text_of(driver, "#diff")
+        seen["output"] = text_of(driver, "#run-output")
+        seen["foreign"]["run"] = foreign(driver)
+        seen["marks"].append(driver.execute_script(MARKS))
+        driver.save_screenshot(str(shots / "run.png"))
+        # the page's own errors, and any script a Content Security Policy had to refuse
+        # (Cockpit's shell logs its login probe and missing fonts: not the page's)
+        into_page(driver, f"/run/{config['other']}")
+        seen["actions"] = {label: act(driver, label, confirm)
+                           for label, confirm in (("Pause", False), ("Resume", False),
+                                                  ("Cancel", True))}
+        wait(driver, lambda d: text_of(d, ".cairn-toolbar .cairn-state") == "cancelled", 120)
+        seen["cancelled"] = text_of(driver, ".cairn-toolbar .cairn-state")
+        # the coordinator may still be on its way out: cairn refuses until it is, and a
+        # person would press again
+        deadline = time.monotonic() + 60
+        while "has not ended" in (said := act(driver, "Delete storage", True)) \
+                and time.monotonic() < deadline:
+            time.sleep(1)
+        seen["actions"]["Delete storage"] = said
+        into_page(driver, f"/run/{config['third']}")
+        seen["actions"]["Stop"] = act(driver, "Stop", True)
+        seen["stopped"] = text_of(driver, ".cairn-toolbar .cairn-state")
+
+        seen["console"] = [e["message"][:300] for e in driver.get_log("browser")
+                           if e["level"] == "SEVERE" and ("/cairn/" in e["message"]
+                                                          or "Refused" in e["message"])]
+    except (TimeoutException, WebDriverException) as exc:
+        seen["error"] = f"{type(exc).__name__}: {exc.msg}"
+        seen["status"] = text_of(driver, "#status")
+        seen["log"] = [e["message"][:500] for e in driver.get_log("browser")]
+        driver.switch_to.default_content()
+        seen["page"] = text_of(driver, "body")[-2000:]
+        driver.save_screenshot(str(shots / "failed.png"))
+    finally:
+        driver.quit()
+    return seen
+
+
+if __name__ == "__main__":
+    print(json.dumps(visit(json.loads(sys.argv[1]))), flush=True)
