@@ -23,7 +23,7 @@ from cairn.broker.remint import remint_q
 from cairn.errors import BrokerRefused, CairnError, StorageError
 from cairn.failpoints import failpoint
 from cairn.journal.reader import JournalReader
-from cairn.journal.rows import TERMINAL_RUN_STATES
+from cairn.journal.rows import TERMINAL_RUN_STATES, fork_lanes
 from cairn.protocol.broker import (
     AFTER_END_KINDS,
     VERB_OF_KIND,
@@ -372,7 +372,8 @@ def fork(ctx: IntentContext) -> Forked:
     op = ctx.journal.get_op_by_id(ctx.run_id, ctx.intent.op_id)
     if op.kind not in FORK_KINDS or op.scope != ctx.intent.scope:
         raise BrokerRefused(f"{op.op_id} is not a fork of scope {ctx.intent.scope}")
-    if sorted(op.request.get("lanes", [])) != sorted(ctx.intent.lanes):
+    named = fork_lanes(op.request)
+    if named is None or sorted(named) != sorted(ctx.intent.lanes):
         raise BrokerRefused(f"{ctx.intent.intent_id}: lanes differ from the journal's")
     pool = ctx.pool()
     w = pool.w_path(ctx.run_id, ctx.intent.scope, ctx.intent.generation)

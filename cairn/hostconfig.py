@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from cairn import paths
 from cairn.admission import admission_config
@@ -43,7 +43,7 @@ def profile_file(name: str) -> Path:
 
 
 def check_profile(
-    problems: Problems, file: Path, data: dict[str, Any], name: str
+    problems: Problems, file: Path, data: Mapping[str, object], name: str
 ) -> ProfileSpec | None:
     """The table read from ``file`` as profile ``name``, or None with its problems
     recorded; a command profile's files (``NAME.d/``) must be a directory only root can

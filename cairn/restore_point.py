@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cairn.journal.rows import OpRow
+from cairn.journal.rows import OpRow, fork_lanes
+from cairn.protocol.jsonvalue import json_str_or_none
 
 AGENT = "agent"
 FORK_KINDS = ("parallel", "map")
@@ -27,7 +28,7 @@ def lane_fork(ops: Iterable[OpRow], scope: str) -> str | None:
     """The fork operation ``scope`` is a lane of (None: the root scope)."""
     for op in ops:
         if op.kind in FORK_KINDS and scope in {
-            f"{op.op_id}-{key}" for key in op.request.get("lanes", [])
+            f"{op.op_id}-{key}" for key in fork_lanes(op.request) or []
         }:
             return op.op_id
     return None
@@ -49,7 +50,7 @@ def restore_point(
         elif op.kind == SETTLE and op.state in ("settled", "committed"):
             result = op.result or {}
             if result.get("disposition") == "rejected":
-                held = result.get("checkpoint")
+                held = json_str_or_none(result.get("checkpoint"))
         elif op.kind == RESTORE and op.state in ("settled", "committed"):
-            held = (op.result or {}).get("boundary")
+            held = json_str_or_none((op.result or {}).get("boundary"))
     return held

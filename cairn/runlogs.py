@@ -16,9 +16,10 @@ ends with journalctl's ``--show-cursor`` line, which the next request passes bac
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from cairn.protocol.daemon import LogsRequest
+from cairn.protocol.jsonvalue import json_object
 from cairn.protocol.requestchecks import LOG_CURSOR_RE
 from cairn.unitprops import is_agent_unit_of
 
@@ -28,20 +29,20 @@ FOLLOW_BATCH = 1000
 CURSOR_PREFIX = "-- cursor: "
 
 
-def run_units(receipts: list[dict[str, Any]]) -> list[str]:
+def run_units(receipts: Sequence[Mapping[str, object]]) -> list[str]:
     """Every unit the broker started for the run, in order (import, agents, candidate,
     apply)."""
     names: list[str] = []
     for receipt in receipts:
-        data = receipt.get("data", {})
-        for holder in (data, data.get("import") or {}):
+        data = json_object(receipt.get("data", {}))
+        for holder in (data, json_object(data.get("import") or {})):
             unit = holder.get("unit")
             if isinstance(unit, str) and unit not in names:
                 names.append(unit)
     return names
 
 
-def log_units(run_id: str, receipts: list[dict[str, Any]]) -> list[str]:
+def log_units(run_id: str, receipts: Sequence[Mapping[str, object]]) -> list[str]:
     """The systemd units whose journal entries belong to the run: its coordinator and
     egress, and every unit the broker started for it whose name carries the run ID."""
     units = [f"cairn-coordinator@{run_id}.service", f"cairn-egress@{run_id}.service"]

@@ -12,9 +12,9 @@ import math
 import os
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
@@ -55,7 +55,7 @@ class ScheduleCreate(Frozen):
 
     name: str = Field(pattern=NAME_PATTERN)
     definition: str
-    args: dict[str, Any] = {}
+    args: dict[str, JsonValue] = {}
     calendar: str = Field(min_length=1, max_length=200)
     timezone: str = Field(min_length=1, max_length=64)
     catch_up: CatchUp
@@ -81,7 +81,7 @@ class ScheduleSpec(Frozen):
     owner_uid: int
     definition: str
     review_hash: str
-    args: dict[str, Any]
+    args: dict[str, JsonValue]
     project: str
     project_dev: int
     project_ino: int

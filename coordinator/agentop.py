@@ -40,7 +40,7 @@ from cairn.protocol.agent import (
 )
 from cairn.protocol.broker import AgentStarted, AgentStopped, Checkpointed, Receipt
 from cairn.protocol.control import CallRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_int, json_object, json_str
 from cairn.resultjson import ResultInvalid, parse
 from cairn.systemd import Systemd, wait_unit_gone
 from cairn.terminal import printable
@@ -90,7 +90,7 @@ class AgentOperations(Recovery, Lanes):
                 # the same failure, of the same kind, as when it was first decided
                 error = OperationError(f"{op.op_id} did not complete: {op.error}")
                 default = "operation-failed" if op.state == "failed" else "refused"
-                error.code = (op.result or {}).get("kind", default)
+                error.code = json_str((op.result or {}).get("kind", default))
                 raise error
             if op.state == "uncertain":
                 raise RunBlocked(
@@ -371,11 +371,11 @@ class AgentOperations(Recovery, Lanes):
         a scripted (deterministic) agent, the same bytes as the attempt before, or no
         attempt left. Otherwise record the refusal (and its fingerprint) and return."""
         profile = self.desc.profiles[agent["profile"]]
-        earlier = (op.result or {}).get("result_invalid") or {}
+        earlier = json_object((op.result or {}).get("result_invalid") or {})
         repeated = (
             bool(invalid.sha256)
             and earlier.get("sha256") == invalid.sha256
-            and earlier.get("attempt", op.attempt) < op.attempt  # not this one, recorded
+            and json_int(earlier.get("attempt", op.attempt)) < op.attempt  # not this one, recorded
         )
         record = {"attempt": op.attempt, "reason": invalid.reason, "sha256": invalid.sha256}
         if profile.kind != "scripted" and not repeated and op.attempt < profile.agent_attempts:

@@ -49,7 +49,7 @@ from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import StorageVerified
-from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.jsonvalue import JSONValue, json_int, json_object
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.workflow import RUNTIME_API_VERSION
@@ -86,7 +86,7 @@ def tokens_used(ops: list[OpRow], spent: dict[tuple[str, int], int]) -> int:
             and op.result is not None
             and (op.op_id, op.attempt) not in spent
         ):
-            used += int(op.result.get("usage", {}).get("total_tokens", 0))
+            used += json_int(json_object(op.result.get("usage", {})).get("total_tokens", 0))
     return used
 
 

@@ -14,7 +14,7 @@ the next reject swaps W in by rename.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase, OperationError
@@ -32,7 +32,7 @@ from cairn.operations import settle_experiment
 from cairn.operations.measure_proposal import site_evaluator
 from cairn.protocol.broker import Intent, MeasurementTaken
 from cairn.protocol.control import CallRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_int, json_str
 from cairn.rawbytes import InvalidRecordedBytes, measurement_error, trial_check
 from cairn.restore_point import restore_point
 
@@ -155,14 +155,14 @@ class Experiments(CoordinatorBase):
         if intents:  # saved with the decision; added again (a no-op) for a decision saved
             self.broker("storage-v1", intents)  # before settlements made spares
         if result["disposition"] == "rejected":
-            self.w_gen[op.scope] = result["w_generation"]
+            self.w_gen[op.scope] = json_int(result["w_generation"])
             self.failpoint("experiment-after-restore")
         self.commit(op, result)
-        self.event("experiment-" + result["disposition"], op_id=op.op_id,
+        self.event("experiment-" + json_str(result["disposition"]), op_id=op.op_id,
                    measurement=result["measurement"])
         return result
 
-    def decide(self, op: OpRow, call: CallRequest) -> tuple[dict[str, Any], list[Intent]]:
+    def decide(self, op: OpRow, call: CallRequest) -> tuple[JSONObject, list[Intent]]:
         """The settlement's result and the intents that carry it out, from the journal."""
         try:
             settle_experiment.checked(call.request)
@@ -172,7 +172,7 @@ class Experiments(CoordinatorBase):
         candidate = self.measurement(ops, op.scope, call.request["measurement"])
         accepted = [self.measurement(ops, op.scope, m) for m in accepted_before(ops, op.scope,
                                                                                 op.seq)]
-        result: dict[str, Any] = {
+        result: JSONObject = {
             "measurement": candidate.measurement,
             "baseline": accepted[0].measurement if accepted else candidate.measurement,
             "best": accepted[-1].measurement if accepted else None,
@@ -208,14 +208,14 @@ class Experiments(CoordinatorBase):
                    "w_generation": generation}
         return result, self.settlement_intents(op, result)
 
-    def settlement_intents(self, op: OpRow, result: dict[str, Any]) -> list[Intent]:
+    def settlement_intents(self, op: OpRow, result: JSONObject) -> list[Intent]:
         """A reject's new W generation from the best accepted checkpoint (None: Q) and the
         drop of the rejected one; then the scope's hot spare of the checkpoint W now holds,
         which the next reject takes by rename (none for Q)."""
         scope, checkpoint = op.scope, result["checkpoint"]
         intents: list[Intent] = []
         if result["disposition"] == "rejected":
-            generation = int(result["w_generation"])
+            generation = json_int(result["w_generation"])
             intents += [
                 self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
                             generation=generation, from_checkpoint=checkpoint),

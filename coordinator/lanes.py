@@ -6,14 +6,15 @@ which earlier boundaries an operation may see."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from cairn import retention
 from cairn.coordinator.base import CoordinatorBase, Nondeterminism
 from cairn.errors import CairnError
-from cairn.journal.rows import OpRow
+from cairn.journal.rows import OpRow, fork_lanes
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_object, json_str
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,10 @@ class Lanes(CoordinatorBase):
         as it was (lanes are evidence, never merged)."""
         op_id = f"{join.scope}-{join.seq}"
         op = self.journal.get_op_by_id(self.run_id, op_id)
-        live = {k: (v["outcome"], v.get("last_op")) for k, v in join.outcomes.items()}
+        live = _lane_ends(join.outcomes)
         if op.state == "committed":
             assert op.result is not None
-            stored = {k: (v["outcome"], v.get("last_op")) for k, v in op.result["outcomes"].items()}
+            stored = _lane_ends(json_object(op.result["outcomes"]))
             if stored != live:
                 raise Nondeterminism(
                     f"lanes of {op_id} ended differently on replay: "
@@ -76,11 +77,12 @@ class Lanes(CoordinatorBase):
                 if o.scope == lane and o.kind in BOUNDARY_KINDS and o.state == "committed"
             ]
             last = max(boundaries, key=lambda o: o.seq) if boundaries else None
+            last_s = json_object((last.checkpoint or {}).get("s", {})) if last else {}
             outcomes[key] = {
                 **outcome,
                 "scope": lane,
                 "boundary": last.op_id if last else None,
-                "checkpoint": (last.checkpoint or {}).get("s", {}).get("path") if last else None,
+                "checkpoint": last_s.get("path"),
                 "evidence": (None if outcome["outcome"] == "succeeded"
                              else self.keep_unfinished_work(lane, ops)),
             }
@@ -146,7 +148,7 @@ class Lanes(CoordinatorBase):
             f"{o.op_id}-{key}": (o.scope, o.seq)
             for o in ops
             if o.kind in FORK_KINDS
-            for key in o.request.get("lanes", [])
+            for key in fork_lanes(o.request) or []
         }
         chain = [(scope, seq)]
         while chain[-1][0] in parents:
@@ -162,7 +164,16 @@ class Lanes(CoordinatorBase):
                     incoming.append(o.op_id)
                 elif o.kind in FORK_KINDS and o.result:
                     incoming += [
-                        v[key] for v in o.result["outcomes"].values()
+                        json_str(v[key])
+                        for v in map(json_object, json_object(o.result["outcomes"]).values())
                         for key in ("boundary", "evidence") if v.get(key)
                     ]
         return incoming
+
+
+def _lane_ends(outcomes: Mapping[str, object]) -> dict[str, tuple[object, object]]:
+    """Each lane's outcome and last operation: what must be the same on replay."""
+    return {
+        key: (json_object(lane)["outcome"], json_object(lane).get("last_op"))
+        for key, lane in outcomes.items()
+    }

@@ -10,15 +10,13 @@ experiment makes (:mod:`cairn.coordinator.experiments`), chosen by the workflow.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cairn.coordinator.base import CoordinatorBase, OperationError
 from cairn.errors import NotFound
 from cairn.journal.rows import OpRow
 from cairn.operations import restore
 from cairn.protocol.broker import Intent
 from cairn.protocol.control import CallRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_int
 
 
 class RestoreRefused(OperationError):
@@ -48,7 +46,7 @@ class Restores(CoordinatorBase):
             raise RestoreRefused(f"{op.op_id} did not complete: {op.error}")
         result = dict(op.result)
         self.broker("storage-v1", self.restore_intents(op, result))  # saved: a no-op add
-        self.w_gen[op.scope] = result["w_generation"]
+        self.w_gen[op.scope] = json_int(result["w_generation"])
         self.failpoint("restore-after-storage")
         self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
                                result=result)
@@ -88,8 +86,8 @@ class Restores(CoordinatorBase):
             return f"{boundary} is not an earlier boundary of scope {op.scope}"
         return None
 
-    def restore_intents(self, op: OpRow, result: dict[str, Any]) -> list[Intent]:
-        scope, generation = op.scope, int(result["w_generation"])
+    def restore_intents(self, op: OpRow, result: JSONObject) -> list[Intent]:
+        scope, generation = op.scope, json_int(result["w_generation"])
         return [
             self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
                         generation=generation, from_checkpoint=result["boundary"]),

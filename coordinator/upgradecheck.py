@@ -24,7 +24,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_list, json_str
 from cairn.workflow.review import Review, review_source
 from cairn.workflow.schema import build_models
 
@@ -126,7 +126,7 @@ class UpgradeCheck(Replay):
         if op is None or op.kind not in FORK_KINDS:
             raise _Frontier(f"{call.scope}-{call.seq}")
         self.check_identity(op, call, predecessor)
-        return {"forked": True, "lanes": list(op.request["lanes"])}, op.op_id, False
+        return {"forked": True, "lanes": list(json_list(op.request["lanes"]))}, op.op_id, False
 
     def join(self, join: JoinRequest) -> tuple[JSONObject, str, bool]:
         op = self.committed.get((join.scope, join.seq))
@@ -152,7 +152,7 @@ def serve_pending(journal: Journal, run_id: str) -> int:
         if event.event != REQUESTED or event.data["check_id"] in done:
             continue
         try:
-            report = UpgradeCheck(run_id, event.data["source"]).report()
+            report = UpgradeCheck(run_id, json_str(event.data["source"])).report()
         except CairnError as exc:
             report = {"error": exc.message}
         journal.append_event(run_id, CHECKED, {"check_id": event.data["check_id"], **report})

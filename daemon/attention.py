@@ -13,7 +13,7 @@ from __future__ import annotations
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
 from cairn.journal.rows import RunRow
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_str_or_none
 from cairn.protocol.notify import WaitingItem
 from cairn.settle.outcome import APPLY_REQUEST_ID
 
@@ -36,7 +36,7 @@ def approval_item(run_id: str, approval: ApprovalRow) -> WaitingItem:
             reject,
         ]
     asked = approval.prepared.get("kind") == "approve"  # a flow.approve, not an agent's
-    subject = approval.prepared.get("subject") if asked else None
+    subject = json_str_or_none(approval.prepared.get("subject")) if asked else None
     return WaitingItem(
         kind="approval", op_id=approval.op_id, request_id=approval.request_id,
         question=subject, deadline=approval.deadline, command=commands[0], commands=commands,

@@ -10,7 +10,7 @@ from cairn.errors import UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.agent import AgentMessage
 from cairn.protocol.daemon import ReconcileRequest, RetryRequest
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_str
 from cairn.protocol.replies import DecisionReply, RetryReply
 from cairn.restore_point import restore_point
 from cairn.validation import invalid
@@ -30,7 +30,9 @@ def decide(journal: Journal, request: ReconcileRequest | RetryRequest, uid: int)
     else:
         if request.result is None:
             raise UsageError("reconcile needs --result FILE or --no-effect")
-        finish = checked_finish(journal, run.run_id, op.request["descriptor"], request.result)
+        finish = checked_finish(
+            journal, run.run_id, json_str(op.request["descriptor"]), request.result
+        )
         journal.resolve_uncertain(
             run.run_id, op.op_id, decision="result", actor_uid=uid, finish=finish
         )

@@ -37,7 +37,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cairn.worker.agentproc import run_to_exit
 
@@ -55,13 +55,26 @@ class NoResult(Exception):
     """The CLI's answer cannot be made into the typed result."""
 
 
-def schema_hint(schema: dict[str, Any], style: str = "fenced",
+def _properties(schema: JSONObject) -> dict[str, JSONObject]:
+    """The schema's properties; one whose schema is not an object constrains nothing."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    return {name: spec if isinstance(spec, dict) else {} for name, spec in properties.items()}
+
+
+def _required(schema: JSONObject) -> list[str]:
+    names = schema.get("required")
+    return [str(name) for name in names] if isinstance(names, list) else []
+
+
+def schema_hint(schema: JSONObject, style: str = "fenced",
                 result_file: str = RESULT_FILE) -> str:
     """What the prompt asks the answer to end with, in the ``style`` of
     :data:`ANSWER_STYLES`."""
     fields = ", ".join(
         f'"{name}" ({spec.get("type", "value")})'
-        for name, spec in schema.get("properties", {}).items()
+        for name, spec in _properties(schema).items()
     )
     if style == "line":
         return ("\n\nWhen you are done, end your answer with one last line that holds only a "
@@ -122,24 +135,25 @@ def json_objects(text: str) -> list[JSONObject]:
     return found
 
 
-def typed_result(answer: str, schema: dict[str, Any]) -> dict[str, Any]:
+def typed_result(answer: str, schema: JSONObject) -> JSONObject:
     """The answer as ``{"output", "handoff"}`` for ``schema``; :class:`NoResult` if it
     does not fit."""
     text = answer.strip()
     if not text:
         raise NoResult("the agent printed no answer")
     handoff = text[-HANDOFF_LIMIT:]
-    required = [str(name) for name in schema.get("required", [])]
+    required = _required(schema)
     for candidate in reversed(json_objects(text)):
         if isinstance(candidate.get("output"), dict) and "output" not in required:
             return {"output": candidate["output"],
                     "handoff": str(candidate.get("handoff") or handoff)}
         if required and all(name in candidate for name in required):
             return {"output": candidate, "handoff": handoff}
-    properties = schema.get("properties", {})
+    properties = _properties(schema)
     if len(required) == 1 and properties.get(required[0], {}).get("type") == "string":
         limit = properties[required[0]].get("maxLength")
-        value = text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+        value = text if not isinstance(limit, int) or len(text) <= limit else (
+            text[: limit - 1] + "…")
         return {"output": {required[0]: value}, "handoff": handoff}
     raise NoResult(
         f"the answer has no JSON object with the fields {', '.join(required) or '(none)'}; "

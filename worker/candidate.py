@@ -23,15 +23,14 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, final
 
 from cairn import journald
 from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.protocol.limits import TEXT_LIMIT, TRIAL_REFUSED_SHOWN
-from cairn.settle.candidate import build_candidate, check_proposal
+from cairn.settle.candidate import Refused, build_candidate, check_proposal
 from cairn.settle.changes import changes_in
 from cairn.settle.diff import unified_diff
 from cairn.settle.inventory import inventories_equal
@@ -40,7 +39,36 @@ from cairn.settle.paths import SettlementPolicy
 log = logging.getLogger(__name__)
 
 
-def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> dict[str, Any]:
+class RefusedJSON(TypedDict):
+    path: str
+    reason: str
+
+
+@final
+class CandidateResultJSON(TypedDict):
+    """``result.json`` of a build, as root reads it (a ``CandidateResult``)."""
+
+    accepted: list[str]
+    refused: list[RefusedJSON]
+    ignored: list[str]
+    bytes_accepted: int
+    inventories_equal: bool
+    diff: str
+
+
+@final
+class TrialCheckJSON(TypedDict):
+    """``result.json`` of a trial's check, as root reads it (a ``TrialCheck``)."""
+
+    refused: list[RefusedJSON]
+    refused_count: int
+
+
+def _refused_json(refused: Refused) -> RefusedJSON:
+    return {"path": refused.path, "reason": refused.reason}
+
+
+def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResultJSON:
     """C from P under the policy in ``work``; the report, inventory check and diff, as
     ``result.json`` holds them."""
     policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
@@ -53,8 +81,11 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> dict[str, Any]
 
     report = build_candidate(view(q), view(p), view(c), change_set, policy)
     built = time.monotonic()
-    result = {
-        **asdict(report),
+    result: CandidateResultJSON = {
+        "accepted": list(report.accepted),
+        "refused": [_refused_json(r) for r in report.refused],
+        "ignored": list(report.ignored),
+        "bytes_accepted": report.bytes_accepted,
         "inventories_equal": (
             inventories_equal(q, p, subpath, policy.ignore) if not report.accepted else False
         ),
@@ -65,7 +96,7 @@ def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> dict[str, Any]
     return result
 
 
-def check(q: Path, p: Path, subpath: str, work: Path) -> dict[str, Any]:
+def check(q: Path, p: Path, subpath: str, work: Path) -> TrialCheckJSON:
     """What of P's changes since Q the settlement would refuse, as ``result.json`` of a
     trial's check holds it."""
     policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
@@ -75,7 +106,7 @@ def check(q: Path, p: Path, subpath: str, work: Path) -> dict[str, Any]:
         return root / subpath if subpath else root
 
     report = check_proposal(view(q), view(p), change_set, policy)
-    return {"refused": [asdict(r) for r in report.refused[:TRIAL_REFUSED_SHOWN]],
+    return {"refused": [_refused_json(r) for r in report.refused[:TRIAL_REFUSED_SHOWN]],
             "refused_count": len(report.refused)}
 
 
@@ -105,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cairn.worker.candidate: {failure['message']}", file=sys.stderr)
         return 1
     write_atomic(args.work / "result.json", json.dumps(result) + "\n")
-    if args.c is None:
+    if "refused_count" in result:
         log.info("trial check: %d refused", result["refused_count"])
     else:
         log.info("candidate: %d accepted, %d refused", len(result["accepted"]),

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cairn.errors import CairnError
 from cairn.protocol.agent import MODEL_ATTEMPT_HEADER, REFUSED_HEADER, AgentInstruction
@@ -59,7 +59,7 @@ class BudgetSpent(CairnError):
 @dataclass
 class _Reply:
     status: int
-    body: dict[str, Any] | None
+    body: JSONObject | None
     raw: bytes
     headers: dict[str, str]
 
@@ -214,6 +214,8 @@ def run_llm(
         reply = client.chat(messages, tools)
         message = _first_message(reply)
         calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise CairnError("the model relay answered tool_calls that are not a list")
         assistant: JSONObject = {"role": "assistant", "content": message.get("content")}
         if calls:
             assistant["tool_calls"] = calls
@@ -226,6 +228,8 @@ def run_llm(
             continue
         finished: tuple[JSONObject, str] | None = None
         for call in calls:
+            if not isinstance(call, dict):
+                raise CairnError("the model relay answered a tool call that is not an object")
             text, done, mistake = _run_call(call, toolbox, instruction.output_schema)
             log.info("step %d: %s%s", step, _call_name(call), " (refused)" if mistake else "")
             messages.append({"role": "tool", "tool_call_id": str(call.get("id", "")),
@@ -241,11 +245,11 @@ def run_llm(
 
 
 def _run_call(
-    call: dict[str, Any], toolbox: Toolbox, output_schema: JSONObject
+    call: JSONObject, toolbox: Toolbox, output_schema: JSONObject
 ) -> tuple[str, tuple[JSONObject, str] | None, int]:
     """(tool result text, finish (output, handoff) if accepted, 1 if a correction)."""
     name = _call_name(call)
-    raw = (call.get("function") or {}).get("arguments") or "{}"
+    raw = _function(call).get("arguments") or "{}"
     args = _json_object(raw.encode() if isinstance(raw, str) else b"")
     if args is None:
         return f"error: the arguments of {name} are not a JSON object; send valid JSON", None, 1
@@ -273,11 +277,18 @@ def _check_corrections(count: int, limit: int, what: str) -> None:
                          hint="try a stronger model or raise max_corrections of the profile")
 
 
-def _call_name(call: dict[str, Any]) -> str:
-    return str((call.get("function") or {}).get("name", ""))
+def _call_name(call: JSONObject) -> str:
+    return str(_function(call).get("name", ""))
 
 
-def _first_message(reply: JSONObject) -> dict[str, Any]:
+def _function(call: JSONObject) -> JSONObject:
+    function = call.get("function") or {}
+    if not isinstance(function, dict):
+        raise CairnError("the model relay answered a tool call whose function is not an object")
+    return function
+
+
+def _first_message(reply: JSONObject) -> JSONObject:
     choices = reply.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         message = choices[0].get("message")

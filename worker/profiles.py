@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cairn import paths, untrusted
 from cairn.errors import CairnError
@@ -128,7 +128,7 @@ def run_step(step: ScriptStep, instruction: AgentInstruction) -> None:
             raise CairnError(f"scripted step {step.argv[0]} exited {proc.returncode}")
 
 
-def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[dict[str, Any], str]:
+def run_command(argv: list[str], instruction: AgentInstruction) -> tuple[JSONObject, str]:
     """Run a host-configured agent CLI until it exits; its result is /outputs/result.json
     or its last stdout line (JSON with ``output`` and optional ``handoff``), judged by
     :mod:`cairn.resultjson` (:class:`ResultInvalid`). The profile's files are copied into

@@ -13,7 +13,7 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cairn.proc import run
 
@@ -234,7 +234,7 @@ def _decode(data: bytes | str | None) -> str:
 
 # --- the finish_work output check -----------------------------------------------------
 
-def schema_error(schema: dict[str, Any], value: JSONValue) -> str | None:
+def schema_error(schema: JSONObject, value: JSONValue) -> str | None:
     """The first way ``value`` breaks ``schema`` (a pydantic model's JSON schema), or None.
 
     Covers what workflow models can express: objects with required and forbidden extra
@@ -243,37 +243,51 @@ def schema_error(schema: dict[str, Any], value: JSONValue) -> str | None:
     (no "yes" for ``true``). The coordinator validates again with the model itself; this
     check only lets the agent correct its output before it finishes.
     """
-    return _check(schema, value, schema.get("$defs", {}), "output")
+    return _check(schema, value, _subschema(schema.get("$defs")), "output")
 
 
-def _check(schema: dict[str, Any], value: JSONValue, defs: dict[str, Any],
+def _subschema(value: JSONValue) -> JSONObject:
+    """A part of the schema; one that is not an object constrains nothing."""
+    return value if isinstance(value, dict) else {}
+
+
+def _bound(schema: JSONObject, key: str) -> int | float | None:
+    bound = schema.get(key)
+    return bound if isinstance(bound, int | float) else None
+
+
+def _check(schema: JSONObject, value: JSONValue, defs: JSONObject,
            where: str) -> str | None:
-    if "$ref" in schema:
-        return _check(defs[schema["$ref"].rsplit("/", 1)[-1]], value, defs, where)
-    if "anyOf" in schema:
-        errors = [_check(s, value, defs, where) for s in schema["anyOf"]]
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return _check(_subschema(defs[ref.rsplit("/", 1)[-1]]), value, defs, where)
+    any_of = schema.get("anyOf")
+    if isinstance(any_of, list):
+        errors = [_check(_subschema(s), value, defs, where) for s in any_of]
         return None if None in errors else next(e for e in errors if e)
     if "const" in schema and value != schema["const"]:
         return f"{where}: must be {schema['const']!r}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where}: must be one of {', '.join(repr(v) for v in schema['enum'])}"
+    enum = schema.get("enum")
+    if isinstance(enum, list) and value not in enum:
+        return f"{where}: must be one of {', '.join(repr(v) for v in enum)}"
     kind = schema.get("type")
     checker = _TYPE_CHECKS.get(kind) if isinstance(kind, str) else None
     return checker(schema, value, defs, where) if checker else None
 
 
-def _check_object(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
+def _check_object(schema: JSONObject, value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if not isinstance(value, dict):
         return f"{where}: must be an object"
-    properties: dict[str, Any] = schema.get("properties", {})
-    for name in schema.get("required", []):
+    properties = _subschema(schema.get("properties"))
+    required = schema.get("required")
+    for name in required if isinstance(required, list) else []:
         if name not in value:
             return f"{where}.{name}: field required"
     extra = schema.get("additionalProperties", True)
     for name, item in value.items():
         if name in properties:
-            error = _check(properties[name], item, defs, f"{where}.{name}")
+            error = _check(_subschema(properties[name]), item, defs, f"{where}.{name}")
         elif extra is False:
             error = f"{where}.{name}: extra field not permitted"
         elif isinstance(extra, dict):
@@ -285,20 +299,22 @@ def _check_object(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
     return None
 
 
-def _check_string(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
+def _check_string(schema: JSONObject, value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if not isinstance(value, str):
         return f"{where}: must be a string"
-    if len(value) < schema.get("minLength", 0):
-        return f"{where}: must have at least {schema['minLength']} characters"
-    if "maxLength" in schema and len(value) > schema["maxLength"]:
-        return f"{where}: must have at most {schema['maxLength']} characters"
-    if "pattern" in schema and not re.search(schema["pattern"], value):
-        return f"{where}: must match {schema['pattern']}"
+    least, most = _bound(schema, "minLength"), _bound(schema, "maxLength")
+    pattern = schema.get("pattern")
+    if least is not None and len(value) < least:
+        return f"{where}: must have at least {least} characters"
+    if most is not None and len(value) > most:
+        return f"{where}: must have at most {most} characters"
+    if isinstance(pattern, str) and not re.search(pattern, value):
+        return f"{where}: must match {pattern}"
     return None
 
 
-def _check_number(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
+def _check_number(schema: JSONObject, value: JSONValue, defs: JSONObject,
                   where: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{where}: must be a number"
@@ -307,28 +323,31 @@ def _check_number(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where}: must be finite"
     number = float(value)
-    if "minimum" in schema and not number >= schema["minimum"]:
-        return f"{where}: must be >= {schema['minimum']}"
-    if "maximum" in schema and not number <= schema["maximum"]:
-        return f"{where}: must be <= {schema['maximum']}"
-    if "exclusiveMinimum" in schema and not number > schema["exclusiveMinimum"]:
-        return f"{where}: must be > {schema['exclusiveMinimum']}"
-    if "exclusiveMaximum" in schema and not number < schema["exclusiveMaximum"]:
-        return f"{where}: must be < {schema['exclusiveMaximum']}"
-    step = schema.get("multipleOf")
+    minimum, maximum = _bound(schema, "minimum"), _bound(schema, "maximum")
+    above, below = _bound(schema, "exclusiveMinimum"), _bound(schema, "exclusiveMaximum")
+    if minimum is not None and not number >= minimum:
+        return f"{where}: must be >= {minimum}"
+    if maximum is not None and not number <= maximum:
+        return f"{where}: must be <= {maximum}"
+    if above is not None and not number > above:
+        return f"{where}: must be > {above}"
+    if below is not None and not number < below:
+        return f"{where}: must be < {below}"
+    step = _bound(schema, "multipleOf")
     if step and not math.isclose(value / step, round(value / step), abs_tol=1e-9):
         return f"{where}: must be a multiple of {step}"
     return None
 
 
-def _check_array(schema: dict[str, Any], value: JSONValue, defs: JSONObject,
+def _check_array(schema: JSONObject, value: JSONValue, defs: JSONObject,
                  where: str) -> str | None:
     if not isinstance(value, list):
         return f"{where}: must be a list"
-    if len(value) < schema.get("minItems", 0):
-        return f"{where}: must have at least {schema['minItems']} items"
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        return f"{where}: must have at most {schema['maxItems']} items"
+    least, most = _bound(schema, "minItems"), _bound(schema, "maxItems")
+    if least is not None and len(value) < least:
+        return f"{where}: must have at least {least} items"
+    if most is not None and len(value) > most:
+        return f"{where}: must have at most {most} items"
     items = schema.get("items")
     for n, item in enumerate(value):
         error = _check(items, item, defs, f"{where}.{n}") if isinstance(items, dict) else None
@@ -347,7 +366,7 @@ def _check_null(schema: JSONObject, value: JSONValue, defs: JSONObject,
     return None if value is None else f"{where}: must be null"
 
 
-_TYPE_CHECKS: dict[str, Callable[[dict[str, Any], JSONValue, JSONObject, str], str | None]] = {
+_TYPE_CHECKS: dict[str, Callable[[JSONObject, JSONValue, JSONObject, str], str | None]] = {
     "object": _check_object,
     "string": _check_string,
     "integer": _check_number,

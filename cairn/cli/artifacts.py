@@ -8,11 +8,12 @@ import base64
 import hashlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import click
 
-from cairn.cli.client import emit, fail, request, typed
+from cairn.cli.client import emit, fail, list_or_empty, object_or_empty, request, typed
 from cairn.cli.options import argument, columns, human_size, json_flag, run_argument
 from cairn.terminal import printable
 
@@ -91,13 +92,13 @@ def _save(data: ArtifactContent, output: str | None) -> None:
                err=True)
 
 
-def summary(run_id: str, op_id: str, recorded: dict[str, Any]) -> str:
+def summary(run_id: str, op_id: str, recorded: Mapping[str, object]) -> str:
     """``artifacts report.md, notes/a.txt (2 files, 1.2 KiB); 1 left behind``: one line of
     ``cairn show``, the first names only."""
-    files = recorded.get("files", [])
+    files = [object_or_empty(a) for a in list_or_empty(recorded.get("files"))]
     names = ", ".join(printable(a["name"]) for a in files[:SHOWN])
     more = f" and {len(files) - SHOWN} more" if len(files) > SHOWN else ""
-    size = human_size(sum(a["size"] for a in files))
+    size = human_size(sum(n for a in files if isinstance(n := a["size"], int)))
     text = (f"artifacts {names}{more} ({len(files)} file{'s' if len(files) != 1 else ''}, "
             f"{size})" if files else "no artifacts")
     if recorded.get("refused_total"):

@@ -19,7 +19,10 @@ from cairn.protocol.names import is_run_id
 TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
     from _socket import socket
+    from collections.abc import Mapping
     from typing import Any
+
+    from cairn.protocol.jsonvalue import JSONObject
 
 
 class Expected:
@@ -42,8 +45,8 @@ class Expected:
         schedule_id: str | None = None,
         replay_of: str | None = None,
         apply_mode: str | None = None,
-        args: dict[str, Any] | None = None,
-        scripted: dict[str, dict[str, Any]] | None = None,
+        args: Mapping[str, object] | None = None,
+        scripted: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         self.project = project
         self.definition = definition
@@ -128,18 +131,18 @@ class Expected:
         return run_id, launch_hash_of(desc)
 
 
-def _mapping(value: Any) -> dict[str, Any]:
+def _mapping(value: object) -> JSONObject:
     """A JSON object of the description, or an empty one in place of anything else (its
     fields then differ from what was asked for, or root refuses the description)."""
     return value if isinstance(value, dict) else {}
 
 
-def _identical(actual: Any, wanted: Any) -> bool:
+def _identical(actual: object, wanted: object) -> bool:
     """Equal with the same JSON type: the owner ``"1000"`` or ``True`` is not ``1000``."""
     return type(actual) is type(wanted) and actual == wanted
 
 
-def _same(frozen: Any, sent: Any) -> bool:
+def _same(frozen: object, sent: object) -> bool:
     """An argument as sent and as frozen: equal, or a scalar the input model coerced
     (``"5"`` to ``5``)."""
     scalars = (str, int, float, bool)

@@ -23,9 +23,10 @@ from cairn.terminal import printable
 
 TYPE_CHECKING = False  # typing is for type checkers only: every launch imports this module
 if TYPE_CHECKING:
-    from typing import Any, NoReturn, TypeVar
+    from typing import NoReturn, TypeVar
 
     from cairn.protocol.daemon import OpRequest
+    from cairn.protocol.jsonvalue import JSONObject, JSONValue
     from cairn.protocol.replies import Reply
 
     ReplyT = TypeVar("ReplyT", bound=Reply)
@@ -41,12 +42,12 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
 
 
 def request(
-    body: OpRequest | dict[str, Any],
+    body: OpRequest | dict[str, object],
     *,
     fd: int | None = None,
     timeout: float | None = None,
     expect: Expected | None = None,
-) -> Any:
+) -> JSONValue:
     """Send one request to cairnd and return its result (errors become CairnError).
     ``fd``: a directory passed along (the project). ``expect``: the request may start a
     run, which this process attests if its description is what was asked for
@@ -94,7 +95,7 @@ def request(
     return reply_result(raw)
 
 
-def reply_result(raw: bytes) -> Any:
+def reply_result(raw: bytes) -> JSONValue:
     """The result of cairnd's reply ``raw`` (:class:`cairn.protocol.daemon.DaemonReply`),
     read as JSON; an error reply is raised as the CairnError it names, and a reply that is
     not one is a CairnError saying so."""
@@ -133,6 +134,16 @@ def typed(model: type[ReplyT], result: object) -> ReplyT:
         raise _unreadable() from None
 
 
+def object_or_empty(value: object) -> JSONObject:
+    """``value``, a JSON object of a reply, read as one; anything else as an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def list_or_empty(value: object) -> list[JSONValue]:
+    """``value``, a JSON array of a reply, read as one; anything else as an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def _unreadable() -> CairnError:
     return CairnError(
         "cairnd sent a reply this CLI cannot read",
@@ -140,7 +151,7 @@ def _unreadable() -> CairnError:
     )
 
 
-def emit(data: Any) -> None:
+def emit(data: object) -> None:
     import json  # only for --json: a launch loads leanjson, not json
 
     print(json.dumps(data, indent=2, sort_keys=True), flush=True)

@@ -14,13 +14,13 @@ cannot see without SSH (which may ask for a password at a keystroke), so of thos
 """
 
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 
 import click
 from click.shell_completion import CompletionItem, ShellComplete
 
-from cairn.cli.client import request, typed
+from cairn.cli.client import list_or_empty, object_or_empty, request, typed
 from cairn.cli.remote import host_words
 from cairn.definitions.builtin import builtin_names
 from cairn.errors import CairnError
@@ -69,16 +69,23 @@ def run_candidates(incomplete: str) -> list[tuple[str, str]]:
     from cairn.protocol.daemon import PsRequest  # a command's name completes without it
 
     try:
-        runs = request(PsRequest(all_users=True), timeout=DAEMON_TIMEOUT)
+        sent = request(PsRequest(all_users=True), timeout=DAEMON_TIMEOUT)
     except (CairnError, OSError):
         return offered
-    short = short_ids(r["run_id"] for r in runs)
+    runs = [object_or_empty(r) for r in list_or_empty(sent)]
+    short = short_ids(str(r["run_id"]) for r in runs)
     full = incomplete.startswith("flow_")
-    for run in sorted(runs, key=lambda r: r["created_at"], reverse=True):
-        value = run["run_id"] if full else short[run["run_id"]]
+    for run in sorted(runs, key=_created_at, reverse=True):
+        run_id = str(run["run_id"])
+        value = run_id if full else short[run_id]
         if value.startswith(incomplete):
             offered.append((value, f"{run['state']} {run['definition']}"))
     return offered
+
+
+def _created_at(run: Mapping[str, object]) -> float:
+    at = run["created_at"]
+    return at if isinstance(at, (int, float)) else 0.0
 
 
 def schedule_candidates(incomplete: str) -> list[tuple[str, str]]:

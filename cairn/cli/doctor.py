@@ -5,11 +5,11 @@ cross-checked with its snapshots, units and receipts. Added to the main app by
 
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
-from cairn.cli.client import emit, fail, request, typed
+from cairn.cli.client import emit, fail, list_or_empty, object_or_empty, request, typed
 from cairn.cli.completion import run_candidates
 from cairn.cli.options import (
     argument,
@@ -21,6 +21,10 @@ from cairn.cli.options import (
 from cairn.errors import Unavailable
 from cairn.protocol.requestchecks import RUN_REF_HELP
 from cairn.terminal import printable
+
+if TYPE_CHECKING:
+    from cairn.hostcheck import HostCheck
+    from cairn.protocol.jsonvalue import JSONObject
 
 
 @argument(
@@ -83,7 +87,7 @@ def doctor(
         raise click.exceptions.Exit(1)
 
 
-def host_doctor(providers: bool = False) -> dict[str, Any]:
+def host_doctor(providers: bool = False) -> "JSONObject":
     """cairnd's report with the checks only the caller can make added: the credential
     stores (as root), the caller's linger and, with ``providers``, one answer of each
     provider (as root). Without cairnd, say so, as a failed check."""
@@ -93,24 +97,26 @@ def host_doctor(providers: bool = False) -> dict[str, Any]:
     from cairn.protocol.view_replies import DoctorReply
 
     try:
-        data: dict[str, Any] = request(DoctorRequest())
+        data = object_or_empty(request(DoctorRequest()))
     except Unavailable as exc:
         down = HostCheck(check="cairnd", status="fail", detail=exc.message,
                          fix="sudo systemctl enable --now cairn.socket")
         return {"host": [down.model_dump()], "credentials": {}, "runs": [], "problems": 1}
     reply = typed(DoctorReply, data)
-    schedules = sum(1 for view in request(ScheduleListRequest()) if view.get("timer"))
+    views = list_or_empty(request(ScheduleListRequest()))
+    schedules = sum(1 for view in views if object_or_empty(view).get("timer"))
     local = [
         *credential_checks(reply.credentials, credential_stores()),
         linger_check(schedules),
         *(provider_answers() if providers else []),
     ]
-    data["host"] = [*data["host"], *(c.model_dump() for c in local)]
+    sent = data["host"]
+    data["host"] = [*(sent if isinstance(sent, list) else []), *(c.model_dump() for c in local)]
     data["problems"] = reply.problems + sum(1 for c in local if c.status == "fail")
     return data
 
 
-def provider_answers() -> list[Any]:
+def provider_answers() -> list["HostCheck"]:
     """``HostCheck``s, one a provider: its answer to one short request through the model
     relay (:func:`cairn.provider_setup.probe_provider`), as root; a warning otherwise."""
     from cairn.config import Problems

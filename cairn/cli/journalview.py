@@ -7,8 +7,8 @@ colours chosen here, so an entry can neither move the cursor nor fake a colour."
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from cairn.terminal import printable
 
@@ -25,20 +25,21 @@ STYLE_OF_PRIORITY = {
 }
 
 
-def _field(entry: dict[str, Any], name: str) -> str | None:
+def _field(entry: Mapping[str, object], name: str) -> str | None:
     """A field as text: journalctl's JSON gives a field that is not valid UTF-8 as a list
     of byte values, and a field set more than once as a list of them (the first shown)."""
     value = entry.get(name)
     if isinstance(value, list) and value and isinstance(value[0], (list, str)):
         value = value[0]
     if isinstance(value, list):
-        if not all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        octets = [b for b in value if isinstance(b, int) and 0 <= b < 256]
+        if len(octets) != len(value):
             return None
-        return bytes(value).decode("utf-8", "backslashreplace")
+        return bytes(octets).decode("utf-8", "backslashreplace")
     return value if isinstance(value, str) else None
 
 
-def _timestamp(entry: dict[str, Any]) -> str:
+def _timestamp(entry: Mapping[str, object]) -> str:
     micros = _field(entry, "__REALTIME_TIMESTAMP")
     if micros is None or not micros.isdigit():
         return "-"
@@ -46,12 +47,12 @@ def _timestamp(entry: dict[str, Any]) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _priority(entry: dict[str, Any]) -> int | None:
+def _priority(entry: Mapping[str, object]) -> int | None:
     value = _field(entry, "PRIORITY")
     return int(value) if value is not None and value.isdigit() and len(value) == 1 else None
 
 
-def entry_lines(entry: dict[str, Any], *, colour: bool) -> list[str]:
+def entry_lines(entry: Mapping[str, object], *, colour: bool) -> list[str]:
     """One entry as journalctl's short-iso prints it: ``TIME HOST IDENT[PID]: MESSAGE``,
     a message's further lines indented under its first."""
     identifier = _field(entry, "SYSLOG_IDENTIFIER") or _field(entry, "_COMM") or "unknown"

@@ -17,7 +17,7 @@ import sys
 
 from cairn import leanjson
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, request
+from cairn.cli.client import emit, fail, object_or_empty, request
 from cairn.errors import PermissionDenied, UsageError
 from cairn.terminal import printable
 
@@ -26,6 +26,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
+
+    from cairn.protocol.jsonvalue import JSONObject
 
 APPLY_MODES = ("auto", "ask", "never")
 # Limits counted in bytes: their values may be written as sizes (2G, 512M).
@@ -89,10 +91,10 @@ def read_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | N
     return {"definition": definition, **given}
 
 
-def arg_pairs(pairs: Iterable[str]) -> dict[str, Any]:
+def arg_pairs(pairs: Iterable[str]) -> JSONObject:
     """``--arg KEY=VALUE`` options as arguments: VALUE read as JSON where it is JSON (3,
     true, null, [1, 2], "quoted text"), else taken as the text it is."""
-    found: dict[str, Any] = {}
+    found: JSONObject = {}
     for pair in pairs:
         key, eq, text = pair.partition("=")
         if not eq or not key or not key.isidentifier():
@@ -158,7 +160,7 @@ def launch(
         if definition.startswith(("user:", "project:")):
             source, confirm = _pinned(definition, confirm, fd, root)
         profiles = load_scripted(scripted)
-        result = request(
+        result = object_or_empty(request(
             launch_request(
                 definition=definition,
                 source=source,
@@ -180,10 +182,10 @@ def launch(
                 args=parsed,
                 scripted=profiles,
             ),
-        )
+        ))
     finally:
         os.close(fd)
-    run_id: str = result["run_id"]
+    run_id = str(result["run_id"])
     if json_out:
         emit(result)
         return run_id
@@ -208,11 +210,11 @@ def launch_request(
     confirm: str | None,
     limits: dict[str, int],
     apply_mode: str,
-    args: dict[str, Any],
+    args: JSONObject,
     project: str,
-    scripted: dict[str, dict[str, Any]],
+    scripted: dict[str, JSONObject],
     run_key: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The ``launch`` request as it goes on the socket: every field of
     :class:`~cairn.protocol.daemon.LaunchRequest`, in its JSON form."""
     return {
@@ -229,7 +231,7 @@ def launch_request(
     }
 
 
-def queued_note(run_id: str, position: int | None) -> str:
+def queued_note(run_id: str, position: object) -> str:
     """What a person is told of a run that waits for a machine-wide slot."""
     where = f" (position {printable(position)})" if position else ""
     return (
@@ -273,7 +275,7 @@ def parse_limits(specs: Iterable[str]) -> dict[str, int]:
     return limits
 
 
-def load_scripted(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
+def load_scripted(specs: Iterable[str]) -> dict[str, JSONObject]:
     """``--scripted PROFILE=FILE.json`` options: each file read and validated as a
     scripted profile named PROFILE, in its JSON form."""
     specs = list(specs)
@@ -281,7 +283,7 @@ def load_scripted(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
         return {}
     from cairn.protocol.launch import ProfileSpec  # only --scripted pays for it
 
-    scripted: dict[str, dict[str, Any]] = {}
+    scripted: dict[str, JSONObject] = {}
     for spec in specs:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:

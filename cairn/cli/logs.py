@@ -9,12 +9,19 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from cairn.cli.client import request, typed
-from cairn.cli.options import json_flag, no_pager_flag, paged, run_argument, value_check
+from cairn.cli.options import (
+    Decorator,
+    json_flag,
+    no_pager_flag,
+    paged,
+    run_argument,
+    value_check,
+)
 from cairn.protocol.names import is_op_id
 from cairn.protocol.requestchecks import (
     LOG_OUTPUTS,
@@ -42,7 +49,7 @@ FOLLOW_INTERVAL = 0.5
 
 def _checked_option(
     *decls: str, metavar: str, help: str, problem: Callable[[str], str | None]
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Decorator:
     """An option whose value ``problem`` checks (one line, or None when fine)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -213,7 +220,7 @@ def default_lines(follow: bool, since: str | None) -> int:
 def follow_logs(
     first: "LogsRequest",
     *,
-    ask: Callable[["LogsRequest"], Any],
+    ask: Callable[["LogsRequest"], object],
     show: Callable[[str], None],
     pause: Callable[[float], None] = time.sleep,
     interval: float = FOLLOW_INTERVAL,
@@ -255,7 +262,7 @@ def follow_logs(
         pause(interval)
 
 
-def _asked(ask: Callable[["LogsRequest"], Any], query: "LogsRequest") -> "LogsReply":
+def _asked(ask: Callable[["LogsRequest"], object], query: "LogsRequest") -> "LogsReply":
     """cairnd's reply to ``query``, read as :class:`LogsReply`."""
     from cairn.protocol.view_replies import LogsReply
 

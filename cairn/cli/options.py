@@ -10,8 +10,8 @@ import io
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
@@ -22,7 +22,16 @@ from cairn.errors import UsageError
 from cairn.protocol.requestchecks import RUN_REF_HELP, run_ref_problem
 from cairn.terminal import printable
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+CallbackT = TypeVar("CallbackT", bound=Callable[..., object])
+ValueT = TypeVar("ValueT")
+CheckedT = TypeVar("CheckedT")
+
+
+class Decorator(Protocol):
+    """What ``click.argument`` and ``click.option`` return: the command's function back,
+    with the parameter attached."""
+
+    def __call__(self, function: CallbackT, /) -> CallbackT: ...
 
 
 def check_run_ref(ref: str | None) -> str | None:
@@ -35,8 +44,8 @@ def check_run_ref(ref: str | None) -> str | None:
 
 
 def value_check(
-    check: Callable[[Any], Any],
-) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    check: Callable[[ValueT], CheckedT],
+) -> Callable[[click.Context, click.Parameter, ValueT], CheckedT]:
     """``check`` (the value in, the value out or :class:`click.BadParameter`) as the
     callback click calls with its context and the parameter."""
     return lambda ctx, param, value: check(value)
@@ -292,7 +301,7 @@ def columns(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def emit_or_empty(items: list[Any], json_out: bool, *, empty: str) -> bool:
+def emit_or_empty(items: Sequence[object], json_out: bool, *, empty: str) -> bool:
     """With ``--json`` print ``items`` as JSON; without it print ``empty`` when there are
     none. True when that is all a listing command has to print."""
     if json_out:
@@ -329,7 +338,7 @@ def renamed(group: click.Group, command: click.Command, old: str, new: str) -> N
     assert run is not None
 
     @functools.wraps(run)
-    def say_new_name(*args: Any, **kwargs: Any) -> Any:
+    def say_new_name(*args: object, **kwargs: object) -> object:
         click.echo(
             f"cairn: '{old}' is now '{new}'; the old name goes in a later release", err=True
         )
@@ -340,7 +349,7 @@ def renamed(group: click.Group, command: click.Command, old: str, new: str) -> N
     hidden_alias(group, alias, old.rsplit(maxsplit=1)[-1])
 
 
-def render_waiting(run_id: str, item: dict[str, Any]) -> str:
+def render_waiting(run_id: str, item: Mapping[str, object]) -> str:
     """One line for what a run waits on: a question or an approval request, and the
     command that answers it (``cairn watch`` and ``cairn show``)."""
     if item["kind"] == "question":

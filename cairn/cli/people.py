@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cairn.cli.client import fail, request, typed
+from cairn.cli.client import fail, list_or_empty, object_or_empty, request, typed
 from cairn.cli.options import (
     add_commands,
     argument,
@@ -48,7 +48,7 @@ def inbox(all_users: bool = False, json_out: bool = False) -> None:
 
     sent = request(InboxRequest(all_users=all_users))
     items = typed(InboxReply, {"items": sent}).items
-    if emit_or_empty(sent, json_out, empty="nothing waits for you"):
+    if emit_or_empty(list_or_empty(sent), json_out, empty="nothing waits for you"):
         return
     for item in items:
         click.echo(render_item(item))
@@ -203,7 +203,7 @@ def cancel(run_id: str, dry_run: bool = False, yes: bool = False) -> None:
     from cairn.protocol.daemon import CancelRequest, ShowRequest
 
     if dry_run:
-        run = request(ShowRequest(run_id=run_id))["run"]
+        run = object_or_empty(object_or_empty(request(ShowRequest(run_id=run_id)))["run"])
         if run["state"] in ("succeeded", "failed", "cancelled", "stopped"):
             would(f"leave {run['run_id']} as it is: it already ended {run['state']}")
         would(f"cancel {run['run_id']} ({run['state']}): its running agents are stopped "

@@ -7,15 +7,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from cairn.cli import launching
 from cairn.cli.artifacts import summary as artifacts_summary
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, request, typed
+from cairn.cli.client import emit, fail, list_or_empty, object_or_empty, request, typed
 from cairn.cli.completion import short_ids
 from cairn.cli.doctor import doctor
 from cairn.cli.launching import queued_note
@@ -218,7 +219,8 @@ def list_runs(
     wanted = _run_states(state)
     sent = request(PsRequest(all_users=all_users))
     # each run as cairnd sent it (--json, --format) beside its typed reading
-    both = [(raw, r) for raw, r in zip(sent, typed(PsReply, {"runs": sent}).runs, strict=True)
+    both = [(object_or_empty(raw), r)
+            for raw, r in zip(list_or_empty(sent), typed(PsReply, {"runs": sent}).runs, strict=True)
             if not wanted or r.state in wanted][:limit]
     if quiet:
         for _raw, r in both:
@@ -274,7 +276,7 @@ def _run_states(given: tuple[str, ...]) -> set[str]:
     return set(given)
 
 
-def _formatted(template: str, run: dict[str, Any]) -> str:
+def _formatted(template: str, run: Mapping[str, object]) -> str:
     """``template`` with each ``{FIELD}`` replaced by that field of the run's --json."""
     fields = {k: "-" if v is None else v for k, v in run.items()}
     try:
@@ -287,7 +289,7 @@ def _formatted(template: str, run: dict[str, Any]) -> str:
              hint="write each field as {FIELD}, e.g. '{run_id} {state}'", code=2)
 
 
-def _selected(fields: str, run: dict[str, Any]) -> dict[str, Any]:
+def _selected(fields: str, run: Mapping[str, object]) -> dict[str, object]:
     """The run's ``--json`` view cut to ``fields`` (comma-separated names)."""
     names = [name.strip() for name in fields.split(",") if name.strip()]
     unknown = [name for name in names if name not in run]
@@ -333,7 +335,7 @@ def show(
         _print_show(data)
 
 
-def model_line(model: dict[str, Any]) -> str:
+def model_line(model: Mapping[str, object]) -> str:
     """``model: 3 calls · 1,234 of 2,000,000 tokens · cost 0.12 of 2.50 · today 0.40 of
     5.00``: the run's model spend against its budgets."""
     parts = [f"model: {model['calls']} call{'s' if model['calls'] != 1 else ''}",
@@ -347,16 +349,16 @@ def model_line(model: dict[str, Any]) -> str:
 
 
 def _print_show(data: "ShowReply") -> None:
-    run: dict[str, Any] = data.run
+    run = data.run
     click.echo(f"run {run['run_id']}  {run['state']}  {printable(run['definition'])}")
     click.echo(f"project {printable(run['project'])}")
     if run.get("run_key"):
         click.echo(f"run key {printable(run['run_key'])}")
     if run["state"] == "queued":
-        click.echo(queued_note(run["run_id"], run.get("position")))
+        click.echo(queued_note(str(run["run_id"]), run.get("position")))
     if run.get("error"):
         click.echo(f"error: {printable(run['error'])}")
-    origin: dict[str, Any] | None = data.replayed_from
+    origin = data.replayed_from
     if origin:
         click.echo(
             f"replayed from {origin['run_id']} through {printable(origin['through'])} "
@@ -370,26 +372,26 @@ def _print_show(data: "ShowReply") -> None:
         )
     _echo_integrity(data.integrity)
     click.echo("operations:")
-    operations: list[dict[str, Any]] = data.operations
-    for op in operations:
-        cp = (op.get("checkpoint") or {}).get("s", {})
+    for op in data.operations:
+        checkpoint = object_or_empty(op.get("checkpoint"))
+        cp = object_or_empty(checkpoint.get("s"))
         click.echo(
             f"  {printable(op['op_id']):<10} {printable(op['kind']):<7} {op['state']:<10} "
             f"attempt {op['attempt']}  {printable(op['location'])}"
         )
         if op.get("imported_from"):
-            source = op["imported_from"]
+            source = object_or_empty(op["imported_from"])
             click.echo(f"             imported from {source['run_id']} "
                        f"{printable(source['op_id'])}")
         elif cp:
             # the broker found nothing but file times changed in the agent's W
-            changed = (op.get("checkpoint") or {}).get("changed")
+            changed = checkpoint.get("changed")
             click.echo(
                 f"             checkpoint {printable(cp.get('path'))} "
                 + ("(deleted)" if gone else f"(read-only, uuid {cp.get('uuid')})")
                 + (", no changes" if changed is False else "")
             )
-        for retry in op.get("retries", []):
+        for retry in map(object_or_empty, list_or_empty(op.get("retries"))):
             uuid = f" (uuid {retry['source_uuid']})" if retry.get("source_uuid") else ""
             click.echo(
                 f"             attempt {retry['attempt']} on a W restored from "
@@ -398,49 +400,54 @@ def _print_show(data: "ShowReply") -> None:
         if op.get("output") is not None:
             click.echo(f"             output {json.dumps(op['output'])}")
         if op.get("artifacts"):
-            line = artifacts_summary(run["run_id"], op["op_id"], op["artifacts"])
+            line = artifacts_summary(str(run["run_id"]), str(op["op_id"]),
+                                     object_or_empty(op["artifacts"]))
             click.echo(f"             {line}")
     if data.model:
         click.echo(model_line(data.model))
-    worklists: list[dict[str, Any]] = data.worklists
-    for worklist in worklists:
+    for worklist in data.worklists:
+        items = list_or_empty(worklist["items"])
         mark = "✓" if worklist["complete"] else "●"
         state = "done" if worklist["complete"] else "active"
         click.echo(
             f"{mark} {printable(worklist['title'])} r{worklist['revision']} · "
-            f"{worklist['done']}/{len(worklist['items'])} · {state}"
+            f"{worklist['done']}/{len(items)} · {state}"
         )
         symbols = {"done": "✓", "active": "●", "waiting": "○"}
-        for item, item_state in zip(worklist["items"], worklist["states"], strict=True):
-            click.echo(f"  {symbols[item_state]} {printable(item)}")
+        for item, item_state in zip(items, list_or_empty(worklist["states"]), strict=True):
+            click.echo(f"  {symbols[str(item_state)]} {printable(item)}")
     for facet in data.experiments:
         for line in experiment_lines(facet):
             click.echo(line)
-    question: dict[str, Any] | None = data.question
+    question = data.question
     if question:
         more = f" (and {question['also_waiting']} more)" if question["also_waiting"] else ""
-        click.echo(f"waiting: {render_waiting(run['run_id'], question)}{more}")
-    divergence: dict[str, Any] | None = data.divergence
+        click.echo(f"waiting: {render_waiting(str(run['run_id']), question)}{more}")
+    divergence = data.divergence
     if divergence:
-        fields = printable(", ".join(divergence["fields"]))
+        fields = printable(", ".join(str(f) for f in list_or_empty(divergence["fields"])))
         click.echo(f"replay diverged at {printable(divergence['op_id'])} ({fields}):")
+        journal = object_or_empty(divergence["journal"])
+        replayed = object_or_empty(divergence["replay"])
         for label in ("kind", "location", "predecessor", "request"):
-            click.echo(f"  {label:<12} journal: {json.dumps(divergence['journal'][label])}")
-            click.echo(f"  {'':<12} replay:  {json.dumps(divergence['replay'][label])}")
-    settlement: dict[str, Any] | None = data.settlement
+            click.echo(f"  {label:<12} journal: {json.dumps(journal[label])}")
+            click.echo(f"  {'':<12} replay:  {json.dumps(replayed[label])}")
+    settlement = data.settlement
     if settlement:
         summary = data.settlement_summary
-        label = summary.label if summary else settlement["status"]
-        click.echo(f"settlement: {printable(label)}")
-        apply = settlement.get("apply") or {}
+        status = summary.label if summary else settlement["status"]
+        click.echo(f"settlement: {printable(status)}")
+        apply = object_or_empty(settlement.get("apply"))
         for label in ("applied", "already_applied", "xattrs_not_kept", "links_not_kept"):
             if apply.get(label):
-                click.echo(f"  {label}: {', '.join(printable(p) for p in apply[label])}")
-        for conflict in apply.get("conflicts", []):
+                paths = ", ".join(printable(p) for p in list_or_empty(apply[label]))
+                click.echo(f"  {label}: {paths}")
+        for conflict in list_or_empty(apply.get("conflicts")):
             click.echo(f"  conflict: {_path_reason(conflict)}")
-        for refused in settlement.get("candidate", {}).get("refused", []):
+        candidate = object_or_empty(settlement.get("candidate"))
+        for refused in list_or_empty(candidate.get("refused")):
             click.echo(f"  refused: {_path_reason(refused)}")
-        ignored = settlement.get("candidate", {}).get("ignored", [])
+        ignored = list_or_empty(candidate.get("ignored"))
         if ignored:
             click.echo(f"  ignored (settle_ignore): {', '.join(printable(p) for p in ignored)}")
     if run.get("output"):
@@ -449,21 +456,22 @@ def _print_show(data: "ShowReply") -> None:
         click.echo(line)
     if data.units:
         click.echo("units: " + printable(" ".join(data.units)))
-    latest: dict[str, Any] | None = data.latest_event
+    latest = data.latest_event
     if latest:
         click.echo(f"events: {data.events_shown} (--json lists them); latest "
                    f"#{latest['cursor']} {printable(latest['event'])}"
                    + (f" {printable(latest['op_id'])}" if latest.get("op_id") else ""))
 
 
-def _path_reason(entry: dict[str, Any]) -> str:
+def _path_reason(entry: object) -> str:
     """``PATH (REASON)`` of a conflict or a refused path: both may quote an agent's name."""
-    return f"{printable(entry['path'])} ({printable(entry['reason'])})"
+    fields = object_or_empty(entry)
+    return f"{printable(fields['path'])} ({printable(fields['reason'])})"
 
 
-def _echo_integrity(integrity: dict[str, Any]) -> None:
+def _echo_integrity(integrity: Mapping[str, object]) -> None:
     """Contradictions first: what follows is built only from the records that agree."""
-    issues = integrity.get("issues", [])
+    issues = [object_or_empty(issue) for issue in list_or_empty(integrity.get("issues"))]
     if not issues:
         return
     click.echo(f"integrity: {len(issues)} contradiction(s) in the journal; nothing below is "
@@ -531,7 +539,7 @@ def retry(run_id: str, op_id: str) -> None:
     )
 
 
-def _restore_point(checkpoint: str | None) -> str:
+def _restore_point(checkpoint: object) -> str:
     return f"checkpoint {printable(checkpoint)}" if checkpoint else "Q (the project as launched)"
 
 
@@ -562,14 +570,14 @@ def upgrade(
         source = to.read_text()
     except OSError as exc:
         fail(f"cannot read {to}: {exc.strerror}", code=2)
-    data = request(
+    data = object_or_empty(request(
         UpgradeRequest(run_id=run_id, source=source, dry_run=dry_run, confirm=confirm),
         expect=Expected(run_id=full_run_id(run_id), source=source, review_hash=confirm),
-    )
+    ))
     if json_out:
         emit(data)
         return
-    div = data["divergence"]
+    div = None if data["divergence"] is None else object_or_empty(data["divergence"])
     if div is None:
         click.echo(
             f"{data['run_id']}: the new source reproduces all {data['checked']} "
@@ -682,9 +690,9 @@ def _revert_preview(run_id: str) -> str:
     from cairn.protocol.view_replies import ShowReply
 
     view = typed(ShowReply, request(ShowRequest(run_id=run_id)))
-    settlement: dict[str, Any] = view.settlement or {}
-    reverted = (settlement.get("revert") or {}).get("status") == "applied"
-    applied = (settlement.get("apply") or {}).get("applied") or []
+    settlement = view.settlement or {}
+    reverted = object_or_empty(settlement.get("revert")).get("status") == "applied"
+    applied = list_or_empty(object_or_empty(settlement.get("apply")).get("applied"))
     full = view.run["run_id"]
     if reverted or not applied:
         return f"leave {full}'s project as it is: " + (
@@ -732,37 +740,39 @@ def replay(
     click.echo(f"follow it with 'cairn watch {data.run_id}'")
 
 
-def _target_text(target: dict[str, Any] | None) -> str:
+def _target_text(facet: object) -> str:
+    target = object_or_empty(facet)
     if not target:
         return ""
     return f" · target {target['value']:g} {'reached' if target['reached'] else 'not reached'}"
 
 
-def experiment_lines(facet: dict[str, Any]) -> list[str]:
+def experiment_lines(facet: Mapping[str, object]) -> list[str]:
     """``cairn show``'s experiment facet: metric, baseline, best, gain (and the target),
     then each candidate with its disposition and, indented below it, its report."""
 
-    def value(entry: dict[str, Any] | None) -> str:
+    def value(facet_entry: object) -> str:
+        entry = object_or_empty(facet_entry)
         return "-" if not entry else f"{entry['value']:g} ({printable(entry['measurement'])})"
 
     gain = "-" if facet.get("gain") is None else f"{facet['gain']:+.1%}"
+    network = ", ".join(printable(d) for d in list_or_empty(facet.get("network")))
     guardrails = ", ".join(
-        f"{printable(n)} ≤{m:.0%}" for n, m in facet.get("guardrails", {}).items()
+        f"{printable(n)} ≤{m:.0%}" for n, m in object_or_empty(facet.get("guardrails")).items()
     )
     lines = [
         f"◆ experiment {printable(facet['scope'])} · {printable(facet['metric'])} · baseline "
         f"{value(facet.get('baseline'))} · best {value(facet.get('best'))} · gain {gain}"
         + (f" · guardrails {guardrails}" if guardrails else "")
         + _target_text(facet.get("target"))
-        + (f" · evaluator network {', '.join(printable(d) for d in facet['network'])}"
-           if facet.get("network") else "")
+        + (f" · evaluator network {network}" if facet.get("network") else "")
     ]
     symbols = {"accepted": "✓", "rejected": "✗", "refused": "!", "pending": "○"}
-    for c in facet["candidates"]:
+    for c in map(object_or_empty, list_or_empty(facet["candidates"])):
         reason = f" — {printable(c['reason'])}" if c.get("reason") else ""
         shown = "-" if c["value"] is None else f"{c['value']:g}"
-        lines.append(f"  {symbols[c['disposition']]} {printable(c['measurement'])} {shown} "
+        lines.append(f"  {symbols[str(c['disposition'])]} {printable(c['measurement'])} {shown} "
                      f"{c['disposition']}{reason}")
-        for name, text in (c.get("report") or {}).items():
+        for name, text in object_or_empty(c.get("report")).items():
             lines.append(f"      {printable(name)}: {printable(text)}")
     return lines

@@ -9,13 +9,14 @@ checks), and install, check and remove the timer in the user's own systemd manag
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, request, typed
+from cairn.cli.client import emit, fail, list_or_empty, object_or_empty, request, typed
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
 from cairn.cli.options import (
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         SchedulePauseRequest,
         ScheduleRunNowRequest,
     )
+    from cairn.protocol.jsonvalue import JSONObject
     from cairn.protocol.replies import ScheduleReview
 
 schedule_app = CairnGroup(
@@ -418,7 +420,7 @@ def list_(json_out: bool = False) -> None:
 
     sent = request(ScheduleListRequest())
     views = typed(ScheduleListReply, {"schedules": sent}).schedules
-    if emit_or_empty(sent, json_out, empty="no schedules"):
+    if emit_or_empty(list_or_empty(sent), json_out, empty="no schedules"):
         return
     for v in views:
         status = v.status + (" (awaiting confirmation)" if v.awaiting_confirmation else "")
@@ -477,7 +479,7 @@ def _admit(
     *,
     occurrence: str | None = None,
     wait: bool = True,
-) -> dict[str, Any]:
+) -> "JSONObject":
     """Ask cairnd to admit one occurrence, proving access to the project with an open
     directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
     # here, not at the top: every cairn command would pay for these imports
@@ -512,7 +514,7 @@ def _admit(
                     review_hash=review_hash if source is not None else None,
                     source=source,
                 )
-            result: dict[str, Any] = request(
+            result = object_or_empty(request(
                 kind(
                     schedule_id=schedule_id,
                     occurrence=occurrence,
@@ -521,7 +523,7 @@ def _admit(
                 ),
                 fd=fd,
                 expect=expected,
-            )
+            ))
         finally:
             if fd is not None:
                 os.close(fd)
@@ -529,11 +531,11 @@ def _admit(
             return result
         if occurrence is None:
             echo(f"{schedule_id} {result['key']}: queued: {result['reason']}")
-        occurrence = result["key"]
+        occurrence = str(result["key"])
         time.sleep(QUEUE_POLL_SEC)
 
 
-def _report(result: dict[str, Any]) -> str:
+def _report(result: Mapping[str, object]) -> str:
     line = f"{result['schedule_id']} {result.get('key', '-')}: {result['outcome']}"
     line += f": {result['reason']}"
     if result.get("run_id"):
@@ -586,13 +588,37 @@ def inbox(json_out: bool = False) -> None:
 
     sent = request(ScheduleInboxRequest())
     items = typed(ScheduleInboxReply, {"items": sent}).items
-    if emit_or_empty(sent, json_out, empty="inbox empty"):
+    if emit_or_empty(list_or_empty(sent), json_out, empty="inbox empty"):
         return
     for item in items:
         echo(f"{item.at}  {item.name} ({item.schedule_id})  {item.kind}: {item.message}")
 
 
-def doctor_report() -> dict[str, Any]:
+class TimerCheck(TypedDict):
+    """One schedule of ``cairn schedule doctor``: its timer as the user manager has it."""
+
+    schedule_id: str
+    name: str
+    status: str
+    timer_unit: str
+    timer_file: str
+    timer_present: bool
+    timer_matches: bool | None
+    active: str | None
+    enabled: str | None
+    last_trigger: str | None
+    next_elapse: str | None
+    blocked_reason: str | None
+    problems: list[str]
+
+
+class TimerReport(TypedDict):
+    linger: bool
+    schedules: list[TimerCheck]
+    problems: list[str]
+
+
+def doctor_report() -> TimerReport:
     """Compare cairnd's schedules with the user manager: timer file present and exactly as
     rendered, enabled and active; linger; last trigger, next elapse, blocked reason."""
     from cairn.protocol.daemon import ScheduleListRequest
@@ -606,7 +632,7 @@ def doctor_report() -> dict[str, Any]:
     linger = linger_enabled()
     if not linger:
         problems.append(linger_hint())
-    schedules = []
+    schedules: list[TimerCheck] = []
     known = set()
     for v in views:
         sid = v.schedule_id
@@ -614,7 +640,7 @@ def doctor_report() -> dict[str, Any]:
         path = timer_path(sid)
         present = path.exists()
         state = timer_state(sid)
-        entry: dict[str, Any] = {
+        entry: TimerCheck = {
             "schedule_id": sid,
             "name": v.name,
             "status": v.status,
@@ -687,16 +713,15 @@ def repair() -> None:
     """
     from cairn.protocol.daemon import ScheduleFireRequest, ScheduleReconcileRequest
 
-    result = request(ScheduleReconcileRequest())
-    for line in apply_timers(result["schedules"]):
+    result = object_or_empty(request(ScheduleReconcileRequest()))
+    for line in apply_timers(map(object_or_empty, list_or_empty(result["schedules"]))):
         echo(line)
     if result["repaired"]:
         echo(f"repaired {result['repaired']} half-prepared occurrence(s)")
-    for queued in result["queued"]:
+    for queued in map(object_or_empty, list_or_empty(result["queued"])):
         try:
-            retried = _admit(
-                ScheduleFireRequest, queued["schedule_id"], occurrence=queued["key"], wait=False
-            )
+            retried = _admit(ScheduleFireRequest, str(queued["schedule_id"]),
+                             occurrence=str(queued["key"]), wait=False)
         except CairnError as exc:
             echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
             continue

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -38,8 +37,8 @@ class SchedulePin(BaseModel):
     project: str
     definition: str
     review_hash: str | None  # computed by the CLI for user: and project: definitions
-    args: dict[str, Any]
-    scripted: dict[str, dict[str, Any]]
+    args: dict[str, object]
+    scripted: dict[str, dict[str, object]]
 
     def expected(self) -> Expected:
         """What a launch of this schedule must be before its owner attests it."""

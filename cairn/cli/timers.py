@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import pwd
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from cairn import userpaths
 from cairn.fsutil import write_atomic
@@ -128,14 +128,14 @@ def linger_hint() -> str:
     return f"timers fire only while you are logged in: run 'sudo loginctl enable-linger {user}'"
 
 
-def apply_timers(views: list[dict[str, Any]]) -> list[str]:
+def apply_timers(views: Iterable[Mapping[str, object]]) -> list[str]:
     """Bring the user manager in line with cairnd: a timer exactly as cairnd renders it
     for every enabled schedule, none for any other. Returns what was repaired."""
     # here, not at the top: every cairn command would pay for this import
     from cairn.schedules import timer_name
 
     repaired = []
-    wanted = {v["schedule_id"]: v["timer"] for v in views if v["timer"]}
+    wanted = {str(v["schedule_id"]): str(v["timer"]) for v in views if v["timer"]}
     for schedule_id, text in sorted(wanted.items()):
         if install_timer(schedule_id, text):
             repaired.append(f"{timer_name(schedule_id)}: installed")

@@ -8,12 +8,12 @@ import datetime
 import json
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, NoReturn, TextIO
+from collections.abc import Callable, Mapping
+from typing import NoReturn, TextIO
 
 import click
 
-from cairn.cli.client import request
+from cairn.cli.client import list_or_empty, object_or_empty, request
 from cairn.cli.options import render_waiting
 from cairn.terminal import printable
 
@@ -30,14 +30,21 @@ def _size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _fraction(data: dict[str, Any]) -> float | None:
+def _as_int(value: object) -> int:
+    """``int()`` of a number cairnd sent (a progress count, a cursor)."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"{value!r} is not a number")
+
+
+def _fraction(data: Mapping[str, object]) -> float | None:
     total = data.get("total")
     if not isinstance(total, int) or total <= 0:
         return None
-    return min(1.0, max(0, int(data.get("done", 0))) / total)
+    return min(1.0, max(0, _as_int(data.get("done", 0))) / total)
 
 
-def progress_text(data: dict[str, Any]) -> str:
+def progress_text(data: Mapping[str, object]) -> str:
     """``import 41200/100000 entries (41%), 12.0 MiB/40.0 MiB``."""
     phase = printable(data.get("phase", "?"))
     done, total = printable(data.get("done", 0)), data.get("total")
@@ -47,18 +54,22 @@ def progress_text(data: dict[str, Any]) -> str:
     if fraction is not None:
         text += f" ({fraction:.0%})"
     if data.get("bytes_total"):
-        text += f", {_size(int(data.get('bytes_done', 0)))}/{_size(int(data['bytes_total']))}"
+        done_bytes, total_bytes = _as_int(data.get("bytes_done", 0)), _as_int(data["bytes_total"])
+        text += f", {_size(done_bytes)}/{_size(total_bytes)}"
     return text
 
 
-def progress_bar(data: dict[str, Any], width: int = BAR_WIDTH) -> str:
+def progress_bar(data: Mapping[str, object], width: int = BAR_WIDTH) -> str:
     """``[#########.....................] import 41200/100000 entries (41%), …``."""
     fraction = _fraction(data) or 0.0
     filled = int(fraction * width)
     return f"[{'#' * filled}{'.' * (width - filled)}] {progress_text(data)}"
 
 
-def clock(at: float) -> str:
+def clock(at: object) -> str:
+    """``HH:MM:SS`` of ``at``, seconds since the epoch as cairnd sends them."""
+    if not isinstance(at, (int, float)):
+        raise TypeError(f"a moment is a number of seconds, not {at!r}")
     return datetime.datetime.fromtimestamp(at).strftime("%H:%M:%S")
 
 
@@ -66,25 +77,28 @@ class EventPrinter:
     """Print watch events to ``out``: progress as a bar redrawn in place when ``tty``,
     otherwise (and every other event) as lines; ``render`` renders the other events."""
 
-    def __init__(self, out: TextIO, *, tty: bool, render: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(
+        self, out: TextIO, *, tty: bool, render: Callable[[Mapping[str, object]], str]
+    ) -> None:
         self.out = out
         self.tty = tty
         self.render = render
         self.bar_shown = False
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: Mapping[str, object]) -> None:
         name = event.get("event")
+        data = object_or_empty(event.get("data"))
         if name == "progress" and self.tty:
-            self.out.write(f"\r\x1b[K{progress_bar(event['data'])}")
+            self.out.write(f"\r\x1b[K{progress_bar(data)}")
             self.out.flush()
             self.bar_shown = True
             return
         if name == "progress":
-            line = f"{clock(event['at'])} progress {progress_text(event['data'])}"
+            line = f"{clock(event['at'])} progress {progress_text(data)}"
         elif name == "agent-note":
-            dropped = event["data"].get("dropped")
+            dropped = data.get("dropped")
             more = f" ({dropped} notes dropped so far)" if dropped else ""
-            text = printable(event["data"].get("text"))
+            text = printable(data.get("text"))
             line = f"{clock(event['at'])} note {printable(event.get('op_id'))}: {text}"
             line += more
         else:
@@ -103,7 +117,7 @@ class EventPrinter:
             self.bar_shown = False
 
 
-def progress_lines(progress: dict[str, dict[str, Any]]) -> list[str]:
+def progress_lines(progress: Mapping[str, Mapping[str, object]]) -> list[str]:
     """``cairn show``: the latest report of each phase."""
     return [
         f"progress: {progress_text(data)} at {clock(data['at'])}"
@@ -121,25 +135,25 @@ def follow(
     from cairn.protocol.daemon import WatchRequest
 
     cursor = 0
-    shown_waiting: list[dict[str, Any]] = []
+    shown_waiting: list[Mapping[str, object]] = []
     out = EventPrinter(sys.stdout, tty=sys.stdout.isatty() and not json_out, render=render_event)
     try:
         while True:
             polled = time.monotonic()
-            data = request(WatchRequest(run_id=run_id, cursor=cursor))
-            run_id = data["run_id"]  # a prefix or @last names this run from now on
-            for event in data["events"] if events else ():
+            data = object_or_empty(request(WatchRequest(run_id=run_id, cursor=cursor)))
+            run_id = str(data["run_id"])  # a prefix or @last names this run from now on
+            for event in list_or_empty(data["events"]) if events else ():
                 if json_out:
                     out.line(json.dumps(event))
                 else:
-                    out.event(event)
-            cursor = data["cursor"]
+                    out.event(object_or_empty(event))
+            cursor = _as_int(data["cursor"])
             if data["more"]:
                 continue
             if data["waiting"] != shown_waiting:
-                shown_waiting = data["waiting"]
+                shown_waiting = [object_or_empty(item) for item in list_or_empty(data["waiting"])]
                 for item in shown_waiting:
-                    out.line(f"waiting: {render_waiting(data['run_id'], item)}")
+                    out.line(f"waiting: {render_waiting(run_id, item)}")
             if data["finished"]:
                 out.line(completion_line(data))
                 raise click.exceptions.Exit(0 if data["state"] == "succeeded" else 1)
@@ -148,14 +162,15 @@ def follow(
         raise click.exceptions.Exit(130) from None
 
 
-def render_event(event: dict[str, Any]) -> str:
-    at = datetime.datetime.fromtimestamp(event["at"]).strftime("%H:%M:%S")
+def render_event(event: Mapping[str, object]) -> str:
+    at = clock(event["at"])
     where = f" {printable(event['op_id'])}" if event.get("op_id") else ""
-    data = " ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(event["data"].items()))
+    fields = object_or_empty(event["data"])
+    data = " ".join(f"{printable(k)}={printable(fields[k])}" for k in sorted(fields))
     return f"{at} {printable(event['event'])}{where}" + (f" {data}" if data else "")
 
 
-def completion_line(data: dict[str, Any]) -> str:
+def completion_line(data: Mapping[str, object]) -> str:
     line = f"{data['run_id']} {data['state']}"
     if data.get("error"):
         line += f": {printable(data['error'])}"

@@ -19,6 +19,7 @@ from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.rows import (
     TERMINAL_RUN_STATES,
     ControlAction,
+    JSONColumn,
     RunRow,
     RunState,
     loads,
@@ -549,7 +550,7 @@ class ApprovalRow(BaseModel):
     request_id: str
     op_id: str
     attempt: int
-    prepared: dict[str, Any]
+    prepared: JSONColumn
     fingerprint: str
     evaluation: dict[str, Any]
     deadline: float

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue, PlainSerializer, PlainValidator
+from pydantic_core import PydanticCustomError
 
 from cairn.canonical import canonical_json
+
+if TYPE_CHECKING:  # a type only: the broker reads rows and loads no more than it runs
+    from cairn.protocol.jsonvalue import JSONObject
 
 RunState = Literal[
     "queued", "pending",
@@ -36,12 +41,38 @@ TERMINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
 ControlAction = Literal["pause", "resume", "stop", "cancel"]
 
 
-def loads(value: str | None) -> Any:
+def loads(value: str | None) -> JsonValue:
     return None if value is None else json.loads(value)
 
 
 def dumps(value: object) -> str | None:
     return None if value is None else canonical_json(value)
+
+
+def _object(value: object) -> dict[str, JsonValue]:
+    if not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    return dict(value)
+
+
+def _as_is(value: object) -> object:  # ``object``: serialized as it is, never walked
+    return value
+
+
+# A JSON column as :func:`loads` read it: JSON by construction, so only checked to be an
+# object, and dumped as it is. Never walked as pydantic's JsonValue would be: its nesting
+# limit is below json's (a deeper value would hang its serializer), a row cairn wrote must
+# read back and be shown, and a big column would cost its size at every read.
+JSONColumn = Annotated[dict[str, JsonValue], PlainValidator(_object), PlainSerializer(_as_is)]
+
+
+def fork_lanes(request: Mapping[str, object]) -> list[str] | None:
+    """The lane keys a fork's request names ([] when it names none); None when it names
+    them as anything but a list of strings (no request the coordinator writes)."""
+    lanes = request.get("lanes", [])
+    if not isinstance(lanes, list) or not all(isinstance(key, str) for key in lanes):
+        return None
+    return lanes
 
 
 class RunRow(BaseModel):
@@ -55,7 +86,7 @@ class RunRow(BaseModel):
     state: RunState
     output: dict[str, object] | None
     error: str | None
-    settlement: dict[str, Any] | None
+    settlement: JSONColumn | None
     lease_holder: str | None
     lease_token: int
     lease_expires: float
@@ -80,16 +111,16 @@ class OpRow(BaseModel):
     seq: int
     op_id: str
     kind: str
-    request: dict[str, Any]
+    request: JSONColumn
     request_hash: str
     source_location: str
     predecessor: str | None
     attempt: int
     state: OpState
     finish: dict[str, object] | None
-    result: dict[str, Any] | None
+    result: JSONColumn | None
     error: str | None
-    checkpoint: dict[str, Any] | None
+    checkpoint: JSONColumn | None
     created_at: float
     updated_at: float
 
@@ -101,6 +132,16 @@ class OpRow(BaseModel):
         return cls.model_validate(data)
 
 
+class StoredReceipt(TypedDict):
+    """A broker receipt as the journal keeps it (``Receipt.model_dump(mode="json")``)."""
+
+    intent_id: str
+    run_id: str
+    kind: str
+    data: JSONObject
+    at: float
+
+
 class EventRow(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
@@ -109,5 +150,5 @@ class EventRow(BaseModel):
     scope: str | None
     op_id: str | None
     event: str
-    data: dict[str, Any]
+    data: JSONColumn
     at: float

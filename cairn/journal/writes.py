@@ -11,12 +11,11 @@ import json
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
 from cairn.canonical import canonical_json
 from cairn.errors import JournalError, NotFound
 from cairn.journal.reader import JournalReader
-from cairn.journal.rows import EventRow
+from cairn.journal.rows import EventRow, StoredReceipt
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.transactions import transaction
 from cairn.protocol.broker import VERB_OF_KIND, Intent
@@ -172,7 +171,7 @@ class Writes(JournalReader):
                     (receipt["intent_id"], run_id, canonical_json(receipt), receipt["at"]),
                 )
 
-    def receipts(self, run_id: str) -> list[dict[str, Any]]:
+    def receipts(self, run_id: str) -> list[StoredReceipt]:
         rows = self.db.execute(
             "SELECT body FROM receipts WHERE run_id=? ORDER BY at", (run_id,)
         ).fetchall()

@@ -11,26 +11,20 @@ model, whoever filled them in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import TypeGuard, TypeVar
+
+from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.mcp import ElicitForm, FormField
 
 COMMON_KEYS: tuple[str, ...] = ("title", "description", "default")
 STRING_KEYS: tuple[str, ...] = (*COMMON_KEYS, "minLength", "maxLength")
 NUMBER_KEYS: tuple[str, ...] = (*COMMON_KEYS, "minimum", "maximum")
 FORMATS = ("email", "uri", "date", "date-time")
 FormValue = str | int | float | bool
-# One field of a form: the elicitation schema of one input property.
-FormField = dict[str, object]
+Value = TypeVar("Value")
 
 
-class LaunchForm(TypedDict):
-    """The flat form of ``elicitation/create``: its fields, and the missing ones."""
-
-    type: str
-    properties: dict[str, FormField]
-    required: list[str]
-
-
-def _without_null(prop: Mapping[str, object]) -> Mapping[str, object]:
+def _without_null(prop: Mapping[str, JSONValue]) -> Mapping[str, JSONValue]:
     """``X | None`` (pydantic's ``anyOf`` with a ``null`` branch) as ``X``, keeping the
     property's own title, description and default."""
     branches = prop.get("anyOf")
@@ -42,7 +36,7 @@ def _without_null(prop: Mapping[str, object]) -> Mapping[str, object]:
     return {**real[0], **{k: v for k, v in prop.items() if k != "anyOf"}}
 
 
-def form_field(prop: Mapping[str, object]) -> FormField | None:
+def form_field(prop: Mapping[str, JSONValue]) -> FormField | None:
     """The elicitation schema of one input property, or None when a form cannot hold it."""
     prop = _without_null(prop)
     kind = prop.get("type")
@@ -62,11 +56,11 @@ def form_field(prop: Mapping[str, object]) -> FormField | None:
     return None
 
 
-def _is_value(value: object) -> bool:
+def _is_value(value: object) -> TypeGuard[FormValue]:
     return isinstance(value, str | int | float | bool)
 
 
-def launch_form(schema: Mapping[str, object], given: Mapping[str, object]) -> LaunchForm | None:
+def launch_form(schema: Mapping[str, object], given: Mapping[str, object]) -> ElicitForm | None:
     """The form for the input ``schema`` when ``given`` lacks a required field it can
     hold, else None. Each field starts at the value ``given`` has for it (the caller's
     proposal, which the person may change), or at the model's default."""
@@ -85,8 +79,9 @@ def launch_form(schema: Mapping[str, object], given: Mapping[str, object]) -> La
             if name in missing:
                 return None  # a required field no form can hold: cairnd says what it needs
             continue
-        if _is_value(given.get(name)):
-            field["default"] = given[name]
+        proposed = given.get(name)
+        if _is_value(proposed):
+            field["default"] = proposed
         elif not _is_value(field.get("default")):
             field.pop("default", None)
         fields[name] = field
@@ -96,8 +91,8 @@ def launch_form(schema: Mapping[str, object], given: Mapping[str, object]) -> La
 
 
 def filled(
-    given: Mapping[str, object], content: Mapping[str, object] | None
-) -> dict[str, object]:
+    given: Mapping[str, Value], content: Mapping[str, Value] | None
+) -> dict[str, Value]:
     """``given`` with what the person entered (an empty entry leaves the field out)."""
     entered = {k: v for k, v in (content or {}).items() if v is not None and v != ""}
     return {**given, **entered}

@@ -20,7 +20,6 @@ from typing import IO
 from pydantic import BaseModel, ValidationError
 
 from cairn.errors import CairnError, Unavailable
-from cairn.mcp.forms import LaunchForm
 from cairn.mcp.tools import Reporter, Session, UnknownTool, call_tool, list_tools
 from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.mcp import (
@@ -33,6 +32,7 @@ from cairn.protocol.mcp import (
     CallToolResult,
     CancelledParams,
     ElicitAnswer,
+    ElicitForm,
     ElicitParams,
     ErrorObject,
     InitializeParams,
@@ -221,8 +221,8 @@ class Server:
         asked.result, asked.error = extra.get("result"), extra.get("error")
         asked.answered.set()
 
-    def _elicitor(self, cancel: threading.Event) -> Callable[[str, LaunchForm], ElicitAnswer]:
-        def elicit(text: str, form: LaunchForm) -> ElicitAnswer:
+    def _elicitor(self, cancel: threading.Event) -> Callable[[str, ElicitForm], ElicitAnswer]:
+        def elicit(text: str, form: ElicitForm) -> ElicitAnswer:
             """Ask the person through the client's form; their answer, or a CairnError
             when the client refused to ask, the call was cancelled, or nobody answered."""
             with self.lock:
@@ -230,7 +230,7 @@ class Server:
                 request_id = f"cairn-form-{self.asked_count}"
             asked = self.asked[request_id] = _Asked()
             try:
-                params = ElicitParams(message=text, requested_schema=dict(form))
+                params = ElicitParams(message=text, requested_schema=form)
                 self.write(request_line(request_id, "elicitation/create", params))
                 deadline = time.monotonic() + self.form_seconds
                 while not asked.answered.wait(0.2):

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,23 +27,25 @@ from cairn.cli.attest import Expected
 from cairn.definitions import registry, user
 from cairn.definitions.resolve import current_review, for_launch, split
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
-from cairn.mcp.forms import LaunchForm, filled, launch_form
+from cairn.mcp.forms import filled, launch_form
 from cairn.protocol.daemon import (
     AnswerRequest,
     ArtifactsRequest,
     InboxRequest,
     LaunchRequest,
+    OpRequest,
     PsRequest,
     ShowRequest,
     WatchRequest,
 )
-from cairn.protocol.jsonvalue import JSONObject, JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_int, json_list, json_object
 from cairn.protocol.mcp import (
     MAX_ARTIFACT_TEXT,
     AnswerArgs,
     ArtifactArgs,
     DraftArgs,
     ElicitAnswer,
+    ElicitForm,
     InboxArgs,
     LaunchArgs,
     RunArgs,
@@ -62,8 +64,6 @@ log = logging.getLogger(__name__)
 
 ParsedArgs = TypeVar("ParsedArgs", bound=ToolArgs)
 
-# cairnd's answer to one request (``cairn.cli.client.request``: the user's own client).
-Requester = Callable[..., Any]
 # Report progress: how many events so far, and the latest one as a line.
 Reporter = Callable[[float, str], None]
 
@@ -74,6 +74,15 @@ DECIDED_BY = (
     "a person, with 'cairn inbox' and 'cairn approve' or 'cairn apply' in their terminal; "
     "no tool of this server approves"
 )
+
+
+class Requester(Protocol):
+    """Send one request to cairnd (``cairn.cli.client.request``: the user's own client);
+    its reply is JSON each tool reads as the shape it expects."""
+
+    def __call__(
+        self, body: OpRequest, *, fd: int | None = None, expect: Expected | None = None
+    ) -> object: ...
 
 
 class UnknownTool(CairnError):
@@ -94,7 +103,7 @@ class Session:
     clock: Callable[[], float]
     pause: Callable[[float], None]
     cancelled: Callable[[], bool] = lambda: False
-    elicit: Callable[[str, LaunchForm], ElicitAnswer] | None = None
+    elicit: Callable[[str, ElicitForm], ElicitAnswer] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def exposed_workflows() -> Iterator[ExposedWorkflow]:
         yield ExposedWorkflow(definition, review)
 
 
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
+def _schema(model: type[BaseModel]) -> JSONObject:
     schema = model.model_json_schema()
     schema.pop("title", None)
     return schema
@@ -139,7 +148,7 @@ def workflow_tool(workflow: ExposedWorkflow) -> Tool:
     schema = _schema(LaunchArgs)
     args = json_schema(review.models, review.workflow.input)
     defs = args.pop("$defs", None)
-    schema["properties"]["args"] = args
+    json_object(schema["properties"])["args"] = args
     schema["required"] = ["args"]
     if defs:
         schema["$defs"] = defs
@@ -157,7 +166,7 @@ def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> JSONObje
 
 
 def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObject:
-    view = session.request(ShowRequest(run_id=args.run))
+    view = json_object(session.request(ShowRequest(run_id=args.run)))
     return {
         "run": view["run"],
         "question": _open_request(view["question"]),
@@ -169,14 +178,16 @@ def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObjec
     }
 
 
-def _open_request(facet: JSONObject | None) -> JSONObject | None:
+def _open_request(facet: JSONValue) -> JSONObject | None:
     if facet is None:
         return None
-    return {**_without_approval_keys(facet), "also_waiting": facet.get("also_waiting", 0)}
+    question = json_object(facet)
+    return {**_without_approval_keys(question), "also_waiting": question.get("also_waiting", 0)}
 
 
 def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> JSONObject:
-    return {"items": [_without_approval_keys(item) for item in session.request(InboxRequest())]}
+    items = json_list(session.request(InboxRequest()))
+    return {"items": [_without_approval_keys(json_object(item)) for item in items]}
 
 
 def _artifact(args: ArtifactArgs, session: Session, report: Reporter | None) -> JSONObject:
@@ -212,24 +223,24 @@ def _without_approval_keys(item: JSONObject) -> JSONObject:
 
 def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONObject:
     text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
-    answered: JSONObject = session.request(
+    return json_object(session.request(
         AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
-    )
-    return answered
+    ))
 
 
 def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONObject:
     """The run's events after ``cursor`` until its state changes, it ends, or ``timeout``
     runs out; each event is reported as progress when the call asked for it."""
     deadline = session.clock() + args.timeout
-    cursor, events, first_state = args.cursor, [], None
+    cursor, first_state = args.cursor, None
+    events: list[JSONValue] = []
     while True:
-        data = session.request(WatchRequest(run_id=args.run, cursor=cursor))
-        for event in data["events"]:
+        data = json_object(session.request(WatchRequest(run_id=args.run, cursor=cursor)))
+        for event in json_list(data["events"]):
             events.append(event)
             if report is not None:
-                report(float(len(events)), _event_line(event))
-        cursor = data["cursor"]
+                report(float(len(events)), _event_line(json_object(event)))
+        cursor = json_int(data["cursor"])
         first_state = first_state or data["state"]
         if data["more"]:
             continue
@@ -238,7 +249,10 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONOb
         if session.cancelled():
             break
         session.pause(min(WATCH_POLL_SECONDS, max(0.0, deadline - session.clock())))
-    waiting = [_without_approval_keys({**w, "run_id": data["run_id"]}) for w in data["waiting"]]
+    waiting: list[JSONValue] = [
+        _without_approval_keys({**json_object(w), "run_id": data["run_id"]})
+        for w in json_list(data["waiting"])
+    ]
     return {
         "run_id": data["run_id"],
         "state": data["state"],
@@ -426,7 +440,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
                     hint=f"a person exposes it again: 'cairn workflow expose "
                     f"{workflow.definition}'",
                 )
-        result = session.request(
+        result = json_object(session.request(
             LaunchRequest(
                 definition=workflow.definition,
                 source=source,
@@ -446,7 +460,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
                 args=given,
                 scripted={},
             ),
-        )
+        ))
     finally:
         os.close(fd)
     launched: JSONObject = {"run_id": result["run_id"], "definition": workflow.definition,
@@ -458,8 +472,8 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
     return launched
 
 
-def _form_filled(workflow: ExposedWorkflow, given: dict[str, object], root: Path,
-                 session: Session) -> dict[str, object]:
+def _form_filled(workflow: ExposedWorkflow, given: JSONObject, root: Path,
+                 session: Session) -> JSONObject:
     """``given``, or, when it lacks a required input field and the client shows forms,
     ``given`` with what the person entered in the launch form (each field proposed at the
     caller's value). A declined form launches nothing."""

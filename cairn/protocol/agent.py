@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from cairn.protocol.base import Frozen, OpId, RunId, ScopeId
 from cairn.protocol.launch import ProfileSpec
@@ -29,14 +29,14 @@ class AgentInstruction(Frozen):
     prompt: str
     title: str
     descriptor: str
-    output_schema: dict[str, Any]
+    output_schema: dict[str, JsonValue]
     profile: ProfileSpec
 
 
 class AgentMessage(Frozen):
     type: Literal["hello", "note", "progress", "finish_work"]
     text: str = ""
-    output: dict[str, Any] = {}
+    output: dict[str, JsonValue] = {}
     handoff: str = ""
 
 
@@ -85,15 +85,17 @@ class Boundary(Frozen):
     attempt: int
     descriptor: str
     instruction: str
+    # the control worker's request, read with json.loads, which nests deeper than
+    # JsonValue validates
     invocation: dict[str, Any]
-    output: dict[str, Any]
+    output: dict[str, JsonValue]
     output_sha256: str
     finish_sha256: str
     handoff: str
     notes: list[str]
     unit: str
     invocation_id: str
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, JsonValue]
     predecessor: str | None
     usage: dict[str, int] = {}
     artifacts: Artifacts = Artifacts()

@@ -17,7 +17,7 @@ from cairn.protocol.names import is_hash, is_run_id
 
 TYPE_CHECKING = False  # typing is for type checkers only: a launch imports this module
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Mapping
 
 # The one line: "attest-v1 <run ID> sha256:<64 lowercase hex digits>\n", and nothing else.
 ATTESTATION_VERB = "attest-v1"
@@ -28,28 +28,29 @@ ATTESTATION_TIMEOUT_SEC = 60.0
 DESCRIPTION_LIMIT = 16 << 20
 
 
-def launch_hash_of(description: dict[str, Any]) -> str:
+def launch_hash_of(description: Mapping[str, object]) -> str:
     """The launch hash of a description in its JSON form (``model_dump(mode="json")``, or
     the description line as parsed): the owner hashes what it read, root what it validated,
     and the two agree only when they are the same description."""
     data = _unset(description, ("replay",))
-    if isinstance(data.get("limits"), dict):
-        data["limits"] = _unset(data["limits"], ("model_cost_cents", "daily_cost_cents"))
-    if isinstance(data.get("evaluators"), list):
+    limits, evaluators, routes = data.get("limits"), data.get("evaluators"), data.get("routes")
+    if isinstance(limits, dict):
+        data["limits"] = _unset(limits, ("model_cost_cents", "daily_cost_cents"))
+    if isinstance(evaluators, list):
         data["evaluators"] = [
             _unset(spec, ("allowlist",)) if isinstance(spec, dict) else spec
-            for spec in data["evaluators"]
+            for spec in evaluators
         ]
-    if isinstance(data.get("routes"), dict):
+    if isinstance(routes, dict):
         data["routes"] = {
             name: _unset(route, ("input_price_per_million", "output_price_per_million"))
             if isinstance(route, dict) else route
-            for name, route in data["routes"].items()
+            for name, route in routes.items()
         }
     return "sha256:" + sha256_hex(canonical_json(data))
 
 
-def _unset(data: dict[str, Any], later: tuple[str, ...]) -> dict[str, Any]:
+def _unset(data: Mapping[str, object], later: tuple[str, ...]) -> dict[str, object]:
     """``data`` without the keys of ``later`` (fields added after runs were launched) that
     are None: a run launched before them keeps its hash."""
     return {key: value for key, value in data.items() if not (key in later and value is None)}

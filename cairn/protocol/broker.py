@@ -8,7 +8,7 @@ import base64
 import hashlib
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from cairn.protocol.base import Frozen, LaneKey, OpId, RunId, ScopeId
 from cairn.protocol.measurement import EvaluatorRun, MeasurementEnvironment
@@ -136,7 +136,7 @@ class RawBytes(Frozen):
 class ReceiptBody(Frozen):
     optional_keys: ClassVar[tuple[str, ...]] = ()
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> dict[str, JsonValue]:
         """The body as the receipt's ``data``."""
         data = self.model_dump(mode="json", by_alias=True)
         for key in self.optional_keys:
@@ -164,7 +164,7 @@ class ImportDone(Frozen):
     unit: str
     invocation_id: str = ""
     stats_raw: RawBytes | None = None
-    stats: dict[str, Any] | None = None
+    stats: dict[str, JsonValue] | None = None
 
 
 class QPrepared(ReceiptBody):
@@ -185,7 +185,7 @@ class QPrepared(ReceiptBody):
     def subvolumes(self) -> list[SubvolumeReceipt]:
         return [self.q, *(self.reminted or {}).values()]
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> dict[str, JsonValue]:
         data = super().wire()
         if self.import_ is not None:  # the keys it was given: a receipt from before as it was
             data["import"] = self.import_.model_dump(mode="json", exclude_unset=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.errors import CairnError
@@ -31,6 +31,7 @@ class CallRequest(Frozen):
 
 class WorkflowReturn(Frozen):
     type: Literal["return"] = "return"
+    # read with json.loads, whose nesting limit is above the one JsonValue validates to
     output: dict[str, Any]
 
 
@@ -64,7 +65,7 @@ class StartWorkflow(Frozen):
     type: Literal["start"] = "start"
     source: str
     filename: str
-    args: dict[str, Any]
+    args: dict[str, JsonValue]
     answers: list[CallResult] = []
 
 

@@ -14,7 +14,7 @@ import re
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
 from cairn.protocol.base import Frozen, build_loaded_models
@@ -89,7 +89,7 @@ class LaunchRequest(OpRequest):
 
     op: Literal["launch"] = "launch"
     definition: str | None = None
-    args: dict[str, Any] = {}
+    args: dict[str, JsonValue] = {}
     project: str | None = None
     scripted: dict[str, ProfileSpec] = {}
     source: str | None = None
@@ -222,7 +222,7 @@ class ReconcileRequest(OpDecision):
     ``no_effect`` (then it is retried)."""
 
     op: Literal["reconcile"] = "reconcile"
-    result: dict[str, Any] | None = None
+    result: dict[str, JsonValue] | None = None
     no_effect: bool = False
 
 
@@ -338,7 +338,7 @@ class ScheduleCreateRequest(OpRequest):
 
     op: Literal["schedule-create"] = "schedule-create"
     project: str | None = None
-    schedule: dict[str, Any] = {}
+    schedule: dict[str, JsonValue] = {}
     source: str | None = None
     confirm: str | None = None
 
@@ -348,7 +348,7 @@ class ScheduleConfirmRequest(OpRequest):
 
     op: Literal["schedule-confirm"] = "schedule-confirm"
     challenge: str | None = None
-    schedule: dict[str, Any] = {}
+    schedule: dict[str, JsonValue] = {}
 
 
 class ScheduleRequest(OpRequest):
@@ -459,7 +459,7 @@ MODEL_OF_OP: dict[str, type[OpRequest]] = {
 }
 
 
-def daemon_request(op: str, **fields: Any) -> DaemonRequest:
+def daemon_request(op: str, **fields: object) -> DaemonRequest:
     """The request model of ``op`` with ``fields`` (only the op's own)."""
     return DAEMON_REQUEST.validate_python({"op": op, **fields})
 
@@ -472,9 +472,9 @@ class RequestEnvelope(Frozen):
 
     model_config = BUILT_ON_FIRST_USE
 
-    op: Any
+    op: str
     definition: str | None = None
-    args: dict[str, Any] = {}
+    args: dict[str, JsonValue] = {}
     project: str | None = None
     run_id: RunRef = None
     scripted: dict[str, ProfileSpec] = {}
@@ -485,11 +485,11 @@ class RequestEnvelope(Frozen):
     limits: dict[str, int] = {}
     apply_mode: ApplyMode = "auto"
     op_id: str | None = None
-    result: dict[str, Any] | None = None
+    result: dict[str, JsonValue] | None = None
     no_effect: bool = False
     dry_run: bool = False
     schedule_id: str | None = None
-    schedule: dict[str, Any] = {}
+    schedule: dict[str, JsonValue] = {}
     challenge: str | None = None
     occurrence: str | None = None
     answer: str | None = None
@@ -510,9 +510,9 @@ class RequestEnvelope(Frozen):
     run_key: RunKey = None
     name: str | None = None
 
-    @field_validator("op")
+    @field_validator("op", mode="before")
     @classmethod
-    def _known(cls, op: Any) -> str:
+    def _known(cls, op: object) -> str:
         if not (isinstance(op, str) and op in MODEL_OF_OP):
             raise PydanticCustomError("unknown_op", "no request {op!r}", {"op": op})
         return op

@@ -11,3 +11,36 @@ from typing import TypeAlias
 
 JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 JSONObject: TypeAlias = "dict[str, JSONValue]"
+
+
+def json_object(value: object) -> JSONObject:
+    """``value``, read where the writer put an object; TypeError when it is not one."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a JSON object, not {type(value).__name__}")
+    return value
+
+
+def json_list(value: object) -> list[JSONValue]:
+    """``value``, read where the writer put a list; TypeError when it is not one."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a JSON list, not {type(value).__name__}")
+    return value
+
+
+def json_str(value: object) -> str:
+    """``value``, read where the writer put a string; TypeError when it is not one."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a JSON string, not {type(value).__name__}")
+    return value
+
+
+def json_str_or_none(value: object) -> str | None:
+    """``value``, read where the writer put a string or null; TypeError otherwise."""
+    return None if value is None else json_str(value)
+
+
+def json_int(value: object) -> int:
+    """``value``, read where the writer put an integer; TypeError when it is not one."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected a JSON integer, not {type(value).__name__}")
+    return value

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.pathrules import is_plain_relative
@@ -106,6 +106,8 @@ class ProfileSpec(Frozen):
     name: str
     kind: Literal["scripted", "command", "llm"]
     steps: list[ScriptStep] = []
+    # not JSON only: a profile file's TOML may hold a date, which the launch description
+    # then carries as its JSON string
     output: dict[str, Any] = {}
     handoff: str = ""
     argv: list[str] = []
@@ -267,13 +269,13 @@ class LaunchDescription(Frozen):
     source_filename: str
     review_hash: str
     review: dict[str, Any]
-    args: dict[str, Any]
+    args: dict[str, JsonValue]
     project: ProjectSpec
     profiles: dict[str, ProfileSpec]
     routes: dict[str, ModelRoute] = {}
     # The schedule revision that admitted this run ({id, name, revision, occurrence}); None
     # for a run a person launched directly.
-    schedule: dict[str, Any] | None = None
+    schedule: dict[str, JsonValue] | None = None
     limits: Limits = Limits()
     policy: SettlementPolicySpec = SettlementPolicySpec()
     cairn_version: str

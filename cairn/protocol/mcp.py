@@ -10,11 +10,13 @@ can show one. A line that is not a message gets a JSON-RPC error, never a crash.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from typing_extensions import TypedDict  # pydantic reads a TypedDict field from here before 3.12
 
 from cairn.protocol.definitions import NAME_PATTERN
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.names import ARTIFACT_PATH_MAX, HASH_PATTERN, OP_ID_PATTERN, RUN_KEY_PATTERN
 
 JSONRPC: Literal["2.0"] = "2.0"
@@ -56,7 +58,7 @@ class Message(Open):
     jsonrpc: Literal["2.0"]
     id: RequestId | None = None
     method: str | None = None
-    params: dict[str, Any] | None = None
+    params: dict[str, JsonValue] | None = None
 
 
 class RequestMeta(Open):
@@ -65,13 +67,13 @@ class RequestMeta(Open):
 
 class InitializeParams(Open):
     protocol_version: str = Field(alias="protocolVersion")
-    capabilities: dict[str, Any] = {}
-    client_info: dict[str, Any] | None = Field(default=None, alias="clientInfo")
+    capabilities: dict[str, JsonValue] = {}
+    client_info: dict[str, JsonValue] | None = Field(default=None, alias="clientInfo")
 
 
 class CallToolParams(Open):
     name: str
-    arguments: dict[str, Any] = {}
+    arguments: dict[str, JsonValue] = {}
     meta: RequestMeta | None = Field(default=None, alias="_meta")
 
 
@@ -89,7 +91,7 @@ class ServerInfo(Closed):
 
 class InitializeResult(Closed):
     protocol_version: str = Field(serialization_alias="protocolVersion")
-    capabilities: dict[str, Any]
+    capabilities: dict[str, JsonValue]
     server_info: ServerInfo = Field(serialization_alias="serverInfo")
     instructions: str
 
@@ -99,7 +101,7 @@ class Tool(Closed):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str
-    input_schema: dict[str, Any] = Field(serialization_alias="inputSchema")
+    input_schema: dict[str, JsonValue] = Field(serialization_alias="inputSchema")
 
 
 class ListToolsResult(Closed):
@@ -116,7 +118,7 @@ class CallToolResult(Closed):
     call failed (a failed call is a result the model reads, not a protocol error)."""
 
     content: list[TextContent]
-    structured_content: dict[str, Any] | None = Field(
+    structured_content: dict[str, JsonValue] | None = Field(
         default=None, serialization_alias="structuredContent"
     )
     is_error: bool = Field(default=False, serialization_alias="isError")
@@ -129,11 +131,23 @@ class ProgressParams(Closed):
     message: str | None = None
 
 
+# One field of an elicitation form: the schema of one input the client renders.
+FormField = dict[str, JsonValue]
+
+
+class ElicitForm(TypedDict):
+    """The flat form of ``elicitation/create``: its fields, and the ones to fill in."""
+
+    type: str
+    properties: dict[str, FormField]
+    required: list[str]
+
+
 class ElicitParams(Closed):
     """``elicitation/create`` in form mode: what to show the person, and the flat form."""
 
     message: str
-    requested_schema: dict[str, Any] = Field(serialization_alias="requestedSchema")
+    requested_schema: ElicitForm = Field(serialization_alias="requestedSchema")
 
 
 class ElicitAnswer(Open):
@@ -141,10 +155,10 @@ class ElicitAnswer(Open):
     entered when they accepted."""
 
     action: Literal["accept", "decline", "cancel"]
-    content: dict[str, Any] | None = None
+    content: dict[str, JsonValue] | None = None
 
 
-def can_elicit(version: str, capabilities: dict[str, Any]) -> bool:
+def can_elicit(version: str, capabilities: JSONObject) -> bool:
     """Whether a client that negotiated ``version`` and sent ``capabilities`` shows forms:
     it declared ``elicitation`` (``{}`` or with ``form``) in a revision that has it."""
     declared = capabilities.get("elicitation")
@@ -156,10 +170,10 @@ def can_elicit(version: str, capabilities: dict[str, Any]) -> bool:
 class ErrorObject(Closed):
     code: int
     message: str
-    data: Any = None
+    data: JsonValue = None
 
 
-def wire(model: BaseModel) -> dict[str, Any]:
+def wire(model: BaseModel) -> JSONObject:
     """``model`` as the protocol spells it: wire names, absent optionals left out."""
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -168,7 +182,7 @@ def response_line(request_id: RequestId | None, result: BaseModel | None = None,
                   error: ErrorObject | None = None) -> bytes:
     """One response as a line: exactly one of ``result`` (``{}`` when None: a ping's
     answer) and ``error``; ``id`` is null only for a line whose id could not be read."""
-    body: dict[str, Any] = {"jsonrpc": JSONRPC, "id": request_id}
+    body: JSONObject = {"jsonrpc": JSONRPC, "id": request_id}
     if error is not None:
         body["error"] = wire(error)
     else:
@@ -196,6 +210,11 @@ def negotiate(requested: str) -> str:
 
 RUN_HELP = "The run: its ID, a unique prefix of at least 4 hex digits, or @last."
 MAX_WATCH_SECONDS = 600
+
+
+# A tool argument that may be any JSON. Its JSON Schema in tools/list stays unconstrained,
+# as pydantic writes an unannotated field's (JsonValue's own would add a $defs entry).
+ToolJSON = Annotated[JsonValue, WithJsonSchema({})]
 
 
 class ToolArgs(BaseModel):
@@ -230,7 +249,8 @@ class WatchArgs(RunArgs):
 
 class AnswerArgs(RunArgs):
     challenge: str = Field(description="The question's challenge (sha256:…), from cairn_inbox.")
-    answer: Any = Field(
+    answer: ToolJSON = Field(
+        title="Answer",  # as tools/list showed it: pydantic titles no JsonValue field itself
         description="The answer: text, or a JSON value for a question with a schema."
     )
 
@@ -253,7 +273,7 @@ class LaunchArgs(ToolArgs):
     """A workflow tool's arguments; ``args`` is checked by cairnd against the workflow's
     input model (its JSON Schema replaces this field's in tools/list)."""
 
-    args: dict[str, Any] = {}
+    args: dict[str, ToolJSON] = {}
     project: str | None = Field(
         default=None,
         description="The project directory (yours); default: where the MCP server runs.",

@@ -3,9 +3,9 @@ in ``/progress/progress.json`` and the ``progress`` event the coordinator record
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 ProgressPhase = Literal["import", "apply"]
 MAX_COUNT = 1 << 50
@@ -22,6 +22,6 @@ class ProgressReport(BaseModel):
     bytes_done: int = Field(default=0, ge=0, le=MAX_COUNT)
     bytes_total: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
-    def event_data(self, phase: ProgressPhase) -> dict[str, Any]:
+    def event_data(self, phase: ProgressPhase) -> dict[str, JsonValue]:
         """The ``progress`` event's data; the phase comes from the reader, never the file."""
         return {"phase": phase, **self.model_dump()}

@@ -13,9 +13,9 @@ whole."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, JsonValue, Tag
 
 from cairn.protocol.agent import Artifact, ArtifactRefused
 
@@ -330,9 +330,9 @@ class QuestionItem(InboxItem):
     challenge: str
     question: str
     schema_name: str | None
-    json_schema: dict[str, Any]
+    json_schema: dict[str, JsonValue]
     state: str
-    answer: Any
+    answer: JsonValue
     actor_uid: int | None
     decided_at: float | None
 
@@ -355,10 +355,10 @@ class PreparedAgent(Reply):
     review_hash: str
     descriptor: str
     agent: AgentGrant
-    profile: dict[str, Any] | None
+    profile: dict[str, JsonValue] | None
     prompt: str
     title: str
-    limits: dict[str, Any]
+    limits: dict[str, JsonValue]
     capabilities: list[str]
 
 
@@ -527,7 +527,7 @@ class ScriptedProfile(Reply):
 
     name: str
     kind: str
-    steps: list[dict[str, Any]] = []
+    steps: list[dict[str, JsonValue]] = []
 
 
 class ScheduleReview(ScheduleView):
@@ -537,7 +537,7 @@ class ScheduleReview(ScheduleView):
     action: str
     challenge: str
     review_hash: str
-    args: dict[str, Any]
+    args: dict[str, JsonValue]
     profiles: dict[str, ScriptedProfile]
     next_elapses: list[str]
 
@@ -556,7 +556,7 @@ class ScheduleDetail(ScheduleView):
     latest occurrences, newest first (``occurrences_omitted``: there are older ones)."""
 
     review_hash: str
-    args: dict[str, Any]
+    args: dict[str, JsonValue]
     profiles: list[str]
     challenge: str | None
     next_elapses: list[str]

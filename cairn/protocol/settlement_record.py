@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    JsonValue,
     SerializerFunctionWrapHandler,
     ValidationError,
     model_serializer,
@@ -35,8 +36,8 @@ class _Record(BaseModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     @model_serializer(mode="wrap")
-    def _omit_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
+    def _omit_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
         return {key: value for key, value in data.items() if value is not None}
 
 
@@ -77,6 +78,8 @@ class Revert(AppliedPaths):
 class Verification(_Record):
     """The host's checks of F, each as ``cairn show`` prints it."""
 
+    # Not walked as JsonValue (nor ``candidate`` below): every ``cairn ps`` reads the
+    # record of every run, and a candidate holds every accepted path and the diff.
     checks: list[dict[str, Any]]
     passed: bool
 
@@ -97,7 +100,7 @@ class SettlementRecord(_Record):
     revert: Revert | None = None
 
     @classmethod
-    def read(cls, stored: dict[str, Any] | None) -> SettlementRecord | None:
+    def read(cls, stored: object) -> SettlementRecord | None:
         """The record the journal keeps for a run (None: not settled, or not yet)."""
         if stored is None:
             return None
@@ -110,11 +113,11 @@ class SettlementRecord(_Record):
                 hint="see 'cairn doctor'; the run's checkpoints are unaffected",
             ) from None
 
-    def candidate_list(self, key: str) -> list[Any]:
+    def candidate_list(self, key: str) -> list[JsonValue]:
         """A list of the candidate (``accepted``, ``refused``, ``ignored``); [] without."""
         value = (self.candidate or {}).get(key)
         return value if isinstance(value, list) else []
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, JsonValue]:
         """The JSON the journal keeps."""
         return self.model_dump(mode="json")

@@ -9,8 +9,7 @@ and do not make a settlement incomplete.
 
 from __future__ import annotations
 
-from typing import Any
-
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.settlement_record import SETTLED_WITHOUT_CONFLICT, SettlementRecord
 
 # ``--apply ask``: the proposal waits for the owner as an approval request of this ID,
@@ -23,7 +22,7 @@ def _paths(n: int) -> str:
     return f"{n} path" if n == 1 else f"{n} paths"
 
 
-def summary(settlement: SettlementRecord | None) -> dict[str, Any] | None:
+def summary(settlement: SettlementRecord | None) -> JSONObject | None:
     """``{status, label, complete, accepted, applied, already_applied, refused, ignored,
     conflicts, reverted}`` of a settlement record; None when the run has none (yet)."""
     if settlement is None:

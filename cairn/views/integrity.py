@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from cairn.journal.people import ApprovalRow, QuestionRow
-from cairn.journal.rows import OpRow
+from cairn.journal.rows import OpRow, fork_lanes
 from cairn.journal.snapshot import OpEventSpan, Unreadable
 from cairn.operations import FORK_KINDS
 from cairn.operations.spec import Contradiction
@@ -69,7 +69,7 @@ def lineage(ops: Sequence[OpRow]) -> list[Contradiction]:
         f"{op.op_id}-{lane}"
         for op in ops
         if op.kind in FORK_KINDS
-        for lane in op.request.get("lanes", [])
+        for lane in fork_lanes(op.request) or []
     }
     found: list[Contradiction] = []
     orphans: set[str] = set()

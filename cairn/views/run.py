@@ -15,12 +15,12 @@ from typing import Any, TypedDict
 from cairn.errors import JournalError
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import RunRow
+from cairn.journal.rows import RunRow, StoredReceipt
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, retry_events
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
 from cairn.operations.unroll import worklists
-from cairn.protocol.jsonvalue import JSONObject, JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_int, json_list
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.providers import MICROS_PER_CENT, money, today
@@ -41,19 +41,19 @@ class StorageStatus(TypedDict):
     subvolumes: int
 
 
-def storage_status(receipts: list[dict[str, Any]]) -> StorageStatus:
+def storage_status(receipts: list[StoredReceipt]) -> StorageStatus:
     """Whether the run's storage was deleted (``cairn rm``, ``cairn prune``), when, and how
     many subvolumes went; the journal rows and receipts stay."""
     for receipt in receipts:
         if receipt.get("kind") == "delete-run":
-            deleted = receipt.get("data", {}).get("deleted", [])
+            deleted = json_list(receipt["data"].get("deleted", []))
             return {"deleted": True, "deleted_at": receipt.get("at"), "subvolumes": len(deleted)}
     return {"deleted": False, "deleted_at": None, "subvolumes": 0}
 
 
 def question_facet(
     questions: list[QuestionRow], approvals: list[ApprovalRow]
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """The run's current open question or approval request (the oldest waiting one), and
     how many more wait behind it; ``None`` when nothing waits for a person."""
     waiting = sorted(
@@ -130,7 +130,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         if "from_checkpoint" not in event.data:  # recorded before cairn kept it
             continue
         retries.setdefault(event.op_id or "", []).append({
-            "attempt": int(event.data.get("failed_attempt", 0)) + 1,
+            "attempt": json_int(event.data.get("failed_attempt", 0)) + 1,
             "w_generation": event.data.get("w_generation"),
             "from_checkpoint": event.data.get("from_checkpoint"),
             "source_uuid": event.data.get("source_uuid"),

@@ -18,7 +18,7 @@ import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -42,7 +42,7 @@ from cairn.protocol.control import (
     WorkflowFailure,
     WorkflowReturn,
 )
-from cairn.protocol.jsonvalue import JSONObject, JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_str
 from cairn.protocol.names import is_lane_key
 from cairn.workflow import AgentDescriptor, Model, OperationFailed, WorkflowSpec, sandbox
 
@@ -68,7 +68,7 @@ class _Pending:
     def __init__(self, call: CallRequest) -> None:
         self.call = call
 
-    def __await__(self) -> Generator[_Pending, JSONObject, dict[str, Any]]:
+    def __await__(self) -> Generator[_Pending, JSONObject, JSONObject]:
         answer = yield self
         return answer
 
@@ -341,7 +341,8 @@ async def _approval(pending: _Pending) -> Approval:
 async def _agent_result(pending: _Pending, descriptor: AgentDescriptor) -> AgentResult:
     answer = await pending
     output = descriptor.output.model_validate(answer["output"])
-    return AgentResult(output=output, handoff=answer["handoff"], boundary=answer["op_id"])
+    return AgentResult(output=output, handoff=json_str(answer["handoff"]),
+                       boundary=json_str(answer["op_id"]))
 
 
 async def _repeat(
@@ -418,7 +419,7 @@ class _Task:
     """One strand of control: the root coroutine, or one lane of a fork."""
 
     scope: str
-    coroutine: Any
+    coroutine: Coroutine[object, object, object] | None  # a lane's, once its body made it
     parent: _Task | None = None
     key: str | None = None
     send: JSONObject | dict[str, LaneResult] | None = None
@@ -504,13 +505,15 @@ class _Driver:
 
     def step(self, task: _Task) -> None:
         self.flow._scope = task.scope
+        coroutine = task.coroutine
+        assert coroutine is not None  # a lane whose body failed is never stepped
         try:
             if task.throw is not None:
                 error, task.throw = task.throw, None
-                yielded = task.coroutine.throw(error)
+                yielded = coroutine.throw(error)
             else:
                 value, task.send = task.send, None
-                yielded = task.coroutine.send(value)
+                yielded = coroutine.send(value)
         except StopIteration as stop:
             self.finished(task, LaneResult("succeeded", value=stop.value))
             return

@@ -12,7 +12,9 @@ and configuration.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
+from types import GenericAlias
 from typing import Any, Literal
 
 import pydantic
@@ -23,20 +25,23 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     model_serializer,
 )
+from pydantic.config import JsonDict
 
 from cairn.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
 
 
-def show_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
+def show_factory_defaults(schema: JsonDict, model: type[BaseModel]) -> None:
     """Show the value a ``default_factory`` field starts with as its JSON Schema
     ``default``: ``[]`` for ``list`` and ``set``, ``{}`` for ``dict``, the model's own
     defaults for a model class. (Pydantic leaves such a field without a default.)"""
-    properties = schema.get("properties", {})
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return
     for name, info in model.model_fields.items():
         factory, prop = info.default_factory, properties.get(name)
-        if factory is None or prop is None:
+        if factory is None or not isinstance(prop, dict):
             continue
         if factory in (list, set):
             prop["default"] = []
@@ -169,7 +174,7 @@ def build_models(specs: dict[str, ModelSpec]) -> dict[str, type[BaseModel]]:
                 f"model spec key {name!r} differs from its name {spec.name!r}; "
                 "rebuild the specs from a fresh review"
             )
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {}  # create_model takes field definitions as untyped keywords
         for field in spec.fields:
             annotation = _annotation(field.type, built, owner=name)
             fields[field.name] = (annotation, _field_info(field, built, owner=name))
@@ -192,7 +197,7 @@ def json_schema(specs: dict[str, ModelSpec], name: str) -> dict[str, Any]:
     return build_models(specs)[name].model_json_schema()
 
 
-def _annotation(spec: TypeSpec, built: dict[str, type[BaseModel]], *, owner: str) -> Any:
+def _annotation(spec: TypeSpec, built: dict[str, type[BaseModel]], *, owner: str) -> object:
     scalars: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
     if spec.kind in scalars:
         return scalars[spec.kind]
@@ -211,10 +216,12 @@ def _annotation(spec: TypeSpec, built: dict[str, type[BaseModel]], *, owner: str
         raise ValidationFailed(f"model {owner}: a {spec.kind} type needs an item type")
     item = _annotation(spec.item, built, owner=owner)
     if spec.kind == "list":
-        return list[item]  # type: ignore[valid-type]
+        return GenericAlias(list, (item,))
     if spec.kind == "dict":
-        return dict[str, item]  # type: ignore[valid-type]
-    return item | None
+        return GenericAlias(dict, (str, item))
+    # ``item | None``, the very object the source's annotation is; mypy takes no runtime
+    # value on the left of ``|``.
+    return operator.or_(item, None)
 
 
 def _field_info(field: FieldSpec, built: dict[str, type[BaseModel]], *, owner: str) -> object:

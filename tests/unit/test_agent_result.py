@@ -210,7 +210,7 @@ def test_an_output_and_handoff_object_is_taken_as_it_is() -> None:
 
 
 def test_a_long_answer_is_cut_to_the_fields_length() -> None:
-    result = agent_result.typed_result("x" * 500, schema(Summary))
+    result: dict[str, Any] = agent_result.typed_result("x" * 500, schema(Summary))
     assert len(result["output"]["summary"]) == 200 and result["output"]["summary"][-1] == "…"
 
 

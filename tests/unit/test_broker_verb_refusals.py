@@ -144,6 +144,13 @@ def test_a_fork_must_be_the_journals_fork_of_its_scope_and_lanes(journal: Journa
     refused(journal, Intent(intent_id="fork.c", run_id=RUN, kind="fork", op_id="op-3",
                             lanes=["x", "z"]),
             "fork.c: lanes differ from the journal's")
+    # a journal naming its lanes as a string (whose letters once sorted equal) or as
+    # anything but keys
+    for seq, lanes in ((4, "yx"), (5, [["x"], "y"]), (6, {"x": 1, "y": 2})):
+        add_op(f"op-{seq}", "parallel", seq=seq, request={"lanes": lanes})
+        refused(journal, Intent(intent_id=f"fork.d{seq}", run_id=RUN, kind="fork",
+                                op_id=f"op-{seq}", lanes=["x", "y"]),
+                f"fork.d{seq}: lanes differ from the journal's")
 
 
 def test_a_w_with_no_receipt_is_never_dropped(journal: Journal) -> None:

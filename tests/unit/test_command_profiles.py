@@ -176,6 +176,7 @@ def test_a_profiles_env_is_set_over_cairns_with_its_placeholders_filled(
     spec = ProfileSpec(name="tool", kind="command", provider="fake", env=env)
     ask = instruction().model_copy(update={"profile": spec, "prompt": "p {model}"})
     names = ["TOOL_MODEL", "TOOL_TASK", "LANG", "TOOL_CONFIG", "TOOL_BRACES", "HOME"]
+    output: Any
     with relay_shim_stubbed(monkeypatch):
         output, _ = profiles.run_command([sys.executable, "-c", ENV_PRINTER, *names], ask)
     assert json.loads(output["summary"]) == [
@@ -201,6 +202,7 @@ def test_only_the_providers_api_is_pointed_at_the_relay(
     code = ("import json, os; print(json.dumps({'output': {'summary': json.dumps("
             "{k: v for k, v in os.environ.items() if k[:7] in ('OPENAI_', 'ANTHROP', "
             "'CAIRN_M')})}}))")
+    output: Any
     with relay_shim_stubbed(monkeypatch):
         output, _ = profiles.run_command([sys.executable, "-c", code],
                                          instruction().model_copy(update={"profile": spec}))

@@ -21,6 +21,7 @@ import pytest
 from cairn.coordinator.budget import TokenBudget
 from cairn.coordinator.relay import ModelRelay, TranscriptEntry
 from cairn.errors import CairnError
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.launch import ModelRoute, ProfileSpec
 from cairn.unixhttp import UnixHTTPConnection
 from cairn.worker.llm import BudgetSpent, RelayClient, _Reply
@@ -255,7 +256,7 @@ def test_the_profile_bounds_the_attempts() -> None:
 def test_error_messages_from_json_or_plain_bodies() -> None:
     html = b"<html>503 Service Unavailable</html>" + b" " * 1000
     assert _Reply(503, None, html, {}).error == (None, html[:300].decode())
-    body = {"error": {"message": "overloaded " * 100, "type": "overloaded_error"}}
+    body: JSONObject = {"error": {"message": "overloaded " * 100, "type": "overloaded_error"}}
     code, message = _Reply(529, body, b"", {}).error
     assert code == "overloaded_error" and len(message) == 300
     assert _Reply(500, {"error": "boom"}, b"", {}).error == (None, "boom")

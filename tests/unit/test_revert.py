@@ -5,6 +5,7 @@ end in tests/system/test_undo.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_journal import RUN, description
@@ -51,7 +52,7 @@ def test_another_users_run_is_not_found(journal: Journal) -> None:
 def test_the_outcome_is_kept_in_the_settlement_with_an_event(journal: Journal) -> None:
     finish(journal, {"status": "applied", "apply": {"applied": ["a"]}})
     journal.record_revert(RUN, ApplyResult(status="applied", applied=["a"]), actor_uid=1001)
-    settlement = journal.get_run(RUN).settlement
+    settlement: dict[str, Any] | None = journal.get_run(RUN).settlement
     assert settlement is not None and settlement["revert"]["applied"] == ["a"]
     assert settlement["revert"]["by_uid"] == 1001 and "held" not in settlement
     assert summary(SettlementRecord.read(settlement))["label"] == "applied, reverted"  # type: ignore[index]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
 
 from cairn.netpolicy import NETWORK_MODES, is_allowlist_entry
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.workflow import ACCESS_MODES
 from cairn.workflow.review.manifest import AgentEntry
 from cairn.workflow.review.nodes import Reject, literal
@@ -33,7 +33,7 @@ def review_agent(state: ReviewState, stmt: ast.Assign) -> None:
     if call.args:
         state.reject(call, "agent", "agent(...) takes keyword arguments only")
         return
-    values: dict[str, Any] = {}
+    values: dict[str, JSONValue] = {}
     for kw in call.keywords:
         try:
             if kw.arg == "output":
@@ -49,7 +49,7 @@ def review_agent(state: ReviewState, stmt: ast.Assign) -> None:
             elif kw.arg == "allowlist":
                 if not isinstance(kw.value, ast.Tuple | ast.List):
                     raise Reject(kw.value, "agent", "allowlist= must be a literal tuple of domains")
-                values["allowlist"] = tuple(literal(e) for e in kw.value.elts)
+                values["allowlist"] = [literal(e) for e in kw.value.elts]
             else:
                 raise Reject(
                     kw.value if kw.arg is None else kw,
@@ -65,14 +65,14 @@ def review_agent(state: ReviewState, stmt: ast.Assign) -> None:
         state.reject(call, "agent", problem)
         return
     state.definitions.add(stmt)
-    state.agents[name] = AgentEntry(**values)
+    state.agents[name] = AgentEntry.model_validate(values)
 
 
-def _agent_problem(values: dict[str, Any]) -> str | None:
+def _agent_problem(values: dict[str, JSONValue]) -> str | None:
     profile = values.get("profile")
     access = values.setdefault("access", "read")
     network = values.setdefault("network", "none")
-    allowlist = values.setdefault("allowlist", ())
+    allowlist = values.setdefault("allowlist", [])
     if "output" not in values:
         return "agent(...) needs output=<Model class>"
     if not isinstance(profile, str) or not PROFILE_RE.match(profile):
@@ -85,6 +85,7 @@ def _agent_problem(values: dict[str, Any]) -> str | None:
         return "network='allowlist' needs allowlist=('domain', ...)"
     if network != "allowlist" and allowlist:
         return "allowlist= applies only with network='allowlist'"
+    assert isinstance(allowlist, list)
     for domain in allowlist:
         if not is_allowlist_entry(domain):
             return f"allowlist entry {domain!r} is not a domain name"

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import TypedDict
 
 from pydantic import BaseModel
 
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONValue
 from cairn.workflow.review.nodes import Reject, bound_names, is_api_call, literal
 from cairn.workflow.review.state import ReviewState
 from cairn.workflow.schema import (
@@ -28,6 +28,17 @@ from cairn.workflow.schema import (
 )
 
 FIELD_NAME_RESERVED = frozenset(dir(BaseModel))
+
+
+class FieldCall(TypedDict, total=False):
+    """What a ``Field(...)`` call gives a :class:`FieldSpec`."""
+
+    has_default: bool
+    default: JSONValue
+    default_factory: FactorySpec
+    constraints: dict[str, str | int | float]
+    description: str
+    title: str
 
 
 def review_model_class(state: ReviewState, cls: ast.ClassDef) -> None:
@@ -76,7 +87,7 @@ def extract_field(state: ReviewState, model: str, stmt: ast.stmt) -> FieldSpec:
     if name.startswith("_") or name.startswith("model_") or name in FIELD_NAME_RESERVED:
         raise Reject(stmt, "model-field", f"field name {name!r} is reserved by pydantic; rename it")
     type_spec = extract_type(state, stmt.annotation, model)
-    spec: dict[str, Any] = {"name": name, "type": type_spec}
+    spec: FieldCall = {}
     value = stmt.value
     if value is None:
         pass
@@ -86,7 +97,7 @@ def extract_field(state: ReviewState, model: str, stmt: ast.stmt) -> FieldSpec:
     else:
         spec["has_default"] = True
         spec["default"] = literal(value)
-    field = FieldSpec(**spec)
+    field = FieldSpec(name=name, type=type_spec, **spec)
     check_constraints(stmt, field)
     if field.default_factory is not None:
         assert isinstance(value, ast.Call)
@@ -94,9 +105,9 @@ def extract_field(state: ReviewState, model: str, stmt: ast.stmt) -> FieldSpec:
     return field
 
 
-def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    constraints: JSONObject = {}
+def extract_field_call(state: ReviewState, call: ast.Call) -> FieldCall:
+    out: FieldCall = {}
+    constraints: dict[str, str | int | float] = {}
     if len(call.args) > 1 or any(isinstance(a, ast.Starred) for a in call.args):
         raise Reject(
             call, "model-field", "Field() takes at most one positional argument, the default"
@@ -125,13 +136,8 @@ def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
         elif kw.arg == "default_factory":
             out["default_factory"] = extract_factory(state, kw.value)
         elif kw.arg in FIELD_CONSTRAINTS:
-            value = literal(kw.value)
-            valid = (
-                isinstance(value, str)
-                if kw.arg in TEXT_CONSTRAINTS
-                else isinstance(value, int | float) and not isinstance(value, bool)
-            )
-            if not valid:
+            value = _constraint_value(kw.arg, literal(kw.value))
+            if value is None:
                 raise Reject(
                     kw.value,
                     "model-field",
@@ -147,10 +153,13 @@ def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
                     ) from None
             constraints[kw.arg] = value
         elif kw.arg in FIELD_DOC_KEYWORDS:
-            value = literal(kw.value)
-            if not isinstance(value, str):
+            text = literal(kw.value)
+            if not isinstance(text, str):
                 raise Reject(kw.value, "model-field", f"Field({kw.arg}=) needs a string")
-            out[kw.arg] = value
+            if kw.arg == "description":
+                out["description"] = text
+            else:
+                out["title"] = text
         else:
             allowed = ", ".join(
                 ("default", "default_factory", *FIELD_CONSTRAINTS, *FIELD_DOC_KEYWORDS)
@@ -162,6 +171,16 @@ def extract_field_call(state: ReviewState, call: ast.Call) -> dict[str, Any]:
             )
     out["constraints"] = constraints
     return out
+
+
+def _constraint_value(keyword: str, value: JSONValue) -> str | int | float | None:
+    """``value`` when it fits the constraint ``keyword`` (a string for a pattern, a number
+    otherwise), else None."""
+    if keyword in TEXT_CONSTRAINTS:
+        return value if isinstance(value, str) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return None
 
 
 def extract_factory(state: ReviewState, node: ast.expr) -> FactorySpec:
