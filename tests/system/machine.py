@@ -40,7 +40,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -156,14 +156,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def ensure_base_rootfs(deb: Path) -> Path:
-    """Return the cached base root filesystem for ``deb``'s dependencies, building it once.
-
-    Parallel callers serialize on a lock file; the tree is built in a temporary directory
-    beside its final name and renamed into place only when complete.
-    """
-    packages = deb_runtime_packages(deb) + list(TEST_PACKAGES)
-    root = cache_dir() / f"{SUITE}-{recipe_hash(packages)}"
+def _cached(root: Path, build: Callable[[Path], None]) -> Path:
+    """``root``, built once by ``build`` into a temporary directory beside it and renamed
+    into place only when complete; parallel callers serialize on a lock file."""
     if root.is_dir():
         return root
     with _locked(cache_dir() / f".{root.name}.lock"):
@@ -172,14 +167,21 @@ def ensure_base_rootfs(deb: Path) -> Path:
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache_dir()))
         try:
-            _build_rootfs(staging, packages)
+            build(staging)
             staging.chmod(0o755)
             staging.rename(root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        log.info("built base rootfs %s in %.1f s", root, time.monotonic() - started)
+        log.info("built rootfs %s in %.1f s", root, time.monotonic() - started)
     return root
+
+
+def ensure_base_rootfs(deb: Path) -> Path:
+    """Return the cached base root filesystem for ``deb``'s dependencies, building it once."""
+    packages = deb_runtime_packages(deb) + list(TEST_PACKAGES)
+    return _cached(cache_dir() / f"{SUITE}-{recipe_hash(packages)}",
+                   lambda staging: _build_rootfs(staging, packages))
 
 
 def ensure_rootfs_with(deb: Path, extra: Sequence[str]) -> Path:
@@ -189,28 +191,20 @@ def ensure_rootfs_with(deb: Path, extra: Sequence[str]) -> Path:
     if not extra:
         return base
     digest = hashlib.sha256(json.dumps([base.name, sorted(extra)]).encode()).hexdigest()[:16]
-    root = cache_dir() / f"{base.name}+{digest}"
-    if root.is_dir():
-        return root
-    with _locked(cache_dir() / f".{root.name}.lock"):
-        if root.is_dir():
-            return root
-        started = time.monotonic()
-        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache_dir()))
-        try:
-            run(["cp", "-a", f"{base}/.", staging], timeout=600)
-            apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
-            run(["chroot", staging, "apt-get", "update"], env=apt_env, timeout=600)
-            run(["chroot", staging, "apt-get", "install", "-y", "--no-install-recommends",
-                 *extra], env=apt_env, timeout=1800)
-            run(["chroot", staging, "apt-get", "clean"], env=apt_env)
-            staging.chmod(0o755)
-            staging.rename(root)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        log.info("built rootfs %s in %.1f s", root, time.monotonic() - started)
-    return root
+
+    def build(staging: Path) -> None:
+        run(["cp", "-a", f"{base}/.", staging], timeout=600)
+        _apt_install(staging, extra)
+
+    return _cached(cache_dir() / f"{base.name}+{digest}", build)
+
+
+def _apt_install(target: Path, packages: Sequence[str]) -> None:
+    apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
+    run(["chroot", target, "apt-get", "update"], env=apt_env, timeout=600)
+    run(["chroot", target, "apt-get", "install", "-y", "--no-install-recommends", *packages],
+        env=apt_env, timeout=1800)
+    run(["chroot", target, "apt-get", "clean"], env=apt_env)
 
 
 def _build_rootfs(target: Path, packages: Sequence[str]) -> None:
@@ -225,14 +219,7 @@ def _build_rootfs(target: Path, packages: Sequence[str]) -> None:
         ],
         timeout=1800,
     )
-    apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
-    run(["chroot", target, "apt-get", "update"], env=apt_env, timeout=600)
-    run(
-        ["chroot", target, "apt-get", "install", "-y", "--no-install-recommends", *packages],
-        env=apt_env,
-        timeout=1800,
-    )
-    run(["chroot", target, "apt-get", "clean"], env=apt_env)
+    _apt_install(target, packages)
     run(["chroot", target, "systemctl", "disable", "ssh.service", "ssh.socket"], check=False)
     # Each machine gets a fresh machine ID at first boot.
     (target / "etc/machine-id").write_text("")
