@@ -8,6 +8,7 @@
 
 (function () {
     const POLL_MS = 3000;
+    const LOG_LINES = 100;
     const STATES = ["queued", "pending", "running", "waiting", "paused", "blocked",
         "succeeded", "failed", "stopped", "cancelled"];
     const ENDED = ["succeeded", "failed", "stopped", "cancelled"];
@@ -178,7 +179,15 @@
                 : h("p", { class: "cairn-empty" }, "No changes."));
     }
 
-    function runPage(run, diff) {
+    function logsView(text) {
+        return h("section", { "aria-labelledby": "logs-heading" },
+            h("h3", { id: "logs-heading" }, "Logs ",
+                h("span", { class: "cairn-muted" }, `the last ${LOG_LINES} entries`)),
+            text ? h("pre", { class: "cairn-logs", id: "logs" }, text)
+                : h("p", { class: "cairn-empty" }, "No entries."));
+    }
+
+    function runPage(run, diff, logs) {
         const r = run.run;
         const ops = run.operations || [];
         const actions = [];
@@ -224,7 +233,8 @@
                         ? action("Retry", ["retry", r.run_id, o.op_id],
                             `Run ${o.op_id} again? Its effects may then happen twice.`)
                         : null))))),
-            diffView(diff));
+            diffView(diff),
+            logsView(logs));
     }
 
     // --- Inbox --------------------------------------------------------------------------
@@ -345,9 +355,10 @@
     function load(path) {
         if (path[0] === "run" && path[1])
             return Promise.all([cairn(["show", path[1], "--json"]),
-                cairn(["diff", path[1], "--json"])])
-                .then(([run, diff]) => [run + diff,
-                    () => runPage(JSON.parse(run), JSON.parse(diff))]);
+                cairn(["diff", path[1], "--json"]),
+                cairn(["logs", path[1], "-n", String(LOG_LINES), "--no-pager"])])
+                .then(([run, diff, logs]) => [run + diff + logs,
+                    () => runPage(JSON.parse(run), JSON.parse(diff), logs)]);
         if (path[0] === "inbox")
             return cairn(["inbox", "--json"]).then(out => [out, () => {
                 const items = JSON.parse(out);

@@ -168,8 +168,10 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
         seen["state"] = text_of(driver, ".cairn-toolbar .cairn-state")
         seen["diff"] = text_of(driver, "#diff")
         seen["output"] = text_of(driver, "#run-output")
+        seen["logs"] = text_of(driver, "#logs")
         seen["foreign"]["run"] = foreign(driver)
         seen["marks"].append(driver.execute_script(MARKS))
+        driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(shots / "run.png"))
         # the page's own errors, and any script a Content Security Policy had to refuse
         # (Cockpit's shell logs its login probe and missing fonts: not the page's)

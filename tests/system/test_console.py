@@ -175,6 +175,9 @@ def test_a_person_answers_in_the_console_and_sees_the_applied_diff(console: Mach
         assert f"+{payload}" in seen["diff"].splitlines(), (payload, seen["diff"])
     assert NAME in seen["diff"]
     assert json.loads(seen["output"]) == data["run"]["output"]
+    # the run's logs, as 'cairn logs' shows them (its first entries: more may follow)
+    logs = cairn(machine, "logs", run_id, "-n", "100", "--no-pager").decode().splitlines()
+    assert logs and seen["logs"].splitlines()[:3] == logs[:3], (seen["logs"][:500], logs[:3])
     # nothing an agent or the workflow wrote became an element or ran
     assert seen["foreign"] == {"runs": [], "inbox": [], "approval": [], "run": []}, \
         seen["foreign"]
