@@ -80,6 +80,7 @@ import json, socket, sys
 evil = sys.argv[1]
 print("stdout " + evil, flush=True)
 print("stderr " + evil, file=sys.stderr, flush=True)
+print("<4>warning " + evil, flush=True)  # journald's level prefix: a line in colour
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect("/run/cairn/agent/agent.sock")
 f = s.makefile("rwb")
@@ -315,7 +316,8 @@ def test_a_hostile_agents_text_never_reaches_the_terminal_raw(booted: Machine) -
     assert all(b"+\tindented\n" in out for out in diff.values())  # a tab stays a tab
     logs = check_both_ways(machine, ["logs", run_id], tabs=True, expect_shown=False,
                            term="xterm")
-    assert b"\x1b[" in logs["pty"]  # drawn by cairn, in colour
+    # drawn by cairn, in colour: the agent's warning, its text escaped inside the colour
+    assert b"\x1b[1;33mwarning " + SHOWN.encode() in logs["pty"], logs["pty"][-3000:]
     check_both_ways(machine, ["doctor", run_id], expect_shown=False)
     check_both_ways(machine, ["doctor"], expect_shown=False)
     # a patch for a terminal is escaped too; piped, it is the exact patch for 'git apply'
