@@ -93,7 +93,7 @@
     }
 
     /* A button that runs `cairn ARGS` once confirmed, then reports what cairn said. */
-    function action(label, args, question, after) {
+    function action(label, args, question) {
         return h("button", {
             class: "cairn-button",
             type: "button",
