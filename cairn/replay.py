@@ -76,6 +76,20 @@ def select_imports(ops: Sequence[OpRow], run_id: str, through: str) -> list[OpRo
     return sorted([*chosen, *lanes], key=lambda o: (o.scope, o.seq))
 
 
+def latest_replay_point(ops: Sequence[OpRow], run_id: str) -> str | None:
+    """The latest root-level boundary ``cairn replay`` accepts for a run with ``ops``
+    (what retrying a failed run starts from); None when there is none."""
+    committed = sorted((o for o in ops if o.scope == ROOT and o.kind in BOUNDARY_KINDS
+                        and o.state == "committed"), key=lambda o: o.seq, reverse=True)
+    for op in committed:
+        try:
+            select_imports(ops, run_id, op.op_id)
+        except UsageError:
+            continue
+        return op.op_id
+    return None
+
+
 def same_identity(imported: OpRow, source: OpRow) -> bool:
     """Whether an imported operation is its source's: the replay identity (ARCHITECTURE
     §5), its state and its result."""

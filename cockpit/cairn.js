@@ -9,6 +9,7 @@
 (function () {
     const POLL_MS = 3000;
     const LOG_LINES = 100;
+    const FAILED_DAYS = 7; // the inbox lists the failed runs of the last week
     const STATES = ["queued", "pending", "running", "waiting", "paused", "blocked",
         "succeeded", "failed", "stopped", "cancelled"];
     const ENDED = ["succeeded", "failed", "stopped", "cancelled"];
@@ -39,14 +40,18 @@
         return node;
     }
 
-    /* `cairn ARGS`: a Promise of its stdout, or of an Error with what it printed on
-     * stderr (a native Promise: what cockpit.spawn returns chains its own way). */
-    function cairn(args) {
+    /* `cairn ARGS` (with ``input`` on its stdin): a Promise of its stdout, or of an Error
+     * with what it printed on stderr (a native Promise: what cockpit.spawn returns chains
+     * its own way). */
+    function cairn(args, input) {
         return new Promise((resolve, reject) => {
-            cockpit.spawn(["cairn", ...args], {
+            const proc = cockpit.spawn(["cairn", ...args], {
                 err: "message",
                 environ: ["LC_ALL=C.UTF-8", "NO_COLOR=1", "PAGER=cat"],
-            }).then(resolve, ex => {
+            });
+            if (input !== undefined)
+                proc.input(input);
+            proc.then(resolve, ex => {
                 reject(new Error((ex.message || ex.problem || String(ex)).trim()));
             });
         });
@@ -92,8 +97,9 @@
         return window.confirm(question);
     }
 
-    /* A button that runs `cairn ARGS` once confirmed, then reports what cairn said. */
-    function action(label, args, question) {
+    /* A button that runs `cairn ARGS` once confirmed, then reports what cairn said (and
+     * hands it to ``then``). */
+    function action(label, args, question, then) {
         return h("button", {
             class: "cairn-button",
             type: "button",
@@ -103,11 +109,24 @@
                 ev.target.disabled = true;
                 say("");
                 cairn(args)
-                    .then(out => { say(out.trim() || `${label}: done`); })
+                    .then(out => { say(out.trim() || `${label}: done`); if (then) then(out) })
                     .catch(ex => say(ex.message, true))
                     .finally(() => { ev.target.disabled = false; refresh(true) });
             },
         }, label);
+    }
+
+    /* `cairn replay RUN --through OP` as a button: a new run from the run's checkpoint,
+     * shown once cairn made it. */
+    function replayAction(runId, through) {
+        return action(`Retry from ${through}`, ["replay", runId, "--through", through],
+            `Start a new run from run ${runId}'s checkpoint at ${through}? The operations up to ` +
+            `it are imported; the rest of the workflow runs fresh.`,
+            out => {
+                const made = /^(flow_[0-9a-f]{32}):/.exec(out.trim());
+                if (made)
+                    go(["run", made[1]]);
+            });
     }
 
     function errorBox(ex) {
@@ -187,9 +206,147 @@
                 : h("p", { class: "cairn-empty" }, "No entries."));
     }
 
+    /* The kind of operation whose lanes run in scopes named ``<its op_id>-<lane>``. */
+    const FORKS = ["parallel", "map"];
+
+    /* The operations as a tree: the root scope's in order, each fork followed by its
+     * lanes (a scope belongs to the fork with the longest op_id it starts with), each
+     * lane's operations below it, nested forks deeper. A row: [depth, lane name or null,
+     * operation or null]. */
+    function opTree(ops) {
+        const forks = ops.filter(o => FORKS.includes(o.kind));
+        const parent = scope => forks
+            .filter(f => scope.startsWith(f.op_id + "-"))
+            .sort((a, b) => b.op_id.length - a.op_id.length)[0];
+        const inScope = scope => ops.filter(o => o.scope === scope).sort((a, b) => a.seq - b.seq);
+        const rows = [];
+        const walk = (scope, depth) => {
+            for (const o of inScope(scope)) {
+                rows.push([depth, null, o]);
+                if (!FORKS.includes(o.kind))
+                    continue;
+                const lanes = [...new Set(ops.map(x => x.scope))]
+                    .filter(sc => sc !== "root" && parent(sc) === o).sort();
+                for (const lane of lanes) {
+                    rows.push([depth + 1, lane.slice(o.op_id.length + 1), null]);
+                    walk(lane, depth + 2);
+                }
+            }
+        };
+        walk("root", 0);
+        // a scope no fork names (a journal that contradicts itself) is still shown
+        const placed = new Set(rows.filter(r => r[2]).map(r => r[2].op_id));
+        for (const o of ops.filter(x => !placed.has(x.op_id)))
+            rows.push([0, null, o]);
+        return rows;
+    }
+
+    function checkpointText(o, deleted) {
+        if (o.imported_from)
+            return `imported from ${o.imported_from.run_id} ${o.imported_from.op_id}`;
+        const s = (o.checkpoint || {}).s;
+        if (!s || !s.path)
+            return "—";
+        return `${s.path}` + (deleted ? " (deleted)" : "")
+            + (o.checkpoint.changed === false ? " (no changes)" : "");
+    }
+
+    function operationsView(run) {
+        const r = run.run;
+        const rows = opTree(run.operations || []);
+        return h("section", { "aria-labelledby": "operations-heading" },
+            h("h3", { id: "operations-heading" }, "Operations"),
+            h("table", { class: "cairn-table", id: "operations" },
+                h("thead", null, h("tr", null, ["Operation", "Kind", "Attempt", "State",
+                    "Checkpoint", ""].map(c => h("th", { scope: "col" }, c)))),
+                h("tbody", null, rows.map(([depth, lane, o]) => lane !== null
+                    ? h("tr", { class: "cairn-lane", "data-lane": lane,
+                        "data-depth": Math.min(depth, 6) },
+                        h("td", { colspan: 6 },
+                            h("span", { class: "cairn-kind" }, "lane "), lane))
+                    : h("tr", { "data-op": o.op_id, "data-depth": Math.min(depth, 6) },
+                        h("td", { "data-label": "Operation" }, o.op_id),
+                        h("td", { "data-label": "Kind" }, o.kind),
+                        h("td", { "data-label": "Attempt" }, String(o.attempt)),
+                        h("td", { "data-label": "State" }, stateBadge(o.state),
+                            o.error ? h("span", { class: "cairn-muted" }, ` ${o.error}`) : null),
+                        h("td", { "data-label": "Checkpoint", class: "cairn-path" },
+                            checkpointText(o, run.storage.deleted)),
+                        h("td", null, o.state === "uncertain"
+                            ? action("Retry", ["retry", r.run_id, o.op_id],
+                                `Run ${o.op_id} again? Its effects may then happen twice.`)
+                            : null))))));
+    }
+
+    function progressView(progress) {
+        const phases = Object.keys(progress || {}).sort();
+        if (!phases.length)
+            return null;
+        return h("section", { "aria-labelledby": "progress-heading", id: "progress" },
+            h("h3", { id: "progress-heading" }, "Progress"),
+            phases.map(phase => {
+                const p = progress[phase];
+                const total = typeof p.total === "number" ? p.total : null;
+                return h("p", { "data-phase": phase },
+                    h("label", null, `${phase} ${p.done}` + (total !== null ? `/${total}` : ""),
+                        " ", total ? h("progress", { max: total, value: p.done }) : null));
+            }));
+    }
+
+    const ITEM_MARK = { done: "✓", active: "●", waiting: "○" };
+
+    function worklistsView(lists) {
+        if (!lists.length)
+            return null;
+        return h("section", { "aria-labelledby": "worklists-heading", id: "worklists" },
+            h("h3", { id: "worklists-heading" }, "Worklists"),
+            lists.map(w => h("div", { class: "cairn-facet", "data-worklist": w.title },
+                h("p", { class: "cairn-item-head" }, h("span", { class: "cairn-kind" }, w.title),
+                    ` r${w.revision} · ${w.done}/${w.items.length} · `,
+                    w.complete ? "done" : "active"),
+                h("ul", { class: "cairn-worklist" }, w.items.map((item, i) => h("li", {
+                    "data-state": w.states[i],
+                }, h("span", { "aria-label": w.states[i] }, ITEM_MARK[w.states[i]] || "?"),
+                " ", item))))));
+    }
+
+    function measured(entry) {
+        return entry ? `${entry.value} (${entry.measurement})` : "—";
+    }
+
+    function experimentsView(facets) {
+        if (!facets.length)
+            return null;
+        return h("section", { "aria-labelledby": "experiments-heading", id: "experiments" },
+            h("h3", { id: "experiments-heading" }, "Experiments"),
+            facets.map(e => h("div", { class: "cairn-facet", "data-experiment": e.scope },
+                h("dl", { class: "cairn-facts" },
+                    h("dt", null, "Metric"), h("dd", null, e.metric),
+                    h("dt", null, "Baseline"), h("dd", null, measured(e.baseline)),
+                    h("dt", null, "Best"), h("dd", null, measured(e.best)),
+                    h("dt", null, "Gain"), h("dd", { class: "cairn-gain" },
+                        e.gain === null || e.gain === undefined ? "—"
+                            : `${(e.gain * 100).toFixed(1)}%`),
+                    e.target ? [h("dt", null, "Target"), h("dd", null,
+                        `${e.target.value} ${e.target.reached ? "reached" : "not reached"}`)]
+                        : null),
+                h("table", { class: "cairn-table" },
+                    h("thead", null, h("tr", null, ["Candidate", "Value", "Disposition",
+                        "Reason"].map(c => h("th", { scope: "col" }, c)))),
+                    h("tbody", null, (e.candidates || []).map(c => h("tr", {
+                        "data-disposition": c.disposition,
+                    },
+                    h("td", { "data-label": "Candidate" }, c.measurement),
+                    h("td", { "data-label": "Value" }, c.value === null ? "—" : String(c.value)),
+                    h("td", { "data-label": "Disposition" }, stateBadge(c.disposition)),
+                    h("td", { "data-label": "Reason" }, c.reason || ""))))))));
+    }
+
     function runPage(run, diff, logs) {
         const r = run.run;
-        const ops = run.operations || [];
+        const settlement = run.settlement || {};
+        const applied = (settlement.apply || {}).applied || [];
+        const reverted = (settlement.revert || {}).status === "applied";
         const actions = [];
         if (r.state === "paused")
             actions.push(action("Resume", ["resume", r.run_id], null));
@@ -201,9 +358,17 @@
             actions.push(action("Cancel", ["cancel", "--yes", r.run_id],
                 `Cancel run ${r.run_id}? Its running agents are stopped.`));
         }
+        if (r.state !== "succeeded" && ENDED.includes(r.state) && run.replay_through
+            && !run.storage.deleted)
+            actions.push(replayAction(r.run_id, run.replay_through));
+        if (ENDED.includes(r.state) && applied.length && !reverted)
+            actions.push(action("Revert", ["revert", "--yes", r.run_id],
+                `Revert what run ${r.run_id} applied to its project? Every path still as the ` +
+                "run left it gets its content from before the run back."));
         if (ENDED.includes(r.state) && !run.storage.deleted)
             actions.push(action("Delete storage", ["rm", "--yes", r.run_id],
                 `Delete the storage of run ${r.run_id} (its checkpoints)? Its history stays.`));
+        const waiting = run.question;
         return h("section", { "aria-labelledby": "run-heading" },
             h("p", null, h("a", {
                 href: "#/", onclick: ev => { ev.preventDefault(); go([]) },
@@ -214,25 +379,29 @@
             h("dl", { class: "cairn-facts" },
                 h("dt", null, "Definition"), h("dd", null, r.definition),
                 h("dt", null, "Project"), h("dd", { class: "cairn-path" }, r.project),
+                run.replayed_from ? [h("dt", null, "Replayed from"), h("dd", { id: "replayed-from" },
+                    runLink(run.replayed_from.run_id), ` through ${run.replayed_from.through}`)]
+                    : null,
                 r.error ? [h("dt", null, "Error"), h("dd", { id: "run-error" }, r.error)] : null,
+                r.state === "failed" && run.replay_through ? [h("dt", null, "Retry"),
+                    h("dd", null, h("code", { id: "retry-command" },
+                        `cairn replay ${r.run_id} --through ${run.replay_through}`))] : null,
+                waiting ? [h("dt", null, "Waiting"), h("dd", null, h("a", {
+                    href: "#/inbox", onclick: ev => { ev.preventDefault(); go(["inbox"]) },
+                }, waiting.kind === "question" ? waiting.question : `approval ${waiting.request_id}`))]
+                    : null,
+                reverted ? [h("dt", null, "Reverted"), h("dd", { id: "reverted" },
+                    "what the run applied was put back")] : null,
+                run.model ? [h("dt", null, "Model"), h("dd", null,
+                    `${run.model.calls} calls · ${run.model.tokens} of ${run.model.token_limit} tokens`
+                    + (run.model.cost ? ` · cost ${run.model.cost}` : ""))] : null,
                 r.output ? [h("dt", null, "Output"),
                     h("dd", null, h("code", { id: "run-output" }, JSON.stringify(r.output)))]
                     : null),
-            h("h3", null, "Operations"),
-            h("table", { class: "cairn-table", id: "operations" },
-                h("thead", null, h("tr", null, ["Operation", "Kind", "Scope", "Attempt",
-                    "State", ""].map(c => h("th", { scope: "col" }, c)))),
-                h("tbody", null, ops.map(o => h("tr", { "data-op": o.op_id },
-                    h("td", { "data-label": "Operation" }, o.op_id),
-                    h("td", { "data-label": "Kind" }, o.kind),
-                    h("td", { "data-label": "Scope", class: "cairn-scope" }, o.scope),
-                    h("td", { "data-label": "Attempt" }, String(o.attempt)),
-                    h("td", { "data-label": "State" }, stateBadge(o.state),
-                        o.error ? h("span", { class: "cairn-muted" }, ` ${o.error}`) : null),
-                    h("td", null, o.state === "uncertain"
-                        ? action("Retry", ["retry", r.run_id, o.op_id],
-                            `Run ${o.op_id} again? Its effects may then happen twice.`)
-                        : null))))),
+            progressView(run.progress),
+            operationsView(run),
+            worklistsView(run.worklists || []),
+            experimentsView(run.experiments || []),
             diffView(diff),
             logsView(logs));
     }
@@ -326,20 +495,72 @@
         }
         const label = item.kind === "blocked" ? "Blocked run"
             : item.kind === "schedule-blocked" ? "Blocked schedule" : item.kind;
-        return h("li", { class: "cairn-item", "data-run": item.run_id, "data-kind": item.kind },
-            head(label, item.run_id),
-            item.reason ? h("p", { class: "cairn-question" }, item.reason) : null,
-            (item.commands || []).length
-                ? h("pre", { class: "cairn-commands" }, item.commands.join("\n")) : null);
+        return h("li", {
+            class: "cairn-item", "data-run": item.run_id, "data-kind": item.kind,
+            "data-op": item.op_id || null,
+        },
+        head(label, item.run_id),
+        item.op_id ? h("p", null, "Operation ", h("code", null, item.op_id),
+            " may have reached outside and has no result. Decide what happened:") : null,
+        item.reason ? h("p", { class: "cairn-question" }, item.reason) : null,
+        item.kind === "blocked" && item.op_id ? reconcileChoices(item) : null,
+        (item.commands || []).length
+            ? h("pre", { class: "cairn-commands" }, item.commands.join("\n")) : null);
     }
 
-    function inboxPage(items) {
+    /* A blocked run's choices for its uncertain operation, as `cairn reconcile` and
+     * `cairn retry` offer them: it reached nothing outside, its real result, or run again. */
+    function reconcileChoices(item) {
+        const id = `result-${item.run_id}-${item.op_id}`;
+        const result = h("form", {
+            class: "cairn-form",
+            onsubmit: ev => {
+                ev.preventDefault();
+                const form = ev.target;
+                form.querySelector("button").disabled = true;
+                cairn(["reconcile", item.run_id, item.op_id, "--result", "/dev/stdin"],
+                    form.elements.result.value)
+                    .then(out => say(out.trim()))
+                    .catch(ex => say(ex.message, true))
+                    .finally(() => refresh(true));
+            },
+        }, h("label", { for: id }, "Its result as it happened (a JSON object)"),
+        h("textarea", { id, name: "result", rows: 2, required: true }),
+        h("button", { class: "cairn-button", type: "submit" }, "Record result"));
+        return [h("span", { class: "cairn-actions" },
+            action("No effect", ["reconcile", item.run_id, item.op_id, "--no-effect"],
+                `Record that ${item.op_id} reached nothing outside? It is then run again.`),
+            action("Run again", ["retry", item.run_id, item.op_id],
+                `Run ${item.op_id} again? Its effects may then happen twice.`)),
+        result];
+    }
+
+    /* A failed run: why, and how to retry it from its last checkpoint. */
+    function failedItem(run) {
+        return h("li", { class: "cairn-item", "data-run": run.run_id, "data-kind": "failed" },
+            h("p", { class: "cairn-item-head" }, h("span", { class: "cairn-kind" }, "Failed run"),
+                " ", runLink(run.run_id), ` · ${run.definition} · ${age(run.created_at)} ago`),
+            run.error ? h("p", { class: "cairn-question" }, run.error) : null,
+            run.replay_through
+                ? [h("pre", { class: "cairn-commands" },
+                    `cairn replay ${run.run_id} --through ${run.replay_through}`),
+                h("span", { class: "cairn-actions" }, replayAction(run.run_id, run.replay_through))]
+                : h("p", { class: "cairn-muted" },
+                    "No checkpoint to retry from: launch the workflow again."));
+    }
+
+    function inboxPage(items, failed) {
         return h("section", { "aria-labelledby": "inbox-heading" },
             h("h2", { id: "inbox-heading" }, "Inbox"),
             items.length
                 ? h("ul", { class: "cairn-inbox", id: "inbox", role: "list" },
                     items.map(inboxItem))
-                : h("p", { class: "cairn-empty" }, "Nothing waits for you."));
+                : h("p", { class: "cairn-empty" }, "Nothing waits for you."),
+            failed.length ? [
+                h("h3", { id: "failed-heading" }, "Failed runs ",
+                    h("span", { class: "cairn-muted" }, `the last ${FAILED_DAYS} days`)),
+                h("ul", { class: "cairn-inbox", id: "failed", role: "list",
+                    "aria-labelledby": "failed-heading" }, failed.map(failedItem))] : null);
     }
 
     // --- Rendering ----------------------------------------------------------------------
@@ -360,11 +581,14 @@
                 .then(([run, diff, logs]) => [run + diff + logs,
                     () => runPage(JSON.parse(run), JSON.parse(diff), logs)]);
         if (path[0] === "inbox")
-            return cairn(["inbox", "--json"]).then(out => [out, () => {
-                const items = JSON.parse(out);
-                showCount(items);
-                return inboxPage(items);
-            }]);
+            return Promise.all([cairn(["inbox", "--json"]), cairn(["list", "--json"])])
+                .then(([out, runs]) => [out + runs, () => {
+                    const items = JSON.parse(out);
+                    const since = Date.now() / 1000 - FAILED_DAYS * 86400;
+                    showCount(items);
+                    return inboxPage(items, JSON.parse(runs)
+                        .filter(r => r.state === "failed" && r.created_at >= since));
+                }]);
         return cairn(["list", "--json", ...everyone ? ["--all"] : []])
             .then(out => [out + filter + everyone, () => runsPage(JSON.parse(out))]);
     }

@@ -8,7 +8,7 @@ from typing import Any
 from cairn.admission import queue_positions
 from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
+from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow
 from cairn.journal.snapshot import read_snapshot
 from cairn.proc import run
 from cairn.protocol.daemon import LogsRequest
@@ -16,6 +16,7 @@ from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import CurrentOperation, PsReply, RunListing, SettlementSummary
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.protocol.view_replies import DiffReply, LogsReply
+from cairn.replay import latest_replay_point
 from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
 from cairn.views.run import run_view
@@ -51,12 +52,13 @@ def visible_run(journal: Journal, run_id: str | None, uid: int) -> RunRow:
     return row
 
 
-def _current_op(journal: Journal, run_id: str) -> CurrentOperation | None:
-    ops = journal.list_ops(run_id)
+def _current_op(ops: list[OpRow]) -> CurrentOperation | None:
     if not ops:
         return None
     last = ops[-1]
     return CurrentOperation(op_id=last.op_id, kind=last.kind, state=last.state)
+
+
 
 
 def ps(journal: Journal, uid: int, all_users: bool) -> list[JSONObject]:
@@ -75,8 +77,10 @@ def queue_position(journal: Journal) -> dict[str, int]:
 
 def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
     positions = queue_position(journal) if any(r.state == "queued" for r in runs) else {}
-    listed = [
-        RunListing(
+    listed = []
+    for r in runs:
+        ops = journal.list_ops(r.run_id)
+        listed.append(RunListing(
             run_id=r.run_id,
             state=r.state,
             position=positions.get(r.run_id),
@@ -85,11 +89,13 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
             owner_uid=r.owner_uid,
             created_at=r.created_at,
             run_key=r.run_key,
-            current_op=_current_op(journal, r.run_id),
+            current_op=_current_op(ops),
             settlement_summary=_summary(r),
-        )
-        for r in runs
-    ]
+            error=r.error,
+            replay_through=(
+                latest_replay_point(ops, r.run_id) if r.state in TERMINAL_RUN_STATES else None
+            ),
+        ))
     rows: list[JSONObject] = PsReply(runs=listed).model_dump(mode="json")["runs"]
     return rows
 

@@ -358,6 +358,9 @@ def _print_show(data: "ShowReply") -> None:
         click.echo(queued_note(str(run["run_id"]), run.get("position")))
     if run.get("error"):
         click.echo(f"error: {printable(run['error'])}")
+    if run["state"] in ("failed", "stopped", "cancelled") and data.replay_through:
+        click.echo(f"retry from its last checkpoint: cairn replay {run['run_id']} "
+                   f"--through {printable(data.replay_through)}")
     origin = data.replayed_from
     if origin:
         click.echo(

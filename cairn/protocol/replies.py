@@ -81,7 +81,9 @@ class SettlementSummary(Reply):
 
 
 class RunListing(Reply):
-    """One run as ``ps`` lists it; ``position``: a queued run's place in the queue."""
+    """One run as ``ps`` lists it; ``position``: a queued run's place in the queue;
+    ``error``: why it failed or blocked; ``replay_through``: an ended run's latest root
+    boundary ``cairn replay`` starts from (how a failed run is retried), None without one."""
 
     run_id: str
     state: str
@@ -93,6 +95,8 @@ class RunListing(Reply):
     run_key: str | None
     current_op: CurrentOperation | None
     settlement_summary: SettlementSummary | None
+    error: str | None = None
+    replay_through: str | None = None
 
 
 class PsReply(Reply):

@@ -94,6 +94,7 @@ class ShowReply(Reply):
     settlement: dict[str, object] | None
     settlement_summary: SettlementSummary | None
     replayed_from: dict[str, object] | None
+    replay_through: str | None = None
     worklists: list[dict[str, object]]
     experiments: list[dict[str, object]]
     model: dict[str, object] | None

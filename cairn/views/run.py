@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from cairn.errors import JournalError
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import RunRow, StoredReceipt
+from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow, StoredReceipt
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, retry_events
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
@@ -24,6 +24,7 @@ from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_int, json_list
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.providers import MICROS_PER_CENT, money, today
+from cairn.replay import latest_replay_point
 from cairn.runlogs import run_units
 from cairn.settle.outcome import summary as settlement_summary
 from cairn.views import integrity
@@ -165,6 +166,9 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         "settlement": None if settlement is None else settlement.stored(),
         "settlement_summary": settlement_summary(settlement),
         "schedule": journal.launch_description(run_id).schedule,
+        "replay_through": (
+            latest_replay_point(ops, run_id) if row.state in TERMINAL_RUN_STATES else None
+        ),
         "replayed_from": None if origin is None else {
             "run_id": origin.source_run, "through": origin.through_op, "imported": len(imported)
         },

@@ -3,13 +3,20 @@
 
     python3 console_browser.py CONFIG_JSON
 
-CONFIG_JSON: ``user``, ``password``, ``run_id`` (a run waiting on a question, then an
-approval), ``other`` and ``third`` (more waiting runs), ``answer`` (what to type), ``shots`` (a
-directory for the screenshots). It logs in at Cockpit's own login page, finds the page in
-the menu, reads the runs list, answers the question and approves the approval in the
-inbox, follows the run to its end on the run page, pauses, resumes and cancels the other
-run from its page and deletes its storage, stops the third, and prints what it saw as one
-JSON line: the test judges it.
+CONFIG_JSON: ``user``, ``password``, ``shots`` (a directory for the screenshots), then
+either ``run_id`` (a run waiting on a question, then an approval), ``other`` and ``third``
+(more waiting runs), ``doomed`` (a run waiting on an approval), ``facets`` (a finished run
+with lanes, a worklist and an experiment) and ``answer`` (what to type), or ``blocked``,
+``by_hand`` and ``result``.
+
+With ``run_id``, it logs in at Cockpit's own login page, finds the page in the menu, reads
+the runs list, answers the question and approves the approval in the inbox, rejects the
+doomed run's approval and retries the failed run from the inbox, follows the first run to
+its end on the run page and reverts it, pauses, resumes and cancels the other run from its
+page and deletes its storage, stops the third, and reads the facets run's page. With
+``blocked`` and ``by_hand`` (blocked runs) and ``result``, it runs the first one's
+uncertain operation again from the inbox and records ``result`` as the other's. It prints
+what it saw as one JSON line: the test judges it.
 """
 
 from __future__ import annotations
@@ -97,6 +104,106 @@ def foreign(driver: WebDriver) -> list[str]:
         f"#view :is({FOREIGN})")]
 
 
+def log_in(driver: WebDriver, config: dict[str, Any]) -> list[str]:
+    """Log in at Cockpit's login page; the links of its menu named Cairn."""
+    driver.get(COCKPIT + "/")
+    wait(driver, lambda d: d.find_element(By.ID, "login-user-input").is_displayed())
+    driver.find_element(By.ID, "login-user-input").send_keys(config["user"])
+    driver.find_element(By.ID, "login-password-input").send_keys(config["password"])
+    press(driver, By.ID, "login-button")
+    return list(wait(driver, lambda d: d.execute_script(
+        "return [...document.querySelectorAll('a')]"
+        ".filter(a => a.innerText.trim() === 'Cairn').map(a => a.href)"), 90))
+
+
+def confirm_press(driver: WebDriver, xpath: str) -> None:
+    press(driver, By.XPATH, xpath)
+    wait(driver, expected_conditions.alert_is_present())
+    driver.switch_to.alert.accept()
+
+
+def retry_failed(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
+                 shots: Path) -> None:
+    """Reject the doomed run's approval; once it failed, retry it from the inbox."""
+    doomed = config["doomed"]
+    confirm_press(driver, f"//li[@data-run='{doomed}' and @data-kind='approval']"
+                  "//button[text()='Reject']")
+    wait(driver, lambda d: "rejected" in text_of(d, "#status"))
+    seen["rejected"] = text_of(driver, "#status").strip()
+    item = f"li[data-kind='failed'][data-run='{doomed}']"
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, item), 120)
+    seen["failed_error"] = text_of(driver, f"{item} .cairn-question")
+    seen["failed_command"] = text_of(driver, f"{item} .cairn-commands")
+    seen["foreign"]["failed"] = foreign(driver)
+    seen["marks"].append(driver.execute_script(MARKS))
+    driver.execute_script("document.querySelector(arguments[0]).scrollIntoView()", item)
+    driver.save_screenshot(str(shots / "failed.png"))
+    confirm_press(driver, f"//li[@data-run='{doomed}' and @data-kind='failed']"
+                  "//button[starts-with(text(), 'Retry from ')]")
+
+    def new_run(d: WebDriver) -> str | None:
+        loaded = str(d.find_element(By.ID, "view").get_attribute("data-loaded"))
+        return loaded if loaded.startswith('["run"') and doomed not in loaded else None
+
+    seen["retried"] = json.loads(wait(driver, new_run, 120))[1]
+    wait(driver, lambda d: d.find_elements(By.ID, "replayed-from"))
+    seen["replayed_from"] = text_of(driver, "#replayed-from")
+
+
+def read_facets(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
+                shots: Path) -> None:
+    """The facets run's page: its operations tree, checkpoints, worklist, experiment."""
+    into_page(driver, f"/run/{config['facets']}")
+    seen["tree"] = driver.execute_script(
+        "return [...document.querySelectorAll('#operations tbody tr')].map(r => r.dataset.lane"
+        " !== undefined ? ['lane', r.dataset.lane, r.dataset.depth]"
+        " : ['op', r.dataset.op, r.dataset.depth])")
+    seen["checkpoints"] = driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#operations tr[data-op]')]"
+        ".map(r => [r.dataset.op, r.querySelector('td[data-label=Checkpoint]').innerText]))")
+    seen["worklist"] = driver.execute_script(
+        "return [...document.querySelectorAll('#worklists li')]"
+        ".map(li => [li.dataset.state, li.innerText.slice(2)])")
+    seen["dispositions"] = attributes(driver, "#experiments tr[data-disposition]",
+                                      "data-disposition")
+    seen["phases"] = attributes(driver, "#progress [data-phase]", "data-phase")
+    driver.execute_script("document.getElementById('operations').scrollIntoView()")
+    driver.save_screenshot(str(shots / "lanes.png"))
+
+
+def run_blocked_again(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
+                      shots: Path) -> None:
+    """The blocked run's item in the inbox: its choices; run the operation again."""
+    run_id = config["blocked"]
+    into_page(driver, "/inbox")
+    item = f"li[data-kind='blocked'][data-run='{run_id}']"
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, item))
+    seen["commands"] = text_of(driver, f"{item} .cairn-commands")
+    seen["choices"] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(b => b.innerText)",
+        f"{item} button")
+    seen["foreign"] = foreign(driver)
+    seen["marks"] = driver.execute_script(MARKS)
+    driver.save_screenshot(str(shots / "blocked.png"))
+    confirm_press(driver, f"//li[@data-run='{run_id}' and @data-kind='blocked']"
+                  "//button[text()='Run again']")
+    wait(driver, lambda d: "resumes" in text_of(d, "#status"), 120)
+    seen["retried"] = text_of(driver, "#status").strip()
+    into_page(driver, f"/run/{run_id}")
+    wait(driver, lambda d: d.find_elements(
+        By.CSS_SELECTOR, ".cairn-toolbar .cairn-state-succeeded, "
+        ".cairn-toolbar .cairn-state-failed, .cairn-toolbar .cairn-state-blocked"), 240)
+    seen["state"] = text_of(driver, ".cairn-toolbar .cairn-state")
+    into_page(driver, "/inbox")
+    other = f"li[data-kind='blocked'][data-run='{config['by_hand']}']"
+    wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, f"{other} textarea").send_keys(
+        config["result"]) or True)
+    press(driver, By.XPATH, f"//li[@data-run='{config['by_hand']}' and @data-kind='blocked']"
+          "//button[text()='Record result']")
+    wait(driver, lambda d: "decided" in text_of(d, "#status"), 120)
+    seen["decided"] = text_of(driver, "#status").strip()
+
+
 def visit(config: dict[str, Any]) -> dict[str, Any]:
     shots = Path(config["shots"])
     shots.mkdir(parents=True, exist_ok=True)
@@ -106,16 +213,12 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
                 "--window-size=1280,900", "--lang=en-US"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    seen: dict[str, Any] = {"marks": []}
+    seen: dict[str, Any] = {"marks": [], "actions": {}}
     try:
-        driver.get(COCKPIT + "/")
-        wait(driver, lambda d: d.find_element(By.ID, "login-user-input").is_displayed())
-        driver.find_element(By.ID, "login-user-input").send_keys(config["user"])
-        driver.find_element(By.ID, "login-password-input").send_keys(config["password"])
-        press(driver, By.ID, "login-button")
-        seen["menu"] = wait(driver, lambda d: d.execute_script(
-            "return [...document.querySelectorAll('a')]"
-            ".filter(a => a.innerText.trim() === 'Cairn').map(a => a.href)"), 90)
+        seen["menu"] = log_in(driver, config)
+        if "blocked" in config:
+            run_blocked_again(driver, config, seen, shots)
+            return seen
 
         into_page(driver, "/")
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs tbody tr"))
@@ -157,6 +260,7 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
               "@data-kind='approval']//button[text()='Approve']")
         wait(driver, lambda d: "approved" in text_of(d, "#status"))
         seen["approved"] = text_of(driver, "#status").strip()
+        retry_failed(driver, config, seen, shots)
 
         into_page(driver, f"/run/{config['run_id']}")
         try:
@@ -173,12 +277,15 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
         seen["marks"].append(driver.execute_script(MARKS))
         driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(shots / "run.png"))
+        seen["actions"]["Revert"] = act(driver, "Revert", True)
+        wait(driver, lambda d: d.find_elements(By.ID, "reverted"))
+        seen["reverted"] = text_of(driver, "#reverted")
         # the page's own errors, and any script a Content Security Policy had to refuse
         # (Cockpit's shell logs its login probe and missing fonts: not the page's)
         into_page(driver, f"/run/{config['other']}")
-        seen["actions"] = {label: act(driver, label, confirm)
-                           for label, confirm in (("Pause", False), ("Resume", False),
-                                                  ("Cancel", True))}
+        seen["actions"].update({label: act(driver, label, confirm)
+                                for label, confirm in (("Pause", False), ("Resume", False),
+                                                       ("Cancel", True))})
         wait(driver, lambda d: text_of(d, ".cairn-toolbar .cairn-state") == "cancelled", 120)
         seen["cancelled"] = text_of(driver, ".cairn-toolbar .cairn-state")
         # the coordinator may still be on its way out: cairn refuses until it is, and a
@@ -191,6 +298,7 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
         into_page(driver, f"/run/{config['third']}")
         seen["actions"]["Stop"] = act(driver, "Stop", True)
         seen["stopped"] = text_of(driver, ".cairn-toolbar .cairn-state")
+        read_facets(driver, config, seen, shots)
 
         seen["console"] = [e["message"][:300] for e in driver.get_log("browser")
                            if e["level"] == "SEVERE" and ("/cairn/" in e["message"]

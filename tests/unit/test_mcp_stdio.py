@@ -38,7 +38,8 @@ FIXED = ["cairn_runs", "cairn_show", "cairn_artifact", "cairn_watch", "cairn_inb
          "cairn_answer", "cairn_workflow_draft"]
 RUNS = [{"run_id": RUN, "state": "running", "position": None, "definition": "user:fix-flaky",
          "project": "/home/u/app", "owner_uid": 1000, "created_at": 1.0, "run_key": None,
-         "current_op": None, "settlement_summary": None}]
+         "current_op": None, "settlement_summary": None, "error": None,
+         "replay_through": None}]
 QUESTION = {"kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
             "schema_name": None, "challenge": "sha256:" + "c" * 64}
 APPROVAL = {"kind": "approval", "run_id": RUN, "op_id": "root-4", "request_id": "req-1",

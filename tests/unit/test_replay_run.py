@@ -40,7 +40,7 @@ from cairn.protocol.broker import (
 from cairn.protocol.control import CallRequest
 from cairn.protocol.daemon import LaunchRequest
 from cairn.protocol.launch import ReplayOrigin
-from cairn.replay import select_imports
+from cairn.replay import latest_replay_point, select_imports
 from cairn.views.run import run_view
 from cairn.workflow.review import review_source
 
@@ -141,6 +141,19 @@ def test_a_lane_still_open_makes_its_fork_incomplete() -> None:
         select_imports(open_lane, "src", "root-2")
 
 
+def test_the_latest_replay_point_is_the_last_boundary_replay_accepts() -> None:
+    assert latest_replay_point(SEQUENTIAL, "src") == "root-3"
+    failed = [*SEQUENTIAL[:2], op("root-3", "root", 3, state="failed")]
+    assert latest_replay_point(failed, "src") == "root-2"
+    # a boundary past an open lane is incomplete: the one before the fork is the latest
+    open_lane = [*WITH_LANES[:3], op("root-2-b-1", "root-2-b", 1, state="started"),
+                 WITH_LANES[4]]
+    assert latest_replay_point(open_lane, "src") == "root-1"
+    assert latest_replay_point(WITH_LANES, "src") == "root-3"
+    assert latest_replay_point([op("root-1", "root", 1, kind="ask")], "src") is None
+    assert latest_replay_point([], "src") is None
+
+
 # --- cairnd, on a real journal ---------------------------------------------------------
 
 
@@ -181,7 +194,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return runs
 
 
-def finished_source(journal: Journal, host: Path, state: str = "succeeded") -> str:
+def finished_source(journal: Journal, host: Path, state: str = "succeeded",
+                    error: str | None = None) -> str:
     """A launched run whose three agents committed, ended ``state``, with boundary files."""
     project = host / "project"
     project.mkdir(exist_ok=True)
@@ -211,8 +225,33 @@ def finished_source(journal: Journal, host: Path, state: str = "succeeded") -> s
         boundary.mkdir(parents=True)
         (boundary / "handoff.md").write_text(f"{prompt}\n")
         predecessor = op_id
-    journal.set_run_state(run_id, state, token=token)  # type: ignore[arg-type]
+    journal.set_run_state(run_id, state, token=token, error=error)  # type: ignore[arg-type]
     return run_id
+
+
+def test_a_failed_run_names_the_checkpoint_its_retry_replays_from(
+    journal: Journal, host: Path, started: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clirunner import CliRunner
+
+    from cairn.cli import runs
+    from cairn.cli.commands import app
+    from cairn.daemon import views
+
+    failed = finished_source(journal, host, state="failed", error="agent root-4 failed")
+    listed = {r["run_id"]: r for r in views.ps(journal, OWNER, all_users=False)}
+    assert (listed[failed]["error"], listed[failed]["replay_through"]) == (
+        "agent root-4 failed", "root-3")
+    shown = views.show(journal, failed, OWNER)
+    assert shown["replay_through"] == "root-3"
+    monkeypatch.setattr(runs, "request", lambda _body, **_kw: shown)
+    out = CliRunner().invoke(app, ["show", failed])
+    assert out.exit_code == 0, out.output
+    assert f"retry from its last checkpoint: cairn replay {failed} --through root-3\n" \
+        in out.stdout
+    # a running run is retried by nothing: it names no replay point
+    running = finished_source(journal, host, state="running")
+    assert views.show(journal, running, OWNER)["replay_through"] is None
 
 
 def test_a_replay_imports_the_boundary_with_provenance_and_the_same_definition(
