@@ -19,6 +19,20 @@
     let shown = null; // the path drawn last, to keep a form the person is filling in
     let drawn = null; // what cairn answered for it
 
+    /* PatternFly's classes (Cockpit's, see index.html) of the elements the page makes:
+     * every table is a compact PatternFly table, every button a PatternFly button. */
+    const PF = {
+        table: "pf-v6-c-table pf-m-compact",
+        thead: "pf-v6-c-table__thead",
+        tbody: "pf-v6-c-table__tbody",
+        tr: "pf-v6-c-table__tr",
+        th: "pf-v6-c-table__th",
+        td: "pf-v6-c-table__td",
+        button: "pf-v6-c-button",
+    };
+    // Actions that end, undo or delete: PatternFly's danger buttons.
+    const DANGER = ["Cancel", "Delete storage", "Reject", "Revert"];
+
     /* An element with attributes and children; a child string becomes a text node. */
     function h(tag, attrs, ...children) {
         const node = document.createElement(tag);
@@ -32,6 +46,8 @@
             else
                 node.setAttribute(key, value === true ? "" : String(value));
         }
+        if (PF[tag])
+            node.classList.add(...PF[tag].split(" "));
         for (const child of children.flat()) {
             if (child === null || child === undefined || child === false)
                 continue;
@@ -77,9 +93,26 @@
         return `${Math.floor(s / 86400)} d`;
     }
 
+    const LABEL_COLOUR = {
+        running: "blue", started: "blue", pending: "blue", queued: "blue",
+        succeeded: "green", committed: "green", accepted: "green",
+        waiting: "orange", paused: "orange", blocked: "orange", requested: "orange",
+        failed: "red", uncertain: "red", rejected: "red", refused: "red",
+    };
+
+    /* A state as a PatternFly label, coloured by what it asks of a person. */
     function stateBadge(state) {
         const known = /^[a-z-]{1,20}$/.test(state) ? state : "other";
-        return h("span", { class: `cairn-state cairn-state-${known}` }, state);
+        const colour = LABEL_COLOUR[known] ? ` pf-m-${LABEL_COLOUR[known]}` : "";
+        return h("span", { class: `pf-v6-c-label pf-m-compact${colour} cairn-state cairn-state-${known}` },
+            h("span", { class: "pf-v6-c-label__content" },
+                h("span", { class: "pf-v6-c-label__text" }, state)));
+    }
+
+    /* A form control as PatternFly wraps it. */
+    function control(input) {
+        const kind = input.tagName === "TEXTAREA" ? " pf-m-textarea pf-m-resize-vertical" : "";
+        return h("span", { class: `pf-v6-c-form-control${kind}` }, input);
     }
 
     function runLink(runId) {
@@ -101,7 +134,7 @@
      * hands it to ``then``). */
     function action(label, args, question, then) {
         return h("button", {
-            class: "cairn-button",
+            class: DANGER.includes(label) ? "pf-m-secondary pf-m-danger" : "pf-m-secondary",
             type: "button",
             onclick: ev => {
                 if (question && !confirmed(question))
@@ -130,7 +163,8 @@
     }
 
     function errorBox(ex) {
-        return h("div", { class: "cairn-error", role: "alert" }, ex.message);
+        return h("div", { class: "pf-v6-c-alert pf-m-danger pf-m-inline", role: "alert" },
+            h("p", { class: "pf-v6-c-alert__title cairn-error" }, ex.message));
     }
 
     // --- Runs ---------------------------------------------------------------------------
@@ -431,12 +465,13 @@
                         step: p.type === "integer" ? "1" : "any",
                         required: (schema.required || []).includes(name),
                     });
-                fields.push(h("label", { for: id }, p.title || name), input);
+                fields.push(h("label", { for: id }, p.title || name),
+                    ["text", "number"].includes(input.type) ? control(input) : input);
             }
         } else {
             const id = `answer-${q.op_id}`;
             fields.push(h("label", { for: id }, q.schema_name ? "Answer (JSON)" : "Answer"),
-                h("textarea", { id, name: "text", rows: 3, required: true }));
+                control(h("textarea", { id, name: "text", rows: 3, required: true })));
         }
         const read = form => {
             if (!plain)
@@ -466,7 +501,7 @@
                     .catch(ex => say(ex.message, true))
                     .finally(() => refresh(true));
             },
-        }, fields, h("button", { class: "cairn-button cairn-primary", type: "submit" }, "Answer"));
+        }, fields, h("button", { class: "pf-m-primary", type: "submit" }, "Answer"));
     }
 
     function inboxItem(item) {
@@ -525,8 +560,8 @@
                     .finally(() => refresh(true));
             },
         }, h("label", { for: id }, "Its result as it happened (a JSON object)"),
-        h("textarea", { id, name: "result", rows: 2, required: true }),
-        h("button", { class: "cairn-button", type: "submit" }, "Record result"));
+        control(h("textarea", { id, name: "result", rows: 2, required: true })),
+        h("button", { class: "pf-m-secondary", type: "submit" }, "Record result"));
         return [h("span", { class: "cairn-actions" },
             action("No effect", ["reconcile", item.run_id, item.op_id, "--no-effect"],
                 `Record that ${item.op_id} reached nothing outside? It is then run again.`),
@@ -640,6 +675,22 @@
             poll();
         }, POLL_MS);
     }
+
+    /* Cockpit's light or dark style, as its Session menu sets it ("shell:style": light,
+     * dark, or auto: the browser's), on PatternFly's dark-theme class. */
+    function followStyle(chosen) {
+        const style = chosen || window.localStorage.getItem("shell:style") || "auto";
+        const prefersDark = window.matchMedia("(prefers-color-scheme: dark)").matches;
+        document.documentElement.classList.toggle("pf-v6-theme-dark",
+            style === "dark" || (style === "auto" && prefersDark));
+    }
+    window.addEventListener("storage", ev => {
+        if (ev.key === "shell:style")
+            followStyle();
+    });
+    window.addEventListener("cockpit-style", ev => followStyle(ev.detail && ev.detail.style));
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => followStyle());
+    followStyle();
 
     for (const [id, path] of [["tab-runs", []], ["tab-inbox", ["inbox"]]])
         document.getElementById(id).addEventListener("click", ev => {

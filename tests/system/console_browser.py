@@ -35,7 +35,9 @@ from selenium.common.exceptions import (
     WebDriverException,
 )
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -171,6 +173,26 @@ def read_facets(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
     driver.save_screenshot(str(shots / "lanes.png"))
 
 
+def read_style(driver: WebDriver, seen: dict[str, Any], shots: Path) -> None:
+    """PatternFly in the page (a token of Cockpit's stylesheet and a button drawn by it),
+    then Cockpit's dark style chosen in the shell: the page follows."""
+    seen["pf_token"] = driver.execute_script(
+        "return getComputedStyle(document.documentElement)"
+        ".getPropertyValue('--pf-t--global--background--color--primary--default').trim()")
+    seen["pf_button"] = driver.execute_script(
+        "const b = document.querySelector('.pf-v6-c-button');"
+        "return b ? getComputedStyle(b).getPropertyValue('--pf-v6-c-button--BorderRadius') : ''")
+    background = "return getComputedStyle(document.body).backgroundColor"
+    seen["light"] = driver.execute_script(background)
+    driver.switch_to.default_content()
+    driver.execute_script("localStorage.setItem('shell:style', 'dark')")
+    driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, FRAME))
+    wait(driver, lambda d: d.execute_script(
+        "return document.documentElement.classList.contains('pf-v6-theme-dark')"))
+    seen["dark"] = driver.execute_script(background)
+    driver.save_screenshot(str(shots / "run-dark.png"))
+
+
 def run_blocked_again(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
                       shots: Path) -> None:
     """The blocked run's item in the inbox: its choices; run the operation again."""
@@ -204,6 +226,26 @@ def run_blocked_again(driver: WebDriver, config: dict[str, Any], seen: dict[str,
     seen["decided"] = text_of(driver, "#status").strip()
 
 
+def keyboard_to_a_run(driver: WebDriver, seen: dict[str, Any]) -> None:
+    """From the runs list with only the keyboard: Tab to the first run's link (each stop
+    drawn with a visible focus ring), Enter opens the run."""
+    first = attributes(driver, "#runs tbody tr", "data-run")[0]
+    driver.find_element(By.ID, "runs-heading").click()  # no control there: focus stays out
+    seen["tab_stops"] = []
+    for _ in range(20):
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+        stop = driver.execute_script(
+            "const e = document.activeElement; const s = getComputedStyle(e);"
+            "return [e.id || e.innerText.trim().slice(0, 40), s.outlineStyle]")
+        seen["tab_stops"].append(stop)
+        if stop[0] == first:
+            break
+    ActionChains(driver).send_keys(Keys.ENTER).perform()
+    opened = json.dumps(["run", first], separators=(",", ":"))
+    wait(driver, lambda d: d.find_element(By.ID, "view").get_attribute("data-loaded") == opened)
+    seen["keyboard_opened"] = first
+
+
 def visit(config: dict[str, Any]) -> dict[str, Any]:
     shots = Path(config["shots"])
     shots.mkdir(parents=True, exist_ok=True)
@@ -231,6 +273,7 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
         seen["phone_overflow"] = driver.execute_script(
             "return document.documentElement.scrollWidth - window.innerWidth")
         driver.set_window_size(1280, 900)
+        keyboard_to_a_run(driver, seen)
         # what cairn refuses, the page says in cairn's words
         into_page(driver, "/run/flow_0000")
         seen["refused"] = text_of(driver, ".cairn-error")
@@ -299,6 +342,7 @@ def visit(config: dict[str, Any]) -> dict[str, Any]:
         seen["actions"]["Stop"] = act(driver, "Stop", True)
         seen["stopped"] = text_of(driver, ".cairn-toolbar .cairn-state")
         read_facets(driver, config, seen, shots)
+        read_style(driver, seen, shots)
 
         seen["console"] = [e["message"][:300] for e in driver.get_log("browser")
                            if e["level"] == "SEVERE" and ("/cairn/" in e["message"]

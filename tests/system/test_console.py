@@ -331,9 +331,20 @@ def test_a_person_answers_in_the_console_and_sees_the_applied_diff(console: Mach
     assert "accepted" in seen["dispositions"]
     assert seen["phases"] == sorted(view["progress"]), seen["phases"]
 
+    # the keyboard alone reaches a run from the list's heading: the filter and the box
+    # come first, each with a visible focus ring, then the newest run's link, which Enter
+    # opens
+    stops = seen["tab_stops"]
+    assert [s[0] for s in stops] == ["state-filter", "all-users", seen["runs"][0]], stops
+    assert all(style != "none" for _, style in stops), stops
+    assert seen["keyboard_opened"] == seen["runs"][0]
+    # PatternFly, from Cockpit's own stylesheet, and Cockpit's dark style followed
+    assert seen["pf_token"] and seen["pf_button"], seen
+    assert seen["dark"] != seen["light"], (seen["light"], seen["dark"])
     # at a phone's width the runs list fits the screen: no sideways scrolling
     assert seen["phone_overflow"] <= 0, seen["phone_overflow"]
-    for name in ("runs", "runs-phone", "inbox", "approval", "run", "failed", "lanes"):
+    for name in ("runs", "runs-phone", "inbox", "approval", "run", "failed", "lanes",
+                 "run-dark"):
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000, name
 
 
