@@ -360,7 +360,7 @@
                     h("dt", null, "Best"), h("dd", null, measured(e.best)),
                     h("dt", null, "Gain"), h("dd", { class: "cairn-gain" },
                         e.gain === null || e.gain === undefined ? "—"
-                            : `${(e.gain * 100).toFixed(1)}%`),
+                            : `${e.gain >= 0 ? "+" : ""}${(e.gain * 100).toFixed(1)}%`),
                     e.target ? [h("dt", null, "Target"), h("dd", null,
                         `${e.target.value} ${e.target.reached ? "reached" : "not reached"}`)]
                         : null),
