@@ -67,8 +67,10 @@
             });
             if (input !== undefined)
                 proc.input(input);
-            proc.then(resolve, ex => {
-                reject(new Error((ex.message || ex.problem || String(ex)).trim()));
+            // a refusal cairn explains on stdout (a revert's conflicts) is said too
+            proc.then(resolve, (ex, out) => {
+                const said = [(out || "").trim(), (ex.message || ex.problem || String(ex)).trim()];
+                reject(new Error(said.filter(Boolean).join("\n")));
             });
         });
     }
@@ -152,7 +154,7 @@
     /* `cairn replay RUN --through OP` as a button: a new run from the run's checkpoint,
      * shown once cairn made it. */
     function replayAction(runId, through) {
-        return action(`Retry from ${through}`, ["replay", runId, "--through", through],
+        return action(`Retry from ${through}`, ["replay", "--through", through, "--", runId],
             `Start a new run from run ${runId}'s checkpoint at ${through}? The operations up to ` +
             `it are imported; the rest of the workflow runs fresh.`,
             out => {
@@ -244,26 +246,36 @@
     const FORKS = ["parallel", "map"];
 
     /* The operations as a tree: the root scope's in order, each fork followed by its
-     * lanes (a scope belongs to the fork with the longest op_id it starts with), each
-     * lane's operations below it, nested forks deeper. A row: [depth, lane name or null,
-     * operation or null]. */
+     * lanes in the order the workflow named them (its request's ``lanes``; a lane that
+     * has no operation yet shows empty), each lane's operations below it, nested forks
+     * deeper. A lane's scope is ``<fork op_id>-<lane>``; a scope belongs to the fork with
+     * the longest op_id it starts with. A row: [depth, lane name or null, operation or
+     * null]. */
     function opTree(ops) {
-        const forks = ops.filter(o => FORKS.includes(o.kind));
-        const parent = scope => forks
-            .filter(f => scope.startsWith(f.op_id + "-"))
-            .sort((a, b) => b.op_id.length - a.op_id.length)[0];
-        const inScope = scope => ops.filter(o => o.scope === scope).sort((a, b) => a.seq - b.seq);
+        const forks = ops.filter(o => FORKS.includes(o.kind))
+            .sort((a, b) => b.op_id.length - a.op_id.length);
+        const byScope = new Map();
+        for (const o of ops) {
+            if (!byScope.has(o.scope))
+                byScope.set(o.scope, []);
+            byScope.get(o.scope).push(o);
+        }
+        const lanesOf = new Map(forks.map(f => [f.op_id,
+            Array.isArray((f.request || {}).lanes) ? f.request.lanes.map(String) : []]));
+        for (const scope of byScope.keys()) {
+            const fork = forks.find(f => scope.startsWith(f.op_id + "-"));
+            const lane = fork ? scope.slice(fork.op_id.length + 1) : null;
+            if (fork && scope !== "root" && !lanesOf.get(fork.op_id).includes(lane))
+                lanesOf.get(fork.op_id).push(lane);
+        }
         const rows = [];
         const walk = (scope, depth) => {
-            for (const o of inScope(scope)) {
+            const here = (byScope.get(scope) || []).slice().sort((a, b) => a.seq - b.seq);
+            for (const o of here) {
                 rows.push([depth, null, o]);
-                if (!FORKS.includes(o.kind))
-                    continue;
-                const lanes = [...new Set(ops.map(x => x.scope))]
-                    .filter(sc => sc !== "root" && parent(sc) === o).sort();
-                for (const lane of lanes) {
-                    rows.push([depth + 1, lane.slice(o.op_id.length + 1), null]);
-                    walk(lane, depth + 2);
+                for (const lane of lanesOf.get(o.op_id) || []) {
+                    rows.push([depth + 1, lane, null]);
+                    walk(`${o.op_id}-${lane}`, depth + 2);
                 }
             }
         };
@@ -307,7 +319,7 @@
                         h("td", { "data-label": "Checkpoint", class: "cairn-path" },
                             checkpointText(o, run.storage.deleted)),
                         h("td", null, o.state === "uncertain"
-                            ? action("Retry", ["retry", r.run_id, o.op_id],
+                            ? action("Retry", ["retry", "--", r.run_id, o.op_id],
                                 `Run ${o.op_id} again? Its effects may then happen twice.`)
                             : null))))));
     }
@@ -383,24 +395,24 @@
         const reverted = (settlement.revert || {}).status === "applied";
         const actions = [];
         if (r.state === "paused")
-            actions.push(action("Resume", ["resume", r.run_id], null));
+            actions.push(action("Resume", ["resume", "--", r.run_id], null));
         else if (["running", "waiting", "queued", "pending"].includes(r.state))
-            actions.push(action("Pause", ["pause", r.run_id], null));
+            actions.push(action("Pause", ["pause", "--", r.run_id], null));
         if (!ENDED.includes(r.state)) {
-            actions.push(action("Stop", ["stop", r.run_id],
+            actions.push(action("Stop", ["stop", "--", r.run_id],
                 `Stop run ${r.run_id}? It starts no new operation; its running agents finish.`));
-            actions.push(action("Cancel", ["cancel", "--yes", r.run_id],
+            actions.push(action("Cancel", ["cancel", "--yes", "--", r.run_id],
                 `Cancel run ${r.run_id}? Its running agents are stopped.`));
         }
         if (r.state !== "succeeded" && ENDED.includes(r.state) && run.replay_through
             && !run.storage.deleted)
             actions.push(replayAction(r.run_id, run.replay_through));
         if (ENDED.includes(r.state) && applied.length && !reverted)
-            actions.push(action("Revert", ["revert", "--yes", r.run_id],
+            actions.push(action("Revert", ["revert", "--yes", "--", r.run_id],
                 `Revert what run ${r.run_id} applied to its project? Every path still as the ` +
                 "run left it gets its content from before the run back."));
         if (ENDED.includes(r.state) && !run.storage.deleted)
-            actions.push(action("Delete storage", ["rm", "--yes", r.run_id],
+            actions.push(action("Delete storage", ["rm", "--yes", "--", r.run_id],
                 `Delete the storage of run ${r.run_id} (its checkpoints)? Its history stays.`));
         const waiting = run.question;
         return h("section", { "aria-labelledby": "run-heading" },
@@ -496,10 +508,13 @@
                 ev.preventDefault();
                 const form = ev.target;
                 form.querySelector("button").disabled = true;
-                cairn(["answer", q.run_id, "--challenge", q.challenge, "--", read(form)])
-                    .then(out => say(out.trim()))
-                    .catch(ex => say(ex.message, true))
-                    .finally(() => refresh(true));
+                cairn(["answer", "--challenge", q.challenge, "--", q.run_id, read(form)])
+                    .then(out => { say(out.trim()); refresh(true) })
+                    .catch(ex => {
+                        // what the person typed stays, to be corrected
+                        say(ex.message, true);
+                        form.querySelector("button").disabled = false;
+                    });
             },
         }, fields, h("button", { class: "pf-m-primary", type: "submit" }, "Answer"));
     }
@@ -523,9 +538,9 @@
                 h("p", { class: "cairn-muted" }, "Fingerprint ",
                     h("code", { class: "cairn-fingerprint" }, item.fingerprint)),
                 h("span", { class: "cairn-actions" },
-                    action("Approve", ["approve", item.run_id, item.request_id,
-                        "--fingerprint", item.fingerprint], null),
-                    action("Reject", ["reject", item.run_id, item.request_id],
+                    action("Approve", ["approve", "--fingerprint", item.fingerprint, "--",
+                        item.run_id, item.request_id], null),
+                    action("Reject", ["reject", "--", item.run_id, item.request_id],
                         "Reject this request? The operation does not run.")));
         }
         const label = item.kind === "blocked" ? "Blocked run"
@@ -553,19 +568,22 @@
                 ev.preventDefault();
                 const form = ev.target;
                 form.querySelector("button").disabled = true;
-                cairn(["reconcile", item.run_id, item.op_id, "--result", "/dev/stdin"],
+                cairn(["reconcile", "--result", "/dev/stdin", "--", item.run_id, item.op_id],
                     form.elements.result.value)
-                    .then(out => say(out.trim()))
-                    .catch(ex => say(ex.message, true))
-                    .finally(() => refresh(true));
+                    .then(out => { say(out.trim()); refresh(true) })
+                    .catch(ex => {
+                        // what the person typed stays, to be corrected
+                        say(ex.message, true);
+                        form.querySelector("button").disabled = false;
+                    });
             },
         }, h("label", { for: id }, "Its result as it happened (a JSON object)"),
         control(h("textarea", { id, name: "result", rows: 2, required: true })),
         h("button", { class: "pf-m-secondary", type: "submit" }, "Record result"));
         return [h("span", { class: "cairn-actions" },
-            action("No effect", ["reconcile", item.run_id, item.op_id, "--no-effect"],
+            action("No effect", ["reconcile", "--no-effect", "--", item.run_id, item.op_id],
                 `Record that ${item.op_id} reached nothing outside? It is then run again.`),
-            action("Run again", ["retry", item.run_id, item.op_id],
+            action("Run again", ["retry", "--", item.run_id, item.op_id],
                 `Run ${item.op_id} again? Its effects may then happen twice.`)),
         result];
     }
@@ -606,23 +624,30 @@
         badge.hidden = items.length === 0;
     }
 
+    /* The failed runs launched in the last FAILED_DAYS days (none when cairn cannot list
+     * them: the inbox still shows what waits). */
+    function recentlyFailed() {
+        const since = Date.now() / 1000 - FAILED_DAYS * 86400;
+        return cairnJSON(["list"])
+            .then(runs => runs.filter(r => r.state === "failed" && r.created_at >= since))
+            .catch(() => []);
+    }
+
     /* What the page at ``path`` shows: cairn's answers as they came (to tell whether
      * anything changed) and a function that draws them. */
     function load(path) {
         if (path[0] === "run" && path[1])
-            return Promise.all([cairn(["show", path[1], "--json"]),
-                cairn(["diff", path[1], "--json"]),
-                cairn(["logs", path[1], "-n", String(LOG_LINES), "--no-pager"])])
+            return Promise.all([cairn(["show", "--json", "--", path[1]]),
+                cairn(["diff", "--json", "--", path[1]]),
+                cairn(["logs", "-n", String(LOG_LINES), "--no-pager", "--", path[1]])])
                 .then(([run, diff, logs]) => [run + diff + logs,
                     () => runPage(JSON.parse(run), JSON.parse(diff), logs)]);
         if (path[0] === "inbox")
-            return Promise.all([cairn(["inbox", "--json"]), cairn(["list", "--json"])])
-                .then(([out, runs]) => [out + runs, () => {
+            return Promise.all([cairn(["inbox", "--json"]), recentlyFailed()])
+                .then(([out, failed]) => [out + JSON.stringify(failed), () => {
                     const items = JSON.parse(out);
-                    const since = Date.now() / 1000 - FAILED_DAYS * 86400;
                     showCount(items);
-                    return inboxPage(items, JSON.parse(runs)
-                        .filter(r => r.state === "failed" && r.created_at >= since));
+                    return inboxPage(items, failed);
                 }]);
         return cairn(["list", "--json", ...everyone ? ["--all"] : []])
             .then(out => [out + filter + everyone, () => runsPage(JSON.parse(out))]);
