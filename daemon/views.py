@@ -19,7 +19,7 @@ from cairn.protocol.view_replies import DiffReply, LogsReply
 from cairn.replay import latest_replay_point
 from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
-from cairn.views.run import run_view
+from cairn.views.run import run_view, storage_status
 
 ADMIN_GROUP = "cairn-admin"
 LOG_TIMEOUT = 60.0
@@ -59,6 +59,12 @@ def _current_op(ops: list[OpRow]) -> CurrentOperation | None:
     return CurrentOperation(op_id=last.op_id, kind=last.kind, state=last.state)
 
 
+def _retry_point(journal: Journal, run: RunRow, ops: list[OpRow]) -> str | None:
+    """Where a failed run is retried from: its latest checkpoint ``cairn replay`` takes,
+    while its storage is kept (None otherwise)."""
+    if run.state != "failed" or storage_status(journal.receipts(run.run_id))["deleted"]:
+        return None
+    return latest_replay_point(ops, run.run_id)
 
 
 def ps(journal: Journal, uid: int, all_users: bool) -> list[JSONObject]:
@@ -92,9 +98,7 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
             current_op=_current_op(ops),
             settlement_summary=_summary(r),
             error=r.error,
-            replay_through=(
-                latest_replay_point(ops, r.run_id) if r.state in TERMINAL_RUN_STATES else None
-            ),
+            replay_through=_retry_point(journal, r, ops),
         ))
     rows: list[JSONObject] = PsReply(runs=listed).model_dump(mode="json")["runs"]
     return rows

@@ -82,8 +82,9 @@ class SettlementSummary(Reply):
 
 class RunListing(Reply):
     """One run as ``ps`` lists it; ``position``: a queued run's place in the queue;
-    ``error``: why it failed or blocked; ``replay_through``: an ended run's latest root
-    boundary ``cairn replay`` starts from (how a failed run is retried), None without one."""
+    ``error``: why it failed or blocked; ``replay_through``: a failed run's latest root
+    boundary ``cairn replay`` starts from (how it is retried), while its storage is kept;
+    None otherwise."""
 
     run_id: str
     state: str

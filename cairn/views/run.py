@@ -109,6 +109,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
     events = event_window(journal, run_id, head=FIRST_EVENTS, tail=LAST_EVENTS)
     questions, approvals = journal.questions(run_id), journal.approvals(run_id)
     receipts = journal.receipts(run_id)
+    storage = storage_status(receipts)
     lists, list_problems = worklists(ops)
     problems: list[Contradiction] = [
         *integrity.unreadable_records([*unreadable, *events.unreadable]),
@@ -162,12 +163,13 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
             for o in ops
         ],
         "units": run_units(receipts),
-        "storage": storage_status(receipts),
+        "storage": storage,
         "settlement": None if settlement is None else settlement.stored(),
         "settlement_summary": settlement_summary(settlement),
         "schedule": journal.launch_description(run_id).schedule,
         "replay_through": (
-            latest_replay_point(ops, run_id) if row.state in TERMINAL_RUN_STATES else None
+            latest_replay_point(ops, run_id)
+            if row.state in TERMINAL_RUN_STATES and not storage["deleted"] else None
         ),
         "replayed_from": None if origin is None else {
             "run_id": origin.source_run, "through": origin.through_op, "imported": len(imported)

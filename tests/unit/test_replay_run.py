@@ -151,6 +151,9 @@ def test_the_latest_replay_point_is_the_last_boundary_replay_accepts() -> None:
     assert latest_replay_point(open_lane, "src") == "root-1"
     assert latest_replay_point(WITH_LANES, "src") == "root-3"
     assert latest_replay_point([op("root-1", "root", 1, kind="ask")], "src") is None
+    # a root operation that did not commit makes every later boundary incomplete
+    gap = [SEQUENTIAL[0], op("root-2", "root", 2, state="failed"), SEQUENTIAL[2]]
+    assert latest_replay_point(gap, "src") == "root-1"
     assert latest_replay_point([], "src") is None
 
 
@@ -250,6 +253,15 @@ def test_a_failed_run_names_the_checkpoint_its_retry_replays_from(
     assert f"retry from its last checkpoint: cairn replay {failed} --through root-3\n" \
         in out.stdout
     # a running run is retried by nothing: it names no replay point
+    # once its storage is deleted, nothing is left to retry from
+    journal.add_intents(failed, [Intent(intent_id="delete-run", run_id=failed,
+                                        kind="delete-run")], token=None)
+    journal.record_receipts(failed, [Receipt(
+        intent_id="delete-run", run_id=failed, kind="delete-run",
+        data=RunDeleted(deleted=[]).wire(), at=time.time()).model_dump(mode="json")])
+    listed = {r["run_id"]: r for r in views.ps(journal, OWNER, all_users=False)}
+    assert listed[failed]["replay_through"] is None
+    assert views.show(journal, failed, OWNER)["replay_through"] is None
     running = finished_source(journal, host, state="running")
     assert views.show(journal, running, OWNER)["replay_through"] is None
 
