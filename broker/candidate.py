@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -69,7 +68,7 @@ def _candidate_spec(
 
 
 def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str,
-                        work: Path) -> dict[str, Any]:
+                        work: Path) -> units.HelperUnit:
     """Run the candidate unit; when it fails, say why only from a ``failure.json`` it
     wrote that is one."""
     try:
@@ -85,7 +84,7 @@ def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str
 
 def run_candidate(
     desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
-) -> tuple[dict[str, Any], CandidateResult]:
+) -> tuple[units.HelperUnit, CandidateResult]:
     """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
     unit that runs as the project's owner, so root never copies what the agent wrote; give
     it the kernel's change stream and the frozen policy; return the unit's name and

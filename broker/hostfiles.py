@@ -16,8 +16,8 @@ import hashlib
 import os
 import stat
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from cairn import paths
 from cairn.errors import BrokerRefused
@@ -30,7 +30,7 @@ CONFIG_LIMIT = 64 << 10
 EVALUATOR_DEFAULTS = {"warmups": 0, "samples": 1}
 
 
-def read_table(directory: str, name: str, frozen_sha256: str) -> dict[str, Any]:
+def read_table(directory: str, name: str, frozen_sha256: str) -> dict[str, object]:
     """The TOML table of ``/etc/cairn/<directory>/<name>.toml`` if its bytes still hash to
     ``frozen_sha256``."""
     file = paths.config_dir() / directory / f"{profile_file_stem(name)}.toml"
@@ -59,7 +59,9 @@ def read_table(directory: str, name: str, frozen_sha256: str) -> dict[str, Any]:
         raise BrokerRefused(f"{file} is not a valid TOML file: {exc}") from exc
 
 
-def _require_same(what: str, frozen: dict[str, Any], configured: dict[str, Any]) -> None:
+def _require_same(
+    what: str, frozen: Mapping[str, object], configured: Mapping[str, object]
+) -> None:
     differ = sorted(k for k in frozen if frozen[k] != configured.get(k))
     if differ:
         raise BrokerRefused(

@@ -5,7 +5,7 @@ checkpoint takes by rename instead of snapshotting.
 The spare lives beside the scope's W generations, where only root reaches it (the run
 directory is 0700 and no unit binds it). It is taken only while it still looks like the
 untouched snapshot of the checkpoint: the same subvolume as its receipt, still writable,
-still a snapshot of the checkpoint, and with the generation its receipt recorded. Any
+still a snapshot of the checkpoint, and with the generation its receipt recorded. Every
 change to a subvolume's tree moves its generation once committed (a read's access-time
 update too); a change still in the open transaction does not yet, but only root could
 have made it. The receipt is taken after a commit, so the spare's own making never looks

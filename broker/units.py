@@ -13,7 +13,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import ValidationError
 
@@ -97,6 +97,13 @@ def _as_background(state: UnitState | None) -> None:
     its children inherit the session, so this covers the unit."""
     if state is not None and state.main_pid > 0:
         yield_session(state.main_pid)
+
+
+class HelperUnit(TypedDict):
+    """A helper unit that ran to its end: its name and invocation ID."""
+
+    unit: str
+    invocation_id: str
 
 
 class ChannelNotReady(Exception):
@@ -460,7 +467,7 @@ def _end_leftover(sd: Systemd, name: str) -> None:
         time.sleep(0.1)
 
 
-def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> HelperUnit:
     """Start a helper unit and wait until it is gone; return its final state."""
     state = _run_to_end(spec, name, timeout)
     if state.result != "success":

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from cairn.errors import CairnError
 
@@ -84,7 +85,7 @@ def field_path(loc: Sequence[int | str], *, top: str = "") -> str:
     return ".".join(parts) or top
 
 
-def _describe(error: Any) -> str:
+def _describe(error: ErrorDetails) -> str:
     kind, message, value = error["type"], error["msg"], error.get("input")
     if kind == "extra_forbidden":
         return "unknown field: remove it or correct its name"
@@ -113,7 +114,7 @@ class Problems:
     def add(self, file: Path, where: str, message: str, fix: str = "") -> None:
         self.items.append(Problem(file, where, message, fix))
 
-    def toml(self, file: Path) -> dict[str, Any] | None:
+    def toml(self, file: Path) -> dict[str, object] | None:
         """The table in ``file``, or None when it is missing or has a problem (recorded)."""
         try:
             raw = file.read_bytes()
@@ -132,7 +133,7 @@ class Problems:
             return None
         return self.toml_text(file, text)
 
-    def toml_text(self, file: Path, text: str) -> dict[str, Any] | None:
+    def toml_text(self, file: Path, text: str) -> dict[str, object] | None:
         """The table ``text`` holds, as the content ``file`` would have (a command about to
         write it checks it first), or None when it has a problem (recorded)."""
         try:
@@ -150,7 +151,7 @@ class Problems:
         self,
         file: Path,
         model: type[M],
-        data: dict[str, Any],
+        data: Mapping[str, object],
         *,
         fix: str = "",
         at: tuple[str, ...] = (),

@@ -26,7 +26,7 @@ import fnmatch
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,7 +34,7 @@ from cairn import paths
 from cairn.canonical import canonical_json, sha256_hex
 from cairn.config import ConfigError, Problems
 from cairn.errors import CairnError
-from cairn.protocol.jsonvalue import JSONValue
+from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.launch import LaunchDescription
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,25 @@ def agent_capabilities(agent: Mapping[str, object]) -> list[str]:
     return needed
 
 
+class PreparedOperation(TypedDict):
+    """An agent operation as :func:`prepare_agent_operation` derives it."""
+
+    run_id: str
+    op_id: str
+    definition: str
+    review_hash: str
+    descriptor: JSONValue
+    agent: JSONObject
+    profile: JSONObject | None
+    prompt: JSONValue
+    title: JSONValue
+    limits: JSONObject
+    capabilities: list[str]
+
+
 def prepare_agent_operation(
     desc: LaunchDescription, op_id: str, request: Mapping[str, JSONValue]
-) -> dict[str, Any]:
+) -> PreparedOperation:
     """The exact operation an agent dispatch would start, derived only from the launch
     description and the journalled request. The coordinator stores it with an approval
     request; the daemon derives it again when a person approves. Attempts are not part of

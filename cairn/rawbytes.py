@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,7 @@ from cairn.protocol.broker import (
     RawBytes,
 )
 from cairn.protocol.importstats import ImportStats
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.settlement import AppliedCheck, ApplyResult, TrialCheck
 from cairn.validation import first_error
 
@@ -89,10 +90,17 @@ def check_output(check: CheckResult) -> str:
     return raw_text(check.output_raw, f"the output of check {check.name}")
 
 
-def readable_verification(verified: ProposalVerified) -> dict[str, Any]:
+class ReadableVerification(TypedDict):
+    """A verify-proposal receipt as :func:`readable_verification` makes it readable."""
+
+    checks: list[JSONObject]
+    passed: bool
+
+
+def readable_verification(verified: ProposalVerified) -> ReadableVerification:
     """A verify-proposal receipt as the settlement records it: each check with its
     output as text (``output``), as ``cairn show`` and ``cairn diff`` read it."""
-    checks = []
+    checks: list[JSONObject] = []
     for check in verified.checks:
         fields = check.model_dump(mode="json", exclude={"output_raw"})
         checks.append({**fields, "output": check_output(check)})

@@ -16,9 +16,10 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, BinaryIO
+from typing import BinaryIO, NoReturn
 
 from cairn.errors import CairnError
+from cairn.protocol.jsonvalue import JSONValue
 
 RESULT_LIMIT = 4 << 20
 """Bytes of one result (``/outputs/result.json`` or a stdout line); the agent socket's
@@ -83,7 +84,9 @@ def fingerprint_stream(stream: BinaryIO, total: int) -> str:
     return digest.hexdigest()
 
 
-def parse(data: bytes, what: str, *, limit: int = RESULT_LIMIT, depth: int = DEPTH_LIMIT) -> Any:
+def parse(
+    data: bytes, what: str, *, limit: int = RESULT_LIMIT, depth: int = DEPTH_LIMIT
+) -> JSONValue:
     """The JSON value in ``data`` (``what`` names it in errors), or :class:`ResultInvalid`:
     more than ``limit`` bytes, not strict UTF-8, nested deeper than ``depth``, not JSON
     (NaN, Infinity and numbers out of range included), or holding a lone surrogate."""
@@ -103,7 +106,7 @@ def parse(data: bytes, what: str, *, limit: int = RESULT_LIMIT, depth: int = DEP
     if nesting(text) > depth:
         raise ResultInvalid("depth", f"{what} nests deeper than {depth} levels", sha256=sha)
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        value: JSONValue = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:  # nesting() miscounted invalid JSON; the parser caught it
         raise ResultInvalid("depth", f"{what} nests deeper than {depth} levels", sha256=sha) \
             from None
@@ -130,11 +133,11 @@ def nesting(text: str) -> int:
     return deepest
 
 
-def check_value(value: Any, what: str, *, depth: int = DEPTH_LIMIT) -> None:
+def check_value(value: object, what: str, *, depth: int = DEPTH_LIMIT) -> None:
     """Refuse a result built in memory (a scripted or model agent's output) that no JSON
     message could carry: nested deeper than ``depth``, a non-finite number, a key that is
     not a string, a value that is no JSON type, or a lone surrogate."""
-    todo: list[tuple[Any, int]] = [(value, 1)]
+    todo: list[tuple[object, int]] = [(value, 1)]
     while todo:
         item, level = todo.pop()
         if isinstance(item, dict | list):
@@ -153,7 +156,7 @@ def check_value(value: Any, what: str, *, depth: int = DEPTH_LIMIT) -> None:
     check_text(value, what)
 
 
-def check_text(value: Any, what: str, *, sha256: str = "") -> None:
+def check_text(value: object, what: str, *, sha256: str = "") -> None:
     """Refuse a parsed value holding a lone surrogate in a string or a key."""
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -166,7 +169,7 @@ def check_text(value: Any, what: str, *, sha256: str = "") -> None:
         ) from None
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
 
 

@@ -1,7 +1,7 @@
 """A run's journal, read with journald's own reader (``journalctl``) and selected only by
 fields that journald or PID 1 set.
 
-Any process that can write to the journal can send ``MESSAGE=``, ``CAIRN_RUN=`` or any
+Every process that can write to the journal can send ``MESSAGE=``, ``CAIRN_RUN=`` or any
 other field it likes, so none of those selects an entry. What does is ``_SYSTEMD_UNIT=``
 (journald derives it from the sender's cgroup, and every unit of a run is a system unit
 whose name carries the run ID: an agent, even as the run owner, cannot put a process into

@@ -16,10 +16,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from jeepney import DBusAddress, HeaderFields, MatchRule, message_bus, new_method_call
+from jeepney import (
+    DBusAddress,
+    HeaderFields,
+    MatchRule,
+    Message,
+    MessageGenerator,
+    message_bus,
+    new_method_call,
+)
 from jeepney.io.blocking import DBusConnection, open_dbus_connection
+from jeepney.io.common import FilterHandle
 from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -203,13 +211,13 @@ class Systemd:
                 hint="check that dbus is running (systemctl status dbus)",
             ) from e
         self._manager = DBusAddress(SD_PATH, bus_name=SD_BUS_NAME, interface=MANAGER_IF)
-        self._signals: deque[Any] = deque()
+        self._signals: deque[Message] = deque()
         self._subscribed = False
         self._watches: dict[str, list[str]] = {}
         self._job_results: dict[str, tuple[str, str]] = {}
         self._last_cgroup: dict[str, str] = {}
         self._owner = ""
-        self._filter: Any = None
+        self._filter: FilterHandle | None = None
         try:
             (owner,) = self._call(message_bus, "GetNameOwner", "s", (SD_BUS_NAME,))
             self._owner = _str(owner)
@@ -243,7 +251,7 @@ class Systemd:
 
     def _call(
         self,
-        address: Any,
+        address: DBusAddress | MessageGenerator,
         method: str,
         signature: str | None = None,
         body: tuple[object, ...] = (),

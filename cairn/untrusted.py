@@ -31,10 +31,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
 from cairn.errors import CairnError
 from cairn.pathrules import plain_parts
+
+if TYPE_CHECKING:  # for the type checker only: the root broker loads this module
+    from cairn.protocol.jsonvalue import JSONValue
 
 __all__ = [
     "Dirs",
@@ -318,13 +321,14 @@ def read_text(base: Base, rel: str, *, owner: Owners, limit: int) -> str:
 
 
 @_logged
-def read_json(base: Base, rel: str, *, owner: Owners, limit: int) -> Any:
+def read_json(base: Base, rel: str, *, owner: Owners, limit: int) -> JSONValue:
     """:func:`read_bytes` parsed as JSON."""
     data = read_bytes(base, rel, owner=owner, limit=limit)
     try:
-        return json.loads(data)
+        value: JSONValue = json.loads(data)
     except (ValueError, RecursionError):
         raise UntrustedFileError(_where(base, rel), "not valid JSON") from None
+    return value
 
 
 @_logged
@@ -359,7 +363,7 @@ def list_names(dir_fd: int, *, limit: int) -> tuple[list[str], bool]:
 def is_regular_file(base: Base, rel: str, *, owner: Owners) -> bool:
     """Whether ``rel`` beneath ``base`` is a regular file of ``owner`` with one link,
     reached without following any link. Opens with ``O_PATH`` only: never reads, never
-    blocks, no side effect on a device. Any refusal is False."""
+    blocks, no side effect on a device. A refusal of any kind is False."""
     try:
         with _dir_fd(base) as dir_fd:
             fd = _open_beneath(dir_fd, rel, _PATH_FLAGS, _where(base, rel))

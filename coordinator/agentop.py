@@ -311,9 +311,10 @@ class AgentOperations(Recovery, Lanes):
         outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
         try:  # the agent's file: refused if a link, a FIFO, another user's or oversized
             raw = untrusted.read_bytes(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
-            data = parse(raw, "finish.json", limit=MESSAGE_LIMIT)
+            data = json_object(parse(raw, "finish.json", limit=MESSAGE_LIMIT))
             message = AgentMessage(
-                type="finish_work", output=data["output"], handoff=str(data.get("handoff", ""))
+                type="finish_work", output=json_object(data["output"]),
+                handoff=str(data.get("handoff", "")),
             )
             output_model.model_validate(message.output)
         except (untrusted.UntrustedFileError, ResultInvalid, KeyError, TypeError,
@@ -329,7 +330,9 @@ class AgentOperations(Recovery, Lanes):
         try:
             raw = untrusted.read_bytes(outputs, "result-invalid.json", owner=owner,
                                        limit=INVALID_FILE_LIMIT)
-            data = parse(raw, "result-invalid.json", limit=INVALID_FILE_LIMIT, depth=2)
+            data = json_object(
+                parse(raw, "result-invalid.json", limit=INVALID_FILE_LIMIT, depth=2)
+            )
             return ResultInvalid.from_reason(str(data["reason"]), sha256=str(data["sha256"]))
         except untrusted.UntrustedFileMissing:
             return None

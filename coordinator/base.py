@@ -148,7 +148,7 @@ class CoordinatorBase:
             raise CairnError(f"broker gave no receipt for {', '.join(missing)}")
         return [by_id[i.intent_id] for i in intents]
 
-    def intent(self, kind: str, intent_id: str, **fields: Any) -> Intent:
+    def intent(self, kind: str, intent_id: str, **fields: object) -> Intent:
         return Intent(intent_id=intent_id, run_id=self.run_id, kind=kind, **fields)  # type: ignore[arg-type]
 
     def check_manifest(self, call: CallRequest) -> ReviewedSite:

@@ -87,7 +87,7 @@ class Replay(Handlers):
             except _RestartReplay:
                 self.event("always-replay-restart")
 
-    def replay_once(self) -> dict[str, Any]:
+    def replay_once(self) -> JSONObject:
         """One control worker from the start. Calls are answered concurrently (lanes run
         at the same time); answers go back in whatever order they complete.
 

@@ -11,7 +11,7 @@ whose storage was deleted is not checked against the live project (a note says s
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from cairn import hostcheck, paths
 from cairn.daemon.oneshot import carry_out_one
@@ -22,6 +22,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.operations import BOUNDARY_KINDS
 from cairn.protocol.broker import AppliedChecked, Intent, StorageVerified
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.rawbytes import applied_check
 from cairn.runlogs import run_units
@@ -29,7 +30,45 @@ from cairn.systemd import Systemd, wait_unit_gone
 from cairn.views.run import storage_status
 
 
-def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
+class AppliedCounts(TypedDict):
+    """How many applied paths the live project holds as applied, reverted, changed."""
+
+    as_applied: int
+    reverted: int
+    changed: int
+
+
+class LiveCheck(TypedDict):
+    """:func:`check_live`'s report."""
+
+    problems: list[str]
+    warnings: list[str]
+    notes: list[str]
+    applied: NotRequired[AppliedCounts]
+
+
+class RunCheck(TypedDict):
+    """One run's entry of the report: :func:`check_run`'s, with :func:`check_live`'s
+    warnings, notes and counts added."""
+
+    run_id: str
+    state: str
+    problems: list[str]
+    warnings: NotRequired[list[str]]
+    notes: NotRequired[list[str]]
+    applied: NotRequired[AppliedCounts]
+
+
+class DoctorReport(TypedDict):
+    """:func:`doctor`'s reply."""
+
+    host: list[JSONObject]
+    credentials: dict[str, str]
+    runs: list[RunCheck]
+    problems: int
+
+
+def doctor(journal: Journal, run_id: str | None, uid: int) -> DoctorReport:
     """One run's cross-checks; without ``run_id``, the host's checks that cairnd can see
     (``host``, with ``credentials``: the names the CLI looks for as root) and every run the
     caller may see. ``problems`` counts run problems and failed host checks."""
@@ -43,8 +82,11 @@ def doctor(journal: Journal, run_id: str | None, uid: int) -> dict[str, Any]:
     report = [check_run(journal, run) for run in runs]
     for entry, run in zip(report, runs, strict=True):
         live = check_live(journal, run)
-        entry["problems"] += live.pop("problems")
-        entry.update(live)
+        entry["problems"] += live["problems"]
+        entry["warnings"] = live["warnings"]
+        entry["notes"] = live["notes"]
+        if "applied" in live:
+            entry["applied"] = live["applied"]
     failed = sum(1 for c in host if c.status == "fail")
     return {
         "host": [c.model_dump() for c in host],
@@ -79,7 +121,7 @@ def host_checks() -> tuple[list[HostCheck], dict[str, str]]:
 ENDING_GRACE_SEC = 10.0
 
 
-def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
+def check_run(journal: Journal, run: RunRow) -> RunCheck:
     problems: list[str] = []
     receipts = journal.receipts(run.run_id)
     if any(r["kind"] in ("prepare-q",) for r in receipts):
@@ -117,12 +159,12 @@ def check_run(journal: Journal, run: RunRow) -> dict[str, Any]:
     return {"run_id": run.run_id, "state": run.state, "problems": problems}
 
 
-def check_live(journal: Journal, run: RunRow) -> dict[str, Any]:
+def check_live(journal: Journal, run: RunRow) -> LiveCheck:
     """What the live project holds at the paths the run applied: ``applied`` counts per
     state, ``warnings`` (a path changed since, a receipt that is not F's) and ``notes``
     (why the check was skipped), neither of which is a problem; ``problems``: the check
     could not run."""
-    result: dict[str, Any] = {"problems": [], "warnings": [], "notes": []}
+    result: LiveCheck = {"problems": [], "warnings": [], "notes": []}
     settlement = SettlementRecord.read(run.settlement)
     if run.state not in TERMINAL_RUN_STATES or settlement is None or not settlement.apply.touched:
         return result

@@ -19,6 +19,7 @@ from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow
 from cairn.protocol.broker import Intent, RunDeleted
 from cairn.protocol.daemon import PruneRequest, RmRequest, StorageDfRequest
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import (
     PoolSpace,
     PrunedRun,
@@ -108,7 +109,7 @@ def df(journal: Journal, request: StorageDfRequest, uid: int) -> dict[str, Any]:
                           runs=runs).model_dump(mode="json")
 
 
-def rm(journal: Journal, request: RmRequest, uid: int) -> dict[str, Any]:
+def rm(journal: Journal, request: RmRequest, uid: int) -> JSONObject:
     """Delete the storage of the caller's own finished, settled run (``dry_run``: only
     check that it may go), :class:`RmReply`. Another user's run, or one that must stay,
     is refused."""

@@ -20,7 +20,6 @@ TYPE_CHECKING = False  # typing is for type checkers only: every launch imports 
 if TYPE_CHECKING:
     from _socket import socket
     from collections.abc import Mapping
-    from typing import Any
 
     from cairn.protocol.jsonvalue import JSONObject
 
@@ -66,7 +65,7 @@ class Expected:
         given = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
         return f"Expected({given})"
 
-    def replace(self, **changes: Any) -> Expected:
+    def replace(self, **changes: object) -> Expected:
         """A copy with ``changes`` (field names as the constructor takes them)."""
         return Expected(**{**{k: getattr(self, k) for k in self.__slots__}, **changes})
 

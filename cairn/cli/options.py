@@ -145,7 +145,7 @@ def closest_command(group: click.Group, ctx: click.Context, typed: str) -> str |
     return close[0] if close else None
 
 
-def argument(name: str, **attrs: Any) -> Decorator:
+def argument(name: str, **attrs: object) -> Decorator:
     """A positional argument, with ``help=`` (click's own arguments take none)."""
     return click.argument(name, cls=DescribedArgument, **attrs)
 

@@ -50,7 +50,7 @@ def request(measurement: object, disposition: str,
         raise ValueError(  # noqa: TRY004  (a workflow's bad argument: ValueError, as the rest)
             "flow.settle_experiment takes what flow.measure_proposal returned"
         )
-    sent: dict[str, Any] = {"measurement": measured, "disposition": disposition}
+    sent: JSONObject = {"measurement": measured, "disposition": disposition}
     if report is not None:  # left out otherwise: a request without one reads as before
         sent["report"] = trial_report(report)
     if target is not None:
@@ -72,7 +72,7 @@ def checked(sent: JSONObject) -> JSONObject:
     return again
 
 
-def trial_report(report: object) -> dict[str, str]:
+def trial_report(report: object) -> JSONObject:
     """``report=`` as the journal keeps it: a mapping (or a workflow model) of exactly
     hypothesis, intervention and conclusion, each text of 1 to :data:`REPORT_CHARS`
     characters; ValueError saying what is wrong otherwise."""

@@ -4,7 +4,7 @@ profile's failed CLI leaves."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, JsonValue
 
@@ -87,7 +87,7 @@ class Boundary(Frozen):
     instruction: str
     # the control worker's request, read with json.loads, which nests deeper than
     # JsonValue validates
-    invocation: dict[str, Any]
+    invocation: dict[str, object]
     output: dict[str, JsonValue]
     output_sha256: str
     finish_sha256: str

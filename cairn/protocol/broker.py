@@ -59,7 +59,7 @@ VERB_OF_KIND: dict[str, Verb] = {
     "delete-run": "delete-v1",
 }
 
-# What cairnd may still ask of a run that has ended. Any other intent of an ended run is a
+# What cairnd may still ask of a run that has ended. Every other intent of an ended run is a
 # leftover of it (a settlement step a full pool stopped, say): the broker never carries
 # it out afterwards, so a later check of the run cannot redo the run's work.
 AFTER_END_KINDS: frozenset[str] = frozenset(

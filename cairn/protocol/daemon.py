@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
@@ -545,7 +545,7 @@ class DaemonReply(Frozen):
     model_config = BUILT_ON_FIRST_USE
 
     ok: bool
-    result: Any = None
+    result: object = None
     error: ErrorBody | None = None
 
 

@@ -2,7 +2,7 @@
 file, a journal column) that no model has checked yet, or that is only passed on.
 
 Code that reads into such a value narrows it (``isinstance``) or validates it with a
-model; ``Any`` is not the type of JSON.
+model; an unchecked, untyped value is not the type of JSON.
 """
 
 from __future__ import annotations

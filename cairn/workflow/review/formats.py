@@ -5,7 +5,7 @@ part (``"{0.__class__}"``, ``"{a[0]}"``), and only there: a plain position (``{}
 ``{0}``) or a plain name (``{name}``) looks up an argument and formats it. A literal format
 string can be read with :meth:`string.Formatter.parse` before anything runs, so review
 accepts it when every field, including the fields nested in a format spec
-(``"{:{width}}"``), is plain. Any other receiver stays refused: its fields are not known
+(``"{:{width}}"``), is plain. Every other receiver stays refused: its fields are not known
 until it runs.
 """
 
