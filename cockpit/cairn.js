@@ -324,12 +324,17 @@
                             : null))))));
     }
 
+    /* A facet of the run page: a section ``id`` headed ``title``. */
+    function facet(id, title, ...children) {
+        return h("section", { "aria-labelledby": `${id}-heading`, id },
+            h("h3", { id: `${id}-heading` }, title), ...children);
+    }
+
     function progressView(progress) {
         const phases = Object.keys(progress || {}).sort();
         if (!phases.length)
             return null;
-        return h("section", { "aria-labelledby": "progress-heading", id: "progress" },
-            h("h3", { id: "progress-heading" }, "Progress"),
+        return facet("progress", "Progress",
             phases.map(phase => {
                 const p = progress[phase];
                 const total = typeof p.total === "number" ? p.total : null;
@@ -344,8 +349,7 @@
     function worklistsView(lists) {
         if (!lists.length)
             return null;
-        return h("section", { "aria-labelledby": "worklists-heading", id: "worklists" },
-            h("h3", { id: "worklists-heading" }, "Worklists"),
+        return facet("worklists", "Worklists",
             lists.map(w => h("div", { class: "cairn-facet", "data-worklist": w.title },
                 h("p", { class: "cairn-item-head" }, h("span", { class: "cairn-kind" }, w.title),
                     ` r${w.revision} · ${w.done}/${w.items.length} · `,
@@ -363,8 +367,7 @@
     function experimentsView(facets) {
         if (!facets.length)
             return null;
-        return h("section", { "aria-labelledby": "experiments-heading", id: "experiments" },
-            h("h3", { id: "experiments-heading" }, "Experiments"),
+        return facet("experiments", "Experiments",
             facets.map(e => h("div", { class: "cairn-facet", "data-experiment": e.scope },
                 h("dl", { class: "cairn-facts" },
                     h("dt", null, "Metric"), h("dd", null, e.metric),

@@ -16,10 +16,9 @@ from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.replies import CurrentOperation, PsReply, RunListing, SettlementSummary
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.protocol.view_replies import DiffReply, LogsReply
-from cairn.replay import latest_replay_point
 from cairn.runlogs import journalctl_argv, log_units, operation_units, split_cursor
 from cairn.settle.outcome import summary as settlement_summary
-from cairn.views.run import run_view, storage_status
+from cairn.views.run import replay_point, run_view, storage_status
 
 ADMIN_GROUP = "cairn-admin"
 LOG_TIMEOUT = 60.0
@@ -62,9 +61,9 @@ def _current_op(ops: list[OpRow]) -> CurrentOperation | None:
 def _retry_point(journal: Journal, run: RunRow, ops: list[OpRow]) -> str | None:
     """Where a failed run is retried from: its latest checkpoint ``cairn replay`` takes,
     while its storage is kept (None otherwise)."""
-    if run.state != "failed" or storage_status(journal.receipts(run.run_id))["deleted"]:
+    if run.state != "failed":  # the others are left out: ps reads every run
         return None
-    return latest_replay_point(ops, run.run_id)
+    return replay_point(run, ops, storage_status(journal.receipts(run.run_id)))
 
 
 def ps(journal: Journal, uid: int, all_users: bool) -> list[JSONObject]:

@@ -9,13 +9,14 @@ facet is built on them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, TypedDict
 
 from cairn.errors import JournalError
 from cairn.journal.people import ApprovalRow, QuestionRow
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import TERMINAL_RUN_STATES, RunRow, StoredReceipt
+from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow, RunRow, StoredReceipt
 from cairn.journal.snapshot import event_window, op_event_spans, readable_ops, retry_events
 from cairn.operations import settle_experiment
 from cairn.operations.spec import Contradiction
@@ -100,6 +101,14 @@ def model_facet(journal: Journal, desc: LaunchDescription) -> JSONObject | None:
     }
 
 
+def replay_point(row: RunRow, ops: Sequence[OpRow], storage: StorageStatus) -> str | None:
+    """Where ``cairn replay`` takes an ended run from (its latest checkpoint it accepts),
+    while its storage is kept; None for a run still going or whose storage is gone."""
+    if row.state not in TERMINAL_RUN_STATES or storage["deleted"]:
+        return None
+    return latest_replay_point(ops, row.run_id)
+
+
 def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
     """The show view of ``row``'s run; call inside one read snapshot of ``journal``."""
     if not journal.db.in_transaction:
@@ -167,10 +176,7 @@ def run_view(journal: Journal, row: RunRow) -> dict[str, Any]:
         "settlement": None if settlement is None else settlement.stored(),
         "settlement_summary": settlement_summary(settlement),
         "schedule": journal.launch_description(run_id).schedule,
-        "replay_through": (
-            latest_replay_point(ops, run_id)
-            if row.state in TERMINAL_RUN_STATES and not storage["deleted"] else None
-        ),
+        "replay_through": replay_point(row, ops, storage),
         "replayed_from": None if origin is None else {
             "run_id": origin.source_run, "through": origin.through_op, "imported": len(imported)
         },

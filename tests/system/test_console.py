@@ -95,14 +95,7 @@ STEP = {
               {"action": "write", "path": "score.txt", "content": "2\n"}],
     "output": {"summary": "{prompt}"},
 }
-EVALUATOR = """\
-argv = ["/bin/sh", "-c", "printf '{\\"cairn_metrics\\": {\\"score\\": %s}}\\\\n' \
-\\"$(cat score.txt)\\""]
-timeout_sec = 60
-warmups = 0
-samples = 1
-network = false
-"""
+EVALUATOR = (REPO / "tests" / "system" / "data" / "score-evaluator.toml").read_text()
 NETWORKED = (REPO / "tests" / "system" / "data" / "networked.py").read_text()
 FETCH = {
     "steps": [{"action": "write", "path": "fetched.txt", "content": "{prompt}\n"}],

@@ -21,14 +21,7 @@ from test_escapes import tree
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "tests" / "system" / "data" / "retry_shapes.py").read_text()
 SHAPES = ("plan", "trial", "lanes")
-EVALUATOR = """\
-argv = ["/bin/sh", "-c", "printf '{\\"cairn_metrics\\": {\\"score\\": %s}}\\\\n' \
-\\"$(cat score.txt)\\""]
-timeout_sec = 60
-warmups = 0
-samples = 1
-network = false
-"""
+EVALUATOR = (REPO / "tests" / "system" / "data" / "score-evaluator.toml").read_text()
 # Each agent: its own file, a line in log.txt (twice if a killed attempt's W survived),
 # the score, and what it sees of earlier boundaries' workspaces (a lane's W shows there).
 STEP = {
