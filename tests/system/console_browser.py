@@ -169,6 +169,9 @@ def read_facets(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],
     seen["dispositions"] = attributes(driver, "#experiments tr[data-disposition]",
                                       "data-disposition")
     seen["phases"] = attributes(driver, "#progress [data-phase]", "data-phase")
+    seen["worklist_title"] = text_of(driver, "#worklists .cairn-kind")
+    seen["foreign"]["facets"] = foreign(driver)
+    seen["marks"].append(driver.execute_script(MARKS))
     driver.execute_script("document.getElementById('operations').scrollIntoView()")
     driver.save_screenshot(str(shots / "lanes.png"))
 

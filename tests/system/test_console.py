@@ -71,6 +71,7 @@ class Step(Model):
 
 step = agent(profile="test:step", access="write", network="none", output=Step)
 METRICS = {"score": {"unit": "points", "direction": "lower"}}
+PLAN = "Plan <img src=x onerror=window.__xss=14><script>window.__xss=15</script>"
 
 
 @workflow(description="Every facet of the run page.", input=Nothing, output=Step)
@@ -81,7 +82,7 @@ async def run(flow: Any, args: Nothing) -> Step:
         done = await flow.agent(step, prompt=point)
         return str(done.output.summary)
 
-    planned = await flow.unroll(["one", "two"], carry_out, title="Plan")
+    planned = await flow.unroll(["one", "two"], carry_out, title=PLAN)
     lanes = await flow.map(["x", "y"], lambda key: flow.agent(step, prompt=key),
                            key=lambda key: key)
     await flow.measure_proposal("score", metrics=METRICS)
@@ -270,8 +271,8 @@ def test_a_person_answers_in_the_console_and_sees_the_applied_diff(console: Mach
     assert seen["reverted"] == "what the run applied was put back"
     # nothing an agent or the workflow wrote became an element or ran
     assert seen["foreign"] == {"runs": [], "inbox": [], "approval": [], "run": [],
-                               "failed": []}, seen["foreign"]
-    assert seen["marks"] == [[None, None, None]] * 5, seen["marks"]
+                               "failed": [], "facets": []}, seen["foreign"]
+    assert seen["marks"] == [[None, None, None]] * 6, seen["marks"]
     assert seen["console"] == [], seen["console"]
     # the other run paused, resumed and cancelled from its page (the cancel once the
     # person confirmed, as the command line asks), then its storage deleted; the third
@@ -319,6 +320,9 @@ def test_a_person_answers_in_the_console_and_sees_the_applied_diff(console: Mach
     assert seen["worklist"] == [[state, item] for item, state in
                                 zip(worklist["items"], worklist["states"], strict=True)]
     assert [w[0] for w in seen["worklist"]] == ["done", "done"]
+    # the workflow's markup in the worklist's title is text there too
+    assert seen["worklist_title"] == worklist["title"] == \
+        "Plan <img src=x onerror=window.__xss=14><script>window.__xss=15</script>"
     (experiment,) = view["experiments"]
     assert seen["dispositions"] == [c["disposition"] for c in experiment["candidates"]]
     assert "accepted" in seen["dispositions"]
