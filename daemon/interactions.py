@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -25,7 +25,7 @@ from cairn.daemon.views import is_admin, visible_run
 from cairn.errors import CairnError, NotFound, UsageError, ValidationFailed
 from cairn.journal.people import QuestionRow, StaleRequest
 from cairn.journal.readwrite import Journal
-from cairn.journal.rows import TERMINAL_RUN_STATES, RunState
+from cairn.journal.rows import TERMINAL_RUN_STATES
 from cairn.journal.snapshot import read_snapshot
 from cairn.policy import (
     RequestExpired,
@@ -51,6 +51,7 @@ from cairn.protocol.daemon import (
 )
 from cairn.protocol.jsonvalue import JSONObject, JSONValue
 from cairn.protocol.replies import AnswerReply, ApprovalReply, ControlReply
+from cairn.protocol.run_replies import WaitingApproval, WaitingFor, WaitingQuestion, WatchReply
 from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 from cairn.validation import invalid
 from cairn.workflow.review import Review
@@ -247,43 +248,30 @@ def check_still_permitted(journal: Journal, run_id: str, op_id: str, stored: str
 # --- watch --------------------------------------------------------------------------
 
 
-class Watched(TypedDict):
-    """What :func:`watch` answers: the run's state and a batch of its events."""
-
-    run_id: str
-    state: RunState
-    finished: bool
-    error: str | None
-    output: dict[str, object] | None
-    events: list[JSONValue]
-    cursor: int
-    more: bool
-    waiting: list[JSONObject]
-
-
-def watch(journal: Journal, request: WatchRequest, uid: int) -> Watched:
-    """The run's state and its events after ``cursor``, rebuilt from one read snapshot of
-    the journal (the state never runs ahead of the events); a watcher polls with the last
-    cursor it saw."""
+def watch(journal: Journal, request: WatchRequest, uid: int) -> JSONObject:
+    """The run's state and its events after ``cursor`` (:class:`WatchReply`), rebuilt from
+    one read snapshot of the journal (the state never runs ahead of the events); a watcher
+    polls with the last cursor it saw."""
     with read_snapshot(journal):
-        return _watch(journal, request, uid)
+        return _watch(journal, request, uid).model_dump(mode="json")
 
 
-def _watch(journal: Journal, request: WatchRequest, uid: int) -> Watched:
+def _watch(journal: Journal, request: WatchRequest, uid: int) -> WatchReply:
     run = visible_run(journal, request.run_id, uid)
     events = journal.events(run.run_id, after=request.cursor, limit=WATCH_BATCH)
-    waiting: list[JSONObject] = [
-        {"kind": "question", "op_id": q.op_id, "question": q.question, "challenge": q.challenge}
+    waiting: list[WaitingFor] = [
+        WaitingQuestion(kind="question", op_id=q.op_id, question=q.question,
+                        challenge=q.challenge)
         for q in journal.questions(run.run_id)
         if q.state == "waiting"
     ]
     waiting += [
-        {"kind": "approval", "op_id": a.op_id, "request_id": a.request_id,
-         "fingerprint": a.fingerprint}
+        WaitingApproval(kind="approval", op_id=a.op_id, request_id=a.request_id,
+                        fingerprint=a.fingerprint)
         for a in journal.approvals(run.run_id)
         if a.state == "waiting"
     ]
-    return {
+    return WatchReply.model_validate({
         "run_id": run.run_id,
         "state": run.state,
         "finished": run.state in TERMINAL_RUN_STATES,
@@ -293,7 +281,7 @@ def _watch(journal: Journal, request: WatchRequest, uid: int) -> Watched:
         "cursor": events[-1].cursor if events else request.cursor,
         "more": len(events) == WATCH_BATCH,
         "waiting": waiting,
-    }
+    })
 
 
 Handler = Callable[[Journal, OpRequest, int], object]

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from pydantic import BaseModel, ValidationError
 
@@ -47,6 +47,7 @@ from cairn.protocol.launch import (
     SettlementPolicySpec,
 )
 from cairn.protocol.names import is_profile_name
+from cairn.protocol.run_replies import LaunchReply
 from cairn.providers import load_providers, providers_path, unpriced
 from cairn.validation import first_error, invalid
 from cairn.verifiers import matching_verifiers
@@ -330,7 +331,22 @@ def launch(
     *,
     run_id: str | None = None,
     schedule: JSONObject | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
+    """Review, freeze and start one run (:func:`start`), its :class:`LaunchReply` as
+    cairnd sends it."""
+    started = start(journal, request, uid, fd, run_id=run_id, schedule=schedule)
+    return started.model_dump(mode="json", exclude_unset=True)
+
+
+def start(
+    journal: Journal,
+    request: LaunchRequest,
+    uid: int,
+    fd: int | None,
+    *,
+    run_id: str | None = None,
+    schedule: JSONObject | None = None,
+) -> LaunchReply:
     """Review, freeze and start one run. A schedule admission passes the run ID it
     recorded beforehand and the schedule revision that authorized the run."""
     if not request.definition:
@@ -365,12 +381,12 @@ def launch(
         admitted = admit_or_queue(journal, desc, run_key=key)
     except RunKeyTaken as taken:  # a concurrent launch of the same key recorded it first
         return launched_before(journal, taken.run, request, review.review_hash, args, project)
-    return {
+    return LaunchReply.model_validate({
         "run_id": desc.run_id,
         "review_hash": review.review_hash,
         "launch_hash": desc.launch_hash(),
         **admitted,
-    }
+    })
 
 
 def launched_before(
@@ -380,7 +396,7 @@ def launched_before(
     review_hash: str,
     args: JSONObject,
     project: ProjectSpec,
-) -> dict[str, Any]:
+) -> LaunchReply:
     """The answer to a launch whose run key names ``earlier``: that run, when it was
     launched with the same definition, reviewed source, arguments and project; otherwise
     a ``UsageError`` naming what differs (a key names one launch, not a slot to reuse)."""
@@ -402,13 +418,13 @@ def launched_before(
             hint=f"use another --run-key, or see that run with 'cairn show {earlier.run_id}'",
         )
     log.info("launch of run key %s answered with run %s", earlier.run_key, earlier.run_id)
-    return {
-        "run_id": earlier.run_id,
-        "review_hash": desc.review_hash,
-        "launch_hash": desc.launch_hash(),
-        "state": earlier.state,
-        "launched_before": True,
-    }
+    return LaunchReply(
+        run_id=earlier.run_id,
+        review_hash=desc.review_hash,
+        launch_hash=desc.launch_hash(),
+        state=earlier.state,
+        launched_before=True,
+    )
 
 
 def admit_or_queue(

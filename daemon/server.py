@@ -65,6 +65,7 @@ from cairn.protocol.daemon import (
     StorageDfRequest,
     UpgradeRequest,
 )
+from cairn.protocol.run_replies import PingReply
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def route(
 
 
 def _ping(_journal: Journal, _request: PingRequest, uid: int, _fd: int | None) -> object:
-    return {"uid": uid, "admin": views.is_admin(uid)}
+    return PingReply(uid=uid, admin=views.is_admin(uid)).model_dump(mode="json")
 
 
 def _launch(journal: Journal, request: LaunchRequest, uid: int, fd: int | None) -> object:

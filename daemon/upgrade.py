@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from cairn.daemon import attest
 from cairn.daemon.reconcile import restart_coordinator
@@ -20,6 +19,8 @@ from cairn.daemon.views import visible_run
 from cairn.errors import CairnError, PermissionDenied, Unavailable, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import UpgradeRequest
+from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.run_replies import UpgradeReply
 from cairn.workflow.review import review_source
 
 # The coordinator's event names (cairn.coordinator.upgradecheck; cairnd does not import it).
@@ -29,7 +30,9 @@ CHECK_TIMEOUT = 120.0
 UPGRADABLE_STATES = ("waiting", "blocked")
 
 
-def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, Any]:
+def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> JSONObject:
+    """Check the run against the new source, and unless a dry run, move it:
+    :class:`UpgradeReply` as cairnd sends it (``upgraded`` only when it moved)."""
     run = visible_run(journal, request.run_id, uid)
     if request.source is None:
         raise UsageError("no new source given", hint="cairn upgrade RUN --to FILE.py")
@@ -40,13 +43,17 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
             f"run {run.run_id} is {run.state}; only a waiting or blocked run is upgraded",
             hint=f"wait until it waits or is blocked ('cairn show {run.run_id}')",
         )
-    report = dry_run(journal, run.run_id, request.source)
-    report.update(run_id=run.run_id, from_hash=desc.review_hash, to_hash=review.review_hash)
+    report = UpgradeReply.model_validate({
+        **dry_run(journal, run.run_id, request.source),
+        "run_id": run.run_id,
+        "from_hash": desc.review_hash,
+        "to_hash": review.review_hash,
+    })
     if request.dry_run:
-        return report
-    if report["divergence"] is not None:
+        return report.model_dump(mode="json", exclude_unset=True)
+    if report.divergence is not None:
         raise UsageError(
-            f"the new source diverges at {report['divergence']['op_id']}; the run stays on "
+            f"the new source diverges at {report.divergence.op_id}; the run stays on "
             "its source",
             hint=f"see 'cairn upgrade {run.run_id} --to FILE --dry-run'",
         )
@@ -68,13 +75,13 @@ def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, An
     )
     wait_dormant(journal, run.run_id)
     journal.upgrade_source(
-        run.run_id, new, locations=report["locations"], actor_uid=uid, old_hash=desc.review_hash
+        run.run_id, new, locations=report.locations, actor_uid=uid, old_hash=desc.review_hash
     )
     # Root acts on the description it pinned: the owner attests the new one, and the
     # broker re-pins it only if nothing but the source changed.
     attest.start_attested(new)
-    report["upgraded"] = True
-    return report
+    upgraded = report.model_copy(update={"upgraded": True})
+    return upgraded.model_dump(mode="json", exclude_unset=True)
 
 
 def wait_dormant(journal: Journal, run_id: str, *, timeout: float = CHECK_TIMEOUT) -> None:
@@ -89,7 +96,7 @@ def wait_dormant(journal: Journal, run_id: str, *, timeout: float = CHECK_TIMEOU
 
 
 def dry_run(journal: Journal, run_id: str, source: str, *, timeout: float = CHECK_TIMEOUT
-            ) -> dict[str, Any]:
+            ) -> JSONObject:
     """Have the run's coordinator replay the journal's committed calls against ``source``
     (nothing of the run changes) and return its report."""
     check_id = uuid.uuid4().hex

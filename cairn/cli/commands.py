@@ -2,9 +2,10 @@
 module. One module per concern: ``runs``, ``artifacts``, ``people``, ``storage``, ``mcp``
 and ``completion`` add top-level commands; ``storage``, ``workflow``, ``schedule``,
 ``project``, ``notify``, ``config`` and ``provider`` are sub-groups; ``client`` and
-``options`` are what they share. This module only assembles them, and none of them
-imports it. A command imports the protocol model it sends when it runs, so a start that
-only shows help or completes a command's name loads no pydantic.
+``options`` are what they share. This module assembles them (and holds ``cairn
+version``), and none of them imports it. A command imports the protocol model it sends
+when it runs, so a start that only shows help or completes a command's name loads no
+pydantic.
 """
 
 import click
@@ -12,7 +13,7 @@ import click
 from cairn.cli import artifacts, completion, mcp, people, runs, storage
 from cairn.cli.config import config_app
 from cairn.cli.notify import notify_app
-from cairn.cli.options import CairnGroup
+from cairn.cli.options import CairnGroup, json_flag
 from cairn.cli.project import project_app
 from cairn.cli.provider import provider_app
 from cairn.cli.schedule import schedule_app
@@ -79,3 +80,21 @@ for group in (
 ):
     app.add_command(group)
 completion.register(app)
+
+
+@app.command("version")
+@json_flag
+def version_command(json_out: bool = False) -> None:
+    """Print the version, and the version of the schema of every command's --json output
+    (docs/json-schema.json).
+
+    Example: cairn version --json
+    """
+    from cairn.cli.client import emit
+    from cairn.protocol.jsonschema import JSON_SCHEMA_VERSION
+
+    if json_out:
+        emit({"version": version(), "json_schema": JSON_SCHEMA_VERSION})
+    else:
+        click.echo(f"cairn {version()}")
+        click.echo(f"--json schema {JSON_SCHEMA_VERSION}")

@@ -97,12 +97,12 @@ def host_doctor(providers: bool = False) -> "JSONObject":
     from cairn.protocol.view_replies import DoctorReply
 
     try:
-        data = object_or_empty(request(DoctorRequest()))
+        sent = request(DoctorRequest())
     except Unavailable as exc:
         down = HostCheck(check="cairnd", status="fail", detail=exc.message,
                          fix="sudo systemctl enable --now cairn.socket")
         return {"host": [down.model_dump()], "credentials": {}, "runs": [], "problems": 1}
-    reply = typed(DoctorReply, data)
+    reply = typed(DoctorReply, sent)
     views = list_or_empty(request(ScheduleListRequest()))
     schedules = sum(1 for view in views if object_or_empty(view).get("timer"))
     local = [
@@ -110,10 +110,12 @@ def host_doctor(providers: bool = False) -> "JSONObject":
         linger_check(schedules),
         *(provider_answers() if providers else []),
     ]
-    sent = data["host"]
-    data["host"] = [*(sent if isinstance(sent, list) else []), *(c.model_dump() for c in local)]
-    data["problems"] = reply.problems + sum(1 for c in local if c.status == "fail")
-    return data
+    # cairnd's report as sent (a key a newer cairnd adds is passed on), the local checks added
+    return {
+        **object_or_empty(sent),
+        "host": [*(c.model_dump() for c in reply.host), *(c.model_dump() for c in local)],
+        "problems": reply.problems + sum(1 for c in local if c.status == "fail"),
+    }
 
 
 def provider_answers() -> list["HostCheck"]:

@@ -4,7 +4,9 @@ A launch is the command people (and schedules, scripts and CI jobs) start many a
 so it costs no more than an interpreter's start and one request: this module loads neither
 click nor pydantic. The request goes as plain JSON (cairnd validates it as a
 :class:`~cairn.protocol.daemon.LaunchRequest`), the description comes back as JSON
-(:mod:`cairn.cli.attest`), and :func:`read_argv` reads the common command line itself.
+(:mod:`cairn.cli.attest`), the reply is read as JSON (a test holds what is read to
+:class:`~cairn.protocol.run_replies.LaunchReply`), and :func:`read_argv` reads the common
+command line itself.
 ``cairn launch --help`` and anything :func:`read_argv` is unsure of go to the click
 command (:func:`cairn.cli.runs.launch`), whose options :data:`OPTIONS` must match (a test
 holds them to it) and which calls :func:`launch` with what it parsed.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cairn.cli.client import fail, list_or_empty, object_or_empty, request, typed
+from cairn.cli.client import fail, list_or_empty, request, typed
 from cairn.cli.options import (
     add_commands,
     argument,
@@ -201,9 +201,10 @@ def cancel(run_id: str, dry_run: bool = False, yes: bool = False) -> None:
     Example: cairn cancel 3fa9
     """
     from cairn.protocol.daemon import CancelRequest, ShowRequest
+    from cairn.protocol.view_replies import ShowReply
 
     if dry_run:
-        run = object_or_empty(object_or_empty(request(ShowRequest(run_id=run_id)))["run"])
+        run = typed(ShowReply, request(ShowRequest(run_id=run_id))).run
         if run["state"] in ("succeeded", "failed", "cancelled", "stopped"):
             would(f"leave {run['run_id']} as it is: it already ended {run['state']}")
         would(f"cancel {run['run_id']} ({run['state']}): its running agents are stopped "

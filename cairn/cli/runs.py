@@ -568,32 +568,34 @@ def upgrade(
     Example: cairn upgrade 3fa9 --to ~/wf/release.py --dry-run
     """
     from cairn.protocol.daemon import UpgradeRequest
+    from cairn.protocol.run_replies import UpgradeReply
 
     try:
         source = to.read_text()
     except OSError as exc:
         fail(f"cannot read {to}: {exc.strerror}", code=2)
-    data = object_or_empty(request(
+    sent = request(
         UpgradeRequest(run_id=run_id, source=source, dry_run=dry_run, confirm=confirm),
         expect=Expected(run_id=full_run_id(run_id), source=source, review_hash=confirm),
-    ))
+    )
+    data = typed(UpgradeReply, sent)
     if json_out:
-        emit(data)
+        emit(sent)
         return
-    div = None if data["divergence"] is None else object_or_empty(data["divergence"])
+    div = data.divergence
     if div is None:
         click.echo(
-            f"{data['run_id']}: the new source reproduces all {data['checked']} "
+            f"{data.run_id}: the new source reproduces all {data.checked} "
             f"committed operation(s)"
         )
     else:
         click.echo(
-            f"{data['run_id']}: diverges at {printable(div['op_id'])} ({printable(div['field'])})"
+            f"{data.run_id}: diverges at {printable(div.op_id)} ({printable(div.field)})"
         )
-        click.echo(f"  expected: {json.dumps(div['expected'])}")
-        click.echo(f"  actual:   {json.dumps(div['actual'])}")
-    if data.get("upgraded"):
-        click.echo(f"moved to {data['to_hash']} (was {data['from_hash']})")
+        click.echo(f"  expected: {json.dumps(div.expected)}")
+        click.echo(f"  actual:   {json.dumps(div.actual)}")
+    if data.upgraded:
+        click.echo(f"moved to {data.to_hash} (was {data.from_hash})")
     if div is not None:
         raise click.exceptions.Exit(1)
 

@@ -9,14 +9,13 @@ checks), and install, check and remove the timer in the user's own systemd manag
 import json
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import click
 
 from cairn.cli.attest import Expected
-from cairn.cli.client import emit, fail, list_or_empty, object_or_empty, request, typed
+from cairn.cli.client import emit, fail, list_or_empty, request, typed
 from cairn.cli.completion import schedule_candidates
 from cairn.cli.launching import load_scripted
 from cairn.cli.options import (
@@ -55,8 +54,8 @@ if TYPE_CHECKING:
         SchedulePauseRequest,
         ScheduleRunNowRequest,
     )
-    from cairn.protocol.jsonvalue import JSONObject
-    from cairn.protocol.replies import ScheduleReview
+    from cairn.protocol.jsonvalue import JSONValue
+    from cairn.protocol.replies import OccurrenceDecision, ScheduleReview
 
 schedule_app = CairnGroup(
     "schedule",
@@ -479,13 +478,14 @@ def _admit(
     *,
     occurrence: str | None = None,
     wait: bool = True,
-) -> "JSONObject":
+) -> "tuple[JSONValue, OccurrenceDecision]":
     """Ask cairnd to admit one occurrence, proving access to the project with an open
-    directory; with ``wait``, ask again while it is queued behind the schedule's own run."""
+    directory; with ``wait``, ask again while it is queued behind the schedule's own run.
+    Returns the decision as sent and as read."""
     # here, not at the top: every cairn command would pay for these imports
     from cairn.cli import schedulepins
     from cairn.protocol.daemon import ScheduleInspectRequest
-    from cairn.protocol.replies import ScheduleDetail
+    from cairn.protocol.replies import OccurrenceDecision, ScheduleDetail
 
     pin = schedulepins.pinned(schedule_id)
     if pin is not None:
@@ -514,7 +514,7 @@ def _admit(
                     review_hash=review_hash if source is not None else None,
                     source=source,
                 )
-            result = object_or_empty(request(
+            sent = request(
                 kind(
                     schedule_id=schedule_id,
                     occurrence=occurrence,
@@ -523,23 +523,25 @@ def _admit(
                 ),
                 fd=fd,
                 expect=expected,
-            ))
+            )
         finally:
             if fd is not None:
                 os.close(fd)
-        if result["outcome"] != "queued" or not wait:
-            return result
+        result = typed(OccurrenceDecision, sent)
+        if result.outcome != "queued" or not wait:
+            return sent, result
         if occurrence is None:
-            echo(f"{schedule_id} {result['key']}: queued: {result['reason']}")
-        occurrence = str(result["key"])
+            echo(f"{schedule_id} {result.key}: queued: {result.reason}")
+        occurrence = str(result.key)
         time.sleep(QUEUE_POLL_SEC)
 
 
-def _report(result: Mapping[str, object]) -> str:
-    line = f"{result['schedule_id']} {result.get('key', '-')}: {result['outcome']}"
-    line += f": {result['reason']}"
-    if result.get("run_id"):
-        line += f": {result['run_id']}"
+def _report(result: "OccurrenceDecision") -> str:
+    key = "-" if result.key is None else result.key
+    line = f"{result.schedule_id} {key}: {result.outcome}"
+    line += f": {result.reason}"
+    if result.run_id:
+        line += f": {result.run_id}"
     return line
 
 
@@ -550,9 +552,9 @@ def fire(schedule_id: str) -> None:
     from cairn.protocol.daemon import ScheduleFireRequest
 
     _check_id(schedule_id)
-    result = _admit(ScheduleFireRequest, schedule_id)
+    _sent, result = _admit(ScheduleFireRequest, schedule_id)
     echo(_report(result))
-    if result["outcome"] == "launch-failed" or result.get("blocked"):
+    if result.outcome == "launch-failed" or result.blocked:
         raise click.exceptions.Exit(1)
 
 
@@ -567,13 +569,13 @@ def run_now(schedule_id: str, json_out: bool = False) -> None:
     from cairn.protocol.daemon import ScheduleRunNowRequest
 
     _check_id(schedule_id)
-    result = _admit(ScheduleRunNowRequest, schedule_id)
+    sent, result = _admit(ScheduleRunNowRequest, schedule_id)
     if json_out:
-        emit(result)
-    elif result["outcome"] == "launched":
-        echo(result["run_id"])
-    if result["outcome"] != "launched":
-        fail(f"run-now {result['outcome']}: {result['reason']}")
+        emit(sent)
+    elif result.outcome == "launched":
+        echo(result.run_id)
+    if result.outcome != "launched":
+        fail(f"run-now {result.outcome}: {result.reason}")
 
 
 @schedule_app.command("inbox")
@@ -712,18 +714,19 @@ def repair() -> None:
     Example: cairn schedule repair
     """
     from cairn.protocol.daemon import ScheduleFireRequest, ScheduleReconcileRequest
+    from cairn.protocol.replies import ScheduleReconcileReply
 
-    result = object_or_empty(request(ScheduleReconcileRequest()))
-    for line in apply_timers(map(object_or_empty, list_or_empty(result["schedules"]))):
+    result = typed(ScheduleReconcileReply, request(ScheduleReconcileRequest()))
+    for line in apply_timers(v.model_dump(mode="json") for v in result.schedules):
         echo(line)
-    if result["repaired"]:
-        echo(f"repaired {result['repaired']} half-prepared occurrence(s)")
-    for queued in map(object_or_empty, list_or_empty(result["queued"])):
+    if result.repaired:
+        echo(f"repaired {result.repaired} half-prepared occurrence(s)")
+    for queued in result.queued:
         try:
-            retried = _admit(ScheduleFireRequest, str(queued["schedule_id"]),
-                             occurrence=str(queued["key"]), wait=False)
+            _sent, retried = _admit(ScheduleFireRequest, queued.schedule_id,
+                                    occurrence=queued.key, wait=False)
         except CairnError as exc:
-            echo(f"{queued['schedule_id']} {queued['key']}: {exc.message}", err=True)
+            echo(f"{queued.schedule_id} {queued.key}: {exc.message}", err=True)
             continue
         echo(_report(retried))
 

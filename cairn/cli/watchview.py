@@ -13,7 +13,7 @@ from typing import NoReturn, TextIO
 
 import click
 
-from cairn.cli.client import list_or_empty, object_or_empty, request
+from cairn.cli.client import object_or_empty, request, typed
 from cairn.cli.options import render_waiting
 from cairn.terminal import printable
 
@@ -133,6 +133,7 @@ def follow(
     line when it ends; exit 0 when it succeeded, 1 when it ended otherwise, 130 on
     Ctrl-C."""
     from cairn.protocol.daemon import WatchRequest
+    from cairn.protocol.run_replies import WatchReply
 
     cursor = 0
     shown_waiting: list[Mapping[str, object]] = []
@@ -140,23 +141,24 @@ def follow(
     try:
         while True:
             polled = time.monotonic()
-            data = object_or_empty(request(WatchRequest(run_id=run_id, cursor=cursor)))
-            run_id = str(data["run_id"])  # a prefix or @last names this run from now on
-            for event in list_or_empty(data["events"]) if events else ():
+            data = typed(WatchReply, request(WatchRequest(run_id=run_id, cursor=cursor)))
+            run_id = data.run_id  # a prefix or @last names this run from now on
+            for event in data.events if events else ():
                 if json_out:
                     out.line(json.dumps(event))
                 else:
-                    out.event(object_or_empty(event))
-            cursor = _as_int(data["cursor"])
-            if data["more"]:
+                    out.event(event)
+            cursor = data.cursor
+            if data.more:
                 continue
-            if data["waiting"] != shown_waiting:
-                shown_waiting = [object_or_empty(item) for item in list_or_empty(data["waiting"])]
+            waiting: list[Mapping[str, object]] = [w.model_dump(mode="json") for w in data.waiting]
+            if waiting != shown_waiting:
+                shown_waiting = waiting
                 for item in shown_waiting:
                     out.line(f"waiting: {render_waiting(run_id, item)}")
-            if data["finished"]:
-                out.line(completion_line(data))
-                raise click.exceptions.Exit(0 if data["state"] == "succeeded" else 1)
+            if data.finished:
+                out.line(completion_line(data.model_dump(mode="json")))
+                raise click.exceptions.Exit(0 if data.state == "succeeded" else 1)
             time.sleep(max(0.0, interval - (time.monotonic() - polled)))  # keep the cadence
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None

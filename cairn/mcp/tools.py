@@ -38,7 +38,7 @@ from cairn.protocol.daemon import (
     ShowRequest,
     WatchRequest,
 )
-from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_int, json_list, json_object
+from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_list, json_object
 from cairn.protocol.mcp import (
     MAX_ARTIFACT_TEXT,
     AnswerArgs,
@@ -54,7 +54,9 @@ from cairn.protocol.mcp import (
     ToolArgs,
     WatchArgs,
 )
-from cairn.protocol.replies import ArtifactContent, PsReply
+from cairn.protocol.replies import AnswerReply, ArtifactContent, InboxReply, PsReply
+from cairn.protocol.run_replies import LaunchReply, WatchReply
+from cairn.protocol.view_replies import ShowReply
 from cairn.terminal import printable
 from cairn.validation import invalid
 from cairn.workflow.review import Review, ReviewRejected, render_review, review_source
@@ -166,7 +168,8 @@ def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> JSONObje
 
 
 def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObject:
-    view = json_object(session.request(ShowRequest(run_id=args.run)))
+    view = ShowReply.model_validate(session.request(ShowRequest(run_id=args.run))).model_dump(
+        mode="json")
     return {
         "run": view["run"],
         "question": _open_request(view["question"]),
@@ -186,8 +189,10 @@ def _open_request(facet: JSONValue) -> JSONObject | None:
 
 
 def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> JSONObject:
-    items = json_list(session.request(InboxRequest()))
-    return {"items": [_without_approval_keys(json_object(item)) for item in items]}
+    sent = session.request(InboxRequest())
+    # checked by its model, then passed on as sent: a question is the journal's row whole
+    InboxReply.model_validate({"items": sent})
+    return {"items": [_without_approval_keys(json_object(item)) for item in json_list(sent)]}
 
 
 def _artifact(args: ArtifactArgs, session: Session, report: Reporter | None) -> JSONObject:
@@ -223,9 +228,10 @@ def _without_approval_keys(item: JSONObject) -> JSONObject:
 
 def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONObject:
     text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
-    return json_object(session.request(
+    answered = AnswerReply.model_validate(session.request(
         AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
     ))
+    return answered.model_dump(mode="json")
 
 
 def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONObject:
@@ -235,29 +241,31 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONOb
     cursor, first_state = args.cursor, None
     events: list[JSONValue] = []
     while True:
-        data = json_object(session.request(WatchRequest(run_id=args.run, cursor=cursor)))
+        got = WatchReply.model_validate(
+            session.request(WatchRequest(run_id=args.run, cursor=cursor)))
+        data = got.model_dump(mode="json")
         for event in json_list(data["events"]):
             events.append(event)
             if report is not None:
                 report(float(len(events)), _event_line(json_object(event)))
-        cursor = json_int(data["cursor"])
-        first_state = first_state or data["state"]
-        if data["more"]:
+        cursor = got.cursor
+        first_state = first_state or got.state
+        if got.more:
             continue
-        if data["finished"] or data["state"] != first_state or session.clock() >= deadline:
+        if got.finished or got.state != first_state or session.clock() >= deadline:
             break
         if session.cancelled():
             break
         session.pause(min(WATCH_POLL_SECONDS, max(0.0, deadline - session.clock())))
     waiting: list[JSONValue] = [
-        _without_approval_keys({**json_object(w), "run_id": data["run_id"]})
+        _without_approval_keys({**json_object(w), "run_id": got.run_id})
         for w in json_list(data["waiting"])
     ]
     return {
-        "run_id": data["run_id"],
-        "state": data["state"],
-        "finished": data["finished"],
-        "error": data["error"],
+        "run_id": got.run_id,
+        "state": got.state,
+        "finished": got.finished,
+        "error": got.error,
         "output": data["output"],
         "events": events,
         "cursor": cursor,
@@ -440,7 +448,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
                     hint=f"a person exposes it again: 'cairn workflow expose "
                     f"{workflow.definition}'",
                 )
-        result = json_object(session.request(
+        result = LaunchReply.model_validate(session.request(
             LaunchRequest(
                 definition=workflow.definition,
                 source=source,
@@ -463,11 +471,11 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
         ))
     finally:
         os.close(fd)
-    launched: JSONObject = {"run_id": result["run_id"], "definition": workflow.definition,
-                "project": str(root), "state": result.get("state", "pending")}
-    if result.get("position") is not None:
-        launched["position"] = result["position"]  # queued for a machine-wide slot
-    if result.get("launched_before"):
+    launched: JSONObject = {"run_id": result.run_id, "definition": workflow.definition,
+                "project": str(root), "state": result.state}
+    if result.position is not None:
+        launched["position"] = result.position  # queued for a machine-wide slot
+    if result.launched_before:
         launched["launched_before"] = True  # the run this run_key named, not a new one
     return launched
 

@@ -1,15 +1,20 @@
-"""cairnd's replies, typed: the result of each op that has a model (the others are still
-plain JSON), built by its handler in ``daemon/`` and read by the CLI (``typed`` in
-:mod:`cairn.cli.client`) and the MCP server. A key a newer cairnd adds is ignored by an
-older reader; the wire keeps each reply's shape (``ps`` sends ``PsReply``'s list).
+"""cairnd's replies, typed: the result of every op, built by its handler in ``daemon/``
+and read by the CLI (``typed`` in :mod:`cairn.cli.client`) and the MCP server. A key a
+newer cairnd adds is ignored by an older reader; the wire keeps each reply's shape (``ps``
+sends ``PsReply``'s list). What ``--json`` prints of them is published as a versioned
+schema (:mod:`cairn.protocol.jsonschema`).
 
-Typed so far: the runs' ops (``ps``, ``checkpoints``, ``storage-df``, ``reconcile``,
-``retry``, ``rm``, ``prune``, ``revert``, ``replay``, ``artifacts``); a person's
-(``inbox``, ``answer``, ``approve``, ``reject``, ``apply``, ``pause``, ``resume``, ``stop``,
+Here: the runs' ops (``ps``, ``checkpoints``, ``storage-df``, ``reconcile``, ``retry``,
+``rm``, ``prune``, ``revert``, ``replay``, ``artifacts``); a person's (``inbox``,
+``answer``, ``approve``, ``reject``, ``apply``, ``pause``, ``resume``, ``stop``,
 ``cancel``); the schedules' (``schedule-create``, ``-confirm``, ``-resume``, ``-pause``,
-``-delete``, ``-list``, ``-inspect``, ``-inbox``). ``inbox`` and ``schedule-create`` are
-read, not built, through theirs: cairnd passes on journal rows and resolved profiles
-whole."""
+``-delete``, ``-list``, ``-inspect``, ``-inbox``, ``-fire`` and ``-run-now``
+(:class:`OccurrenceDecision`), ``-reconcile``). In :mod:`cairn.protocol.view_replies`:
+``diff``, ``logs``, ``doctor``, ``show``; in :mod:`cairn.protocol.run_replies`: ``ping``,
+``launch``, ``upgrade``, ``watch``; ``notifications`` is
+:class:`cairn.protocol.notify.NotifyBatch`. ``inbox``, ``schedule-create``, ``doctor``
+and ``show`` are read, not built, through theirs: cairnd passes on journal rows, resolved
+profiles and views whole."""
 
 from __future__ import annotations
 
@@ -587,3 +592,42 @@ class ScheduleInboxReply(Reply):
     ``{"items": LIST}``."""
 
     items: list[ScheduleInboxItem]
+
+
+class OccurrenceDecision(Reply):
+    """``schedule-fire`` and ``schedule-run-now``: what was decided of one occurrence
+    (``outcome``: ``launched``, ``queued``, ``refused``, ``duplicate``, ``launch-failed``,
+    or the state of a queued occurrence retried that no longer waits) and why. ``key``:
+    the occurrence (None: a timer with no new elapse); ``blocked``: the decision blocked
+    the schedule; a launched one's ``run_id``, ``revision`` and ``launch_hash``; a retried
+    one's :class:`OccurrenceView` keys. A key with nothing to say is left out on the wire:
+    cairnd dumps with ``exclude_unset``."""
+
+    schedule_id: str
+    trigger: str
+    outcome: str
+    reason: str
+    key: str | None = None
+    nominal: str | None = None
+    blocked: bool = False
+    run_id: str | None = None
+    revision: int | None = None
+    launch_hash: str | None = None
+    state: str | None = None
+    run_state: str | None = None
+    at: str | None = None
+
+
+class QueuedOccurrence(Reply):
+    schedule_id: str
+    key: str
+
+
+class ScheduleReconcileReply(Reply):
+    """``schedule-reconcile``: the caller's schedules (the timers their user manager must
+    hold), how many half-prepared occurrences were repaired, and the queued occurrences to
+    try again."""
+
+    schedules: list[ScheduleView]
+    repaired: int
+    queued: list[QueuedOccurrence]

@@ -34,7 +34,8 @@ from cairn.daemon.schedules.views import occurrence_view
 from cairn.errors import CairnError, NotFound, UsageError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.daemon import LaunchRequest, ScheduleAdmission
-from cairn.protocol.jsonvalue import JSONObject
+from cairn.protocol.jsonvalue import JSONObject, json_str
+from cairn.protocol.replies import OccurrenceDecision
 from cairn.schedules import (
     ACTIVE_RUN_STATES,
     AdmissionFacts,
@@ -275,12 +276,27 @@ def admit(
     fd: int | None,
     trigger: Trigger,
 ) -> JSONObject:
-    """Decide one occurrence and, if admitted, launch it as an ordinary run.
+    """Decide one occurrence and, if admitted, launch it as an ordinary run: its
+    :class:`OccurrenceDecision` as cairnd sends it.
 
     A timer trigger stands for the latest calendar elapse not yet decided (its nominal
     fire time); ``run-now`` is its own occurrence. ``request.occurrence`` retries a queued
     occurrence instead.
     """
+    decided = OccurrenceDecision.model_validate(
+        _admit(store, journal, request, uid, fd, trigger)
+    )
+    return decided.model_dump(mode="json", exclude_unset=True)
+
+
+def _admit(
+    store: Store,
+    journal: Journal,
+    request: ScheduleAdmission,
+    uid: int,
+    fd: int | None,
+    trigger: Trigger,
+) -> JSONObject:
     lock = schedule_lock(request.schedule_id or "")
     with lock:
         row = store.owned(request.schedule_id, uid)
@@ -404,9 +420,9 @@ def admit(
         }
         launch_hash: str | None = None
         try:
-            launch_hash = launch.launch(
+            launch_hash = json_str(launch.launch(
                 journal, launch_request, uid, fd, run_id=run_id, schedule=authority
-            )["launch_hash"]
+            )["launch_hash"])
         except CairnError as exc:
             try:
                 run_state: str | None = journal.get_run(run_id).state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Literal, TypedDict
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -34,7 +34,13 @@ from cairn.protocol.daemon import (
     ScheduleResumeRequest,
 )
 from cairn.protocol.jsonvalue import JSONObject
-from cairn.protocol.replies import EnabledSchedule, ScheduleDetail, ScheduleInboxItem
+from cairn.protocol.replies import (
+    EnabledSchedule,
+    QueuedOccurrence,
+    ScheduleDetail,
+    ScheduleInboxItem,
+    ScheduleReconcileReply,
+)
 from cairn.schedules import (
     CHALLENGE_RE,
     Action,
@@ -292,34 +298,23 @@ def inbox(store: Store, journal: Journal, uid: int) -> list[JSONObject]:
     ]
 
 
-class QueuedOccurrence(TypedDict):
-    schedule_id: str
-    key: str
-
-
-class Reconciled(TypedDict):
-    """What :func:`reconcile` answers: the caller's schedules (the timers their user
-    manager must hold), how many occurrences it repaired, and the queued ones."""
-
-    schedules: list[JSONObject]
-    repaired: int
-    queued: list[QueuedOccurrence]
-
-
-def reconcile(store: Store, journal: Journal, uid: int) -> Reconciled:
+def reconcile(store: Store, journal: Journal, uid: int) -> JSONObject:
     """Repair the caller's half-prepared occurrences; return what their user manager
-    must hold (timers) and the queued occurrences to try again."""
+    must hold (timers) and the queued occurrences to try again
+    (:class:`ScheduleReconcileReply`)."""
     repaired = 0
     queued: list[QueuedOccurrence] = []
     for row in store.owned_by(uid):
         with schedule_lock(row.schedule_id):
             repaired += repair_half_prepared(store, journal, row)
         queued += [
-            {"schedule_id": row.schedule_id, "key": o.key}
+            QueuedOccurrence(schedule_id=row.schedule_id, key=o.key)
             for o in store.occurrences(row.schedule_id, states=("queued",))
         ]
-    return {
-        "schedules": list_schedules(store, journal, uid),
-        "repaired": repaired,
-        "queued": queued,
-    }
+    sync_outcomes(store, journal)
+    reply = ScheduleReconcileReply(
+        schedules=[schedule_view(store, row) for row in store.owned_by(uid)],
+        repaired=repaired,
+        queued=queued,
+    )
+    return reply.model_dump(mode="json")

@@ -3,8 +3,10 @@
 ``replay``; ``inbox``, ``answer``, ``approve``, ``reject``, ``apply``, ``pause``, ``resume``,
 ``stop``, ``cancel``; ``schedule-create``, ``schedule-confirm``, ``schedule-resume``,
 ``schedule-pause``, ``schedule-delete``, ``schedule-list``, ``schedule-inspect``,
-``schedule-inbox``; and of :mod:`cairn.protocol.view_replies`: ``diff``, ``logs``, a run's
-``doctor``, ``show``): a reply that does not fit is a CairnError saying so, never a traceback.
+``schedule-inbox``, ``schedule-reconcile``; of :mod:`cairn.protocol.view_replies`: ``diff``,
+``logs``, a run's ``doctor``, ``show``; of :mod:`cairn.protocol.run_replies`: ``watch``;
+the others in test_typed_op_replies.py): a reply that does not fit is a CairnError saying
+so, never a traceback.
 What they print from a reply that fits is in tests/unit/test_cli_verbs.py,
 test_cli_storage.py and test_cli_hostile_text.py."""
 
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 from clirunner import CliRunner
 
-from cairn.cli import doctor, logs, people, runs, schedule, schedulepins, storage
+from cairn.cli import doctor, logs, people, runs, schedule, schedulepins, storage, watchview
 from cairn.cli.commands import app
 from cairn.errors import CairnError
 
@@ -56,6 +58,9 @@ UNFIT: dict[str, tuple[ModuleType, list[str], Any]] = {
     "logs": (logs, ["logs", RUN], {"run_id": RUN, "text": "one\n", "finished": "soon"}),
     "show": (runs, ["show", RUN], {"run": {"run_id": RUN}, "operations": [], "units": []}),
     "doctor": (doctor, ["doctor", RUN], {"host": [], "runs": [{"run_id": RUN}], "problems": 0}),
+    "watch": (watchview, ["watch", RUN], {"run_id": RUN, "state": "running", "events": "all"}),
+    "schedule-reconcile": (schedule, ["schedule", "repair"],
+                           {"schedules": [], "repaired": "two", "queued": []}),
 }
 
 

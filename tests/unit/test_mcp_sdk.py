@@ -50,7 +50,9 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
     install_definitions(tmp_path)
     paths.daemon_socket().parent.mkdir(parents=True)
     stand_in = StandInDaemon(paths.daemon_socket(), {
-        "ps": [], "launch": {"run_id": RUN}, "watch": finished_watch(),
+        "ps": [], "launch": {"run_id": RUN, "review_hash": "sha256:" + "a" * 64,
+                                                "launch_hash": "sha256:" + "b" * 64,
+                                                "state": "pending"}, "watch": finished_watch(),
     })
     yield stand_in
     stand_in.close()

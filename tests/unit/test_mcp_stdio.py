@@ -40,11 +40,22 @@ RUNS = [{"run_id": RUN, "state": "running", "position": None, "definition": "use
          "project": "/home/u/app", "owner_uid": 1000, "created_at": 1.0, "run_key": None,
          "current_op": None, "settlement_summary": None, "error": None,
          "replay_through": None}]
-QUESTION = {"kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
-            "schema_name": None, "challenge": "sha256:" + "c" * 64}
+QUESTION: dict[str, Any] = {
+            "kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
+            "schema_name": None, "challenge": "sha256:" + "c" * 64, "created_at": 1.0,
+            "commands": [], "run_state": "waiting", "definition": "user:fix-flaky",
+            "json_schema": {}, "state": "waiting", "answer": None, "actor_uid": None,
+            "decided_at": None}
 APPROVAL = {"kind": "approval", "run_id": RUN, "op_id": "root-4", "request_id": "req-1",
-            "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0,
-            "prepared": {"kind": "apply", "accepted": [], "project": "/p"}}
+            "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0, "created_at": 1.0,
+            "run_state": "waiting", "definition": "user:fix-flaky", "attempt": 1,
+            "evaluation": {"decision": "ask"}, "state": "waiting", "actor_uid": None,
+            "reason": None, "decided_at": None,
+            "prepared": {"kind": "apply", "run_id": RUN, "accepted": [], "project": "/p",
+                         "refused": 0, "f": "f", "diff_sha256": "0" * 64}}
+# a launch as cairnd answers it (cairn.protocol.run_replies.LaunchReply)
+LAUNCHED = {"run_id": RUN, "review_hash": "sha256:" + "a" * 64,
+            "launch_hash": "sha256:" + "b" * 64, "state": "pending"}
 
 
 @pytest.fixture
@@ -55,7 +66,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInD
     paths.daemon_socket().parent.mkdir(parents=True)
     answers: dict[str, Any] = {
         "ps": RUNS,
-        "launch": {"run_id": RUN},
+        "launch": LAUNCHED,
         "inbox": [QUESTION, APPROVAL],
         "answer": {"run_id": RUN, "op_id": "root-3", "outcome": "answered", "woken": True},
         "show": ErrorBody(code="not-found", message="no run flow_9999 of yours",
@@ -341,7 +352,10 @@ def test_show_leaves_out_what_approving_takes() -> None:
     facet = {"kind": "approval", "op_id": "root-2", "request_id": "req-1",
              "fingerprint": "sha256:" + "f" * 64, "deadline": 2.0, "also_waiting": 1}
     view = {"run": {"run_id": RUN, "state": "waiting"}, "question": facet, "settlement": None,
-            "settlement_summary": None, "operations": [], "progress": {}, "latest_event": None}
+            "settlement_summary": None, "operations": [], "progress": {}, "latest_event": None,
+            "units": [], "storage": {"deleted": False, "deleted_at": None, "subvolumes": 0},
+            "replayed_from": None, "worklists": [], "experiments": [], "model": None,
+            "divergence": None, "integrity": {}, "events_shown": "0 events"}
     out = io.BytesIO()
     session = Session(request=lambda body, **_: view, cwd=Path("/"), clock=lambda: 0.0,
                       pause=lambda seconds: None)

@@ -209,7 +209,7 @@ def finished_source(journal: Journal, host: Path, state: str = "succeeded",
                             args={"text": "go"}, project=str(project))
     fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        run_id: str = launch.launch(journal, request, OWNER, fd)["run_id"]
+        run_id = launch.start(journal, request, OWNER, fd).run_id
     finally:
         os.close(fd)
     token = journal.acquire_lease(run_id, "t", ttl=60)

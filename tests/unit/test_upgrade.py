@@ -18,7 +18,7 @@ import pytest
 from cairn import paths
 from cairn.daemon import attest
 from cairn.daemon import upgrade as upgrade_module
-from cairn.daemon.upgrade import upgrade
+from cairn.daemon.upgrade import upgrade as upgrade_reply
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
 from cairn.protocol.broker import BrokerReply
@@ -32,6 +32,12 @@ from cairn.protocol.control import (
 from cairn.protocol.daemon import UpgradeRequest
 from cairn.protocol.launch import LaunchDescription, ProfileSpec, ProjectSpec
 from cairn.workflow.review import review_source
+
+
+def upgrade(journal: Journal, request: UpgradeRequest, uid: int) -> dict[str, Any]:
+    """cairnd's answer (:class:`cairn.protocol.run_replies.UpgradeReply` as sent), read here
+    as the plain JSON it is."""
+    return upgrade_reply(journal, request, uid)
 
 RUN = "flow_" + "cd" * 16
 SOURCE = (resources.files("cairn.builtin") / "workflows" / "implement.py").read_text()
