@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,8 @@ from cairn.canonical import canonical_json, sha256_hex
 from cairn.coordinator import interactions
 from cairn.coordinator.agentsock import MESSAGE_LIMIT, AgentSocket
 from cairn.coordinator.base import CommandFailed, OperationError, ReviewedAgent, RunBlocked
+from cairn.coordinator.budget import MoneyBudget, TokenBudget
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.recovery import Recovery
 from cairn.errors import CairnError, StorageError
@@ -72,8 +75,30 @@ class NoChanges(OperationError):
     code = "no-changes"
 
 
-class AgentOperations(Recovery, Lanes):
-    """Drive an agent operation from the state the journal holds to committed."""
+class AgentOperations:
+    """Drive an agent operation from the state the journal holds to committed. Holds the
+    run's budgets, the model usage of each operation this coordinator ran, and the slots
+    that bound how many agents run at once."""
+
+    def __init__(
+        self,
+        run: RunContext,
+        w: WGenerations,
+        lanes: Lanes,
+        recovery: Recovery,
+        *,
+        budget: TokenBudget,
+        money: MoneyBudget,
+    ) -> None:
+        self.run = run
+        self.w = w
+        self.lanes = lanes
+        self.recovery = recovery
+        self.budget = budget
+        self.money = money
+        self.usage: dict[str, dict[str, int]] = {}
+        self.agent_slots = threading.BoundedSemaphore(run.desc.limits.max_concurrent_agents)
+        self._cancel_lock = threading.Lock()
 
     def run_agent(self, op: OpRow, call: CallRequest) -> JSONObject:
         """Drive one agent operation from whatever state the journal holds to committed;
@@ -82,10 +107,10 @@ class AgentOperations(Recovery, Lanes):
             return self._run_agent(op, call)
 
     def _run_agent(self, op: OpRow, call: CallRequest) -> JSONObject:
-        agent: ReviewedAgent = self.review["agents"][call.request["descriptor"]]
-        output_model = self.models[agent["output"]]
+        agent: ReviewedAgent = self.run.review["agents"][call.request["descriptor"]]
+        output_model = self.run.models[agent["output"]]
         while True:
-            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+            op = self.run.op(op.op_id)
             if op.state in ("failed", "not-started"):
                 # the same failure, of the same kind, as when it was first decided
                 error = OperationError(f"{op.op_id} did not complete: {op.error}")
@@ -95,15 +120,15 @@ class AgentOperations(Recovery, Lanes):
             if op.state == "uncertain":
                 raise RunBlocked(
                     f"{op.op_id} may have had effects outside the sandbox and no result",
-                    hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
+                    hint=f"decide with 'cairn reconcile {self.run.run_id} {op.op_id}'",
                 )
             if op.state == "retry":  # a person decided the uncertain attempt may be redone
-                self.clean_retry(op, "retry decided by a person")
+                self.recovery.clean_retry(op, "retry decided by a person")
                 continue
             if op.state == "requested":
                 if op.attempt == 1:
                     self.check_budget(op)
-                interactions.authorize(self, op, call, agent)
+                interactions.authorize(self.run, op, call, agent)
                 self.start_attempt(op, call, agent, output_model)
                 continue
             if op.state == "started":
@@ -112,19 +137,19 @@ class AgentOperations(Recovery, Lanes):
                     continue  # a clean retry was recorded; start the next attempt
                 return self.complete_boundary(op, call, finish)
             assert op.state == "settled" and op.result is not None
-            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+            self.run.update_op(op.op_id, state="committed")
             return op.result
 
     def check_budget(self, op: OpRow) -> None:
         """Reserve the run's budgets before new work: an exhausted budget refuses the
         operation (the workflow sees OperationFailed of kind ``budget-exhausted``); a
         boundary already under way is never cut short."""
-        limits = self.desc.limits
+        limits = self.run.desc.limits
         others = [
-            o for o in self.journal.list_ops(self.run_id) if o.kind == AGENT and o.op_id != op.op_id
+            o for o in self.run.ops() if o.kind == AGENT and o.op_id != op.op_id
         ]
         started = sum(1 for o in others if o.state not in ("requested", "not-started"))
-        seconds = self.journal.agent_seconds(self.run_id)  # every attempt, not only commits
+        seconds = self.run.journal.agent_seconds(self.run.run_id)  # every attempt, not only commits
         reason = None
         if started >= limits.max_agent_ops:
             reason = f"all {limits.max_agent_ops} agent operations are used"
@@ -136,11 +161,7 @@ class AgentOperations(Recovery, Lanes):
             reason = spent.reason
         if reason is None:
             return
-        self.journal.update_op(
-            self.run_id,
-            op.op_id,
-            token=self.token,
-            state="not-started",
+        self.run.update_op(op.op_id, state="not-started",
             error=f"budget exhausted: {reason}",
             result={"error": reason, "kind": BudgetExhausted.code},
             event="budget-exhausted",
@@ -151,11 +172,11 @@ class AgentOperations(Recovery, Lanes):
     def instruction(
         self, op: OpRow, call: CallRequest, agent: ReviewedAgent, output_model: type[BaseModel]
     ) -> AgentInstruction:
-        profile = self.desc.profiles.get(agent["profile"])
+        profile = self.run.desc.profiles.get(agent["profile"])
         if profile is None:
             raise CairnError(f"profile {agent['profile']} was not resolved at launch")
         return AgentInstruction(
-            run_id=self.run_id,
+            run_id=self.run.run_id,
             op_id=op.op_id,
             attempt=op.attempt,
             prompt=call.request["prompt"],
@@ -171,24 +192,23 @@ class AgentOperations(Recovery, Lanes):
         """Save the intent (with the move to ``started``), then have the broker act on it."""
         instruction = self.instruction(op, call, agent, output_model)
         incoming = self.write_evidence(op, instruction)
-        outputs = self.outputs_dir(op.op_id, op.attempt)
+        outputs = self.run.outputs_dir(op.op_id, op.attempt)
         for earlier in outputs.parent.glob("outputs.*"):  # only the last attempt's files stay
             _remove_tree(earlier)
         outputs.mkdir(parents=True, exist_ok=True)
         os.chmod(outputs, 0o777)  # noqa: S103  (the owner's agent writes here; runs/ is 0750)
-        start = self.intent(
+        start = self.run.intent(
             "start-agent",
             f"start-agent.{op.op_id}.{op.attempt}",
             scope=op.scope,
             op_id=op.op_id,
             attempt=op.attempt,
-            generation=self.w_gen[op.scope],
+            generation=self.w[op.scope],
         )
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="started", intents=[start]
+        self.run.update_op(op.op_id, state="started", intents=[start]
         )
-        self.failpoint("after-intent-saved")
-        self.event("agent-started", op_id=op.op_id, attempt=op.attempt, incoming=incoming)
+        self.run.failpoint("after-intent-saved")
+        self.run.event("agent-started", op_id=op.op_id, attempt=op.attempt, incoming=incoming)
 
     def collect_finish(
         self, op: OpRow, call: CallRequest, agent: ReviewedAgent, output_model: type[BaseModel]
@@ -198,21 +218,22 @@ class AgentOperations(Recovery, Lanes):
         if op.finish is not None:
             return AgentMessage.model_validate(op.finish)
         instruction = self.instruction(op, call, agent, output_model)
-        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        unit = agent_unit_name(self.run.run_id, op.op_id, op.attempt)
         start_id = f"start-agent.{op.op_id}.{op.attempt}"
         (start,) = [
-            i for i in self.journal.intents(self.run_id, "launch-v1") if i.intent_id == start_id
+            i for i in self.run.journal.intents(self.run.run_id, "launch-v1")
+            if i.intent_id == start_id
         ]
         # The relay first: the broker starts an agent only once its agent.sock exists, and
         # a sibling lane's launch-v1 may do so at any moment after that.
         relay = self.start_relay(op, agent)
         try:
             sock = AgentSocket(
-                paths.agent_socket_path(self.run_id, op.op_id),
-                owner_uid=self.desc.owner_uid,
+                paths.agent_socket_path(self.run.run_id, op.op_id),
+                owner_uid=self.run.desc.owner_uid,
                 instruction=instruction,
                 output_model=output_model,
-                on_note=self.note_recorder(op.op_id),
+                on_note=self.run.note_recorder(op.op_id),
             )
         except BaseException:
             if relay is not None:
@@ -221,8 +242,8 @@ class AgentOperations(Recovery, Lanes):
         try:
             # Idempotent: starts the unit if the intent is still pending, else returns the
             # receipt (and the broker adopts a unit it started before a crash).
-            self.broker("launch-v1", [start], queued=True)
-            self.failpoint("after-unit-started")
+            self.run.broker("launch-v1", [start], queued=True)
+            self.run.failpoint("after-unit-started")
             ended = self.wait_agent(unit, sock)
         finally:
             self.record_agent_time(op)
@@ -233,14 +254,14 @@ class AgentOperations(Recovery, Lanes):
         finish = sock.finish or self.read_result_file(op, output_model)
         if finish is None and self.budget.exhausted:
             raise CairnError(
-                f"the run's model token budget ({self.desc.limits.model_tokens}) is spent",
+                f"the run's model token budget ({self.run.desc.limits.model_tokens}) is spent",
                 hint="launch again with a larger limits.model_tokens",
             )
         if finish is None and (spent := self.money.spent()):
             raise CairnError(spent.reason, hint=spent.hint)
         if finish is None:
-            self.fail_if_limit_hit(op)
-            if "cancel" in self.journal.pending_controls(self.run_id):
+            self.recovery.fail_if_limit_hit(op)
+            if "cancel" in self.run.journal.pending_controls(self.run.run_id):
                 # Another lane's cancel may have stopped this unit: record every lane
                 # under the same lock before the run ends as cancelled.
                 self.stop_for_cancel(sock)
@@ -252,63 +273,59 @@ class AgentOperations(Recovery, Lanes):
                 ended = printable(failure.describe())
                 if failure.deterministic and agent["network"] == "none":
                     self.fail_deterministic(op, ended)
-            self.retry_or_block(op, agent, ended)
+            self.recovery.retry_or_block(op, agent, ended)
             return None
-        self.journal.update_op(
-            self.run_id,
-            op.op_id,
-            token=self.token,
-            finish=finish.model_dump(mode="json"),
+        self.run.update_op(op.op_id, finish=finish.model_dump(mode="json"),
             event="op-finished",
             event_data={"attempt": op.attempt, "via": "socket" if sock.finish else "file"},
         )
-        self.failpoint("after-finish-received")
+        self.run.failpoint("after-finish-received")
         return finish
 
     def record_agent_time(self, op: OpRow) -> None:
         """Charge the attempt's time, from the broker's start receipt to now, to the run's
         agent time (``limits.max_agent_seconds``), however the attempt ended."""
         start_id = f"start-agent.{op.op_id}.{op.attempt}"
-        starts = [r for r in self.journal.receipts(self.run_id) if r["intent_id"] == start_id]
+        starts = [r for r in self.run.receipts() if r["intent_id"] == start_id]
         if not starts:  # the broker never started it
             return
         seconds = round(max(0.0, time.time() - float(starts[0]["at"])), 3)
-        self.journal.append_event(
-            self.run_id, AGENT_TIME_EVENT, {"attempt": op.attempt, "seconds": seconds},
+        self.run.journal.append_event(
+            self.run.run_id, AGENT_TIME_EVENT, {"attempt": op.attempt, "seconds": seconds},
             scope=op.scope, op_id=op.op_id,
         )
 
     def start_relay(self, op: OpRow, agent: ReviewedAgent) -> ModelRelay | None:
         """The model relay for an agent whose profile names a provider; the broker binds
         its socket into the unit. The provider credential stays on this side."""
-        profile = self.desc.profiles[agent["profile"]]
+        profile = self.run.desc.profiles[agent["profile"]]
         provider = getattr(profile, "provider", None)
         if not provider:
             return None
-        route = self.desc.routes.get(provider)
+        route = self.run.desc.routes.get(provider)
         if route is None:
             raise CairnError(f"provider {provider} was not resolved at launch")
         # Imported here: the relay's HTTP, TLS and server code is for runs that reach a model.
         from cairn.coordinator.relay import ModelRelay
 
         relay = ModelRelay(
-            paths.model_socket_path(self.run_id, op.op_id),
+            paths.model_socket_path(self.run.run_id, op.op_id),
             route=route,
-            owner_uid=self.desc.owner_uid,
+            owner_uid=self.run.desc.owner_uid,
             transcript=self.transcript_path(op.op_id, op.attempt),
             budget=self.budget,
-            egress=paths.egress_socket(self.run_id),
-            on_spend=self.token_recorder(op.op_id, op.attempt),
+            egress=paths.egress_socket(self.run.run_id),
+            on_spend=self.run.token_recorder(op.op_id, op.attempt),
             money=self.money,
         )
         relay.start()
         return relay
 
     def transcript_path(self, op_id: str, attempt: int) -> Path:
-        return self.state_dir / "ops" / op_id / f"transcript.{attempt}.jsonl"
+        return self.run.state_dir / "ops" / op_id / f"transcript.{attempt}.jsonl"
 
     def read_result_file(self, op: OpRow, output_model: type[BaseModel]) -> AgentMessage | None:
-        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        outputs, owner = self.run.outputs_dir(op.op_id, op.attempt), self.run.desc.owner_uid
         try:  # the agent's file: refused if a link, a FIFO, another user's or oversized
             raw = untrusted.read_bytes(outputs, "finish.json", owner=owner, limit=MESSAGE_LIMIT)
             data = json_object(parse(raw, "finish.json", limit=MESSAGE_LIMIT))
@@ -320,13 +337,13 @@ class AgentOperations(Recovery, Lanes):
         except (untrusted.UntrustedFileError, ResultInvalid, KeyError, TypeError,
                 ValidationError):
             return None
-        self.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
+        self.run.event("result-file-used", op_id=op.op_id, attempt=op.attempt)
         return message
 
     def read_invalid_file(self, op: OpRow) -> ResultInvalid | None:
         """The reason the worker refused the attempt's result (``result-invalid.json``);
         the agent could have written it too, so it is read as untrusted and cut."""
-        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        outputs, owner = self.run.outputs_dir(op.op_id, op.attempt), self.run.desc.owner_uid
         try:
             raw = untrusted.read_bytes(outputs, "result-invalid.json", owner=owner,
                                        limit=INVALID_FILE_LIMIT)
@@ -343,7 +360,7 @@ class AgentOperations(Recovery, Lanes):
         """How the attempt's command-profile CLI failed (``command-failed.json``, written
         beside the agent, so read as untrusted: bounded, typed, never trusted beyond its
         words); None without one, or with one that does not read as one."""
-        outputs, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        outputs, owner = self.run.outputs_dir(op.op_id, op.attempt), self.run.desc.owner_uid
         try:
             raw = untrusted.read_bytes(outputs, COMMAND_FAILED_FILE, owner=owner,
                                        limit=COMMAND_FAILED_LIMIT)
@@ -358,22 +375,21 @@ class AgentOperations(Recovery, Lanes):
         another attempt would only repeat (a usage or configuration error; see
         :data:`~cairn.protocol.agent.DETERMINISTIC_EXIT_STATUSES`)."""
         error = f"agent command {ended}"
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+        self.run.update_op(op.op_id, state="failed", error=error,
             result={"error": error, "kind": CommandFailed.code},
             event="op-command-failed", event_data={"attempt": op.attempt, "final": True},
         )
         raise CommandFailed(
             f"agent {op.op_id} {error}",
             hint="not retried: another attempt would exit the same; fix the profile's argv or "
-            f"the CLI's configuration (its output: 'cairn logs {self.run_id}')",
+            f"the CLI's configuration (its output: 'cairn logs {self.run.run_id}')",
         )
 
     def judge_invalid(self, op: OpRow, agent: ReviewedAgent, invalid: ResultInvalid) -> None:
         """Fail the operation for its invalid result when another attempt cannot change it:
         a scripted (deterministic) agent, the same bytes as the attempt before, or no
         attempt left. Otherwise record the refusal (and its fingerprint) and return."""
-        profile = self.desc.profiles[agent["profile"]]
+        profile = self.run.desc.profiles[agent["profile"]]
         earlier = json_object((op.result or {}).get("result_invalid") or {})
         repeated = (
             bool(invalid.sha256)
@@ -382,8 +398,7 @@ class AgentOperations(Recovery, Lanes):
         )
         record = {"attempt": op.attempt, "reason": invalid.reason, "sha256": invalid.sha256}
         if profile.kind != "scripted" and not repeated and op.attempt < profile.agent_attempts:
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, result={"result_invalid": record},
+            self.run.update_op(op.op_id, result={"result_invalid": record},
                 event="op-result-invalid", event_data=record,
             )
             return
@@ -392,14 +407,14 @@ class AgentOperations(Recovery, Lanes):
                "its only attempt is used" if op.attempt == 1 else
                f"all {op.attempt} attempts are used")
         error = f"result-invalid: {invalid.reason}"
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+        self.run.update_op(op.op_id, state="failed", error=error,
             result={"error": error, "kind": ResultInvalid.code},
             event="op-result-invalid", event_data={**record, "final": why},
         )
         failed = OperationError(
             f"agent {op.op_id} {error}",
-            hint=f"not retried: {why}; fix what the agent writes (see 'cairn logs {self.run_id}')",
+            hint=f"not retried: {why}; fix what the agent writes "
+            f"(see 'cairn logs {self.run.run_id}')",
         )
         failed.code = ResultInvalid.code
         raise failed
@@ -409,25 +424,25 @@ class AgentOperations(Recovery, Lanes):
     ) -> JSONObject:
         """QUIESCE → SNAPSHOT → MATERIALIZE → settle → COMMIT."""
         self.quiesce(op)
-        self.failpoint("after-quiesce")
-        (checkpoint,) = self.broker(
+        self.run.failpoint("after-quiesce")
+        (checkpoint,) = self.run.broker(
             "storage-v1",
             [
-                self.intent(
+                self.run.intent(
                     "checkpoint",
                     f"checkpoint.{op.op_id}",
                     scope=op.scope,
                     op_id=op.op_id,
-                    generation=self.w_gen[op.scope],
+                    generation=self.w[op.scope],
                 )
             ],
         )
-        self.failpoint("after-snapshot")
+        self.run.failpoint("after-snapshot")
         if call.request.get("require_changes") and checkpoint.body(Checkpointed).changed is False:
             self.fail_unchanged(op, checkpoint)
         starts = [
             r
-            for r in self.journal.receipts(self.run_id)
+            for r in self.run.receipts()
             if r["intent_id"] == f"start-agent.{op.op_id}.{op.attempt}"
         ]
         boundary, published = self.materialize(
@@ -437,7 +452,7 @@ class AgentOperations(Recovery, Lanes):
             AgentStarted.model_validate(starts[0]["data"]) if starts else None,
             checkpoint,
         )
-        self.failpoint("after-materialize")
+        self.run.failpoint("after-materialize")
         started_at = float(starts[0]["at"]) if starts else time.time()
         usage: JSONObject = {
             **self.usage.get(op.op_id, {}),
@@ -451,18 +466,14 @@ class AgentOperations(Recovery, Lanes):
         }
         if published.files or published.refused_total:
             result["artifacts"] = published.model_dump(mode="json")
-        self.journal.update_op(
-            self.run_id,
-            op.op_id,
-            token=self.token,
-            state="settled",
+        self.run.update_op(op.op_id, state="settled",
             result=result,
             checkpoint=checkpoint.data,
         )
-        self.failpoint("after-settle")
-        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
-        self.event("boundary-committed", op_id=op.op_id, boundary=str(boundary))
-        self.failpoint("after-commit")
+        self.run.failpoint("after-settle")
+        self.run.update_op(op.op_id, state="committed")
+        self.run.event("boundary-committed", op_id=op.op_id, boundary=str(boundary))
+        self.run.failpoint("after-commit")
         return result
 
     def fail_unchanged(self, op: OpRow, checkpoint: Receipt) -> None:
@@ -470,14 +481,13 @@ class AgentOperations(Recovery, Lanes):
         and changed nothing (its checkpoint is recorded; nothing is retried: the same
         prompt on the same W would likely do the same)."""
         error = "it changed nothing in the project (the call requires changes)"
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="failed", error=error,
+        self.run.update_op(op.op_id, state="failed", error=error,
             result={"error": error, "kind": NoChanges.code}, checkpoint=checkpoint.data,
             event="op-no-changes", event_data={"attempt": op.attempt},
         )
         raise NoChanges(
             f"agent {op.op_id} finished, but {error}",
-            hint=f"see what it did with 'cairn logs {self.run_id}'; catch OperationFailed "
+            hint=f"see what it did with 'cairn logs {self.run.run_id}'; catch OperationFailed "
             "(kind 'no-changes') in the workflow to go on without its changes",
         )
 
@@ -486,7 +496,7 @@ class AgentOperations(Recovery, Lanes):
         A cancel requested meanwhile stops the unit (through the broker)."""
         pool = retention.watch()
         with Systemd() as sd:
-            deadline = time.monotonic() + self.desc.limits.runtime_max_sec + 120
+            deadline = time.monotonic() + self.run.desc.limits.runtime_max_sec + 120
             while time.monotonic() < deadline:
                 state = sd.unit_state(unit)
                 if sock.finished.is_set():
@@ -495,7 +505,7 @@ class AgentOperations(Recovery, Lanes):
                     # the worker may have written its result just before exiting
                     sock.finished.wait(AGENT_POLL_SEC)
                     return "gone" if state is None else f"{state.active_state}/{state.result}"
-                if "cancel" in self.journal.pending_controls(self.run_id):
+                if "cancel" in self.run.journal.pending_controls(self.run.run_id):
                     return self.stop_for_cancel(sock)
                 # the pool more often than the unit: an agent writing at disk speed is
                 # past the reserve by what it writes until it is stopped
@@ -525,15 +535,11 @@ class AgentOperations(Recovery, Lanes):
         (through the broker), fail its operation with code ``storage`` and raise ``full``,
         which fails the run. Its committed checkpoints stay; nothing reaches the project."""
         op_id, attempt = sock.instruction.op_id, sock.instruction.attempt
-        stop = self.intent(
+        stop = self.run.intent(
             "stop-agent", f"stop-agent.{op_id}.{attempt}", op_id=op_id, attempt=attempt
         )
-        self.broker("launch-v1", [stop])
-        self.journal.update_op(
-            self.run_id,
-            op_id,
-            token=self.token,
-            state="failed",
+        self.run.broker("launch-v1", [stop])
+        self.run.update_op(op_id, state="failed",
             error=full.message,
             result={"error": full.message, "kind": StorageError.code},
             event="op-pool-full",
@@ -549,11 +555,11 @@ class AgentOperations(Recovery, Lanes):
         with self._cancel_lock:
             running = [
                 o
-                for o in self.journal.list_ops(self.run_id)
+                for o in self.run.ops()
                 if o.kind == AGENT and o.state == "started" and o.finish is None
             ]
             stops = [
-                self.intent(
+                self.run.intent(
                     "stop-agent",
                     f"stop-agent.{o.op_id}.{o.attempt}",
                     op_id=o.op_id,
@@ -561,35 +567,31 @@ class AgentOperations(Recovery, Lanes):
                 )
                 for o in running
             ]
-            receipts = self.broker("launch-v1", stops) if stops else []
+            receipts = self.run.broker("launch-v1", stops) if stops else []
             for op, stopped in zip(running, receipts, strict=True):
                 if op.op_id == finished_op:
                     continue
                 if not stopped.body(AgentStopped).result_file:
-                    self.journal.update_op(
-                        self.run_id,
-                        op.op_id,
-                        token=self.token,
-                        state="uncertain",
+                    self.run.update_op(op.op_id, state="uncertain",
                         error=f"attempt {op.attempt} stopped by a cancel",
                         event="op-cancelled",
                     )
-                    self.keep_w_as_evidence(op, "cancelled")
+                    self.lanes.keep_w_as_evidence(op, "cancelled")
 
     def quiesce(self, op: OpRow) -> None:
         """QUIESCE after the finish: the worker ends right after delivering it; a unit still
         running after :data:`FINISH_GRACE_SEC` (the agent sent ``finish_work`` itself and
         runs on) is stopped through the broker, which kills its cgroup."""
-        unit = agent_unit_name(self.run_id, op.op_id, op.attempt)
+        unit = agent_unit_name(self.run.run_id, op.op_id, op.attempt)
         with Systemd() as sd:
             if self.wait_gone(sd, unit, FINISH_GRACE_SEC):
                 return
-        self.event("agent-stopped-after-finish", op_id=op.op_id, attempt=op.attempt)
-        stop = self.intent(
+        self.run.event("agent-stopped-after-finish", op_id=op.op_id, attempt=op.attempt)
+        stop = self.run.intent(
             "stop-agent", f"stop-agent.{op.op_id}.{op.attempt}", op_id=op.op_id,
             attempt=op.attempt,
         )
-        self.broker("launch-v1", [stop])
+        self.run.broker("launch-v1", [stop])
         with Systemd() as sd:
             if not self.wait_gone(sd, unit, 120):
                 raise CairnError(f"agent unit {unit} did not exit after finish_work")
@@ -605,14 +607,14 @@ class AgentOperations(Recovery, Lanes):
         the agent sees it through its read-only bind. Each incoming boundary gets an empty
         ``workspace/`` that the broker's bind of its checkpoint S covers.
         """
-        evidence = self.state_dir / "ops" / op.op_id / "evidence"
+        evidence = self.run.state_dir / "ops" / op.op_id / "evidence"
         current = evidence / "current"
         mkdirs_public(current / "notes")
         _write_public(current / "instruction.md", instruction.prompt + "\n")
         _write_public(current / "invocation.json", instruction.model_dump_json(indent=2))
-        incoming = self.causal_incoming(op.scope, op.seq)
+        incoming = self.lanes.causal_incoming(op.scope, op.seq)
         for earlier in incoming:
-            src = self.state_dir / "boundaries" / earlier
+            src = self.run.state_dir / "boundaries" / earlier
             dst = evidence / "incoming" / earlier
             mkdirs_public(dst / "workspace")
             for name in ("boundary.json", "handoff.md", "result.json", "transcript.jsonl"):
@@ -620,21 +622,21 @@ class AgentOperations(Recovery, Lanes):
                     _write_public(dst / name, (src / name).read_text())
             if (src / ARTIFACTS).is_dir():
                 _share_tree(src / ARTIFACTS, dst / ARTIFACTS)
-            ended = self.journal.get_op_by_id(self.run_id, earlier)
+            ended = self.run.op(earlier)
             if ended.state != "committed":  # a failed lane's unfinished work
                 _write_public(dst / "unfinished.md", (
                     f"Operation {earlier} did not finish ({ended.state}): "
                     f"{ended.error or 'no reason recorded'}\n"
                     "workspace/ is what it left in its W when it ended.\n"))
-        index = {"run": self.run_id, "op": op.op_id, "incoming": incoming}
+        index = {"run": self.run.run_id, "op": op.op_id, "incoming": incoming}
         _write_public(evidence / "index.json", json.dumps(index, indent=2))
         return incoming
 
     def collect_artifacts(self, op: OpRow, dest: Path) -> Artifacts:
         """What the attempt published in ``/outputs/artifacts``, copied into ``dest``
         (:func:`cairn.artifacts.collect`: the agent's files, read through the helper)."""
-        return artifacts.collect(self.outputs_dir(op.op_id, op.attempt),
-                                 owner=self.desc.owner_uid, dest=dest)
+        return artifacts.collect(self.run.outputs_dir(op.op_id, op.attempt),
+                                 owner=self.run.desc.owner_uid, dest=dest)
 
     def materialize(
         self,
@@ -647,13 +649,13 @@ class AgentOperations(Recovery, Lanes):
         """Write the boundary's files (``boundary.json``, handoff, result, transcript) and
         collect the agent's artifacts beside them; the path of ``boundary.json`` and what
         was collected."""
-        out = self.state_dir / "boundaries" / op.op_id
+        out = self.run.state_dir / "boundaries" / op.op_id
         out.mkdir(parents=True, exist_ok=True)
         published = self.collect_artifacts(op, out / ARTIFACTS)
         finish_json = canonical_json(finish.model_dump(mode="json"))
-        notes_file = self.state_dir / "ops" / op.op_id / "evidence" / "current" / "notes"
+        notes_file = self.run.state_dir / "ops" / op.op_id / "evidence" / "current" / "notes"
         boundary = Boundary(
-            run_id=self.run_id,
+            run_id=self.run.run_id,
             op_id=op.op_id,
             scope=op.scope,
             attempt=op.attempt,

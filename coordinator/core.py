@@ -7,33 +7,39 @@ operation commits only after FINISH → QUIESCE → SNAPSHOT → MATERIALIZE.
 Recovery (ARCHITECTURE §5) is not a separate mode: a restarted coordinator replays from
 the start and each operation continues from the state the journal recorded for it.
 
-:class:`Coordinator` runs one run from start to end; each concern is a mixin of its own
-module: the lease (:mod:`~cairn.coordinator.lease`), replay of the control worker's calls
-(:mod:`~cairn.coordinator.replay`), lanes (:mod:`~cairn.coordinator.lanes`), the agent
-operation (:mod:`~cairn.coordinator.agentop`), recovery of an attempt
-(:mod:`~cairn.coordinator.recovery`) and settlement (:mod:`~cairn.coordinator.settlement`),
-over the shared state of :mod:`~cairn.coordinator.base`. Which handler answers a call is
-one table by operation kind (:mod:`~cairn.coordinator.dispatch`).
+:class:`Coordinator` runs one run from start to end. It builds the run's collaborators in
+one place and hands each the others it needs, explicitly: the run context and the broker
+client (:mod:`~cairn.coordinator.context`), the lease (:mod:`~cairn.coordinator.lease`),
+lanes (:mod:`~cairn.coordinator.lanes`), agent operations
+(:mod:`~cairn.coordinator.agentop`) with the recovery of an attempt
+(:mod:`~cairn.coordinator.recovery`), experiments (:mod:`~cairn.coordinator.experiments`),
+restores (:mod:`~cairn.coordinator.restores`), people in the loop
+(:mod:`~cairn.coordinator.interactions`), settlement (:mod:`~cairn.coordinator.settlement`)
+and replay of the control worker's calls (:mod:`~cairn.coordinator.replay`). Which
+collaborator answers a call is one table by operation kind
+(:mod:`~cairn.coordinator.dispatch`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Mapping
 
 from cairn import paths, retention
 from cairn.coordinator import interactions, upgradecheck
-from cairn.coordinator.agentop import BudgetExhausted
+from cairn.coordinator.agentop import AgentOperations, BudgetExhausted
 from cairn.coordinator.base import (
     EXIT_RESTART,
     MAX_ATTEMPTS,
     RunBlocked,
 )
 from cairn.coordinator.budget import MoneyBudget, TokenBudget
+from cairn.coordinator.context import RunContext, WGenerations
+from cairn.coordinator.dispatch import Handlers
+from cairn.coordinator.experiments import Experiments
+from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.lease import (
     HEARTBEAT,
     UNKNOWN_BOOT,
@@ -42,19 +48,20 @@ from cairn.coordinator.lease import (
     holder_is_dead,
     lease_holder,
 )
+from cairn.coordinator.recovery import Recovery
 from cairn.coordinator.replay import Replay
+from cairn.coordinator.restores import Restores
 from cairn.coordinator.settlement import Settlement
 from cairn.errors import CairnError, SystemdError, Unavailable
+from cairn.journal.readwrite import Journal
 from cairn.journal.rows import TERMINAL_RUN_STATES, OpRow
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import LeaseLost
 from cairn.protocol.broker import StorageVerified
-from cairn.protocol.jsonvalue import JSONValue, json_int, json_object
-from cairn.protocol.launch import LaunchDescription
+from cairn.protocol.jsonvalue import JSONObject, JSONValue, json_int, json_object
 from cairn.protocol.settlement_record import SettlementRecord
 from cairn.workflow import RUNTIME_API_VERSION
-from cairn.workflow.review import Review, review_source
-from cairn.workflow.schema import build_models
+from cairn.workflow.review import review_source
 
 __all__ = [
     "EXIT_RESTART",
@@ -90,38 +97,61 @@ def tokens_used(ops: list[OpRow], spent: dict[tuple[str, int], int]) -> int:
     return used
 
 
-class Coordinator(Replay, Settlement, Lease):
-    """Run one workflow run to a terminal state (or until it must wait)."""
+class Coordinator:
+    """Run one workflow run to a terminal state (or until it must wait): the one place
+    where the run's collaborators are built and wired to each other."""
 
     def __init__(self, run_id: str) -> None:
+        self.context = run = RunContext.load(run_id)
         self.run_id = run_id
-        self._local = threading.local()
-        self.desc: LaunchDescription = self.journal.launch_description(run_id)
-        self.review = self.desc.review
-        self.models = build_models(Review.model_validate(self.review).models)
-        self.holder = lease_holder()
-        self.token = 0
-        self.state_dir = paths.run_state_dir(run_id)
-        self._stop_heartbeat = threading.Event()
-        self.w_gen: dict[str, int] = {"root": 1}
-        self._gen_lock = threading.Lock()
-        self._cancel_lock = threading.Lock()
-        self.agent_slots = threading.BoundedSemaphore(self.desc.limits.max_concurrent_agents)
-        self.always_replay = os.environ.get("CAIRN_ALWAYS_REPLAY") == "1"
-        ops = self.journal.list_ops(run_id)
-        spent = self.journal.model_tokens_spent(run_id)
-        self.budget = TokenBudget(self.desc.limits.model_tokens, used=tokens_used(ops, spent))
-        self.money = MoneyBudget(
-            self.desc.limits.model_cost_cents, self.journal.model_spend(run_id).cost_micros,
-            daily_cents=self.desc.limits.daily_cost_cents, spent_today=self.spent_today,
+        self.lease = Lease(run)
+        self.w = WGenerations()
+        ops = run.journal.list_ops(run_id)
+        spent = run.journal.model_tokens_spent(run_id)
+        limits = run.desc.limits
+        self.lanes = Lanes(run, self.w)
+        self.agents = AgentOperations(
+            run,
+            self.w,
+            self.lanes,
+            Recovery(run, self.w),
+            budget=TokenBudget(limits.model_tokens, used=tokens_used(ops, spent)),
+            money=MoneyBudget(
+                limits.model_cost_cents, run.journal.model_spend(run_id).cost_micros,
+                daily_cents=limits.daily_cost_cents, spent_today=run.spent_today,
+            ),
         )
-        self.usage: dict[str, dict[str, int]] = {}
+        self.experiments = Experiments(run, self.w)
+        self.restores = Restores(run, self.w)
+        self.settlement = Settlement(run, self.w)
+        self.handlers = Handlers(run, self.agents, self.lanes, self.experiments, self.restores)
         # Operations committed before this coordinator started: replay answers them from
         # memory, in the reader thread, without a journal round trip or a thread each.
-        self.committed = {(op.scope, op.seq): op for op in ops if op.state == "committed"}
-        self.sites = {}
-        for site in self.review["calls"]:
-            self.sites.setdefault((site["kind"], site["line"], site.get("descriptor")), site)
+        self.replayer = Replay(
+            run,
+            self.handlers.carry_out,
+            self.lanes,
+            committed={(op.scope, op.seq): op for op in ops if op.state == "committed"},
+            always_replay=os.environ.get("CAIRN_ALWAYS_REPLAY") == "1",
+        )
+
+    @property
+    def journal(self) -> Journal:
+        """The calling thread's journal connection."""
+        return self.context.journal
+
+    @property
+    def token(self) -> int:
+        """The lease's fencing token (0 before the lease is held)."""
+        return self.context.token
+
+    @token.setter
+    def token(self, value: int) -> None:
+        self.context.token = value
+
+    def replay(self) -> JSONObject:
+        """Run the workflow's control worker until it returns (:meth:`Replay.replay`)."""
+        return self.replayer.replay()
 
     # --- main -----------------------------------------------------------------------
 
@@ -132,22 +162,16 @@ class Coordinator(Replay, Settlement, Lease):
         if run.state in (*TERMINAL_RUN_STATES, "blocked"):
             log.info("run %s is %s; nothing to do", self.run_id, run.state)
             return 0
-        self.token = self.journal.acquire_lease(
-            self.run_id,
-            self.holder,
-            ttl=LEASE_TTL,
-            holder_is_dead=lambda holder: holder_is_dead(self.run_id, holder),
-        )
-        threading.Thread(target=self._heartbeat, daemon=True).start()
-        self.event("coordinator-started", token=self.token)
+        self.lease.take()
+        self.context.event("coordinator-started", token=self.token)
         try:
-            self.prestart_control_worker()
+            self.replayer.prestart_control_worker()
             self.check_pinned_source()
             self.journal.set_run_state(self.run_id, "running", token=self.token)
             self.prepare_storage()
             self.verify_storage()
             output = self.replay()
-            settlement = self.settle() if self.needs_settlement() else None
+            settlement = self.settlement.settle() if self.settlement.needs_settlement() else None
             self.finish_run(output, settlement)
             return 0
         except (Unavailable, SystemdError) as exc:
@@ -160,8 +184,8 @@ class Coordinator(Replay, Settlement, Lease):
         except interactions.RunSuspended as exc:  # waits for a person, or paused/stopped
             log.info("run %s: %s", self.run_id, exc)
             if exc.state == "cancelled":  # no lane's agent outlives a cancelled run
-                self.stop_running_agents()
-            return int(interactions.suspend(self, exc))
+                self.agents.stop_running_agents()
+            return int(interactions.suspend(self.context, exc))
         except LeaseLost:
             raise
         except CairnError as exc:
@@ -169,11 +193,9 @@ class Coordinator(Replay, Settlement, Lease):
             self.journal.set_run_state(self.run_id, "failed", token=self.token, error=str(exc))
             return 0
         finally:
-            self.discard_prestarted_worker()
-            self._stop_heartbeat.set()
+            self.replayer.discard_prestarted_worker()
             self.remove_channels_if_ended()
-            with contextlib.suppress(LeaseLost):
-                self.journal.release_lease(self.run_id, self.token)
+            self.lease.release()
 
     def remove_channels_if_ended(self) -> None:
         """A run that ended has no agent left: its socket directory goes. (Not before:
@@ -211,15 +233,16 @@ class Coordinator(Replay, Settlement, Lease):
 
     def check_pinned_source(self) -> None:
         """A run resumes only on the exact reviewed source and runtime it was launched with."""
-        current = review_source(self.desc.source, filename=self.desc.source_filename)
-        if current.review_hash != self.desc.review_hash:
+        desc = self.context.desc
+        current = review_source(desc.source, filename=desc.source_filename)
+        if current.review_hash != desc.review_hash:
             raise CairnError(
                 f"the pinned source of {self.run_id} no longer reviews to its launch hash "
-                f"({current.review_hash} != {self.desc.review_hash})"
+                f"({current.review_hash} != {desc.review_hash})"
             )
-        if self.review.get("api_version") != RUNTIME_API_VERSION:
+        if desc.review.get("api_version") != RUNTIME_API_VERSION:
             raise RunBlocked(
-                f"run was launched for {self.review.get('api_version')}; this host runs "
+                f"run was launched for {desc.review.get('api_version')}; this host runs "
                 f"{RUNTIME_API_VERSION}",
                 hint="replay it into a new run, or upgrade it once that is supported",
             )
@@ -233,13 +256,14 @@ class Coordinator(Replay, Settlement, Lease):
             retention.admit("the project's import or snapshot")
         # A replayed run's Q and checkpoints are the source's, reminted by prepare-q; its
         # root W starts from the checkpoint it was replayed through.
-        replayed_through = self.desc.replay.through_op if self.desc.replay else None
-        with self.progress_relay("import"):
-            self.broker(
+        run = self.context
+        replayed_through = run.desc.replay.through_op if run.desc.replay else None
+        with run.progress_relay("import"):
+            run.broker(
                 "storage-v1",
                 [
-                    self.intent("prepare-q", "prepare-q"),
-                    self.intent(
+                    run.intent("prepare-q", "prepare-q"),
+                    run.intent(
                         "create-w",
                         "create-w.root.1",
                         scope="root",
@@ -250,16 +274,16 @@ class Coordinator(Replay, Settlement, Lease):
             )
         for intent in self.journal.intents(self.run_id, "storage-v1"):
             if intent.kind == "create-w":
-                self.w_gen[intent.scope] = max(self.w_gen.get(intent.scope, 0), intent.generation)
-            if intent.kind == "fork":
-                for key in intent.lanes:
-                    self.w_gen.setdefault(f"{intent.op_id}-{key}", 1)
+                self.w.at_least(intent.scope, intent.generation)
+            if intent.kind == "fork" and intent.op_id is not None:
+                self.w.add_lanes(intent.op_id, intent.lanes)
 
     def verify_storage(self) -> None:
         """Before continuing, the broker checks the run's subvolumes against its receipts;
         a missing or foreign snapshot blocks the run instead of being papered over."""
-        (report,) = self.broker(
-            "storage-v1", [self.intent("verify-storage", f"verify-storage.{self.token}")]
+        run = self.context
+        (report,) = run.broker(
+            "storage-v1", [run.intent("verify-storage", f"verify-storage.{self.token}")]
         )
         problems = report.body(StorageVerified).problems
         if problems:

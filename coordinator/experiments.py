@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 from cairn import retention
-from cairn.coordinator.base import CoordinatorBase, OperationError
+from cairn.coordinator.base import OperationError
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.experiments import (
     Measurement,
     MetricDefinition,
@@ -66,38 +67,41 @@ class ExperimentRefused(OperationError):
     code = "experiment-refused"
 
 
-class Experiments(CoordinatorBase):
+class Experiments:
     """Measure W, and accept or reject what was measured."""
 
+    def __init__(self, run: RunContext, w: WGenerations) -> None:
+        self.run = run
+        self.w = w
+
     def measure(self, op: OpRow, call: CallRequest) -> JSONObject:
-        site = self.check_manifest(call)
+        site = self.run.check_manifest(call)
         evaluator = call.request["evaluator"]
-        reviewed = site_evaluator(site.get("capabilities", []), self.desc.args)
+        reviewed = site_evaluator(site.get("capabilities", []), self.run.desc.args)
         if evaluator != reviewed:
             raise ExperimentRefused(
                 f"{op.op_id}: evaluator {evaluator} is not the reviewed one "
                 f"(this call's is {reviewed or 'none'})"
             )
-        if evaluator not in {e.name for e in self.desc.evaluators}:
+        if evaluator not in {e.name for e in self.run.desc.evaluators}:
             raise ExperimentRefused(f"{op.op_id}: evaluator {evaluator} was not frozen at launch")
-        measure = self.intent(
+        measure = self.run.intent(
             "measure-checkpoint",
             f"measure.{op.op_id}.{op.attempt}",
             scope=op.scope,
             op_id=op.op_id,
             attempt=op.attempt,
-            generation=self.w_gen[op.scope],
+            generation=self.w[op.scope],
         )
         if op.state == "requested":
             retention.admit("measurement")  # its writable snapshot and the evaluator's output
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="started", intents=[measure]
+            self.run.update_op(op.op_id, state="started", intents=[measure]
             )
-            self.failpoint("measure-after-intent")
+            self.run.failpoint("measure-after-intent")
         elif op.state != "started":
             return self.settled_or_raise(op, MeasurementFailed)
-        (receipt,) = self.broker("launch-v1", [measure], queued=True)
-        self.failpoint("measure-after-receipt")
+        (receipt,) = self.run.broker("launch-v1", [measure], queued=True)
+        self.run.failpoint("measure-after-receipt")
         taken = receipt.body(MeasurementTaken)
         if taken.error:
             self.measurement_failed(op, measurement_error(taken))
@@ -120,21 +124,21 @@ class Experiments(CoordinatorBase):
             samples=taken.samples,
             values=values,
             checkpoint=restore_point(
-                self.journal.list_ops(self.run_id), op.scope, op.seq,
-                replayed_through=self.desc.replay.through_op if self.desc.replay else None,
+                self.run.ops(), op.scope, op.seq,
+                replayed_through=self.run.desc.replay.through_op if self.run.desc.replay else None,
             ),
             refused=checked.refused if checked else [],
             refused_count=checked.refused_count if checked else 0,
-            allowlist=next(e.allowlist for e in self.desc.evaluators if e.name == evaluator),
+            allowlist=next(e.allowlist for e in self.run.desc.evaluators if e.name == evaluator),
         )
         result = measurement.model_dump(mode="json")
         self.commit(op, result)
-        self.event("measured", op_id=op.op_id, **{measurement.primary: values[measurement.primary]})
+        primary = measurement.primary
+        self.run.event("measured", op_id=op.op_id, **{primary: values[primary]})
         return result
 
     def measurement_failed(self, op: OpRow, error: str) -> NoReturn:
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="failed",
+        self.run.update_op(op.op_id, state="failed",
             error=error, result={"error": error, "kind": MeasurementFailed.code},
         )
         raise MeasurementFailed(f"{op.op_id}: {error}")
@@ -142,23 +146,22 @@ class Experiments(CoordinatorBase):
     def settle_experiment(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
             result, intents = self.decide(op, call)
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="started",
+            self.run.update_op(op.op_id, state="started",
                 result=result, intents=intents,
             )
-            self.failpoint("experiment-after-decision")
-            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+            self.run.failpoint("experiment-after-decision")
+            op = self.run.op(op.op_id)
         if op.state != "started":
             return self.settled_or_raise(op, ExperimentRefused)
         result = dict(op.result or {})
         intents = self.settlement_intents(op, result)
         if intents:  # saved with the decision; added again (a no-op) for a decision saved
-            self.broker("storage-v1", intents)  # before settlements made spares
+            self.run.broker("storage-v1", intents)  # before settlements made spares
         if result["disposition"] == "rejected":
-            self.w_gen[op.scope] = json_int(result["w_generation"])
-            self.failpoint("experiment-after-restore")
+            self.w.move(op.scope, json_int(result["w_generation"]))
+            self.run.failpoint("experiment-after-restore")
         self.commit(op, result)
-        self.event("experiment-" + json_str(result["disposition"]), op_id=op.op_id,
+        self.run.event("experiment-" + json_str(result["disposition"]), op_id=op.op_id,
                    measurement=result["measurement"])
         return result
 
@@ -168,7 +171,7 @@ class Experiments(CoordinatorBase):
             settle_experiment.checked(call.request)
         except ValueError as exc:
             self.refuse(op, f"not a settlement of flow.settle_experiment: {exc}")
-        ops = self.journal.list_ops(self.run_id)
+        ops = self.run.ops()
         candidate = self.measurement(ops, op.scope, call.request["measurement"])
         accepted = [self.measurement(ops, op.scope, m) for m in accepted_before(ops, op.scope,
                                                                                 op.seq)]
@@ -203,7 +206,7 @@ class Experiments(CoordinatorBase):
             result["target_reached"] = reached(best, target)
         if best.checkpoint is None and op.scope != "root":
             self.refuse(op, "a lane's W cannot be restored to its start; accept a checkpoint first")
-        generation = self.w_gen[op.scope] + 1
+        generation = self.w[op.scope] + 1
         result |= {"disposition": "rejected", "checkpoint": best.checkpoint,
                    "w_generation": generation}
         return result, self.settlement_intents(op, result)
@@ -217,13 +220,13 @@ class Experiments(CoordinatorBase):
         if result["disposition"] == "rejected":
             generation = json_int(result["w_generation"])
             intents += [
-                self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
+                self.run.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
                             generation=generation, from_checkpoint=checkpoint),
-                self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
+                self.run.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
                             generation=generation - 1),
             ]
         if checkpoint is not None:
-            intents.append(self.intent("make-spare", f"spare.{op.op_id}", scope=scope,
+            intents.append(self.run.intent("make-spare", f"spare.{op.op_id}", scope=scope,
                                        op_id=op.op_id, from_checkpoint=checkpoint))
         return intents
 
@@ -237,21 +240,20 @@ class Experiments(CoordinatorBase):
         return Measurement.model_validate(found.result)
 
     def refuse(self, op: OpRow, reason: str) -> None:
-        self.journal.update_op(
-            self.run_id, op.op_id, token=self.token, state="not-started",
+        self.run.update_op(op.op_id, state="not-started",
             error=reason, result={"error": reason, "kind": ExperimentRefused.code},
             event="experiment-refused", event_data={"reason": reason},
         )
         raise ExperimentRefused(f"{op.op_id}: {reason}")
 
     def commit(self, op: OpRow, result: Mapping[str, object]) -> None:
-        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
+        self.run.update_op(op.op_id, state="settled",
                                result=result)
-        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+        self.run.update_op(op.op_id, state="committed")
 
     def settled_or_raise(self, op: OpRow, error: type[OperationError]) -> JSONObject:
         """An operation found past ``started`` after a crash: its result, or its failure."""
         if op.state == "settled" and op.result is not None:
-            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+            self.run.update_op(op.op_id, state="committed")
             return op.result
         raise error(f"{op.op_id} did not complete: {op.error}")

@@ -39,7 +39,7 @@ from cairn.protocol.control import CallRequest
 from cairn.protocol.jsonvalue import JSONObject, JSONValue
 
 if TYPE_CHECKING:
-    from cairn.coordinator.base import CoordinatorBase
+    from cairn.coordinator.context import RunContext
 
 EXIT_RESTART = 75  # same meaning as in core: systemd starts the coordinator again
 
@@ -69,26 +69,26 @@ class OperationRefused(OperationError):
     code = "refused"
 
 
-def at_safe_point(coord: CoordinatorBase) -> None:
+def at_safe_point(run: RunContext) -> None:
     """Honour the oldest pending pause/stop/cancel request (called before each call is
     answered: nothing this coordinator started is in flight then)."""
-    for action in coord.journal.pending_controls(coord.run_id):
+    for action in run.journal.pending_controls(run.run_id):
         if action in CONTROL_STATE:
             raise RunSuspended(f"{action} requested", state=CONTROL_STATE[action])
 
 
-def suspend(coord: CoordinatorBase, exc: RunSuspended) -> int:
+def suspend(run: RunContext, exc: RunSuspended) -> int:
     """Record why the coordinator exits; return its exit status."""
     if exc.state == "waiting":
-        state = coord.journal.suspend_run(coord.run_id, token=coord.token)
+        state = run.journal.suspend_run(run.run_id, token=run.token)
         if state is None:  # decided while we were on our way out: go on at once
-            coord.event("decided-meanwhile")
+            run.event("decided-meanwhile")
             return EXIT_RESTART
-        coord.event(f"run-{state}", reason=exc.message)
+        run.event(f"run-{state}", reason=exc.message)
         return 0
     action = {v: k for k, v in CONTROL_STATE.items()}[exc.state]
-    coord.journal.honour_control(coord.run_id, action, token=coord.token)  # type: ignore[arg-type]
-    coord.event(f"run-{exc.state}")
+    run.journal.honour_control(run.run_id, action, token=run.token)  # type: ignore[arg-type]
+    run.event(f"run-{exc.state}")
     return 0
 
 
@@ -109,9 +109,9 @@ def challenge_of(run_id: str, op: OpRow, question: str, schema: Mapping[str, JSO
     return "sha256:" + sha256_hex(canonical_json(document))
 
 
-def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None, JSONObject]:
+def answer_schema(run: RunContext, call: CallRequest) -> tuple[str | None, JSONObject]:
     """The answer model named by the call, which must be the one the review listed."""
-    site = coord.check_manifest(call)
+    site = run.check_manifest(call)
     name = call.request.get("schema")
     if name != site.get("answer_schema"):
         raise Nondeterminism(
@@ -120,79 +120,78 @@ def answer_schema(coord: CoordinatorBase, call: CallRequest) -> tuple[str | None
         )
     if name is None:
         return None, {"type": "string", "minLength": 1}
-    return name, coord.models[name].model_json_schema()
+    return name, run.models[name].model_json_schema()
 
 
-def ask(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> JSONObject:
+def ask(run: RunContext, op: OpRow, call: CallRequest) -> JSONObject:
     """Drive an ``ask`` operation: open its question once, and settle it when answered."""
     if op.state == "settled":
         assert op.result is not None
-        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+        run.update_op(op.op_id, state="committed")
         return op.result
-    question = coord.journal.question(coord.run_id, op.op_id)
+    question = run.journal.question(run.run_id, op.op_id)
     if question is None:
         text = str(call.request.get("question", ""))
-        name, schema = answer_schema(coord, call)
-        decision = evaluate(load_policy(), ["human"], coord.desc)
+        name, schema = answer_schema(run, call)
+        decision = evaluate(load_policy(), ["human"], run.desc)
         if decision.decision == "deny":
             raise OperationRefused(f"host policy denies questions to people ({op.op_id})")
-        question = coord.journal.open_question(
-            coord.run_id,
+        question = run.journal.open_question(
+            run.run_id,
             op.op_id,
-            token=coord.token,
-            challenge=challenge_of(coord.run_id, op, text, schema),
+            token=run.token,
+            challenge=challenge_of(run.run_id, op, text, schema),
             question=text,
             schema_name=name,
             schema=schema,
         )
-        coord.event("question-asked", op_id=op.op_id, challenge=question.challenge)
+        run.event("question-asked", op_id=op.op_id, challenge=question.challenge)
     if question.state != "answered":
         raise RunSuspended(f"{op.op_id} waits for an answer", state="waiting")
     result: JSONObject = {
         "answer": question.answer, "actor_uid": question.actor_uid, "op_id": op.op_id
     }
-    coord.journal.update_op(
-        coord.run_id, op.op_id, token=coord.token, state="settled", result=result
+    run.update_op(op.op_id, state="settled", result=result
     )
-    coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
-    coord.event("answer-committed", op_id=op.op_id, actor_uid=question.actor_uid)
+    run.update_op(op.op_id, state="committed")
+    run.event("answer-committed", op_id=op.op_id, actor_uid=question.actor_uid)
     return result
 
 
 # --- flow.approve -------------------------------------------------------------------
 
 
-def approve(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> JSONObject:
+def approve(run: RunContext, op: OpRow, call: CallRequest) -> JSONObject:
     """Drive an ``approve`` operation: open its approval request once, and settle it with
     the decision — a person's, the host policy's denial, or the expiry at the deadline
     (cairnd's timer expires it even when the coordinator is not running). The decision is
     journalled once (the approval row) and the settled result is what replay returns."""
     if op.state == "settled":
         assert op.result is not None
-        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
+        run.update_op(op.op_id, state="committed")
         return op.result
     if op.state == "not-started":  # decided before with on_reject="fail"
         raise OperationRefused(f"{op.op_id} was not approved: {op.error}")
     wanted = ApproveCall.model_validate(call.request)
     request_id = approval_request_id(op.op_id)
-    existing = coord.journal.approval(coord.run_id, request_id)
+    existing = run.journal.approval(run.run_id, request_id)
     if existing is None:
-        evaluation = evaluate(load_policy(), ["human"], coord.desc)
+        evaluation = evaluate(load_policy(), ["human"], run.desc)
         if evaluation.decision == "deny":
             reason = "host policy denies approvals from people (capability human)"
-            return decided(coord, op, wanted, Decision(
+            return decided(run, op, wanted, Decision(
                 approved=False, outcome="denied", reason=reason,
                 request_id=request_id, op_id=op.op_id))
         prepared = {
             "kind": "approve",
-            "run_id": coord.run_id,
+            "run_id": run.run_id,
             "op_id": op.op_id,
             **wanted.model_dump(mode="json"),
         }
         seconds = wanted.expires_in or load_policy().approval_deadline_sec
-        existing = coord.journal.open_approval(
-            coord.run_id,
-            token=coord.token,
+        existing = run.journal.open_approval(
+            run.run_id,
+            token=run.token,
             request_id=request_id,
             op_id=op.op_id,
             attempt=op.attempt,
@@ -202,15 +201,15 @@ def approve(coord: CoordinatorBase, op: OpRow, call: CallRequest) -> JSONObject:
             deadline=time.time() + seconds,
             waiting=True,
         )
-        coord.event("approval-requested", op_id=op.op_id, request_id=request_id,
+        run.event("approval-requested", op_id=op.op_id, request_id=request_id,
                     fingerprint=existing.fingerprint)
-    if existing.state == "waiting" and coord.journal.expire_overdue_approvals(
-        time.time(), run_id=coord.run_id
+    if existing.state == "waiting" and run.journal.expire_overdue_approvals(
+        time.time(), run_id=run.run_id
     ):  # cairnd's timer had not come round yet
-        existing = coord.journal.approval(coord.run_id, request_id) or existing
+        existing = run.journal.approval(run.run_id, request_id) or existing
     if existing.state == "waiting":
         raise RunSuspended(f"{op.op_id} waits for approval {request_id}", state="waiting")
-    return decided(coord, op, wanted, decision_of(existing, wanted))
+    return decided(run, op, wanted, decision_of(existing, wanted))
 
 
 def decision_of(row: ApprovalRow, wanted: ApproveCall) -> Decision:
@@ -235,23 +234,21 @@ def decision_of(row: ApprovalRow, wanted: ApproveCall) -> Decision:
 
 
 def decided(
-    coord: CoordinatorBase, op: OpRow, wanted: ApproveCall, decision: Decision
+    run: RunContext, op: OpRow, wanted: ApproveCall, decision: Decision
 ) -> JSONObject:
     """Settle and commit the operation with ``decision`` — or, when it is not an approval
     and the workflow asked for ``on_reject="fail"``, record it not started and fail it."""
     if not decision.approved and wanted.on_reject == "fail":
-        refuse(coord, op, f"{decision.outcome}: {decision.reason or 'no reason given'}")
+        refuse(run, op, f"{decision.outcome}: {decision.reason or 'no reason given'}")
     result = decision.model_dump(mode="json")
-    if coord.journal.get_op_by_id(coord.run_id, op.op_id).state == "requested":  # nothing waited
-        coord.journal.update_op(
-            coord.run_id, op.op_id, token=coord.token, state="committed", result=result
+    if run.op(op.op_id).state == "requested":  # nothing waited
+        run.update_op(op.op_id, state="committed", result=result
         )
     else:
-        coord.journal.update_op(
-            coord.run_id, op.op_id, token=coord.token, state="settled", result=result
+        run.update_op(op.op_id, state="settled", result=result
         )
-        coord.journal.update_op(coord.run_id, op.op_id, token=coord.token, state="committed")
-    coord.event(f"approve-{decision.outcome}", op_id=op.op_id, request_id=decision.request_id)
+        run.update_op(op.op_id, state="committed")
+    run.event(f"approve-{decision.outcome}", op_id=op.op_id, request_id=decision.request_id)
     return result
 
 
@@ -263,24 +260,24 @@ def approval_request_id(op_id: str) -> str:
 
 
 def authorize(
-    coord: CoordinatorBase, op: OpRow, call: CallRequest, agent: Mapping[str, object]
+    run: RunContext, op: OpRow, call: CallRequest, agent: Mapping[str, object]
 ) -> None:
     """Evaluate the current host policy for an agent about to be dispatched. Returns when
     it may start; otherwise the run waits for an approval or fails with the refusal."""
     capabilities = agent_capabilities(agent)
-    evaluation = evaluate(load_policy(), capabilities, coord.desc)
+    evaluation = evaluate(load_policy(), capabilities, run.desc)
     request_id = approval_request_id(op.op_id)
-    existing = coord.journal.approval(coord.run_id, request_id)
+    existing = run.journal.approval(run.run_id, request_id)
     if evaluation.decision == "deny":
-        refuse(coord, op, f"host policy denies {', '.join(evaluation.because('deny'))}")
+        refuse(run, op, f"host policy denies {', '.join(evaluation.because('deny'))}")
     if existing is None and evaluation.decision == "allow":
         return
-    prepared = prepare_agent_operation(coord.desc, op.op_id, call.request)
+    prepared = prepare_agent_operation(run.desc, op.op_id, call.request)
     if existing is None:
         policy_deadline = load_policy().approval_deadline_sec
-        existing = coord.journal.open_approval(
-            coord.run_id,
-            token=coord.token,
+        existing = run.journal.open_approval(
+            run.run_id,
+            token=run.token,
             request_id=request_id,
             op_id=op.op_id,
             attempt=op.attempt,
@@ -289,7 +286,7 @@ def authorize(
             evaluation=evaluation.model_dump(mode="json"),
             deadline=time.time() + policy_deadline,
         )
-        coord.event(
+        run.event(
             "approval-requested",
             op_id=op.op_id,
             request_id=request_id,
@@ -299,22 +296,18 @@ def authorize(
         raise RunSuspended(f"{op.op_id} waits for approval {request_id}", state="waiting")
     if existing.state == "approved":
         if fingerprint(prepared) != existing.fingerprint:
-            refuse(coord, op, f"the operation changed since {request_id} was approved")
+            refuse(run, op, f"the operation changed since {request_id} was approved")
         return
     if existing.state == "expired":
-        refuse(coord, op, f"approval {request_id} expired (its deadline passed)")
+        refuse(run, op, f"approval {request_id} expired (its deadline passed)")
     who = f" by uid {existing.actor_uid}" if existing.actor_uid is not None else ""
     why = f": {existing.reason}" if existing.reason else ""
-    refuse(coord, op, f"approval {request_id} was {existing.state}{who}{why}")
+    refuse(run, op, f"approval {request_id} was {existing.state}{who}{why}")
 
 
-def refuse(coord: CoordinatorBase, op: OpRow, reason: str) -> None:
+def refuse(run: RunContext, op: OpRow, reason: str) -> None:
     """Record that the operation did not run and fail the run with the reason."""
-    coord.journal.update_op(
-        coord.run_id,
-        op.op_id,
-        token=coord.token,
-        state="not-started",
+    run.update_op(op.op_id, state="not-started",
         error=reason,
         event="op-refused",
         event_data={"reason": reason},

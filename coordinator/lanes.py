@@ -9,7 +9,8 @@ import logging
 from collections.abc import Mapping
 
 from cairn import retention
-from cairn.coordinator.base import CoordinatorBase, Nondeterminism
+from cairn.coordinator.base import Nondeterminism
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.errors import CairnError
 from cairn.journal.rows import OpRow, fork_lanes
 from cairn.operations import BOUNDARY_KINDS, FORK_KINDS
@@ -19,44 +20,42 @@ from cairn.protocol.jsonvalue import JSONObject, json_object, json_str
 log = logging.getLogger(__name__)
 
 
-class Lanes(CoordinatorBase):
+class Lanes:
     """FORK and JOIN, and the causal view of earlier boundaries."""
+
+    def __init__(self, run: RunContext, w: WGenerations) -> None:
+        self.run = run
+        self.w = w
 
     def fork(self, op: OpRow, call: CallRequest) -> JSONObject:
         """FORK: checkpoint the parent's W; every lane gets a writable W of that checkpoint.
         The operation stays ``started`` until the join commits it."""
         lanes = list(call.request["lanes"])
-        intent = self.intent(
+        intent = self.run.intent(
             "fork",
             f"fork.{op.op_id}",
             scope=op.scope,
             op_id=op.op_id,
-            generation=self.w_gen[op.scope],
+            generation=self.w[op.scope],
             lanes=lanes,
         )
         if op.state == "requested":
             retention.admit("fork")
-            self.journal.update_op(
-                self.run_id,
-                op.op_id,
-                token=self.token,
-                state="started",
+            self.run.update_op(op.op_id, state="started",
                 intents=[intent],
                 event="fork",
                 event_data={"lanes": lanes},
             )
         if op.state in ("requested", "started"):
-            self.broker("storage-v1", [intent], queued=True)
-        with self._gen_lock:
-            for key in lanes:
-                self.w_gen.setdefault(f"{op.op_id}-{key}", 1)
+            self.run.broker("storage-v1", [intent], queued=True)
+        self.w.add_lanes(op.op_id, lanes)
         return {"forked": True, "lanes": lanes}
 
     def join(self, join: JoinRequest) -> tuple[JSONObject, str, bool]:
         """JOIN: record every lane's outcome and final checkpoint; the parent's W is left
         as it was (lanes are evidence, never merged)."""
         op_id = f"{join.scope}-{join.seq}"
-        op = self.journal.get_op_by_id(self.run_id, op_id)
+        op = self.run.op(op_id)
         live = _lane_ends(join.outcomes)
         if op.state == "committed":
             assert op.result is not None
@@ -67,7 +66,7 @@ class Lanes(CoordinatorBase):
                     f"journal {stored} vs replay {live}"
                 )
             return op.result, op_id, False
-        ops = self.journal.list_ops(self.run_id)
+        ops = self.run.ops()
         outcomes: JSONObject = {}
         for key, outcome in join.outcomes.items():
             lane = f"{op_id}-{key}"
@@ -87,16 +86,12 @@ class Lanes(CoordinatorBase):
                              else self.keep_unfinished_work(lane, ops)),
             }
         result: JSONObject = {"joined": True, "outcomes": outcomes, "order": list(join.outcomes)}
-        self.journal.update_op(
-            self.run_id,
-            op_id,
-            token=self.token,
-            state="settled",
+        self.run.update_op(op_id, state="settled",
             result=result,
             event="join",
             event_data={k: v["outcome"] for k, v in join.outcomes.items()},
         )
-        self.journal.update_op(self.run_id, op_id, token=self.token, state="committed")
+        self.run.update_op(op_id, state="committed")
         return result, op_id, True
 
     def keep_unfinished_work(self, lane: str, ops: list[OpRow]) -> str | None:
@@ -122,20 +117,19 @@ class Lanes(CoordinatorBase):
         if op.checkpoint:  # taken at its failure (no changes) or by an earlier call
             return True
         started = f"start-agent.{op.op_id}."
-        if not any(r["intent_id"].startswith(started) for r in self.journal.receipts(self.run_id)):
+        if not any(r["intent_id"].startswith(started) for r in self.run.receipts()):
             return False
-        intent = self.intent("checkpoint", f"checkpoint.{op.op_id}", scope=op.scope,
-                             op_id=op.op_id, generation=self.w_gen[op.scope])
+        intent = self.run.intent("checkpoint", f"checkpoint.{op.op_id}", scope=op.scope,
+                             op_id=op.op_id, generation=self.w[op.scope])
         try:
-            (taken,) = self.broker("storage-v1", [intent])
+            (taken,) = self.run.broker("storage-v1", [intent])
         except CairnError as exc:
             # a pending intent the broker refuses would stop the run's every later call
-            self.journal.withdraw_intent(self.run_id, intent.intent_id)
+            self.run.journal.withdraw_intent(self.run.run_id, intent.intent_id)
             log.warning("%s: its unfinished work is not kept: %s", op.op_id, exc.message)
             return False
-        self.failpoint("lane-evidence-after-storage")
-        self.journal.update_op(self.run_id, op.op_id, token=self.token,
-                               checkpoint=taken.data, event="lane-evidence-kept",
+        self.run.failpoint("lane-evidence-after-storage")
+        self.run.update_op(op.op_id, checkpoint=taken.data, event="lane-evidence-kept",
                                event_data={"scope": op.scope, "state": ended})
         return True
 
@@ -143,7 +137,7 @@ class Lanes(CoordinatorBase):
         """The boundaries an operation may see: earlier ones of its own scope and of the
         scopes it was forked from (up to the fork), and the final boundaries of lanes
         joined before it. Never a sibling lane's."""
-        ops = self.journal.list_ops(self.run_id)
+        ops = self.run.ops()
         parents = {
             f"{o.op_id}-{key}": (o.scope, o.seq)
             for o in ops

@@ -4,13 +4,16 @@ exits without writing)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 
 from cairn import paths
-from cairn.coordinator.base import EXIT_RESTART, CoordinatorBase
+from cairn.coordinator.base import EXIT_RESTART
+from cairn.coordinator.context import RunContext
 from cairn.journal.readwrite import Journal
 from cairn.journal.store import LEASE_TTL
 from cairn.journal.writes import LeaseLost
@@ -73,17 +76,42 @@ def is_coordinator_cmdline(cmdline: bytes, run_id: str) -> bool:
     )
 
 
-class Lease(CoordinatorBase):
-    """Keeps the run lease while the coordinator runs."""
+class Lease:
+    """The run lease of one coordinator: taken once (its fencing token becomes the run
+    context's), renewed by a heartbeat thread, given back when the coordinator ends."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.holder = lease_holder()
+        self._stop_heartbeat = threading.Event()
+
+    def take(self) -> int:
+        """Take the lease (from a holder that is dead, or once it expired) and keep it
+        renewed; the fencing token."""
+        run_id = self.run.run_id
+        self.run.token = self.run.journal.acquire_lease(
+            run_id,
+            self.holder,
+            ttl=LEASE_TTL,
+            holder_is_dead=lambda holder: holder_is_dead(run_id, holder),
+        )
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+        return self.run.token
+
+    def release(self) -> None:
+        """Stop renewing and give the lease back (a lease already lost stays lost)."""
+        self._stop_heartbeat.set()
+        with contextlib.suppress(LeaseLost):
+            self.run.journal.release_lease(self.run.run_id, self.run.token)
 
     def _heartbeat(self) -> None:
         journal = Journal(paths.journal_path())
         try:
             while not self._stop_heartbeat.wait(HEARTBEAT):
                 try:
-                    journal.renew_lease(self.run_id, self.token, ttl=LEASE_TTL)
+                    journal.renew_lease(self.run.run_id, self.run.token, ttl=LEASE_TTL)
                 except LeaseLost:
-                    log.error("lease for %s lost; exiting without writing", self.run_id)
+                    log.error("lease for %s lost; exiting without writing", self.run.run_id)
                     os._exit(EXIT_RESTART)
         finally:
             journal.close()

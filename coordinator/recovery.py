@@ -7,24 +7,29 @@ reconcile`` decides."""
 from __future__ import annotations
 
 from cairn import untrusted
-from cairn.coordinator.base import CoordinatorBase, OperationError, ReviewedAgent, RunBlocked
+from cairn.coordinator.base import OperationError, ReviewedAgent, RunBlocked
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.journal.rows import OpRow
 from cairn.protocol.broker import WCreated
 from cairn.restore_point import restore_point
 
 
-class Recovery(CoordinatorBase):
+class Recovery:
     """Fail, retry or block an attempt that left no result."""
+
+    def __init__(self, run: RunContext, w: WGenerations) -> None:
+        self.run = run
+        self.w = w
 
     def fail_if_limit_hit(self, op: OpRow) -> None:
         """An agent killed by one of its limits fails for good, naming the limit: running
         it again would hit the same wall."""
-        out, owner = self.outputs_dir(op.op_id, op.attempt), self.desc.owner_uid
+        out, owner = self.run.outputs_dir(op.op_id, op.attempt), self.run.desc.owner_uid
         try:  # written by the unit's ExecStopPost, as the run owner
             result = untrusted.read_text(out, "service-result", owner=owner, limit=99).split()[0]
         except (untrusted.UntrustedFileError, IndexError):
             return
-        limits = self.desc.limits
+        limits = self.run.desc.limits
         reason = {
             "oom-kill": f"it was killed by the OOM killer: it exceeded MemoryMax="
             f"{limits.memory_max} bytes",
@@ -32,18 +37,15 @@ class Recovery(CoordinatorBase):
         }.get(result)
         if reason is None:
             return
-        self.journal.update_op(
-            self.run_id,
-            op.op_id,
-            token=self.token,
-            state="failed",
+        self.run.update_op(op.op_id, state="failed",
             error=reason,
             event="op-limit",
             event_data={"result": result},
         )
         raise OperationError(
             f"agent {op.op_id} {reason}",
-            hint=f"raise the limit with 'cairn launch --limit …' or see 'cairn logs {self.run_id}'",
+            hint="raise the limit with 'cairn launch --limit …' or see "
+            f"'cairn logs {self.run.run_id}'",
         )
 
     def retry_or_block(self, op: OpRow, agent: ReviewedAgent, ended: str) -> None:
@@ -51,29 +53,21 @@ class Recovery(CoordinatorBase):
         sandbox, otherwise stop for a person's decision. (Under a cancel the caller stops
         every lane's agent instead.)"""
         if agent["network"] != "none":
-            self.journal.update_op(
-                self.run_id,
-                op.op_id,
-                token=self.token,
-                state="uncertain",
+            self.run.update_op(op.op_id, state="uncertain",
                 error=f"attempt {op.attempt} ended without a result ({ended})",
             )
             raise RunBlocked(
                 f"{op.op_id} ended without a result and may have reached outside ({ended})",
-                hint=f"decide with 'cairn reconcile {self.run_id} {op.op_id}'",
+                hint=f"decide with 'cairn reconcile {self.run.run_id} {op.op_id}'",
             )
-        if op.attempt >= self.desc.profiles[agent["profile"]].agent_attempts:
+        if op.attempt >= self.run.desc.profiles[agent["profile"]].agent_attempts:
             attempts = "1 attempt" if op.attempt == 1 else f"{op.attempt} attempts"
-            self.journal.update_op(
-                self.run_id,
-                op.op_id,
-                token=self.token,
-                state="failed",
+            self.run.update_op(op.op_id, state="failed",
                 error=f"no finish_work in {attempts} ({ended})",
             )
             raise OperationError(
                 f"agent {op.op_id} ended without finish_work in {attempts} (last: {ended})",
-                hint=f"see 'cairn logs {self.run_id}'",
+                hint=f"see 'cairn logs {self.run.run_id}'",
             )
         self.clean_retry(op, ended)
 
@@ -81,26 +75,26 @@ class Recovery(CoordinatorBase):
         """Record the next attempt on a fresh W restored from the checkpoint the scope's W
         held when the operation began (:func:`cairn.restore_point.restore_point`; None: Q);
         the failed attempt's W generation is deleted."""
-        current = self.w_gen[op.scope]
+        current = self.w[op.scope]
         restored = current + 1
-        replay = self.desc.replay
+        replay = self.run.desc.replay
         source = restore_point(
-            self.journal.list_ops(self.run_id),
+            self.run.ops(),
             op.scope,
             op.seq,
             replayed_through=replay.through_op if replay else None,
         )
-        created, _dropped = self.broker(
+        created, _dropped = self.run.broker(
             "storage-v1",
             [
-                self.intent(
+                self.run.intent(
                     "create-w",
                     f"create-w.{op.scope}.{restored}",
                     scope=op.scope,
                     generation=restored,
                     from_checkpoint=source,
                 ),
-                self.intent(
+                self.run.intent(
                     "drop-w",
                     f"drop-w.{op.scope}.{current}",
                     scope=op.scope,
@@ -108,12 +102,8 @@ class Recovery(CoordinatorBase):
                 ),
             ],
         )
-        self.w_gen[op.scope] = restored
-        self.journal.update_op(
-            self.run_id,
-            op.op_id,
-            token=self.token,
-            state="requested",
+        self.w.move(op.scope, restored)
+        self.run.update_op(op.op_id, state="requested",
             attempt=op.attempt + 1,
             event="op-retry",
             event_data={
@@ -124,6 +114,6 @@ class Recovery(CoordinatorBase):
                 "source_uuid": created.body(WCreated).source_uuid,
             },
         )
-        self.event(
+        self.run.event(
             "clean-retry", op_id=op.op_id, attempt=op.attempt + 1, from_checkpoint=source or "Q"
         )

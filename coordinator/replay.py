@@ -10,11 +10,12 @@ import queue
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import IO, Any, Literal, TypeAlias
+from typing import IO, Literal, TypeAlias
 
 from cairn.coordinator import interactions
-from cairn.coordinator.base import Nondeterminism, OperationError
-from cairn.coordinator.dispatch import HANDLERS, Handlers
+from cairn.coordinator.base import Nondeterminism, OperationError, ReviewedSite
+from cairn.coordinator.context import RunContext
+from cairn.coordinator.lanes import Lanes
 from cairn.errors import CairnError
 from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS
@@ -54,10 +55,29 @@ class _RestartReplay(Exception):
     """Always-replay test mode: tear the control worker down after a commit."""
 
 
-class Replay(Handlers):
-    """The control-worker loop, the identity check of each call and the dispatch by kind."""
+class Replay:
+    """The control-worker loop and the identity check of each call; a call not committed
+    before goes to ``carry_out`` (:meth:`cairn.coordinator.dispatch.Handlers.carry_out`).
 
-    prestarted: subprocess.Popen[str] | None = None
+    ``committed``: the operations committed before this coordinator started, by scope and
+    sequence number; ``always_replay``: the test mode that starts the workflow again after
+    every commit."""
+
+    def __init__(
+        self,
+        run: RunContext,
+        carry_out: Callable[[OpRow, CallRequest], tuple[JSONObject, bool]],
+        lanes: Lanes,
+        *,
+        committed: dict[tuple[str, int], OpRow],
+        always_replay: bool = False,
+    ) -> None:
+        self.run = run
+        self.carry_out = carry_out
+        self.lanes = lanes
+        self.committed = committed
+        self.always_replay = always_replay
+        self.prestarted: subprocess.Popen[str] | None = None
 
     def prestart_control_worker(self) -> None:
         """Start the control worker's interpreter now, so its start overlaps the storage
@@ -79,13 +99,13 @@ class Replay(Handlers):
         if worker is not None:
             _end(worker)
 
-    def replay(self) -> dict[str, Any]:
+    def replay(self) -> JSONObject:
         """Re-execute the workflow in a control worker until it returns."""
         while True:
             try:
                 return self.replay_once()
             except _RestartReplay:
-                self.event("always-replay-restart")
+                self.run.event("always-replay-restart")
 
     def replay_once(self) -> JSONObject:
         """One control worker from the start. Calls are answered concurrently (lanes run
@@ -104,9 +124,9 @@ class Replay(Handlers):
         ]
         preloaded = {(a.scope, a.seq) for a in given}
         start = StartWorkflow(
-            source=self.desc.source,
-            filename=self.desc.source_filename,
-            args=self.desc.args,
+            source=self.run.desc.source,
+            filename=self.run.desc.source_filename,
+            args=self.run.desc.args,
             answers=given,
         )
         worker = self.take_control_worker()
@@ -178,7 +198,7 @@ class Replay(Handlers):
                         )
                     # every message but a call (the reader answers those)
                     case ("message", WorkflowReturn(output=output)):
-                        self.models[self.review["workflow"]["output"]].model_validate(output)
+                        self.run.models[self.run.review["workflow"]["output"]].model_validate(output)
                         return output
                     case ("message", WorkflowFailure(kind=kind, error=error)):
                         raise CairnError(f"workflow raised {kind}: {error}")
@@ -212,24 +232,30 @@ class Replay(Handlers):
         self, call: CallRequest, predecessor: str | None
     ) -> tuple[JSONObject, str, bool]:
         """The call's result, its op ID, and whether it was committed just now."""
-        interactions.at_safe_point(self)
+        interactions.at_safe_point(self.run)
         self.check_manifest(call)
         op_id = f"{call.scope}-{call.seq}"
-        op = self.journal.get_op(self.run_id, call.scope, call.seq)
+        op = self.run.journal.get_op(self.run.run_id, call.scope, call.seq)
         if op is None:
-            op = self.journal.record_requested(
-                call, run_id=self.run_id, op_id=op_id, predecessor=predecessor, token=self.token
+            op = self.run.journal.record_requested(
+                call, run_id=self.run.run_id, op_id=op_id, predecessor=predecessor,
+                token=self.run.token,
             )
         else:
             self.check_identity(op, call, predecessor)
         if op.state == "committed":
             assert op.result is not None
             return op.result, op_id, False
-        handler = HANDLERS.get(call.kind)
-        if handler is None:
-            raise CairnError(f"flow.{call.kind} is not supported by this version of cairn")
-        result, fresh = handler(self, op, call)
+        result, fresh = self.carry_out(op, call)
         return result, op_id, fresh
+
+    def check_manifest(self, call: CallRequest) -> ReviewedSite:
+        """The reviewed call site of ``call`` (:meth:`RunContext.check_manifest`)."""
+        return self.run.check_manifest(call)
+
+    def join(self, join: JoinRequest) -> tuple[JSONObject, str, bool]:
+        """The lanes' join (:meth:`Lanes.join`)."""
+        return self.lanes.join(join)
 
     def check_identity(self, op: OpRow, call: CallRequest, predecessor: str | None) -> None:
         mismatches = [
@@ -243,8 +269,8 @@ class Replay(Handlers):
             if stored != live
         ]
         if mismatches:
-            self.journal.append_event(
-                self.run_id,
+            self.run.journal.append_event(
+                self.run.run_id,
                 "replay-diverged",
                 {
                     "journal": {

@@ -10,7 +10,8 @@ experiment makes (:mod:`cairn.coordinator.experiments`), chosen by the workflow.
 
 from __future__ import annotations
 
-from cairn.coordinator.base import CoordinatorBase, OperationError
+from cairn.coordinator.base import OperationError
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.errors import NotFound
 from cairn.journal.rows import OpRow
 from cairn.operations import restore
@@ -26,32 +27,35 @@ class RestoreRefused(OperationError):
     code = "restore-refused"
 
 
-class Restores(CoordinatorBase):
+class Restores:
     """Put a scope's W back to an earlier boundary of its own."""
+
+    def __init__(self, run: RunContext, w: WGenerations) -> None:
+        self.run = run
+        self.w = w
 
     def restore(self, op: OpRow, call: CallRequest) -> JSONObject:
         if op.state == "requested":
             decided = self.decide_restore(op, call)
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="started", result=decided,
+            self.run.update_op(op.op_id, state="started", result=decided,
                 intents=self.restore_intents(op, decided),
             )
-            self.failpoint("restore-after-decision")
-            op = self.journal.get_op_by_id(self.run_id, op.op_id)
+            self.run.failpoint("restore-after-decision")
+            op = self.run.op(op.op_id)
         if op.state == "settled" and op.result is not None:
             # a coordinator died between settling the restore and committing it
-            self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
+            self.run.update_op(op.op_id, state="committed")
             return op.result
         if op.state != "started" or op.result is None:
             raise RestoreRefused(f"{op.op_id} did not complete: {op.error}")
         result = dict(op.result)
-        self.broker("storage-v1", self.restore_intents(op, result))  # saved: a no-op add
-        self.w_gen[op.scope] = json_int(result["w_generation"])
-        self.failpoint("restore-after-storage")
-        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="settled",
+        self.run.broker("storage-v1", self.restore_intents(op, result))  # saved: a no-op add
+        self.w.move(op.scope, json_int(result["w_generation"]))
+        self.run.failpoint("restore-after-storage")
+        self.run.update_op(op.op_id, state="settled",
                                result=result)
-        self.journal.update_op(self.run_id, op.op_id, token=self.token, state="committed")
-        self.event("restored", op_id=op.op_id, boundary=result["boundary"])
+        self.run.update_op(op.op_id, state="committed")
+        self.run.event("restored", op_id=op.op_id, boundary=result["boundary"])
         return result
 
     def decide_restore(self, op: OpRow, call: CallRequest) -> JSONObject:
@@ -59,12 +63,11 @@ class Restores(CoordinatorBase):
         next generation; a refusal is recorded and raised."""
         why = self.restore_problem(op, call)
         if why is not None:
-            self.journal.update_op(
-                self.run_id, op.op_id, token=self.token, state="not-started", error=why,
+            self.run.update_op(op.op_id, state="not-started", error=why,
                 result={"error": why, "kind": RestoreRefused.code},
             )
             raise RestoreRefused(f"{op.op_id}: {why}")
-        return {"boundary": call.request["boundary"], "w_generation": self.w_gen[op.scope] + 1}
+        return {"boundary": call.request["boundary"], "w_generation": self.w[op.scope] + 1}
 
     def restore_problem(self, op: OpRow, call: CallRequest) -> str | None:
         """Why W of ``op``'s scope may not go back to the boundary the call names (None:
@@ -77,7 +80,7 @@ class Restores(CoordinatorBase):
         except ValueError as exc:
             return f"not a request of flow.restore: {exc}"
         try:
-            found = self.journal.get_op_by_id(self.run_id, str(boundary))
+            found = self.run.op(str(boundary))
         except NotFound:
             return f"{boundary} is not an operation of this run"
         if found.kind != "agent" or found.state != "committed":
@@ -89,8 +92,8 @@ class Restores(CoordinatorBase):
     def restore_intents(self, op: OpRow, result: JSONObject) -> list[Intent]:
         scope, generation = op.scope, json_int(result["w_generation"])
         return [
-            self.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
+            self.run.intent("create-w", f"create-w.{scope}.{generation}", scope=scope,
                         generation=generation, from_checkpoint=result["boundary"]),
-            self.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
+            self.run.intent("drop-w", f"drop-w.{scope}.{generation - 1}", scope=scope,
                         generation=generation - 1),
         ]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from cairn.canonical import sha256_hex
-from cairn.coordinator.base import MAX_ATTEMPTS, CoordinatorBase
+from cairn.coordinator.base import MAX_ATTEMPTS
+from cairn.coordinator.context import RunContext, WGenerations
 from cairn.coordinator.interactions import RunSuspended
 from cairn.errors import BrokerRefused, StorageError
 from cairn.policy import fingerprint, load_policy
@@ -21,31 +22,35 @@ from cairn.rawbytes import apply_result, readable_verification
 from cairn.settle.outcome import APPLY_REQUEST_ID, SETTLEMENT_OP
 
 
-class Settlement(CoordinatorBase):
+class Settlement:
     """P → changes → C → F → live."""
 
+    def __init__(self, run: RunContext, w: WGenerations) -> None:
+        self.run = run
+        self.w = w
+
     def needs_settlement(self) -> bool:
-        return any(a["access"] == "write" for a in self.review["agents"].values())
+        return any(a["access"] == "write" for a in self.run.review["agents"].values())
 
     def settle(self) -> SettlementRecord:
         """P → changes → C → F → live, each step a broker receipt; the record kept."""
         try:
-            freeze, candidate = self.broker(
+            freeze, candidate = self.run.broker(
                 "storage-v1",
                 [
-                    self.intent(
-                        "freeze-proposal", "freeze-proposal", generation=self.w_gen["root"]
+                    self.run.intent(
+                        "freeze-proposal", "freeze-proposal", generation=self.w["root"]
                     ),
-                    self.intent("settle-candidate", "settle-candidate"),
+                    self.run.intent("settle-candidate", "settle-candidate"),
                 ],
             )
         except BrokerRefused as exc:
             if exc.code == StorageError.code:  # a full pool: nothing reached the live project
                 not_settled = SettlementRecord(status="failed", error=exc.message)
-                self.journal.set_settlement(self.run_id, not_settled, token=self.token)
+                self.run.journal.set_settlement(self.run.run_id, not_settled, token=self.run.token)
             raise
         built = candidate.body(CandidateBuilt)
-        verified = self.verify_proposal() if built.accepted and self.desc.verifiers else None
+        verified = self.verify_proposal() if built.accepted and self.run.desc.verifiers else None
         verification = (None if verified is None
                         else Verification.model_validate(readable_verification(verified)))
 
@@ -67,17 +72,18 @@ class Settlement(CoordinatorBase):
         else:
             applied = apply_result(self.apply_proposal().body(ApplyDone))
             settlement = record(applied.status, apply=AppliedPaths.of(applied))
-        self.journal.set_settlement(self.run_id, settlement, token=self.token)
-        self.event("settled", status=settlement.status, refused=len(built.refused),
+        self.run.journal.set_settlement(self.run.run_id, settlement, token=self.run.token)
+        self.run.event("settled", status=settlement.status, refused=len(built.refused),
                    ignored=len(built.ignored or []))
         return settlement
 
     def verify_proposal(self) -> ProposalVerified:
         """The host's checks of F (frozen at launch), before anything is applied or asked."""
-        (verified,) = self.broker("launch-v1", [self.intent("verify-proposal", "verify-proposal")])
+        verify = self.run.intent("verify-proposal", "verify-proposal")
+        (verified,) = self.run.broker("launch-v1", [verify])
         result = verified.body(ProposalVerified)
         for check in result.checks:
-            self.event("proposal-checked", check=check.name, passed=check.passed,
+            self.run.event("proposal-checked", check=check.name, passed=check.passed,
                        result=check.result, exit_status=check.exit_status)
         return result
 
@@ -86,25 +92,25 @@ class Settlement(CoordinatorBase):
         ask`` the proposal becomes an approval request and the run waits, with no process
         of it alive, until the owner decides (``cairn apply`` approves it); meanwhile the
         settlement record is ``waiting``, so ``cairn diff`` shows what would be written."""
-        mode = self.desc.apply_mode
+        mode = self.run.desc.apply_mode
         if mode == "auto":
             return None
         if mode == "never":
             return "launched with --apply never"
-        request = self.journal.approval(self.run_id, APPLY_REQUEST_ID)
+        request = self.run.journal.approval(self.run.run_id, APPLY_REQUEST_ID)
         if request is None:
             prepared = {
                 "kind": "apply",
-                "run_id": self.run_id,
-                "project": self.desc.project.root,
+                "run_id": self.run.run_id,
+                "project": self.run.desc.project.root,
                 "accepted": sorted(built.accepted),
                 "refused": len(built.refused),
                 "f": built.f.uuid,
                 "diff_sha256": sha256_hex(built.diff.encode()),
             }
-            request = self.journal.open_approval(
-                self.run_id,
-                token=self.token,
+            request = self.run.journal.open_approval(
+                self.run.run_id,
+                token=self.run.token,
                 request_id=APPLY_REQUEST_ID,
                 op_id=SETTLEMENT_OP,
                 attempt=1,
@@ -114,7 +120,7 @@ class Settlement(CoordinatorBase):
                 deadline=time.time() + load_policy().approval_deadline_sec,
             )
         if request.state == "waiting":
-            self.journal.set_settlement(self.run_id, waiting, token=self.token)
+            self.run.journal.set_settlement(self.run.run_id, waiting, token=self.run.token)
             raise RunSuspended("the proposal waits for 'cairn apply'", state="waiting")
         if request.state == "approved":
             return None
@@ -125,14 +131,14 @@ class Settlement(CoordinatorBase):
     def apply_proposal(self) -> Receipt:
         """Run the apply unit; an interrupted apply is simply run again (it resumes from
         its per-path receipts)."""
-        intent = self.intent("start-apply", "start-apply.1")
+        intent = self.run.intent("start-apply", "start-apply.1")
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                with self.progress_relay("apply"):
-                    (applied,) = self.broker("launch-v1", [intent], queued=attempt > 1)
+                with self.run.progress_relay("apply"):
+                    (applied,) = self.run.broker("launch-v1", [intent], queued=attempt > 1)
                 return applied
             except BrokerRefused as exc:
                 if attempt == MAX_ATTEMPTS:
                     raise
-                self.event("apply-retry", attempt=attempt + 1, reason=str(exc))
+                self.run.event("apply-retry", attempt=attempt + 1, reason=str(exc))
         raise AssertionError("unreachable")

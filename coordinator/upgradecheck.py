@@ -14,10 +14,10 @@ nothing is written but the report.
 
 from __future__ import annotations
 
-import threading
-
 from cairn import paths
 from cairn.coordinator.base import Nondeterminism, ReviewedSite
+from cairn.coordinator.context import RunContext, WGenerations
+from cairn.coordinator.lanes import Lanes
 from cairn.coordinator.replay import Replay
 from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
@@ -25,8 +25,7 @@ from cairn.journal.rows import OpRow
 from cairn.operations import FORK_KINDS
 from cairn.protocol.control import CallRequest, JoinRequest
 from cairn.protocol.jsonvalue import JSONObject, json_list, json_str
-from cairn.workflow.review import Review, review_source
-from cairn.workflow.schema import build_models
+from cairn.workflow.review import review_source
 
 REQUESTED = "upgrade-check-requested"
 CHECKED = "upgrade-checked"
@@ -48,22 +47,18 @@ class UpgradeCheck(Replay):
     """One dry run of ``source`` against the run's committed operations."""
 
     def __init__(self, run_id: str, source: str) -> None:
-        self.run_id = run_id
-        self._local = threading.local()
-        old = self.journal.launch_description(run_id)
+        with Journal(paths.journal_path()) as journal:
+            old = journal.launch_description(run_id)
         review = review_source(source, filename=old.source_filename)
-        self.desc = old.model_copy(update={"source": source, "review_hash": review.review_hash})
-        self.review = review.model_dump(mode="json")
-        self.models = build_models(Review.model_validate(self.review).models)
-        self.always_replay = False
-        self.prestarted = None
-        self.token = 0
-        ops = self.journal.list_ops(run_id)
-        self.ops = {(op.scope, op.seq): op for op in ops}
-        self.committed = {k: op for k, op in self.ops.items() if op.state == "committed"}
-        self.sites = {}
-        for site in self.review["calls"]:
-            self.sites.setdefault((site["kind"], site["line"], site.get("descriptor")), site)
+        run = RunContext(old.model_copy(update={
+            "source": source,
+            "review_hash": review.review_hash,
+            "review": review.model_dump(mode="json"),
+        }))
+        self.ops = {(op.scope, op.seq): op for op in run.ops()}
+        committed = {k: op for k, op in self.ops.items() if op.state == "committed"}
+        super().__init__(run, _carry_out_nothing, Lanes(run, WGenerations()),
+                         committed=committed)
         self.locations: dict[str, str] = {}
 
     def report(self) -> dict[str, object]:
@@ -141,6 +136,11 @@ class UpgradeCheck(Replay):
                 {"op_id": op.op_id, "field": "lanes", "expected": "the journal's outcomes",
                  "actual": exc.message}
             ) from None
+
+
+def _carry_out_nothing(op: OpRow, call: CallRequest) -> tuple[JSONObject, bool]:
+    """A check carries nothing out: the first call not committed is the frontier."""
+    raise _Frontier(op.op_id)
 
 
 def serve_pending(journal: Journal, run_id: str) -> int:

@@ -194,7 +194,7 @@ def replay(root: Path, run_id: str, n: int) -> float:
     try:
         with Stopwatch() as sw:
             coordinator = Coordinator(run_id)
-            output = coordinator.replay_once()
+            output = coordinator.replayer.replay_once()
         coordinator.journal.close()
     finally:
         del os.environ["CAIRN_ROOT"]

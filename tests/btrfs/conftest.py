@@ -23,7 +23,7 @@ from attested import carry_out_attested  # noqa: E402
 
 from cairn import paths, proc
 from cairn.broker import verbs
-from cairn.coordinator import base
+from cairn.coordinator import context
 from cairn.protocol.broker import BrokerReply
 from cairn.storage import Pool, is_subvolume
 
@@ -115,6 +115,6 @@ def broker_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: Pool) -> 
         directory.mkdir(parents=True)
     paths.pool_dir().symlink_to(pool.root)
     monkeypatch.setattr(verbs.IntentContext, "pool", lambda self: pool)
-    monkeypatch.setattr(base, "call_broker", lambda verb, run_id, **_: BrokerReply(
+    monkeypatch.setattr(context, "call_broker", lambda verb, run_id, **_: BrokerReply(
         ok=True, receipts=carry_out_attested(verb, run_id)))
     return pool

@@ -24,7 +24,6 @@ from cairn.broker import spare, units
 from cairn.broker.receipts import ReceiptStore
 from cairn.config import Problems
 from cairn.coordinator.core import Coordinator
-from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused, MeasurementFailed
 from cairn.errors import BrokerRefused
 from cairn.evaluators import frozen_evaluators
@@ -121,7 +120,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch, broker_host: Pool) -> Iterator[
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     coord = Coordinator(RUN)
-    coord.token = coord.journal.acquire_lease(RUN, coord.holder)
+    coord.token = coord.journal.acquire_lease(RUN, coord.lease.holder)
     coord.prepare_storage()
     coord.seen = seen  # type: ignore[attr-defined]
     yield coord
@@ -134,9 +133,7 @@ def call(coord: Coordinator, seq: int, kind: str, request: dict[str, Any]) -> An
     op = coord.journal.record_requested(request_, run_id=RUN, op_id=f"root-{seq}",
                                         predecessor=f"root-{seq - 1}" if seq > 1 else None,
                                         token=coord.token)
-    handler = Handlers.answer_measure if kind == "measure_proposal" else \
-        Handlers.answer_settle_experiment
-    return handler(coord, op, request_)[0]
+    return coord.handlers.carry_out(op, request_)[0]
 
 
 MEASURE = {"evaluator": "score", "primary": "score",
@@ -171,7 +168,7 @@ def test_a_measurement_runs_on_a_disposable_snapshot_and_a_reject_restores_w(
     assert sorted(p.name for p in w2.iterdir()) == ["score.txt"]
     assert (w2 / "score.txt").read_text() == "3\n"  # W is the accepted baseline again
     assert not w1.exists()
-    assert coordinator.w_gen["root"] == 2
+    assert coordinator.w["root"] == 2
     # the measure receipt is kept once; asking the broker again measures nothing
     runs = len(coordinator.seen)  # type: ignore[attr-defined]
     carry_out_attested("launch-v1", RUN)
@@ -240,7 +237,7 @@ def test_the_broker_measures_only_a_journalled_measurement_with_a_frozen_evaluat
                          location="wf.py:1:1")
     coordinator.journal.record_requested(forged, run_id=RUN, op_id="root-1", predecessor=None,
                                          token=coordinator.token)
-    intent = coordinator.intent("measure-checkpoint", "measure.root-1.1", scope="root",
+    intent = coordinator.context.intent("measure-checkpoint", "measure.root-1.1", scope="root",
                                 op_id="root-1", generation=1)
     coordinator.journal.add_intents(RUN, [intent], token=coordinator.token)
     with pytest.raises(BrokerRefused, match=refusal):
@@ -252,7 +249,7 @@ def agent_step(coord: Coordinator, pool: Pool, seq: int, score: int) -> str:
     """What a committed agent operation leaves: W edited, its checkpoint S and the broker's
     receipt of it (the checkpoint handler's QUIESCE proof needs systemd; the rest of the
     boundary is tested in test_storage.py)."""
-    w = pool.w_path(RUN, "root", coord.w_gen["root"])
+    w = pool.w_path(RUN, "root", coord.w["root"])
     (w / "score.txt").write_text(f"{score}\n")
     (w / "notes").mkdir(exist_ok=True)
     (w / "notes" / f"step{seq}.txt").write_text(f"step {seq}\n")
@@ -264,8 +261,8 @@ def agent_step(coord: Coordinator, pool: Pool, seq: int, score: int) -> str:
                                    predecessor=f"root-{seq - 1}", token=coord.token)
     s = pool.snapshot(w, pool.checkpoint_path(RUN, op_id), read_only=True)
     store = ReceiptStore()
-    store.put(coord.intent("checkpoint", f"checkpoint.{op_id}", op_id=op_id,
-                           generation=coord.w_gen["root"]), Checkpointed(s=s, op_id=op_id))
+    store.put(coord.context.intent("checkpoint", f"checkpoint.{op_id}", op_id=op_id,
+                           generation=coord.w["root"]), Checkpointed(s=s, op_id=op_id))
     store.close()
     for state in ("started", "settled", "committed"):
         coord.journal.update_op(RUN, op_id, token=coord.token, state=state,
@@ -320,7 +317,7 @@ def receipt_of(intent_id: str) -> WCreated:
 
 
 def storage_problems(coord: Coordinator, name: str) -> list[str]:
-    intent = coord.intent("verify-storage", name)
+    intent = coord.context.intent("verify-storage", name)
     coord.journal.add_intents(RUN, [intent], token=coord.token)
     done = {r.intent_id: r for r in carry_out_attested("storage-v1", RUN)}
     return done[name].body(StorageVerified).problems
@@ -431,7 +428,8 @@ def test_the_broker_makes_a_spare_only_of_what_a_settlement_settled_on(
     refusal: str
 ) -> None:
     accept_a_checkpoint(coordinator, pool)
-    forged = coordinator.intent("make-spare", intent_id, op_id=op_id, from_checkpoint=checkpoint)
+    forged = coordinator.context.intent("make-spare", intent_id, op_id=op_id,
+                                        from_checkpoint=checkpoint)
     coordinator.journal.add_intents(RUN, [forged], token=coordinator.token)
     with pytest.raises(BrokerRefused, match=refusal):
         carry_out_attested("storage-v1", RUN)

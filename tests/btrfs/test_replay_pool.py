@@ -82,7 +82,7 @@ def finished_source(project: Path, pool: Pool) -> None:
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     coord = Coordinator(SOURCE_RUN)
-    coord.token = coord.journal.acquire_lease(SOURCE_RUN, coord.holder)
+    coord.token = coord.journal.acquire_lease(SOURCE_RUN, coord.lease.holder)
     coord.prepare_storage()
     w = pool.w_path(SOURCE_RUN, "root", 1)
     store = ReceiptStore()
@@ -126,7 +126,7 @@ def test_a_replay_remints_the_sources_snapshots_and_starts_from_its_checkpoint(
         done: dict[str, Any] = daemon_replay.replay(journal, SOURCE_RUN, "root-2", OWNER)
     new = done["run_id"]
     coord = Coordinator(new)
-    coord.token = coord.journal.acquire_lease(new, coord.holder)
+    coord.token = coord.journal.acquire_lease(new, coord.lease.holder)
     coord.prepare_storage()
     coord.verify_storage()  # every reminted snapshot is explained by a receipt
     coord.journal.close()

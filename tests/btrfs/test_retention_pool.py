@@ -295,7 +295,7 @@ def _coordinator(journal: Journal, run_id: str) -> Coordinator:
     )
     journal.create_run(desc, intents=[])
     coordinator = Coordinator(run_id)
-    coordinator.token = coordinator.journal.acquire_lease(run_id, coordinator.holder)
+    coordinator.token = coordinator.journal.acquire_lease(run_id, coordinator.lease.holder)
     return coordinator
 
 
@@ -306,13 +306,13 @@ def test_below_the_reserve_a_runs_import_and_a_fork_are_refused_before_any_inten
     coordinator = _coordinator(host["journal"], run_id)
     with pytest.raises(StorageError, match="^the project's import or snapshot refused: "):
         coordinator.prepare_storage()
-    coordinator.w_gen["root"] = 1
+    coordinator.w.move("root", 1)
     fork = CallRequest(scope="root", seq=1, kind="parallel", request={"lanes": ["a", "b"]},
                        location="implement.py:1:1")
     op = coordinator.journal.record_requested(fork, run_id=run_id, op_id="root-1",
                                               predecessor=None, token=coordinator.token)
     with pytest.raises(StorageError, match="^fork refused: .*'cairn prune'"):
-        coordinator.fork(op, fork)
+        coordinator.lanes.fork(op, fork)
     assert host["journal"].intents(run_id) == []  # the broker was never asked
     assert host["journal"].get_op_by_id(run_id, "root-1").state == "requested"
 
@@ -428,7 +428,7 @@ def test_an_agent_that_writes_past_the_reserve_is_stopped_and_only_its_run_fails
                                          predecessor=None, token=coordinator.token)
     coordinator.journal.update_op(run_id, "root-1", token=coordinator.token, state="started")
     stops: list[str] = []
-    monkeypatch.setattr(coordinator, "broker",
+    monkeypatch.setattr(coordinator.context, "broker",
                         lambda verb, intents, **kw: stops.extend(i.intent_id for i in intents))
     sock = SimpleNamespace(instruction=SimpleNamespace(op_id="root-1", attempt=1))
 
@@ -446,7 +446,7 @@ def test_an_agent_that_writes_past_the_reserve_is_stopped_and_only_its_run_fails
             os.fsync(out.fileno())
             written += 4 << 20
     with pytest.raises(StorageError):
-        coordinator.stop_for_pool_full(sock, caught.value)  # type: ignore[arg-type]
+        coordinator.agents.stop_for_pool_full(sock, caught.value)  # type: ignore[arg-type]
 
     message = caught.value.message
     assert message.startswith("pool full: agent root-1 stopped: storage pool ")

@@ -106,7 +106,7 @@ def new_run(project: Path, run_id: str) -> Coordinator:
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     coord = Coordinator(run_id)
-    coord.token = coord.journal.acquire_lease(run_id, coord.holder)
+    coord.token = coord.journal.acquire_lease(run_id, coord.lease.holder)
     return coord
 
 

@@ -43,7 +43,7 @@ def coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Coordinator:
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     c = Coordinator(RUN)
-    c.token = c.journal.acquire_lease(RUN, c.holder)
+    c.token = c.journal.acquire_lease(RUN, c.lease.holder)
     return c
 
 
@@ -64,7 +64,7 @@ def attempt(c: Coordinator, op: OpRow, number: int, started: float, ended: float
     c.journal.record_receipts(RUN, [{"intent_id": intent_id, "run_id": RUN,
                                      "kind": "start-agent", "at": started, "data": {}}])
     monkeypatch.setattr(time, "time", lambda: ended)
-    c.record_agent_time(op.model_copy(update={"attempt": number}))
+    c.agents.record_agent_time(op.model_copy(update={"attempt": number}))
 
 
 def test_crashed_and_retried_attempts_spend_agent_time_without_any_commit(
@@ -78,7 +78,7 @@ def test_crashed_and_retried_attempts_spend_agent_time_without_any_commit(
 
     second = agent_op(coordinator, 2)
     with pytest.raises(BudgetExhausted, match="65 s of 60 s agent time are used"):
-        coordinator.check_budget(second)
+        coordinator.agents.check_budget(second)
     refused = coordinator.journal.get_op_by_id(RUN, "root-2")
     assert refused.state == "not-started"
 
@@ -89,7 +89,7 @@ def test_below_the_limit_a_new_operation_starts(
     first = agent_op(coordinator, 1)
     attempt(coordinator, first, 1, T0, T0 + 59, monkeypatch)
     second = agent_op(coordinator, 2)
-    coordinator.check_budget(second)  # 59 s of 60 s: not refused
+    coordinator.agents.check_budget(second)  # 59 s of 60 s: not refused
     assert coordinator.journal.get_op_by_id(RUN, "root-2").state == "requested"
 
 
@@ -99,10 +99,10 @@ def test_an_attempt_recorded_again_after_a_restart_counts_once_with_its_longest_
     first = agent_op(coordinator, 1)
     attempt(coordinator, first, 1, T0, T0 + 20, monkeypatch)
     monkeypatch.setattr(time, "time", lambda: T0 + 30)  # the coordinator came back
-    coordinator.record_agent_time(first)
+    coordinator.agents.record_agent_time(first)
     assert coordinator.journal.agent_seconds(RUN) == 30
 
 
 def test_an_attempt_the_broker_never_started_costs_nothing(coordinator: Coordinator) -> None:
-    coordinator.record_agent_time(agent_op(coordinator, 1))
+    coordinator.agents.record_agent_time(agent_op(coordinator, 1))
     assert coordinator.journal.agent_seconds(RUN) == 0

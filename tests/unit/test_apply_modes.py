@@ -48,13 +48,13 @@ def create_run(root: Path, mode: ApplyMode) -> None:
 
 def test_auto_applies_at_once(root: Path) -> None:
     create_run(root, "auto")
-    assert incarnation().held_back(BUILT, WAITING) is None
+    assert incarnation().settlement.held_back(BUILT, WAITING) is None
 
 
 def test_never_holds_without_asking(root: Path) -> None:
     create_run(root, "never")
     coord = incarnation()
-    assert coord.held_back(BUILT, WAITING) == "launched with --apply never"
+    assert coord.settlement.held_back(BUILT, WAITING) == "launched with --apply never"
     assert coord.journal.approval(RUN, APPLY_REQUEST_ID) is None
 
 
@@ -62,13 +62,13 @@ def test_ask_waits_then_cairn_apply_lets_it_through(root: Path) -> None:
     create_run(root, "ask")
     coord = incarnation()
     with pytest.raises(interactions.RunSuspended) as caught:
-        coord.held_back(BUILT, WAITING)
+        coord.settlement.held_back(BUILT, WAITING)
     assert caught.value.state == "waiting"
     settlement = coord.journal.get_run(RUN).settlement
     assert settlement is not None and settlement["status"] == "waiting"
     waiting = summary(SettlementRecord.read(settlement))
     assert waiting is not None and waiting["label"] == "waiting for 'cairn apply', 0 paths"
-    assert interactions.suspend(coord, caught.value) == 0
+    assert interactions.suspend(coord.context, caught.value) == 0
     coord.journal.release_lease(RUN, coord.token)
     with journal_of(root) as journal:
         assert journal.get_run(RUN).state == "waiting"
@@ -82,21 +82,22 @@ def test_ask_waits_then_cairn_apply_lets_it_through(root: Path) -> None:
         journal.request_control(RUN, "pause", actor_uid=OWNER)  # keep the broker out of it
         out = people.dispatch(journal, request("apply"), OWNER)
         assert out["outcome"] == "approved"
-    assert incarnation().held_back(BUILT, WAITING) is None
+    assert incarnation().settlement.held_back(BUILT, WAITING) is None
 
 
 def test_a_rejected_proposal_is_held_with_who_and_why(root: Path) -> None:
     create_run(root, "ask")
     coord = incarnation()
     with pytest.raises(interactions.RunSuspended):
-        coord.held_back(BUILT, WAITING)
+        coord.settlement.held_back(BUILT, WAITING)
     coord.journal.release_lease(RUN, coord.token)
     with journal_of(root) as journal:
         journal.request_control(RUN, "pause", actor_uid=OWNER)
         people.dispatch(
             journal, request("reject", request_id=APPLY_REQUEST_ID, reason="not this"), OWNER
         )
-    assert incarnation().held_back(BUILT, WAITING) == "apply rejected by uid 1001: not this"
+    held = incarnation().settlement.held_back(BUILT, WAITING)
+    assert held == "apply rejected by uid 1001: not this"
 
 
 def test_apply_of_a_run_that_holds_nothing_says_what_to_do(root: Path) -> None:

@@ -20,6 +20,7 @@ from cairn.errors import CairnError
 from cairn.journal.readwrite import Journal
 from cairn.operations.approve import MIN_EXPIRY_SEC
 from cairn.protocol.daemon import NotificationsRequest, RejectRequest, daemon_request
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.workflow.review import review_source
 from cairn.workflow.review.manifest import ReviewRejected
@@ -117,7 +118,7 @@ def create_run(root: Path, text: str) -> None:
 
 def incarnation() -> Coordinator:
     coord = Coordinator(RUN)
-    coord.token = coord.journal.acquire_lease(RUN, coord.holder, ttl=60)
+    coord.token = coord.journal.acquire_lease(RUN, coord.lease.holder, ttl=60)
     coord.journal.set_run_state(RUN, "running", token=coord.token)
     return coord
 
@@ -128,11 +129,11 @@ def wait_and_exit(root: Path, text: str) -> None:
     coord = incarnation()
     with pytest.raises(interactions.RunSuspended) as caught:
         coord.replay()
-    assert interactions.suspend(coord, caught.value) == 0
+    assert interactions.suspend(coord.context, caught.value) == 0
     coord.journal.release_lease(RUN, coord.token)
 
 
-def finish(coord: Coordinator) -> dict[str, object]:
+def finish(coord: Coordinator) -> JSONObject:
     output = coord.replay()
     coord.journal.set_run_state(RUN, "succeeded", token=coord.token, output=output)
     coord.journal.release_lease(RUN, coord.token)

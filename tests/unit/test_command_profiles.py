@@ -97,23 +97,23 @@ def test_which_statuses_another_attempt_would_repeat(status: int, deterministic:
 def test_the_coordinator_reads_the_failure_as_untrusted(coordinator: Any) -> None:
     op = agent_op(coordinator)
     out = outputs_of(coordinator, op)
-    assert coordinator.read_command_failure(op) is None
+    assert coordinator.agents.read_command_failure(op) is None
     path = out / COMMAND_FAILED_FILE
     path.write_text(json.dumps({"exit_status": 2, "stderr": ["usage: \x1b[2Jx"]}))
     owned(path, OWNER)
-    failure = coordinator.read_command_failure(op)
+    failure = coordinator.agents.read_command_failure(op)
     assert failure == CommandFailure(exit_status=2, stderr=["usage: \x1b[2Jx"])
     for hostile in (b'{"exit_status": "2"}', b"[" * 5000, b'{"exit_status": 2, "x": 1}'):
         path.write_bytes(hostile)
         owned(path, OWNER)
-        assert coordinator.read_command_failure(op) is None, hostile
+        assert coordinator.agents.read_command_failure(op) is None, hostile
     path.unlink()
     os.mkfifo(path)
     owned(path, OWNER)
-    assert coordinator.read_command_failure(op) is None  # not waited for
+    assert coordinator.agents.read_command_failure(op) is None  # not waited for
     path.unlink()
     path.symlink_to("/etc/passwd")
-    assert coordinator.read_command_failure(op) is None
+    assert coordinator.agents.read_command_failure(op) is None
 
 
 def test_a_usage_error_fails_the_operation_once_with_the_clis_message(
@@ -122,7 +122,7 @@ def test_a_usage_error_fails_the_operation_once_with_the_clis_message(
     op = agent_op(coordinator)
     ended = "exited 2: error: unexpected argument '--full-auto' found"
     with pytest.raises(CommandFailed) as caught:
-        coordinator.fail_deterministic(op, ended)
+        coordinator.agents.fail_deterministic(op, ended)
     assert isinstance(caught.value, OperationError)  # the workflow sees OperationFailed
     assert caught.value.message == f"agent root-1 agent command {ended}"
     assert (caught.value.hint or "").startswith("not retried: another attempt would exit")

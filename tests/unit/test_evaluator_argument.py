@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_experiment_coordinator import METRICS, RUN, Script, coordinator_of
+from test_experiment_coordinator import METRICS, RUN, FakeBroker, Script, coordinator_of
 
 from cairn.config import ConfigError, Problems
-from cairn.coordinator.dispatch import Handlers
+from cairn.coordinator.core import Coordinator
 from cairn.coordinator.experiments import ExperimentRefused
 from cairn.daemon.launch import validate_args
 from cairn.evaluators import frozen_evaluators
 from cairn.operations.measure_proposal import evaluators_of, site_evaluator
+from cairn.protocol.jsonvalue import JSONObject
 from cairn.workflow.review import ReviewRejected, render_review, review_source
 
 HEAD = '''
@@ -219,12 +220,14 @@ async def run(flow, args: Goal) -> Report:
 CHOSEN_LINES = {"measure_proposal": 16}
 
 
-def measure_with(coord: Any, evaluator: str) -> dict[str, Any]:
-    coord.broker.samples.append([{"runtime": 1.0, "rss": 100.0}] * 2)
+def measure_with(coord: Coordinator, evaluator: str) -> JSONObject:
+    broker = coord.context.broker
+    assert isinstance(broker, FakeBroker)
+    broker.samples.append([{"runtime": 1.0, "rss": 100.0}] * 2)
     op, call = Script(coord, CHOSEN_LINES).call(
         "measure_proposal", {"evaluator": evaluator, "primary": "runtime", "metrics": METRICS}
     )
-    return Handlers.answer_measure(coord, op, call)[0]
+    return coord.handlers.answer_measure(op, call)[0]
 
 
 def test_the_coordinator_measures_only_with_the_argument_named_evaluator(

@@ -17,7 +17,6 @@ import pytest
 from cairn import retention
 from cairn.cli.runs import experiment_lines
 from cairn.coordinator.core import Coordinator
-from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.experiments import ExperimentRefused
 from cairn.errors import StorageError
 from cairn.journal.readwrite import Journal
@@ -120,9 +119,9 @@ def coordinator_of(
     with Journal(tmp_path / "var/lib/cairn/journal/journal.db", create=True) as journal:
         journal.create_run(desc, intents=[])
     coordinator = Coordinator(RUN)
-    coordinator.token = coordinator.journal.acquire_lease(RUN, coordinator.holder, ttl=60)
+    coordinator.token = coordinator.journal.acquire_lease(RUN, coordinator.lease.holder, ttl=60)
     coordinator.journal.set_run_state(RUN, "running", token=coordinator.token)
-    coordinator.broker = FakeBroker()  # type: ignore[method-assign]
+    coordinator.context.broker = FakeBroker()
     # the pool's reserve is checked for real in tests/btrfs/test_retention_pool.py
     monkeypatch.setattr(retention, "admit", lambda what: 1 << 40)
     yield coordinator
@@ -163,11 +162,11 @@ class Script:
         return str(op.op_id)
 
     def measure(self, runtime: float, rss: float = 100.0) -> dict[str, Any]:
-        broker: FakeBroker = self.coord.broker  # type: ignore[assignment]
+        broker: FakeBroker = self.coord.context.broker  # type: ignore[assignment]
         broker.samples.append([{"runtime": runtime, "rss": rss}] * 2)
         op, call = self.call("measure_proposal",
                              {"evaluator": "bench", "primary": "runtime", "metrics": METRICS})
-        result, fresh = Handlers.answer_measure(self.coord, op, call)
+        result, fresh = self.coord.handlers.answer_measure(op, call)
         assert fresh
         return result
 
@@ -176,7 +175,7 @@ class Script:
                target: float | None = None) -> dict[str, Any]:
         request = settle_experiment.request(measured, disposition, report, target)
         op, call = self.call("settle_experiment", request)
-        return Handlers.answer_settle_experiment(self.coord, op, call)[0]
+        return self.coord.handlers.answer_settle_experiment(op, call)[0]
 
 
 def test_accept_then_reject_restores_w_from_the_best_accepted_checkpoint(
@@ -199,8 +198,8 @@ def test_accept_then_reject_restores_w_from_the_best_accepted_checkpoint(
     worse = script.measure(3.0)
     rejected = script.settle(worse, "reject")
     assert rejected["disposition"] == "rejected" and rejected["checkpoint"] == good
-    assert rejected["w_generation"] == 2 and coord.w_gen["root"] == 2
-    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    assert rejected["w_generation"] == 2 and coord.w["root"] == 2
+    broker: FakeBroker = coord.context.broker  # type: ignore[assignment]
     create, drop, spare = broker.sent[-3:]
     assert (create.intent_id, create.from_checkpoint, create.generation) == (
         "create-w.root.2", good, 2)
@@ -241,7 +240,7 @@ def test_an_accept_that_loses_or_breaks_a_guardrail_is_refused(coord: Coordinato
     bloated = script.measure(1.0, rss=120.0)
     with pytest.raises(ExperimentRefused, match="guardrail rss: 20.00% worse"):
         script.settle(bloated, "accept")
-    assert coord.w_gen["root"] == 1  # a refusal changes nothing
+    assert coord.w["root"] == 1  # a refusal changes nothing
     (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
     assert [c["disposition"] for c in facet["candidates"]] == ["accepted", "refused", "refused"]
     assert "guardrail rss" in facet["candidates"][2]["reason"]
@@ -251,7 +250,7 @@ def test_an_accept_that_loses_or_breaks_a_guardrail_is_refused(coord: Coordinato
 def test_dishonest_comparisons_are_refused_either_way(coord: Coordinator) -> None:
     script = Script(coord)
     script.settle(script.measure(2.0), "accept")
-    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    broker: FakeBroker = coord.context.broker  # type: ignore[assignment]
     broker.environment["kernel"] = "6.9.0"
     moved = script.measure(1.0)
     for disposition in ("accept", "reject"):
@@ -278,15 +277,15 @@ def test_a_settlement_interrupted_after_its_decision_finishes_the_same_way(
     worse = script.measure(3.0)
     op, call = script.call("settle_experiment",
                            {"measurement": worse["measurement"], "disposition": "reject"})
-    result, intents = coord.decide(op, call)
+    result, intents = coord.experiments.decide(op, call)
     coord.journal.update_op(RUN, op.op_id, token=coord.token, state="started", result=result,
                             intents=intents)
     # the crash: a new coordinator's w_gen comes from the journal's storage intents
     assert [i.intent_id for i in coord.journal.intents(RUN, "storage-v1")] == [
         "create-w.root.2", "drop-w.root.1"]
     started = coord.journal.get_op_by_id(RUN, op.op_id)
-    again = Handlers.answer_settle_experiment(coord, started, call)[0]
-    assert again == result and coord.w_gen["root"] == 2
+    again = coord.handlers.answer_settle_experiment(started, call)[0]
+    assert again == result and coord.w["root"] == 2
     assert coord.journal.get_op_by_id(RUN, op.op_id).state == "committed"
 
 
@@ -355,7 +354,7 @@ def test_a_settlement_flow_never_sends_is_refused_and_shown_without_it(
     op, call = script.call("settle_experiment", {"measurement": measured["measurement"],
                                                  "disposition": "accept", **extra})
     with pytest.raises(ExperimentRefused, match="not a settlement of flow.settle_experiment"):
-        Handlers.answer_settle_experiment(coord, op, call)
+        coord.handlers.answer_settle_experiment(op, call)
     (facet,) = settle_experiment.experiments(coord.journal.list_ops(RUN))
     (candidate,) = facet["candidates"]
     assert candidate["disposition"] == "refused" and "report" not in candidate
@@ -374,6 +373,6 @@ def test_below_the_reserve_a_measurement_is_refused_before_its_intent(
     op, call = script.call("measure_proposal",
                            {"evaluator": "bench", "primary": "runtime", "metrics": METRICS})
     with pytest.raises(StorageError, match="^measurement refused: "):
-        Handlers.answer_measure(coord, op, call)
+        coord.handlers.answer_measure(op, call)
     assert coord.journal.intents(RUN) == []  # the broker was never asked
     assert coord.journal.get_op_by_id(RUN, op.op_id).state == "requested"

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import pytest
 
@@ -90,7 +90,7 @@ def incarnation(run_id: str = RUN) -> Coordinator:
     """A coordinator holding the lease with the run ``running``, as ``run()`` leaves it
     before it replays."""
     coord = Coordinator(run_id)
-    coord.token = coord.journal.acquire_lease(run_id, coord.holder, ttl=60)
+    coord.token = coord.journal.acquire_lease(run_id, coord.lease.holder, ttl=60)
     coord.journal.set_run_state(run_id, "running", token=coord.token)
     return coord
 
@@ -123,7 +123,7 @@ def ask_and_exit(root: Path) -> str:
     coord = incarnation()
     suspended = replay_until_suspended(coord)
     assert suspended.state == "waiting"
-    assert interactions.suspend(coord, suspended) == 0
+    assert interactions.suspend(coord.context, suspended) == 0
     coord.journal.release_lease(RUN, coord.token)
     with journal_of(root) as journal:
         assert journal.get_run(RUN).state == "waiting"
@@ -200,7 +200,7 @@ def test_question_answer_binds_actor_and_challenge_and_resumes_there(root: Path)
         thread.join()
     assert sorted(outcomes) == ["already-answered", "approved"]
     # decided meanwhile: the coordinator does not leave the run waiting, it restarts
-    assert interactions.suspend(coord, suspended) == interactions.EXIT_RESTART
+    assert interactions.suspend(coord.context, suspended) == interactions.EXIT_RESTART
     assert coord.journal.get_run(RUN).state == "running"
     decided = coord.journal.approval(RUN, approval.request_id)
     assert decided is not None and decided.actor_uid == OWNER + 1
@@ -215,7 +215,7 @@ def wait_for_approval(root: Path, policy: str) -> tuple[Coordinator, str, str]:
                                 actor_uid=OWNER)
     coord = incarnation()
     suspended = replay_until_suspended(coord)
-    assert interactions.suspend(coord, suspended) == 0
+    assert interactions.suspend(coord.context, suspended) == 0
     coord.journal.release_lease(RUN, coord.token)
     (approval,) = coord.journal.approvals(RUN)
     return coord, approval.request_id, approval.fingerprint
@@ -307,7 +307,7 @@ def test_a_flow_approve_is_approved_by_its_fingerprint_and_the_workflow_gets_it(
     was once refused as an internal error, re-prepared as if it were an agent's)."""
     create_run(root, source=APPROVING)
     coord = incarnation()
-    assert interactions.suspend(coord, replay_until_suspended(coord)) == 0
+    assert interactions.suspend(coord.context, replay_until_suspended(coord)) == 0
     coord.journal.release_lease(RUN, coord.token)
     (approval,) = coord.journal.approvals(RUN)
     assert approval.prepared["subject"] == "Ship the shed?"
@@ -338,7 +338,7 @@ def test_control_requests_at_safe_points_and_on_waiting_runs(root: Path) -> None
         journal.request_control(RUN, "stop", actor_uid=OWNER)
     suspended = replay_until_suspended(coord)
     assert suspended.state == "stopped"
-    assert interactions.suspend(coord, suspended) == 0
+    assert interactions.suspend(coord.context, suspended) == 0
     assert coord.journal.get_run(RUN).state == "stopped"
     assert coord.journal.list_ops(RUN) == []  # stopped before the first operation
     assert coord.journal.pending_controls(RUN) == []
@@ -367,7 +367,7 @@ def test_inbox_lists_only_the_callers_waiting_items(root: Path) -> None:
         assert item["kind"] == "question" and item["challenge"] == challenge
         assert item["json_schema"]["properties"]["colour"]["type"] == "string"
         assert people.inbox(journal, OWNER + 1, all_users=True) == []
-        watched = people.watch(journal, request("watch", cursor=0), OWNER)
+        watched: dict[str, Any] = people.watch(journal, request("watch", cursor=0), OWNER)
         assert watched["state"] == "waiting" and not watched["finished"]
         assert watched["waiting"][0]["challenge"] == challenge
         later = people.watch(journal, request("watch", cursor=watched["cursor"]), OWNER)

@@ -42,7 +42,7 @@ def coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Coordinator:
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     c = Coordinator(RUN)
-    c.token = c.journal.acquire_lease(RUN, c.holder)
+    c.token = c.journal.acquire_lease(RUN, c.lease.holder)
     return c
 
 
@@ -60,7 +60,7 @@ def test_identical_call_is_answered_from_the_journal(coordinator: Coordinator) -
     coordinator.journal.update_op(RUN, "root-1", token=coordinator.token, state="committed",
                                   result={"output": {"summary": "s"}, "handoff": "",
                                           "op_id": "root-1"})
-    value, op_id, fresh = coordinator.answer(call("x"), None)
+    value, op_id, fresh = coordinator.replayer.answer(call("x"), None)
     assert (value["output"], op_id, fresh) == ({"summary": "s"}, op.op_id, False)
 
 
@@ -68,7 +68,7 @@ def test_diverging_request_fails_closed_with_both_sides(coordinator: Coordinator
     coordinator.journal.record_requested(call("old objective"), run_id=RUN, op_id="root-1",
                                          predecessor=None, token=coordinator.token)
     with pytest.raises(Nondeterminism, match="request_hash"):
-        coordinator.answer(call("new objective"), None)
+        coordinator.replayer.answer(call("new objective"), None)
     view = show(coordinator.journal, RUN, 1001)
     divergence = view["divergence"]
     assert divergence["op_id"] == "root-1" and divergence["fields"] == ["request_hash"]
@@ -78,7 +78,7 @@ def test_diverging_request_fails_closed_with_both_sides(coordinator: Coordinator
 
 def test_call_outside_the_manifest_is_refused(coordinator: Coordinator) -> None:
     with pytest.raises(Nondeterminism, match="not in the reviewed manifest"):
-        coordinator.answer(call("x", line=3), None)
+        coordinator.replayer.answer(call("x", line=3), None)
 
 
 def test_dead_holder_is_reclaimed_live_one_is_busy(coordinator: Coordinator) -> None:
@@ -116,15 +116,15 @@ def test_a_recovered_run_replays_committed_calls_with_the_real_worker(
 ) -> None:
     commit(coordinator, "x")
     recovered = Coordinator(RUN)  # started after the commit, as after a crash
-    assert set(recovered.committed) == {("root", 1)}
-    assert recovered.replay_once() == {"summary": "s"}
+    assert set(recovered.replayer.committed) == {("root", 1)}
+    assert recovered.replayer.replay_once() == {"summary": "s"}
 
 
 def test_a_recovered_run_whose_source_diverges_fails_closed(coordinator: Coordinator) -> None:
     commit(coordinator, "an objective the run was not launched with")
     recovered = Coordinator(RUN)
     with pytest.raises(Nondeterminism, match="request_hash"):
-        recovered.replay_once()
+        recovered.replayer.replay_once()
     assert show(coordinator.journal, RUN, 1001)["divergence"]["fields"] == ["request_hash"]
 
 
@@ -133,25 +133,25 @@ def test_the_prestarted_control_worker_is_the_one_the_replay_uses(
 ) -> None:
     commit(coordinator, "x")
     recovered = Coordinator(RUN)
-    recovered.prestart_control_worker()
-    prestarted = recovered.prestarted
+    recovered.replayer.prestart_control_worker()
+    prestarted = recovered.replayer.prestarted
     assert prestarted is not None and prestarted.poll() is None  # waiting for its start
-    assert recovered.take_control_worker() is prestarted
-    assert recovered.prestarted is None
+    assert recovered.replayer.take_control_worker() is prestarted
+    assert recovered.replayer.prestarted is None
     prestarted.kill()
     prestarted.wait()
-    recovered.prestart_control_worker()
-    assert recovered.replay_once() == {"summary": "s"}
-    assert recovered.prestarted is None
+    recovered.replayer.prestart_control_worker()
+    assert recovered.replayer.replay_once() == {"summary": "s"}
+    assert recovered.replayer.prestarted is None
 
 
 def test_a_prestarted_worker_that_died_is_replaced(coordinator: Coordinator) -> None:
-    coordinator.prestart_control_worker()
-    dead = coordinator.prestarted
+    coordinator.replayer.prestart_control_worker()
+    dead = coordinator.replayer.prestarted
     assert dead is not None
     dead.kill()
     dead.wait()
-    fresh = coordinator.take_control_worker()
+    fresh = coordinator.replayer.take_control_worker()
     try:
         assert fresh is not dead and fresh.poll() is None
     finally:
@@ -160,9 +160,9 @@ def test_a_prestarted_worker_that_died_is_replaced(coordinator: Coordinator) -> 
 
 
 def test_a_run_that_ends_before_its_replay_leaves_no_worker(coordinator: Coordinator) -> None:
-    coordinator.prestart_control_worker()
-    worker = coordinator.prestarted
+    coordinator.replayer.prestart_control_worker()
+    worker = coordinator.replayer.prestarted
     assert worker is not None
-    coordinator.discard_prestarted_worker()
-    assert worker.returncode is not None and coordinator.prestarted is None
-    coordinator.discard_prestarted_worker()  # nothing left: a no-op
+    coordinator.replayer.discard_prestarted_worker()
+    assert worker.returncode is not None and coordinator.replayer.prestarted is None
+    coordinator.replayer.discard_prestarted_worker()  # nothing left: a no-op

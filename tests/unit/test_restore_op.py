@@ -14,7 +14,6 @@ from test_control_worker import answer, drive
 from test_experiment_coordinator import RUN, FakeBroker, Script, coordinator_of
 
 from cairn.coordinator.core import Coordinator
-from cairn.coordinator.dispatch import Handlers
 from cairn.coordinator.restores import RestoreRefused
 from cairn.operations import restore
 from cairn.protocol.control import CallRequest
@@ -74,10 +73,10 @@ def test_a_restore_makes_w_from_the_boundary_and_later_calls_start_there(
     coord: Coordinator,
 ) -> None:
     script, first, op, call = after_a_detour(coord)
-    result, fresh = Handlers.answer_restore(coord, op, call)
+    result, fresh = coord.handlers.answer_restore(op, call)
     assert fresh and result == {"boundary": first, "w_generation": 2}
-    assert coord.w_gen["root"] == 2
-    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    assert coord.w["root"] == 2
+    broker: FakeBroker = coord.context.broker  # type: ignore[assignment]
     create, drop = broker.sent[-2:]
     assert (create.kind, create.intent_id, create.from_checkpoint, create.generation) == (
         "create-w", "create-w.root.2", first, 2)
@@ -92,15 +91,15 @@ def test_a_restore_interrupted_after_its_decision_makes_the_same_w(
     coord: Coordinator,
 ) -> None:
     _script, _first, op, call = after_a_detour(coord)
-    result = coord.decide_restore(op, call)
+    result = coord.restores.decide_restore(op, call)
     coord.journal.update_op(RUN, op.op_id, token=coord.token, state="started", result=result,
-                            intents=coord.restore_intents(op, result))
+                            intents=coord.restores.restore_intents(op, result))
     assert [i.intent_id for i in coord.journal.intents(RUN, "storage-v1")] == [
         "create-w.root.2", "drop-w.root.1"]
     started = coord.journal.get_op_by_id(RUN, op.op_id)
-    again, _ = Handlers.answer_restore(coord, started, call)
-    assert again == result and coord.w_gen["root"] == 2
-    broker: FakeBroker = coord.broker  # type: ignore[assignment]
+    again, _ = coord.handlers.answer_restore(started, call)
+    assert again == result and coord.w["root"] == 2
+    broker: FakeBroker = coord.context.broker  # type: ignore[assignment]
     assert [i.intent_id for i in broker.sent] == ["create-w.root.2", "drop-w.root.1"]
 
 
@@ -115,11 +114,11 @@ def test_only_a_committed_boundary_can_be_restored(
     script.agent()
     op, call = restore_call(script, boundary)
     with pytest.raises(RestoreRefused, match=said):
-        Handlers.answer_restore(coord, op, call)
+        coord.handlers.answer_restore(op, call)
     refused = coord.journal.get_op_by_id(RUN, op.op_id)
     assert (refused.state, refused.result) == ("not-started", {
         "error": said, "kind": "restore-refused"})
-    assert coord.w_gen["root"] == 1  # W unchanged
+    assert coord.w["root"] == 1  # W unchanged
 
 
 @pytest.mark.parametrize("request_", [
@@ -133,8 +132,8 @@ def test_a_request_flow_restore_never_sends_is_refused(
     script.agent()
     op, call = script.call("restore", request_)
     with pytest.raises(RestoreRefused, match="not a request of flow.restore"):
-        Handlers.answer_restore(coord, op, call)
-    assert coord.w_gen["root"] == 1
+        coord.handlers.answer_restore(op, call)
+    assert coord.w["root"] == 1
 
 
 def test_another_scopes_boundary_is_refused(coord: Coordinator) -> None:
@@ -149,7 +148,7 @@ def test_another_scopes_boundary_is_refused(coord: Coordinator) -> None:
     script.agent()
     op, call = restore_call(script, "root-1-a-1")
     with pytest.raises(RestoreRefused, match="not an earlier boundary of scope root"):
-        Handlers.answer_restore(coord, op, call)
+        coord.handlers.answer_restore(op, call)
 
 
 def call_in(scope: str, seq: int, kind: str, request: dict[str, Any]) -> CallRequest:

@@ -300,7 +300,7 @@ def test_a_line_past_the_message_limit_is_refused_and_the_connection_closed(
 
 def judged(c: Any, op: Any, invalid: ResultInvalid) -> OperationError | None:
     try:
-        c.judge_invalid(op, {"profile": "builtin:implementer"}, invalid)
+        c.agents.judge_invalid(op, {"profile": "builtin:implementer"}, invalid)
     except OperationError as exc:
         return exc
     return None
@@ -308,7 +308,8 @@ def judged(c: Any, op: Any, invalid: ResultInvalid) -> OperationError | None:
 
 def with_profile(c: Any, kind: str, **fields: Any) -> None:
     profile = ProfileSpec(name="builtin:implementer", kind=kind, **fields)  # type: ignore[arg-type]
-    c.desc = c.desc.model_copy(update={"profiles": {"builtin:implementer": profile}})
+    c.context.desc = c.context.desc.model_copy(
+        update={"profiles": {"builtin:implementer": profile}})
 
 
 def test_a_scripted_agents_invalid_result_fails_at_once(coordinator: Any) -> None:
@@ -362,16 +363,16 @@ def test_a_profile_of_one_attempt_fails_at_its_first_invalid_result(coordinator:
 def test_the_workers_reason_is_read_as_untrusted(coordinator: Any) -> None:
     op = agent_op(coordinator)
     out = outputs_of(coordinator, op)
-    assert coordinator.read_invalid_file(op) is None
+    assert coordinator.agents.read_invalid_file(op) is None
     reason = {"reason": "encoding: \x1b[2Jbad", "sha256": "c" * 64}
     (out / "result-invalid.json").write_text(json.dumps(reason))
     owned(out / "result-invalid.json", OWNER)
-    invalid = coordinator.read_invalid_file(op)
+    invalid = coordinator.agents.read_invalid_file(op)
     assert (invalid.kind, invalid.detail, invalid.sha256) == ("encoding", "?[2Jbad", "c" * 64)
     (out / "result-invalid.json").unlink()
     os.mkfifo(out / "result-invalid.json")
     owned(out / "result-invalid.json", OWNER)
-    assert coordinator.read_invalid_file(op).kind == "file"
+    assert coordinator.agents.read_invalid_file(op).kind == "file"
 
 
 def test_an_oversized_file_is_fingerprinted_by_its_size_and_head(command_env: Path) -> None:
@@ -397,7 +398,7 @@ def test_an_agent_without_a_result_is_retried_as_often_as_its_profile_says(
     op = agent_op(coordinator)
     with pytest.raises(OperationError, match=r"ended without finish_work in 1 attempt "
                        r"\(last: exited 1\)"):
-        coordinator.retry_or_block(op, {"profile": "builtin:implementer", "network": "none"},
-                                   "exited 1")
+        coordinator.agents.recovery.retry_or_block(
+            op, {"profile": "builtin:implementer", "network": "none"}, "exited 1")
     row = coordinator.journal.get_op_by_id(RUN, "root-1")
     assert (row.state, row.error) == ("failed", "no finish_work in 1 attempt (exited 1)")

@@ -302,7 +302,7 @@ def coordinator(
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     c = Coordinator(RUN)
-    c.token = c.journal.acquire_lease(RUN, c.holder)
+    c.token = c.journal.acquire_lease(RUN, c.lease.holder)
     return c
 
 
@@ -317,7 +317,7 @@ def agent_op(c: Coordinator) -> OpRow:
 
 
 def outputs_of(c: Coordinator, op: OpRow) -> Path:
-    out = c.outputs_dir(op.op_id, op.attempt)
+    out = c.context.outputs_dir(op.op_id, op.attempt)
     out.mkdir(parents=True)
     os.chmod(out, 0o777)
     return out
@@ -381,8 +381,8 @@ def test_read_result_file_accepts_the_owners_file(coordinator: Coordinator, tmp_
     out = outputs_of(coordinator, op)
     write_result(FINISH["output"], "h", out / "finish.json")
     owned(out / "finish.json", OWNER)
-    model = coordinator.models[coordinator.review["agents"]["implement"]["output"]]
-    message = coordinator.read_result_file(op, model)
+    model = coordinator.context.models[coordinator.context.review["agents"]["implement"]["output"]]
+    message = coordinator.agents.read_result_file(op, model)
     assert message is not None and message.output == {"summary": "done"}
 
 
@@ -394,8 +394,8 @@ def test_read_result_file_refuses_what_is_not_the_agents_own_file(
         pytest.skip("needs root")
     op = agent_op(coordinator)
     plant(outputs_of(coordinator, op), "finish.json", kind, tmp_path, json.dumps(FINISH))
-    model = coordinator.models[coordinator.review["agents"]["implement"]["output"]]
-    assert within(5, lambda: coordinator.read_result_file(op, model)) is None
+    model = coordinator.context.models[coordinator.context.review["agents"]["implement"]["output"]]
+    assert within(5, lambda: coordinator.agents.read_result_file(op, model)) is None
     assert refused(caplog, kind)
 
 
@@ -410,7 +410,7 @@ def test_fail_if_limit_hit_reads_the_owners_record(
     subprocess.run(["/bin/sh", "-c", command], env=env, check=True)
     owned(record, OWNER)
     with pytest.raises(OperationError, match="OOM killer"):
-        coordinator.fail_if_limit_hit(op)
+        coordinator.agents.recovery.fail_if_limit_hit(op)
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
@@ -421,7 +421,7 @@ def test_fail_if_limit_hit_ignores_a_planted_record(
         pytest.skip("needs root")
     op = agent_op(coordinator)
     plant(outputs_of(coordinator, op), "service-result", kind, tmp_path, "oom-kill 2 9\n")
-    assert within(5, lambda: coordinator.fail_if_limit_hit(op)) is None
+    assert within(5, lambda: coordinator.agents.recovery.fail_if_limit_hit(op)) is None
     assert refused(caplog, kind)
 
 

@@ -102,24 +102,25 @@ def coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Coordinator:
     with Journal(paths.journal_path(), create=True) as journal:
         journal.create_run(desc, intents=[])
     c = Coordinator(RUN)
-    c.token = c.journal.acquire_lease(RUN, c.holder)
+    c.token = c.journal.acquire_lease(RUN, c.lease.holder)
     return c
 
 
 def test_worklist_view_comes_from_the_journal(coordinator: Coordinator) -> None:
-    line = next(c["line"] for c in coordinator.review["calls"] if c["kind"] == "unroll")
+    line = next(c["line"] for c in coordinator.context.review["calls"] if c["kind"] == "unroll")
     where = f"wf.py:{line}:11"
-    coordinator.answer(CallRequest(scope="root", seq=1, kind="unroll", location=where,
-                                   request={"title": "Plan", "items": ["a", "b", "c"]}), None)
-    coordinator.answer(CallRequest(scope="root", seq=2, kind="item", location=where,
-                                   request={"worklist": "Plan", "index": 0, "label": "a"}),
-                       "root-1")
+    answer = coordinator.replayer.answer
+    answer(CallRequest(scope="root", seq=1, kind="unroll", location=where,
+                       request={"title": "Plan", "items": ["a", "b", "c"]}), None)
+    answer(CallRequest(scope="root", seq=2, kind="item", location=where,
+                       request={"worklist": "Plan", "index": 0, "label": "a"}),
+           "root-1")
     (plan,) = show(coordinator.journal, RUN, 1001)["worklists"]
     assert (plan["title"], plan["revision"], plan["done"], plan["complete"]) == (
         "Plan", 1, 0, False)
     assert plan["states"] == ["active", "waiting", "waiting"]
-    coordinator.answer(CallRequest(scope="root", seq=3, kind="item", location=where,
-                                   request={"worklist": "Plan", "index": 1, "label": "b"}),
-                       "root-2")
+    answer(CallRequest(scope="root", seq=3, kind="item", location=where,
+                       request={"worklist": "Plan", "index": 1, "label": "b"}),
+           "root-2")
     (plan,) = show(coordinator.journal, RUN, 1001)["worklists"]
     assert plan["states"] == ["done", "active", "waiting"] and plan["done"] == 1
