@@ -627,12 +627,13 @@
         badge.hidden = items.length === 0;
     }
 
-    /* The failed runs launched in the last FAILED_DAYS days (none when cairn cannot list
-     * them: the inbox still shows what waits). */
+    /* The failed runs launched in the last FAILED_DAYS days and not retried yet (none when
+     * cairn cannot list them: the inbox still shows what waits). */
     function recentlyFailed() {
         const since = Date.now() / 1000 - FAILED_DAYS * 86400;
         return cairnJSON(["list"])
-            .then(runs => runs.filter(r => r.state === "failed" && r.created_at >= since))
+            .then(runs => runs.filter(r => r.state === "failed" && r.created_at >= since &&
+                !(r.replayed_by || []).length))
             .catch(() => []);
     }
 

@@ -82,6 +82,7 @@ def queue_position(journal: Journal) -> dict[str, int]:
 
 def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
     positions = queue_position(journal) if any(r.state == "queued" for r in runs) else {}
+    replays = journal.replays_of([r.run_id for r in runs if r.state == "failed"])
     listed = []
     for r in runs:
         ops = journal.list_ops(r.run_id)
@@ -98,6 +99,7 @@ def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
             settlement_summary=_summary(r),
             error=r.error,
             replay_through=_retry_point(journal, r, ops),
+            replayed_by=replays.get(r.run_id, []),
         ))
     rows: list[JSONObject] = PsReply(runs=listed).model_dump(mode="json")["runs"]
     return rows

@@ -196,6 +196,22 @@ class Runs(Writes):
             ).fetchall()
         return [RunRow.from_row(r) for r in rows]
 
+    def replays_of(self, run_ids: list[str]) -> dict[str, list[str]]:
+        """The runs replayed from each of ``run_ids`` (``cairn replay``), oldest first; a
+        run that no replay names is left out."""
+        if not run_ids:
+            return {}
+        marks = ", ".join("?" * len(run_ids))
+        rows = self.db.execute(
+            "SELECT json_extract(launch, '$.replay.source_run') AS source, run_id FROM runs"
+            f" WHERE source IN ({marks}) ORDER BY created_at",  # noqa: S608 (only marks)
+            run_ids,
+        ).fetchall()
+        replays: dict[str, list[str]] = {}
+        for source, run_id in rows:
+            replays.setdefault(source, []).append(run_id)
+        return replays
+
     # --- finding a run by a short name -----------------------------------------------
 
     def runs_with_prefix(self, prefix: str, *, owner_uid: int | None, limit: int) -> list[RunMatch]:

@@ -89,7 +89,8 @@ class RunListing(Reply):
     """One run as ``ps`` lists it; ``position``: a queued run's place in the queue;
     ``error``: why it failed or blocked; ``replay_through``: a failed run's latest root
     boundary ``cairn replay`` starts from (how it is retried), while its storage is kept;
-    None otherwise."""
+    None otherwise; ``replayed_by``: the runs replayed from a failed run, oldest first
+    (empty for the others)."""
 
     run_id: str
     state: str
@@ -103,6 +104,7 @@ class RunListing(Reply):
     settlement_summary: SettlementSummary | None
     error: str | None = None
     replay_through: str | None = None
+    replayed_by: list[str] = []
 
 
 class PsReply(Reply):

@@ -150,6 +150,9 @@ def retry_failed(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any]
     seen["retried"] = json.loads(wait(driver, new_run, 120))[1]
     wait(driver, lambda d: d.find_elements(By.ID, "replayed-from"))
     seen["replayed_from"] = text_of(driver, "#replayed-from")
+    into_page(driver, "/inbox")  # retried: no longer among the failed runs to act on
+    seen["failed_after_retry"] = [e.get_attribute("data-run") for e in
+                                  driver.find_elements(By.CSS_SELECTOR, "li[data-kind='failed']")]
 
 
 def read_facets(driver: WebDriver, config: dict[str, Any], seen: dict[str, Any],

@@ -301,6 +301,9 @@ def test_a_person_answers_in_the_console_and_sees_the_applied_diff(console: Mach
     again = json.loads(cairn(machine, "show", retried, "--json"))
     assert again["replayed_from"] == {"run_id": doomed, "through": "root-1", "imported": 1}
     assert seen["replayed_from"] == f"{doomed} through root-1"
+    assert doomed not in seen["failed_after_retry"], seen["failed_after_retry"]
+    runs = {r["run_id"]: r for r in json.loads(cairn(machine, "list", "--json"))}
+    assert runs[doomed]["replayed_by"] == [retried]
 
     # the facets run: its operations as a tree of lanes, its worklist and experiment, as
     # 'cairn show' has them

@@ -36,10 +36,11 @@ from cairn.protocol.mcp import LATEST_PROTOCOL_VERSION, MAX_ARTIFACT_TEXT
 
 FIXED = ["cairn_runs", "cairn_show", "cairn_artifact", "cairn_watch", "cairn_inbox",
          "cairn_answer", "cairn_workflow_draft"]
-RUNS = [{"run_id": RUN, "state": "running", "position": None, "definition": "user:fix-flaky",
-         "project": "/home/u/app", "owner_uid": 1000, "created_at": 1.0, "run_key": None,
-         "current_op": None, "settlement_summary": None, "error": None,
-         "replay_through": None}]
+RUNS: list[dict[str, Any]] = [{
+    "run_id": RUN, "state": "running", "position": None, "definition": "user:fix-flaky",
+    "project": "/home/u/app", "owner_uid": 1000, "created_at": 1.0, "run_key": None,
+    "current_op": None, "settlement_summary": None, "error": None, "replay_through": None,
+    "replayed_by": []}]
 QUESTION: dict[str, Any] = {
             "kind": "question", "run_id": RUN, "op_id": "root-3", "question": "Which branch?",
             "schema_name": None, "challenge": "sha256:" + "c" * 64, "created_at": 1.0,

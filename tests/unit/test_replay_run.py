@@ -245,6 +245,7 @@ def test_a_failed_run_names_the_checkpoint_its_retry_replays_from(
     listed = {r["run_id"]: r for r in views.ps(journal, OWNER, all_users=False)}
     assert (listed[failed]["error"], listed[failed]["replay_through"]) == (
         "agent root-4 failed", "root-3")
+    assert listed[failed]["replayed_by"] == []
     shown = views.show(journal, failed, OWNER)
     assert shown["replay_through"] == "root-3"
     monkeypatch.setattr(runs, "request", lambda _body, **_kw: shown)
@@ -252,6 +253,11 @@ def test_a_failed_run_names_the_checkpoint_its_retry_replays_from(
     assert out.exit_code == 0, out.output
     assert f"retry from its last checkpoint: cairn replay {failed} --through root-3\n" \
         in out.stdout
+    # retried: the list names the new run (the console's inbox leaves the failed one out)
+    retried = daemon_replay.replay(journal, failed, "root-3", OWNER)["run_id"]
+    listed = {r["run_id"]: r for r in views.ps(journal, OWNER, all_users=False)}
+    assert listed[failed]["replayed_by"] == [retried]
+    assert listed[retried]["replayed_by"] == []  # not failed: nothing is asked
     # a running run is retried by nothing: it names no replay point
     # once its storage is deleted, nothing is left to retry from
     journal.add_intents(failed, [Intent(intent_id="delete-run", run_id=failed,
