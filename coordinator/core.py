@@ -194,6 +194,7 @@ class Coordinator:
             return 0
         finally:
             self.replayer.discard_prestarted_worker()
+            self.lease.stop_heartbeat()
             self.remove_channels_if_ended()
             self.lease.release()
 

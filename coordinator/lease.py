@@ -98,9 +98,13 @@ class Lease:
         threading.Thread(target=self._heartbeat, daemon=True).start()
         return self.run.token
 
+    def stop_heartbeat(self) -> None:
+        """Renew no more: the coordinator is on its way out."""
+        self._stop_heartbeat.set()
+
     def release(self) -> None:
         """Stop renewing and give the lease back (a lease already lost stays lost)."""
-        self._stop_heartbeat.set()
+        self.stop_heartbeat()
         with contextlib.suppress(LeaseLost):
             self.run.journal.release_lease(self.run.run_id, self.run.token)
 

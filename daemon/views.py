@@ -82,7 +82,7 @@ def queue_position(journal: Journal) -> dict[str, int]:
 
 def _ps_rows(journal: Journal, runs: list[RunRow]) -> list[JSONObject]:
     positions = queue_position(journal) if any(r.state == "queued" for r in runs) else {}
-    replays = journal.replays_of([r.run_id for r in runs if r.state == "failed"])
+    replays = journal.replays_of([r for r in runs if r.state == "failed"])
     listed = []
     for r in runs:
         ops = journal.list_ops(r.run_id)

@@ -196,20 +196,25 @@ class Runs(Writes):
             ).fetchall()
         return [RunRow.from_row(r) for r in rows]
 
-    def replays_of(self, run_ids: list[str]) -> dict[str, list[str]]:
-        """The runs replayed from each of ``run_ids`` (``cairn replay``), oldest first; a
-        run that no replay names is left out."""
-        if not run_ids:
-            return {}
-        marks = ", ".join("?" * len(run_ids))
-        rows = self.db.execute(
-            "SELECT json_extract(launch, '$.replay.source_run') AS source, run_id FROM runs"
-            f" WHERE source IN ({marks}) ORDER BY created_at",  # noqa: S608 (only marks)
-            run_ids,
-        ).fetchall()
+    def replays_of(self, runs: Sequence[RunRow]) -> dict[str, list[str]]:
+        """The runs replayed from each of ``runs`` (``cairn replay``), oldest first; a run
+        no replay names is left out. A replay is its source's owner's and newer than it
+        (``daemon/replay.py``), so only each owner's runs since their oldest source given
+        are read (the ``runs_owner`` index)."""
+        sources = {run.run_id for run in runs}
+        since: dict[int, float] = {}
+        for run in runs:
+            since[run.owner_uid] = min(since.get(run.owner_uid, run.created_at), run.created_at)
         replays: dict[str, list[str]] = {}
-        for source, run_id in rows:
-            replays.setdefault(source, []).append(run_id)
+        for owner, first in since.items():
+            rows = self.db.execute(
+                "SELECT json_extract(launch, '$.replay.source_run'), run_id FROM runs"
+                " WHERE owner_uid=? AND created_at>=? ORDER BY created_at",
+                (owner, first),
+            ).fetchall()
+            for source, run_id in rows:
+                if source in sources:
+                    replays.setdefault(source, []).append(run_id)
         return replays
 
     # --- finding a run by a short name -----------------------------------------------

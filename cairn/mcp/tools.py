@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from cairn.cli.attest import Expected
+from cairn.cli.client import typed
 from cairn.definitions import registry, user
 from cairn.definitions.resolve import current_review, for_launch, split
 from cairn.errors import CairnError, NotFound, PermissionDenied, UsageError
@@ -163,12 +164,12 @@ def workflow_tool(workflow: ExposedWorkflow) -> Tool:
 
 
 def _runs(args: RunsArgs, session: Session, report: Reporter | None) -> JSONObject:
-    listed = PsReply.model_validate({"runs": session.request(PsRequest())})
+    listed = typed(PsReply, {"runs": session.request(PsRequest())})
     return listed.model_dump(mode="json")
 
 
 def _show(args: RunArgs, session: Session, report: Reporter | None) -> JSONObject:
-    view = ShowReply.model_validate(session.request(ShowRequest(run_id=args.run))).model_dump(
+    view = typed(ShowReply, session.request(ShowRequest(run_id=args.run))).model_dump(
         mode="json")
     return {
         "run": view["run"],
@@ -191,14 +192,14 @@ def _open_request(facet: JSONValue) -> JSONObject | None:
 def _inbox(args: InboxArgs, session: Session, report: Reporter | None) -> JSONObject:
     sent = session.request(InboxRequest())
     # checked by its model, then passed on as sent: a question is the journal's row whole
-    InboxReply.model_validate({"items": sent})
+    typed(InboxReply, {"items": sent})
     return {"items": [_without_approval_keys(json_object(item)) for item in json_list(sent)]}
 
 
 def _artifact(args: ArtifactArgs, session: Session, report: Reporter | None) -> JSONObject:
     """One published file as text (its first :data:`MAX_ARTIFACT_TEXT` characters), or
     only its size and hash when it is not UTF-8: a model reads text."""
-    got = ArtifactContent.model_validate(session.request(
+    got = typed(ArtifactContent, session.request(
         ArtifactsRequest(run_id=args.run, op_id=args.op, name=args.name)))
     data = base64.b64decode(got.content_base64, validate=True)
     if hashlib.sha256(data).hexdigest() != got.sha256:
@@ -228,7 +229,7 @@ def _without_approval_keys(item: JSONObject) -> JSONObject:
 
 def _answer(args: AnswerArgs, session: Session, report: Reporter | None) -> JSONObject:
     text = args.answer if isinstance(args.answer, str) else json.dumps(args.answer)
-    answered = AnswerReply.model_validate(session.request(
+    answered = typed(AnswerReply, session.request(
         AnswerRequest(run_id=args.run, challenge=args.challenge, answer=text)
     ))
     return answered.model_dump(mode="json")
@@ -241,7 +242,7 @@ def _watch(args: WatchArgs, session: Session, report: Reporter | None) -> JSONOb
     cursor, first_state = args.cursor, None
     events: list[JSONValue] = []
     while True:
-        got = WatchReply.model_validate(
+        got = typed(WatchReply,
             session.request(WatchRequest(run_id=args.run, cursor=cursor)))
         data = got.model_dump(mode="json")
         for event in json_list(data["events"]):
@@ -448,7 +449,7 @@ def launch(workflow: ExposedWorkflow, args: LaunchArgs, session: Session) -> JSO
                     hint=f"a person exposes it again: 'cairn workflow expose "
                     f"{workflow.definition}'",
                 )
-        result = LaunchReply.model_validate(session.request(
+        result = typed(LaunchReply, session.request(
             LaunchRequest(
                 definition=workflow.definition,
                 source=source,

@@ -6,13 +6,14 @@ does not know; ``cairn version --json`` names the version."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import cast
 
 import pytest
 from clirunner import CliRunner
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, create_model
 
 from cairn.cli.commands import app
 from cairn.protocol.jsonschema import JSON_SCHEMA_VERSION, REGENERATE, document, outputs, text
@@ -20,6 +21,8 @@ from cairn.protocol.jsonschema import JSON_SCHEMA_VERSION, REGENERATE, document,
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = REPO / "docs" / "json-schema.json"
 FIRST_OF_EACH_VERSION = Path(__file__).parent / "fixtures" / "json-schema"
+# Each version's copy as first published: regenerating it would hide a removal.
+FIRST_SHA256 = {1: "3a2b3229ac2c0cb1bf5b9fff4067e5563f7d7e7f1a5b1f0975adcd6ac57f82b8"}
 
 Schema = dict[str, object]
 
@@ -48,8 +51,12 @@ def _fields(node: Schema, defs: dict[str, Schema], path: str, seen: frozenset[st
         found |= _fields(sub, defs, f"{path}.{name}", seen)
     found |= {f"{path}.{name} required" for name in cast(list[str], node.get("required", []))}
     for key in ("anyOf", "oneOf", "allOf"):
-        for branch in cast(list[Schema], node.get(key, [])):
-            found |= _fields(branch, defs, path, seen)
+        for index, branch in enumerate(cast(list[Schema], node.get(key, []))):
+            # each branch under its own name: a field one branch lost is not hidden by
+            # another's, and a field that became nullable is no longer the same field
+            named = branch.get("$ref")
+            label = named.rsplit("/", 1)[-1] if isinstance(named, str) else str(index)
+            found |= _fields(branch, defs, f"{path}|{label}", seen)
     if isinstance(node.get("items"), dict):
         found |= _fields(cast(Schema, node["items"]), defs, f"{path}[]", seen)
     if isinstance(node.get("additionalProperties"), dict):
@@ -69,6 +76,8 @@ def test_no_field_is_removed_renamed_or_retyped_without_a_version_bump() -> None
     first = FIRST_OF_EACH_VERSION / f"v{JSON_SCHEMA_VERSION}.json"
     assert first.exists(), (
         f"version {JSON_SCHEMA_VERSION} has no published copy: cp docs/json-schema.json {first}")
+    assert hashlib.sha256(first.read_bytes()).hexdigest() == FIRST_SHA256[JSON_SCHEMA_VERSION], (
+        f"{first} changed: it is version {JSON_SCHEMA_VERSION} as first published")
     published = json.loads(first.read_text())
     assert published["version"] == JSON_SCHEMA_VERSION
     gone = sorted(fields(published) - fields(dict(document())))
@@ -95,12 +104,34 @@ def test_the_field_walk_sees_a_removal_a_rename_and_a_new_type() -> None:
         count: int
         more: bool = False
 
+    class Nullable(BaseModel):
+        run_id: str | None
+        count: int
+
+    class Other(BaseModel):
+        run_id: str
+        extra: int
+
+    def one(*, keeps_run_id: bool) -> type[BaseModel]:
+        """A model named One, with or without ``run_id``."""
+        if keeps_run_id:
+            return create_model("One", extra=(int, ...), run_id=(str, ...))
+        return create_model("One", extra=(int, ...))
+
     def walk(model: type[BaseModel]) -> set[str]:
         return fields({"commands": {"c": TypeAdapter(model).json_schema()}})
 
     assert walk(Before) - walk(Renamed) == {"c.run_id: string", "c.run_id required"}
     assert walk(Before) - walk(Retyped) == {"c.count: integer"}
     assert walk(Before) - walk(Added) == set()
+    assert walk(Before) - walk(Nullable) == {"c.run_id: string"}
+
+    def union(*models: type[BaseModel]) -> set[str]:
+        return fields({"commands": {"c": TypeAdapter(models[0] | models[1]).json_schema()}})
+
+    # a field one branch of a union lost is seen although the other branch still has it
+    lost = union(one(keeps_run_id=True), Other) - union(one(keeps_run_id=False), Other)
+    assert lost == {"c|One.run_id: string", "c|One.run_id required"}
 
 
 @pytest.mark.parametrize("command", sorted(outputs()))

@@ -297,6 +297,16 @@ def test_watch_leaves_out_the_fingerprint_of_an_approval_requested() -> None:
     assert "fingerprint" not in json.dumps(result)
 
 
+def test_a_reply_cairnd_sent_that_does_not_fit_is_said_so_not_blamed_on_the_arguments() -> None:
+    reply = watch_reply("running", ["run-started"], 1)
+    del reply["cursor"]
+    [answer] = serve(ScriptedCairnd([reply]), watch_call({"run": RUN, "timeout": 1}, None))
+    result = answer["result"]
+    assert result["isError"] is True
+    assert _text(result).startswith("cairnd sent a reply this CLI cannot read"), result
+    assert "cursor" not in _text(result)
+
+
 def test_watch_returns_at_its_timeout_and_without_a_token_sends_no_progress() -> None:
     cairnd = ScriptedCairnd([watch_reply("running", ["run-started"], 5)])
     [answer] = serve(cairnd, watch_call({"run": RUN, "timeout": 3, "cursor": 4}, None))
