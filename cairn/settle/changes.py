@@ -343,6 +343,7 @@ class _Node:
         "children",
         "content",
         "meta",
+        "written",
         "detached",
         "link_source",
         "touched",
@@ -353,8 +354,9 @@ class _Node:
         self.parent = parent
         self.origin = origin  # the path this dentry had in Q, None if new
         self.children: dict[str, _Node | None] = {}  # None: absent now (masks Q's entry)
-        self.content = False
+        self.content = False  # made here, or its data changed
         self.meta = False
+        self.written = False  # its data changed (not only made here)
         self.detached = False
         self.link_source: _Node | None = None  # for LINK: the dentry it was linked from
         self.touched = False  # UTIMES named it
@@ -490,7 +492,8 @@ class ChangeTracker:
         elif role is _Role.REMOVE:
             self._detach(self._resolve(path))
         elif role is _Role.CONTENT:
-            self._resolve(path).content = True
+            node = self._resolve(path)
+            node.content = node.written = True
         elif role is _Role.META:
             self._resolve(path).meta = True
         elif role is _Role.TIMES:
@@ -541,6 +544,10 @@ class ChangeTracker:
         occupied: set[str] = set()  # P paths whose entry is not Q's entry at that path
         modified: set[str] = set()
         metadata: set[str] = set()
+        # a file changed at a new name (moved, or linked there: send renames a file with
+        # more than one name by LINK and UNLINK): its other names changed with it; those
+        # that are new themselves are occupied anyway. A new link alone changes nothing.
+        moved_and_changed: dict[str, bool] = {}  # its final path -> content changed
         renames: list[tuple[str, str]] = []
         final_path = self._final_paths()
         for node in self.nodes:
@@ -569,11 +576,14 @@ class ChangeTracker:
                     modified.add(final)
                 elif node.meta:
                     metadata.add(final)
+            elif final is not None and (node.written or node.meta):
+                moved_and_changed[final] = node.written
         if reader is not None:
-            for path in sorted(modified | metadata):
+            changed_here = {path: path in modified for path in modified | metadata}
+            for path, content in sorted({**changed_here, **moved_and_changed}.items()):
                 for other in reader.other_links_p(path):
                     if other not in occupied:
-                        (modified if path in modified else metadata).add(other)
+                        (modified if content else metadata).add(other)
 
         def existed(path: str) -> bool:
             if path in vacated:

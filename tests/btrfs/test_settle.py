@@ -205,6 +205,30 @@ def test_apply_clean_then_already_applied(pool: Pool, run_id: str, tmp_path: Pat
     assert apply(q, f, live, [], receipts).status == "noop"
 
 
+def test_a_file_written_through_a_new_name_reaches_its_other_name(
+    pool: Pool, run_id: str, tmp_path: Path
+) -> None:
+    """docs/guide.md and src/guide-link.md are one file; the agent renames the second and
+    writes through the new name (send names the file by that one: its directory is the
+    older), and the live project's other name gets the new bytes too."""
+    live = live_project(pool)
+    os.link(live / "docs" / "guide.md", live / "src" / "guide-link.md")
+
+    def agent(w: Path) -> None:
+        os.rename(w / "src" / "guide-link.md", w / "src" / "manual.md")
+        with open(w / "src" / "manual.md", "a") as fh:
+            fh.write("more\n")
+
+    q, f, accepted, _ = settle_run(pool, run_id, live, agent, SettlementPolicy())
+    assert "docs/guide.md" in accepted
+    result = apply(q, f, live, accepted, tmp_path / "receipts.jsonl")
+    assert result.status == "applied"
+    assert (live / "docs" / "guide.md").read_text() == "guide\nmore\n"
+    assert (live / "src" / "manual.md").read_text() == "guide\nmore\n"
+    assert not (live / "src" / "guide-link.md").exists()
+    assert inventories_equal(f, live)
+
+
 def test_a_persons_edit_is_a_conflict_and_nothing_is_written(
     pool: Pool, run_id: str, tmp_path: Path
 ) -> None:
