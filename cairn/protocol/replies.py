@@ -18,11 +18,23 @@ profiles and views whole."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, JsonValue, Tag
 
 from cairn.protocol.agent import Artifact, ArtifactRefused
+
+
+def kind_tag(known: tuple[str, ...], other: str) -> Callable[[object], str]:
+    """A union's discriminator by the item's ``kind`` (a dict's key, a model's field): the
+    kind when it is one of ``known``, else ``other`` (a kind a newer cairnd adds)."""
+
+    def tag(item: object) -> str:
+        kind = item.get("kind") if isinstance(item, dict) else getattr(item, "kind", None)
+        return kind if kind in known else other
+
+    return tag
 
 
 class Reply(BaseModel):
@@ -399,9 +411,7 @@ class PreparedApply(Reply):
     diff_sha256: str
 
 
-def _prepared_kind(prepared: object) -> str:
-    kind = prepared.get("kind") if isinstance(prepared, dict) else getattr(prepared, "kind", None)
-    return kind if kind in ("apply", "approve") else "agent"
+_prepared_kind = kind_tag(("apply", "approve"), "agent")
 
 
 class PolicyEvaluation(Reply):
@@ -461,9 +471,7 @@ class BlockedScheduleItem(InboxItem):
 _INBOX_KINDS = ("question", "approval", "blocked", "schedule-blocked")
 
 
-def _inbox_kind(item: object) -> str:
-    kind = item.get("kind") if isinstance(item, dict) else getattr(item, "kind", None)
-    return kind if kind in _INBOX_KINDS else "other"
+_inbox_kind = kind_tag(_INBOX_KINDS, "other")
 
 
 class InboxReply(Reply):

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, JsonValue, Tag
 
-from cairn.protocol.replies import Reply
+from cairn.protocol.replies import Reply, kind_tag
 
 
 class PingReply(Reply):
@@ -88,9 +88,7 @@ class WaitingApproval(WaitingFor):
     fingerprint: str
 
 
-def _waiting_kind(item: object) -> str:
-    kind = item.get("kind") if isinstance(item, dict) else getattr(item, "kind", None)
-    return kind if kind in ("question", "approval") else "other"
+_waiting_kind = kind_tag(("question", "approval"), "other")
 
 
 class WatchReply(Reply):

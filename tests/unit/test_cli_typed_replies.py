@@ -93,19 +93,24 @@ def test_a_list_that_is_not_one_is_a_cairn_error(monkeypatch: pytest.MonkeyPatch
     assert result.exception.message == "cairnd sent a reply this CLI cannot read"
 
 
+def schedule_detail(project: Path, status: str, review_hash: str) -> dict[str, Any]:
+    """Schedule SCHEDULE of builtin:implement on ``project``, as schedule-inspect answers."""
+    return {"schedule_id": SCHEDULE, "name": "nightly", "status": status, "revision": 1,
+            "confirmed_revision": 1, "awaiting_confirmation": False,
+            "definition": "builtin:implement", "project": str(project),
+            "calendar": "*-*-* 02:00:00 UTC", "timezone": "UTC", "catch_up": "none",
+            "overlap": "skip", "min_spacing_sec": 0, "max_runs": 10, "runs_used": 0,
+            "valid_until": "2030-01-01T00:00:00Z", "launch_failures": 0,
+            "blocked_reason": None, "timer_unit": f"cairn-schedule@{SCHEDULE}.timer",
+            "timer": None, "last_occurrence": None, "review_hash": review_hash, "args": {},
+            "profiles": [], "challenge": None, "next_elapses": [], "occurrences": [],
+            "occurrences_omitted": False}
+
+
 def test_a_create_or_resume_reply_that_does_not_fit_is_a_cairn_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    shown = {"schedule_id": SCHEDULE, "name": "nightly", "status": "paused", "revision": 1,
-             "confirmed_revision": 1, "awaiting_confirmation": False,
-             "definition": "builtin:implement", "project": str(tmp_path),
-             "calendar": "*-*-* 02:00:00 UTC", "timezone": "UTC", "catch_up": "none",
-             "overlap": "skip", "min_spacing_sec": 0, "max_runs": 10, "runs_used": 0,
-             "valid_until": "2030-01-01T00:00:00Z", "launch_failures": 0,
-             "blocked_reason": None, "timer_unit": f"cairn-schedule@{SCHEDULE}.timer",
-             "timer": None, "last_occurrence": None, "review_hash": "sha256:0", "args": {},
-             "profiles": [], "challenge": None, "next_elapses": [], "occurrences": [],
-             "occurrences_omitted": False}
+    shown = schedule_detail(tmp_path, "paused", "sha256:0")
     sent: list[str] = []
 
     def request(body: Any, **_kwargs: Any) -> Any:

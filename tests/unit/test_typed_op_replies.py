@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from clirunner import CliRunner
+from test_cli_typed_replies import SCHEDULE, schedule_detail
 
 from cairn.cli import launching, people, runs, schedule, schedulepins
 from cairn.cli.commands import app
@@ -26,7 +27,6 @@ from cairn.protocol.replies import OccurrenceDecision, ScheduleReconcileReply, S
 from cairn.protocol.run_replies import LaunchReply, PingReply, UpgradeReply
 
 RUN = "flow_" + "3fa9" * 8
-SCHEDULE = "0123456789ab"
 HASH = "sha256:" + "a" * 64
 
 
@@ -111,17 +111,7 @@ def scheduled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     """A schedule of builtin:implement on ``tmp_path``, unpinned, as schedule-inspect
     answers it; the replies of the other ops are set by the test."""
     monkeypatch.setattr(schedulepins, "pinned", lambda _schedule_id: None)
-    detail = {"schedule_id": SCHEDULE, "name": "nightly", "status": "active", "revision": 1,
-              "confirmed_revision": 1, "awaiting_confirmation": False,
-              "definition": "builtin:implement", "project": str(tmp_path),
-              "calendar": "*-*-* 02:00:00 UTC", "timezone": "UTC", "catch_up": "none",
-              "overlap": "skip", "min_spacing_sec": 0, "max_runs": 10, "runs_used": 0,
-              "valid_until": "2030-01-01T00:00:00Z", "launch_failures": 0,
-              "blocked_reason": None, "timer_unit": f"cairn-schedule@{SCHEDULE}.timer",
-              "timer": None, "last_occurrence": None, "review_hash": HASH, "args": {},
-              "profiles": [], "challenge": None, "next_elapses": [], "occurrences": [],
-              "occurrences_omitted": False}
-    replies: dict[str, Any] = {"schedule-inspect": detail}
+    replies: dict[str, Any] = {"schedule-inspect": schedule_detail(tmp_path, "active", HASH)}
     monkeypatch.setattr(schedule, "request", lambda body, **_: replies[body.op])
     return replies
 
