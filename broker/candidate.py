@@ -1,17 +1,19 @@
 """The owner's candidate unit (``cairn.worker.candidate``), as root starts it: the
 settlement's candidate (C = Q + the allowed changes of P) and a trial's check (the same
-judgement over a measured W, nothing built). Root hands it the kernel's change stream and
-the frozen policy and never reads what the agent wrote; it parses a candidate's result
+judgement over a measured W, nothing built). Root hands it the kernel's account of the
+changes (the record of a tree search, else a send stream) and the frozen policy and never
+reads what the agent wrote; it parses a candidate's result
 at the edge (it acts on it) and records a trial's unparsed."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
 
-from cairn import untrusted
+from cairn import storage, treesearch, untrusted
 from cairn.broker import units
 from cairn.errors import BrokerRefused, StorageError, SystemdError
 from cairn.protocol.broker import RawBytes, TrialChecked
@@ -31,18 +33,33 @@ def candidate_unit_name(run_id: str) -> str:
     return f"cairn-candidate-{run_id}.service"
 
 
-def _stage_candidate_work(desc: LaunchDescription, work: Path, stream: bytes) -> None:
-    """The candidate unit's ``work`` directory with the kernel's change stream and the
-    frozen policy. work/ is the owner's: whatever an earlier attempt left is replaced,
-    never written through."""
+ChangeSource = tuple[Literal["record", "stream"], bytes]
+
+
+def change_source(q: Path, p: Path) -> ChangeSource:
+    """How read-only ``p`` differs from read-only ``q``, as the kernel tells it: the
+    record of a tree search by generation (:mod:`cairn.treesearch`) where ``p`` descends
+    from ``q`` by snapshots, else ``btrfs send --no-data``. Root passes either on
+    unparsed."""
+    record = treesearch.change_record(q, p)
+    if record is not None:
+        return "record", record
+    return "stream", storage.metadata_stream(q, p)
+
+
+def _stage_candidate_work(desc: LaunchDescription, work: Path, source: ChangeSource) -> None:
+    """The candidate unit's ``work`` directory with the kernel's account of the changes
+    and the frozen policy. work/ is the owner's: whatever an earlier attempt left is
+    replaced, never written through."""
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, desc.owner_uid, desc.owner_gid)
     owner = {"uid": desc.owner_uid, "gid": desc.owner_gid}
-    untrusted.write_new(work, "stream", stream, mode=0o644, **owner)
+    kind, data = source
+    for stale in ("record", "stream", "result.json", "failure.json"):
+        untrusted.remove(work, stale)
+    untrusted.write_new(work, kind, data, mode=0o644, **owner)
     policy = desc.policy.model_dump_json().encode()
     untrusted.write_new(work, "policy.json", policy, mode=0o644, **owner)
-    for stale in ("result.json", "failure.json"):
-        (work / stale).unlink(missing_ok=True)
 
 
 def _candidate_spec(
@@ -83,13 +100,14 @@ def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str
 
 
 def run_candidate(
-    desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, stream: bytes, work: Path
+    desc: LaunchDescription, q: Path, p: Path, c: Path, subpath: str, source: ChangeSource,
+    work: Path,
 ) -> tuple[units.HelperUnit, CandidateResult]:
     """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
     unit that runs as the project's owner, so root never copies what the agent wrote; give
-    it the kernel's change stream and the frozen policy; return the unit's name and
-    invocation ID, and its checked report."""
-    _stage_candidate_work(desc, work, stream)
+    it the kernel's account of the changes and the frozen policy; return the unit's name
+    and invocation ID, and its checked report."""
+    _stage_candidate_work(desc, work, source)
     name = candidate_unit_name(desc.run_id)
     spec = _candidate_spec(desc, "candidate", q, p, c, subpath, work)
     unit = _run_candidate_unit(desc, spec, name, work)
@@ -102,13 +120,13 @@ def run_candidate(
 
 
 def run_trial_check(
-    desc: LaunchDescription, q: Path, trial: Path, subpath: str, stream: bytes, work: Path,
-    name: str,
+    desc: LaunchDescription, q: Path, trial: Path, subpath: str, source: ChangeSource,
+    work: Path, name: str,
 ) -> TrialChecked:
     """Judge the changes of ``trial`` (a read-only snapshot of a measured W) since Q as
     the settlement would, in the candidate unit without C, as the project's owner; its
     result is recorded unparsed (root does not act on it: the coordinator does)."""
-    _stage_candidate_work(desc, work, stream)
+    _stage_candidate_work(desc, work, source)
     spec = _candidate_spec(desc, "trial check", q, trial, None, subpath, work)
     unit = _run_candidate_unit(desc, spec, name, work)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid,

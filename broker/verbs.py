@@ -429,12 +429,12 @@ def freeze_proposal(ctx: IntentContext) -> ProposalFrozen:
 
 def settle_candidate(ctx: IntentContext) -> CandidateBuilt:
     """C = Q + the allowed changes of P, built by the owner's candidate unit from the
-    kernel's change stream; F = frozen C. Root only snapshots and passes bytes on."""
+    kernel's account of the changes; F = frozen C. Root only snapshots and passes bytes on."""
     pool = ctx.pool()
     q = pool.q_path(ctx.run_id)
     p = pool.settlement_path(ctx.run_id, "P")
     pool.verify(p, ctx.receipt("freeze-proposal", ProposalFrozen).p)
-    stream = storage.metadata_stream(q, p)
+    source = candidate.change_source(q, p)
     c = pool.settlement_path(ctx.run_id, "C")
     f = pool.settlement_path(ctx.run_id, "F")
     # the candidate unit brings up a fresh snapshot of Q, never one it half changed
@@ -443,7 +443,7 @@ def settle_candidate(ctx: IntentContext) -> CandidateBuilt:
     c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
     try:
         work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
-        unit, result = candidate.run_candidate(ctx.desc, q, p, c, ctx.subpath(), stream, work)
+        unit, result = candidate.run_candidate(ctx.desc, q, p, c, ctx.subpath(), source, work)
         f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
     except BaseException:
         # no receipt will name this C: it goes, or it would be a subvolume nothing explains
@@ -709,10 +709,10 @@ def check_trial(ctx: IntentContext, pool: storage.Pool, w: Path, op_id: str) -> 
         pool.delete(trial, pool.receipt(trial))
     made = pool.snapshot(w, trial, read_only=True)
     try:
-        stream = storage.metadata_stream(q, trial)
+        source = candidate.change_source(q, trial)
         work = pool.run_dir(ctx.run_id) / "scratch" / "trial"
         name = candidate.trial_unit_name(ctx.run_id, op_id, ctx.intent.attempt)
-        return candidate.run_trial_check(ctx.desc, q, trial, ctx.subpath(), stream, work, name)
+        return candidate.run_trial_check(ctx.desc, q, trial, ctx.subpath(), source, work, name)
     finally:
         pool.delete(trial, made)
 

@@ -501,10 +501,9 @@ def readlink(base: Base | Dirs, rel: str) -> str:
 
 
 @_logged
-def write_new(base: Base, name: str, data: bytes, *, mode: int, uid: int, gid: int) -> None:
-    """Replace ``name`` in ``base`` (a directory a less trusted user may write) with a new
-    file: whatever was there is unlinked, never written through; ``O_EXCL|O_NOFOLLOW``
-    refuses anything planted in between."""
+def remove(base: Base, name: str) -> None:
+    """Unlink ``name`` in ``base`` (a directory a less trusted user may write) if it is
+    there, whatever it is but a directory, never following it."""
     (name,) = _parts(name)
     with _dir_fd(base) as dir_fd:
         try:
@@ -513,6 +512,15 @@ def write_new(base: Base, name: str, data: bytes, *, mode: int, uid: int, gid: i
             pass
         except IsADirectoryError:
             raise UntrustedFileError(_where(base, name), "a directory") from None
+
+
+def write_new(base: Base, name: str, data: bytes, *, mode: int, uid: int, gid: int) -> None:
+    """Replace ``name`` in ``base`` (a directory a less trusted user may write) with a new
+    file: whatever was there is unlinked, never written through; ``O_EXCL|O_NOFOLLOW``
+    refuses anything planted in between."""
+    (name,) = _parts(name)
+    with _dir_fd(base) as dir_fd:
+        remove(dir_fd, name)
         try:
             fd = os.open(
                 name,

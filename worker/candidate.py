@@ -3,9 +3,10 @@
 
 Runs in ``cairn-candidate-<run>.service`` as the project owner, with Q and P (whole
 subvolumes) read-only and C writable, so no file the agent wrote is ever copied by root.
-Reads ``stream`` (the kernel's ``btrfs send --no-data -p Q P``, handed over by the broker)
-and ``policy.json`` from DIR, brings C to Q plus the changes of P that policy allows, and
-writes ``result.json`` (what root reads as a
+Reads the kernel's account of how P differs from Q, handed over by the broker (``record``,
+a tree search's record, :mod:`cairn.settle.generations`; else ``stream``, a ``btrfs send
+--no-data -p Q P``) and ``policy.json`` from DIR, brings C to Q plus the changes of P that
+policy allows, and writes ``result.json`` (what root reads as a
 :class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C cannot be built it
 writes ``failure.json`` (why, and what to do: a ``CandidateFailure``) and exits 1. It
 loads no pydantic (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
@@ -31,8 +32,9 @@ from cairn.errors import CairnError
 from cairn.fsutil import write_atomic
 from cairn.protocol.limits import TEXT_LIMIT, TRIAL_REFUSED_SHOWN
 from cairn.settle.candidate import Refused, build_candidate, check_proposal
-from cairn.settle.changes import changes_in
+from cairn.settle.changes import ChangeSet, changes_in
 from cairn.settle.diff import unified_diff
+from cairn.settle.generations import changes_from_record
 from cairn.settle.inventory import inventories_equal
 from cairn.settle.paths import SettlementPolicy
 
@@ -68,12 +70,23 @@ def _refused_json(refused: Refused) -> RefusedJSON:
     return {"path": refused.path, "reason": refused.reason}
 
 
+def read_changes(q: Path, p: Path, subpath: str, work: Path) -> ChangeSet:
+    """The change set from the record root left in ``work``, else from its send stream."""
+    try:
+        record = (work / "record").read_bytes()
+    except FileNotFoundError:
+        log.info("changes from btrfs send")
+        return changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+    log.info("changes from a tree search")
+    return changes_from_record(record, q, p, subpath=subpath)
+
+
 def build(q: Path, p: Path, c: Path, subpath: str, work: Path) -> CandidateResultJSON:
     """C from P under the policy in ``work``; the report, inventory check and diff, as
     ``result.json`` holds them."""
     policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
     started = time.monotonic()
-    change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+    change_set = read_changes(q, p, subpath, work)
     parsed = time.monotonic()
 
     def view(root: Path) -> Path:
@@ -100,7 +113,7 @@ def check(q: Path, p: Path, subpath: str, work: Path) -> TrialCheckJSON:
     """What of P's changes since Q the settlement would refuse, as ``result.json`` of a
     trial's check holds it."""
     policy = SettlementPolicy.from_json((work / "policy.json").read_bytes())
-    change_set = changes_in((work / "stream").read_bytes(), q, p, subpath=subpath)
+    change_set = read_changes(q, p, subpath, work)
 
     def view(root: Path) -> Path:
         return root / subpath if subpath else root

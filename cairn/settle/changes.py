@@ -699,11 +699,14 @@ class FilesystemReader:
         return True
 
     def _dir_in_q(self, rel: str) -> bool:
-        """Whether ``rel`` is a directory of Q, looked up once (Q is read-only)."""
+        """Whether ``rel`` is a directory of Q, every one on the way a real one (never
+        through a symlink), looked up once (Q is read-only)."""
         known = self._q_dirs.get(rel)
         if known is None:
+            head = rel.rpartition("/")[0]
             try:
-                known = stat.S_ISDIR(os.stat(os.path.join(self.q, rel)).st_mode)
+                known = (not head or self._dir_in_q(head)) and stat.S_ISDIR(
+                    os.lstat(os.path.join(self.q, rel)).st_mode)
             except (FileNotFoundError, NotADirectoryError):
                 known = False
             self._q_dirs[rel] = known

@@ -1,16 +1,25 @@
 """Change detection Q→P of 1,000 edits at several project sizes, beside ``git status``,
 and where its time goes. Run as root, alone: ``.venv/bin/python
 tests/bench/diff_figures.py`` (a loop Btrfs under ``--workdir``, always detached
-afterwards); ``--profile`` splits one detection into the ``btrfs send`` subprocess, the
+afterwards).
+
+``tree-search diff`` is what the settlement uses: root's record of the inodes P changed
+since Q (:func:`cairn.treesearch.change_record`, a Btrfs tree search by generation) read
+by :func:`cairn.settle.generations.changes_from_record`; ``tree search alone`` times the
+record alone. ``send-stream diff`` is the fallback when P does not descend from Q
+(:func:`cairn.settle.changes.changes`: ``btrfs send --no-data -p Q P`` and its replay),
+beside ``btrfs send alone`` and ``replay alone``.
+
+``--profile`` splits one send-stream detection into the ``btrfs send`` subprocess, the
 stream parse, the replay and the reads of Q and P (cProfile); ``--changes-from FILE``
 measures the ``changes`` of another version of the module (``git show
 REV:cairn/settle/changes.py > FILE``) for a before/after; ``--node-size`` makes the pool's
-Btrfs with other node sizes. ``./dev bench`` measures the same detection inside its
+Btrfs with other node sizes. ``./dev bench`` measures the same detections inside its
 tree figures.
 
 Q is a read-only snapshot of the project, whose shadow git repository was committed just
 before; P is Q plus the suite's agent-like edits in a branch, frozen. Page caches are
-warm for both methods: each tree was just written or read.
+warm for every method: each tree was just written or read.
 """
 
 from __future__ import annotations
@@ -38,7 +47,9 @@ from storage_figures import ShadowGit, _drop_subvolume, _fresh_subvolume, _settl
 from synth import Editor, build_project
 
 from cairn.settle.changes import ChangeSet, changes, changes_in
+from cairn.settle.generations import changes_from_record
 from cairn.storage import Pool, metadata_stream
+from cairn.treesearch import change_record
 
 CHANGED = 1000
 SIZES = (1_000, 10_000, 100_000)
@@ -124,6 +135,31 @@ def detect_once(e: Edited, changes_fn: ChangesFn = changes,
     return sw.elapsed
 
 
+def _record(e: Edited) -> bytes:
+    record = change_record(e.q, e.p)
+    if record is None:
+        raise AssertionError(f"no tree-search record of {e.p} since {e.q}")
+    return record
+
+
+def search_detect_once(e: Edited) -> float:
+    """One timed detection from the tree search's record, as the settlement makes it;
+    fails when it misses the edits."""
+    with Stopwatch() as sw:
+        result = changes_from_record(_record(e), e.q, e.p)
+    if not e.edits <= len(result.paths()) <= 2 * e.edits:
+        raise AssertionError(f"the tree search found {len(result.paths())} paths for "
+                             f"{e.edits} edits")
+    return sw.elapsed
+
+
+def search_once(e: Edited) -> float:
+    """Root's part alone: the tree search and its record."""
+    with Stopwatch() as sw:
+        _record(e)
+    return sw.elapsed
+
+
 def replay_once(e: Edited, changes_in_fn: ChangesFn = changes_in) -> float:
     """What the candidate unit does with the stream the broker wrote: parse, replay and
     the reads of Q and P, without ``btrfs send``."""
@@ -200,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print("diff_figures.py: run as root (loop devices, Btrfs)", file=sys.stderr)
         return 2
     methods: dict[str, Callable[[Edited], float]] = {
+        "tree-search diff": search_detect_once,
+        "tree search alone": search_once,
         "send-stream diff": detect_once,
         "btrfs send alone": send_once,
         "replay alone (changes_in)": replay_once,

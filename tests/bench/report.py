@@ -5,7 +5,7 @@ from the results; nothing here is typed in."""
 from __future__ import annotations
 
 from measure import Cell, Results, fmt_seconds
-from verdicts import PROFILED_PREFIX, SEND_ALONE, find, part, verdicts
+from verdicts import PROFILED_PREFIX, SEARCH_ALONE, SEND_ALONE, find, part, verdicts
 
 FIGURES = (
     ("boundary", "Boundary overhead after an agent finishes"),
@@ -79,22 +79,24 @@ INCLUDES = {
         "this run's tables."),
     "changes": (
         "Q is a read-only snapshot of W; P is Q plus k edits in a branch of W, frozen. "
-        "Cairn: `cairn.settle.changes.changes(Q, P)` (`btrfs send --no-data -p Q P` and the "
-        "stream replay), the settlement diff. Git: `git status --porcelain` with the "
-        "shadow repository whose HEAD and index match Q. Hash walk: SHA-256 of every "
-        "file's content and every symlink target of P (Python, `os.walk`).\n\n"
-        "Where the time goes: `.venv/bin/python tests/bench/diff_figures.py --profile`, "
-        "run as root, times the kernel's `btrfs send --no-data` alone (wall and CPU), "
-        "Cairn's replay alone (`changes_in`: parse, replay, `lstat` of Q and P) and "
-        "`git status --porcelain`; `--changes-from FILE` measures another "
-        "`cairn/settle/changes.py` interleaved with this one; `--node-size 4096` makes the "
-        "pool with 4 KiB nodes.{rows} With 1,000 changed files nearly all of the time is the "
-        "send itself, which searches the trees of Q and P per changed inode; where the send "
-        "alone takes longer than `git status` (the Targets table compares them at each "
-        "size), a faster replay cannot win. Beating git status there needs another source of the "
-        "change than `btrfs send` (for example the broker reading the inodes P changed "
-        "since Q's generation with a tree search, the candidate unit comparing only "
-        "those entries)."),
+        "Cairn's tree-search diff is the settlement's source: root's record of the inodes P "
+        "changed since Q's generation (`cairn.treesearch.change_record(Q, P)`, a Btrfs tree "
+        "search) read by `cairn.settle.generations.changes_from_record(record, Q, P)`, as "
+        "the owner's candidate unit reads it. The send-stream diff is its fallback, used "
+        "when P does not descend from Q by snapshots: `cairn.settle.changes.changes(Q, P)` "
+        "(`btrfs send --no-data -p Q P` and the stream replay). Git: "
+        "`git status --porcelain` with the shadow repository whose HEAD and index match Q. "
+        "Hash walk: SHA-256 of every file's content and every symlink target of P (Python, "
+        "`os.walk`). The Targets table judges the tree-search diff (the send-stream diff in "
+        "results without it) and explains a size where it loses to `git status` by its "
+        "part alone (the tree search, or the send).\n\n"
+        "Where the time goes: `.venv/bin/python tests/bench/diff_figures.py`, run as root, "
+        "times both diffs, the tree search alone, the kernel's `btrfs send --no-data` alone, "
+        "the send stream's replay alone (`changes_in`: parse, replay, `lstat` of Q and P) and "
+        "`git status --porcelain`; `--profile` splits the send-stream diff (wall and CPU of "
+        "the send); `--changes-from FILE` measures another `cairn/settle/changes.py` "
+        "interleaved with this one; `--node-size 4096` makes the pool with 4 KiB nodes."
+        "{rows}"),
     "apply": (
         "`cairn.settle.apply(Q, F, live, accepted, receipts)` where F is the candidate "
         "`cairn.settle.build_candidate` made from the same changes (untimed), and the live "
@@ -214,19 +216,27 @@ INCLUDES = {
 }
 
 
-# What an INCLUDES text says at ``{rows}``: the first when the figure has rows whose
-# method starts with the prefix, the second for results made before those rows existed.
+# What an INCLUDES text says at ``{rows}``, one part per prefix: the first text when the
+# figure has rows whose method starts with the prefix, the second for results made before
+# those rows existed.
 ROWS = {
-    "changes": (SEND_ALONE, (
-        " The `of which: btrfs send alone` rows time the kernel's `btrfs send --no-data -p Q P` by "
-        "itself (its stream to /dev/null), back to back with the others on the same Q and P; "
-        "the Targets table sets it beside `git status`.", "")),
-    "apply": (PROFILED_PREFIX, (
-        "the `of which, one apply under cProfile` rows — one apply of the same changes at "
-        "the smallest and the largest size under the profiler: the whole apply (slower than "
-        "without it), the plan's cumulative time, and each phase's own time summed over its "
-        "calls (hashing and stat are also part of the plan)",
-        "the profiled applies in the Notes below")),
+    "changes": (
+        (SEARCH_ALONE, (
+            " The `of which: tree search alone` rows time root's `change_record(Q, P)` by "
+            "itself, back to back with the others on the same Q and P.", "")),
+        (SEND_ALONE, (
+            " The `of which: btrfs send alone` rows time the fallback's "
+            "`btrfs send --no-data -p Q P` by itself (its stream to /dev/null), back to back "
+            "with the others on the same Q and P.", "")),
+    ),
+    "apply": (
+        (PROFILED_PREFIX, (
+            "the `of which, one apply under cProfile` rows — one apply of the same changes "
+            "at the smallest and the largest size under the profiler: the whole apply "
+            "(slower than without it), the plan's cumulative time, and each phase's own "
+            "time summed over its calls (hashing and stat are also part of the plan)",
+            "the profiled applies in the Notes below")),
+    ),
 }
 
 
@@ -234,9 +244,9 @@ def includes(figure: str, cells: list[Cell]) -> str:
     """What ``figure``'s table includes, worded for the rows these results have."""
     text = INCLUDES[figure]
     if figure in ROWS:
-        prefix, (present, absent) = ROWS[figure]
-        has = any(c.method.startswith(prefix) for c in cells)
-        text = text.replace("{rows}", present if has else absent)
+        rows = "".join(present if any(c.method.startswith(prefix) for c in cells) else absent
+                       for prefix, (present, absent) in ROWS[figure])
+        text = text.replace("{rows}", rows)
     return text
 
 

@@ -2,7 +2,9 @@
 change detection, three-way apply and fork, each beside its comparison on the same tree.
 
 Cairn's side is always the library code the broker and coordinator run
-(:class:`cairn.storage.Pool`, :func:`cairn.settle.changes.changes`,
+(:class:`cairn.storage.Pool`, :func:`cairn.treesearch.change_record` read by
+:func:`cairn.settle.generations.changes_from_record`, and its fallback
+:func:`cairn.settle.changes.changes`,
 :func:`cairn.settle.build_candidate` / :func:`cairn.settle.apply`,
 :class:`cairn.journal.readwrite.Journal`, the broker's
 :class:`cairn.broker.receipts.ReceiptStore`). Page caches are warm for every method alike:
@@ -28,9 +30,9 @@ from typing import Any
 import btrfsutil
 from measure import Cell, Stopwatch, collect
 from synth import Editor, build_project
-from verdicts import SEND_ALONE
+from verdicts import SEARCH_ALONE, SEND_ALONE, SEND_DIFF, TREE_SEARCH_DIFF
 
-from cairn import paths, proc
+from cairn import paths, proc, treesearch
 from cairn.broker import spare
 from cairn.broker.receipts import ReceiptStore
 from cairn.canonical import canonical_json, sha256_hex
@@ -42,6 +44,7 @@ from cairn.protocol.launch import LaunchDescription, ProjectSpec
 from cairn.settle.apply import apply
 from cairn.settle.candidate import build_candidate
 from cairn.settle.changes import changes
+from cairn.settle.generations import changes_from_record
 from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool
 from cairn.storage_init import init_loop_pool, remove_loop_pool
@@ -474,6 +477,33 @@ def _changes_and_apply_k(bench: Bench, n: int, run_id: str, w: Path, shadow: Sha
     pool.snapshot(branch, p, read_only=True)
     _settle_io(mount)
     variant = f"{k:,} changed"
+    searched: list[int] = []
+
+    def search_detect() -> float:
+        with Stopwatch() as sw:
+            record = treesearch.change_record(q, p)
+            if record is None:
+                raise AssertionError(f"no tree-search record of {p} since {q}")
+            result = changes_from_record(record, q, p)
+        searched.append(len(result.paths()))
+        return sw.elapsed
+
+    bench.add("changes", n, variant, TREE_SEARCH_DIFF, True,
+              collect(search_detect, repeat=bench.repeat, budget=bench.budget))
+    # Every edited path, plus at most its parent directory (new directories, metadata).
+    if not edit.count <= searched[-1] <= 2 * edit.count:
+        raise AssertionError(f"the tree search found {searched[-1]} paths for {edit.count} "
+                             "edits")
+
+    def search_alone() -> float:
+        with Stopwatch() as sw:
+            record = treesearch.change_record(q, p)
+        if record is None:
+            raise AssertionError(f"no tree-search record of {p} since {q}")
+        return sw.elapsed
+
+    bench.add("changes", n, variant, f"{SEARCH_ALONE} (change_record)", True,
+              collect(search_alone, repeat=bench.repeat, budget=bench.budget))
     found: list[int] = []
 
     def detect() -> float:
@@ -482,9 +512,8 @@ def _changes_and_apply_k(bench: Bench, n: int, run_id: str, w: Path, shadow: Sha
         found.append(len(result.paths()))
         return sw.elapsed
 
-    bench.add("changes", n, variant, "send-stream diff", True,
+    bench.add("changes", n, variant, SEND_DIFF, True,
               collect(detect, repeat=bench.repeat, budget=bench.budget))
-    # Every edited path, plus at most its parent directory (new directories, metadata).
     if not edit.count <= found[-1] <= 2 * edit.count:
         raise AssertionError(f"changes found {found[-1]} paths for {edit.count} edits")
 

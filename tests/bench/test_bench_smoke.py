@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 from measure import Cell, Results, machine_info
-from verdicts import PROFILED_PREFIX, PROFILED_WHOLE, SEND_ALONE, Verdict, verdicts
+from verdicts import (
+    PROFILED_PREFIX,
+    PROFILED_WHOLE,
+    SEARCH_ALONE,
+    SEND_ALONE,
+    TREE_SEARCH_DIFF,
+    Verdict,
+    verdicts,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,6 +61,10 @@ def test_quick_run_writes_every_figure_and_cleans_up(tmp_path: Path) -> None:
     # The kernel's send alone beside each diff, and the profiled apply's phases.
     assert {c.variant for c in results.cells if c.method.startswith(SEND_ALONE)} == {
         "10 changed", "1,000 changed"}
+    # The settlement's tree-search diff and the tree search alone, at both change counts.
+    for prefix in (TREE_SEARCH_DIFF, SEARCH_ALONE):
+        assert {c.variant for c in results.cells if c.method.startswith(prefix)} == {
+            "10 changed", "1,000 changed"}
     assert PROFILED_PREFIX + PROFILED_WHOLE in {c.method for c in results.cells}
 
     text = doc.read_text()
@@ -130,13 +142,33 @@ def _cell(figure: str, method: str, median: float, *, size: int | None = None,
                 samples=[median * 0.9, median, median * 1.1])
 
 
-def _tree_cells(fork_32: float, send_alone: float | None) -> list[Cell]:
+# The tree-search diff beside git status (12 ms at 1,000 files, 400 ms at 100,000):
+# losing at 1,000 only, or winning at both sizes.
+SEARCH_LOSES = (0.030, 0.200)
+SEARCH_WINS = (0.010, 0.200)
+
+
+def _tree_cells(fork_32: float, send_alone: float | None, *,
+                search: tuple[float, float] | None = None,
+                search_alone: float | None = None) -> list[Cell]:
     """Tree figures at 1,000 and 100,000 files: the boundary and QUIESCE at 6 + 8 ms,
-    change detection losing to git status at 1,000 only, an apply profiled."""
+    the send-stream diff losing to git status at 1,000 only, an apply profiled; with
+    ``search``, tree-search diffs of 1,000 changes at the two sizes (and 4 ms for 10),
+    first like the bench adds them."""
     out = [_cell("quiesce", "QUIESCE proof (unit state + cgroup empty)", 0.008)]
     for size, boundary, diff, git in ((1000, 0.005, 0.120, 0.012),
                                       (100_000, 0.006, 0.300, 0.400)):
         changed = "1,000 changed"
+        if search is not None:
+            out += [
+                _cell("changes", TREE_SEARCH_DIFF, search[0 if size == 1000 else 1],
+                      size=size, variant=changed),
+                _cell("changes", TREE_SEARCH_DIFF, 0.004, size=size, variant="10 changed"),
+            ]
+        if search_alone is not None:
+            out.append(_cell("changes", f"{SEARCH_ALONE} (change_record)",
+                             search_alone * (1 if size == 1000 else 2), size=size,
+                             variant=changed))
         out += [
             _cell("boundary", "snapshot+materialize+commit", boundary, size=size,
                   variant="10 edits"),
@@ -185,21 +217,27 @@ def _by_target(results: Results) -> dict[str, Verdict]:
     return {v.target.split(":")[0].split(" ≤")[0]: v for v in verdicts(results)}
 
 
+CHANGES = "change detection Q→P of 1,000 changed files faster than git status at every size"
+
+
 def test_issue_18_targets_missed_say_by_how_much_and_why() -> None:
     """Every issue-18 target has a row; a missed one names the cells that explain it."""
     from report import render
 
-    results = _results([*_tree_cells(fork_32=0.3, send_alone=0.05), *_unit_cells(0.096)])
+    results = _results([*_tree_cells(fork_32=0.3, send_alone=0.05, search=SEARCH_LOSES,
+                                     search_alone=0.02), *_unit_cells(0.096)])
     found = _by_target(results)
 
     both = found["boundary overhead incl. the QUIESCE proof"]
     assert (both.met, both.measured) == (True, "6.0 ms at 100,000 + 8.0 ms = 14.0 ms")
-    changes = found["change detection Q→P of 1,000 changed files faster than git status at "
-                    "every size"]
+    # Judged by the tree-search diff, the settlement's source, not the send-stream diff.
+    changes = found[CHANGES]
     assert changes.met is False
-    assert changes.miss == "10.0× git status's time at 1,000 files"
-    # Only the size it lost at is explained, with the kernel's send alone beside git.
-    assert changes.why == "at 1,000 files btrfs send alone takes 50.0 ms vs git status 12.0 ms"
+    assert changes.measured == "30.0 ms vs 12.0 ms at 1,000, 200.0 ms vs 400.0 ms at 100,000"
+    assert changes.miss == "2.5× git status's time at 1,000 files"
+    # Only the size it lost at is explained, with root's tree search alone beside git.
+    assert changes.why == ("at 1,000 files the tree search alone takes 20.0 ms vs git "
+                           "status 12.0 ms")
     fork = found["fork of 32 lanes at 100,000 files"]
     assert (fork.met, fork.miss) == (False, "150.0 ms over (2.0×)")
     assert fork.why.startswith("100.0 ms at 1,000 files, 300.0 ms at 100,000 (3.0× with")
@@ -218,8 +256,40 @@ def test_issue_18_targets_missed_say_by_how_much_and_why() -> None:
     assert "| target | measured | met | missed by | why (measured) |" in text
     assert "| fork of 32 lanes at 100,000 files ≤ 150 ms | 300.0 ms | **no** | 150.0 ms " \
            "over (2.0×) | 100.0 ms at 1,000 files" in text
+    assert f"| {CHANGES} | 30.0 ms vs 12.0 ms at 1,000, 200.0 ms vs 400.0 ms at 100,000 " \
+           "| **no** | 2.5× git status's time at 1,000 files | at 1,000 files the tree " \
+           "search alone takes 20.0 ms vs git status 12.0 ms |" in text
+    # The tree-search diff is the table's Cairn row; git status is set beside both diffs.
+    assert "| 1,000 | 1,000 changed | Cairn: send-stream diff | 120.0 ms | 132.0 ms | 3 " \
+           "| 4.00× of it |" in text
+    assert "| 1,000 | 1,000 changed | git status --porcelain | 12.0 ms | 13.2 ms | 3 | " \
+           "**2.5× faster** than Cairn (tree-search diff); **10.0× faster** than Cairn " \
+           "(send-stream diff) |" in text
     assert "the `of which, one apply under cProfile` rows" in text
+    assert "The `of which: tree search alone` rows time" in text
     assert "The `of which: btrfs send alone` rows time" in text
+
+
+def test_change_detection_falls_back_to_the_send_stream_in_older_results() -> None:
+    """Results without a tree-search cell are judged by the send-stream diff, explained
+    by btrfs send alone; a target the tree search meets is met though the send loses."""
+    from report import render
+
+    results = _results(_tree_cells(fork_32=0.3, send_alone=0.05))
+    changes = _by_target(results)[CHANGES]
+    assert changes.met is False
+    assert changes.measured == "120.0 ms vs 12.0 ms at 1,000, 300.0 ms vs 400.0 ms at 100,000"
+    assert changes.miss == "10.0× git status's time at 1,000 files"
+    # Only the size it lost at is explained, with the kernel's send alone beside git.
+    assert changes.why == "at 1,000 files btrfs send alone takes 50.0 ms vs git status 12.0 ms"
+    text = render(results, "", "performance.json")
+    assert "The `of which: btrfs send alone` rows time" in text
+    assert "The `of which: tree search alone` rows" not in text
+
+    met = _by_target(_results(_tree_cells(fork_32=0.3, send_alone=0.05, search=SEARCH_WINS,
+                                          search_alone=0.005)))[CHANGES]
+    assert (met.met, met.miss, met.why) == (True, "", "")
+    assert met.measured == "10.0 ms vs 12.0 ms at 1,000, 200.0 ms vs 400.0 ms at 100,000"
 
 
 def test_issue_18_targets_met_and_older_results_explained_from_what_they_have() -> None:
@@ -234,10 +304,15 @@ def test_issue_18_targets_met_and_older_results_explained_from_what_they_have() 
     assert found["fork of 32 lanes at 100,000 files"].met is True
     assert found["fork of 32 lanes at 100,000 files"].why == ""
     assert found["sandboxed agent unit, start request → worker hello"].met is True
-    changes = found["change detection Q→P of 1,000 changed files faster than git status at "
-                    "every size"]
+    changes = found[CHANGES]
     assert changes.why == ("at 1,000 files 10 changes take 8.0 ms, 1,000 take 120.0 ms: "
                            "113 µs per further change, git status 12.0 ms for the whole tree")
+    # The tree-search diff without its search-alone row: its own cost per further change.
+    searched = [c for c in _tree_cells(fork_32=0.12, send_alone=0.05, search=SEARCH_LOSES)
+                if not c.method.startswith(PROFILED_PREFIX)]
+    assert _by_target(_results(searched))[CHANGES].why == (
+        "at 1,000 files 10 changes take 4.0 ms, 1,000 take 30.0 ms: 26 µs per further "
+        "change, git status 12.0 ms for the whole tree")
     assert found["three-way apply of 1,000 changed files"].why == (
         "the same 1,000 changes cost 400.0 ms at 1,000 files and 1.60 s at 100,000 (4.0× "
         "with the project)")
@@ -247,6 +322,7 @@ def test_issue_18_targets_met_and_older_results_explained_from_what_they_have() 
     text = render(_results(cells), "", "performance.json")
     assert "the profiled applies in the Notes below" in text
     assert "btrfs send alone" not in text
+    assert "The `of which: tree search alone` rows" not in text
 
 
 def test_cli_figures_run_every_command_against_the_stand_in_cairnd() -> None:

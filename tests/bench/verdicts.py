@@ -15,8 +15,14 @@ CHANGED = "1,000 changed"
 # The rows of one profiled apply (``apply_figures.profile_cells``).
 PROFILED_PREFIX = "of which, one apply under cProfile: "
 PROFILED_WHOLE = "the whole apply (slower than unprofiled)"
-# The kernel's part of the send-stream diff (``storage_figures``), timed by itself.
+# Cairn's change detection (``storage_figures``): the tree search's record the settlement
+# reads, and ``btrfs send``'s stream, its fallback when P does not descend from Q.
+TREE_SEARCH_DIFF = "tree-search diff"
+SEND_DIFF = "send-stream diff"
+# The kernel's part of the send-stream diff, timed by itself.
 SEND_ALONE = "of which: btrfs send alone"
+# Root's part of the tree-search diff (``cairn.treesearch.change_record``), timed by itself.
+SEARCH_ALONE = "of which: tree search alone"
 
 
 @dataclass
@@ -168,9 +174,14 @@ def _apply_why(cells: list[Cell], applies: list[Cell]) -> str:
 
 
 def _changes(results: Results) -> Verdict | None:
+    """Judged by the tree-search diff, the settlement's source; by the send-stream diff in
+    results made before the tree search was measured."""
+    searched = any(c.figure == "changes" and c.cairn and c.variant == CHANGED
+                   and c.method.startswith(TREE_SEARCH_DIFF) for c in results.cells)
+    method = TREE_SEARCH_DIFF if searched else SEND_DIFF
     pairs = []
     for size in results.sizes:
-        diff = find(results.cells, "changes", "send-stream diff", size=size, variant=CHANGED)
+        diff = find(results.cells, "changes", method, size=size, variant=CHANGED)
         git = find(results.cells, "changes", "git status", size=size, variant=CHANGED,
                    cairn=False)
         if diff and git:
@@ -189,13 +200,18 @@ def _changes(results: Results) -> Verdict | None:
 
 
 def _changes_why(cells: list[Cell], size: int, diff: Cell, git: Cell) -> str:
-    """How long ``btrfs send`` alone takes beside git status; in a run without that row,
-    what each further change costs."""
-    send = find(cells, "changes", SEND_ALONE, size=size, variant=CHANGED)
-    if send is not None:
-        return (f"at {size:,} files btrfs send alone takes {fmt_seconds(send.median)} "
+    """How long the kernel's part of ``diff`` alone takes beside git status (the tree
+    search for the tree-search diff, ``btrfs send`` for the send-stream diff); in a run
+    without that row, what each further change costs."""
+    search = diff.method.startswith(TREE_SEARCH_DIFF)
+    alone = find(cells, "changes", SEARCH_ALONE if search else SEND_ALONE, size=size,
+                 variant=CHANGED)
+    if alone is not None:
+        what = "the tree search" if search else "btrfs send"
+        return (f"at {size:,} files {what} alone takes {fmt_seconds(alone.median)} "
                 f"vs git status {fmt_seconds(git.median)}")
-    few = find(cells, "changes", "send-stream diff", size=size, variant="10 changed")
+    few = find(cells, "changes", TREE_SEARCH_DIFF if search else SEND_DIFF, size=size,
+               variant="10 changed")
     if few is None:
         return ""
     return (f"at {size:,} files 10 changes take {fmt_seconds(few.median)}, 1,000 take "

@@ -1,6 +1,7 @@
 """The candidate step as the broker runs it, on real snapshots: root takes the kernel's
-change stream, and ``cairn.worker.candidate`` brings C up as the project's owner (an
-unprivileged UID here, as in its unit). Its C and report match the ones root used to make
+account of the changes (a tree search's record, or the send stream), and
+``cairn.worker.candidate`` brings C up as the project's owner (an unprivileged UID here,
+as in its unit). Its C and report match the ones root used to make
 itself, moved directories, hard links and refusals included; it cannot touch what the
 owner may not; and a C it cannot build ends in ``failure.json``, not a half report.
 """
@@ -23,6 +24,7 @@ from cairn.settle.changes import changes
 from cairn.settle.inventory import inventories_equal
 from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool, metadata_stream
+from cairn.treesearch import change_record
 
 pytestmark = pytest.mark.btrfs
 OWNER = 4242
@@ -50,7 +52,8 @@ def agent(w: Path) -> None:
 
 
 class Settlement:
-    def __init__(self, pool: Pool, run_id: str, also: Callable[[Path], None] = agent) -> None:
+    def __init__(self, pool: Pool, run_id: str, also: Callable[[Path], None] = agent,
+                 source: str = "stream") -> None:
         live = pool.root / "live"
         pool.create_subvolume(live)
         proj = live / "proj"
@@ -78,7 +81,12 @@ class Settlement:
         self.work = pool.run_dir(run_id) / "scratch" / "candidate"
         self.work.mkdir(parents=True)
         os.chown(self.work, OWNER, OWNER)
-        (self.work / "stream").write_bytes(metadata_stream(self.q, self.p))
+        if source == "record":
+            record = change_record(self.q, self.p)
+            assert record is not None
+            (self.work / "record").write_bytes(record)
+        else:
+            (self.work / "stream").write_bytes(metadata_stream(self.q, self.p))
         (self.work / "policy.json").write_text(json.dumps(asdict(POLICY)))
 
     def run_as_owner(self, *, build: bool = True) -> subprocess.CompletedProcess[str]:
@@ -93,9 +101,9 @@ class Settlement:
                               check=False)
 
 
-@pytest.fixture
-def settlement(pool: Pool, run_id: str) -> Settlement:
-    return Settlement(pool, run_id)
+@pytest.fixture(params=["stream", "record"])
+def settlement(pool: Pool, run_id: str, request: pytest.FixtureRequest) -> Settlement:
+    return Settlement(pool, run_id, source=request.param)
 
 
 def test_the_owner_builds_the_candidate_root_would_have(settlement: Settlement) -> None:

@@ -108,6 +108,9 @@ def test_run_applies_change_to_live_project(machine: Machine) -> None:
     for identifier in ("cairn-agent[", "cairn-helper["):
         assert identifier in logs, logs[-2000:]
     assert f"{run_id}: boundary-committed root-1" in machine.journal(run_id=run_id)
+    # P descends from Q by snapshots: the change set came from root's tree search, not send.
+    candidate = machine.journal(unit=f"cairn-candidate-{run_id}.service")
+    assert "changes from a tree search" in candidate, candidate[-2000:]
     status = machine.exec(
         ["systemctl", "show", "-p", "Result", f"cairn-coordinator@{run_id}.service"]
     ).stdout.decode()

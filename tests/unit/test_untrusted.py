@@ -659,7 +659,7 @@ CANDIDATE = {"accepted": ["a"], "refused": [], "bytes_accepted": 1,
 
 def run_candidate(desc: LaunchDescription, host: Path, work: Path) -> Any:
     unit, result = candidate_unit.run_candidate(
-        desc, host / "q", host / "p", host / "c", "", b"s", work
+        desc, host / "q", host / "p", host / "c", "", ("stream", b"s"), work
     )
     assert unit["unit"] == f"cairn-candidate-{desc.run_id}.service"
     return result
@@ -673,12 +673,14 @@ def test_run_candidate_replaces_planted_inputs_and_reads_the_owners_result(
     victim = host / "victim"
     victim.write_text("root's file")
     os.symlink(victim, work / "stream")  # left by an earlier attempt
+    os.symlink(victim, work / "record")  # an earlier attempt's: not this one's changes
     os.symlink(victim, work / "policy.json")
     no_units.append(lambda: plant(work, "result.json", "own", host, json.dumps(CANDIDATE)))
     out = run_candidate(desc, host, work)
     assert out.accepted == ["a"] and out.diff == "+a\n"
     assert victim.read_text() == "root's file"
     assert (work / "stream").read_bytes() == b"s"
+    assert not os.path.lexists(work / "record")
     assert json.loads((work / "policy.json").read_text()) == desc.policy.model_dump()
 
 
@@ -707,9 +709,11 @@ def test_run_trial_check_records_the_owners_result_unparsed(
     body = json.dumps(TRIAL) + "\x1b[2J not json"  # root neither parses nor decodes it
     no_units.append(lambda: plant(work, "result.json", "own", host, body))
     name = candidate_unit.trial_unit_name(desc.run_id, "root-3", 1)
-    checked = candidate_unit.run_trial_check(desc, host / "q", host / "t", "", b"s", work, name)
+    checked = candidate_unit.run_trial_check(desc, host / "q", host / "t", "", ("record", b"s"),
+                                             work, name)
     assert checked.unit == name == f"cairn-trial-{desc.run_id}-root-3-1.service"
     assert base64.b64decode(checked.result_raw.b64) == body.encode()
+    assert (work / "record").read_bytes() == b"s"
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
@@ -723,7 +727,7 @@ def test_run_trial_check_refuses_a_planted_result(
     no_units.append(lambda: plant(work, "result.json", kind, host, json.dumps(TRIAL)))
     with pytest.raises(untrusted.UntrustedFileError):
         within(5, lambda: candidate_unit.run_trial_check(
-            desc, host / "q", host / "t", "", b"s", work, "cairn-trial-x.service"))
+            desc, host / "q", host / "t", "", ("stream", b"s"), work, "cairn-trial-x.service"))
 
 
 @pytest.mark.parametrize(
@@ -753,7 +757,8 @@ def test_run_candidate_passes_an_option_like_subpath_whole(
         return {"unit": name, "invocation_id": "x"}
 
     monkeypatch.setattr(units, "run_helper", unit)
-    candidate_unit.run_candidate(desc, host / "q", host / "p", host / "c", "-x/proj", b"s", work)
+    candidate_unit.run_candidate(desc, host / "q", host / "p", host / "c", "-x/proj",
+                                 ("stream", b"s"), work)
     module = seen[0].index("cairn.worker.candidate")
     args = candidate.parse_args(seen[0][module + 1 :])
     assert args.subpath == "-x/proj" and str(args.work) == "/candidate"
@@ -813,7 +818,7 @@ READERS: list[tuple[str, str, set[str]]] = [
     ("broker/units.py", "result_file_written", {"is_regular_file"}),
     ("broker/units.py", "run_import", {"read_bytes"}),
     ("broker/units.py", "run_apply", {"read_bytes", "write_new"}),
-    ("broker/candidate.py", "_stage_candidate_work", {"write_new"}),
+    ("broker/candidate.py", "_stage_candidate_work", {"remove", "write_new"}),
     ("broker/candidate.py", "_run_candidate_unit", {"read_bytes"}),
     ("broker/candidate.py", "run_candidate", {"read_bytes"}),
     ("broker/candidate.py", "run_trial_check", {"read_bytes"}),

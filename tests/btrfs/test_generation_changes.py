@@ -1,0 +1,206 @@
+"""The change set from root's tree-search record (:mod:`cairn.treesearch`, read by
+:mod:`cairn.settle.generations`) is the send stream's (:func:`cairn.settle.changes.changes`)
+on the same real Btrfs snapshots: every kind of change, a subpath, metadata only, swapped
+directories, hard links, a symlink replaced by a directory, random sequences of edits;
+and there is no record (the caller sends) where P does not descend from Q."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from test_changes import base_tree, frozen_pair, random_ops
+
+from cairn import treesearch
+from cairn.settle.changes import ChangeSet, changes
+from cairn.settle.generations import RecordError, changes_from_record
+from cairn.storage import Pool
+from cairn.treesearch import change_record
+
+pytestmark = pytest.mark.btrfs
+
+
+def sets(cs: ChangeSet) -> dict[str, list[str]]:
+    return {"created": cs.created, "modified": cs.modified, "deleted": cs.deleted,
+            "metadata": cs.metadata}
+
+
+def generation_changes(q: Path, p: Path, subpath: str = "") -> ChangeSet:
+    record = change_record(q, p)
+    assert record is not None
+    return changes_from_record(record, q, p, subpath=subpath)
+
+
+def same_as_send(q: Path, p: Path, subpath: str = "") -> ChangeSet:
+    found = generation_changes(q, p, subpath=subpath)
+    sent = changes(q, p, subpath=subpath)
+    assert sets(found) == sets(sent)
+    # what the settlement reads them for: more directories, more pairs, never fewer
+    assert set(sent.touched) <= set(found.touched)
+    assert set(sent.renamed) <= set(found.renamed)
+    return found
+
+
+def every_kind(w: Path) -> None:
+    (w / "proj/new.txt").write_text("new\n")
+    (w / "proj/src/main.py").write_text("main v2\n")
+    os.unlink(w / "proj/docs/readme.md")
+    os.rename(w / "proj/run.sh", w / "proj/start.sh")
+    os.rename(w / "proj/src/pkg", w / "proj/src/lib")
+    os.chmod(w / "proj/start.sh", 0o755)
+    os.unlink(w / "proj/link")
+    os.symlink("src/lib/a.py", w / "proj/link")
+    (w / "proj/shared").write_text("linked v2\n")
+    os.setxattr(w / "proj/src/main.py", "user.k", b"v")
+    os.rmdir(w / "proj/empty")
+    (w / "proj/newdir/deep").mkdir(parents=True)
+    (w / "other/x").write_text("outside\n")
+    os.rename(w / "other/moveme", w / "proj/moved-in")
+
+
+def test_every_kind_of_change_whole_and_under_a_subpath(pool: Pool, run_id: str) -> None:
+    q, p = frozen_pair(pool, run_id, base_tree, every_kind)
+    whole = same_as_send(q, p)
+    assert "other/x" in whole.modified and "proj/src/lib/a.py" in whole.created
+    inside = same_as_send(q, p, "proj")
+    assert {"shared", "docs/shared-link", "link"} <= set(inside.modified)
+    assert sets(same_as_send(q, p, "./proj/")) == sets(inside)  # as a unit's argument says it
+
+
+def test_metadata_only_and_no_change(pool: Pool, run_id: str) -> None:
+    def change(w: Path) -> None:
+        os.chmod(w / "proj/src/main.py", 0o600)
+        os.chown(w / "proj/docs/readme.md", 1000, 1000)
+        os.setxattr(w / "proj/run.sh", "user.note", b"1")
+        os.utime(w / "proj/src/pkg/a.py", (1, 1))  # times only: no change to settle
+
+    q, p = frozen_pair(pool, run_id, base_tree, change)
+    assert same_as_send(q, p, "proj").metadata == ["docs/readme.md", "run.sh", "src/main.py"]
+
+
+def test_nothing_changed(pool: Pool, run_id: str) -> None:
+    q, p = frozen_pair(pool, run_id, base_tree, lambda w: None)
+    assert same_as_send(q, p).is_empty()
+
+
+def test_swapped_directories_and_a_new_hard_link(pool: Pool, run_id: str) -> None:
+    def change(w: Path) -> None:
+        os.rename(w / "proj/src", w / "proj/tmp")
+        os.rename(w / "proj/docs", w / "proj/src")
+        os.rename(w / "proj/tmp", w / "proj/docs")
+        os.link(w / "proj/run.sh", w / "proj/run-again.sh")
+
+    q, p = frozen_pair(pool, run_id, base_tree, change)
+    found = same_as_send(q, p)
+    assert "proj/run-again.sh" in found.created and "proj/run.sh" not in found.paths()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_edits(pool: Pool, run_id: str, seed: int) -> None:
+    rng = random.Random(seed)
+
+    def setup(w: Path) -> None:
+        base_tree(w)
+        if seed % 2:
+            random_ops(w, rng, 40, "a")
+
+    q, p = frozen_pair(pool, run_id, setup, lambda w: random_ops(w, rng, 80, "g"))
+    same_as_send(q, p)
+    same_as_send(q, p, "proj")
+
+
+def test_the_sequence_that_renamed_and_wrote_a_hard_linked_file(
+    pool: Pool, run_id: str
+) -> None:
+    rng = random.Random(27)
+    q, p = frozen_pair(pool, run_id, base_tree, lambda w: random_ops(w, rng, 80, "g"))
+    same_as_send(q, p)
+
+
+def test_a_symlink_replaced_by_a_directory_is_not_looked_through(
+    pool: Pool, run_id: str
+) -> None:
+    def setup(w: Path) -> None:
+        base_tree(w)
+        os.symlink("src", w / "proj/alias")
+
+    def change(w: Path) -> None:
+        os.unlink(w / "proj/alias")
+        (w / "proj/alias").mkdir()
+        (w / "proj/alias/pkg").write_text("not Q's proj/src/pkg\n")
+
+    q, p = frozen_pair(pool, run_id, setup, change)
+    found = same_as_send(q, p, "proj")
+    assert "alias/pkg" in found.created and "alias" in found.modified
+
+
+def test_no_record_where_p_does_not_descend_from_q(pool: Pool, run_id: str) -> None:
+    q, _p = frozen_pair(pool, run_id, base_tree, lambda w: None)
+    other = pool.checkpoint_path(run_id, "unrelated")
+    other.parent.mkdir(parents=True, exist_ok=True)
+    pool.create_subvolume(pool.w_path(run_id, "other", 0))
+    base_tree(pool.w_path(run_id, "other", 0))
+    pool.snapshot(pool.w_path(run_id, "other", 0), other, read_only=True)
+    assert change_record(q, other) is None
+
+
+def test_no_record_from_a_snapshot_taken_before_q(pool: Pool, run_id: str) -> None:
+    """A snapshot of Q's source taken before Q holds older items than Q whose
+    transactions do not tell them apart: no record, the send stream says it."""
+    w = pool.w_path(run_id, "root", 0)
+    pool.create_subvolume(w)
+    base_tree(w)
+    early = pool.checkpoint_path(run_id, "early")
+    early.parent.mkdir(parents=True, exist_ok=True)
+    pool.snapshot(w, early, read_only=True)
+    (w / "proj/src/main.py").write_text("changed before Q\n")
+    q = pool.q_path(run_id)
+    pool.snapshot(w, q, read_only=True)
+    assert change_record(q, early) is None
+    assert "proj/src/main.py" in changes(q, early).modified
+
+
+def test_a_record_that_is_not_one_is_refused(pool: Pool, run_id: str) -> None:
+    def change(w: Path) -> None:
+        (w / "proj/new").write_text("n")
+
+    q, p = frozen_pair(pool, run_id, base_tree, change)
+    record = change_record(q, p)
+    assert record is not None
+    for broken in (b"", b"btrfs-stream\x00", record[:-1]):
+        with pytest.raises(RecordError):
+            changes_from_record(broken, q, p)
+
+
+def q_w_p(pool: Pool, run_id: str) -> tuple[Path, Path, Path]:
+    """Q, W made from Q and P frozen from W, as a run makes them."""
+    project = pool.w_path(run_id, "project", 0)
+    pool.create_subvolume(project)
+    base_tree(project)
+    q = pool.q_path(run_id)
+    pool.snapshot(project, q, read_only=True)
+    w = pool.w_path(run_id, "root", 1)
+    pool.snapshot(q, w, read_only=False)
+    (w / "proj/src/main.py").write_text("main v2\n")
+    p = pool.settlement_path(run_id, "P")
+    pool.snapshot(w, p, read_only=True)
+    return q, w, p
+
+
+def test_a_chain_through_w_is_followed_and_one_broken_is_not(pool: Pool, run_id: str) -> None:
+    q, w, p = q_w_p(pool, run_id)
+    assert same_as_send(q, p).modified == ["proj/src/main.py"]
+    pool.delete(w, pool.receipt(w))  # the subvolume between them is gone: P's past unknown
+    assert change_record(q, p) is None
+
+
+def test_no_record_over_its_bound_or_of_a_writable_or_missing_snapshot(
+    pool: Pool, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, w, p = q_w_p(pool, run_id)
+    assert change_record(q, w) is None  # W may change while it is read
+    assert change_record(q, p.parent / "absent") is None
+    monkeypatch.setattr(treesearch, "RECORD_LIMIT", 200)
+    assert change_record(q, p) is None
