@@ -7,6 +7,7 @@ at the edge (it acts on it) and records a trial's unparsed."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,8 @@ from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement import CandidateFailure, CandidateResult
 from cairn.unitprops import HelperUnitSpec
 from cairn.validation import first_error
+
+log = logging.getLogger(__name__)
 
 CANDIDATE_TIMEOUT = 3600.0
 
@@ -84,10 +87,15 @@ def _candidate_spec(
     )
 
 
+class _StreamNeeded(Exception):
+    """The unit could not read P by the record: it asked for the send stream."""
+
+
 def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str,
-                        work: Path) -> units.HelperUnit:
+                        work: Path, source: ChangeSource) -> units.HelperUnit:
     """Run the candidate unit; when it fails, say why only from a ``failure.json`` it
-    wrote that is one."""
+    wrote that is one (``_StreamNeeded`` when it was handed a record and asks for the
+    stream)."""
     try:
         return units.run_helper(spec, name, CANDIDATE_TIMEOUT)
     except SystemdError as exc:
@@ -96,7 +104,23 @@ def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str
             failure = CandidateFailure.model_validate_json(raw, strict=True)
         except (untrusted.UntrustedFileError, ValidationError):
             raise exc from None
+        if failure.send_stream and source[0] == "record":
+            raise _StreamNeeded from None
         raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
+
+
+def _run_with_source(desc: LaunchDescription, spec: HelperUnitSpec, name: str, work: Path,
+                     q: Path, p: Path, source: ChangeSource) -> units.HelperUnit:
+    """Stage ``work`` and run the unit; once more with ``btrfs send``'s stream when it
+    could not read P by the tree search's record (the owner asks: it costs only time)."""
+    _stage_candidate_work(desc, work, source)
+    try:
+        return _run_candidate_unit(desc, spec, name, work, source)
+    except _StreamNeeded:
+        log.info("%s could not read P by the record; handing it the send stream", name)
+    source = ("stream", storage.metadata_stream(q, p))
+    _stage_candidate_work(desc, work, source)
+    return _run_candidate_unit(desc, spec, name, work, source)
 
 
 def run_candidate(
@@ -107,10 +131,9 @@ def run_candidate(
     unit that runs as the project's owner, so root never copies what the agent wrote; give
     it the kernel's account of the changes and the frozen policy; return the unit's name
     and invocation ID, and its checked report."""
-    _stage_candidate_work(desc, work, source)
     name = candidate_unit_name(desc.run_id)
     spec = _candidate_spec(desc, "candidate", q, p, c, subpath, work)
-    unit = _run_candidate_unit(desc, spec, name, work)
+    unit = _run_with_source(desc, spec, name, work, q, p, source)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=units.RESULT_LIMIT)
     try:
         return unit, CandidateResult.model_validate_json(raw, strict=True)
@@ -126,9 +149,8 @@ def run_trial_check(
     """Judge the changes of ``trial`` (a read-only snapshot of a measured W) since Q as
     the settlement would, in the candidate unit without C, as the project's owner; its
     result is recorded unparsed (root does not act on it: the coordinator does)."""
-    _stage_candidate_work(desc, work, source)
     spec = _candidate_spec(desc, "trial check", q, trial, None, subpath, work)
-    unit = _run_candidate_unit(desc, spec, name, work)
+    unit = _run_with_source(desc, spec, name, work, q, trial, source)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid,
                                limit=units.RAW_RESULT_LIMIT)
     return TrialChecked(**unit, result_raw=RawBytes.of(raw))

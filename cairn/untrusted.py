@@ -514,6 +514,7 @@ def remove(base: Base, name: str) -> None:
             raise UntrustedFileError(_where(base, name), "a directory") from None
 
 
+@_logged
 def write_new(base: Base, name: str, data: bytes, *, mode: int, uid: int, gid: int) -> None:
     """Replace ``name`` in ``base`` (a directory a less trusted user may write) with a new
     file: whatever was there is unlinked, never written through; ``O_EXCL|O_NOFOLLOW``

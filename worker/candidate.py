@@ -8,7 +8,8 @@ a tree search's record, :mod:`cairn.settle.generations`; else ``stream``, a ``bt
 --no-data -p Q P``) and ``policy.json`` from DIR, brings C to Q plus the changes of P that
 policy allows, and writes ``result.json`` (what root reads as a
 :class:`cairn.protocol.settlement.CandidateResult`): exit 0. When C cannot be built it
-writes ``failure.json`` (why, and what to do: a ``CandidateFailure``) and exits 1. It
+writes ``failure.json`` (why, and what to do: a ``CandidateFailure``; with ``send_stream``
+when the record cannot be read and root is to hand over the stream) and exits 1. It
 loads no pydantic (/usr/share/doc/cairn/docs/decisions/helpers-without-pydantic.md).
 
 Without ``--c`` it is a trial's check (``cairn-trial-<run>-<op>-<attempt>.service``, P a
@@ -34,7 +35,7 @@ from cairn.protocol.limits import TEXT_LIMIT, TRIAL_REFUSED_SHOWN
 from cairn.settle.candidate import Refused, build_candidate, check_proposal
 from cairn.settle.changes import ChangeSet, changes_in
 from cairn.settle.diff import unified_diff
-from cairn.settle.generations import changes_from_record
+from cairn.settle.generations import Unlistable, changes_from_record
 from cairn.settle.inventory import inventories_equal
 from cairn.settle.paths import SettlementPolicy
 
@@ -140,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         result = (check(args.q, args.p, args.subpath, args.work) if args.c is None
                   else build(args.q, args.p, args.c, args.subpath, args.work))
     except (CairnError, OSError) as exc:
-        failure = (
+        failure: dict[str, str | bool] = (
             {"message": exc.message[:TEXT_LIMIT], "hint": (exc.hint or "")[:TEXT_LIMIT]}
             if isinstance(exc, CairnError)
             else {"message": f"cannot build the candidate: {exc}"[:TEXT_LIMIT], "hint": ""}
         )
+        if isinstance(exc, Unlistable):
+            failure["send_stream"] = True
         write_atomic(args.work / "failure.json", json.dumps(failure) + "\n")
         print(f"cairn.worker.candidate: {failure['message']}", file=sys.stderr)
         return 1

@@ -54,10 +54,13 @@ class TrialCheck(Frozen):
 
 
 class CandidateFailure(Frozen):
-    """The candidate unit's failure.json: why it could not build C (it then exits 1)."""
+    """The candidate unit's failure.json: why it could not build C (it then exits 1);
+    ``send_stream``: it could not read P by root's record of the changes (a directory the
+    owner may not list) and needs the send stream instead."""
 
     message: Reason
     hint: Reason = ""
+    send_stream: bool = False
 
 
 class ApplyConflict(Frozen):

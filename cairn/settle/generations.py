@@ -5,11 +5,14 @@
 not with the tree.
 
 A changed inode's names in Q and in P say where it was and where it is; a file whose
-extents or size changed was modified at every name it kept, any other changed inode
-whose mode, owner or xattrs differ changed its metadata there. A changed directory's
-listings in Q and P give the entries that left it without their inode changing (a file
-whose last name went). A directory that moved takes its subtree along, read from Q and
-P. A path something occupies in P and that existed in Q is modified, else created.
+extents or size differ was modified at every name it kept, any other changed inode whose
+mode, owner or xattrs differ changed its metadata there. A changed directory's listings
+in Q and P give the entries that left it without their inode changing (a file whose last
+name went, or whose number a new inode took). A directory that moved takes its subtree
+along, read from Q and P (a directory in it the owner may not list is left out, as the
+settlement refuses it by name). A path something occupies in P and that existed in Q is
+modified, else created. Where Q or P cannot be read so (a changed directory the owner may
+not list), :class:`Unlistable` says so, and root hands over the send stream instead.
 
 Beside the send stream's change set, ``touched`` holds every name in P of a changed inode
 (the stream's: the names whose times it set, a subset) and ``renamed`` pairs every name an
@@ -31,12 +34,12 @@ from cairn.errors import StorageError
 from cairn.settle.changes import ChangeSet, Rename, _inside, _scoped, _split, _strip, _within
 
 # The record's layout; cairn.treesearch (root, which writes it) holds the same constants.
-_MAGIC = b"cairn-tree-changes\x00\x01"
+_MAGIC = b"cairn-tree-changes\x00\x02"
 _SINCE = struct.Struct("<Q")
 _ENTRY = struct.Struct("<BQBQI")
-_TREE_Q, _TREE_P, _WRITTEN = 0, 1, 2
+_TREE_Q, _TREE_P = 0, 1
 _TOP_DIR = 256
-_INODE_ITEM, _INODE_REF, _INODE_EXTREF, _XATTR_ITEM = 1, 12, 13, 24
+_INODE_ITEM, _INODE_REF, _INODE_EXTREF, _XATTR_ITEM, _EXTENT_DATA = 1, 12, 13, 24, 108
 _INODE = struct.Struct("<QQQ")  # generation, transid, size
 _OWNER_MODE = struct.Struct("<44xIII")  # uid, gid, mode
 _REF = struct.Struct("<QH")  # index, name length
@@ -46,6 +49,11 @@ _XATTR = struct.Struct("<25xHHx")  # btrfs_dir_item: key, transid, data and name
 
 class RecordError(StorageError):
     """The record is not one root writes."""
+
+
+class Unlistable(StorageError):
+    """Q or P holds a directory the change set needs listed that the owner may not read:
+    the send stream, which names every change, is needed instead."""
 
 
 @dataclass(slots=True)
@@ -59,6 +67,7 @@ class _Inode:
     owner: tuple[int, int] = (0, 0)
     names: list[tuple[int, bytes]] = field(default_factory=list)  # (directory, name)
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    extents: list[tuple[int, bytes]] = field(default_factory=list)  # (file offset, item)
 
     def add(self, kind: int, offset: int, data: bytes) -> None:
         if kind == _INODE_ITEM:
@@ -87,6 +96,8 @@ class _Inode:
                 name = data[start:start + name_length]
                 self.xattrs[name] = data[start + name_length:start + name_length + data_length]
                 pos = start + name_length + data_length
+        elif kind == _EXTENT_DATA:
+            self.extents.append((offset, data))
 
     def looks(self) -> tuple[object, ...]:
         """What a metadata change changes."""
@@ -161,7 +172,11 @@ class _Tree:
         stack = [rel]
         while stack:
             sub = stack.pop()
-            with os.scandir(self.root / sub) as entries:
+            try:
+                entries = os.scandir(self.root / sub)
+            except PermissionError:
+                continue  # the settlement refuses it by name, and with it what it holds
+            with entries:
                 for entry in entries:
                     child = f"{sub}/{entry.name}" if sub else entry.name
                     yield child
@@ -173,13 +188,11 @@ def _join(directory: bytes, name: bytes) -> bytes:
     return directory + b"/" + name if directory else name
 
 
-def _read(record: bytes, qt: _Tree, pt: _Tree) -> tuple[int, set[int]]:
-    """Fill ``qt`` and ``pt`` from the record; Q's creation transaction and the inodes
-    with an extent written since."""
+def _read(record: bytes, qt: _Tree, pt: _Tree) -> int:
+    """Fill ``qt`` and ``pt`` from the record; Q's creation transaction."""
     if not record.startswith(_MAGIC) or len(record) < len(_MAGIC) + _SINCE.size:
         raise RecordError("the change record does not start as one")
     (since,) = _SINCE.unpack_from(record, len(_MAGIC))
-    written: set[int] = set()
     pos = len(_MAGIC) + _SINCE.size
     while pos < len(record):
         if pos + _ENTRY.size > len(record):
@@ -188,26 +201,39 @@ def _read(record: bytes, qt: _Tree, pt: _Tree) -> tuple[int, set[int]]:
         pos += _ENTRY.size
         data = record[pos:pos + length]
         pos += length
-        if len(data) < length or tree not in (_TREE_Q, _TREE_P, _WRITTEN):
+        if len(data) < length or tree not in (_TREE_Q, _TREE_P):
             raise RecordError("the change record is cut off")
-        if tree == _WRITTEN:
-            written.add(number)
-            continue
         target = qt if tree == _TREE_Q else pt
         try:
             target.inodes.setdefault(number, _Inode()).add(kind, offset, data)
         except struct.error:
             raise RecordError(f"the change record holds a malformed item of {number}") from None
-    return since, written
+    return int(since)
 
 
 def changes_from_record(record: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeSet:
     """The change set of read-only ``q`` and ``p`` that root's ``record`` of them
     describes, limited to ``subpath`` and relative to it; ``q`` and ``p`` are read for
-    the listings of changed directories and the subtrees of moved ones."""
+    the listings of changed directories and the subtrees of moved ones. Raises
+    :class:`Unlistable` where the owner may not read them."""
     sub = "/".join(_split(subpath))
     qt, pt = _Tree(q), _Tree(p)
-    since, written = _read(record, qt, pt)
+    since = _read(record, qt, pt)
+    try:
+        return _changes(qt, pt, since, sub)
+    except PermissionError as exc:
+        raise Unlistable(f"the owner may not read {exc.filename} to find the changes",
+                         hint="root hands over the send stream instead") from None
+
+
+def _same_inode(qt: _Tree, pt: _Tree, number: int) -> bool:
+    """Whether inode ``number`` is in the record as one inode in both trees (changed,
+    made before Q): not a number a new inode took after Q's was freed."""
+    before, now = qt.inode(number), pt.inode(number)
+    return before is not None and now is not None and before.generation == now.generation
+
+
+def _changes(qt: _Tree, pt: _Tree, since: int, sub: str) -> ChangeSet:
     changed = {n: i for n, i in pt.inodes.items() if i.generation >= 0 and i.transid > since}
     vacated: set[str] = set()
     occupied: set[str] = set()
@@ -231,7 +257,8 @@ def changes_from_record(record: bytes, q: Path, p: Path, *, subpath: str = "") -
                 occupied.update(pt.descendants(moved))
         if before is None:
             continue
-        if not stat.S_ISDIR(now.mode) and (number in written or now.size != before.size):
+        if not stat.S_ISDIR(now.mode) and (now.size, now.extents) != (before.size,
+                                                                     before.extents):
             modified |= new & old
         elif now.looks() != before.looks():
             metadata |= new & old
@@ -241,11 +268,11 @@ def changes_from_record(record: bytes, q: Path, p: Path, *, subpath: str = "") -
             continue
         left = pt.listing(number)
         for name, inode in qt.listing(number).items():
-            if left.get(name) == inode or inode in changed:
+            if left.get(name) == inode or _same_inode(qt, pt, inode):
                 continue  # still here, or its own names say where it went
             gone = os.fsdecode(_join(qt.directory(number), os.fsencode(name)))
             vacated.add(gone)
-            if stat.S_ISDIR(os.lstat(q / gone).st_mode):
+            if stat.S_ISDIR(os.lstat(qt.root / gone).st_mode):
                 vacated.update(qt.descendants(gone))
 
     def existed(path: str) -> bool:

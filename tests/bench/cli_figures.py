@@ -69,10 +69,15 @@ def _answer(conn: socket.socket, project: str) -> None:
                 channel.sendall(_description(project))
                 channel.recv(1 << 16)  # the attestation line
             result = {"run_id": RUN, "state": "queued", "position": 3}
-        elif op == "show":
+        elif op == "show":  # every key the CLI's ShowReply requires, as for a queued run
             result = {"run": {"run_id": RUN, "state": "queued", "position": 3,
                               "definition": "builtin:implement", "project": project},
-                      "operations": [], "units": []}
+                      "operations": [], "units": [],
+                      "storage": {"deleted": False, "deleted_at": None, "subvolumes": 0},
+                      "settlement": None, "settlement_summary": None, "replayed_from": None,
+                      "worklists": [], "experiments": [], "model": None, "question": None,
+                      "divergence": None, "integrity": {}, "latest_event": None,
+                      "events_shown": "", "progress": {}}
         for fd in fds[:-1] if op == "launch" else fds:
             os.close(fd)
         conn.sendall(json.dumps({"ok": True, "result": result}).encode() + b"\n")

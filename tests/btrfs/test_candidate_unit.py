@@ -151,10 +151,13 @@ def unreadable(proj: Path) -> None:
     os.chmod(proj / "src" / "shut", 0o300)
 
 
-def test_an_entry_the_owner_cannot_read_is_refused_by_name(pool: Pool, run_id: str) -> None:
+@pytest.mark.parametrize("source", ["stream", "record"])
+def test_an_entry_the_owner_cannot_read_is_refused_by_name(
+    pool: Pool, run_id: str, source: str
+) -> None:
     """Taking away its own read permission does not let an agent fail the owner's
     candidate unit: those entries are refused by name and the rest goes into C."""
-    s = Settlement(pool, run_id, also=unreadable)
+    s = Settlement(pool, run_id, also=unreadable, source=source)
     done = s.run_as_owner()
     assert done.returncode == 0, done.stderr
     result = CandidateResult.model_validate_json((s.work / "result.json").read_bytes())
@@ -164,6 +167,29 @@ def test_an_entry_the_owner_cannot_read_is_refused_by_name(pool: Pool, run_id: s
     assert "src/shut/inner.py" in refused
     assert "src/app.py" in result.accepted and "src/new.py" in result.accepted
     assert not (s.c / "proj" / "src" / "locked.py").exists()
+
+
+def shut_after_deleting(proj: Path) -> None:
+    """Having deleted docs/guide.md (``agent``), the agent takes the owner's read
+    permission from docs: the record cannot say the file went without listing it."""
+    os.chmod(proj / "docs", 0o300)
+
+
+def test_a_record_the_owner_cannot_read_asks_root_for_the_send_stream(
+    pool: Pool, run_id: str
+) -> None:
+    s = Settlement(pool, run_id, also=shut_after_deleting, source="record")
+    done = s.run_as_owner(build=False)
+    assert done.returncode == 1
+    failure = CandidateFailure.model_validate(json.loads((s.work / "failure.json").read_text()))
+    assert failure.send_stream and "may not read" in failure.message, failure
+    (s.work / "record").unlink()  # what root does then: the same unit, the send stream
+    (s.work / "stream").write_bytes(metadata_stream(s.q, s.p))
+    (s.work / "failure.json").unlink()
+    done = s.run_as_owner(build=False)
+    assert done.returncode == 0, done.stderr
+    check = TrialCheck.model_validate_json((s.work / "result.json").read_bytes())
+    assert check.refused_count >= 1
 
 
 def not_utf8(proj: Path) -> None:

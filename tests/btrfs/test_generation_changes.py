@@ -6,10 +6,13 @@ and there is no record (the caller sends) where P does not descend from Q."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
 import random
 from pathlib import Path
 
+import btrfsutil
 import pytest
 from test_changes import base_tree, frozen_pair, random_ops
 
@@ -20,6 +23,8 @@ from cairn.storage import Pool
 from cairn.treesearch import change_record
 
 pytestmark = pytest.mark.btrfs
+FICLONE = 0x40049409  # _IOW(0x94, 9, int)
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
 
 def sets(cs: ChangeSet) -> dict[str, list[str]]:
@@ -203,4 +208,66 @@ def test_no_record_over_its_bound_or_of_a_writable_or_missing_snapshot(
     assert change_record(q, w) is None  # W may change while it is read
     assert change_record(q, p.parent / "absent") is None
     monkeypatch.setattr(treesearch, "RECORD_LIMIT", 200)
+    assert change_record(q, p) is None
+
+
+def test_content_changed_without_a_new_extent_is_modified(pool: Pool, run_id: str) -> None:
+    """A reflink, a copy the kernel makes one of, a truncate back to the same size and a
+    hole punched change what a file holds with no extent newer than Q: its extents
+    differ from Q's all the same."""
+    size = 8192
+
+    def setup(w: Path) -> None:
+        base_tree(w)
+        for name in ("cloned", "copied", "truncated", "punched", "source"):
+            (w / "proj" / name).write_bytes(bytes([len(name)]) * size)
+
+    def change(w: Path) -> None:
+        proj = w / "proj"
+        with open(proj / "source", "rb") as src, open(proj / "cloned", "r+b") as dst:
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+        with open(proj / "source", "rb") as src, open(proj / "copied", "r+b") as dst:
+            os.copy_file_range(src.fileno(), dst.fileno(), size, 0, 0)
+        os.truncate(proj / "truncated", 0)
+        os.truncate(proj / "truncated", size)
+        fd = os.open(proj / "punched", os.O_RDWR)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+            assert libc.fallocate(fd, mode, ctypes.c_long(0), ctypes.c_long(4096)) == 0
+        finally:
+            os.close(fd)
+
+    q, p = frozen_pair(pool, run_id, setup, change)
+    for name in ("cloned", "copied", "truncated", "punched"):
+        assert os.stat(q / "proj" / name).st_size == os.stat(p / "proj" / name).st_size
+    assert same_as_send(q, p, "proj").modified == ["cloned", "copied", "punched", "truncated"]
+
+
+def test_a_number_a_new_inode_took_does_not_hide_the_deletion(pool: Pool, run_id: str) -> None:
+    """The last inode deleted, its number is free again once the tree is loaded anew (a
+    snapshot of W, a remount): a new file takes it, and the old name is still deleted."""
+    w = pool.w_path(run_id, "root", 0)
+    pool.create_subvolume(w)
+    base_tree(w)
+    (w / "proj/last").write_text("the highest inode\n")
+    number = os.lstat(w / "proj/last").st_ino
+    q = pool.q_path(run_id)
+    pool.snapshot(w, q, read_only=True)
+    os.unlink(w / "proj/last")
+    again = pool.w_path(run_id, "root", 1)
+    pool.snapshot(w, again, read_only=False)
+    (again / "proj/docs/new").write_text("takes the number\n")
+    assert os.lstat(again / "proj/docs/new").st_ino == number
+    p = pool.settlement_path(run_id, "P")
+    pool.snapshot(again, p, read_only=True)
+    found = same_as_send(q, p, "proj")
+    assert (found.created, found.deleted) == (["docs/new"], ["last"])
+
+
+def test_no_record_of_a_q_changed_after_it_was_made(pool: Pool, run_id: str) -> None:
+    q, w, p = q_w_p(pool, run_id)
+    btrfsutil.set_subvolume_read_only(os.fspath(q), False)
+    (q / "proj/src/main.py").write_text("changed in Q\n")
+    btrfsutil.set_subvolume_read_only(os.fspath(q), True)
     assert change_record(q, p) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import base64
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from cairn import paths, untrusted
+from cairn import paths, storage, untrusted
 from cairn.broker import candidate as candidate_unit
 from cairn.broker import units
 from cairn.coordinator.base import OperationError
@@ -785,6 +786,42 @@ def test_run_candidate_failure_says_why_only_from_a_real_file(
         assert caught.value.hint == "h"
     else:
         assert "failed (exit-code" in caught.value.message
+
+
+@pytest.mark.parametrize("first", ["record", "stream"])
+def test_a_unit_that_cannot_read_the_record_gets_the_send_stream_once(
+    desc: LaunchDescription, host: Path, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """The owner's unit may ask for the send stream instead of root's record (it could
+    not list a directory the agent shut): root hands it over and runs the unit once more;
+    asked again, or handed the stream already, the failure is the unit's to explain."""
+    work = host / "scratch" / "candidate"
+    work.mkdir(parents=True)
+    asks = json.dumps({"message": "the owner may not read /p/docs", "hint": "",
+                       "send_stream": True})
+    handed: list[bytes] = []
+
+    def unit(spec: Any, name: str, timeout: float) -> dict[str, Any]:
+        handed.append((work / "record").read_bytes() if (work / "record").exists()
+                      else b"stream:" + (work / "stream").read_bytes())
+        if len(handed) == 1 or first == "stream":
+            plant(work, "failure.json", "own", host, asks)
+            raise SystemdError(f"{name} failed (exit-code, status 1)")
+        plant(work, "result.json", "own", host, json.dumps(CANDIDATE))
+        return {"unit": name, "invocation_id": "x"}
+
+    monkeypatch.setattr(units, "run_helper", unit)
+    monkeypatch.setattr(storage, "metadata_stream", lambda q, p: b"sent")
+    run = functools.partial(candidate_unit.run_candidate, desc, host / "q", host / "p",
+                            host / "c", "", (first, b"rec"), work)  # type: ignore[arg-type]
+    if first == "stream":
+        with pytest.raises(CairnError, match="may not read"):
+            run()
+        assert handed == [b"stream:rec"]
+        return
+    _unit, result = run()
+    assert handed == [b"rec", b"stream:sent"] and result.accepted == ["a"]
+    assert not (work / "record").exists() and not (work / "failure.json").exists()
 
 
 def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> None:
