@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from cairn import storage, treesearch, untrusted
 from cairn.broker import units
 from cairn.errors import BrokerRefused, StorageError, SystemdError
-from cairn.protocol.broker import RawBytes, TrialChecked
+from cairn.protocol.broker import RawBytes, SubvolumeReceipt, TrialChecked
 from cairn.protocol.launch import LaunchDescription
 from cairn.protocol.settlement import CandidateFailure, CandidateResult
 from cairn.unitprops import HelperUnitSpec
@@ -87,14 +87,14 @@ def _candidate_spec(
     )
 
 
-class _StreamNeeded(Exception):
+class StreamNeeded(Exception):
     """The unit could not read P by the record: it asked for the send stream."""
 
 
 def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str,
                         work: Path, source: ChangeSource) -> units.HelperUnit:
     """Run the candidate unit; when it fails, say why only from a ``failure.json`` it
-    wrote that is one (``_StreamNeeded`` when it was handed a record and asks for the
+    wrote that is one (``StreamNeeded`` when it was handed a record and asks for the
     stream)."""
     try:
         return units.run_helper(spec, name, CANDIDATE_TIMEOUT)
@@ -105,22 +105,57 @@ def _run_candidate_unit(desc: LaunchDescription, spec: HelperUnitSpec, name: str
         except (untrusted.UntrustedFileError, ValidationError):
             raise exc from None
         if failure.send_stream and source[0] == "record":
-            raise _StreamNeeded from None
+            raise StreamNeeded from None
         raise StorageError(failure.message, hint=failure.hint or exc.hint) from None
 
 
 def _run_with_source(desc: LaunchDescription, spec: HelperUnitSpec, name: str, work: Path,
                      q: Path, p: Path, source: ChangeSource) -> units.HelperUnit:
     """Stage ``work`` and run the unit; once more with ``btrfs send``'s stream when it
-    could not read P by the tree search's record (the owner asks: it costs only time)."""
+    could not read P by the tree search's record (the owner asks: it costs only time).
+    For a unit that writes nothing but its result (a trial's check)."""
     _stage_candidate_work(desc, work, source)
     try:
         return _run_candidate_unit(desc, spec, name, work, source)
-    except _StreamNeeded:
+    except StreamNeeded:
         log.info("%s could not read P by the record; handing it the send stream", name)
     source = ("stream", storage.metadata_stream(q, p))
     _stage_candidate_work(desc, work, source)
     return _run_candidate_unit(desc, spec, name, work, source)
+
+
+def discard_c(pool: storage.Pool, c: Path, receipt: SubvolumeReceipt) -> None:
+    """Delete a C no receipt will name (a failed build): else it would be a subvolume
+    nothing explains."""
+    try:
+        pool.delete(c, receipt)
+    except Exception:
+        log.exception("could not remove %s of a failed candidate", c)
+
+
+def build_c(desc: LaunchDescription, pool: storage.Pool, qpc: tuple[Path, Path, Path],
+            qgroup: int | None, subpath: str, source: ChangeSource, work: Path,
+            ) -> tuple[units.HelperUnit, CandidateResult, SubvolumeReceipt]:
+    """C made a fresh writable snapshot of Q and brought up by the owner's unit
+    (:func:`run_candidate`); when the unit asks for the send stream instead of the
+    record, C is made afresh for the second run, never one a unit may have half changed.
+    A C that fails is deleted; returns the unit, its report and C's receipt."""
+    q, p, c = qpc
+    c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
+    try:
+        try:
+            unit, result = run_candidate(desc, q, p, c, subpath, source, work)
+        except StreamNeeded:
+            log.info("candidate unit of %s could not read P by the record; handing it "
+                     "the send stream", desc.run_id)
+            pool.delete(c, c_receipt)
+            c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
+            stream: ChangeSource = ("stream", storage.metadata_stream(q, p))
+            unit, result = run_candidate(desc, q, p, c, subpath, stream, work)
+    except BaseException:
+        discard_c(pool, c, c_receipt)
+        raise
+    return unit, result, c_receipt
 
 
 def run_candidate(
@@ -130,10 +165,12 @@ def run_candidate(
     """Bring C (a fresh writable snapshot of Q) to Q plus the allowed changes of P in a
     unit that runs as the project's owner, so root never copies what the agent wrote; give
     it the kernel's account of the changes and the frozen policy; return the unit's name
-    and invocation ID, and its checked report."""
+    and invocation ID, and its checked report. ``StreamNeeded``: the unit asks for the
+    send stream instead of the record (:func:`build_c` makes C afresh for it)."""
     name = candidate_unit_name(desc.run_id)
     spec = _candidate_spec(desc, "candidate", q, p, c, subpath, work)
-    unit = _run_with_source(desc, spec, name, work, q, p, source)
+    _stage_candidate_work(desc, work, source)
+    unit = _run_candidate_unit(desc, spec, name, work, source)
     raw = untrusted.read_bytes(work, "result.json", owner=desc.owner_uid, limit=units.RESULT_LIMIT)
     try:
         return unit, CandidateResult.model_validate_json(raw, strict=True)

@@ -440,17 +440,13 @@ def settle_candidate(ctx: IntentContext) -> CandidateBuilt:
     # the candidate unit brings up a fresh snapshot of Q, never one it half changed
     discard_interrupted(pool, candidate.candidate_unit_name(ctx.run_id), f, c)
     qgroup = ctx.qgroup()
-    c_receipt = pool.snapshot(q, c, read_only=False, qgroup=qgroup)
+    work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
+    unit, result, c_receipt = candidate.build_c(ctx.desc, pool, (q, p, c), qgroup,
+                                                ctx.subpath(), source, work)
     try:
-        work = pool.run_dir(ctx.run_id) / "scratch" / "candidate"
-        unit, result = candidate.run_candidate(ctx.desc, q, p, c, ctx.subpath(), source, work)
         f_receipt = pool.snapshot(c, f, read_only=True, qgroup=qgroup)
     except BaseException:
-        # no receipt will name this C: it goes, or it would be a subvolume nothing explains
-        try:
-            pool.delete(c, c_receipt)
-        except Exception:
-            log.exception("could not remove %s of a failed candidate", c)
+        candidate.discard_c(pool, c, c_receipt)
         raise
     built = result.model_dump()
     built["ignored"] = built["ignored"] or None  # a receipt without any keeps its old JSON

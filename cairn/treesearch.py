@@ -22,6 +22,7 @@ and the caller uses ``btrfs send``.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import logging
 import os
@@ -54,6 +55,7 @@ _EXTREF = struct.Struct("<QQH")  # btrfs_inode_extref: parent, index, name lengt
 _WIDE, _NARROW = 1 << 20, 1 << 16
 _MAX_DEPTH = 64  # snapshots between Q and P
 _GAP = 2  # inodes between two of a run's: their items are read and skipped
+_SKIPPED = 32  # items of such an inode in a row after which a new search skips them
 _MAX_CHANGED = RECORD_LIMIT // (ENTRY.size + 160)  # 160: an inode item's size
 
 Key = tuple[int, int, int]
@@ -175,30 +177,48 @@ class _Tree:
     def add(self, numbers: set[int], last: int, alone: set[int]) -> set[int]:
         """Items of the inodes ``numbers`` from their inode items to type ``last`` into
         the record, one search per run of near numbers, but one for each of ``alone``
-        (a directory: a run would read all its entries); the directories their names are
-        in."""
+        (a changed directory: a run would read all its entries); the directories their
+        names are in."""
         parents: set[int] = set()
         self.done |= numbers
         joined = numbers - alone
-        searches = [(run, joined) for run in _runs(joined)]
-        searches += [((n, n), {n}) for n in sorted(numbers & alone)]
-        for (low, high), wanted in searches:
-            for objectid, kind, offset, start, length in _search(
-                self.fd, self.buffer, (low, INODE_ITEM, 0), (high, last, U64)
-            ):
-                if kind > last or objectid not in wanted:
-                    continue  # an item of an inode between two of the run's
-                data = bytes(self.buffer[start:start + length])
-                self.out.add(self.tree, objectid, kind, offset, data)
-                if kind == INODE_REF:
-                    parents.add(offset)
-                elif kind == INODE_EXTREF:
-                    pos = 0
-                    while pos + _EXTREF.size <= len(data):
-                        parent, _index, name_length = _EXTREF.unpack_from(data, pos)
-                        parents.add(parent)
-                        pos += _EXTREF.size + name_length
+        order = sorted(joined)
+        searches = [(run, joined, order) for run in _runs(joined)]
+        searches += [((n, n), {n}, [n]) for n in sorted(numbers & alone)]
+        for (low, high), wanted, ordered in searches:
+            at: int | None = low
+            while at is not None:
+                at = self._add_from(at, high, last, wanted, ordered, parents)
         return parents
+
+    def _add_from(self, low: int, high: int, last: int, wanted: set[int],
+                  ordered: list[int], parents: set[int]) -> int | None:
+        """The items of ``wanted`` inodes from ``low`` to ``high``; where an inode between
+        them holds many items (a large directory or file), the number to search on from
+        (the next wanted one), else None."""
+        skipped = 0
+        for objectid, kind, offset, start, length in _search(
+            self.fd, self.buffer, (low, INODE_ITEM, 0), (high, last, U64)
+        ):
+            if kind > last or objectid not in wanted:
+                skipped += 1  # an item of an inode between two of the run's
+                if skipped > _SKIPPED:
+                    after = bisect.bisect_right(ordered, objectid)
+                    return ordered[after] if after < len(ordered) and ordered[after] <= high \
+                        else None
+                continue
+            skipped = 0
+            data = bytes(self.buffer[start:start + length])
+            self.out.add(self.tree, objectid, kind, offset, data)
+            if kind == INODE_REF:
+                parents.add(offset)
+            elif kind == INODE_EXTREF:
+                pos = 0
+                while pos + _EXTREF.size <= len(data):
+                    parent, _index, name_length = _EXTREF.unpack_from(data, pos)
+                    parents.add(parent)
+                    pos += _EXTREF.size + name_length
+        return None
 
     def add_with_directories(self, numbers: set[int], directories: set[int]) -> None:
         """The items of ``numbers`` (``directories`` among them: no extents) and the

@@ -8,17 +8,20 @@ A changed inode's names in Q and in P say where it was and where it is; a file w
 extents or size differ was modified at every name it kept, any other changed inode whose
 mode, owner or xattrs differ changed its metadata there. A changed directory's listings
 in Q and P give the entries that left it without their inode changing (a file whose last
-name went, or whose number a new inode took). A directory that moved takes its subtree
-along, read from Q and P (a directory in it the owner may not list is left out, as the
-settlement refuses it by name). A path something occupies in P and that existed in Q is
-modified, else created. Where Q or P cannot be read so (a changed directory the owner may
-not list), :class:`Unlistable` says so, and root hands over the send stream instead.
+name went, or whose number a new inode took). A directory that moved or went takes its
+subtree along, read from Q and P (a directory in a moved one the owner may not list is
+left out, as the settlement refuses it by name). A path something occupies in P and
+that existed in Q is modified, else created. Where Q or P cannot be read so (a changed
+directory the owner may not list), :class:`Unlistable` says so, and root hands over the
+send stream instead.
 
 Beside the send stream's change set, ``touched`` holds every name in P of a changed inode
 (the stream's: the names whose times it set, a subset) and ``renamed`` pairs every name an
 inode left with every name it gained (the stream's pairs are among them): both err on the
 side the settlement reads them for, nested subvolumes looked for in more directories and
-a rename's halves tied in more pairs.
+a rename's halves tied in more pairs. ``modified`` may also name a file whose extents
+changed but not its bytes (defragmented, space preallocated), which the stream leaves
+out: the candidate then copies the same bytes.
 """
 
 from __future__ import annotations
@@ -168,14 +171,19 @@ class _Tree:
         with os.scandir(self.root / os.fsdecode(self.directory(number))) as entries:
             return {e.name: e.inode() for e in entries}
 
-    def descendants(self, rel: str) -> Iterator[str]:
+    def descendants(self, rel: str, *, deleted: bool = False) -> Iterator[str]:
+        """Every path below directory ``rel``. One the owner may not list is left out of
+        a directory that moved (the settlement refuses it by name, and with it what it
+        holds), but not of one ``deleted``: what it held went too (``PermissionError``)."""
         stack = [rel]
         while stack:
             sub = stack.pop()
             try:
                 entries = os.scandir(self.root / sub)
             except PermissionError:
-                continue  # the settlement refuses it by name, and with it what it holds
+                if deleted:
+                    raise
+                continue
             with entries:
                 for entry in entries:
                     child = f"{sub}/{entry.name}" if sub else entry.name
@@ -268,12 +276,14 @@ def _changes(qt: _Tree, pt: _Tree, since: int, sub: str) -> ChangeSet:
             continue
         left = pt.listing(number)
         for name, inode in qt.listing(number).items():
-            if left.get(name) == inode or _same_inode(qt, pt, inode):
+            taken = pt.inode(inode)  # a new inode with Q's number: Q's entry is gone
+            fresh = taken is not None and taken.generation > since
+            if not fresh and (left.get(name) == inode or _same_inode(qt, pt, inode)):
                 continue  # still here, or its own names say where it went
             gone = os.fsdecode(_join(qt.directory(number), os.fsencode(name)))
             vacated.add(gone)
             if stat.S_ISDIR(os.lstat(qt.root / gone).st_mode):
-                vacated.update(qt.descendants(gone))
+                vacated.update(qt.descendants(gone, deleted=True))
 
     def existed(path: str) -> bool:
         return path in vacated or qt.exists(path)

@@ -15,9 +15,19 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cairn.broker import units
+from cairn.broker.candidate import build_c, change_source
+from cairn.errors import SystemdError
+from cairn.protocol.launch import (
+    LaunchDescription,
+    ProfileSpec,
+    ProjectSpec,
+    SettlementPolicySpec,
+)
 from cairn.protocol.settlement import CandidateFailure, CandidateResult, TrialCheck
 from cairn.settle.candidate import build_candidate
 from cairn.settle.changes import changes
@@ -25,6 +35,8 @@ from cairn.settle.inventory import inventories_equal
 from cairn.settle.paths import SettlementPolicy
 from cairn.storage import Pool, metadata_stream
 from cairn.treesearch import change_record
+from cairn.unitprops import HelperUnitSpec
+from cairn.workflow.review import review_source
 
 pytestmark = pytest.mark.btrfs
 OWNER = 4242
@@ -251,3 +263,66 @@ def test_a_trials_check_judges_as_the_settlement_and_builds_nothing(
     assert reasons["secrets.env"] == "outside the write paths"
     assert reasons["src/pipe"] == "fifo"
     assert sorted(os.listdir(s.c / "proj")) == before  # nothing built
+
+
+def test_root_makes_c_afresh_for_the_send_stream_a_unit_asks_for(
+    pool: Pool, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build_c`` as the broker runs it, the unit as the owner: handed the record over a
+    shut directory, the unit asks for the send stream; root deletes the C it had made,
+    snapshots Q again and runs the unit with the stream, which builds C."""
+    s = Settlement(pool, run_id, also=shut_after_deleting, source="record")
+    ran: list[str] = []
+
+    def run_helper(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+        binds = {dst: src for src, dst in [*spec.binds, *spec.read_only_binds]}
+        argv = [binds.get(arg, arg) for arg in spec.exec_argv[1:]]
+        ran.append("record" if (s.work / "record").exists() else "stream")
+        done = subprocess.run(
+            ["setpriv", f"--reuid={spec.uid}", f"--regid={spec.gid}", "--clear-groups", "--",
+             sys.executable, *argv], capture_output=True, text=True, check=False, timeout=120,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
+        if done.returncode:
+            raise SystemdError(f"{name} failed (exit-code, status {done.returncode})")
+        return {"unit": name, "invocation_id": "i"}
+
+    monkeypatch.setattr(units, "run_helper", run_helper)
+    for top in (pool.root / "runs", pool.run_dir(run_id), pool.run_dir(run_id) / "scratch"):
+        top.chmod(0o711)  # what the unit's binds make reachable, reachable here
+    pool.delete(s.c, pool.receipt(s.c))  # build_c makes its own
+    desc = launch_description(run_id, POLICY)
+    source = change_source(s.q, s.p)
+    assert source[0] == "record"
+    _unit, result, made = build_c(desc, pool, (s.q, s.p, s.c), None, "proj", source, s.work)
+    assert ran == ["record", "stream"]
+    assert made.uuid == pool.receipt(s.c).uuid  # the second C, the one root keeps
+    refused = {r.path: r.reason for r in result.refused}
+    assert refused["docs"] == "not readable by its owner (mode 0300)"
+    assert "src/app.py" in result.accepted and (s.c / "proj/src/app.py").read_text() == "app v2\n"
+
+
+WORKFLOW = '''
+from cairn.workflow import Field, Model, workflow
+
+class Goal(Model):
+    goal: str = Field(min_length=1)
+
+@workflow(description="settle", input=Goal, output=Goal)
+async def run(flow, args: Goal) -> Goal:
+    return args
+'''
+
+
+def launch_description(run_id: str, policy: SettlementPolicy) -> LaunchDescription:
+    source = WORKFLOW
+    review = review_source(source, filename="wf.py")
+    return LaunchDescription(
+        run_id=run_id, owner_uid=OWNER, owner_gid=OWNER, owner_name="alice",
+        definition="/home/alice/wf.py", source=source, source_filename="wf.py",
+        review_hash=review.review_hash, review=review.model_dump(mode="json"),
+        args={"goal": "g"},
+        project=ProjectSpec(root="/home/alice/p", owner_uid=OWNER, on_pool_fs=True),
+        profiles={"test:x": ProfileSpec(name="test:x", kind="scripted")},
+        cairn_version="0", created_at=1.0,
+        policy=SettlementPolicySpec(write_paths=list(policy.write_paths)),
+    )

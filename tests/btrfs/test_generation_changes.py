@@ -271,3 +271,61 @@ def test_no_record_of_a_q_changed_after_it_was_made(pool: Pool, run_id: str) -> 
     (q / "proj/src/main.py").write_text("changed in Q\n")
     btrfsutil.set_subvolume_read_only(os.fspath(q), True)
     assert change_record(q, p) is None
+
+
+def test_a_directory_made_again_under_its_old_name_and_number(pool: Pool, run_id: str) -> None:
+    """A build deletes its output directory and makes it again: the new directory takes
+    the old one's name and number, and what the old one held is still deleted."""
+    w = pool.w_path(run_id, "root", 0)
+    pool.create_subvolume(w)
+    base_tree(w)
+    (w / "proj/dist").mkdir()
+    (w / "proj/dist/old.txt").write_text("old build\n")
+    number = os.lstat(w / "proj/dist").st_ino
+    q = pool.q_path(run_id)
+    pool.snapshot(w, q, read_only=True)
+    os.unlink(w / "proj/dist/old.txt")
+    os.rmdir(w / "proj/dist")
+    again = pool.w_path(run_id, "root", 1)
+    pool.snapshot(w, again, read_only=False)
+    (again / "proj/dist").mkdir()
+    (again / "proj/dist/new.txt").write_text("new build\n")
+    assert os.lstat(again / "proj/dist").st_ino == number
+    p = pool.settlement_path(run_id, "P")
+    pool.snapshot(again, p, read_only=True)
+    found = same_as_send(q, p, "proj")
+    assert (found.created, found.deleted) == (["dist/new.txt"], ["dist/old.txt"])
+
+
+def test_a_large_directory_between_two_changed_files_is_skipped(
+    pool: Pool, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two changed files with an unchanged directory of many entries between their
+    numbers: one search of both would read all its entries; the record skips them and
+    is the same."""
+    def setup(w: Path) -> None:
+        base_tree(w)
+        (w / "proj/a.txt").write_text("a\n")
+        (w / "proj/big").mkdir()
+        (w / "proj/b.txt").write_text("b\n")
+        for i in range(40):
+            (w / f"proj/big/{i}").write_text(f"{i}\n")
+
+    def change(w: Path) -> None:
+        (w / "proj/a.txt").write_text("a v2\n")
+        (w / "proj/b.txt").write_text("b v2\n")
+
+    q, p = frozen_pair(pool, run_id, setup, change)
+    a, big, b = (os.lstat(q / "proj" / n).st_ino for n in ("a.txt", "big", "b.txt"))
+    assert (big - a, b - big) == (1, 1)
+    read: list[int] = []
+    search = treesearch._search
+
+    def counted(*args: object, **kwargs: object) -> object:
+        for item in search(*args, **kwargs):  # type: ignore[arg-type]
+            read.append(item[0])
+            yield item
+
+    monkeypatch.setattr(treesearch, "_search", counted)
+    assert same_as_send(q, p, "proj").modified == ["a.txt", "b.txt"]
+    assert read.count(big) < 80  # of its 80 entries in each of Q and P, a few are read

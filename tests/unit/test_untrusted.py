@@ -788,40 +788,57 @@ def test_run_candidate_failure_says_why_only_from_a_real_file(
         assert "failed (exit-code" in caught.value.message
 
 
+ASKS_FOR_THE_STREAM = json.dumps({"message": "the owner may not read /p/docs", "hint": "",
+                                  "send_stream": True})
+
+
 @pytest.mark.parametrize("first", ["record", "stream"])
 def test_a_unit_that_cannot_read_the_record_gets_the_send_stream_once(
     desc: LaunchDescription, host: Path, monkeypatch: pytest.MonkeyPatch, first: str
 ) -> None:
-    """The owner's unit may ask for the send stream instead of root's record (it could
+    """A trial's check may ask for the send stream instead of root's record (it could
     not list a directory the agent shut): root hands it over and runs the unit once more;
-    asked again, or handed the stream already, the failure is the unit's to explain."""
-    work = host / "scratch" / "candidate"
+    asked again, or handed the stream already, the failure is the unit's to explain. A
+    candidate's unit asking so raises StreamNeeded (build_c makes C afresh for it)."""
+    work = host / "scratch" / "trial"
     work.mkdir(parents=True)
-    asks = json.dumps({"message": "the owner may not read /p/docs", "hint": "",
-                       "send_stream": True})
     handed: list[bytes] = []
 
     def unit(spec: Any, name: str, timeout: float) -> dict[str, Any]:
         handed.append((work / "record").read_bytes() if (work / "record").exists()
                       else b"stream:" + (work / "stream").read_bytes())
         if len(handed) == 1 or first == "stream":
-            plant(work, "failure.json", "own", host, asks)
+            plant(work, "failure.json", "own", host, ASKS_FOR_THE_STREAM)
             raise SystemdError(f"{name} failed (exit-code, status 1)")
-        plant(work, "result.json", "own", host, json.dumps(CANDIDATE))
+        plant(work, "result.json", "own", host, json.dumps(TRIAL))
         return {"unit": name, "invocation_id": "x"}
 
     monkeypatch.setattr(units, "run_helper", unit)
     monkeypatch.setattr(storage, "metadata_stream", lambda q, p: b"sent")
-    run = functools.partial(candidate_unit.run_candidate, desc, host / "q", host / "p",
-                            host / "c", "", (first, b"rec"), work)  # type: ignore[arg-type]
+    source: candidate_unit.ChangeSource = (
+        ("record", b"rec") if first == "record" else ("stream", b"rec"))
+    run = functools.partial(candidate_unit.run_trial_check, desc, host / "q", host / "t", "",
+                            source, work, "cairn-trial-x.service")
     if first == "stream":
         with pytest.raises(CairnError, match="may not read"):
             run()
         assert handed == [b"stream:rec"]
         return
-    _unit, result = run()
-    assert handed == [b"rec", b"stream:sent"] and result.accepted == ["a"]
+    checked = run()
+    assert handed == [b"rec", b"stream:sent"]
+    assert base64.b64decode(checked.result_raw.b64) == json.dumps(TRIAL).encode()
     assert not (work / "record").exists() and not (work / "failure.json").exists()
+    candidate_work = host / "scratch" / "candidate"
+    candidate_work.mkdir()
+
+    def asking_unit(spec: Any, name: str, timeout: float) -> dict[str, Any]:
+        plant(candidate_work, "failure.json", "own", host, ASKS_FOR_THE_STREAM)
+        raise SystemdError(f"{name} failed (exit-code, status 1)")
+
+    monkeypatch.setattr(units, "run_helper", asking_unit)
+    with pytest.raises(candidate_unit.StreamNeeded):
+        candidate_unit.run_candidate(desc, host / "q", host / "p", host / "c", "",
+                                     ("record", b"rec"), candidate_work)
 
 
 def test_unified_diff_shows_text_and_never_follows_or_blocks(tmp_path: Path) -> None:
