@@ -21,7 +21,7 @@ import pytest
 
 from cairn.broker import units
 from cairn.broker.candidate import build_c, change_source
-from cairn.errors import SystemdError
+from cairn.errors import StorageError, SystemdError
 from cairn.protocol.launch import (
     LaunchDescription,
     ProfileSpec,
@@ -326,3 +326,31 @@ def launch_description(run_id: str, policy: SettlementPolicy) -> LaunchDescripti
         cairn_version="0", created_at=1.0,
         policy=SettlementPolicySpec(write_paths=list(policy.write_paths)),
     )
+
+
+def test_a_c_that_failed_is_deleted_or_its_delete_logged(
+    pool: Pool, run_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = Settlement(pool, run_id, source="record")
+    pool.delete(s.c, pool.receipt(s.c))  # build_c makes its own
+
+    def failing(spec: HelperUnitSpec, name: str, timeout: float) -> dict[str, Any]:
+        raise SystemdError(f"{name} failed (exit-code, status 1)")
+
+    monkeypatch.setattr(units, "run_helper", failing)
+    desc = launch_description(run_id, POLICY)
+
+    def build() -> None:
+        build_c(desc, pool, (s.q, s.p, s.c), None, "proj", change_source(s.q, s.p), s.work)
+
+    with pytest.raises(SystemdError, match="failed"):
+        build()
+    assert not s.c.exists()  # no receipt names it: it went
+
+    def stuck(path: Path, receipt: object) -> None:
+        raise StorageError(f"{path} is busy")
+
+    monkeypatch.setattr(pool, "delete", stuck)
+    with pytest.raises(SystemdError, match="failed"):  # the unit's failure, not the delete's
+        build()
+    assert "could not remove" in caplog.text and s.c.exists()

@@ -329,3 +329,31 @@ def test_a_large_directory_between_two_changed_files_is_skipped(
     monkeypatch.setattr(treesearch, "_search", counted)
     assert same_as_send(q, p, "proj").modified == ["a.txt", "b.txt"]
     assert read.count(big) < 80  # of its 80 entries in each of Q and P, a few are read
+
+
+def test_names_past_what_one_ref_item_holds_are_read_from_extended_refs(
+    pool: Pool, run_id: str
+) -> None:
+    """Hundreds of long names of one file in one directory overflow its INODE_REF item:
+    the kernel keeps the rest as INODE_EXTREF items, which the record reads too."""
+    def setup(w: Path) -> None:
+        base_tree(w)
+        (w / "proj/many").mkdir()
+        (w / "proj/many/target").write_text("one file\n")
+
+    def change(w: Path) -> None:
+        for i in range(120):
+            os.link(w / "proj/many/target", w / f"proj/many/{'n' * 200}{i}")
+        (w / "proj/many/target").write_text("one file, changed\n")
+
+    q, p = frozen_pair(pool, run_id, setup, change)
+    found = same_as_send(q, p, "proj")
+    assert len(found.created) == 120 and found.modified == ["many/target"]
+
+
+def test_no_record_when_more_inodes_changed_than_it_could_hold(
+    pool: Pool, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, _w, p = q_w_p(pool, run_id)
+    monkeypatch.setattr(treesearch, "_MAX_CHANGED", 0)
+    assert change_record(q, p) is None
