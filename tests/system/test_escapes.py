@@ -642,6 +642,27 @@ def test_nested_subvolumes_of_failed_attempts_are_removed(booted: Machine) -> No
     assert f"{run_id}/scopes/root/W.1" not in listed and f"{run_id}/scopes/root/W.2" not in listed
 
 
+def test_files_changed_without_a_byte_written_reach_the_live_project(booted: Machine) -> None:
+    """The agent changes two files without writing a byte: a reflink of another file of
+    the same size, a truncate back to the same size. The settlement's tree search (no
+    extent of either is newer than Q) still sees both, and the live project gets them."""
+    project = fresh_project(booted)
+    for name, byte in (("src/a.bin", b"a"), ("src/b.bin", b"b"), ("src/c.bin", b"c")):
+        booted.exec(["tee", f"{project}/{name}"], user="alice", input=byte * 8192)
+    steps: list[dict[str, Any]] = [
+        {"action": "run", "argv": ["cp", "--reflink=always", "src/b.bin", "src/a.bin"]},
+        {"action": "run", "argv": ["sh", "-c",
+                                   "truncate -s 0 src/c.bin && truncate -s 8192 src/c.bin"]},
+    ]
+    _project, run_id, data = run_script(booted, steps, "no byte written", project=project)
+    assert data["run"]["state"] == "succeeded", data["run"]["error"]
+    assert sorted(data["settlement"]["apply"]["applied"]) == ["src/a.bin", "src/c.bin"]
+    assert booted.exec(["cat", f"{project}/src/a.bin"]).stdout == b"b" * 8192
+    assert booted.exec(["cat", f"{project}/src/c.bin"]).stdout == bytes(8192)
+    candidate = booted.journal(unit=f"cairn-candidate-{run_id}.service")
+    assert "changes from a tree search" in candidate, candidate[-2000:]
+
+
 BIND_SOCKET = "import socket; socket.socket(socket.AF_UNIX).bind('src/sock')"
 
 
