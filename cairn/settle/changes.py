@@ -595,23 +595,32 @@ class ChangeTracker:
         deleted = vacated - occupied
         metadata -= created | modified | deleted
         touched = {t for t in map(final_path, self.touched) if t is not None}
-        return ChangeSet(
-            created=_scoped(created, subpath),
-            modified=_scoped(modified, subpath),
-            deleted=_scoped(deleted, subpath),
-            metadata=_scoped(metadata, subpath),
-            renamed=[
-                Rename(old=o, new=n)
-                for o, n in sorted(
-                    (_strip(old, subpath), _strip(new, subpath))
-                    for old, new in renames
-                    if _inside(old, subpath) and _inside(new, subpath)
-                )
-            ],
-            touched=sorted(
-                {"" if t == subpath else _strip(t, subpath) for t in touched if _within(t, subpath)}
-            ),
-        )
+        return scoped_change_set(created, modified, deleted, metadata, renames, touched,
+                                 subpath)
+
+
+def scoped_change_set(created: set[str], modified: set[str], deleted: set[str],
+                      metadata: set[str], renames: Iterable[tuple[str, str]],
+                      touched: set[str], subpath: str) -> ChangeSet:
+    """The change set of paths relative to the subvolume, limited to ``subpath`` and
+    relative to it (a rename only with both sides inside; "" for ``subpath`` itself)."""
+    return ChangeSet(
+        created=_scoped(created, subpath),
+        modified=_scoped(modified, subpath),
+        deleted=_scoped(deleted, subpath),
+        metadata=_scoped(metadata, subpath),
+        renamed=[
+            Rename(old=o, new=n)
+            for o, n in sorted(
+                (_strip(old, subpath), _strip(new, subpath))
+                for old, new in renames
+                if _inside(old, subpath) and _inside(new, subpath)
+            )
+        ],
+        touched=sorted(
+            {"" if t == subpath else _strip(t, subpath) for t in touched if _within(t, subpath)}
+        ),
+    )
 
 
 _MISSING: _Node | None = _Node("<missing>", None, None)
@@ -619,6 +628,11 @@ _MISSING: _Node | None = _Node("<missing>", None, None)
 
 def _name(number: int, name: str = "") -> str:
     return name or COMMANDS.get(number) or f"cmd{number}"
+
+
+def project_scope(subpath: str) -> str:
+    """``subpath`` as the change set compares paths with it: no empty or "." parts."""
+    return "/".join(_split(subpath))
 
 
 def _split(path: str) -> list[str]:
@@ -747,7 +761,7 @@ def changes_in(stream: bytes, q: Path, p: Path, *, subpath: str = "") -> ChangeS
     """The change set a :func:`cairn.storage.metadata_stream` of ``q`` and ``p``
     describes, limited to ``subpath`` and relative to it; ``q`` and ``p`` are read for
     what the stream does not say (the subtrees of moved directories, other hard links)."""
-    sub = "/".join(_split(subpath))
+    sub = project_scope(subpath)
     tracker = ChangeTracker()
     # The kernel made the stream and root handed it over unchanged; the CRC check would
     # only cost time here (it is exercised in the tests). Parsing refuses malformed input.

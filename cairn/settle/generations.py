@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.errors import StorageError
-from cairn.settle.changes import ChangeSet, Rename, _inside, _scoped, _split, _strip, _within
+from cairn.settle.changes import ChangeSet, project_scope, scoped_change_set
 
 # The record's layout; cairn.treesearch (root, which writes it) holds the same constants.
 _MAGIC = b"cairn-tree-changes\x00\x02"
@@ -224,7 +224,7 @@ def changes_from_record(record: bytes, q: Path, p: Path, *, subpath: str = "") -
     describes, limited to ``subpath`` and relative to it; ``q`` and ``p`` are read for
     the listings of changed directories and the subtrees of moved ones. Raises
     :class:`Unlistable` where the owner may not read them."""
-    sub = "/".join(_split(subpath))
+    sub = project_scope(subpath)
     qt, pt = _Tree(q), _Tree(p)
     since = _read(record, qt, pt)
     try:
@@ -293,13 +293,4 @@ def _changes(qt: _Tree, pt: _Tree, since: int, sub: str) -> ChangeSet:
     modified |= occupied - created
     deleted = vacated - occupied
     metadata -= created | modified | deleted
-    return ChangeSet(
-        created=_scoped(created, sub),
-        modified=_scoped(modified, sub),
-        deleted=_scoped(deleted, sub),
-        metadata=_scoped(metadata, sub),
-        renamed=[Rename(old=o, new=n) for o, n in sorted(
-            (_strip(old, sub), _strip(new, sub)) for old, new in renames
-            if _inside(old, sub) and _inside(new, sub))],
-        touched=sorted({"" if t == sub else _strip(t, sub) for t in touched if _within(t, sub)}),
-    )
+    return scoped_change_set(created, modified, deleted, metadata, renames, touched, sub)
